@@ -1,0 +1,43 @@
+# `make demo` and `make test` each set everything up on a fresh machine: a venv, CPU torch
+# 2.13.0 (unless the system Python already imports torch), ddpmon itself, and for the
+# integration tests Debian's prometheus package.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+
+.PHONY: all setup demo test test-unit test-fast bench prometheus clean
+
+all: test
+
+$(VENV)/.ready: pyproject.toml
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q $(TORCH); \
+	fi
+	$(VENV)/bin/pip install -q -e '.[test]'
+	@touch $@
+
+setup: $(VENV)/.ready
+
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's prometheus package (for the integration tests)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || \
+			echo "could not install prometheus: the integration tests will be skipped"; \
+		else echo "prometheus not found (and not root): the integration tests will be skipped"; fi; }
+
+demo: setup
+	$(PY) -m ddpmon.demo
+
+test: setup prometheus
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,61 @@
+"""The ``ddpmon`` command. One module per subcommand; ``main()`` owns ``sys.exit``.
+
+Each subcommand module has ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int``. Exit codes: 0 healthy, 1 a problem was found, 2 bad usage or input,
+3 ddpmon itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+
+SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpmon", description="Observe and debug PyTorch DistributedDataParallel jobs."
+    )
+    parser.add_argument("--version", action="version", version=f"ddpmon {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what ddpmon does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ImportError:
+            continue
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
+        sys.exit(exc.code if exc.code in (0, None) else EXIT_USAGE)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(message)s",
+    )
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        sys.exit(EXIT_USAGE)
+    try:
+        code = args._run(args)
+    except KeyboardInterrupt:
+        code = EXIT_OK
+    except Exception as exc:  # ddpmon's own failure: say so, exit 3
+        logging.getLogger("ddpmon").exception("ddpmon %s failed: %s", args.command, exc)
+        code = EXIT_FAILED
+    sys.exit(code)

@@ -1,0 +1,161 @@
+"""Configuration: one frozen dataclass, and the only place that reads DDPMON_* variables.
+
+Every field can be given to ``attach(**options)`` or set as ``DDPMON_<FIELD>`` in the
+environment; an explicit argument wins. Unknown names are errors, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+BUCKET_METRICS_MODES = ("per_bucket", "aggregate", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What one monitor does. Times are in seconds; ``None`` means "work it out"."""
+
+    job: str | None = None
+    """Job name, the ``job`` label of every series. Default: TORCHELASTIC_RUN_ID, else
+    the rendezvous address, else ``ddp``."""
+    port: int = 9500
+    """Base port of the metrics endpoint; the rank with LOCAL_RANK=k serves on base+k.
+    0 = an ephemeral port (written to the state file); negative = no endpoint."""
+    bind: str = "0.0.0.0"
+    """Address the metrics endpoint binds to."""
+    state_dir: str | None = None
+    """Directory of the per-rank state files. Default: a per-job directory under the
+    system temp dir. An empty string turns state files off."""
+    state_interval: float = 1.0
+    """Seconds between state-file rewrites (notable events also rewrite at once)."""
+    hang_timeout: float | None = None
+    """Seconds without progress before a hang is reported. None = learned from observed
+    step times after warm-up: max(hang_timeout_floor, 10 x the slowest step). 0 = off."""
+    hang_timeout_floor: float = 60.0
+    """Lower bound of the learned hang timeout."""
+    comm_hook: Callable[..., Any] | None = None
+    """A comm hook of your own, ``hook(state, bucket) -> Future[Tensor]``, that ddpmon
+    registers and times. In the environment: a dotted path such as
+    ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook``."""
+    comm_state: Any = None
+    """The state passed to ``comm_hook``; default: the DDP model's process group."""
+    nvml: bool = True
+    """Export this rank's GPU metrics from NVML (when a GPU and the NVML library exist)."""
+    bucket_metrics: str = "per_bucket"
+    """``per_bucket`` (a series per bucket), ``aggregate`` (bucket="all" only) or ``off``."""
+    unused_parameters_advice_steps: int = 100
+    """Steps without any unused parameter after which find_unused_parameters=True is
+    flagged as needless."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> Config:
+        """Build a Config from DDPMON_* variables, overridden by explicit ``options``."""
+        environ = os.environ if environ is None else environ
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ConfigError(
+                unknown[0], options[unknown[0]], "one of the options " + ", ".join(sorted(names))
+            )
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            var = "DDPMON_" + field.name.upper()
+            if field.name in options and options[field.name] is not None:
+                values[field.name] = options[field.name]
+            elif environ.get(var, "") != "" and field.name != "comm_state":
+                values[field.name] = _parse(var, field.name, environ[var])
+        config = cls(**values)
+        config._validate()
+        return config
+
+    def _validate(self) -> None:
+        if not isinstance(self.port, int) or isinstance(self.port, bool):
+            raise ConfigError("port", self.port, "an integer (0 = ephemeral, negative = off)")
+        if self.port > 65535:
+            raise ConfigError("port", self.port, "a port number up to 65535")
+        for name in ("state_interval", "hang_timeout_floor"):
+            if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ConfigError(name, getattr(self, name), "a positive number of seconds")
+        if self.hang_timeout is not None and (
+            not _is_number(self.hang_timeout) or self.hang_timeout < 0
+        ):
+            raise ConfigError(
+                "hang_timeout", self.hang_timeout, "seconds >= 0 (0 = off, unset = learned)"
+            )
+        if self.bucket_metrics not in BUCKET_METRICS_MODES:
+            raise ConfigError("bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES))
+        if self.comm_hook is not None and not callable(self.comm_hook):
+            raise ConfigError("comm_hook", self.comm_hook, "a callable hook(state, bucket) -> Future")
+        if self.job is not None and not str(self.job).strip():
+            raise ConfigError("job", self.job, "a non-empty name")
+
+    def resolved_job(self, environ: Mapping[str, str] | None = None) -> str:
+        """The job label: explicit, else TORCHELASTIC_RUN_ID, else the rendezvous address."""
+        environ = os.environ if environ is None else environ
+        if self.job:
+            return str(self.job)
+        run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+        if run_id and run_id != "none":
+            return run_id
+        if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
+            return f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
+        return "ddp"
+
+    def resolved_state_dir(self, job: str) -> str | None:
+        """Where state files go; None when they are turned off."""
+        if self.state_dir == "":
+            return None
+        if self.state_dir is not None:
+            return self.state_dir
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job)
+        return os.path.join(tempfile.gettempdir(), "ddpmon", safe)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _parse(var: str, name: str, text: str) -> Any:
+    """Turn one DDPMON_* string into the field's type, or say what was expected."""
+    text = text.strip()
+    if name in ("port", "unused_parameters_advice_steps"):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(var, text, "an integer") from None
+    if name in ("state_interval", "hang_timeout", "hang_timeout_floor"):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(var, text, "a number of seconds") from None
+    if name == "nvml":
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(var, text, "1/true/yes/on or 0/false/no/off")
+    if name == "comm_hook":
+        return _import_hook(var, text)
+    return text
+
+
+def _import_hook(var: str, dotted: str) -> Callable[..., Any]:
+    module_name, _, attr = dotted.rpartition(".")
+    if not module_name:
+        raise ConfigError(var, dotted, "a dotted path such as package.module.hook_function")
+    try:
+        hook = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(var, dotted, f"an importable hook function ({exc})") from None
+    if not callable(hook):
+        raise ConfigError(var, dotted, "a callable hook(state, bucket) -> Future")
+    return hook

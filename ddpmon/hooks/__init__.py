@@ -1,0 +1,1 @@
+"""Hooks that ddpmon puts on a DDP model: comm (buckets), autograd (gradients), step."""

@@ -1,0 +1,101 @@
+"""Grad-ready hooks: when each parameter's gradient is ready, and which never got one.
+
+``register_post_accumulate_grad_hook`` fires once a parameter's ``.grad`` is written, with or
+without ``find_unused_parameters``, so the parameters that did not fire in a step are the
+unused ones, named here by their fully qualified names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .._safety import Fuse
+from ..recorder import Recorder
+
+REDUCTION_ERROR = "Expected to have finished reduction in the prior iteration"
+
+
+class GradReadyHooks:
+    """One post-accumulate-grad hook per trainable parameter, each a few attribute writes."""
+
+    def __init__(
+        self,
+        named_parameters: Sequence[tuple[str, torch.nn.Parameter]],
+        recorder: Recorder,
+        fuse: Fuse,
+    ) -> None:
+        self.names = [name for name, _ in named_parameters]
+        self._recorder = recorder
+        self._fuse = fuse
+        self._seen = [0] * len(self.names)
+        self._generation = 1
+        self._count = 0
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._hook_for(i))
+            for i, (_, p) in enumerate(named_parameters)
+        ]
+
+    def _hook_for(self, i: int) -> Callable[[torch.Tensor], None]:
+        seen, recorder, fuse = self._seen, self._recorder, self._fuse
+
+        def grad_ready(_param: torch.Tensor) -> None:
+            if not fuse.ok:
+                return
+            try:
+                if seen[i] != self._generation:
+                    seen[i] = self._generation
+                    self._count += 1
+                recorder.grad_ready(time.perf_counter())
+            except Exception as exc:
+                fuse.blow(exc)
+
+        return grad_ready
+
+    @property
+    def any_ready(self) -> bool:
+        """True when some gradient became ready since the last ``take_unused``."""
+        return self._count > 0
+
+    def pending_unused(self) -> list[str]:
+        """Parameters without a gradient so far in the step in progress."""
+        if self._count == len(self.names):
+            return []
+        return [n for n, g in zip(self.names, self._seen) if g != self._generation]
+
+    def take_unused(self) -> list[str] | None:
+        """End the step: the unused parameters' names (None when no backward ran)."""
+        if self._count == 0:
+            return None
+        unused = self.pending_unused()
+        self._generation += 1
+        self._count = 0
+        return unused
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def explain_reduction_error(exc: BaseException, unused: Sequence[str], rank: int) -> None:
+    """Add the unused parameters' names to DDP's "Expected to have finished reduction" error,
+    which names only parameter indices unless TORCH_DISTRIBUTED_DEBUG is set."""
+    if REDUCTION_ERROR not in str(exc) or not exc.args:
+        return
+    if unused:
+        listed = "\n".join(f"  {name}" for name in unused[:50])
+        more = f"\n  ... and {len(unused) - 50} more" if len(unused) > 50 else ""
+        extra = (
+            f"\n\nddpmon: on rank {rank} these parameters received no gradient in the previous "
+            f"iteration:\n{listed}{more}\nEither make them take part in the loss on every rank, "
+            "or pass find_unused_parameters=True to DistributedDataParallel."
+        )
+    else:
+        extra = (
+            f"\n\nddpmon: every parameter received a gradient on rank {rank}; the unused ones "
+            "are on another rank (see its log or state file)."
+        )
+    exc.args = (str(exc.args[0]) + extra,) + tuple(exc.args[1:])

@@ -1,0 +1,95 @@
+"""Step boundaries and phases, found without any call from the training loop.
+
+A forward pre-hook on the DDP module marks the start of a forward; a forward hook its end
+and, through a hook on the output tensor, the start of backward. A step ends at the first
+forward after a backward that synchronised gradients (forwards under ``no_sync`` or without
+grad belong to the step in progress), or at ``Monitor.step()`` once a loop calls it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._safety import Fuse
+from ..recorder import Recorder
+
+
+class StepHooks:
+    """Forward pre/post hooks on the DDP module that feed the Recorder's step scratch."""
+
+    def __init__(
+        self,
+        ddp: torch.nn.Module,
+        recorder: Recorder,
+        on_boundary: Callable[[float], None],
+        backward_seen: Callable[[], bool],
+        fuse: Fuse,
+    ) -> None:
+        self.manual = False
+        self._ddp = ddp
+        self._recorder = recorder
+        self._on_boundary = on_boundary
+        self._backward_seen = backward_seen
+        self._fuse = fuse
+        self._sync_expected = False
+        self._handles = [
+            ddp.register_forward_pre_hook(self._before_forward),
+            ddp.register_forward_hook(self._after_forward),
+        ]
+
+    def _before_forward(self, _module: torch.nn.Module, _args: Any) -> None:
+        if not self._fuse.ok or not torch.is_grad_enabled():
+            return
+        try:
+            now = time.perf_counter()
+            if not self.manual and (
+                self._recorder.step_has_synced or (self._sync_expected and self._backward_seen())
+            ):
+                self._on_boundary(now)
+            self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
+            self._recorder.forward_started(now)
+        except Exception as exc:
+            self._fuse.blow(exc)
+
+    def _after_forward(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
+        if not self._fuse.ok or not torch.is_grad_enabled():
+            return
+        try:
+            self._recorder.forward_finished(time.perf_counter())
+            tensor = _first_grad_tensor(output)
+            if tensor is not None:
+                tensor.register_hook(self._backward_started)
+        except Exception as exc:
+            self._fuse.blow(exc)
+
+    def _backward_started(self, _grad: torch.Tensor) -> None:
+        if self._fuse.ok:
+            try:
+                self._recorder.backward_started(time.perf_counter())
+            except Exception as exc:
+                self._fuse.blow(exc)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _first_grad_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
+    """The first tensor in the output that autograd will reach (looked for shallowly)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.requires_grad else None
+    if depth > 2:
+        return None
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        for item in output[:16]:
+            found = _first_grad_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,1 @@
+"""Prometheus metrics: the catalog of names and the exporter."""

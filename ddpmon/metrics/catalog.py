@@ -1,0 +1,119 @@
+"""The one list of ddpmon's metric names. Exporters, dashboards and alert rules use only these.
+
+Prometheus naming: base units (seconds, bytes, joules, hertz, celsius, watts), ``_total`` for
+counters, ratios 0..1. Every per-rank series carries ``job`` and ``rank``; ``bucket`` is only
+ever the bucket index (or ``all`` when per-bucket series are aggregated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # gauge | counter | histogram | info
+    help: str
+    labels: tuple[str, ...] = ("job", "rank")
+    source: str = "rank"  # rank | gpu | host | daemon
+
+
+RANK = ("job", "rank")
+BUCKET = ("job", "rank", "bucket")
+GPU = ("job", "rank", "gpu", "gpu_uuid")
+
+METRICS: tuple[Metric, ...] = (
+    # -- the training rank ------------------------------------------------------------------
+    Metric("ddpmon_rank_info", "gauge",
+           "Always 1; labels describe the rank (world size, local rank, host, backend, versions).",
+           RANK + ("world_size", "local_rank", "host", "backend", "torch_version", "debug_level",
+                   "version")),
+    Metric("ddpmon_steps_total", "counter", "Training steps completed (synchronised iterations)."),
+    Metric("ddpmon_step_seconds", "histogram", "Wall time of a training step, forward start to forward start."),
+    Metric("ddpmon_forward_seconds", "histogram", "Time in the DDP module's forward per step."),
+    Metric("ddpmon_backward_seconds", "histogram",
+           "Backward compute time per step: from backward start to the last gradient ready."),
+    Metric("ddpmon_exposed_comm_seconds", "histogram",
+           "Communication not hidden behind compute: last bucket ready to last collective done."),
+    Metric("ddpmon_allreduce_seconds", "histogram",
+           "Duration of a bucket's gradient collective, from launch (bucket ready) to completion.",
+           BUCKET),
+    Metric("ddpmon_allreduce_bytes_total", "counter", "Gradient bytes all-reduced per bucket.", BUCKET),
+    Metric("ddpmon_allreduce_bus_bandwidth_bytes_per_second", "gauge",
+           "Bus bandwidth of the bucket's last all-reduce (nccl-tests: bytes/time x 2(n-1)/n).",
+           BUCKET),
+    Metric("ddpmon_bucket_ready_seconds", "gauge",
+           "When the bucket's gradients were all ready, seconds after its step began (last step).",
+           BUCKET),
+    Metric("ddpmon_bucket_size_bytes", "gauge", "Size of the bucket's gradient buffer.", BUCKET),
+    Metric("ddpmon_bucket_parameters", "gauge", "Number of parameters in the bucket.", BUCKET),
+    Metric("ddpmon_unused_parameters", "gauge", "Parameters that received no gradient in the last step."),
+    Metric("ddpmon_last_progress_timestamp_seconds", "gauge",
+           "Unix time of the rank's last observed progress (step, bucket, collective)."),
+    Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
+    Metric("ddpmon_collectives_issued_total", "counter",
+           "Collectives this rank issued while monitored, by operation.", RANK + ("op",)),
+    Metric("ddpmon_collectives_completed_total", "counter",
+           "Collectives this rank saw complete, by operation.", RANK + ("op",)),
+    Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),
+    Metric("ddpmon_internal_errors_total", "counter",
+           "Parts of ddpmon that failed and switched themselves off.", RANK + ("part",)),
+    # -- the rank's GPU (NVML and torch's allocator) ----------------------------------------
+    Metric("ddpmon_gpu_utilization_ratio", "gauge", "GPU busy ratio over NVML's last sample period (0..1).", GPU, "gpu"),
+    Metric("ddpmon_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", GPU, "gpu"),
+    Metric("ddpmon_gpu_memory_total_bytes", "gauge", "GPU memory in total (NVML).", GPU, "gpu"),
+    Metric("ddpmon_gpu_power_watts", "gauge", "GPU power draw.", GPU, "gpu"),
+    Metric("ddpmon_gpu_energy_joules_total", "counter", "GPU energy since the driver loaded.", GPU, "gpu"),
+    Metric("ddpmon_gpu_temperature_celsius", "gauge", "GPU core temperature.", GPU, "gpu"),
+    Metric("ddpmon_gpu_sm_clock_hertz", "gauge", "GPU SM clock.", GPU, "gpu"),
+    Metric("ddpmon_gpu_clock_event_active", "gauge",
+           "1 while a clock event (throttle reason) holds the clocks down, by reason.", GPU + ("reason",), "gpu"),
+    Metric("ddpmon_gpu_ecc_errors_total", "counter", "ECC errors since the driver loaded, by type.", GPU + ("type",), "gpu"),
+    Metric("ddpmon_gpu_pcie_replays_total", "counter", "PCIe replay events.", GPU, "gpu"),
+    Metric("ddpmon_gpu_xid_errors_total", "counter", "XID errors seen by the daemon, by code.", GPU + ("xid",), "daemon"),
+    Metric("ddpmon_gpu_last_xid_timestamp_seconds", "gauge", "When an XID code was last seen.", GPU + ("xid",), "daemon"),
+    Metric("ddpmon_torch_memory_allocated_bytes", "gauge", "Bytes held by tensors (torch allocator).", GPU, "gpu"),
+    Metric("ddpmon_torch_memory_reserved_bytes", "gauge", "Bytes reserved by torch's caching allocator.", GPU, "gpu"),
+    Metric("ddpmon_torch_memory_peak_allocated_bytes", "gauge", "Peak bytes held by tensors.", GPU, "gpu"),
+    # -- the rank's host process (psutil) ---------------------------------------------------
+    Metric("ddpmon_process_cpu_seconds_total", "counter", "CPU time of the rank's process.", RANK, "host"),
+    Metric("ddpmon_process_resident_memory_bytes", "gauge", "Resident memory of the rank's process.", RANK, "host"),
+    Metric("ddpmon_process_threads", "gauge", "Threads of the rank's process.", RANK, "host"),
+    Metric("ddpmon_host_memory_used_bytes", "gauge", "Memory in use on the host.", RANK, "host"),
+    Metric("ddpmon_host_memory_total_bytes", "gauge", "Memory of the host.", RANK, "host"),
+    Metric("ddpmon_dataloader_workers", "gauge", "Child processes of the rank (data-loader workers).", RANK, "host"),
+    Metric("ddpmon_dataloader_workers_cpu_seconds_total", "counter", "CPU time of the rank's child processes.", RANK, "host"),
+    # -- the node daemon ------------------------------------------------------------------------
+    Metric("ddpmon_rank_up", "gauge",
+           "1 while the rank's process is alive and its heartbeat fresh (node daemon).", RANK, "daemon"),
+    Metric("ddpmon_rank_last_progress_timestamp_seconds", "gauge",
+           "The rank's last progress as read from its state file (node daemon).", RANK, "daemon"),
+    Metric("ddpmon_rank_hang_suspected", "gauge",
+           "1 while the rank's state file carries a hang report (node daemon).", RANK, "daemon"),
+    Metric("ddpmon_gpu_process_info", "gauge",
+           "1 per process on a GPU, with the rank it belongs to when known (node daemon).",
+           ("gpu", "gpu_uuid", "pid", "job", "rank"), "daemon"),
+    Metric("ddpmon_daemon_info", "gauge", "Always 1; the daemon's host and version.", ("host", "version", "gpus"), "daemon"),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def get(name: str) -> Metric:
+    """The catalog entry for ``name``; a KeyError names the unknown metric."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in ddpmon's metric catalog (ddpmon/metrics/catalog.py)") from None
+
+
+def series_names() -> set[str]:
+    """Every name a scrape can show, histogram and counter suffixes included."""
+    out = set()
+    for m in METRICS:
+        if m.kind == "histogram":
+            out.update({m.name + "_bucket", m.name + "_sum", m.name + "_count"})
+        else:
+            out.add(m.name)
+    return out

@@ -1,0 +1,314 @@
+"""The composition root: wires hooks, recorder, exporter and state writer for one DDP model."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from . import __version__, statefile
+from ._safety import Fuse
+from .config import Config
+from .errors import AttachError
+from .hooks.autograd import GradReadyHooks, explain_reduction_error
+from .hooks.comm import CudaEventClock, TimedCommHook, WallClock, default_hook
+from .hooks.step import StepHooks
+from .metrics.exporter import Endpoint, RankCollector, serve
+
+log = logging.getLogger("ddpmon")
+
+_HOW_TO_WRAP = (
+    "wrap the model first:\n"
+    "    model = torch.nn.parallel.DistributedDataParallel(model)\n"
+    "    monitor = ddpmon.attach(model)"
+)
+
+
+class Monitor:
+    """Watches one DDP model on this rank. Made by ``ddpmon.attach``; ``detach()`` undoes it."""
+
+    def __init__(self, ddp: DistributedDataParallel, config: Config) -> None:
+        _check_attachable(ddp)
+        self.config = config
+        self._ddp = ddp
+        self._detached = False
+        self._advised_unused = False
+
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size(ddp.process_group)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.job = config.resolved_job()
+        identity = self._identity()
+
+        from .recorder import Recorder  # local: keeps the import graph pointing down
+
+        self.recorder = Recorder(identity, self.world_size)
+        self._fuses = {
+            name: Fuse(name, self._part_failed) for name in ("comm_hook", "grad_hooks", "step_hooks")
+        }
+
+        parameters = [
+            (name, p)
+            for name, p in ddp.module.named_parameters()
+            if p.requires_grad and name not in getattr(ddp, "parameters_to_ignore", ())
+        ]
+        names = {id(p): name for name, p in parameters}
+        clock = CudaEventClock() if identity["device"].startswith("cuda") else WallClock()
+        self._clock = clock
+        if config.comm_hook is not None:
+            ddp._check_comm_hook(config.comm_hook)
+        hook, state = (config.comm_hook, config.comm_state) if config.comm_hook else default_hook()
+        if state is None:
+            state = ddp.process_group
+        comm = getattr(ddp, "_ddpmon_comm_hook", None)
+        if comm is None:
+            comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
+            ddp.register_comm_hook(None, comm)
+            ddp._ddpmon_comm_hook = comm  # type: ignore[attr-defined]
+            ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
+        else:  # attached before and detached: DDP still holds ddpmon's hook
+            comm.rebind(self.recorder, clock, names, self._fuses["comm_hook"])
+            if config.comm_hook:
+                comm.replace(hook, state)
+        self._comm = comm
+
+        self._grads = GradReadyHooks(parameters, self.recorder, self._fuses["grad_hooks"])
+        self._steps = StepHooks(
+            ddp, self.recorder, self._on_boundary, lambda: self._grads.any_ready, self._fuses["step_hooks"]
+        )
+        self._wrap_forward()
+
+        self._endpoint = self._start_endpoint()
+        self.recorder.identity["port"] = self.port
+        self.state_file = self._start_state_writer()
+        ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
+        log.info(
+            "ddpmon: rank %d of %d attached (job %r): metrics %s, state file %s",
+            self.rank, self.world_size, self.job, self.metrics_url or "off", self.state_file or "off",
+        )
+
+    # -- public handle ----------------------------------------------------------------------
+
+    @property
+    def port(self) -> int | None:
+        """The bound metrics port, or None when the endpoint is off."""
+        return self._endpoint.port if self._endpoint else None
+
+    @property
+    def metrics_url(self) -> str | None:
+        if not self._endpoint:
+            return None
+        host = "localhost" if self._endpoint.bind in ("0.0.0.0", "", "::") else self._endpoint.bind
+        return f"http://{host}:{self._endpoint.port}/metrics"
+
+    def snapshot(self) -> dict[str, Any]:
+        """The latest view of this rank: step, phase, timings, buckets, unused parameters..."""
+        return self.recorder.snapshot()
+
+    def step(self) -> None:
+        """Mark the end of a training step explicitly. Optional; once called, step
+        boundaries come only from here (for loops the automatic detection misreads)."""
+        if self._detached:
+            return
+        self._steps.manual = True
+        self._on_boundary(time.perf_counter())
+
+    def detach(self) -> None:
+        """Remove every hook and stop the endpoint and the state writer. The registered comm
+        hook cannot be unregistered from DDP, so it becomes a pure pass-through."""
+        if self._detached:
+            return
+        self._detached = True
+        self._comm.timing = False
+        self._grads.remove()
+        self._steps.remove()
+        self._ddp.__dict__.pop("forward", None)
+        self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
+        self.recorder.phase = "detached"
+        if self._endpoint:
+            self._endpoint.close()
+        if self._writer:
+            self._writer.stop()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def _identity(self) -> dict[str, Any]:
+        ddp = self._ddp
+        params = list(ddp.module.parameters())
+        device = str(params[0].device) if params else "cpu"
+        level = dist.get_debug_level()
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "group_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "port": None,
+            "job": self.job,
+            "backend": str(dist.get_backend(ddp.process_group)),
+            "device": device,
+            "torch_version": torch.__version__,
+            "debug_level": getattr(level, "name", str(level)),
+            "version": __version__,
+            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "num_parameters": sum(1 for p in params if p.requires_grad),
+        }
+
+    def _part_failed(self, part: str, message: str) -> None:
+        self.recorder.record_error(part, message)
+        writer = getattr(self, "_writer", None)
+        if writer:
+            writer.notify()
+
+    def _on_boundary(self, now: float) -> None:
+        rec = self.recorder
+        rec.close_step(now)
+        self._clock.new_step()
+        rec.add_bucket_timings(self._clock.collect())
+        unused = self._grads.take_unused()
+        if unused is not None and rec.set_unused_parameters(unused):
+            if unused:
+                shown = ", ".join(unused[:10]) + (f" (+{len(unused) - 10} more)" if len(unused) > 10 else "")
+                log.warning(
+                    "ddpmon: rank %d: %d parameter(s) received no gradient in step %d: %s",
+                    self.rank, len(unused), rec.steps, shown,
+                )
+            else:
+                log.warning("ddpmon: rank %d: every parameter receives a gradient again", self.rank)
+            if self._writer:
+                self._writer.notify()
+        self._advise_find_unused(rec)
+
+    def _advise_find_unused(self, rec: Any) -> None:
+        if self._advised_unused or not getattr(self._ddp, "find_unused_parameters", False):
+            return
+        if rec.steps_without_unused >= self.config.unused_parameters_advice_steps:
+            self._advised_unused = True
+            text = (
+                f"find_unused_parameters=True, but no parameter has been unused for "
+                f"{rec.steps_without_unused} steps; it costs a traversal of the autograd graph "
+                "every step: pass find_unused_parameters=False (or static_graph=True)"
+            )
+            rec.note("find_unused_parameters", text)
+            log.warning("ddpmon: rank %d: %s", self.rank, text)
+
+    def _wrap_forward(self) -> None:
+        original = self._ddp.forward
+        recorder, rank = self.recorder, self.rank
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError as exc:
+                try:
+                    explain_reduction_error(exc, recorder.unused_parameters, rank)
+                except Exception:
+                    pass
+                raise
+
+        self._ddp.forward = forward  # type: ignore[method-assign]
+
+    def _start_endpoint(self) -> Endpoint | None:
+        cfg = self.config
+        if cfg.port < 0:
+            return None
+        collector = RankCollector(self.recorder, cfg.bucket_metrics, sources=self._sample_sources())
+        port = cfg.port + self.local_rank if cfg.port > 0 else 0
+        try:
+            return serve(collector, port, cfg.bind)
+        except OSError as exc:
+            if port == 0:
+                log.warning("ddpmon: rank %d: no metrics endpoint: cannot bind %s (%s)", self.rank, cfg.bind, exc)
+                return None
+            log.warning(
+                "ddpmon: rank %d: cannot serve metrics on %s:%d (%s); serving on an ephemeral port "
+                "instead (see the state file's 'port'). Set DDPMON_PORT to a free base port.",
+                self.rank, cfg.bind, port, exc.strerror or exc,
+            )
+            try:
+                return serve(collector, 0, cfg.bind)
+            except OSError as exc2:
+                log.warning("ddpmon: rank %d: no metrics endpoint (%s)", self.rank, exc2)
+                return None
+
+    def _sample_sources(self) -> list[Any]:
+        return []
+
+    def _start_state_writer(self) -> str | None:
+        self._writer: statefile.StateWriter | None = None
+        state_dir = self.config.resolved_state_dir(self.job)
+        if state_dir is None:
+            return None
+        path = statefile.path_for(state_dir, self.rank)
+        try:
+            os.makedirs(state_dir, exist_ok=True)
+            if not os.access(state_dir, os.W_OK):
+                raise PermissionError(f"{state_dir} is not writable")
+        except OSError as exc:
+            log.warning(
+                "ddpmon: rank %d: state files are off: cannot write to %s (%s). Set "
+                "DDPMON_STATE_DIR (or state_dir=) to a writable directory.",
+                self.rank, state_dir, exc,
+            )
+            return None
+        self._writer = statefile.StateWriter(path, self.recorder.snapshot, self.config.state_interval)
+        self._writer.start()
+        return path
+
+
+def _register_user_hook(ddp: DistributedDataParallel, comm: TimedCommHook, state: object, hook: Any) -> None:
+    """Stands in for ``ddp.register_comm_hook`` once ddpmon is attached: DDP accepts one
+    hook and ddpmon's is registered, so the user's hook runs inside it (and is timed)."""
+    if comm.user_registered:
+        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+    ddp._check_comm_hook(hook)
+    comm.user_registered = True
+    comm.replace(hook, state)
+    log.info("ddpmon: comm hook %s registered inside ddpmon's timing hook", getattr(hook, "__qualname__", hook))
+
+
+def _check_attachable(ddp: Any) -> None:
+    if not isinstance(ddp, DistributedDataParallel):
+        raise AttachError(
+            f"ddpmon.attach() needs a torch.nn.parallel.DistributedDataParallel model, got "
+            f"{type(ddp).__module__}.{type(ddp).__qualname__}; {_HOW_TO_WRAP}"
+        )
+    if not dist.is_available() or not dist.is_initialized():
+        raise AttachError(
+            "torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group(...) before wrapping the model and attaching"
+        )
+    if getattr(ddp, "_ddpmon_monitor", None) is not None:
+        raise AttachError(
+            "ddpmon is already attached to this model; use the Monitor that attach() returned "
+            "(or call its detach() first)"
+        )
+    if getattr(ddp, "_ddpmon_comm_hook", None) is None and (
+        getattr(ddp, "_comm_hooks", None) or _builtin_hook_name(ddp)
+    ):
+        raise AttachError(
+            "this model already has a comm hook, and DDP accepts only one; pass yours to "
+            "ddpmon.attach(model, comm_hook=hook, comm_state=state) instead of registering it, "
+            "or register it after attach()"
+        )
+
+
+def _builtin_hook_name(ddp: DistributedDataParallel) -> str:
+    try:
+        return str(ddp._get_ddp_logging_data().get("comm_hook", "") or "")
+    except Exception:
+        return ""

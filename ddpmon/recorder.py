@@ -1,0 +1,362 @@
+"""The in-memory record of one rank: what the hooks saw, kept bounded and thread-safe.
+
+Hooks write plain numbers here and return; the exporter, the state writer and the watchdog
+read from their own threads through ``snapshot()`` and the histogram accessors. Nothing here
+imports torch, so readers stay cheap and the doctor can reuse the layout of ``snapshot()``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import statistics
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+RECENT_STEPS = 256
+MAX_PARAMETER_NAMES = 200
+
+PHASES = ("init", "forward", "after_forward", "backward", "allreduce", "after_backward", "detached")
+
+
+class Histogram:
+    """A cumulative histogram with fixed bounds: O(1) per observation, no allocation."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, cumulative count) pairs ending with +Inf, as Prometheus exposes them."""
+        out, running = [], 0
+        for bound, count in zip(self.bounds + (float("inf"),), self.counts):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        return out
+
+
+@dataclass
+class BucketStats:
+    """What is known about one DDP gradient bucket (its layout and its collectives)."""
+
+    index: int
+    bytes: int = 0
+    dtype: str = ""
+    parameters: tuple[str, ...] = ()
+    seconds: Histogram = field(default_factory=lambda: Histogram(COMM_BOUNDS))
+    bytes_total: int = 0
+    last_seconds: float | None = None
+    last_ready_seconds: float | None = None
+    last_busbw: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "bytes": self.bytes,
+            "dtype": self.dtype,
+            "num_parameters": len(self.parameters),
+            "parameters": list(self.parameters[:MAX_PARAMETER_NAMES]),
+            "count": self.seconds.count,
+            "last_seconds": self.last_seconds,
+            "mean_seconds": self.seconds.sum / self.seconds.count if self.seconds.count else None,
+            "ready_seconds": self.last_ready_seconds,
+            "busbw_bytes_per_second": self.last_busbw,
+            "bytes_total": self.bytes_total,
+        }
+
+
+@dataclass(frozen=True)
+class BucketTiming:
+    """One bucket's collective in one step. ``start``/``end`` share a timeline within the
+    step (wall clock on CPU, CUDA events on GPU); ``ready`` is the CPU moment the bucket
+    became ready, seconds after the step began."""
+
+    index: int
+    ready: float
+    start: float
+    end: float
+
+
+@dataclass
+class _Step:
+    """Scratch for the step in progress; written by hooks, folded in by close_step()."""
+
+    start: float
+    forward_seconds: float = 0.0
+    forward_start: float | None = None
+    backward_start: float | None = None
+    last_grad_ready: float | None = None
+    buckets_launched: int = 0
+
+
+class Recorder:
+    """Thread-safe state of one rank. Times from ``time.perf_counter()`` unless named *_unix."""
+
+    def __init__(self, identity: dict[str, Any], world_size: int) -> None:
+        self.identity = dict(identity)
+        self.world_size = max(1, int(world_size))
+        self._lock = threading.Lock()
+        self.steps = 0
+        self.phase = "init"
+        self.started_unix = time.time()
+        self.last_progress_unix = self.started_unix
+        self.step_hist = Histogram(STEP_BOUNDS)
+        self.forward_hist = Histogram(STEP_BOUNDS)
+        self.backward_hist = Histogram(STEP_BOUNDS)
+        self.exposed_hist = Histogram(STEP_BOUNDS)
+        self.recent: collections.deque[tuple[float, float, float, float | None]] = collections.deque(
+            maxlen=RECENT_STEPS
+        )
+        self.buckets: dict[int, BucketStats] = {}
+        self.unused_parameters: list[str] = []
+        self.steps_without_unused = 0
+        self.notes: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self.issued = 0
+        self.completed = 0
+        self._ops: dict[str, list[int]] = {}
+        self.in_flight: list[dict[str, Any]] = []
+        self.last_collective: dict[str, Any] | None = None
+        self.hang: dict[str, Any] | None = None
+        self._cur = _Step(start=time.perf_counter())
+
+    # -- written by the hooks (the training thread, autograd and comm threads) -------------
+
+    def heartbeat(self) -> None:
+        self.last_progress_unix = time.time()
+
+    @property
+    def step_start(self) -> float:
+        return self._cur.start
+
+    def forward_started(self, now: float) -> None:
+        if self.steps == 0 and self._cur.forward_seconds == 0.0 and self._cur.forward_start is None:
+            self._cur.start = now  # the first step starts at the first forward, not at attach
+        self._cur.forward_start = now
+        self.phase = "forward"
+        self.last_progress_unix = time.time()
+
+    def forward_finished(self, now: float) -> None:
+        cur = self._cur
+        if cur.forward_start is not None:
+            cur.forward_seconds += now - cur.forward_start
+            cur.forward_start = None
+        self.phase = "after_forward"
+
+    def backward_started(self, now: float) -> None:
+        if self._cur.backward_start is None:
+            self._cur.backward_start = now
+        self.phase = "backward"
+        self.last_progress_unix = time.time()
+
+    def grad_ready(self, now: float) -> None:
+        cur = self._cur
+        if cur.backward_start is None:
+            cur.backward_start = now
+            self.phase = "backward"
+        cur.last_grad_ready = now
+
+    def bucket_launched(self, is_last: bool) -> None:
+        self._cur.buckets_launched += 1
+        if is_last:
+            self.phase = "allreduce"
+        self.collective_issued("allreduce")
+
+    def bucket_completed(self, is_last: bool) -> None:
+        if is_last:
+            self.phase = "after_backward"
+        self.collective_completed("allreduce")
+
+    @property
+    def step_has_synced(self) -> bool:
+        """True once the step in progress has launched its gradient all-reduce."""
+        return self._cur.buckets_launched > 0
+
+    # -- step boundary (the training thread) -------------------------------------------------
+
+    def close_step(self, now: float) -> None:
+        """End the step in progress at ``now`` and start the next one."""
+        cur = self._cur
+        step_seconds = now - cur.start
+        backward = None
+        if cur.backward_start is not None and cur.last_grad_ready is not None:
+            backward = max(0.0, cur.last_grad_ready - cur.backward_start)
+        with self._lock:
+            self.steps += 1
+            self.step_hist.observe(step_seconds)
+            self.forward_hist.observe(cur.forward_seconds)
+            if backward is not None:
+                self.backward_hist.observe(backward)
+            self.recent.append((step_seconds, cur.forward_seconds, backward or 0.0, None))
+            self._cur = _Step(start=now)
+        self.last_progress_unix = time.time()
+
+    def set_bucket_layout(self, index: int, nbytes: int, dtype: str, names: Iterable[str]) -> None:
+        with self._lock:
+            stats = self.buckets.get(index)
+            if stats is None or stats.bytes != nbytes:
+                # A new bucket, or DDP rebuilt its buckets after iteration 0: a new series.
+                stats = self.buckets[index] = BucketStats(index)
+            stats.bytes, stats.dtype, stats.parameters = nbytes, dtype, tuple(names)
+
+    def drop_buckets_from(self, count: int) -> None:
+        """Forget buckets with index >= count (after DDP rebuilt its buckets)."""
+        with self._lock:
+            for index in [i for i in self.buckets if i >= count]:
+                del self.buckets[index]
+
+    def add_bucket_timings(self, timings: Sequence[BucketTiming]) -> None:
+        """Fold one step's bucket collectives in: per-bucket time, bandwidth, exposed comm.
+
+        A bucket's time runs from its launch (the bucket became ready) to its completion, so
+        it includes any wait behind earlier buckets on the same communicator. Exposed
+        communication runs from the last bucket becoming ready (backward compute done) to
+        the last collective done.
+        """
+        if not timings:
+            return
+        ordered = sorted(timings, key=lambda t: t.start)
+        factor = 2.0 * (self.world_size - 1) / self.world_size
+        with self._lock:
+            for t in ordered:
+                seconds = max(0.0, t.end - t.start)
+                stats = self.buckets.get(t.index)
+                if stats is None:
+                    stats = self.buckets[t.index] = BucketStats(t.index)
+                stats.seconds.observe(seconds)
+                stats.bytes_total += stats.bytes
+                stats.last_seconds = seconds
+                stats.last_ready_seconds = t.ready
+                stats.last_busbw = stats.bytes / seconds * factor if seconds > 0 else None
+            exposed = max(0.0, max(t.end for t in ordered) - ordered[-1].start)
+            self.exposed_hist.observe(exposed)
+            if self.recent and self.recent[-1][3] is None:
+                s, f, b, _ = self.recent[-1]
+                self.recent[-1] = (s, f, b, exposed)
+
+    def set_unused_parameters(self, names: list[str]) -> bool:
+        """Record this step's unused parameters; True when the set changed."""
+        with self._lock:
+            changed = names != self.unused_parameters
+            self.unused_parameters = names
+            self.steps_without_unused = 0 if names else self.steps_without_unused + 1
+            return changed
+
+    # -- notes, errors and collectives ------------------------------------------------------
+
+    def note(self, key: str, text: str | None) -> None:
+        with self._lock:
+            if text is None:
+                self.notes.pop(key, None)
+            else:
+                self.notes[key] = text
+
+    def record_error(self, part: str, message: str) -> None:
+        with self._lock:
+            self.errors[part] = message
+
+    def collective_issued(self, op: str) -> None:
+        with self._lock:
+            self.issued += 1
+            self._ops.setdefault(op, [0, 0])[0] += 1
+        self.last_progress_unix = time.time()
+
+    def collective_completed(self, op: str) -> None:
+        with self._lock:
+            self.completed += 1
+            self._ops.setdefault(op, [0, 0])[1] += 1
+        self.last_progress_unix = time.time()
+
+    # -- readers ------------------------------------------------------------------------------
+
+    def collectives_by_op(self) -> dict[str, tuple[int, int]]:
+        """(issued, completed) per collective operation."""
+        with self._lock:
+            return {op: (c[0], c[1]) for op, c in self._ops.items()}
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Copies of the step histograms, safe to read outside the lock."""
+        with self._lock:
+            return {
+                name: _copy(h)
+                for name, h in (
+                    ("step", self.step_hist),
+                    ("forward", self.forward_hist),
+                    ("backward", self.backward_hist),
+                    ("exposed_comm", self.exposed_hist),
+                )
+            }
+
+    def bucket_stats(self) -> list[BucketStats]:
+        with self._lock:
+            return [
+                BucketStats(
+                    b.index, b.bytes, b.dtype, b.parameters, _copy(b.seconds),
+                    b.bytes_total, b.last_seconds, b.last_ready_seconds, b.last_busbw,
+                )
+                for b in sorted(self.buckets.values(), key=lambda b: b.index)
+            ]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The latest per-rank view, as plain JSON-ready data (the state file's body)."""
+        with self._lock:
+            recent = list(self.recent)
+            snap = dict(self.identity)
+            snap.update(
+                {
+                    "step": self.steps,
+                    "phase": self.phase,
+                    "started_unix": self.started_unix,
+                    "last_progress_unix": self.last_progress_unix,
+                    "collectives": {"issued": self.issued, "completed": self.completed},
+                    "in_flight": [dict(c) for c in self.in_flight],
+                    "last_collective": dict(self.last_collective) if self.last_collective else None,
+                    "unused_parameters": list(self.unused_parameters),
+                    "buckets": [b.as_dict() for b in sorted(self.buckets.values(), key=lambda b: b.index)],
+                    "notes": dict(self.notes),
+                    "errors": dict(self.errors),
+                    "hang": self.hang,
+                }
+            )
+        snap["timings"] = _summaries(recent)
+        snap["now_unix"] = time.time()
+        return snap
+
+
+def _copy(h: Histogram) -> Histogram:
+    c = Histogram(h.bounds)
+    c.counts, c.sum, c.count = list(h.counts), h.sum, h.count
+    return c
+
+
+def _summaries(recent: list[tuple[float, float, float, float | None]]) -> dict[str, Any]:
+    """Median and last of each per-step time over the recent window."""
+    out: dict[str, Any] = {"window_steps": len(recent)}
+    columns = {
+        "step_seconds": [r[0] for r in recent],
+        "forward_seconds": [r[1] for r in recent],
+        "backward_seconds": [r[2] for r in recent],
+        "compute_seconds": [r[1] + r[2] for r in recent],
+        "exposed_comm_seconds": [r[3] for r in recent if r[3] is not None],
+    }
+    for name, values in columns.items():
+        out[name] = (
+            {"median": statistics.median(values), "last": values[-1], "max": max(values)}
+            if values
+            else None
+        )
+    return out

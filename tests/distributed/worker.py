@@ -1,0 +1,337 @@
+"""One rank of a test job: ``python -m tests.distributed.worker SCENARIO [ARGS]``.
+
+The harness sets RANK, WORLD_SIZE, LOCAL_RANK, DDPMON_TEST_STORE (a FileStore path) and
+DDPMON_TEST_OUT; each scenario returns a dict that is written to result-<rank>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {}
+
+
+def scenario(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init() -> None:
+    store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD)
+    dist.init_process_group("gloo", store=store, rank=RANK, world_size=WORLD)
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 64, depth: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(32, width)
+        self.hidden = nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
+        self.out = nn.Linear(width, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.inp(x))
+        for layer in self.hidden:
+            x = torch.relu(layer(x))
+        return self.out(x)
+
+
+class TwoHeads(nn.Module):
+    """Rank 0 uses head_a, every other rank head_b: unused parameters differ by rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(32, 32)
+        self.head_a = nn.Linear(32, 8)
+        self.head_b = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor, use_a: bool) -> torch.Tensor:
+        h = torch.relu(self.body(x))
+        return self.head_a(h) if use_a else self.head_b(h)
+
+
+def batch(step: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * RANK + step)
+    return torch.randn(n, 32, generator=g), torch.randn(n, 8, generator=g)
+
+
+def train(model: nn.Module, steps: int, opt: torch.optim.Optimizer | None = None, **fwd: Any) -> None:
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x, **fwd), y)
+        loss.backward()
+        opt.step()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def read_state(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+@scenario
+def train_basic(steps: str = "8") -> dict[str, Any]:
+    """Several buckets (a small bucket cap), a few steps, then every output read back."""
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(MLP(), bucket_cap_mb=0.01)
+    mon = ddpmon.attach(model, job="basic")
+    train(model, int(steps))
+    mon.step()  # closes the last step so its buckets are folded in
+    time.sleep(0.05)
+    snap = mon.snapshot()
+    text = scrape(mon.port)
+    mon._writer.write_now()
+    state = read_state(mon.state_file)
+    sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
+    return {"snapshot": snap, "metrics": text, "state": state, "state_file": mon.state_file,
+            "port": mon.port, "param_bytes": sizes}
+
+
+def _grads(model: nn.Module) -> dict[str, list[float]]:
+    return {n: p.grad.flatten().tolist() for n, p in model.module.named_parameters()}
+
+
+@scenario
+def grads_equal(hook: str = "default", how: str = "option") -> dict[str, Any]:
+    """The same model trained with and without ddpmon: gradients must be bit-identical."""
+    import ddpmon
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    init()
+    torch.manual_seed(0)
+    plain = DDP(MLP(), bucket_cap_mb=0.01)
+    torch.manual_seed(0)
+    watched = DDP(MLP(), bucket_cap_mb=0.01)
+    user_hook = default_hooks.fp16_compress_hook if hook == "fp16" else None
+    if user_hook:
+        plain.register_comm_hook(None, user_hook)
+    if user_hook and how == "option":
+        mon = ddpmon.attach(watched, job="grads", comm_hook=user_hook)
+    else:
+        mon = ddpmon.attach(watched, job="grads")
+        if user_hook:
+            watched.register_comm_hook(None, user_hook)
+    out: dict[str, Any] = {"max_diff": 0.0, "steps_compared": 0}
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.05)
+    opt_w = torch.optim.SGD(watched.parameters(), lr=0.05)
+    for step in range(5):
+        x, y = batch(step)
+        for model, opt in ((plain, opt_p), (watched, opt_w)):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+        gp, gw = _grads(plain), _grads(watched)
+        diff = max(max(abs(a - b) for a, b in zip(gp[n], gw[n])) for n in gp)
+        out["max_diff"] = max(out["max_diff"], diff)
+        out["steps_compared"] += 1
+        opt_p.step()
+        opt_w.step()
+    mon.step()
+    snap = mon.snapshot()
+    out["bucket_counts"] = [b["count"] for b in snap["buckets"]]
+    out["dtypes"] = [b["dtype"] for b in snap["buckets"]]
+    if how == "after_attach" and user_hook:
+        try:
+            watched.register_comm_hook(None, user_hook)
+            out["second_register"] = "accepted"
+        except RuntimeError as exc:
+            out["second_register"] = str(exc)
+    return out
+
+
+@scenario
+def unused_by_rank() -> dict[str, Any]:
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(TwoHeads(), find_unused_parameters=True)
+    mon = ddpmon.attach(model, job="unused")
+    train(model, 4, use_a=(RANK == 0))
+    mon.step()
+    text = scrape(mon.port)
+    mon._writer.write_now()
+    return {"snapshot": mon.snapshot(), "metrics": text, "state": read_state(mon.state_file)}
+
+
+@scenario
+def reduction_error() -> dict[str, Any]:
+    """find_unused_parameters=False with an unused head: DDP raises at the next forward."""
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(TwoHeads())
+    ddpmon.attach(model, job="reduction")
+    try:
+        train(model, 3, use_a=True)
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+@scenario
+def bad_inputs() -> dict[str, Any]:
+    import socket
+
+    import ddpmon
+
+    init()
+    out: dict[str, Any] = {}
+    try:
+        ddpmon.attach(MLP())
+    except ddpmon.AttachError as exc:
+        out["not_ddp"] = str(exc)
+    model = DDP(MLP())
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    busy = blocker.getsockname()[1]
+    logs: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logs.append(record.getMessage())
+
+    logging.getLogger("ddpmon").addHandler(Keep())
+    mon = ddpmon.attach(model, job="bad", port=busy, bind="127.0.0.1", state_dir="/proc/ddpmon-cannot-write")
+    try:
+        ddpmon.attach(model)
+    except ddpmon.AttachError as exc:
+        out["twice"] = str(exc)
+    train(model, 3)
+    out["busy_port"] = busy
+    out["bound_port"] = mon.port
+    out["state_file"] = mon.state_file
+    out["logs"] = logs
+    out["steps"] = mon.snapshot()["step"]
+    try:
+        ddpmon.attach(DDP(MLP()), hang_timeout="soon")
+    except ddpmon.ConfigError as exc:
+        out["bad_option"] = str(exc)
+    try:
+        ddpmon.attach(DDP(MLP()), colour="blue")
+    except ddpmon.ConfigError as exc:
+        out["unknown_option"] = str(exc)
+    return out
+
+
+@scenario
+def hook_failure() -> dict[str, Any]:
+    """A failure inside ddpmon's comm hook: logged once, that part off, training unharmed."""
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    mon = ddpmon.attach(model, job="failure")
+    logs: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logs.append(record.getMessage())
+
+    logging.getLogger("ddpmon").addHandler(Keep())
+
+    def broken(*_a: Any, **_k: Any) -> None:
+        raise ValueError("injected failure")
+
+    mon.recorder.set_bucket_layout = broken  # type: ignore[method-assign]
+    mon.recorder.bucket_launched = broken  # type: ignore[method-assign]
+    train(model, 4)
+    mon.step()
+    snap = mon.snapshot()
+    return {"steps": snap["step"], "errors": snap["errors"], "logs": logs,
+            "metrics": scrape(mon.port)}
+
+
+@scenario
+def detach_and_reattach() -> dict[str, Any]:
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    with ddpmon.attach(model, job="detach") as mon:
+        train(model, 3)
+        port = mon.port
+    out: dict[str, Any] = {"steps_first": mon.snapshot()["step"]}
+    train(model, 3)  # after detach: nothing is recorded any more
+    out["steps_after_detach"] = mon.snapshot()["step"]
+    out["forward_restored"] = "forward" not in model.__dict__
+    try:
+        scrape(port)
+        out["endpoint_closed"] = False
+    except OSError:
+        out["endpoint_closed"] = True
+    mon2 = ddpmon.attach(model, job="detach")
+    train(model, 3)
+    mon2.step()
+    out["steps_second"] = mon2.snapshot()["step"]
+    out["second_buckets"] = [b["count"] for b in mon2.snapshot()["buckets"]]
+    mon2.detach()
+    return out
+
+
+@scenario
+def no_sync_accumulation() -> dict[str, Any]:
+    """Gradient accumulation: microbatches under no_sync fold into one step."""
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    mon = ddpmon.attach(model, job="accum")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        for micro in range(3):
+            x, y = batch(10 * step + micro)
+            if micro < 2:
+                with model.no_sync():
+                    nn.functional.mse_loss(model(x), y).backward()
+            else:
+                nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    mon.step()
+    return {"snapshot": mon.snapshot()}
+
+
+def main() -> None:
+    name, args = sys.argv[1], sys.argv[2:]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(RANK) + " %(message)s")
+    result = SCENARIOS[name](*args)
+    with open(os.path.join(os.environ["DDPMON_TEST_OUT"], f"result-{RANK}.json"), "w") as f:
+        json.dump(result, f, default=str)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
