@@ -220,7 +220,8 @@ def bad_inputs() -> dict[str, Any]:
             logs.append(record.getMessage())
 
     logging.getLogger("ddpmon").addHandler(Keep())
-    mon = ddpmon.attach(model, job="bad", port=busy, bind="127.0.0.1", state_dir="/proc/ddpmon-cannot-write")
+    # base + LOCAL_RANK lands on the port this rank holds
+    mon = ddpmon.attach(model, job="bad", port=busy - RANK, bind="127.0.0.1", state_dir="/proc/ddpmon-cannot-write")
     try:
         ddpmon.attach(model)
     except ddpmon.AttachError as exc:

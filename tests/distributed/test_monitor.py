@@ -1,0 +1,186 @@
+"""The core monitor on real 2-3 rank gloo jobs: buckets, steps, unused parameters, the DDP
+error with names, endpoints, state files, gradients unchanged, and the bad inputs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from .harness import run_ranks
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one series in a Prometheus text exposition, or None."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(m.group(3))
+    return None
+
+
+@pytest.fixture(scope="module")
+def basic(tmp_path_factory: pytest.TempPathFactory):
+    return run_ranks("train_basic", 3, tmp_path_factory.mktemp("basic"), args=("8",))
+
+
+def test_every_bucket_is_timed_on_every_rank(basic) -> None:
+    for r in basic:
+        snap = r.result["snapshot"]
+        sizes = r.result["param_bytes"]
+        buckets = snap["buckets"]
+        # bucket_cap_mb=0.01 splits the 5 layers into 4 buckets once DDP rebuilds them
+        assert [b["index"] for b in buckets] == [0, 1, 2, 3]
+        named = sorted(n for b in buckets for n in b["parameters"])
+        assert named == sorted(sizes), "every parameter is in exactly one bucket, by name"
+        for b in buckets:
+            assert b["bytes"] == sum(sizes[n] for n in b["parameters"])
+            assert b["dtype"] == "float32"
+            assert b["count"] >= 7, "timed in every step after the rebuild"
+            assert 0 < b["last_seconds"] < 5
+            assert b["busbw_bytes_per_second"] > 0
+            assert 0 <= b["ready_seconds"] < 5
+        # gradients of the last layers are ready first: buckets become ready in index order
+        ready = [b["ready_seconds"] for b in buckets]
+        assert ready == sorted(ready)
+
+
+def test_bus_bandwidth_follows_nccl_tests_definition(basic) -> None:
+    b = basic[0].result["snapshot"]["buckets"][1]
+    n = 3
+    expected = b["bytes"] / b["last_seconds"] * 2 * (n - 1) / n
+    assert b["busbw_bytes_per_second"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_steps_and_phases(basic) -> None:
+    for r in basic:
+        snap = r.result["snapshot"]
+        assert snap["step"] == 8
+        t = snap["timings"]
+        assert t["window_steps"] == 8
+        for key in ("step_seconds", "forward_seconds", "backward_seconds", "exposed_comm_seconds"):
+            assert t[key]["median"] > 0, key
+        assert t["compute_seconds"]["median"] < t["step_seconds"]["median"]
+        assert snap["phase"] == "after_backward"
+        assert snap["collectives"]["issued"] == snap["collectives"]["completed"] > 0
+
+
+def test_endpoint_serves_catalog_metrics_with_job_and_rank(basic) -> None:
+    from ddpmon.metrics import catalog
+
+    for r in basic:
+        text = r.result["metrics"]
+        rank = str(r.rank)
+        assert sample(text, "ddpmon_steps_total", job="basic", rank=rank) == 8
+        assert sample(text, "ddpmon_step_seconds_count", job="basic", rank=rank) == 8
+        assert sample(text, "ddpmon_forward_seconds_count", job="basic", rank=rank) == 8
+        assert sample(text, "ddpmon_backward_seconds_count", job="basic", rank=rank) == 8
+        assert sample(text, "ddpmon_exposed_comm_seconds_count", job="basic", rank=rank) >= 7
+        assert sample(text, "ddpmon_unused_parameters", job="basic", rank=rank) == 0
+        assert sample(text, "ddpmon_rank_info", job="basic", rank=rank, world_size="3",
+                      local_rank=rank, backend="gloo", debug_level="OFF") == 1
+        for b in r.result["snapshot"]["buckets"]:
+            idx = str(b["index"])
+            assert sample(text, "ddpmon_allreduce_seconds_count", job="basic", rank=rank, bucket=idx) == b["count"]
+            assert sample(text, "ddpmon_allreduce_bytes_total", job="basic", rank=rank, bucket=idx) == b["bytes_total"]
+            assert sample(text, "ddpmon_bucket_size_bytes", job="basic", rank=rank, bucket=idx) == b["bytes"]
+        names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+        assert names <= catalog.series_names(), names - catalog.series_names()
+        for line in text.splitlines():
+            if line and line[0] != "#":
+                assert 'job="basic"' in line and f'rank="{rank}"' in line, line
+
+
+def test_state_file_has_the_contract_keys(basic) -> None:
+    for r in basic:
+        state = r.result["state"]
+        assert Path(r.result["state_file"]).name == f"rank-{r.rank}.json"
+        for key in ("rank", "local_rank", "world_size", "host", "pid", "port", "job", "step", "phase",
+                    "last_progress_unix", "collectives", "in_flight", "unused_parameters", "hang"):
+            assert key in state, key
+        assert state["rank"] == r.rank and state["world_size"] == 3 and state["job"] == "basic"
+        assert state["pid"] == r.pid
+        assert state["port"] == r.result["port"] > 0
+        assert state["step"] == 8
+
+
+@pytest.mark.parametrize("hook,how", [("default", "option"), ("fp16", "option"), ("fp16", "after_attach")])
+def test_gradients_identical_with_and_without_ddpmon(tmp_path: Path, hook: str, how: str) -> None:
+    results = run_ranks("grads_equal", 2, tmp_path, args=(hook, how))
+    for r in results:
+        assert r.result["steps_compared"] == 5
+        assert r.result["max_diff"] == 0.0
+        assert r.result["bucket_counts"] and min(r.result["bucket_counts"]) >= 3
+        assert set(r.result["dtypes"]) == {"float32"}
+        if how == "after_attach":
+            assert "can only be called once" in r.result["second_register"]
+
+
+def test_unused_parameters_named_on_the_rank_that_has_them(tmp_path: Path) -> None:
+    results = run_ranks("unused_by_rank", 2, tmp_path)
+    expected = {0: ["head_b.weight", "head_b.bias"], 1: ["head_a.weight", "head_a.bias"]}
+    for r in results:
+        assert r.result["snapshot"]["unused_parameters"] == expected[r.rank]
+        assert r.result["state"]["unused_parameters"] == expected[r.rank]
+        assert sample(r.result["metrics"], "ddpmon_unused_parameters", job="unused", rank=str(r.rank)) == 2
+        warnings = [l for l in r.stderr.splitlines() if "received no gradient" in l]
+        assert len(warnings) == 1, "one warning when the set changes, not one per step"
+        assert ", ".join(expected[r.rank]) in warnings[0]
+
+
+def test_ddp_reduction_error_names_the_unused_parameters(tmp_path: Path) -> None:
+    results = run_ranks("reduction_error", 2, tmp_path)
+    for r in results:
+        error = r.result["error"]
+        assert error and "Expected to have finished reduction" in error
+        assert "head_b.weight" in error and "head_b.bias" in error
+        assert "find_unused_parameters=True" in error
+
+
+def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> None:
+    results = run_ranks("bad_inputs", 2, tmp_path)
+    for r in results:
+        out = r.result
+        assert "DistributedDataParallel" in out["not_ddp"] and "MLP" in out["not_ddp"]
+        assert "already attached" in out["twice"]
+        assert out["bound_port"] not in (None, out["busy_port"])
+        assert any(f"cannot serve metrics on 127.0.0.1:{out['busy_port']}" in l for l in out["logs"])
+        assert out["state_file"] is None
+        assert any("state files are off" in l and "/proc/ddpmon-cannot-write" in l for l in out["logs"])
+        assert out["steps"] == 2
+        assert "hang_timeout='soon'" in out["bad_option"]
+        assert "colour" in out["unknown_option"] and "hang_timeout" in out["unknown_option"]
+
+
+def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path) -> None:
+    results = run_ranks("hook_failure", 2, tmp_path)
+    for r in results:
+        assert r.result["steps"] == 4, "training went on"
+        assert "injected failure" in r.result["errors"]["comm_hook"]
+        assert len([l for l in r.result["logs"] if "comm_hook failed" in l]) == 1
+        assert sample(r.result["metrics"], "ddpmon_internal_errors_total", part="comm_hook") == 1
+
+
+def test_detach_restores_and_reattach_works(tmp_path: Path) -> None:
+    for r in run_ranks("detach_and_reattach", 2, tmp_path):
+        out = r.result
+        assert out["steps_first"] == 2  # the third step is still open at detach
+        assert out["steps_after_detach"] == out["steps_first"]
+        assert out["forward_restored"] and out["endpoint_closed"]
+        assert out["steps_second"] == 3
+        assert out["second_buckets"] and min(out["second_buckets"]) >= 2
+
+
+def test_no_sync_microbatches_fold_into_one_step(tmp_path: Path) -> None:
+    for r in run_ranks("no_sync_accumulation", 2, tmp_path):
+        snap = r.result["snapshot"]
+        assert snap["step"] == 4
+        assert snap["unused_parameters"] == []
