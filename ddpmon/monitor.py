@@ -199,9 +199,10 @@ class Monitor:
         if rec.steps_without_unused >= self.config.unused_parameters_advice_steps:
             self._advised_unused = True
             text = (
-                f"find_unused_parameters=True, but no parameter has been unused for "
+                f"find_unused_parameters=True, but no parameter has been unused on this rank for "
                 f"{rec.steps_without_unused} steps; it costs a traversal of the autograd graph "
-                "every step: pass find_unused_parameters=False (or static_graph=True)"
+                "every step: if no rank has unused parameters (ddpmon doctor checks them all), "
+                "pass find_unused_parameters=False (or static_graph=True)"
             )
             rec.note("find_unused_parameters", text)
             log.warning("ddpmon: rank %d: %s", self.rank, text)

@@ -1,0 +1,129 @@
+"""Step-time overhead of ddpmon: the same DDP job with and without attach, in one run.
+
+Two identical DDP models share the job's process group; one has ddpmon attached (its
+endpoint scraped every second, state file written every second). Blocks of steps alternate
+between them in ABBA order so drift cancels; the printed ratio is the median over pairs of
+(attached block time / plain block time), with its spread.
+
+    python benchmarks/overhead.py                  # 2 ranks, CPU, gloo (spawns torchrun)
+    python benchmarks/overhead.py --nproc 2 --device cuda --backend gloo   # on one GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+
+def build_model(width: int, depth: int):
+    from torch import nn
+
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddpmon
+
+    dist.init_process_group(args.backend)
+    rank = dist.get_rank()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}" if args.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    kwargs = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
+    plain = DDP(build_model(args.width, args.depth).to(device), **kwargs)
+    watched = DDP(build_model(args.width, args.depth).to(device), **kwargs)
+    monitor = ddpmon.attach(watched, job="overhead", port=0, nvml=True)
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            try:
+                urllib.request.urlopen(monitor.metrics_url, timeout=5).read()
+            except OSError:
+                pass
+
+    if monitor.metrics_url:
+        threading.Thread(target=scrape, daemon=True).start()
+    opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in (plain, watched)}
+    x = torch.randn(args.batch, args.width, device=device)
+    y = torch.randint(0, 10, (args.batch,), device=device)
+
+    def block(model) -> float:
+        opt = opts[id(model)]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.block):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / args.block
+
+    for m in (plain, watched):  # warm-up: bucket rebuild, allocator
+        block(m)
+    ratios, plain_times = [], []
+    for i in range(args.rounds):
+        if i % 2 == 0:
+            p, w = block(plain), block(watched)
+        else:
+            w, p = block(watched), block(plain)
+        ratios.append(w / p)
+        plain_times.append(p)
+    stop.set()
+    snap = monitor.snapshot()
+    monitor.detach()
+    if rank == 0:
+        q = statistics.quantiles(ratios, n=4)
+        print(
+            f"overhead: {args.nproc} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
+            f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
+            f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
+            f"(quartiles {q[0]:.4f}..{q[2]:.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}; "
+            f"{args.rounds} pairs of {args.block}-step blocks)",
+            flush=True,
+        )
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="gloo")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--block", type=int, default=10, help="steps per block")
+    p.add_argument("--rounds", type=int, default=40, help="pairs of blocks")
+    p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_worker:
+        worker(args)
+        return 0
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           os.path.abspath(__file__), "--rank-worker", *sys.argv[1:]]
+    return subprocess.call(cmd, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

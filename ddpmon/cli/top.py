@@ -1,0 +1,116 @@
+"""``ddpmon top``: a per-rank table of a job, read from its state files (no torch import)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .. import statefile
+from ..errors import StateFileError
+
+HELP = "show every rank of a job (steps, step time, communication, buckets) from its state files"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("state_dir", nargs="?", default=os.environ.get("DDPMON_STATE_DIR"),
+                   help="directory of rank-<R>.json files (default: $DDPMON_STATE_DIR)")
+    p.add_argument("--once", action="store_true", help="print once and exit")
+    p.add_argument("--buckets", action="store_true", help="also show each rank's buckets")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--json", action="store_true", help="print the state files as one JSON list")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.state_dir:
+        print("ddpmon top: give the state directory (or set DDPMON_STATE_DIR)", file=sys.stderr)
+        return 2
+    if not os.path.isdir(args.state_dir):
+        print(f"ddpmon top: {args.state_dir!r} is not a directory", file=sys.stderr)
+        return 2
+    while True:
+        states, problems = load(args.state_dir)
+        if args.json:
+            print(json.dumps(states, indent=1, default=str))
+        else:
+            if not args.once:
+                print("\033[2J\033[H", end="")
+            print(render(states, problems, buckets=args.buckets))
+        if args.once or args.json:
+            return 0
+        time.sleep(args.interval)
+
+
+def load(state_dir: str) -> tuple[list[dict[str, Any]], list[str]]:
+    states, problems = [], []
+    for path in statefile.list_files(state_dir):
+        try:
+            states.append(statefile.read(path))
+        except StateFileError as exc:
+            problems.append(str(exc))
+    return states, problems
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _median(state: dict[str, Any], key: str) -> float | None:
+    entry = (state.get("timings") or {}).get(key)
+    return entry["median"] if entry else None
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool = False) -> str:
+    """The table; times are medians over each rank's recent steps, in milliseconds."""
+    if not states:
+        return "no state files" + ("".join(f"\n  {p}" for p in problems))
+    lines = [
+        f"job {states[0].get('job')}  world size {states[0].get('world_size')}  "
+        f"(times: median ms over recent steps)",
+        f"{'rank':>4} {'host':<12} {'pid':>7} {'step':>6} {'phase':<14} {'step':>8} {'fwd':>7} "
+        f"{'bwd':>7} {'exposed':>8} {'unused':>6} {'idle s':>7}  status",
+    ]
+    for s in sorted(states, key=lambda s: s.get("rank", 0)):
+        idle = s.get("now_unix", 0) - s.get("last_progress_unix", 0)
+        status = "HANG suspected" if s.get("hang") else ("detached" if s.get("phase") == "detached" else "ok")
+        lines.append(
+            f"{s.get('rank', '?'):>4} {str(s.get('host', '?'))[:12]:<12} {s.get('pid', '?'):>7} "
+            f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_ms(_median(s, 'step_seconds')):>8} "
+            f"{_ms(_median(s, 'forward_seconds')):>7} {_ms(_median(s, 'backward_seconds')):>7} "
+            f"{_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "
+            f"{idle:>7.1f}  {status}"
+        )
+    for s in states:
+        if s.get("unused_parameters"):
+            names = s["unused_parameters"]
+            lines.append(f"rank {s['rank']} unused parameters: {', '.join(names[:8])}"
+                         + (f" (+{len(names) - 8})" if len(names) > 8 else ""))
+        for note in (s.get("notes") or {}).values():
+            lines.append(f"rank {s['rank']}: {note}")
+    if buckets:
+        for s in sorted(states, key=lambda s: s.get("rank", 0)):
+            lines.append(f"\nrank {s.get('rank')} buckets:")
+            lines.append(f"  {'bucket':>6} {'size':>10} {'dtype':<9} {'params':>6} {'ready ms':>9} "
+                         f"{'allreduce ms':>12} {'busbw':>12}  count")
+            for b in s.get("buckets") or []:
+                bw = b.get("busbw_bytes_per_second")
+                lines.append(
+                    f"  {b['index']:>6} {_bytes(b['bytes']):>10} {b['dtype']:<9} {b['num_parameters']:>6} "
+                    f"{_ms(b.get('ready_seconds')):>9} {_ms(b.get('mean_seconds')):>12} "
+                    f"{(_bytes(bw) + '/s') if bw else '-':>12}  {b['count']}"
+                )
+    lines.extend(f"unreadable: {p}" for p in problems)
+    return "\n".join(lines)

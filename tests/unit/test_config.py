@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from ddpmon.config import Config
+from ddpmon.errors import ConfigError
+
+
+def test_explicit_argument_wins_over_environment() -> None:
+    cfg = Config.from_env({"DDPMON_PORT": "9700", "DDPMON_JOB": "env-job"}, port=9800)
+    assert cfg.port == 9800 and cfg.job == "env-job"
+
+
+def test_environment_values_are_parsed() -> None:
+    cfg = Config.from_env({
+        "DDPMON_HANG_TIMEOUT": "12.5", "DDPMON_NVML": "off", "DDPMON_STATE_DIR": "/x",
+        "DDPMON_BUCKET_METRICS": "aggregate",
+        "DDPMON_COMM_HOOK": "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook",
+    })
+    assert cfg.hang_timeout == 12.5 and cfg.nvml is False and cfg.state_dir == "/x"
+    assert cfg.bucket_metrics == "aggregate"
+    assert cfg.comm_hook.__name__ == "fp16_compress_hook"
+
+
+@pytest.mark.parametrize("env,fragment", [
+    ({"DDPMON_PORT": "nine"}, "DDPMON_PORT='nine'"),
+    ({"DDPMON_NVML": "maybe"}, "DDPMON_NVML='maybe'"),
+    ({"DDPMON_HANG_TIMEOUT": "-1"}, "hang_timeout=-1.0"),
+    ({"DDPMON_BUCKET_METRICS": "some"}, "per_bucket or aggregate or off"),
+    ({"DDPMON_COMM_HOOK": "no_such_module.hook"}, "DDPMON_COMM_HOOK='no_such_module.hook'"),
+    ({"DDPMON_PORT": "70000"}, "up to 65535"),
+])
+def test_bad_values_name_the_variable_and_what_is_expected(env: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Config.from_env(env)
+    assert fragment in str(err.value)
+
+
+def test_unknown_option_lists_the_accepted_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({}, hang_timout=3)
+    assert "hang_timout" in str(err.value) and "hang_timeout" in str(err.value)
+
+
+def test_job_and_state_dir_defaults() -> None:
+    cfg = Config.from_env({})
+    assert cfg.resolved_job({"TORCHELASTIC_RUN_ID": "run42"}) == "run42"
+    assert cfg.resolved_job({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}) == "node1:29500"
+    assert cfg.resolved_job({}) == "ddp"
+    assert cfg.resolved_state_dir("node1:29500").endswith("ddpmon/node1_29500")
+    assert Config.from_env({}, state_dir="").resolved_state_dir("x") is None

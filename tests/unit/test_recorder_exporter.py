@@ -1,0 +1,108 @@
+"""Recorder arithmetic and the exporter's families, read back through a real registry."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ddpmon.metrics import catalog
+from ddpmon.metrics.exporter import RankCollector, serve
+from ddpmon.recorder import BucketTiming, Histogram, Recorder
+
+IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", backend="gloo",
+                torch_version="2.13.0", debug_level="OFF")
+
+
+def recorder_with_steps() -> Recorder:
+    rec = Recorder(IDENTITY, world_size=4)
+    rec.set_bucket_layout(0, 4000, "float32", ["a.weight"])
+    rec.set_bucket_layout(1, 8000, "float32", ["b.weight", "b.bias"])
+    t = 0.0
+    for _ in range(3):
+        rec.forward_started(t)
+        rec.forward_finished(t + 0.01)
+        rec.backward_started(t + 0.02)
+        rec.grad_ready(t + 0.05)
+        rec.bucket_launched(False)
+        rec.bucket_launched(True)
+        rec.close_step(t + 0.1)
+        rec.add_bucket_timings([BucketTiming(0, 0.03, 10.0, 10.002), BucketTiming(1, 0.05, 10.001, 10.005)])
+        t += 0.1
+    return rec
+
+
+def test_histogram_uses_prometheus_le_semantics() -> None:
+    h = Histogram((0.1, 1.0))
+    for v in (0.1, 0.5, 2.0):
+        h.observe(v)
+    assert h.cumulative() == [("0.1", 1), ("1.0", 2), ("+Inf", 3)]
+    assert h.sum == pytest.approx(2.6)
+
+
+def test_bucket_and_exposed_arithmetic() -> None:
+    rec = recorder_with_steps()
+    b0, b1 = rec.bucket_stats()
+    assert b0.last_seconds == pytest.approx(0.002)
+    assert b1.last_seconds == pytest.approx(0.004)
+    assert b1.last_busbw == pytest.approx(8000 / 0.004 * 2 * 3 / 4)
+    assert b0.bytes_total == 3 * 4000
+    exposed = rec.histograms()["exposed_comm"]
+    # last bucket launched at 10.001, last collective done at 10.005
+    assert exposed.count == 3 and exposed.sum == pytest.approx(3 * 0.004)
+    snap = rec.snapshot()
+    assert snap["step"] == 3
+    assert snap["timings"]["backward_seconds"]["median"] == pytest.approx(0.03)
+    assert snap["timings"]["exposed_comm_seconds"]["median"] == pytest.approx(0.004)
+
+
+def test_rebuilt_bucket_starts_a_new_series() -> None:
+    rec = recorder_with_steps()
+    rec.set_bucket_layout(0, 5000, "float32", ["a.weight", "c.weight"])
+    assert rec.bucket_stats()[0].seconds.count == 0
+    rec.drop_buckets_from(1)
+    assert [b.index for b in rec.bucket_stats()] == [0]
+
+
+def read(mode: str) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RankCollector(recorder_with_steps(), mode))
+    return registry
+
+
+def test_per_bucket_series() -> None:
+    reg = read("per_bucket")
+    labels = {"job": "j", "rank": "1", "bucket": "1"}
+    assert reg.get_sample_value("ddpmon_allreduce_seconds_count", labels) == 3
+    assert reg.get_sample_value("ddpmon_allreduce_bytes_total", labels) == 24000
+    assert reg.get_sample_value("ddpmon_steps_total", {"job": "j", "rank": "1"}) == 3
+
+
+def test_aggregate_and_off_modes_bound_the_series() -> None:
+    agg = read("aggregate")
+    assert agg.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) == 6
+    assert agg.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "0"}) is None
+    off = read("off")
+    assert off.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) is None
+    assert off.get_sample_value("ddpmon_steps_total", {"job": "j", "rank": "1"}) == 3
+
+
+def test_every_exported_name_is_in_the_catalog_and_well_named() -> None:
+    for m in catalog.METRICS:
+        assert m.name.startswith("ddpmon_")
+        assert (m.kind == "counter") == m.name.endswith("_total"), m.name
+        assert "job" in m.labels or m.source == "daemon", m.name
+        assert not {"step", "parameter", "timestamp", "param"} & set(m.labels), m.name
+    for family in RankCollector(recorder_with_steps()).collect():
+        catalog.get(family.name if family.type != "counter" else family.name + "_total")
+
+
+def test_endpoint_binds_port_zero_and_serves() -> None:
+    endpoint = serve(RankCollector(recorder_with_steps()), 0, "127.0.0.1")
+    try:
+        assert endpoint.port > 0
+        body = urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5).read().decode()
+        assert 'ddpmon_steps_total{job="j",rank="1"} 3.0' in body
+    finally:
+        endpoint.close()
