@@ -6,7 +6,7 @@ between them in ABBA order so drift cancels; the printed ratio is the median ove
 (attached block time / plain block time), with its spread.
 
     python benchmarks/overhead.py                  # 2 ranks, CPU, gloo (spawns torchrun)
-    python benchmarks/overhead.py --nproc 2 --device cuda --backend gloo   # on one GPU
+    python benchmarks/overhead.py --ranks 2 --device cuda --backend gloo   # on one GPU
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         q = statistics.quantiles(ratios, n=4)
         print(
-            f"overhead: {args.nproc} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
+            f"overhead: {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
             f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(quartiles {q[0]:.4f}..{q[2]:.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}; "
@@ -105,7 +105,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=2, help="processes (ranks) to start")
     p.add_argument("--backend", default="gloo")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--width", type=int, default=512)
@@ -120,7 +120,7 @@ def main() -> int:
         return 0
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
            os.path.abspath(__file__), "--rank-worker", *sys.argv[1:]]
     return subprocess.call(cmd, env=env)
 

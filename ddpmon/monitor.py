@@ -18,7 +18,7 @@ from ._safety import Fuse
 from .config import Config
 from .errors import AttachError
 from .hooks.autograd import GradReadyHooks, explain_reduction_error
-from .hooks.comm import CudaEventClock, TimedCommHook, WallClock, default_hook
+from .hooks.comm import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
 from .hooks.step import StepHooks
 from .metrics.exporter import Endpoint, RankCollector, serve
 
@@ -64,7 +64,7 @@ class Monitor:
         self._clock = clock
         if config.comm_hook is not None:
             ddp._check_comm_hook(config.comm_hook)
-        hook, state = (config.comm_hook, config.comm_state) if config.comm_hook else default_hook()
+        hook, state = config.comm_hook or allreduce_mean_hook, config.comm_state
         if state is None:
             state = ddp.process_group
         comm = getattr(ddp, "_ddpmon_comm_hook", None)

@@ -172,9 +172,9 @@ class TimedCommHook:
             except Exception as exc:
                 self._fuse.blow(exc)
         fut = self.hook(self.state, bucket)
-        if token is None:
-            return fut
-        return fut.then(_Completion(self, token, bucket.is_last()))
+        if token is not None:
+            return fut.then(_Completion(self, token, bucket.is_last()))
+        return fut.then(_first) if self.hook is allreduce_mean_hook else fut
 
     def _start(self, bucket: dist.GradBucket) -> Any:
         now = time.perf_counter()
@@ -216,11 +216,24 @@ class _Completion:
     def __call__(self, fut: torch.futures.Future) -> Any:
         value = fut.value()  # re-raises a failed collective's own error, as DDP expects
         self._owner._finished(self._token, self._is_last)
-        return value
+        return value[0] if isinstance(value, list) else value
 
 
-def default_hook() -> tuple[CommHook, None]:
-    """DDP's default behaviour as a Python hook: average by all-reduce."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+def allreduce_mean_hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP's default as a Python hook: average the bucket by one all-reduce.
 
-    return allreduce_hook, None
+    The arithmetic of torch's ``allreduce_hook`` (divide, then sum), with less Python on the
+    way: the process group is called directly and no ``then`` is chained here, because the
+    timing wrapper chains one anyway. Its future holds ``[tensor]``; the wrapper unwraps it.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    size = group.size()
+    if size > 1:
+        tensor.div_(size)
+    return group.allreduce([tensor]).get_future()
+
+
+def _first(fut: torch.futures.Future) -> torch.Tensor:
+    value = fut.value()
+    return value[0] if isinstance(value, list) else value
