@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 
 from .. import __version__
+from ..config import AUTO_PER_BUCKET_LIMIT
 from ..recorder import Histogram, Recorder
 from . import catalog
 
@@ -53,7 +54,7 @@ class RankCollector:
     def __init__(
         self,
         recorder: Recorder,
-        bucket_metrics: str = "per_bucket",
+        bucket_metrics: str = "auto",
         sources: Iterable[SampleSource] = (),
     ) -> None:
         self._recorder = recorder
@@ -106,7 +107,10 @@ class RankCollector:
         if not stats:
             return
         label_names = list(base) + ["bucket"]
-        if self._bucket_metrics == "aggregate":
+        mode = self._bucket_metrics
+        if mode == "auto":
+            mode = "per_bucket" if len(stats) <= AUTO_PER_BUCKET_LIMIT else "aggregate"
+        if mode == "aggregate":
             total = Histogram(stats[0].seconds.bounds)
             for b in stats:
                 total.counts = [x + y for x, y in zip(total.counts, b.seconds.counts)]

@@ -106,3 +106,17 @@ def test_endpoint_binds_port_zero_and_serves() -> None:
         assert 'ddpmon_steps_total{job="j",rank="1"} 3.0' in body
     finally:
         endpoint.close()
+
+
+def test_auto_mode_aggregates_above_the_limit() -> None:
+    from ddpmon.config import AUTO_PER_BUCKET_LIMIT
+
+    assert read("auto").get_sample_value(
+        "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "0"}) == 3
+    rec = recorder_with_steps()
+    for i in range(2, AUTO_PER_BUCKET_LIMIT + 1):
+        rec.set_bucket_layout(i, 100, "float32", [f"p{i}"])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RankCollector(rec, "auto"))
+    assert registry.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) == 6
+    assert registry.get_sample_value("ddpmon_bucket_size_bytes", {"job": "j", "rank": "1", "bucket": "5"}) is None
