@@ -1,0 +1,64 @@
+"""Memory over a long run: a million simulated steps through the recorder and bucket clock
+(the code the hooks call each step), with RSS and Python heap printed along the way.
+
+    python benchmarks/memory.py --steps 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import tracemalloc
+
+import psutil
+
+from ddpmon.hooks.comm import WallClock
+from ddpmon.recorder import Recorder
+
+IDENTITY = dict(rank=0, local_rank=0, world_size=8, host="node0", pid=1, job="bench",
+                backend="gloo", torch_version="2.13.0", debug_level="OFF")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=1_000_000)
+    p.add_argument("--buckets", type=int, default=8)
+    p.add_argument("--params", type=int, default=64)
+    args = p.parse_args()
+    rec, clock = Recorder(IDENTITY, world_size=8), WallClock()
+    names = [f"layer{i}.weight" for i in range(args.params)]
+    for b in range(args.buckets):
+        rec.set_bucket_layout(b, 4 << 20, "float32", names[b::args.buckets])
+    proc = psutil.Process()
+    tracemalloc.start()
+    checkpoints = max(1, args.steps // 10)
+    start = time.perf_counter()
+    print(f"{'step':>9} {'rss MiB':>8} {'python heap KiB':>16} {'us/step':>8}")
+    t = 0.0
+    for step in range(1, args.steps + 1):
+        rec.forward_started(t)
+        rec.forward_finished(t + 0.001)
+        rec.backward_started(t + 0.002)
+        for _ in range(args.params):
+            rec.grad_ready(t + 0.003)
+        for b in range(args.buckets):
+            rec.bucket_launched(b == args.buckets - 1)
+            clock.finish(clock.start(b, 0.003))
+            rec.bucket_completed(b == args.buckets - 1)
+        t += 0.01
+        rec.close_step(t)
+        clock.new_step()
+        rec.add_bucket_timings(clock.collect())
+        rec.set_unused_parameters(["layer3.weight"] if step % 1000 == 0 else [])
+        if step % checkpoints == 0 or step == 1000:
+            gc.collect()
+            heap, _ = tracemalloc.get_traced_memory()
+            elapsed = time.perf_counter() - start
+            print(f"{step:>9} {proc.memory_info().rss / 2**20:>8.1f} {heap / 1024:>16.1f} {elapsed / step * 1e6:>8.1f}", flush=True)
+    snap = rec.snapshot()
+    print(f"done: {snap['step']} steps, {len(snap['buckets'])} buckets, window {snap['timings']['window_steps']} steps")
+
+
+if __name__ == "__main__":
+    main()
