@@ -60,7 +60,8 @@ class Monitor:
             if p.requires_grad and name not in getattr(ddp, "parameters_to_ignore", ())
         ]
         names = {id(p): name for name, p in parameters}
-        clock = CudaEventClock() if identity["device"].startswith("cuda") else WallClock()
+        device = identity["device"]
+        clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
         self._clock = clock
         if config.comm_hook is not None:
             ddp._check_comm_hook(config.comm_hook)

@@ -67,7 +67,8 @@ class CudaEventClock:
     At most ``max_pending`` steps wait for the device; older ones are dropped.
     """
 
-    def __init__(self, max_pending: int = 8) -> None:
+    def __init__(self, device: torch.device | str, max_pending: int = 8) -> None:
+        self._device = torch.device(device)
         self._free: list[torch.cuda.Event] = []
         self._steps: collections.deque[list[list[Any]]] = collections.deque()
         self._max_pending = max_pending
@@ -86,14 +87,15 @@ class CudaEventClock:
             while len(self._steps) > self._max_pending:
                 self._release(self._steps.popleft())
         begin = self._event()
-        begin.record()
+        begin.record(torch.cuda.current_stream(self._device))
         token = [index, ready, begin, None]
         self._current.append(token)
         return token
 
     def finish(self, token: Any) -> None:
         end = self._event()
-        end.record()
+        # The callback runs on streams that wait for the collective: this marks its end.
+        end.record(torch.cuda.current_stream(self._device))
         token[3] = end
 
     def collect(self) -> list[BucketTiming]:
