@@ -125,6 +125,8 @@ def source_of(expr: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Query:
+    """One PromQL target of a panel; ``legend`` is Grafana's legend format."""
+
     expr: str
     legend: str = ""
     instant: bool = False
@@ -132,6 +134,8 @@ class Query:
 
 @dataclass
 class Panel:
+    """A panel before layout: what it shows; ``_layout`` gives it an id and a grid position."""
+
     kind: str  # timeseries | stat | bargauge | state-timeline
     title: str
     description: str
@@ -538,9 +542,9 @@ def gpus() -> dict[str, Any]:
               "watt",
               [Query(f"{by_gpu} (ddpmon_gpu_power_watts{SEL})", GPU_LEGEND)], w=8),
         Panel("timeseries", "GPU temperature",
-              "Core temperature of each rank's GPU. Bad: well above its peers or near the "
-              "slowdown temperature (usually mid 80s C on data-centre GPUs): the GPU will "
-              "throttle and become a straggler.",
+              "Core temperature of each rank's GPU (orange from 80 C, red from 87 C). Bad: well "
+              "above its peers or near the GPU's slowdown temperature (nvidia-smi -q -d "
+              "TEMPERATURE shows it): the GPU will throttle and become a straggler.",
               "celsius",
               [Query(f"{by_gpu} (ddpmon_gpu_temperature_celsius{SEL})", GPU_LEGEND)], w=8,
               defaults={"thresholds": _thresholds((None, "green"), (80, "orange"), (87, "red"))}),
@@ -580,8 +584,9 @@ def gpus() -> dict[str, Any]:
               [Query(f"max by (rank, gpu, type) (ddpmon_gpu_ecc_errors_total{SEL})", GPU_LEGEND + " {{type}}")], w=8),
         Panel("timeseries", "XID errors",
               "XID errors the node daemon saw on each rank's GPU, by XID code. Good: none. "
-              "Bad: any (13/31/43: an application fault; 48/63/64/74/79/92/94/95: hardware or "
-              "driver trouble, usually fatal for the job; DDPGPUXidError).",
+              "Bad: any (13, 31, 43: usually an application fault; 48, 63, 64, 74, 79, 92, 94, 95: "
+              "the GPU, its memory or NVLink, and 48, 74, 79, 95 usually end the job; "
+              "DDPGPUXidError).",
               "short",
               [Query(f"sum by (rank, gpu, xid) (ddpmon_gpu_xid_errors_total{SEL})", GPU_LEGEND + " xid {{xid}}")], w=8),
         Panel("stat", "GPU energy over the time range",
