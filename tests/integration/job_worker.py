@@ -78,7 +78,13 @@ def main() -> None:
     result = {"train_until": train_until}[name](*args)
     with open(os.path.join(os.environ["DDPMON_TEST_OUT"], f"result-{RANK}.json"), "w") as f:
         json.dump(result, f, default=str)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    dist.barrier()
     dist.destroy_process_group()
+    # As tests/distributed/worker.py: skip interpreter finalization, where a gloo rank with
+    # futures still held by worker threads can rarely abort. The result is already written.
+    os._exit(0)
 
 
 if __name__ == "__main__":
