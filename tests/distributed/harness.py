@@ -42,14 +42,15 @@ def rank_env(rank: int, world_size: int, workdir: Path, extra: dict[str, str] | 
 
 
 def start_ranks(scenario: str, world_size: int, workdir: Path, env: dict[str, str] | None = None,
-                args: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+                args: tuple[str, ...] = (), module: str = "tests.distributed.worker") -> list[subprocess.Popen]:
+    """Start one process per rank running ``python -m MODULE SCENARIO ARGS``."""
     workdir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(world_size):
         out = open(workdir / f"stdout-{rank}.txt", "w")
         err = open(workdir / f"stderr-{rank}.txt", "w")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.distributed.worker", scenario, *args],
+            [sys.executable, "-m", module, scenario, *args],
             cwd=ROOT, env=rank_env(rank, world_size, workdir, env), stdout=out, stderr=err,
             start_new_session=True,
         ))

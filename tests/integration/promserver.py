@@ -1,0 +1,154 @@
+"""A real Prometheus server for tests: loopback, a free port, a temporary TSDB, 1 s scrapes.
+
+Targets come from file_sd files the test writes once it knows the ports (the ranks bind
+ephemeral ports and publish them in their state files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "ddpmon-rules.yml"
+MISSING = (
+    "the prometheus binary is not installed: the integration tests need Debian's prometheus "
+    "package (`make prometheus`, or as root: apt-get install --no-install-recommends prometheus)"
+)
+
+
+def binary(name: str = "prometheus") -> str | None:
+    return shutil.which(name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_targets(path: Path, targets: list[str], labels: dict[str, str] | None = None) -> None:
+    """Write a file_sd file atomically (Prometheus watches the directory)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([{"targets": targets, "labels": labels or {}}]))
+    os.replace(tmp, path)
+
+
+class Prometheus:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = workdir / "prometheus.yml"
+        self.ranks_sd = workdir / "targets" / "ranks.json"
+        self.daemons_sd = workdir / "targets" / "daemons.json"
+        self.log = workdir / "prometheus.log"
+        self.proc: subprocess.Popen | None = None
+
+    def write_config(self) -> None:
+        (self.workdir / "targets").mkdir(parents=True, exist_ok=True)
+        for sd in (self.ranks_sd, self.daemons_sd):
+            sd.write_text("[]")
+        # The same shape as deploy/prometheus/prometheus.yml, with test timings.
+        self.config.write_text(f"""
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {RULES}
+scrape_configs:
+  - job_name: ddpmon-ranks
+    honor_labels: true
+    file_sd_configs:
+      - files: [{self.ranks_sd}]
+        refresh_interval: 1s
+  - job_name: ddpmon-daemons
+    honor_labels: true
+    file_sd_configs:
+      - files: [{self.daemons_sd}]
+        refresh_interval: 1s
+""")
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.write_config()
+        log = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            [binary() or "prometheus", f"--config.file={self.config}",
+             f"--storage.tsdb.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready after {timeout} s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def api(self, path: str, **params: Any) -> dict[str, Any]:
+        """GET /api/v1/<path>; returns the JSON body, also for 4xx answers (status "error")."""
+        query = urllib.parse.urlencode(params, doseq=True)
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")
+            try:
+                return json.loads(body)
+            except ValueError:
+                return {"status": "error", "error": f"HTTP {exc.code}: {body}"}
+
+    def query(self, expr: str) -> dict[str, Any]:
+        return self.api("query", query=expr)
+
+    def vector(self, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """An instant query's result as {sorted label pairs: value}; raises on errors."""
+        body = self.query(expr)
+        if body.get("status") != "success":
+            raise AssertionError(f"{expr!r}: {body.get('errorType')}: {body.get('error')}")
+        data = body["data"]
+        if data["resultType"] == "scalar":
+            return {(): float(data["result"][1])}
+        return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in data["result"]}
+
+    def by(self, expr: str, label: str) -> dict[str, float]:
+        return {dict(k).get(label, ""): v for k, v in self.vector(expr).items()}
+
+    def wait_for(self, what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = check()
+                if last:
+                    return last
+            except AssertionError as exc:
+                last = exc
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})\n"
+                             f"prometheus log:\n{self.log.read_text()[-3000:]}")
