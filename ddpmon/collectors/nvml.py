@@ -283,7 +283,7 @@ class GpuReader:
 
         util = self._query("utilization", nv.nvmlDeviceGetUtilizationRates)
         add("ddpmon_gpu_utilization_ratio", util.gpu / 100.0 if util is not None else None)
-        memory = self._query("memory", nv.nvmlDeviceGetMemoryInfo)
+        memory = self._memory()
         if memory is not None:
             add("ddpmon_gpu_memory_used_bytes", memory.used)
             add("ddpmon_gpu_memory_total_bytes", memory.total)
@@ -325,6 +325,16 @@ class GpuReader:
                 if proc.pid not in pids:
                     pids.append(int(proc.pid))
         return pids
+
+    def _memory(self) -> Any:
+        """Memory info v2, whose ``used`` leaves out driver-reserved memory as nvidia-smi
+        does; v1 (used = total - free) where the driver lacks v2."""
+        version = getattr(self.nv, "nvmlMemory_v2", None)
+        if version is not None and "memory_v2" not in self._off:
+            memory = self._query("memory_v2", self.nv.nvmlDeviceGetMemoryInfo, version)
+            if memory is not None:
+                return memory
+        return self._query("memory", self.nv.nvmlDeviceGetMemoryInfo)
 
     def _clock_event_reasons(self) -> int | None:
         if "clock_events" not in self._off:

@@ -29,6 +29,7 @@ class FakeGpu:
     utilization: int = 37
     memory_used: int = 10 * 2**30
     memory_total: int = 80 * 2**30
+    memory_reserved: int = 512 * 2**20
     power_mw: int = 312_500
     energy_mj: int = 123_456_789
     temperature: int = 54
@@ -148,10 +149,16 @@ class FakeDriver:
         gpu = self._gpu(handle, "utilization")
         return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.utilization // 2)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Any:
         gpu = self._gpu(handle, "memory")
-        return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used,
-                                     used=gpu.memory_used)
+        if not version:  # v1: used = total - free, reserved memory included
+            return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used,
+                                         used=gpu.memory_used + gpu.memory_reserved)
+        if "memory_v2" in gpu.unsupported:
+            raise error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=gpu.memory_total, reserved=gpu.memory_reserved,
+                                        free=gpu.memory_total - gpu.memory_used - gpu.memory_reserved,
+                                        used=gpu.memory_used)
 
     def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
         return self._gpu(handle, "power").power_mw

@@ -161,6 +161,15 @@ def test_unsupported_query_is_skipped_for_good(monkeypatch: pytest.MonkeyPatch,
     assert len(_lines(caplog, "is not available")) == 3
 
 
+def test_memory_v1_where_the_driver_lacks_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeDriver(two_gpus(unsupported={"memory_v2"})).install(monkeypatch)
+    nv = nvml.open_nvml("test")
+    reader = nvml.GpuReader(nv, nvml.list_gpus(nv)[0])
+    got = {n: v for n, _, v in reader.read({})}
+    assert got["ddpmon_gpu_memory_used_bytes"] == 10 * 2**30 + 512 * 2**20  # total - free
+    assert got["ddpmon_gpu_memory_total_bytes"] == 80 * 2**30
+
+
 def test_old_driver_throttle_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     FakeDriver(two_gpus(), missing=("nvmlDeviceGetCurrentClocksEventReasons",)).install(monkeypatch)
     nv = nvml.open_nvml("test")
