@@ -32,12 +32,16 @@ class ProcessSampler:
 
     Children come and go (data-loader workers restart every epoch unless persistent), so
     their CPU time is kept as a true counter: a child's last reading is carried over when
-    it exits instead of dropping out of the sum.
+    it exits instead of dropping out of the sum. On Linux the children are read from
+    /proc/<pid>/task/*/children (microseconds); psutil's own ``children()`` scans every
+    process of the host (a millisecond or more) and is only the fallback.
     """
 
     def __init__(self, labels: dict[str, str], pid: int | None = None) -> None:
         self._labels = dict(labels)
         self._proc = psutil.Process(pid)
+        self._tasks = f"/proc/{self._proc.pid}/task"
+        self._proc_children = os.path.exists(f"{self._tasks}/{self._proc.pid}/children")
         self._children: dict[int, tuple[psutil.Process, float]] = {}
         self._exited_children_cpu = 0.0
         self._fuse = Fuse("host metrics")
@@ -57,9 +61,8 @@ class ProcessSampler:
             cpu = self._proc.cpu_times()
             rss = self._proc.memory_info().rss
             threads = self._proc.num_threads()
-            children = self._proc.children()
         memory = psutil.virtual_memory()
-        workers, workers_cpu = self._children_cpu(children)
+        workers, workers_cpu = self._children_cpu(self._child_pids())
         return [
             ("ddpmon_process_cpu_seconds_total", labels, cpu.user + cpu.system),
             ("ddpmon_process_resident_memory_bytes", labels, float(rss)),
@@ -70,18 +73,29 @@ class ProcessSampler:
             ("ddpmon_dataloader_workers_cpu_seconds_total", labels, workers_cpu),
         ]
 
-    def _children_cpu(self, children: list[psutil.Process]) -> tuple[int, float]:
+    def _child_pids(self) -> list[int]:
+        if not self._proc_children:
+            return [c.pid for c in self._proc.children()]
+        pids: list[int] = []
+        for task in os.listdir(self._tasks):  # a child belongs to the thread that forked it
+            try:
+                with open(f"{self._tasks}/{task}/children") as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+        return pids
+
+    def _children_cpu(self, pids: list[int]) -> tuple[int, float]:
         """(number of live children, CPU seconds of all children ever seen)."""
         current: dict[int, tuple[psutil.Process, float]] = {}
-        for child in children:
-            known = self._children.get(child.pid)
-            proc, last = known if known and known[0] == child else (child, 0.0)  # == : same pid and start
+        for pid in pids:
+            known = self._children.get(pid)
             try:
+                proc = known[0] if known and known[0].is_running() else psutil.Process(pid)
                 times = proc.cpu_times()
-                last = times.user + times.system
+                current[pid] = (proc, times.user + times.system)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass  # exited just now: keep its last reading
-            current[child.pid] = (proc, last)
+                continue  # exited just now: counted below with its last reading
         for pid, (proc, last) in self._children.items():
             if pid not in current or current[pid][0] is not proc:
                 self._exited_children_cpu += last
