@@ -18,6 +18,14 @@ LABELS = {"job": "j", "rank": "2"}
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n{after}"
 
 
+def sleeper(env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A sleeping python process, returned once it runs (exec done, as a rank's is)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                         env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
 def _values(sampler: host.ProcessSampler) -> dict[str, float]:
     samples = sampler.samples()
     assert all(labels == LABELS for _, labels, _ in samples)
@@ -68,7 +76,7 @@ def test_children_cpu_is_a_counter_across_exits() -> None:
 
 
 def test_locate_process_same_namespace() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = sleeper()
     try:
         started = time.time()
         proc = host.locate_process(child.pid, started, same_host=True)
@@ -84,7 +92,7 @@ def test_locate_process_same_namespace() -> None:
 
 def test_locate_process_checks_rank_in_environment() -> None:
     env = {**os.environ, "RANK": "3"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    child = sleeper(env)
     try:
         started = time.time()
         assert host.locate_process(child.pid, started, same_host=True, rank=3).pid == child.pid

@@ -31,8 +31,9 @@ HOST = socket.gethostname()
 def sleeper() -> Iterator[subprocess.Popen]:
     """A live process standing in for a rank (not reaped when killed: a zombie, as a
     SIGKILLed rank is until its launcher reaps it)."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    time.sleep(0.05)
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
     yield p
     p.kill()
     p.wait()
