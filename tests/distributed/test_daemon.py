@@ -62,7 +62,7 @@ def wait_for(what: str, check, timeout: float, procs: list[subprocess.Popen], wo
 
 def test_daemon_rank_liveness_against_a_real_job(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"  # does not exist yet: the ranks create it
-    daemon, port = start_daemon("--state-dir", str(state_dir), "--interval", "0.25", "--serve-state")
+    daemon, port = start_daemon("--state-dir", str(state_dir), "--serve-state")  # default --interval 1
     procs: list[subprocess.Popen] = []
     try:
         procs = start_ranks(2, tmp_path)
@@ -90,9 +90,11 @@ def test_daemon_rank_liveness_against_a_real_job(tmp_path: Path) -> None:
         os.killpg(procs[1].pid, signal.SIGKILL)
         killed = time.monotonic()
         wait_for("rank 1 down", lambda: rank_up(port).get("1") == 0.0, 5, procs, tmp_path)
-        assert time.monotonic() - killed < 5.0
+        took = time.monotonic() - killed
+        print(f"ddpmon_rank_up went to 0 {took:.2f} s after SIGKILL (daemon --interval 1, scraped every 0.1 s)")
+        assert took < 5.0
         assert rank_up(port)["0"] == 1.0
-        time.sleep(1.0)
+        time.sleep(2.0)  # two more sampling passes
         assert rank_up(port) == {"0": 1.0, "1": 0.0}
         assert procs[0].poll() is None
     finally:
