@@ -42,9 +42,14 @@ class StateFiles:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self._problems: dict[str, str] = {}
+        self._lock = threading.RLock()  # the sampler and /state requests read concurrently
 
     def read_all(self) -> list[tuple[str, dict[str, Any]]]:
         """(path, contents) of every readable state file."""
+        with self._lock:
+            return self._read_all()
+
+    def _read_all(self) -> list[tuple[str, dict[str, Any]]]:
         paths = self._paths()
         out = []
         for path in paths:
@@ -61,13 +66,17 @@ class StateFiles:
         return out
 
     def problem(self, key: str, message: str) -> None:
-        if self._problems.get(key) != message:
+        with self._lock:
+            if self._problems.get(key) == message:
+                return
             self._problems[key] = message
-            log.warning("ddpmon: daemon: %s", message)
+        log.warning("ddpmon: daemon: %s", message)
 
     def resolved(self, key: str, message: str) -> None:
-        if self._problems.pop(key, None) is not None:
-            log.warning("ddpmon: daemon: %s", message)
+        with self._lock:
+            if self._problems.pop(key, None) is None:
+                return
+        log.warning("ddpmon: daemon: %s", message)
 
     def _paths(self) -> list[str]:
         root = self.state_dir
@@ -82,15 +91,16 @@ class StateFiles:
             paths = statefile.list_files(root)
             subdirs = sorted(e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
         except OSError as exc:
-            self.problem(root, f"state directory {root} cannot be listed ({exc.strerror or exc})")
+            self.problem(root + "#list", f"state directory {root} cannot be listed ({exc.strerror or exc})")
             return []
+        self.resolved(root + "#list", f"state directory {root} can be listed again")
         for sub in subdirs:
             try:
                 paths.extend(statefile.list_files(sub))
             except OSError as exc:
-                self.problem(sub, f"state directory {sub} cannot be listed ({exc.strerror or exc})")
+                self.problem(sub + "#list", f"state directory {sub} cannot be listed ({exc.strerror or exc})")
                 continue
-            self.resolved(sub, f"state directory {sub} can be listed again")
+            self.resolved(sub + "#list", f"state directory {sub} can be listed again")
         return paths
 
 
@@ -98,7 +108,6 @@ class StateFiles:
 class RankView:
     """One rank of this node as the daemon sees it."""
 
-    path: str
     job: str
     rank: int
     up: bool
@@ -243,7 +252,7 @@ class Daemon:
             seen.add(path)
             proc = self._process(path, pid, started, host_name == self.hostname, rank)
             view = RankView(
-                path, str(state.get("job", "")), rank,
+                str(state.get("job", "")), rank,
                 up=proc is not None and host.is_alive(proc) and now - beat <= self.stale_after,
                 last_progress_unix=progress, hang=bool(state.get("hang")), heartbeat_unix=beat, proc=proc,
             )

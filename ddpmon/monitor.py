@@ -267,7 +267,7 @@ class Monitor:
                 sources.append(gpu.samples)
                 labels = gpu.labels
             else:  # without NVML: torch's index and UUID
-                labels = {**base, "gpu": str(index), "gpu_uuid": f"GPU-{uuid}" if uuid else ""}
+                labels = {**base, "gpu": str(index), "gpu_uuid": uuid or ""}
             sources.append(torch_memory.AllocatorStats(index, labels).samples)
         except Exception as exc:
             log.warning("ddpmon: rank %d: GPU metrics are off: %r", self.rank, exc)

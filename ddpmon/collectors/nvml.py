@@ -175,7 +175,10 @@ def _physical(nv: Any, handle: Any) -> Any:
 
 
 def _by_uuid(nv: Any, text: str) -> Any | None:
-    for candidate in (text, "GPU-" + text, "MIG-" + text):
+    """The physical GPU whose (GPU- or MIG-) UUID is ``text``, with or without its prefix."""
+    text = text.strip()
+    core = text[4:] if text[:4].upper() in ("GPU-", "MIG-") else text
+    for candidate in (text, "GPU-" + core, "MIG-" + core):
         try:
             return _physical(nv, nv.nvmlDeviceGetHandleByUUID(candidate))
         except Exception:

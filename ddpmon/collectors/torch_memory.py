@@ -17,11 +17,13 @@ Sample = tuple[str, dict[str, str], float]
 
 
 def device_identity(index: int) -> tuple[str | None, str | None]:
-    """(UUID, PCI bus id ``DDDDDDDD:BB:DD.0``) of ``cuda:<index>``; None where torch does
-    not say (older torch has no PCI fields; some platforms no UUID)."""
+    """(UUID ``GPU-…``, PCI bus id ``DDDDDDDD:BB:DD.0``) of ``cuda:<index>``; None where
+    torch does not say (older torch has no PCI fields; some platforms no UUID)."""
     props: Any = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)
     uuid_text = str(uuid) if uuid else None
+    if uuid_text and uuid_text[:4].upper() not in ("GPU-", "MIG-"):
+        uuid_text = "GPU-" + uuid_text
     domain, bus, device = (getattr(props, f"pci_{n}_id", None) for n in ("domain", "bus", "device"))
     pci = None
     if bus is not None and device is not None:

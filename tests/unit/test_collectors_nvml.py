@@ -90,8 +90,10 @@ def test_resolve_through_cuda_visible_devices(four: FakeDriver) -> None:
     assert nvml.resolve(nv, 1, f"GPU-00aa,{four.gpus[3].uuid}")[0].index == 3
     assert nvml.resolve(nv, 0, "MIG-77770000-1111-5000-8000-000000000000")[0].index == 3
     # torch's UUID of the device wins over the list
-    gpu, how = nvml.resolve(nv, 0, "1", uuid=four.gpus[2].uuid[4:])
+    gpu, how = nvml.resolve(nv, 0, "1", uuid=four.gpus[2].uuid[4:])  # as torch prints it
     assert (gpu.index, gpu.uuid, how) == (2, four.gpus[2].uuid, "uuid")
+    assert nvml.resolve(nv, 0, "1", uuid=four.gpus[2].uuid) == (gpu, "uuid")
+    assert nvml.resolve(nv, 0, None, uuid="GPU-77770000-1111-5000-8000-000000000000")[0].index == 3  # MIG
     # PCI bus id confirms, or corrects CUDA's fastest-first order
     assert nvml.resolve(nv, 0, "1", pci_bus_id="0000:20:00.0") == (nvml.describe_gpu(nv, four.handles[1]), "pci_bus_id")
     gpu, how = nvml.resolve(nv, 0, "1", pci_bus_id="00000000:40:00.0")

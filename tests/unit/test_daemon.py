@@ -159,6 +159,18 @@ def test_corrupt_state_file_one_line_and_keeps_serving(
     assert len(_lines(caplog, str(bad))) == 2  # ... and said once that it is fine again
 
 
+def test_unreadable_state_file(tmp_path: Path, sleeper: subprocess.Popen,
+                               caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path, state(0, sleeper.pid))
+    (tmp_path / "rank-1.json").mkdir()  # unreadable as a file, even for root
+    daemon = Daemon(str(tmp_path), gpus=False)
+    daemon.refresh()
+    daemon.refresh()
+    (line,) = _lines(caplog, "rank-1.json")
+    assert "cannot be read" in line and "skipped until it is fixed" in line
+    assert Scrape(daemon)("ddpmon_rank_up", job="jobA", rank="0") == 1
+
+
 def test_state_dir_is_a_file(tmp_path: Path, sleeper: subprocess.Popen,
                              caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "state"
