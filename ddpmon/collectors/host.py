@@ -9,16 +9,12 @@ it wrote is the pid inside the container (Linux lists a process's pid in every n
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-from typing import Any
 
 import psutil
 
 from .._safety import Fuse
-
-log = logging.getLogger("ddpmon")
 
 Sample = tuple[str, dict[str, str], float]
 
@@ -107,8 +103,6 @@ def is_alive(proc: psutil.Process) -> bool:
     """True while ``proc`` runs (the same process, not a reused pid, not a zombie)."""
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
     except psutil.Error:
         return False
 
@@ -182,7 +176,7 @@ def _candidate(pid: int, started_unix: float | None, rank: int | None,
         if rank is not None and _environ_rank(proc) not in (None, str(rank)):
             return None
         return proc
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+    except psutil.Error:
         return None
 
 
@@ -198,11 +192,3 @@ def _create_time(proc: psutil.Process) -> float:
         return proc.create_time()
     except psutil.Error:
         return 0.0
-
-
-def describe(proc: Any) -> str:
-    """``pid 123 (python)`` for log lines."""
-    try:
-        return f"pid {proc.pid} ({proc.name()})"
-    except psutil.Error:
-        return f"pid {proc.pid}"
