@@ -176,8 +176,7 @@ def _physical(nv: Any, handle: Any) -> Any:
 
 def _by_uuid(nv: Any, text: str) -> Any | None:
     """The physical GPU whose (GPU- or MIG-) UUID is ``text``, with or without its prefix."""
-    text = text.strip()
-    core = text[4:] if text[:4].upper() in ("GPU-", "MIG-") else text
+    text, core = text.strip(), _strip_uuid(text)
     for candidate in (text, "GPU-" + core, "MIG-" + core):
         try:
             return _physical(nv, nv.nvmlDeviceGetHandleByUUID(candidate))

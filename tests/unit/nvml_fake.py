@@ -17,6 +17,16 @@ from typing import Any
 import pynvml
 
 
+def real_nvml_works() -> bool:
+    """True on a machine whose real NVML initialises (a GPU machine)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
 def error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # pynvml maps the code to its subclass (NVMLError_GpuIsLost...)
 

@@ -12,16 +12,7 @@ import pynvml
 import pytest
 
 from ddpmon.collectors import nvml
-from tests.unit.nvml_fake import FakeDriver, FakeGpu, two_gpus
-
-
-def _real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
+from tests.unit.nvml_fake import FakeDriver, FakeGpu, real_nvml_works, two_gpus
 
 
 def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -31,7 +22,7 @@ def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 # -- NVML that cannot work here --------------------------------------------------------------
 
 
-@pytest.mark.skipif(_real_nvml_works(), reason="this machine has a working NVML")
+@pytest.mark.skipif(real_nvml_works(), reason="this machine has a working NVML")
 def test_real_nvml_absent_one_clear_line(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "ddpmon")
     assert nvml.open_nvml("rank 0") is None

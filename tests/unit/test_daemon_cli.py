@@ -13,8 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pynvml
 import pytest
+
+from tests.unit.nvml_fake import real_nvml_works
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,15 +64,6 @@ def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> tuple[int, str, 
     return proc.returncode, out, err, time.monotonic() - t
 
 
-def _real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
 def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
     state_dir = tmp_path / "not-yet"
     proc, port = start_daemon("--state-dir", str(state_dir), "--interval", "0.2")
@@ -86,7 +78,7 @@ def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert took < 5
     assert "ddpmon daemon: stopped" in out
     assert err.count("does not exist yet; waiting for it") == 1, err
-    if not _real_nvml_works():
+    if not real_nvml_works():
         assert err.count("GPU metrics are off") == 1, err
         assert "libnvidia-ml.so.1" in err
         assert 'gpus="0"' in text
