@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import __version__, statefile
 from ._safety import Fuse
+from .collectors import host, nvml, torch_memory
 from .config import Config
 from .errors import AttachError
 from .hooks.autograd import GradReadyHooks, explain_reduction_error
@@ -248,7 +249,31 @@ class Monitor:
                 return None
 
     def _sample_sources(self) -> list[Any]:
-        return []
+        """Host metrics (psutil) always; on a CUDA device also the GPU (NVML, when
+        ``config.nvml``) and torch's allocator. A part that cannot start logs why and
+        stays off."""
+        base = {"job": self.job, "rank": str(self.rank)}
+        sources: list[Any] = []
+        try:
+            sources.append(host.ProcessSampler(base).samples)
+        except Exception as exc:
+            log.warning("ddpmon: rank %d: host metrics are off: %r", self.rank, exc)
+        device = torch.device(self.recorder.identity["device"])
+        if device.type != "cuda":
+            return sources
+        try:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            uuid, pci_bus_id = torch_memory.device_identity(index)
+            gpu = nvml.rank_gpu(self.job, self.rank, index, uuid, pci_bus_id) if self.config.nvml else None
+            if gpu is not None:
+                sources.append(gpu.samples)
+                labels = gpu.labels
+            else:  # without NVML: torch's index and UUID
+                labels = {**base, "gpu": str(index), "gpu_uuid": uuid or ""}
+            sources.append(torch_memory.AllocatorStats(index, labels).samples)
+        except Exception as exc:
+            log.warning("ddpmon: rank %d: GPU metrics are off: %r", self.rank, exc)
+        return sources
 
     def _start_state_writer(self) -> str | None:
         self._writer: statefile.StateWriter | None = None

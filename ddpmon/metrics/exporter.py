@@ -157,10 +157,31 @@ class Endpoint:
         self._thread.join(2.0)
 
 
-def serve(collector: Any, port: int, bind: str = "0.0.0.0") -> Endpoint:
+Route = Callable[[], tuple[str, bytes]]
+
+
+def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Route] | None = None) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral).
+    ``routes`` adds read-only paths beside the metrics: path -> () -> (content type, body).
     Raises OSError when the port cannot be bound."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     server, thread = start_http_server(port, addr=bind, registry=registry)
+    if routes:
+        server.set_app(_with_routes(server.get_app(), dict(routes)))
     return Endpoint(server.server_address[1], bind, server, thread)
+
+
+def _with_routes(app: Callable[..., Any], routes: dict[str, Route]) -> Callable[..., Any]:
+    def routed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        route = routes.get(environ.get("PATH_INFO", ""))
+        if route is None:
+            return app(environ, start_response)
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return [b""]
+        content_type, body = route()
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return routed

@@ -1,0 +1,96 @@
+"""``ddpmon daemon``: the per-node exporter (GPUs, XID errors, rank liveness) until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from . import EXIT_OK, EXIT_USAGE
+
+HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
+
+DEFAULT_PORT = 9490
+DEFAULT_STATE_DIR = os.path.join(tempfile.gettempdir(), "ddpmon")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir", default=DEFAULT_STATE_DIR, metavar="DIR",
+        help="directory of the ranks' state files, read with its subdirectories (the ranks' "
+             "DDPMON_STATE_DIR or its parent); it may appear later (default: %(default)s)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="metrics port; 0 = an ephemeral port (default: %(default)s)")
+    parser.add_argument("--bind", default="0.0.0.0", help="address to bind (default: %(default)s)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between samples; a dead rank shows within one (default: %(default)s)")
+    parser.add_argument("--stale-after", type=float, default=15.0, metavar="SECONDS",
+                        help="a rank whose state file is older than this is down (default: %(default)s)")
+    parser.add_argument("--node-local", action="store_true",
+                        help="every state file in the directory is from a rank on this node, whatever "
+                             "host name it carries (a hostPath shared with containers)")
+    parser.add_argument("--no-gpu", action="store_true", help="do not use NVML (no GPU metrics)")
+    parser.add_argument("--serve-state", action="store_true",
+                        help="also serve this node's state files read-only at /state (JSON), for "
+                             "`ddpmon doctor --from HOST:PORT`; off by default: they hold stacks and paths")
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, or None."""
+    if not 0 <= args.port <= 65535:
+        return f"--port={args.port} is not valid: expected 0 (ephemeral) to 65535"
+    for name in ("interval", "stale_after"):
+        value = getattr(args, name)
+        if not value > 0:
+            return f"--{name.replace('_', '-')}={value} is not valid: expected a positive number of seconds"
+    if args.stale_after <= args.interval:
+        return (f"--stale-after={args.stale_after} is not valid: expected more than "
+                f"--interval={args.interval}")
+    if os.path.exists(args.state_dir) and not os.path.isdir(args.state_dir):
+        return f"--state-dir={args.state_dir!r} is not valid: it is a file, expected a directory"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _check(args)
+    if problem:
+        print(f"ddpmon daemon: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from ..daemon import Daemon
+    from ..metrics.exporter import serve
+
+    daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
+                    gpus=not args.no_gpu, node_local=args.node_local)
+    daemon.start()
+    routes = {"/state": daemon.state_route} if args.serve_state else None
+    try:
+        endpoint = serve(daemon, args.port, args.bind, routes)
+    except OSError as exc:
+        daemon.stop()
+        print(f"ddpmon daemon: cannot serve on {args.bind}:{args.port} ({exc.strerror or exc}): "
+              "choose another --port or --bind", file=sys.stderr)
+        return EXIT_USAGE
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    gpus = len(daemon.gpus)
+    print(f"ddpmon daemon: serving http://{args.bind}:{endpoint.port}/metrics"
+          f"{' and /state' if args.serve_state else ''}; state files from {args.state_dir}; "
+          f"{gpus} GPU(s)", flush=True)
+    while not stop.wait(0.5):
+        pass
+    endpoint.close()
+    daemon.stop()
+    print("ddpmon daemon: stopped", flush=True)
+    return EXIT_OK

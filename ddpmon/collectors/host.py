@@ -1,0 +1,194 @@
+"""Host metrics of a rank's process from psutil, and finding a rank's process by its pid.
+
+``ProcessSampler`` reads one process (CPU, memory, threads), the host's memory and the
+process's children (the data-loader workers) in one pass per sample. ``locate_process``
+finds the process a state file names, also when the rank runs in a container and the pid
+it wrote is the pid inside the container (Linux lists a process's pid in every namespace in
+/proc/<pid>/status, line NSpid). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psutil
+
+from .._safety import Fuse
+
+Sample = tuple[str, dict[str, str], float]
+
+CREATE_TIME_SLACK = 2.0
+"""Seconds by which a process's creation may seem to follow the moment it started ddpmon
+(psutil derives creation times from clock ticks since boot)."""
+
+
+class ProcessSampler:
+    """Samples one process (default: this one), its direct children and the host memory.
+
+    Children come and go (data-loader workers restart every epoch unless persistent), so
+    their CPU time is kept as a true counter: a child's last reading is carried over when
+    it exits instead of dropping out of the sum. On Linux the children are read from
+    /proc/<pid>/task/*/children (microseconds); psutil's own ``children()`` scans every
+    process of the host (a millisecond or more) and is only the fallback.
+    """
+
+    def __init__(self, labels: dict[str, str], pid: int | None = None) -> None:
+        self._labels = dict(labels)
+        self._proc = psutil.Process(pid)
+        self._tasks = f"/proc/{self._proc.pid}/task"
+        self._proc_children = os.path.exists(f"{self._tasks}/{self._proc.pid}/children")
+        self._children: dict[int, tuple[psutil.Process, float]] = {}
+        self._exited_children_cpu = 0.0
+        self._fuse = Fuse("host metrics")
+
+    def samples(self) -> list[Sample]:
+        if not self._fuse.ok:
+            return []
+        try:
+            return self._read()
+        except Exception as exc:
+            self._fuse.blow(exc)
+            return []
+
+    def _read(self) -> list[Sample]:
+        labels = self._labels
+        with self._proc.oneshot():
+            cpu = self._proc.cpu_times()
+            rss = self._proc.memory_info().rss
+            threads = self._proc.num_threads()
+        memory = psutil.virtual_memory()
+        workers, workers_cpu = self._children_cpu(self._child_pids())
+        return [
+            ("ddpmon_process_cpu_seconds_total", labels, cpu.user + cpu.system),
+            ("ddpmon_process_resident_memory_bytes", labels, float(rss)),
+            ("ddpmon_process_threads", labels, float(threads)),
+            ("ddpmon_host_memory_used_bytes", labels, float(memory.total - memory.available)),
+            ("ddpmon_host_memory_total_bytes", labels, float(memory.total)),
+            ("ddpmon_dataloader_workers", labels, float(workers)),
+            ("ddpmon_dataloader_workers_cpu_seconds_total", labels, workers_cpu),
+        ]
+
+    def _child_pids(self) -> list[int]:
+        if not self._proc_children:
+            return [c.pid for c in self._proc.children()]
+        pids: list[int] = []
+        for task in os.listdir(self._tasks):  # a child belongs to the thread that forked it
+            try:
+                with open(f"{self._tasks}/{task}/children") as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+        return pids
+
+    def _children_cpu(self, pids: list[int]) -> tuple[int, float]:
+        """(number of live children, CPU seconds of all children ever seen)."""
+        current: dict[int, tuple[psutil.Process, float]] = {}
+        for pid in pids:
+            known = self._children.get(pid)
+            try:
+                proc = known[0] if known and known[0].is_running() else psutil.Process(pid)
+                times = proc.cpu_times()
+                current[pid] = (proc, times.user + times.system)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # exited just now: counted below with its last reading
+        for pid, (proc, last) in self._children.items():
+            if pid not in current or current[pid][0] is not proc:
+                self._exited_children_cpu += last
+        self._children = current
+        return len(current), self._exited_children_cpu + sum(last for _, last in current.values())
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """True while ``proc`` runs (the same process, not a reused pid, not a zombie)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def namespace_pids(pid: int) -> list[int] | None:
+    """The pids of ``pid`` from this namespace inward (NSpid); None where Linux does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def locate_process(pid: int, started_unix: float | None, same_host: bool,
+                   rank: int | None = None) -> psutil.Process | None:
+    """The live process that wrote a state file naming ``pid``, or None.
+
+    ``started_unix`` (when ddpmon started in that process) rules out pids reused by later
+    processes. When the rank shares this host name, a process with that very pid in our
+    own namespace wins; otherwise processes in nested pid namespaces (containers) whose
+    innermost pid is ``pid`` are preferred, the most recently started first.
+    """
+    direct = _candidate(pid, started_unix, rank)
+    if direct is not None and same_host:
+        return direct
+    nested = _nested_candidates(pid, started_unix, rank)
+    if nested:
+        return max(nested, key=_create_time)
+    return direct
+
+
+def _nested_candidates(pid: int, started_unix: float | None, rank: int | None) -> list[psutil.Process]:
+    if not sys.platform.startswith("linux"):
+        return []
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        ns = namespace_pids(int(entry))
+        if ns and len(ns) > 1 and ns[-1] == pid:
+            proc = _candidate(int(entry), started_unix, rank, nested=True)
+            if proc is not None:
+                found.append(proc)
+    return found
+
+
+def _candidate(pid: int, started_unix: float | None, rank: int | None,
+               nested: bool = False) -> psutil.Process | None:
+    """``pid`` as a psutil.Process when it could be the rank: alive, started before ddpmon
+    did, a user process, in our namespace (unless ``nested``), and, where its environment
+    is readable, not another rank's."""
+    try:
+        proc = psutil.Process(pid)
+        if not is_alive(proc):
+            return None
+        if started_unix is not None and proc.create_time() > started_unix + CREATE_TIME_SLACK:
+            return None
+        if not nested:
+            ns = namespace_pids(pid)
+            if ns is not None and len(ns) > 1:
+                return None
+        if not proc.cmdline():  # kernel threads have none
+            return None
+        if rank is not None and _environ_rank(proc) not in (None, str(rank)):
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def _environ_rank(proc: psutil.Process) -> str | None:
+    try:
+        return proc.environ().get("RANK")
+    except (psutil.Error, OSError):
+        return None
+
+
+def _create_time(proc: psutil.Process) -> float:
+    try:
+        return proc.create_time()
+    except psutil.Error:
+        return 0.0

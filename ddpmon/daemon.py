@@ -1,0 +1,336 @@
+"""The node daemon: one per node, exporting what a rank cannot say about itself.
+
+It exports every GPU of the node under the ranks' metric names (job and rank labels from
+the rank whose process uses the GPU), the processes on each GPU mapped to ranks by pid,
+XID errors from NVML events, and the liveness of every rank of this node whose state file
+it reads: ``ddpmon_rank_up`` is 1 while the rank's process runs and its state file is
+fresh, and drops to 0 within one ``interval`` of the process dying.
+
+A sampler thread builds one list of plain samples every ``interval`` seconds; a scrape
+only formats the latest list, so scrapes cost nothing and never wait on NVML. The daemon
+never imports torch, and nothing it reads (a missing directory, a corrupt file, a lost
+GPU) stops it: each problem is logged once and the rest keeps being served.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from . import __version__, statefile
+from .collectors import host, nvml
+from .errors import StateFileError
+from .metrics.exporter import Sample, families
+
+log = logging.getLogger("ddpmon")
+
+
+class StateFiles:
+    """Reads a node's state files: ``DIR/rank-*.json`` and ``DIR/*/rank-*.json`` (ranks
+    default to one directory per job under a common root). Every problem (the directory
+    missing, a file corrupt) is logged once, and once more when it is gone."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self._problems: dict[str, str] = {}
+        self._lock = threading.RLock()  # the sampler and /state requests read concurrently
+
+    def read_all(self) -> list[tuple[str, dict[str, Any]]]:
+        """(path, contents) of every readable state file."""
+        with self._lock:
+            return self._read_all()
+
+    def _read_all(self) -> list[tuple[str, dict[str, Any]]]:
+        paths = self._paths()
+        out = []
+        for path in paths:
+            try:
+                data = statefile.read(path)
+            except StateFileError as exc:
+                if os.path.exists(path):  # (else it went away between listing and reading)
+                    self.problem(path, f"state file {exc}; skipped until it is fixed")
+                continue
+            self.resolved(path, f"state file {path} is readable again")
+            out.append((path, data))
+        for key in [k for k in self._problems if k != self.state_dir and not os.path.exists(k.split("#")[0])]:
+            del self._problems[key]  # the file is gone: a new one of that name is news again
+        return out
+
+    def problem(self, key: str, message: str) -> None:
+        with self._lock:
+            if self._problems.get(key) == message:
+                return
+            self._problems[key] = message
+        log.warning("ddpmon: daemon: %s", message)
+
+    def resolved(self, key: str, message: str) -> None:
+        with self._lock:
+            if self._problems.pop(key, None) is None:
+                return
+        log.warning("ddpmon: daemon: %s", message)
+
+    def _paths(self) -> list[str]:
+        root = self.state_dir
+        if not os.path.isdir(root):
+            if os.path.exists(root):
+                self.problem(root, f"state directory {root} is not a directory; waiting for one")
+            else:
+                self.problem(root, f"state directory {root} does not exist yet; waiting for it")
+            return []
+        self.resolved(root, f"state directory {root} is there now")
+        try:
+            paths = statefile.list_files(root)
+            subdirs = sorted(e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
+        except OSError as exc:
+            self.problem(root + "#list", f"state directory {root} cannot be listed ({exc.strerror or exc})")
+            return []
+        self.resolved(root + "#list", f"state directory {root} can be listed again")
+        for sub in subdirs:
+            try:
+                paths.extend(statefile.list_files(sub))
+            except OSError as exc:
+                self.problem(sub + "#list", f"state directory {sub} cannot be listed ({exc.strerror or exc})")
+                continue
+            self.resolved(sub + "#list", f"state directory {sub} can be listed again")
+        return paths
+
+
+@dataclass
+class RankView:
+    """One rank of this node as the daemon sees it."""
+
+    job: str
+    rank: int
+    up: bool
+    last_progress_unix: float
+    hang: bool
+    heartbeat_unix: float
+    proc: psutil.Process | None
+
+
+class Daemon:
+    """Samples the node every ``interval`` seconds; its ``collect()`` serves the result."""
+
+    def __init__(self, state_dir: str, interval: float = 1.0, stale_after: float = 15.0,
+                 gpus: bool = True, node_local: bool = False,
+                 slow_interval: float = nvml.SLOW_INTERVAL) -> None:
+        self.state_dir = state_dir
+        self.interval = interval
+        self.stale_after = stale_after
+        self.node_local = node_local
+        self.hostname = socket.gethostname()
+        self.files = StateFiles(state_dir)
+        self._want_gpus = gpus
+        self._slow_interval = slow_interval
+        self._nv: Any = None
+        self._readers: list[nvml.GpuReader] = []
+        self._lost: set[int] = set()
+        self._gpu_labels: dict[int, dict[str, str]] = {}
+        self._xid: dict[tuple[int, int], list[float]] = {}  # (gpu, code) -> [count, last unix]
+        self._xid_lock = threading.Lock()
+        self._watcher: nvml.XidWatcher | None = None
+        self._procs: dict[str, tuple[tuple[int, Any], psutil.Process | None]] = {}
+        self._samples: list[Sample] = []
+        self._failing: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddpmon-daemon", daemon=True)
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._want_gpus:
+            self._open_gpus()
+        self.refresh()
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._nv is not None:
+            nvml.close_nvml(self._nv)
+            self._nv = None
+
+    @property
+    def gpus(self) -> list[nvml.Gpu]:
+        return [r.gpu for r in self._readers]
+
+    def _open_gpus(self) -> None:
+        nv = nvml.open_nvml("daemon")
+        if nv is None:
+            return
+        try:
+            gpus = nvml.list_gpus(nv)
+        except Exception as exc:
+            log.warning("ddpmon: daemon: GPU metrics are off: %s", nvml.explain(exc))
+            nvml.close_nvml(nv)
+            return
+        if not gpus:
+            log.warning("ddpmon: daemon: GPU metrics are off: NVML sees no GPU on this node")
+            nvml.close_nvml(nv)
+            return
+        self._nv = nv
+        self._readers = [nvml.GpuReader(nv, g, self._slow_interval) for g in gpus]
+        watcher = nvml.XidWatcher(nv, gpus, self._on_xid)
+        if watcher.start():
+            self._watcher = watcher
+        log.info("ddpmon: daemon: watching %d GPU(s): %s", len(gpus),
+                 ", ".join(f"{g.index} {g.name} {g.uuid}" for g in gpus))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+                if self._failing:
+                    log.warning("ddpmon: daemon: sampling works again")
+                    self._failing = None
+            except Exception as exc:  # the loop cannot die; say each new failure once
+                if self._failing != repr(exc):
+                    self._failing = repr(exc)
+                    log.warning("ddpmon: daemon: a sampling pass failed: %r", exc, exc_info=exc)
+
+    # -- what a scrape sees -------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Any]:
+        yield from families(self._samples)
+
+    def refresh(self) -> None:
+        """One pass over the state files, the ranks' processes and the GPUs."""
+        ranks = self.ranks()
+        samples = self._rank_samples(ranks)
+        samples += self._gpu_samples(ranks)
+        samples += self._xid_samples()
+        samples.append(("ddpmon_daemon_info",
+                        {"host": self.hostname, "version": __version__, "gpus": str(len(self._readers))}, 1.0))
+        self._samples = samples
+
+    def states(self) -> list[dict[str, Any]]:
+        """The state files of this node's ranks, read now (for ``/state``)."""
+        return [data for path, data in self.files.read_all() if self._is_local(data)]
+
+    def state_route(self) -> tuple[str, bytes]:
+        return "application/json", json.dumps(self.states(), default=str).encode()
+
+    # -- ranks -----------------------------------------------------------------------------------
+
+    def _is_local(self, state: dict[str, Any]) -> bool:
+        return self.node_local or str(state.get("host", "")) == self.hostname
+
+    def ranks(self) -> list[RankView]:
+        """This node's ranks: state files written on this host (every file with
+        ``node_local``), minus detached ones; one view per (job, rank), the freshest."""
+        now = time.time()
+        views: dict[tuple[str, int], RankView] = {}
+        seen = set()
+        for path, state in self.files.read_all():
+            if state.get("phase") == "detached":
+                continue
+            try:
+                rank, pid, host_name = int(state["rank"]), int(state["pid"]), str(state["host"])
+                beat = float(state["now_unix"])
+                progress = float(state.get("last_progress_unix") or 0.0)
+                started = state.get("started_unix")
+                started = float(started) if started is not None else None
+            except (KeyError, TypeError, ValueError) as exc:
+                self.files.problem(path + "#keys", f"state file {path} has no valid rank, pid, host "
+                                   f"and now_unix ({exc!r}); skipped until it is fixed")
+                continue
+            self.files.resolved(path + "#keys", f"state file {path} is complete again")
+            if not self._is_local(state):
+                continue
+            seen.add(path)
+            proc = self._process(path, pid, started, host_name == self.hostname, rank)
+            view = RankView(
+                str(state.get("job", "")), rank,
+                up=proc is not None and host.is_alive(proc) and now - beat <= self.stale_after,
+                last_progress_unix=progress, hang=bool(state.get("hang")), heartbeat_unix=beat, proc=proc,
+            )
+            key = (view.job, view.rank)
+            if key not in views or views[key].heartbeat_unix < beat:
+                views[key] = view
+        for path in [p for p in self._procs if p not in seen]:
+            del self._procs[path]
+        return sorted(views.values(), key=lambda v: (v.job, v.rank))
+
+    def _process(self, path: str, pid: int, started: float | None, same_host: bool,
+                 rank: int) -> psutil.Process | None:
+        """The rank's process, looked up once per incarnation (pid, start) of the file."""
+        key = (pid, started)
+        cached = self._procs.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        proc = host.locate_process(pid, started, same_host, rank)
+        self._procs[path] = (key, proc)
+        return proc
+
+    @staticmethod
+    def _rank_samples(ranks: list[RankView]) -> list[Sample]:
+        out: list[Sample] = []
+        for v in ranks:
+            labels = {"job": v.job, "rank": str(v.rank)}
+            out.append(("ddpmon_rank_up", labels, 1.0 if v.up else 0.0))
+            out.append(("ddpmon_rank_last_progress_timestamp_seconds", labels, v.last_progress_unix))
+            out.append(("ddpmon_rank_hang_suspected", labels, 1.0 if v.hang else 0.0))
+        return out
+
+    # -- GPUs ---------------------------------------------------------------------------------------
+
+    def _gpu_samples(self, ranks: list[RankView]) -> list[Sample]:
+        by_pid = {v.proc.pid: v for v in ranks if v.proc is not None}
+        out: list[Sample] = []
+        for reader in self._readers:
+            gpu = reader.gpu
+            if gpu.index in self._lost:
+                continue
+            try:
+                if reader.slow_due():
+                    reader.refresh_slow()
+                pids = reader.processes()
+                owners = sorted((by_pid[p] for p in pids if p in by_pid), key=lambda v: (v.job, v.rank))
+                owner = owners[0] if owners else None
+                labels = {"job": owner.job if owner else "", "rank": str(owner.rank) if owner else "",
+                          "gpu": str(gpu.index), "gpu_uuid": gpu.uuid}
+                out.extend(reader.read(labels))
+            except nvml.GpuLost as exc:
+                self._lost.add(gpu.index)
+                log.warning("ddpmon: daemon: GPU %d (%s): %s; its metrics are off until the daemon "
+                            "restarts", gpu.index, gpu.uuid, exc)
+                continue
+            self._gpu_labels[gpu.index] = labels
+            for pid in pids:
+                v = by_pid.get(pid)
+                out.append(("ddpmon_gpu_process_info",
+                            {"gpu": str(gpu.index), "gpu_uuid": gpu.uuid, "pid": str(pid),
+                             "job": v.job if v else "", "rank": str(v.rank) if v else ""}, 1.0))
+        return out
+
+    def _on_xid(self, gpu: nvml.Gpu, code: int, when: float) -> None:
+        log.warning("ddpmon: daemon: GPU %d (%s): XID %d", gpu.index, gpu.uuid, code)
+        with self._xid_lock:
+            entry = self._xid.setdefault((gpu.index, code), [0.0, 0.0])
+            entry[0] += 1
+            entry[1] = when
+
+    def _xid_samples(self) -> list[Sample]:
+        with self._xid_lock:
+            xids = sorted((k, list(v)) for k, v in self._xid.items())
+        uuids = {g.index: g.uuid for g in self.gpus}
+        out: list[Sample] = []
+        for (index, code), (count, last) in xids:
+            base = self._gpu_labels.get(index) or {"job": "", "rank": "", "gpu": str(index),
+                                                   "gpu_uuid": uuids.get(index, "")}
+            labels = {**base, "xid": str(code)}
+            out.append(("ddpmon_gpu_xid_errors_total", labels, count))
+            out.append(("ddpmon_gpu_last_xid_timestamp_seconds", labels, last))
+        return out

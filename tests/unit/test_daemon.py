@@ -1,0 +1,293 @@
+"""ddpmon/daemon.py in-process: rank liveness from state files and real processes, every
+bad state-dir input, /state over HTTP, and every GPU of a node through a fake driver."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ddpmon import statefile
+from ddpmon.daemon import Daemon
+from ddpmon.metrics.exporter import serve
+from tests.unit.nvml_fake import FakeDriver, two_gpus
+
+HOST = socket.gethostname()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen]:
+    """A live process standing in for a rank (not reaped when killed: a zombie, as a
+    SIGKILLed rank is until its launcher reaps it)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    yield p
+    p.kill()
+    p.wait()
+
+
+def state(rank: int, pid: int, **over: Any) -> dict[str, Any]:
+    now = time.time()
+    data = {"rank": rank, "local_rank": rank, "world_size": 2, "host": HOST, "pid": pid, "job": "jobA",
+            "step": 12, "phase": "forward", "started_unix": now, "last_progress_unix": now - 3,
+            "now_unix": now, "hang": None, "format": 1}
+    data.update(over)
+    return data
+
+
+def write(directory: Path, data: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rank-{data['rank']}.json"
+    statefile.write_atomic(str(path), data)
+    return path
+
+
+class Scrape:
+    def __init__(self, daemon: Daemon) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(daemon)
+
+    def __call__(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def series(self, name: str) -> list[dict[str, str]]:
+        return [s.labels for m in self.registry.collect() for s in m.samples if s.name == name]
+
+
+def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+# -- ranks ------------------------------------------------------------------------------------
+
+
+def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+    # found in a per-job subdirectory, as with the ranks' default state_dir
+    write(tmp_path / "jobA", state(0, sleeper.pid, last_progress_unix=1700000000.5))
+    write(tmp_path / "jobA", state(1, sleeper.pid, now_unix=time.time() - 60))  # heartbeat stale
+    write(tmp_path / "jobA", state(2, sleeper.pid, hang={"reason": "no progress for 300 s"}))
+    write(tmp_path / "jobA", state(3, sleeper.pid, phase="detached"))  # finished on purpose
+    write(tmp_path / "jobA", state(4, sleeper.pid, host="another-node"))  # another node's file
+    daemon = Daemon(str(tmp_path), gpus=False)
+    daemon.refresh()
+    scrape = Scrape(daemon)
+    assert scrape("ddpmon_rank_up", job="jobA", rank="0") == 1
+    assert scrape("ddpmon_rank_last_progress_timestamp_seconds", job="jobA", rank="0") == 1700000000.5
+    assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="0") == 0
+    assert scrape("ddpmon_rank_up", job="jobA", rank="1") == 0
+    assert scrape("ddpmon_rank_up", job="jobA", rank="2") == 1
+    assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="2") == 1
+    assert [s["rank"] for s in scrape.series("ddpmon_rank_up")] == ["0", "1", "2"]
+    assert scrape("ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="0") == 1
+
+    daemon.node_local = True  # a hostPath shared with containers: every file is this node's
+    daemon.refresh()
+    assert scrape("ddpmon_rank_up", job="jobA", rank="4") == 1
+
+    sleeper.kill()  # dies; not reaped yet: a zombie
+    deadline = time.monotonic() + 1.0
+    while scrape("ddpmon_rank_up", job="jobA", rank="0") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+        daemon.refresh()
+    assert scrape("ddpmon_rank_up", job="jobA", rank="2") == 0
+
+
+def test_reused_pid_and_duplicate_ranks(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+    # ddpmon started in that process long before the process with this pid was created
+    write(tmp_path / "old", state(0, sleeper.pid, started_unix=time.time() - 3600))
+    write(tmp_path / "new", state(0, sleeper.pid))
+    daemon = Daemon(str(tmp_path), gpus=False)
+    daemon.refresh()
+    scrape = Scrape(daemon)
+    assert scrape.series("ddpmon_rank_up") == [{"job": "jobA", "rank": "0"}]  # the freshest file
+    assert scrape("ddpmon_rank_up", job="jobA", rank="0") == 1
+
+
+def test_state_dir_appears_later(tmp_path: Path, sleeper: subprocess.Popen,
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    missing = tmp_path / "later"
+    daemon = Daemon(str(missing), gpus=False)
+    for _ in range(3):
+        daemon.refresh()
+    assert Scrape(daemon).series("ddpmon_rank_up") == []
+    (line,) = _lines(caplog, "does not exist yet")
+    assert str(missing) in line and "waiting for it" in line
+    write(missing, state(0, sleeper.pid))
+    daemon.refresh()
+    assert Scrape(daemon)("ddpmon_rank_up", job="jobA", rank="0") == 1
+    assert len(_lines(caplog, "is there now")) == 1
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"{\"rank\": 0, \"pid\": ", "is not valid JSON"),
+    (b"", "is empty"),
+    (b"[1, 2]", "no 'rank' key"),
+    (b"{\"rank\": 1}", "has no valid rank, pid, host and now_unix"),
+    (b"{\"rank\": 1, \"pid\": \"x\", \"now_unix\": 1}", "has no valid rank, pid, host and now_unix"),
+])
+def test_corrupt_state_file_one_line_and_keeps_serving(
+        tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture,
+        body: bytes, words: str) -> None:
+    write(tmp_path, state(0, sleeper.pid))
+    bad = tmp_path / "rank-1.json"
+    bad.write_bytes(body)
+    daemon = Daemon(str(tmp_path), gpus=False)
+    for _ in range(3):
+        daemon.refresh()
+    (line,) = _lines(caplog, str(bad))
+    assert words in line and "skipped until it is fixed" in line
+    scrape = Scrape(daemon)
+    assert scrape("ddpmon_rank_up", job="jobA", rank="0") == 1
+    assert [s["rank"] for s in scrape.series("ddpmon_rank_up")] == ["0"]
+    write(tmp_path, state(1, sleeper.pid))  # fixed
+    daemon.refresh()
+    assert scrape("ddpmon_rank_up", job="jobA", rank="1") == 1
+    assert len(_lines(caplog, str(bad))) == 2  # ... and said once that it is fine again
+
+
+def test_unreadable_state_file(tmp_path: Path, sleeper: subprocess.Popen,
+                               caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path, state(0, sleeper.pid))
+    (tmp_path / "rank-1.json").mkdir()  # unreadable as a file, even for root
+    daemon = Daemon(str(tmp_path), gpus=False)
+    daemon.refresh()
+    daemon.refresh()
+    (line,) = _lines(caplog, "rank-1.json")
+    assert "cannot be read" in line and "skipped until it is fixed" in line
+    assert Scrape(daemon)("ddpmon_rank_up", job="jobA", rank="0") == 1
+
+
+def test_state_dir_is_a_file(tmp_path: Path, sleeper: subprocess.Popen,
+                             caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "state"
+    path.write_text("not a directory")
+    daemon = Daemon(str(path), gpus=False)
+    daemon.refresh()
+    daemon.refresh()
+    (line,) = _lines(caplog, "is not a directory")
+    assert str(path) in line
+    path.unlink()
+    write(path, state(0, sleeper.pid))
+    daemon.refresh()
+    assert Scrape(daemon)("ddpmon_rank_up", job="jobA", rank="0") == 1
+
+
+def test_unreadable_state_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads every directory")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0)
+    daemon = Daemon(str(locked), gpus=False)
+    daemon.refresh()
+    daemon.refresh()
+    assert len(_lines(caplog, "cannot be listed")) == 1
+
+
+# -- HTTP: /metrics and /state -----------------------------------------------------------------
+
+
+def test_serves_metrics_and_state(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+    write(tmp_path, state(0, sleeper.pid))
+    write(tmp_path, state(1, sleeper.pid, host="another-node"))
+    daemon = Daemon(str(tmp_path), gpus=False, interval=0.2)
+    daemon.start()
+    endpoint = serve(daemon, 0, "127.0.0.1", {"/state": daemon.state_route})
+    try:
+        base = f"http://127.0.0.1:{endpoint.port}"
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        assert 'ddpmon_rank_up{job="jobA",rank="0"} 1.0' in text
+        with urllib.request.urlopen(base + "/state", timeout=5) as r:
+            assert r.headers["Content-Type"] == "application/json"
+            states = json.loads(r.read())
+        assert [(s["rank"], s["pid"], s["host"]) for s in states] == [(0, sleeper.pid, HOST)]
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(urllib.request.Request(base + "/state", data=b"x", method="POST"), timeout=5)
+        assert err.value.code == 405
+    finally:
+        endpoint.close()
+        daemon.stop()
+
+
+# -- GPUs (fake driver) ------------------------------------------------------------------------
+
+
+def test_every_gpu_mapped_to_ranks_xid_and_lost_gpu(
+        tmp_path: Path, sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "ddpmon")
+    stranger = os.getpid()  # a process on GPU 0 that is no rank
+    driver = FakeDriver(two_gpus(pids=[sleeper.pid, stranger])).install(monkeypatch)
+    write(tmp_path, state(1, sleeper.pid))
+    daemon = Daemon(str(tmp_path), interval=60, slow_interval=60)
+    daemon.start()
+    try:
+        scrape = Scrape(daemon)
+        uuid0, uuid1 = (g.uuid for g in driver.gpus)
+        g0 = {"job": "jobA", "rank": "1", "gpu": "0", "gpu_uuid": uuid0}
+        g1 = {"job": "", "rank": "", "gpu": "1", "gpu_uuid": uuid1}
+        assert scrape("ddpmon_gpu_utilization_ratio", **g0) == pytest.approx(0.37)
+        assert scrape("ddpmon_gpu_memory_total_bytes", **g1) == 80 * 2**30
+        assert scrape("ddpmon_gpu_energy_joules_total", **g0) == pytest.approx(123456.789)
+        assert scrape("ddpmon_gpu_clock_event_active", **g1, reason="gpu_idle") == 1
+        assert scrape("ddpmon_gpu_process_info", gpu="0", gpu_uuid=uuid0, pid=str(sleeper.pid),
+                      job="jobA", rank="1") == 1
+        assert scrape("ddpmon_gpu_process_info", gpu="0", gpu_uuid=uuid0, pid=str(stranger),
+                      job="", rank="") == 1
+        assert scrape("ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="2") == 1
+
+        for _ in range(5):
+            daemon.refresh()
+        assert driver.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2  # once per GPU per slow_interval
+
+        driver.xid(0, 48)
+        driver.xid(0, 48)
+        t = time.time()
+        deadline = time.monotonic() + 5
+        while scrape("ddpmon_gpu_xid_errors_total", **g0, xid="48") != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+            daemon.refresh()
+        assert abs(scrape("ddpmon_gpu_last_xid_timestamp_seconds", **g0, xid="48") - t) < 5
+
+        driver.gpus[0].lost = True
+        daemon.refresh()
+        daemon.refresh()
+        assert scrape("ddpmon_gpu_utilization_ratio", **g0) is None
+        assert scrape("ddpmon_gpu_utilization_ratio", **g1) == 0  # the other GPU goes on
+        assert scrape("ddpmon_gpu_xid_errors_total", **g0, xid="48") == 2
+        assert scrape("ddpmon_rank_up", job="jobA", rank="1") == 1
+        (line,) = _lines(caplog, "is lost")
+        assert "GPU 0" in line and "until the daemon restarts" in line
+    finally:
+        daemon.stop()
+    assert driver.initialised == 0
+
+
+def test_gpu_without_xid_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    gpus = two_gpus()
+    for g in gpus:
+        g.xid_events = False
+    FakeDriver(gpus).install(monkeypatch)
+    daemon = Daemon(str(tmp_path), interval=60)
+    daemon.start()
+    try:
+        assert len(_lines(caplog, "XID errors are not watched")) == 2
+        assert Scrape(daemon)("ddpmon_gpu_temperature_celsius", job="", rank="", gpu="1",
+                              gpu_uuid=gpus[1].uuid) == 41
+    finally:
+        daemon.stop()

@@ -1,0 +1,58 @@
+"""deploy/systemd and deploy/kubernetes stay in step with the daemon's command line."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from ddpmon.cli import build_parser
+from ddpmon.cli.daemon import DEFAULT_PORT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_systemd_unit_runs_a_valid_daemon_command(tmp_path: Path) -> None:
+    unit = ROOT / "deploy/systemd/ddpmon-daemon.service"
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment]
+    parser.read_string(unit.read_text())
+    service = parser["Service"]
+    argv = shlex.split(service["ExecStart"])
+    assert argv[0].endswith("/ddpmon") and argv[1] == "daemon"
+    args = build_parser().parse_args(argv[1:])
+    assert args.port == DEFAULT_PORT and args.state_dir == "/tmp/ddpmon"
+    assert service["KillSignal"] == "SIGTERM" and service["PrivateTmp"] == "no"
+    if shutil.which("systemd-analyze"):
+        checked = tmp_path / "ddpmon-daemon.service"  # the real binary may not be installed here
+        checked.write_text(unit.read_text().replace(argv[0], shutil.which("true") or "/bin/true", 1))
+        r = subprocess.run(["systemd-analyze", "verify", str(checked)], capture_output=True, text=True)
+        assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+def test_daemonset_and_service() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/daemonset.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"DaemonSet", "Service"}
+    ds, svc = kinds["DaemonSet"], kinds["Service"]
+    pod = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert pod["hostPID"] is True
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.node_local and args.state_dir == "/run/ddpmon" and args.port == DEFAULT_PORT
+    assert container["command"] == ["ddpmon"]
+    assert "nvidia.com/gpu" not in str(container.get("resources"))  # takes no GPU away from jobs
+    (port,) = container["ports"]
+    assert port["containerPort"] == DEFAULT_PORT and port["name"] == "metrics"
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    (mount,) = container["volumeMounts"]
+    volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+    assert mount["mountPath"] == volume["hostPath"]["path"] == args.state_dir and mount["readOnly"] is True
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(DEFAULT_PORT)
