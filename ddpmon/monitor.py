@@ -81,11 +81,16 @@ class Monitor:
                 comm.replace(hook, state)
         self._comm = comm
 
-        self._grads = GradReadyHooks(parameters, self.recorder, self._fuses["grad_hooks"])
+        # Parameters can go unused without an error only with find_unused_parameters or
+        # static_graph; otherwise DDP stops at the next iteration and ddpmon names them in
+        # that error, so the per-parameter hooks would only cost time.
+        self._grads: GradReadyHooks | None = None
+        if getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
+            self._grads = GradReadyHooks(parameters, self.recorder, self._fuses["grad_hooks"])
         self._steps = StepHooks(
-            ddp, self.recorder, self._on_boundary, lambda: self._grads.any_ready, self._fuses["step_hooks"]
+            ddp, self.recorder, self._on_boundary, self._backward_seen, self._fuses["step_hooks"]
         )
-        self._wrap_forward()
+        self._wrap_forward([name for name, _ in parameters])
 
         self._endpoint = self._start_endpoint()
         self.recorder.identity["port"] = self.port
@@ -129,7 +134,8 @@ class Monitor:
             return
         self._detached = True
         self._comm.timing = False
-        self._grads.remove()
+        if self._grads:
+            self._grads.remove()
         self._steps.remove()
         self._ddp.__dict__.pop("forward", None)
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
@@ -181,7 +187,7 @@ class Monitor:
         rec.close_step(now)
         self._clock.new_step()
         rec.add_bucket_timings(self._clock.collect())
-        unused = self._grads.take_unused()
+        unused = self._grads.take_unused() if self._grads else None
         if unused is not None and rec.set_unused_parameters(unused):
             if unused:
                 shown = ", ".join(unused[:10]) + (f" (+{len(unused) - 10} more)" if len(unused) > 10 else "")
@@ -209,7 +215,11 @@ class Monitor:
             rec.note("find_unused_parameters", text)
             log.warning("ddpmon: rank %d: %s", self.rank, text)
 
-    def _wrap_forward(self) -> None:
+    def _backward_seen(self) -> bool:
+        """A backward ran in the step in progress (gradients or the output's grad hook)."""
+        return bool(self._grads and self._grads.any_ready) or self.recorder.backward_seen
+
+    def _wrap_forward(self, parameter_names: list[str]) -> None:
         original = self._ddp.forward
         recorder, rank = self.recorder, self.rank
 
@@ -218,7 +228,7 @@ class Monitor:
                 return original(*args, **kwargs)
             except RuntimeError as exc:
                 try:
-                    explain_reduction_error(exc, recorder.unused_parameters, rank)
+                    explain_reduction_error(exc, parameter_names, recorder.unused_parameters, rank)
                 except Exception:
                     pass
                 raise

@@ -182,6 +182,11 @@ class Recorder:
         self.collective_completed("allreduce")
 
     @property
+    def backward_seen(self) -> bool:
+        """True once a backward started in the step in progress."""
+        return self._cur.backward_start is not None
+
+    @property
     def step_has_synced(self) -> bool:
         """True once the step in progress has launched its gradient all-reduce."""
         return self._cur.buckets_launched > 0

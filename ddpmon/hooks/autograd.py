@@ -7,6 +7,7 @@ unused ones, named here by their fully qualified names.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -80,11 +81,24 @@ class GradReadyHooks:
         self._handles = []
 
 
-def explain_reduction_error(exc: BaseException, unused: Sequence[str], rank: int) -> None:
+_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+def explain_reduction_error(
+    exc: BaseException, parameter_names: Sequence[str], unused: Sequence[str], rank: int
+) -> None:
     """Add the unused parameters' names to DDP's "Expected to have finished reduction" error,
-    which names only parameter indices unless TORCH_DISTRIBUTED_DEBUG is set."""
-    if REDUCTION_ERROR not in str(exc) or not exc.args:
+    which names only parameter indices unless TORCH_DISTRIBUTED_DEBUG is set.
+
+    The indices in DDP's message are positions in the reducer's parameter list, which is
+    ``parameter_names``' order; ``unused`` (from grad-ready hooks) is the fallback."""
+    text = str(exc.args[0]) if exc.args else ""
+    if REDUCTION_ERROR not in text:
         return
+    m = _INDICES.search(text)
+    if m:
+        indices = [int(i) for i in m.group(2).split()]
+        unused = [parameter_names[i] if i < len(parameter_names) else f"#{i}" for i in indices]
     if unused:
         listed = "\n".join(f"  {name}" for name in unused[:50])
         more = f"\n  ... and {len(unused) - 50} more" if len(unused) > 50 else ""
@@ -98,4 +112,4 @@ def explain_reduction_error(exc: BaseException, unused: Sequence[str], rank: int
             f"\n\nddpmon: every parameter received a gradient on rank {rank}; the unused ones "
             "are on another rank (see its log or state file)."
         )
-    exc.args = (str(exc.args[0]) + extra,) + tuple(exc.args[1:])
+    exc.args = (text + extra,) + tuple(exc.args[1:])

@@ -194,6 +194,8 @@ class TimedCommHook:
             for stale in [i for i in self._layouts if i > index]:
                 del self._layouts[stale]
             self._recorder.drop_buckets_from(index + 1)
+        if is_last:  # every gradient is ready once the last bucket is
+            self._recorder.grad_ready(now)
         self._recorder.bucket_launched(is_last)
         return self._clock.start(index, now - self._recorder.step_start)
 
