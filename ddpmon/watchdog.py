@@ -176,7 +176,7 @@ class Watchdog:
             "phase": rec.phase,
             "in_flight": in_flight,
             "last_collective": rec.last_collective,
-            "threads": thread_stacks(skip=(threading.get_ident(),)),
+            "threads": thread_stacks(skip=_own_thread()),
         }
         if self._extras is not None:
             try:
@@ -200,6 +200,12 @@ class Watchdog:
                 self._flush()
         except Exception:
             pass
+
+
+def _own_thread() -> tuple[int, ...]:
+    """The watchdog's own thread, left out of its reports (the main thread never is)."""
+    me = threading.current_thread()
+    return () if me is threading.main_thread() or me.ident is None else (me.ident,)
 
 
 def describe(report: dict[str, Any], rank: Any) -> str:

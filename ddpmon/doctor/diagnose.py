@@ -175,6 +175,8 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     for e in d.get("in_flight") or []:
         if isinstance(e, dict) and isinstance(e.get("issued_unix"), (int, float)):
             in_flight.append(dict(e, age_seconds=round(now - (e["issued_unix"] + off), 3)))
+    if not in_flight:  # NCCL: ops leave the CPU at once; the flight recorder knows more
+        in_flight = [dict(e, age_seconds=round(now - (e["issued_unix"] + off), 3)) for e in flight_recorder_waits(d)]
     v = RankView(f, liveness, age, silent=silent, stall_after=stall_after, in_flight=in_flight)
     interval = state_interval(d)
     stale = age > max(STALE_MIN, STALE_FACTOR * interval)
@@ -199,6 +201,41 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         for e in v.in_flight:
             e["age_seconds"] = round(d.get("now_unix", e["issued_unix"]) - e["issued_unix"], 3)
     return v
+
+
+def flight_recorder_waits(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """Collectives that torch's flight recorder (in the rank's hang report) shows enqueued
+    and not completed: the first one per process group, numbered by torch's own sequence."""
+    fr = (d.get("hang") or {}).get("flight_recorder") or {}
+    entries = [e for e in fr.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
+    out = []
+    for pg, status in sorted((fr.get("pg_status") or {}).items()):
+        try:
+            enqueued = int(status["last_enqueued_collective"])
+            completed = int(status["last_completed_collective"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if enqueued <= completed:
+            continue
+        seq = completed + 1
+        match = next((
+            e for e in entries
+            if e.get("collective_seq_id") == seq
+            and pg in (str(e.get("pg_id")), str((e.get("process_group") or [None])[0]))
+        ), {})
+        created = match.get("time_created_ns")
+        out.append({
+            "seq": seq,
+            "op": str(match.get("profiling_name", "?")).split(":")[-1],
+            "group": pg,
+            "group_size": 0,
+            "bytes": None,
+            "call_site": "?",
+            "function": "",
+            "issued_unix": created / 1e9 if isinstance(created, (int, float)) else d.get("last_progress_unix", 0.0),
+            "source": "flight recorder",
+        })
+    return out
 
 
 def state_interval(d: dict[str, Any]) -> float:
@@ -631,6 +668,8 @@ def _entry_name(e: dict[str, Any] | None) -> str:
     bucket = f", DDP bucket {e['bucket']}" if e.get("bucket") is not None else ""
     func = f" in {e['function']}" if e.get("function") else ""
     caller = f", called from {e['callers'][0]}" if e.get("callers") else ""
+    if e.get("source") == "flight recorder":
+        return f"{e.get('op')} #{e.get('seq')} (group {e.get('group')}, from torch's flight recorder)"
     return f"{e.get('op')} #{e.get('seq')} (group {e.get('group')}{bucket}, issued at {e.get('call_site')}{func}{caller})"
 
 

@@ -247,6 +247,8 @@ def _call_site(frame: Any) -> tuple[str, str, int | None, list[str]]:
         frame = frame.f_back
         depth += 1
     if not found:
+        if bucket is not None:  # a backward run on autograd's own thread (GPU): no user frames
+            return "DDP backward (autograd thread)", "backward", bucket, []
         site, function = fallback or ("?", "?")
         return site, function, bucket, []
     return found[0][0], found[0][1], bucket, [f"{s} in {f}" for s, f in found[1:]]
