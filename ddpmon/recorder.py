@@ -23,6 +23,7 @@ MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 16
 MAX_CALL_SITES = 64
+BUCKET_SITE_KEY: dict[str, str] = {}
 
 PHASES = ("init", "forward", "after_forward", "backward", "allreduce", "after_backward", "detached")
 
@@ -187,6 +188,12 @@ class Recorder:
         if is_last:
             self.phase = "after_backward"
         self.collective_completed("allreduce")
+        self._bucket_collective_done()
+
+    @property
+    def launched_bucket(self) -> int:
+        """Index of the bucket launched last in this step (DDP launches them in order)."""
+        return max(0, self._cur.buckets_launched - 1)
 
     @property
     def step_has_synced(self) -> bool:
@@ -324,6 +331,34 @@ class Recorder:
         self.last_progress_unix = now
         return entry
 
+    def bucket_collective_began(self, op: str, group: str, group_size: int, nbytes: int | None) -> dict[str, Any]:
+        """The collective DDP's comm hook issues for the bucket launched last: in flight until
+        ``bucket_completed``; counted already by ``bucket_launched``."""
+        now = time.time()
+        bucket = max(0, self._cur.buckets_launched - 1)
+        with self._lock:
+            seq = self.collective_seq.get(group, 0) + 1
+            self.collective_seq[group] = seq
+            entry = {
+                "seq": seq, "op": op, "group": group, "group_size": group_size, "bytes": nbytes,
+                "call_site": "DDP backward", "function": "backward", "issued_unix": now,
+                "bucket": bucket, "step": self.steps,
+            }
+            in_flight = self.in_flight
+            if in_flight and in_flight[0].get("step", self.steps) < self.steps:
+                # a hook with several collectives per bucket leaves some behind: by the next
+                # step, DDP has waited for all of them
+                in_flight[:] = [e for e in in_flight if e.get("step", self.steps) >= self.steps]
+            in_flight.append(entry)
+            if len(in_flight) > MAX_IN_FLIGHT:
+                del in_flight[0]
+            key = BUCKET_SITE_KEY.get(op) or BUCKET_SITE_KEY.setdefault(op, site_key_of(entry))
+            sites = self.collective_sites
+            if key in sites or len(sites) < MAX_CALL_SITES:
+                sites[key] = sites.get(key, 0) + 1
+        self.last_progress_unix = now
+        return entry
+
     def collective_ended(self, entry: dict[str, Any], error: str | None = None, counted: bool = True) -> None:
         """The collective of ``entry`` (from ``collective_began``) completed or failed."""
         now = time.time()
@@ -341,6 +376,22 @@ class Recorder:
                 self.completed += 1
                 self._ops.setdefault(entry["op"], [0, 0])[1] += 1
         self.last_progress_unix = now
+
+    def _bucket_collective_done(self) -> None:
+        """The oldest bucket collective in flight is done: DDP's buckets complete in order,
+        and the comm hook's completion callback says so without a callback of its own."""
+        with self._lock:
+            for i, e in enumerate(self.in_flight):
+                if "bucket" in e:
+                    entry = self.in_flight.pop(i)
+                    break
+            else:
+                return
+            now = time.time()
+            entry["completed_unix"] = now  # out of in_flight now: nobody else changes it
+            entry["seconds"] = now - entry["issued_unix"]
+            self.last_collective = entry
+            self.collective_log.append(entry)
 
     def set_hang(self, report: dict[str, Any] | None) -> None:
         """The watchdog's hang report, or None once progress resumed."""

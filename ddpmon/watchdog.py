@@ -213,11 +213,11 @@ def describe(report: dict[str, Any], rank: Any) -> str:
     where = "not in any collective"
     if report["in_flight"]:
         oldest = min(report["in_flight"], key=lambda e: e["issued_unix"])
-        bucket = f" (DDP bucket {oldest['bucket']})" if oldest.get("bucket") is not None else ""
-        where = (
-            f"waiting {oldest['age_seconds']:.1f} s in {oldest['op']} #{oldest['seq']}{bucket} "
-            f"issued at {oldest['call_site']}"
-        )
+        where = f"waiting {oldest['age_seconds']:.1f} s in {oldest['op']} #{oldest['seq']} "
+        if oldest.get("bucket") is not None:
+            where += f"of DDP gradient bucket {oldest['bucket']} (backward)"
+        else:
+            where += f"issued at {oldest['call_site']}"
     top = ""
     main = next((t for t in report["threads"] if t.get("main")), None)
     if main and main["frames"]:

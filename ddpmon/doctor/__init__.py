@@ -11,6 +11,7 @@ rules of ``diagnose``. It never imports torch and works on a dead job from its f
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -124,13 +125,28 @@ def _membership(files: list[StateFile]) -> tuple[list[StateFile], int, list[int]
 
 
 def _guard_pid_namespace(files: list[StateFile], lives: dict[int, procs.Liveness], now: float) -> dict[int, procs.Liveness]:
-    """A pid that is gone while its file is still being rewritten means this host's pids are
-    not the ranks' (another pid namespace, e.g. another container): trust no local pid."""
-    for f in files:
-        fresh = now - f.mtime < state_interval(f.data) + 0.5
-        if lives[f.rank].alive is False and fresh and not f.data.get("exit"):
-            unknown = procs.Liveness(None, "this host's pids are not the ranks' (another pid namespace?)")
-            return {rank: (unknown if live.alive is not None else live) for rank, live in lives.items()}
+    """A rank whose pid is gone while its file is fresh either died a moment ago or runs in
+    another pid namespace (another container with this hostname). Its writer tells which:
+    when the file is rewritten once more, the rank is alive and this host's pids are not the
+    ranks', so no local pid is trusted. Waits at most a few seconds, only in that case."""
+    doubtful = [
+        f for f in files
+        if lives[f.rank].alive is False and not f.data.get("exit")
+        and now - f.mtime < state_interval(f.data) + 0.5
+    ]
+    if not doubtful:
+        return lives
+    until = time.time() + min(3.0, max(2 * state_interval(f.data) + 0.5 for f in doubtful))
+    while time.time() < until:
+        for f in doubtful:
+            try:
+                rewritten = os.stat(f.path).st_mtime != f.mtime
+            except OSError:
+                rewritten = False
+            if rewritten:
+                unknown = procs.Liveness(None, "this host's pids are not the ranks' (another pid namespace?)")
+                return {rank: (unknown if live.alive is not None else live) for rank, live in lives.items()}
+        time.sleep(0.05)
     return lives
 
 

@@ -175,7 +175,10 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     for e in d.get("in_flight") or []:
         if isinstance(e, dict) and isinstance(e.get("issued_unix"), (int, float)):
             in_flight.append(dict(e, age_seconds=round(now - (e["issued_unix"] + off), 3)))
-    if not in_flight:  # NCCL: ops leave the CPU at once; the flight recorder knows more
+    if not in_flight and "nccl" in str(d.get("backend")):
+        # NCCL ops leave the CPU at once; the flight recorder knows which ones the GPU has
+        # not completed. (gloo completes on the CPU, where ddpmon tracks it exactly, and its
+        # flight-recorder completion states lag behind.)
         in_flight = [dict(e, age_seconds=round(now - (e["issued_unix"] + off), 3)) for e in flight_recorder_waits(d)]
     v = RankView(f, liveness, age, silent=silent, stall_after=stall_after, in_flight=in_flight)
     interval = state_interval(d)
@@ -319,6 +322,12 @@ def _gone(views: list[RankView], gone: list[RankView], stalled: list[RankView]) 
             + (f" at {where}" if where else "")
             + ": fix that error. The other ranks failed or wait because of it."
         )
+    elif first.exception:
+        fix = (
+            "Every rank that ended failed in communication, so the cause is not among them: "
+            "look for the first error in the logs of all ranks (also those without a state "
+            "file here), at the hosts (`dmesg`, OOM killer) and at the network between them."
+        )
     else:
         pid = first.data.get("pid")
         fix = (
@@ -398,7 +407,8 @@ def _collectives(waiting: list[RankView], missing: list[int]) -> tuple[str, list
                 "nothing here (not attached, another host without a shared state directory, "
                 "or never started).",
             )]
-        evidence += _flight_recorder_lines(waiting)
+        if "nccl" in str(waiting[0].data.get("backend")):
+            evidence += _flight_recorder_lines(waiting)
         return "hang", [], [Finding(
             "comm_hang", "error", sorted(entries),
             f"all ranks wait in {_entry_name(e)} and none is behind: the collective itself "
@@ -575,7 +585,7 @@ def _ended(v: RankView, brief: bool = False) -> str:
 _WRAPPED = re.compile(r"^(?:\w+(?:Error|Exception): )?Got the following error when running the callback: ")
 
 
-def short_exception(text: str, limit: int = 240) -> str:
+def short_exception(text: str, limit: int = 160) -> str:
     """The first line of an exception without torch's callback wrappers, shortened."""
     line = text.strip().splitlines()[0] if text.strip() else text
     while True:
@@ -670,6 +680,8 @@ def _entry_name(e: dict[str, Any] | None) -> str:
     caller = f", called from {e['callers'][0]}" if e.get("callers") else ""
     if e.get("source") == "flight recorder":
         return f"{e.get('op')} #{e.get('seq')} (group {e.get('group')}, from torch's flight recorder)"
+    if e.get("bucket") is not None and e.get("call_site") == "DDP backward":
+        return f"{e.get('op')} #{e.get('seq')} (group {e.get('group')}, gradient bucket {e['bucket']} of DDP's backward)"
     return f"{e.get('op')} #{e.get('seq')} (group {e.get('group')}{bucket}, issued at {e.get('call_site')}{func}{caller})"
 
 

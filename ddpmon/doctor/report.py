@@ -101,7 +101,8 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         waiting = "-"
         if e and v.status not in ("dead", "crashed", "exited", "silent"):
             bucket = f" (DDP bucket {e['bucket']})" if e.get("bucket") is not None else ""
-            waiting = f"{e.get('op')} #{e.get('seq')}{bucket} at {e.get('call_site')}, {e.get('age_seconds', 0):.1f} s"
+            where = "" if e.get("call_site") == "DDP backward" else f" at {e.get('call_site')}"
+            waiting = f"{e.get('op')} #{e.get('seq')}{bucket}{where}, {e.get('age_seconds', 0):.1f} s"
         rows.append((
             str(v.rank), v.status, str(d.get("host", "?")), str(d.get("pid", "?")),
             str(d.get("step", "?")), str(d.get("phase", "?")), f"{v.silent:.1f} s", waiting,

@@ -10,7 +10,8 @@ their own. Detach restores the original functions.
 
 DDP's gradient buckets are counted by the timing comm hook (``bucket_launched``); when its
 hook calls ``dist.all_reduce``, the call is kept in flight here as that bucket's collective
-but not counted a second time.
+but not counted a second time, and it leaves the in-flight list when the hook's own
+completion callback reports the bucket done (no callback of its own on the hot path).
 
 Code that bound a function before attach (``from torch.distributed import all_reduce``) keeps
 the original and is not tracked.
@@ -70,7 +71,7 @@ _C10D_FILES = tuple(
     os.path.join(_TORCH_DIR, "distributed", name) for name in ("distributed_c10d.py", "c10d_logger.py")
 )
 _MAX_DEPTH = 64
-_CALLERS = 2
+_CALLERS = 1
 
 
 class CollectiveTracker:
@@ -117,7 +118,11 @@ class CollectiveTracker:
                 return original(*args, **kwargs)
             entry = counted = None
             try:
-                entry, counted = tracker._begin(name, args, kwargs)
+                caller = sys._getframe(1)
+                if _in_comm_hook(caller):  # the hot path: every bucket of every step
+                    entry, counted = tracker._begin_bucket(name, args, kwargs), False
+                else:
+                    entry, counted = tracker._begin(name, args, kwargs, caller)
             except Exception as exc:
                 tracker._fuse.blow(exc)
             if entry is None:
@@ -130,14 +135,24 @@ class CollectiveTracker:
                 raise
             finally:
                 local.busy = False
-            tracker._completion(entry, counted, result)
+            if counted:  # a bucket's collective is done when its bucket is (bucket_completed)
+                tracker._completion(entry, counted, result)
             return result
 
         tracked._ddpmon_tracked = True  # type: ignore[attr-defined]
         return tracked
 
-    def _begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        site, function, bucket, callers = _call_site(sys._getframe(2))
+    def _begin_bucket(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A collective issued by DDP's comm hook for a gradient bucket (already counted)."""
+        spec = _SPECS.get(name) or _P2P.get(name)
+        group = _arg(args, kwargs, spec[2], spec[3]) if spec else None
+        nbytes = _nbytes(_arg(args, kwargs, spec[0], spec[1])) if spec and spec[1] else None
+        gname, gsize = self._group(group)
+        return self._recorder.bucket_collective_began(name, gname, gsize, nbytes)
+
+    def _begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> tuple[dict[str, Any], bool]:
+        site, function, in_hook, callers = _call_site(caller)
+        bucket = self._recorder.launched_bucket if in_hook else None
         if name == "batch_isend_irecv":
             ops = list(args[0] if args else kwargs.get("p2p_op_list", ()))
             group = getattr(ops[0], "group", None) if ops else None
@@ -207,6 +222,18 @@ class CollectiveTracker:
         return name, size
 
 
+def _in_comm_hook(frame: Any, depth: int = 4) -> bool:
+    """True when ddpmon's comm hook is among the next ``depth`` frames out: the default hook
+    and torch's wrappers call the collective two or three frames below it."""
+    while frame is not None and depth > 0:
+        code = frame.f_code
+        if code.co_name == "__call__" and code.co_filename == _COMM_HOOK_FILE:
+            return True
+        frame = frame.f_back
+        depth -= 1
+    return False
+
+
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int | None, key: str | None) -> Any:
     if key is not None and key in kwargs:
         return kwargs[key]
@@ -223,35 +250,33 @@ def _nbytes(value: Any) -> int | None:
     return None
 
 
-def _call_site(frame: Any) -> tuple[str, str, int | None, list[str]]:
-    """(``file:line``, function, bucket index or None, callers) of the first frame outside
-    torch and ddpmon; ``callers`` are the next user frames out (``file:line in function``),
-    which tell apart calls through a shared helper. A call from inside ddpmon's comm hook is
-    that bucket's collective."""
+def _call_site(frame: Any) -> tuple[str, str, bool, list[str]]:
+    """(``file:line``, function, in the comm hook, callers) of the first frame outside torch
+    and ddpmon; ``callers`` are the next user frames out (``file:line in function``), which
+    tell apart calls through a shared helper. A call from inside ddpmon's comm hook is a
+    bucket's collective: the walk stops there (it runs for every bucket of every step)."""
     fallback = None
-    bucket = None
     found: list[tuple[str, str]] = []
     depth = 0
     while frame is not None and depth < _MAX_DEPTH and len(found) <= _CALLERS:
         code = frame.f_code
         filename = code.co_filename
-        if filename == _COMM_HOOK_FILE and code.co_name == "__call__" and bucket is None:
-            try:
-                bucket = int(frame.f_locals["bucket"].index())
-            except Exception:
-                bucket = -1
-        elif not filename.startswith((_TORCH_DIR, _DDPMON_DIR, "<frozen")):
+        if filename == _COMM_HOOK_FILE and code.co_name == "__call__":
+            if found:  # a hook of the user's own, in user code
+                return found[0][0], found[0][1], True, []
+            return "DDP backward", "backward", True, []
+        if not filename.startswith((_TORCH_DIR, _DDPMON_DIR, "<frozen")):
             found.append((f"{_short(filename)}:{frame.f_lineno}", code.co_name))
         elif not found and fallback is None and filename not in _C10D_FILES and not filename.startswith(_DDPMON_DIR):
-            fallback = (f"torch/{filename[len(_TORCH_DIR):]}:{frame.f_lineno}", code.co_name)
+            fallback = frame
         frame = frame.f_back
         depth += 1
     if not found:
-        if bucket is not None:  # a backward run on autograd's own thread (GPU): no user frames
-            return "DDP backward (autograd thread)", "backward", bucket, []
-        site, function = fallback or ("?", "?")
-        return site, function, bucket, []
-    return found[0][0], found[0][1], bucket, [f"{s} in {f}" for s, f in found[1:]]
+        if fallback is None:
+            return "?", "?", False, []
+        name = fallback.f_code.co_filename
+        return f"torch/{name[len(_TORCH_DIR):]}:{fallback.f_lineno}", fallback.f_code.co_name, False, []
+    return found[0][0], found[0][1], False, [f"{s} in {f}" for s, f in found[1:]]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -110,9 +110,13 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
             assert [f["function"] for f in hang["threads"][0]["frames"]][-1] == "_engine_run_backward"
             waits = hang["in_flight"]
             assert waits and all(e["op"] == "all_reduce" and e["bucket"] is not None for e in waits)
-            assert waits[0]["call_site"] == site("loss.backward()")
+            assert waits[0]["call_site"] == "DDP backward" and waits[0]["bucket"] == 0
             assert waits[0]["age_seconds"] >= 2.0
             assert hang["timeout_seconds"] == 2.0 and hang["timeout_source"] == "configured"
+        if tuple(int(x) for x in s[0]["torch_version"].split(".")[:2]) >= (2, 13):
+            fr = s[0]["hang"]["flight_recorder"]  # gloo records into it from torch 2.13 on
+            assert fr["entries"] and fr["entries"][-1]["profiling_name"] == "gloo:all_reduce"
+            assert "0" in fr["pg_status"]
         stuck = s[2]["hang"]
         assert stuck["in_flight"] == [] and stuck["last_collective"]["op"] == "all_reduce"
         assert stuck["threads"][0]["frames"][-1]["function"] == "load_batch"
@@ -141,7 +145,8 @@ def test_dead_rank_first_to_die(tmp_path: Path) -> None:
     procs = launch("die", 3, tmp_path, ("1", "5"))
     try:
         wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
-        assert procs[1].returncode == 3 and procs[0].returncode == 1 and procs[2].returncode == 1
+        # rank 1 exits with 3; the others raise (1), or abort in gloo's teardown after that (-6)
+        assert procs[1].returncode == 3 and procs[0].returncode != 0 and procs[2].returncode != 0
         code, report, _ = doctor(tmp_path / "state")
         assert code == 1
         assert report["verdict"] == "dead_rank" and report["suspect_ranks"] == [1]
@@ -248,6 +253,8 @@ def test_collectives_of_user_code_are_tracked(tmp_path: Path) -> None:
         assert user[3]["async"] is True
         assert [e["seq"] for e in user[:6]] == [2, 3, 4, 5, 6, 7]
         buckets = [e for e in snap["collective_log"] if e.get("bucket") is not None]
+        assert all(e["call_site"] == "DDP backward" and e["op"] == "all_reduce" for e in buckets)
+        assert snap["collective_sites"]["all_reduce DDP backward (DDP bucket)"] == 5
         assert sorted(e["bucket"] for e in buckets[-4:]) == [0, 1, 2, 3]
         assert sum(e["bytes"] for e in buckets[-4:]) == buckets[0]["bytes"] == 60448
         assert out["gathered_objects"] == [{"rank": 0}, {"rank": 1}]

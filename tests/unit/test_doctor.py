@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -408,11 +409,32 @@ def test_pid_reused_by_a_later_process_is_not_the_rank(tmp_path: Path, python_sl
 
 
 def test_pids_of_another_pid_namespace_are_not_trusted(tmp_path: Path) -> None:
-    """A file still being rewritten whose pid does not exist here: the pids are not ours."""
-    write(tmp_path, state(0, host=HERE, pid=2**22 - 3), age=0.1)
-    write(tmp_path, state(1, host=HERE, pid=2**22 - 4), age=0.1)
-    d = examine(str(tmp_path), live_stacks=False)
+    """Files still being rewritten whose pids do not exist here: the pids are not ours.
+    The same files, not rewritten any more: those ranks just died."""
+    stop = threading.Event()
+
+    def writers() -> None:  # ranks alive in another pid namespace keep rewriting
+        while not stop.wait(0.2):
+            for r in (0, 1):
+                write(tmp_path, state(r, host=HERE, pid=2**22 - 3 - r), age=0.0)
+
+    for r in (0, 1):
+        write(tmp_path, state(r, host=HERE, pid=2**22 - 3 - r), age=0.1)
+    thread = threading.Thread(target=writers)
+    thread.start()
+    try:
+        d = examine(str(tmp_path), live_stacks=False)
+    finally:
+        stop.set()
+        thread.join()
     assert d.verdict == "healthy" and all(v.liveness.alive is None for v in d.ranks)
+    assert "another pid namespace" in d.ranks[0].liveness.detail
+    for r in (0, 1):
+        write(tmp_path, state(r, host=HERE, pid=2**22 - 3 - r, state_interval=0.2), age=0.1)
+    started = time.monotonic()
+    d = examine(str(tmp_path), live_stacks=False)
+    assert time.monotonic() - started < 2.0
+    assert [v.status for v in d.ranks] == ["dead", "dead"]
 
 
 # -- output ---------------------------------------------------------------------------------------
