@@ -23,7 +23,6 @@ MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 16
 MAX_CALL_SITES = 64
-BUCKET_SITE_KEY: dict[str, str] = {}
 
 PHASES = ("init", "forward", "after_forward", "backward", "allreduce", "after_backward", "detached")
 
@@ -352,7 +351,7 @@ class Recorder:
             in_flight.append(entry)
             if len(in_flight) > MAX_IN_FLIGHT:
                 del in_flight[0]
-            key = BUCKET_SITE_KEY.get(op) or BUCKET_SITE_KEY.setdefault(op, site_key_of(entry))
+            key = op + " DDP backward (DDP bucket)"  # site_key_of(entry), on the hot path
             sites = self.collective_sites
             if key in sites or len(sites) < MAX_CALL_SITES:
                 sites[key] = sites.get(key, 0) + 1

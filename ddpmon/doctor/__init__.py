@@ -84,7 +84,7 @@ def examine(
     if live_stacks:
         _live_stacks(views, stack_timeout)
 
-    verdict, suspects, findings = decide(views, world, missing)
+    verdict, suspects, findings = decide(views, missing)
     findings += notes
     if missing and not any(f.kind == "missing_rank" for f in findings):
         findings.append(Finding(

@@ -131,6 +131,7 @@ class RankView:
             "stack_error": self.stack_error,
             "backend": d.get("backend"),
             "debug_level": d.get("debug_level"),
+            "ddp": d.get("ddp"),
             "file": self.file.path,
         }
 
@@ -250,7 +251,7 @@ def state_interval(d: dict[str, Any]) -> float:
 # -- across ranks -----------------------------------------------------------------------------
 
 
-def decide(views: list[RankView], world_size: int, missing: list[int]) -> tuple[str, list[int], list[Finding]]:
+def decide(views: list[RankView], missing: list[int]) -> tuple[str, list[int], list[Finding]]:
     """The verdict, the suspect ranks and the findings behind them."""
     if not views:
         return "no_data", [], []
@@ -413,7 +414,7 @@ def _collectives(waiting: list[RankView], missing: list[int]) -> tuple[str, list
             "comm_hang", "error", sorted(entries),
             f"all ranks wait in {_entry_name(e)} and none is behind: the collective itself "
             "does not complete (network or communication library)",
-            evidence, fix_comm(waiting[0].data.get("backend")),
+            evidence, fix_comm(waiting[0].data.get("backend"), waiting[0].data.get("debug_level")),
         )]
     odd = _odd_ranks(waiting)
     steps = {v.rank: v.data.get("step") for v in waiting}
@@ -426,7 +427,9 @@ def _collectives(waiting: list[RankView], missing: list[int]) -> tuple[str, list
         f"the ranks wait in different collectives ({'; '.join(parts)}): "
         f"{_who(odd)} issued a collective the others did not"
     )
-    fix = FIX_DESYNC + " " + rerun_advice(waiting[0].data.get("backend"), desync=True)
+    fix = FIX_DESYNC + " " + rerun_advice(
+        waiting[0].data.get("backend"), waiting[0].data.get("debug_level"), desync=True
+    )
     return "desync", odd, [Finding("desync", "error", odd, summary, evidence, fix)]
 
 
@@ -542,9 +545,18 @@ FIX_STRAGGLER = (
 )
 
 
-def rerun_advice(backend: str | None, desync: bool = False) -> str:
-    """The variables to rerun with for more detail, by backend."""
-    if backend == "nccl":
+def rerun_advice(backend: str | None, debug_level: str | None = None, desync: bool = False) -> str:
+    """The variables to rerun with for more detail, by backend and the debug level the job
+    already runs with (never DETAIL with gloo)."""
+    nccl = "nccl" in str(backend)
+    if debug_level == "DETAIL" and nccl:
+        return (
+            "The job already runs with TORCH_DISTRIBUTED_DEBUG=DETAIL: the ranks' logs hold "
+            "torch's own collective checks (look for 'Detected mismatch between collectives'); "
+            "add NCCL_DEBUG=WARN TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+            "for the flight recorder dump on a timeout (read it with `torchfrtrace`)."
+        )
+    if nccl:
         return (
             "To see more, rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL TORCH_CPP_LOG_LEVEL=INFO "
             "NCCL_DEBUG=WARN TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
@@ -553,22 +565,24 @@ def rerun_advice(backend: str | None, desync: bool = False) -> str:
     text = (
         "To see more, rerun with TORCH_DISTRIBUTED_DEBUG=INFO TORCH_CPP_LOG_LEVEL=INFO "
         "(not DETAIL with gloo: it crashes while building DDP on torch 2.11-2.13)"
+        if debug_level in (None, "OFF") else
+        f"The job runs with TORCH_DISTRIBUTED_DEBUG={debug_level}: its logs have more"
     )
     if desync:
         text += "; a `dist.monitored_barrier()` before the suspect code names the ranks that never reach it"
     return text + "."
 
 
-def fix_comm(backend: str | None) -> str:
-    if backend == "nccl":
+def fix_comm(backend: str | None, debug_level: str | None = None) -> str:
+    if "nccl" in str(backend):
         return (
-            "No rank is behind: check the network and NCCL. " + rerun_advice("nccl")
+            "No rank is behind: check the network and NCCL. " + rerun_advice(backend, debug_level)
             + " Check NCCL_SOCKET_IFNAME and NCCL_IB_* settings, firewalls between hosts, and "
             "the GPUs (nvidia-smi; `dmesg` for Xid errors)."
         )
     return (
         "No rank is behind: check the network between the ranks (GLOO_SOCKET_IFNAME picks the "
-        "interface; firewalls, MTU, a link that drops packets). " + rerun_advice(backend)
+        "interface; firewalls, MTU, a link that drops packets). " + rerun_advice(backend, debug_level)
     )
 
 
@@ -632,7 +646,7 @@ def _stack_lines(v: RankView) -> list[str]:
     main = _main_thread(v.stack)
     if not main:
         return [f"rank {v.rank}: no stack ({v.stack_error or 'no hang report yet and py-spy not used'})"]
-    frames = main["frames"][-8:]
+    frames = [f for f in main["frames"] if not str(f.get("file")).startswith("<frozen")][-8:]
     gil = " (holds the GIL)" if main.get("owns_gil") else ""
     lines = [f"rank {v.rank} main thread{gil}, from {v.stack_source}, innermost last:"]
     lines += [f"  {f.get('file')}:{f.get('line')} in {f.get('function')}" for f in frames]

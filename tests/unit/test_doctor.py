@@ -209,6 +209,12 @@ def test_comm_hang_same_collective_nobody_behind(tmp_path: Path) -> None:
     for var in ("TORCH_DISTRIBUTED_DEBUG=DETAIL", "TORCH_CPP_LOG_LEVEL=INFO", "NCCL_DEBUG=WARN",
                 "TORCH_NCCL_TRACE_BUFFER_SIZE=2000"):
         assert var in f.fix
+    # a job that already runs with DETAIL is told where DETAIL's checks are, not to set it
+    for r in range(3):
+        write(tmp_path, state(r, world=3, backend="nccl", silent=20.0, debug_level="DETAIL",
+                              in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)]))
+    f = examine(str(tmp_path), live_stacks=False).findings[0]
+    assert "already runs with TORCH_DISTRIBUTED_DEBUG=DETAIL" in f.fix and "Detected mismatch" in f.fix
 
 
 def test_comm_hang_one_rank_one_collective_ahead(tmp_path: Path) -> None:
