@@ -93,7 +93,7 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
 
 
 def _table(ranks: list[RankView], paint: Any) -> list[str]:
-    header = ("rank", "status", "host", "pid", "step", "phase", "silent", "waiting in")
+    header = ("rank", "status", "host", "pid", "step", "phase", "silent", "in collective")
     rows = []
     for v in ranks:
         d = v.data

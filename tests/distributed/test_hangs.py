@@ -132,7 +132,8 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
         assert any("rank 0" in line and "all_reduce" in line for line in f["evidence"])
         ranks = {r["rank"]: r for r in report["ranks"]}
         assert [ranks[r]["status"] for r in (0, 1, 2)] == ["waiting", "waiting", "stuck"]
-        assert ranks[2]["stack"]["source"] == "py-spy, live"
+        # live from py-spy where it may read the process, else from the rank's own hang report
+        assert ranks[2]["stack"]["source"] in ("py-spy, live",) or ranks[2]["stack"]["source"].startswith("its hang report")
         assert ranks[2]["stack"]["frames"][-1]["function"] == "load_batch"
         assert ranks[0]["waiting_in"]["op"] == "all_reduce"
     finally:
