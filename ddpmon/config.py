@@ -42,6 +42,9 @@ class Config:
     step times after warm-up: max(hang_timeout_floor, 10 x the slowest step). 0 = off."""
     hang_timeout_floor: float = 60.0
     """Lower bound of the learned hang timeout."""
+    track_collectives: bool = True
+    """Record every collective this rank issues through ``torch.distributed`` (op, bytes,
+    call site, sequence number per process group) while attached."""
     comm_hook: Callable[..., Any] | None = None
     """A comm hook of your own, ``hook(state, bucket) -> Future[Tensor]``, that ddpmon
     registers and times. In the environment: a dotted path such as
@@ -139,7 +142,7 @@ def _parse(var: str, name: str, text: str) -> Any:
             return float(text)
         except ValueError:
             raise ConfigError(var, text, "a number of seconds") from None
-    if name == "nvml":
+    if name in ("nvml", "track_collectives"):
         lowered = text.lower()
         if lowered in ("1", "true", "yes", "on"):
             return True

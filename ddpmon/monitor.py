@@ -95,6 +95,7 @@ class Monitor:
         self._endpoint = self._start_endpoint()
         self.recorder.identity["port"] = self.port
         self.state_file = self._start_state_writer()
+        self._start_hang_tracking()
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
         log.info(
             "ddpmon: rank %d of %d attached (job %r): metrics %s, state file %s",
@@ -140,6 +141,7 @@ class Monitor:
         self._ddp.__dict__.pop("forward", None)
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
         self.recorder.phase = "detached"
+        self._stop_hang_tracking()
         if self._endpoint:
             self._endpoint.close()
         if self._writer:
@@ -257,6 +259,29 @@ class Monitor:
             except OSError as exc2:
                 log.warning("ddpmon: rank %d: no metrics endpoint (%s)", self.rank, exc2)
                 return None
+
+    def _start_hang_tracking(self) -> None:
+        """Collective tracking and the progress watchdog (see ddpmon/watchdog.py)."""
+        from .hooks.collectives import CollectiveTracker
+        from .watchdog import Watchdog, ddp_facts, flight_recorder
+
+        self.recorder.identity["ddp"] = ddp_facts(self._ddp)
+        self.recorder.identity["state_interval"] = self.config.state_interval
+        self._collectives = CollectiveTracker(self.recorder, Fuse("collective_tracking", self._part_failed))
+        if self.config.track_collectives:
+            self._collectives.install()
+        writer = self._writer
+        self._watchdog = Watchdog(
+            self.recorder, self.config.hang_timeout, self.config.hang_timeout_floor,
+            notify=writer.notify if writer else None, flush=writer.write_now if writer else None,
+            extras=flight_recorder,
+        )
+        self._watchdog.start()
+
+    def _stop_hang_tracking(self) -> None:
+        self._collectives.remove()
+        self._watchdog.stop()
+        self.recorder.set_hang(None)
 
     def _sample_sources(self) -> list[Any]:
         """Host metrics (psutil) always; on a CUDA device also the GPU (NVML, when

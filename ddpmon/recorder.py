@@ -20,6 +20,9 @@ STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 RECENT_STEPS = 256
 MAX_PARAMETER_NAMES = 200
+MAX_IN_FLIGHT = 256
+COLLECTIVE_LOG = 16
+MAX_CALL_SITES = 64
 
 PHASES = ("init", "forward", "after_forward", "backward", "allreduce", "after_backward", "detached")
 
@@ -132,6 +135,10 @@ class Recorder:
         self.in_flight: list[dict[str, Any]] = []
         self.last_collective: dict[str, Any] | None = None
         self.hang: dict[str, Any] | None = None
+        self.exit: dict[str, Any] | None = None
+        self.collective_seq: dict[str, int] = {}
+        self.collective_sites: dict[str, int] = {}
+        self.collective_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=COLLECTIVE_LOG)
         self._cur = _Step(start=time.perf_counter())
 
     # -- written by the hooks (the training thread, autograd and comm threads) -------------
@@ -180,6 +187,12 @@ class Recorder:
         if is_last:
             self.phase = "after_backward"
         self.collective_completed("allreduce")
+        self._bucket_collective_done()
+
+    @property
+    def launched_bucket(self) -> int:
+        """Index of the bucket launched last in this step (DDP launches them in order)."""
+        return max(0, self._cur.buckets_launched - 1)
 
     @property
     def backward_seen(self) -> bool:
@@ -286,6 +299,119 @@ class Recorder:
             self._ops.setdefault(op, [0, 0])[1] += 1
         self.last_progress_unix = time.time()
 
+    def collective_began(
+        self, op: str, group: str, group_size: int, nbytes: int | None, site: str,
+        function: str, *, bucket: int | None = None, p2p: bool = False, counted: bool = True,
+        callers: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """A collective this rank issued: give it the next sequence number of its process
+        group and keep it in flight until ``collective_ended``. ``counted=False`` for a
+        bucket's collective, already counted by ``bucket_launched``; ``callers`` are the
+        user frames that led to ``site``."""
+        now = time.time()
+        key = "p2p:" + group if p2p else group
+        with self._lock:
+            seq = self.collective_seq.get(key, 0) + 1
+            self.collective_seq[key] = seq
+            entry: dict[str, Any] = {
+                "seq": seq, "op": op, "group": group, "group_size": group_size, "bytes": nbytes,
+                "call_site": site, "function": function, "issued_unix": now,
+            }
+            if callers:
+                entry["callers"] = list(callers)
+            if bucket is not None:
+                entry["bucket"] = bucket
+            if p2p:
+                entry["p2p"] = True
+            if counted:
+                self.issued += 1
+                self._ops.setdefault(op, [0, 0])[0] += 1
+            self.in_flight.append(entry)
+            if len(self.in_flight) > MAX_IN_FLIGHT:
+                del self.in_flight[0]
+            site_key = site_key_of(entry)
+            if site_key in self.collective_sites or len(self.collective_sites) < MAX_CALL_SITES:
+                self.collective_sites[site_key] = self.collective_sites.get(site_key, 0) + 1
+        self.last_progress_unix = now
+        return entry
+
+    def bucket_collective_began(self, op: str, group: str, group_size: int, nbytes: int | None) -> dict[str, Any]:
+        """The collective DDP's comm hook issues for the bucket launched last: in flight until
+        ``bucket_completed``; counted already by ``bucket_launched``."""
+        now = time.time()
+        bucket = max(0, self._cur.buckets_launched - 1)
+        with self._lock:
+            seq = self.collective_seq.get(group, 0) + 1
+            self.collective_seq[group] = seq
+            entry = {
+                "seq": seq, "op": op, "group": group, "group_size": group_size, "bytes": nbytes,
+                "call_site": "DDP backward", "function": "backward", "issued_unix": now,
+                "bucket": bucket, "step": self.steps,
+            }
+            in_flight = self.in_flight
+            if in_flight and in_flight[0].get("step", self.steps) < self.steps:
+                # a hook with several collectives per bucket leaves some behind: by the next
+                # step, DDP has waited for all of them
+                in_flight[:] = [e for e in in_flight if e.get("step", self.steps) >= self.steps]
+            in_flight.append(entry)
+            if len(in_flight) > MAX_IN_FLIGHT:
+                del in_flight[0]
+            key = op + " DDP backward (DDP bucket)"  # site_key_of(entry), on the hot path
+            sites = self.collective_sites
+            if key in sites or len(sites) < MAX_CALL_SITES:
+                sites[key] = sites.get(key, 0) + 1
+        self.last_progress_unix = now
+        return entry
+
+    def collective_ended(self, entry: dict[str, Any], error: str | None = None, counted: bool = True) -> None:
+        """The collective of ``entry`` (from ``collective_began``) completed or failed."""
+        now = time.time()
+        with self._lock:
+            for i, e in enumerate(self.in_flight):
+                if e is entry:
+                    del self.in_flight[i]
+                    break
+            done = dict(entry, completed_unix=now, seconds=now - entry["issued_unix"])
+            if error is not None:
+                done["error"] = error
+            self.last_collective = done
+            self.collective_log.append(done)
+            if counted:
+                self.completed += 1
+                self._ops.setdefault(entry["op"], [0, 0])[1] += 1
+        self.last_progress_unix = now
+
+    def _bucket_collective_done(self) -> None:
+        """The oldest bucket collective in flight is done: DDP's buckets complete in order,
+        and the comm hook's completion callback says so without a callback of its own."""
+        with self._lock:
+            for i, e in enumerate(self.in_flight):
+                if "bucket" in e:
+                    entry = self.in_flight.pop(i)
+                    break
+            else:
+                return
+            now = time.time()
+            entry["completed_unix"] = now  # out of in_flight now: nobody else changes it
+            entry["seconds"] = now - entry["issued_unix"]
+            self.last_collective = entry
+            self.collective_log.append(entry)
+
+    def set_hang(self, report: dict[str, Any] | None) -> None:
+        """The watchdog's hang report, or None once progress resumed."""
+        with self._lock:
+            self.hang = report
+
+    def set_exit(self, record: dict[str, Any]) -> None:
+        """How this process ended (written at interpreter exit)."""
+        with self._lock:
+            self.exit = record
+
+    def slowest_recent_step(self) -> float | None:
+        """The longest step in the recent window, None before the first step ends."""
+        with self._lock:
+            return max((r[0] for r in self.recent), default=None)
+
     # -- readers ------------------------------------------------------------------------------
 
     def collectives_by_op(self) -> dict[str, tuple[int, int]]:
@@ -335,11 +461,24 @@ class Recorder:
                     "notes": dict(self.notes),
                     "errors": dict(self.errors),
                     "hang": self.hang,
+                    "exit": self.exit,
+                    "collective_seq": dict(self.collective_seq),
+                    "collective_sites": dict(self.collective_sites),
+                    "collective_log": list(self.collective_log),
                 }
             )
         snap["timings"] = _summaries(recent)
         snap["now_unix"] = time.time()
         return snap
+
+
+def site_key_of(entry: dict[str, Any]) -> str:
+    """The key of ``collective_sites``: op, call site and its first caller; all DDP buckets
+    issued from one place share a key."""
+    key = f"{entry.get('op')} {entry.get('call_site')}"
+    if entry.get("callers"):
+        key += f" < {entry['callers'][0]}"
+    return key + (" (DDP bucket)" if entry.get("bucket") is not None else "")
 
 
 def _copy(h: Histogram) -> Histogram:

@@ -1,0 +1,88 @@
+"""``ddpmon doctor [STATE_DIR] [--json]``: which rank stopped the job, doing what, what to do.
+
+Exit codes: 0 healthy, 1 a problem was found, 2 bad usage or input (a missing directory,
+nothing to diagnose), 3 ddpmon itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from ..errors import StateFileError
+
+HELP = "Diagnose a hung, dying, out-of-step or slow DDP job from its ranks' state files."
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "state_dir", nargs="?", metavar="STATE_DIR",
+        help="directory of the ranks' state files (default: $DDPMON_STATE_DIR, else the job "
+        "directory under <tmp>/ddpmon written last)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument("--job", help="the job to diagnose when the directory holds several")
+    parser.add_argument(
+        "--stall", type=_seconds, metavar="SECONDS",
+        help="seconds without progress after which a rank counts as stalled (default: "
+        "max(5, 5 x the rank's slowest recent step); a rank's own hang report always counts)",
+    )
+    parser.add_argument("--no-stacks", action="store_true", help="do not read live stacks with py-spy")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..doctor import examine, report
+
+    state_dir = args.state_dir or default_state_dir()
+    if state_dir is None:
+        print(
+            "ddpmon doctor: no state directory given, DDPMON_STATE_DIR is not set and "
+            f"{os.path.join(tempfile.gettempdir(), 'ddpmon')} holds no job: pass STATE_DIR",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        diagnosis = examine(state_dir, job=args.job, live_stacks=not args.no_stacks, stall=args.stall)
+    except StateFileError as exc:
+        print(f"ddpmon doctor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(report.as_json(diagnosis))
+    else:
+        sys.stdout.write(report.render(diagnosis, colour=report.use_colour(sys.stdout)))
+    if diagnosis.verdict == "healthy":
+        return EXIT_OK
+    return EXIT_USAGE if diagnosis.verdict == "no_data" else EXIT_PROBLEM
+
+
+def default_state_dir() -> str | None:
+    """$DDPMON_STATE_DIR, else the most recently written job directory under <tmp>/ddpmon."""
+    env = os.environ.get("DDPMON_STATE_DIR", "")
+    if env:
+        return env
+    root = os.path.join(tempfile.gettempdir(), "ddpmon")
+    try:
+        candidates = [os.path.join(root, name) for name in os.listdir(root)]
+    except OSError:
+        return None
+    candidates = [c for c in candidates if os.path.isdir(c)]
+    if not candidates:
+        return None
+    chosen = max(candidates, key=os.path.getmtime)
+    if len(candidates) > 1:
+        print(f"ddpmon doctor: reading {chosen} (the job directory written last)", file=sys.stderr)
+    return chosen
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value

@@ -1,0 +1,111 @@
+"""Reading the ranks' state files for the doctor: every ``rank-<R>.json`` of a directory,
+bad files reported by name, files of different jobs kept apart.
+
+Times inside a state file are on its writer's clock. ``offset`` (the file's modification
+time minus the writer's ``now_unix`` at writing) maps them onto the clock of the file
+system, so files written on hosts whose clocks differ still compare.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import statefile
+from ..errors import StateFileError
+
+_NUMBER_KEYS = ("now_unix", "last_progress_unix", "started_unix")
+
+
+@dataclass
+class StateFile:
+    """One rank's state file as read, with its modification time."""
+
+    path: str
+    data: dict[str, Any]
+    mtime: float
+
+    @property
+    def rank(self) -> int:
+        return int(self.data["rank"])
+
+    @property
+    def job(self) -> str:
+        return str(self.data.get("job") or "?")
+
+    @property
+    def offset(self) -> float:
+        """Seconds to add to a time of this file's writer to get file-system time."""
+        now = self.data.get("now_unix")
+        return self.mtime - now if isinstance(now, (int, float)) else 0.0
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+@dataclass
+class Loaded:
+    """The readable files of a state directory and, by name, the ones that are not."""
+
+    state_dir: str
+    files: list[StateFile] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+    def jobs(self) -> dict[str, list[StateFile]]:
+        """Files by job, each list ordered by rank."""
+        out: dict[str, list[StateFile]] = collections.defaultdict(list)
+        for f in self.files:
+            out[f.job].append(f)
+        return {job: sorted(files, key=lambda f: f.rank) for job, files in out.items()}
+
+
+def load_dir(state_dir: str) -> Loaded:
+    """Read every rank state file in ``state_dir``. A directory that is missing or cannot be
+    listed raises StateFileError; a bad file is kept in ``bad`` with the reason."""
+    if not os.path.exists(state_dir):
+        raise StateFileError(
+            state_dir, "no such directory; pass the directory of the ranks' state files "
+            "(the job's DDPMON_STATE_DIR; by default <tmp>/ddpmon/<job>)",
+        )
+    if not os.path.isdir(state_dir):
+        raise StateFileError(state_dir, "is not a directory; pass the directory that holds rank-<R>.json")
+    try:
+        paths = statefile.list_files(state_dir)
+    except OSError as exc:
+        raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc})") from None
+    loaded = Loaded(state_dir)
+    for path in paths:
+        try:
+            data = statefile.read(path)
+            mtime = os.stat(path).st_mtime
+            problem = _check(data)
+        except StateFileError as exc:
+            loaded.bad.append((path, exc.reason))
+            continue
+        except OSError as exc:
+            loaded.bad.append((path, f"cannot be read ({exc.strerror or exc})"))
+            continue
+        if problem:
+            loaded.bad.append((path, problem))
+            continue
+        loaded.files.append(StateFile(path, data, mtime))
+    return loaded
+
+
+def _check(data: dict[str, Any]) -> str | None:
+    """What makes a parsed state file unusable, or None."""
+    if "rank" not in data:
+        return "is not a ddpmon state file (no 'rank' key)"
+    rank = data["rank"]
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        return f"has an invalid rank {rank!r} (expected an integer >= 0)"
+    for key in _NUMBER_KEYS:
+        if key in data and not isinstance(data[key], (int, float)):
+            return f"has an invalid {key} {data[key]!r} (expected seconds since the epoch)"
+    for key in ("in_flight",):
+        if key in data and not isinstance(data[key], list):
+            return f"has an invalid {key} (expected a list)"
+    return None

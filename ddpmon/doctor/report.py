@@ -1,0 +1,116 @@
+"""The doctor's output: JSON for scripts, and for people the culprit first (like
+torchelastic's "root cause (first observed failure)"), then one row per rank. Colour only
+on a terminal, and never when NO_COLOR is set."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import textwrap
+from typing import IO, Any
+
+from .diagnose import Diagnosis, Finding, RankView
+
+_COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
+_VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow"}
+_STATUS_COLOUR = {
+    "running": "green", "waiting": "yellow", "stuck": "red", "frozen": "red", "dead": "red",
+    "crashed": "red", "silent": "red", "exited": "dim",
+}
+_HEADLINE = {
+    "healthy": "no problem found",
+    "hang": "the job is hung",
+    "dead_rank": "a rank died",
+    "desync": "the ranks are out of step",
+    "straggler": "a rank is slower than the others",
+    "no_data": "nothing to diagnose",
+}
+
+
+def as_json(diagnosis: Diagnosis) -> str:
+    return json.dumps(diagnosis.as_dict(), indent=2, default=str)
+
+
+def use_colour(stream: IO[str]) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None) -> str:
+    """The human report."""
+    width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
+
+    def paint(text: str, name: str) -> str:
+        return f"\033[{_COLOURS[name]}m{text}\033[0m" if colour else text
+
+    d = diagnosis
+    lines = []
+    verdict = d.verdict.upper().replace("_", " ")
+    where = f"job {d.job!r}, {len(d.ranks)} rank{'s' if len(d.ranks) != 1 else ''}, " if d.job else ""
+    lines.append(
+        f"ddpmon doctor: {paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - "
+        f"{_HEADLINE[d.verdict]} ({where}{d.state_dir})"
+    )
+    main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS]
+    rest = [f for f in d.findings if f not in main]
+    for f in main:
+        lines.append("")
+        title = "root cause (first observed failure)" if f.kind == "dead_rank" else "root cause"
+        if f.kind == "straggler":
+            title = "slowest rank"
+        lines.append(paint(f"{title}: ", "bold") + f.summary)
+        lines += _block(f, width)
+    if rest:
+        lines.append("")
+        lines.append(paint("also found:", "bold"))
+        for f in rest:
+            lines += _wrap(f"[{f.severity}] {f.summary}", width, "  ", "    ")
+            if f.fix:
+                lines += _wrap(f"fix: {f.fix}", width, "    ", "      ")
+    if d.ranks:
+        lines.append("")
+        lines += _table(d.ranks, paint)
+    return "\n".join(lines) + "\n"
+
+
+_ROOT_KINDS = ("dead_rank", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
+
+
+def _block(f: Finding, width: int) -> list[str]:
+    out = []
+    for line in f.evidence:
+        if line.startswith("  "):  # a stack frame: keep it on one line
+            out.append("    " + line.strip())
+        else:
+            out += _wrap(line, width, "  ", "    ")
+    if f.fix:
+        out += _wrap(f"fix: {f.fix}", width, "  ", "       ")
+    return out
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [first]
+
+
+def _table(ranks: list[RankView], paint: Any) -> list[str]:
+    header = ("rank", "status", "host", "pid", "step", "phase", "silent", "in collective")
+    rows = []
+    for v in ranks:
+        d = v.data
+        e = v.waiting
+        waiting = "-"
+        if e and v.status not in ("dead", "crashed", "exited", "silent"):
+            bucket = f" (DDP bucket {e['bucket']})" if e.get("bucket") is not None else ""
+            where = "" if e.get("call_site") == "DDP backward" else f" at {e.get('call_site')}"
+            waiting = f"{e.get('op')} #{e.get('seq')}{bucket}{where}, {e.get('age_seconds', 0):.1f} s"
+        rows.append((
+            str(v.rank), v.status, str(d.get("host", "?")), str(d.get("pid", "?")),
+            str(d.get("step", "?")), str(d.get("phase", "?")), f"{v.silent:.1f} s", waiting,
+        ))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(header)).rstrip()]
+    for v, row in zip(ranks, rows):
+        cells = [c.ljust(widths[i]) for i, c in enumerate(row)]
+        cells[1] = paint(cells[1], _STATUS_COLOUR.get(v.status, "bold"))
+        out.append("  ".join(cells).rstrip())
+    return out

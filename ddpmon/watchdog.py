@@ -1,0 +1,353 @@
+"""Progress watchdog: notices that this rank stopped making progress and says where it is.
+
+A daemon thread compares the Recorder's last progress (heartbeats at forward, backward,
+bucket launch and completion, every collective and step end) with a timeout: the configured
+one, or one learned after warm-up as max(floor, 10 x the slowest recent step); during the
+first steps, 5 x floor. Past it, the hang report (every Python thread's stack, main thread
+first; the step and phase; the collectives in flight with their age; the last completed
+one; torch's flight-recorder entries where available) goes into the Recorder, the state
+file is rewritten at once and one warning is logged. Progress clears it.
+
+The thread runs while the main thread waits in C++ (torch releases the GIL there). A rank
+whose main thread holds the GIL stops this thread too: ``ddpmon doctor`` then reads the
+rank's stack with py-spy. The loop cannot die: each pass is guarded, and ``stop()`` joins
+with a bound. The watchdog also notes how the process ended (at interpreter exit), so the
+doctor can tell the first rank to die from those that failed after it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from .recorder import Recorder
+
+log = logging.getLogger("ddpmon")
+
+WARMUP_STEPS = 3
+LEARN_FACTOR = 10.0
+WARMUP_FACTOR = 5.0
+REFRESH_SECONDS = 5.0
+MAX_FRAMES = 40
+MAX_THREADS = 32
+FLIGHT_RECORDER_ENTRIES = 32
+FLIGHT_RECORDER_WAIT = 2.0
+_DDPMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+DDP_FACTS = (
+    "backend_name", "bucket_cap_bytes", "bucket_sizes", "find_unused_parameters", "static_graph",
+    "gradient_as_bucket_view", "broadcast_buffers", "has_sync_bn", "comm_hook", "gloo_num_threads",
+    "torch_distributed_debug", "num_parameter_tensors", "total_parameter_size_bytes",
+    "nccl_socket_ifname", "nccl_blocking_wait", "nccl_async_error_handling", "nccl_debug",
+    "nccl_ib_timeout", "nccl_nthreads",
+)
+
+
+class Watchdog:
+    """One rank's progress watchdog. ``check()`` is one pass (the thread calls it every
+    ``interval``; tests call it directly with an injected ``clock``)."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        timeout: float | None,
+        floor: float = 60.0,
+        *,
+        notify: Callable[[], Any] | None = None,
+        flush: Callable[[], Any] | None = None,
+        extras: Callable[[], dict[str, Any] | None] | None = None,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._recorder = recorder
+        self._timeout = timeout
+        self._floor = floor
+        self._notify = notify
+        self._flush = flush
+        self._extras = extras
+        self._interval = interval
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported_at = 0.0
+        self._failed = False
+        self.reports = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._timeout != 0:
+            self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
+            self._thread.start()
+        atexit.register(self._at_exit)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread, joined with a bound."""
+        self._stop.set()
+        atexit.unregister(self._at_exit)
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._pause()):
+            try:
+                self.check()
+                if self._failed:
+                    self._failed = False
+                    log.warning("ddpmon: the progress watchdog works again")
+            except Exception as exc:  # never let the loop die
+                if not self._failed:
+                    self._failed = True
+                    log.warning("ddpmon: the progress watchdog failed a pass (%r); retrying", exc, exc_info=exc)
+
+    def _pause(self) -> float:
+        if self._interval is not None:
+            return self._interval
+        try:
+            timeout, _ = self.timeout_now()
+        except Exception:
+            timeout = None
+        return max(0.05, min(1.0, (timeout or 4.0) / 4))
+
+    # -- the check ----------------------------------------------------------------------
+
+    def timeout_now(self) -> tuple[float | None, str]:
+        """(seconds without progress that count as a hang, where that number comes from)."""
+        if self._timeout is not None:
+            return (None, "off") if self._timeout == 0 else (float(self._timeout), "configured")
+        slowest = self._recorder.slowest_recent_step()
+        if self._recorder.steps < WARMUP_STEPS or slowest is None:
+            return WARMUP_FACTOR * self._floor, "warm-up"
+        return max(self._floor, LEARN_FACTOR * slowest), "learned"
+
+    def check(self) -> dict[str, Any] | None:
+        """One pass: report a hang, refresh the report while it lasts, clear it on progress.
+        Returns the current hang report (None when there is none)."""
+        rec = self._recorder
+        now = self._clock()
+        last = rec.last_progress_unix
+        report = rec.hang
+        if report is not None:
+            if last > report["last_progress_unix"]:
+                rec.set_hang(None)
+                log.warning(
+                    "ddpmon: rank %s makes progress again after %.1f s without", rec.identity.get("rank"),
+                    last - report["last_progress_unix"],
+                )
+                self._wake()
+                return None
+            if now - self._reported_at >= max(REFRESH_SECONDS, report["timeout_seconds"] / 2):
+                fresh = self.build_report(now, last, report["timeout_seconds"], report["timeout_source"])
+                fresh["detected_unix"] = report["detected_unix"]
+                rec.set_hang(fresh)
+                self._reported_at = now
+                self._wake()
+                return fresh
+            return report
+        timeout, source = self.timeout_now()
+        if timeout is None or now - last < timeout:
+            return None
+        report = self.build_report(now, last, timeout, source)
+        rec.set_hang(report)
+        self._reported_at = now
+        self.reports += 1
+        self._wake()
+        log.warning("ddpmon: %s", describe(report, rec.identity.get("rank")))
+        return report
+
+    def build_report(self, now: float, last: float, timeout: float, source: str) -> dict[str, Any]:
+        rec = self._recorder
+        in_flight = [dict(e, age_seconds=round(now - e["issued_unix"], 3)) for e in list(rec.in_flight)]
+        report: dict[str, Any] = {
+            "detected_unix": now,
+            "last_progress_unix": last,
+            "silent_seconds": round(now - last, 3),
+            "timeout_seconds": timeout,
+            "timeout_source": source,
+            "step": rec.steps,
+            "phase": rec.phase,
+            "in_flight": in_flight,
+            "last_collective": rec.last_collective,
+            "threads": thread_stacks(skip=_own_thread()),
+        }
+        if self._extras is not None:
+            try:
+                report.update(self._extras() or {})
+            except Exception as exc:
+                report["extras_error"] = f"{type(exc).__name__}: {exc}"
+        return report
+
+    def _wake(self) -> None:
+        if self._notify is not None:
+            try:
+                self._notify()
+            except Exception:
+                pass
+
+    def _at_exit(self) -> None:
+        """Note how this process ends, then write the state file one last time."""
+        try:
+            self._recorder.set_exit(exit_record())
+            if self._flush is not None:
+                self._flush()
+        except Exception:
+            pass
+
+
+def _own_thread() -> tuple[int, ...]:
+    """The watchdog's own thread, left out of its reports (the main thread never is)."""
+    me = threading.current_thread()
+    return () if me is threading.main_thread() or me.ident is None else (me.ident,)
+
+
+def describe(report: dict[str, Any], rank: Any) -> str:
+    """One log line for a hang report."""
+    where = "not in any collective"
+    if report["in_flight"]:
+        oldest = min(report["in_flight"], key=lambda e: e["issued_unix"])
+        where = f"waiting {oldest['age_seconds']:.1f} s in {oldest['op']} #{oldest['seq']} "
+        if oldest.get("bucket") is not None:
+            where += f"of DDP gradient bucket {oldest['bucket']} (backward)"
+        else:
+            where += f"issued at {oldest['call_site']}"
+    top = ""
+    main = next((t for t in report["threads"] if t.get("main")), None)
+    if main and main["frames"]:
+        user = [f for f in main["frames"] if not _library(f["file"])]
+        f = (user or main["frames"])[-1]
+        top = f"; main thread at {f['file']}:{f['line']} in {f['function']}"
+    return (
+        f"rank {rank} made no progress for {report['silent_seconds']:.1f} s "
+        f"(hang timeout {report['timeout_seconds']:.0f} s, {report['timeout_source']}): step "
+        f"{report['step']}, phase {report['phase']}, {where}{top}. Run `ddpmon doctor` for "
+        "the diagnosis across ranks."
+    )
+
+
+def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
+                  max_threads: int = MAX_THREADS) -> list[dict[str, Any]]:
+    """Every Python thread's stack (innermost frame last), the main thread first."""
+    frames = sys._current_frames()
+    threads = {t.ident: t for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    order = sorted(
+        (i for i in frames if i not in skip),
+        key=lambda i: (i != main, getattr(threads.get(i), "name", "")),
+    )
+    out = []
+    for ident in order[:max_threads]:
+        thread = threads.get(ident)
+        summary = traceback.extract_stack(frames[ident], limit=max_frames)
+        out.append({
+            "name": thread.name if thread else f"thread-{ident}",
+            "ident": ident,
+            "main": ident == main,
+            "daemon": thread.daemon if thread else None,
+            "frames": [
+                {"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": fs.line}
+                for fs in summary
+            ],
+        })
+    del frames
+    return out
+
+
+def exit_record() -> dict[str, Any]:
+    """How the interpreter is ending: the uncaught exception (if any) and where it rose."""
+    record: dict[str, Any] = {"unix": time.time(), "exception": None}
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None:
+        return record
+    record["exception"] = f"{type(exc).__name__}: {exc}"[:2000]
+    where = innermost = None
+    for fs in traceback.extract_tb(exc.__traceback__):
+        innermost = fs
+        if not _library(fs.filename):
+            where = fs
+    chosen = where or innermost
+    if chosen is not None:
+        record["where"] = f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
+    return record
+
+
+def _library(filename: str) -> bool:
+    """True for installed packages' files and ddpmon's own: not the user's code."""
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(_DDPMON_DIR)
+
+
+def ddp_facts(ddp: Any) -> dict[str, Any]:
+    """Facts from DDP's own logging data (``_get_ddp_logging_data``) where torch has it.
+    Read once at attach, on the training thread: the call takes the reducer's lock."""
+    getter = getattr(ddp, "_get_ddp_logging_data", None)
+    if getter is None:
+        return {}
+    try:
+        data = getter()
+    except Exception:
+        return {}
+    return {k: data[k] for k in DDP_FACTS if k in data and data[k] not in ("", "N/A")}
+
+
+def flight_recorder(limit: int = FLIGHT_RECORDER_ENTRIES, wait: float = FLIGHT_RECORDER_WAIT) -> dict[str, Any] | None:
+    """torch's flight recorder (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE): the
+    latest entries and the per-group status, through torch's own dump API. Best effort: a
+    dump that raises or does not return within ``wait`` seconds is left out."""
+    box: dict[str, Any] = {}
+
+    def dump() -> None:
+        try:
+            box["value"] = _dump_flight_recorder()
+        except Exception as exc:
+            box["error"] = f"{type(exc).__name__}: {exc}"
+
+    worker = threading.Thread(target=dump, name="ddpmon-flight-recorder", daemon=True)
+    worker.start()
+    worker.join(wait)
+    if worker.is_alive():
+        return {"flight_recorder_error": f"the dump did not return within {wait:.0f} s"}
+    if "error" in box:
+        return {"flight_recorder_error": box["error"]}
+    raw = box.get("value")
+    if not raw or not raw.get("entries"):
+        return None
+    entries = raw["entries"]
+    keep = (
+        "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id",
+        "profiling_name", "input_sizes", "input_dtypes", "state", "time_created_ns",
+        "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "is_p2p",
+        "timeout_ms",
+    )
+    return {
+        "flight_recorder": {
+            "version": raw.get("version"),
+            "pg_status": raw.get("pg_status"),
+            "total_entries": len(entries),
+            "entries": [{k: e[k] for k in keep if k in e} for e in entries[-limit:]],
+        }
+    }
+
+
+def _dump_flight_recorder() -> dict[str, Any] | None:
+    if "torch" not in sys.modules:
+        return None
+    from torch._C import _distributed_c10d as c10d
+
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            return json.loads(dump(includeCollectives=True, onlyActive=False))
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            import pickle
+
+            return pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    return None

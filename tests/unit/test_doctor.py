@@ -1,0 +1,573 @@
+"""The doctor on crafted state files: each rule, each bad input, the output contract, speed.
+
+State files come from the real Recorder (``snapshot()``), then get the times and fields a
+scenario needs. Ranks on another host are not checked with psutil, so those files stand
+for ranks anywhere; ranks on this host use real processes started by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from ddpmon import cli, statefile
+from ddpmon.doctor import diagnose, examine, report, stacks
+from ddpmon.recorder import Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = time.time()
+HERE = socket.gethostname()
+
+
+@pytest.fixture(autouse=True)
+def fresh_now() -> None:
+    """Each test's "now": files are written as of this moment (minus their age)."""
+    global NOW
+    NOW = time.time()
+
+
+def state(rank: int, world: int = 2, job: str = "job", host: str = "node-b", *, steps: int = 20,
+          step_s: float = 0.05, forward_s: float = 0.01, backward_s: float = 0.02,
+          exposed_s: float | None = 0.01, silent: float = 0.1, skew: float = 0.0,
+          backend: str = "gloo", **fields: Any) -> dict[str, Any]:
+    """A rank's state file body: ``silent`` seconds since its last progress at writing,
+    its writer's clock ``skew`` seconds off."""
+    rec = Recorder({
+        "rank": rank, "local_rank": rank, "world_size": world, "host": host, "pid": 4000 + rank,
+        "port": None, "job": job, "backend": backend, "debug_level": "OFF", "state_interval": 1.0,
+    }, world)
+    for _ in range(steps):
+        rec.recent.append((step_s, forward_s, backward_s, exposed_s))
+        rec.steps += 1
+    snap = rec.snapshot()
+    now = NOW + skew
+    snap.update(now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, phase="forward")
+    snap.update(fields)
+    return snap
+
+
+def waiting_in(op: str, seq: int, age: float, site: str = "train.py:88", group: str = "0",
+               size: int = 2, skew: float = 0.0, **extra: Any) -> dict[str, Any]:
+    entry = {"seq": seq, "op": op, "group": group, "group_size": size, "bytes": 4096,
+             "call_site": site, "function": "train_step", "issued_unix": NOW + skew - age}
+    entry.update(extra)
+    return entry
+
+
+def write(directory: Path, data: dict[str, Any], age: float = 0.2) -> Path:
+    """Write a state file as its rank would have ``age`` seconds ago: the times in ``data``
+    are as of its writing, and move back by ``age`` with it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = Path(statefile.path_for(str(directory), data["rank"]))
+    data = json.loads(json.dumps(data))
+    for key in ("now_unix", "last_progress_unix", "started_unix"):
+        data[key] -= age
+    for entry in data.get("in_flight") or []:
+        entry["issued_unix"] -= age
+    if isinstance(data.get("exit"), dict):
+        data["exit"]["unix"] -= age
+    statefile.write_atomic(str(path), data)
+    os.utime(path, (NOW - age, NOW - age))
+    return path
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddpmon", "doctor", *args], cwd=ROOT, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), timeout=30,
+    )
+
+
+def kinds(d: diagnose.Diagnosis) -> list[str]:
+    return [f.kind for f in d.findings]
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def test_missing_directory_exits_2_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    out = run_cli(str(missing))
+    assert out.returncode == 2
+    assert str(missing) in out.stderr and "no such directory" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    out = run_cli(str(a_file), "--json")
+    assert out.returncode == 2 and "is not a directory" in out.stderr
+
+
+def test_bad_usage_exits_2() -> None:
+    out = run_cli("/tmp", "--stall", "-3")
+    assert out.returncode == 2 and "positive number of seconds" in out.stderr
+    out = run_cli("/tmp", "--no-such-option")
+    assert out.returncode == 2
+
+
+def test_empty_directory_is_no_data(tmp_path: Path) -> None:
+    out = run_cli(str(tmp_path), "--json")
+    assert out.returncode == 2
+    body = json.loads(out.stdout)
+    assert body["verdict"] == "no_data" and body["suspect_ranks"] == [] and body["ranks"] == []
+    assert body["findings"][0]["kind"] == "no_state_files"
+    human = run_cli(str(tmp_path))
+    assert human.returncode == 2 and "NO DATA" in human.stdout and "ddpmon.attach(model)" in human.stdout
+
+
+def test_corrupt_and_truncated_files_are_named(tmp_path: Path) -> None:
+    write(tmp_path, state(0, world=4))
+    write(tmp_path, state(1, world=4))
+    good = json.dumps(state(2, world=4))
+    (tmp_path / "rank-2.json").write_text(good[: len(good) // 2])  # truncated
+    (tmp_path / "rank-3.json").write_text("\x00\x01 garbage")
+    (tmp_path / "rank-4.json").write_text(json.dumps({"hello": "world"}))
+    (tmp_path / "rank-5.json").write_text(json.dumps(dict(state(1, world=4), rank="five")))
+    (tmp_path / "rank-6.json").write_text("")
+    out = run_cli(str(tmp_path), "--json")
+    assert "Traceback" not in out.stderr
+    body = json.loads(out.stdout)
+    bad = {f["summary"].split(" ", 1)[0]: f["summary"] for f in body["findings"] if f["kind"] == "bad_state_file"}
+    assert set(bad) == {str(tmp_path / f"rank-{r}.json") for r in (2, 3, 4, 5, 6)}
+    assert "not valid JSON (truncated or corrupt" in bad[str(tmp_path / "rank-2.json")]
+    assert "no 'rank' key" in bad[str(tmp_path / "rank-4.json")]
+    assert "invalid rank 'five'" in bad[str(tmp_path / "rank-5.json")]
+    assert "is empty" in bad[str(tmp_path / "rank-6.json")]
+    assert [r["rank"] for r in body["ranks"]] == [0, 1]
+    assert body["verdict"] == "healthy" and out.returncode == 0
+    missing = [f for f in body["findings"] if f["kind"] == "missing_ranks"]
+    assert missing and missing[0]["ranks"] == [2, 3]
+    human = run_cli(str(tmp_path))
+    assert "rank-3.json is not valid JSON" in " ".join(human.stdout.split())
+
+
+def test_two_jobs_in_one_directory_are_kept_apart(tmp_path: Path) -> None:
+    # job "big" (4 ranks) wrote ranks 0-3 first; job "small" (2 ranks) overwrote 0 and 1.
+    for r in (2, 3):
+        write(tmp_path, state(r, world=4, job="big", silent=40.0), age=30.0)
+    for r in (0, 1):
+        write(tmp_path, state(r, world=2, job="small"))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.job == "small" and d.verdict == "healthy" and [v.rank for v in d.ranks] == [0, 1]
+    assert d.jobs == {"big": [2, 3], "small": [0, 1]}
+    other = [f for f in d.findings if f.kind == "other_job"]
+    assert other and other[0].ranks == [2, 3] and "--job big" in other[0].fix
+    big = examine(str(tmp_path), job="big", live_stacks=False)
+    assert [v.rank for v in big.ranks] == [2, 3] and "missing_ranks" in kinds(big)
+    assert [f.ranks for f in big.findings if f.kind == "missing_ranks"] == [[0, 1]]
+    out = run_cli(str(tmp_path), "--job", "nope")
+    assert out.returncode == 2 and "no state files of job 'nope'" in out.stderr and "big, small" in out.stderr
+
+
+def test_clocks_that_differ_between_hosts(tmp_path: Path) -> None:
+    """Writer clocks an hour ahead and an hour behind: each file's times are compared with
+    its own writer's clock, so nothing looks old or new because of the skew."""
+    write(tmp_path, state(0, skew=+3600.0, silent=0.2))
+    write(tmp_path, state(1, skew=-3600.0, silent=0.3))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.verdict == "healthy", d.as_dict()
+    assert [v.silent for v in d.ranks] == [pytest.approx(0.4, abs=0.05), pytest.approx(0.5, abs=0.05)]
+    # the same skews in a hang: ages come out right, not an hour off
+    write(tmp_path, state(0, skew=+3600.0, silent=30.0, in_flight=[waiting_in("all_reduce", 7, 30.0, skew=3600.0)]))
+    write(tmp_path, state(1, skew=-3600.0, silent=30.0, in_flight=[waiting_in("all_reduce", 7, 30.0, skew=-3600.0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.verdict == "hang" and kinds(d)[0] == "comm_hang"
+    assert [v.waiting["age_seconds"] for v in d.ranks] == [pytest.approx(30.2, abs=0.05)] * 2
+
+
+def test_leftover_files_of_a_larger_earlier_run(tmp_path: Path) -> None:
+    for r in (0, 1):
+        write(tmp_path, state(r, world=2))
+    write(tmp_path, state(5, world=8), age=600.0)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.verdict == "healthy" and [v.rank for v in d.ranks] == [0, 1]
+    leftover = [f for f in d.findings if f.kind == "leftover_state_file"]
+    assert leftover and leftover[0].ranks == [5] and "rank-5.json" in leftover[0].summary
+
+
+# -- the rules ------------------------------------------------------------------------------------
+
+
+def test_comm_hang_same_collective_nobody_behind(tmp_path: Path) -> None:
+    for r in range(3):
+        write(tmp_path, state(r, world=3, backend="nccl", silent=20.0,
+                              in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [])
+    f = d.findings[0]
+    assert f.kind == "comm_hang" and f.ranks == [0, 1, 2]
+    for var in ("TORCH_DISTRIBUTED_DEBUG=DETAIL", "TORCH_CPP_LOG_LEVEL=INFO", "NCCL_DEBUG=WARN",
+                "TORCH_NCCL_TRACE_BUFFER_SIZE=2000"):
+        assert var in f.fix
+    # a job that already runs with DETAIL is told where DETAIL's checks are, not to set it
+    for r in range(3):
+        write(tmp_path, state(r, world=3, backend="nccl", silent=20.0, debug_level="DETAIL",
+                              in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)]))
+    f = examine(str(tmp_path), live_stacks=False).findings[0]
+    assert "already runs with TORCH_DISTRIBUTED_DEBUG=DETAIL" in f.fix and "Detected mismatch" in f.fix
+
+
+def test_comm_hang_one_rank_one_collective_ahead(tmp_path: Path) -> None:
+    """Rank 0 completed all_reduce #17 and waits in #18; rank 1 still waits in #17: what
+    rank 1 waits for has been delivered to rank 0, so nobody is behind."""
+    done = dict(waiting_in("all_reduce", 17, 12.0), completed_unix=NOW - 11.0, seconds=1.0)
+    write(tmp_path, state(0, silent=11.0, in_flight=[waiting_in("all_reduce", 18, 11.0)],
+                          collective_log=[done], last_collective=done))
+    write(tmp_path, state(1, silent=12.0, in_flight=[waiting_in("all_reduce", 17, 12.0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [], "comm_hang")
+    assert "GLOO_SOCKET_IFNAME" in d.findings[0].fix and "DETAIL with gloo" in d.findings[0].fix
+    # without that evidence, different sequence numbers are a desync
+    write(tmp_path, state(0, silent=11.0, in_flight=[waiting_in("all_reduce", 18, 11.0)]))
+    assert examine(str(tmp_path), live_stacks=False).verdict == "desync"
+
+
+def test_desync_odd_rank_is_the_one_with_an_unseen_call_site(tmp_path: Path) -> None:
+    sites = {"all_reduce train.py:88 (DDP bucket)": 40}
+    for r in (0, 2):
+        write(tmp_path, state(r, world=3, silent=9.0, collective_sites=sites,
+                              in_flight=[waiting_in("all_reduce", 81, 9.0, bucket=0, size=3)]))
+    write(tmp_path, state(1, world=3, silent=9.0, collective_sites=dict(sites, **{"barrier eval.py:12": 1}),
+                          in_flight=[waiting_in("barrier", 81, 9.0, site="eval.py:12", size=3)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("desync", [1])
+    assert "rank 1 in barrier #81" in d.findings[0].summary and "eval.py:12" in d.findings[0].summary
+    assert "monitored_barrier" in d.findings[0].fix
+
+
+def test_desync_minority_when_every_site_was_seen(tmp_path: Path) -> None:
+    sites = {"all_reduce train.py:88": 5, "broadcast train.py:90": 5}
+    for r in (0, 1):
+        write(tmp_path, state(r, world=3, silent=9.0, collective_sites=sites,
+                              in_flight=[waiting_in("all_reduce", 11, 9.0, size=3)]))
+    write(tmp_path, state(2, world=3, silent=9.0, collective_sites=sites,
+                          in_flight=[waiting_in("broadcast", 11, 9.0, site="train.py:90", size=3)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("desync", [2])
+
+
+def test_group_member_without_a_state_file(tmp_path: Path) -> None:
+    for r in (0, 1):
+        write(tmp_path, state(r, world=3, silent=15.0, in_flight=[waiting_in("all_reduce", 3, 15.0, size=3)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [2], "missing_rank")
+    assert "rank 2 has no state file" in d.findings[0].summary
+
+
+def test_rank_running_on_without_joining(tmp_path: Path) -> None:
+    write(tmp_path, state(0, silent=30.0, in_flight=[waiting_in("barrier", 12, 30.0)]))
+    write(tmp_path, state(1, silent=0.1, step=400))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [1], "not_joining")
+
+
+def test_stuck_rank_stack_from_its_hang_report(tmp_path: Path) -> None:
+    frames = [{"file": "train.py", "line": 120, "function": "main", "code": ""},
+              {"file": "data.py", "line": 33, "function": "next_batch", "code": ""}]
+    hang = {"threads": [{"name": "MainThread", "main": True, "frames": frames}], "in_flight": []}
+    write(tmp_path, state(0, silent=70.0, hang=hang))
+    write(tmp_path, state(1, silent=69.0, in_flight=[waiting_in("all_reduce", 50, 69.0, bucket=3)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [0])
+    f = d.findings[0]
+    assert f.kind == "stuck_rank" and f.summary.startswith("rank 0 is stuck outside any collective; rank 1 waits")
+    assert "  data.py:33 in next_batch" in f.evidence
+    assert any(line.startswith("rank 0 main thread, from its hang report") for line in f.evidence)
+    assert d.as_dict()["ranks"][0]["stack"]["frames"][-1]["function"] == "next_batch"
+
+
+def test_dead_rank_with_its_own_exception_first(tmp_path: Path) -> None:
+    exit_bad = {"unix": NOW, "exception": "ValueError: bad sample 17", "where": "data.py:33 in load"}
+    exit_peer = {"unix": NOW, "exception": "RuntimeError: Got the following error when running the "
+                 "callback: RuntimeError: [pair.cc:537] Read error: Connection reset by peer"}
+    write(tmp_path, state(0, world=3, exit=exit_peer), age=19.0)
+    write(tmp_path, state(1, world=3, exit=exit_bad), age=20.0)
+    write(tmp_path, state(2, world=3, exit=exit_peer), age=19.0)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("dead_rank", [1])
+    f = d.findings[0]
+    assert f.summary == "rank 1 crashed first; ranks 0, 2 ended after it"
+    assert "ValueError: bad sample 17 at data.py:33 in load" in f.fix
+    assert "Got the following error" not in " ".join(f.evidence)  # torch's wrapper is shortened
+
+
+def test_dead_rank_on_another_host_stops_writing(tmp_path: Path) -> None:
+    write(tmp_path, state(0, silent=40.0, in_flight=[waiting_in("all_reduce", 9, 40.0)]), age=0.3)
+    write(tmp_path, state(1, silent=0.1), age=40.0)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("dead_rank", [1])
+    assert [v.status for v in d.ranks] == ["waiting", "silent"]
+
+
+def test_rank_that_left_early_is_a_desync(tmp_path: Path) -> None:
+    write(tmp_path, state(0, steps=10, exit={"unix": NOW, "exception": None}), age=10.0)
+    write(tmp_path, state(1, steps=11, silent=10.0, in_flight=[waiting_in("all_reduce", 60, 10.0, bucket=0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [0], "left_early")
+    assert "DistributedSampler(dataset, drop_last=True)" in d.findings[0].fix
+    assert "Join" in d.findings[0].fix
+
+
+def test_job_ended_while_hung_is_diagnosed_from_the_last_writes(tmp_path: Path) -> None:
+    hang = {"threads": [], "in_flight": []}
+    write(tmp_path, state(0, silent=30.0, hang=hang), age=100.0)
+    write(tmp_path, state(1, silent=30.0, hang=hang, in_flight=[waiting_in("all_reduce", 5, 30.0)]), age=100.0)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [0])
+    assert "ended_while_hung" in kinds(d)
+    assert d.ranks[1].waiting["age_seconds"] == 30.0  # at its last write, not now
+
+
+def test_straggler_compute_not_backward_wall_time(tmp_path: Path) -> None:
+    # Equal step and backward wall times (DDP evens them out); rank 2 computes longer and waits least.
+    for r in range(4):
+        slow = r == 2
+        write(tmp_path, state(r, world=4, step_s=0.1, forward_s=0.06 if slow else 0.02,
+                              backward_s=0.03, exposed_s=0.002 if slow else 0.04))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("straggler", [2])
+    f = d.findings[0]
+    assert f.severity == "warning" and "1.8x slower" in f.summary
+    assert any(line.startswith("confirmed") for line in f.evidence)
+
+
+def test_small_differences_are_healthy(tmp_path: Path) -> None:
+    for r in range(3):
+        write(tmp_path, state(r, world=3, forward_s=0.02 + 0.002 * r))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, d.findings) == ("healthy", [], [])
+
+
+def test_finished_job_is_healthy(tmp_path: Path) -> None:
+    for r in range(2):
+        write(tmp_path, state(r, exit={"unix": NOW, "exception": None}), age=5.0)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, kinds(d)) == ("healthy", ["finished"])
+
+
+# -- local processes ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def python_sleeper() -> Any:
+    proc = subprocess.Popen([sys.executable, "-c", "import time\ndef blocked():\n    time.sleep(120)\nblocked()"])
+    time.sleep(0.5)
+    yield proc
+    proc.kill()
+    proc.wait(10)
+
+
+def test_frozen_local_rank_gets_a_live_stack(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
+    """Its process is alive but its state file is no longer rewritten (the main thread holds
+    the GIL, say): frozen; py-spy reads its stack from outside."""
+    created = psutil.Process(python_sleeper.pid).create_time()
+    # written 12 s ago (past the 10 s after which a file counts as no longer rewritten),
+    # by a rank that attached right after its process started
+    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=created + 12.2, silent=12.0), age=12.0)
+    write(tmp_path, state(1, silent=24.0, in_flight=[waiting_in("all_reduce", 5, 24.0)]))
+    d = examine(str(tmp_path))
+    assert (d.verdict, d.suspect_ranks) == ("hang", [0])
+    rank0 = d.as_dict()["ranks"][0]
+    assert rank0["status"] == "frozen" and rank0["alive"] is True
+    if stacks.find_py_spy() and not (rank0["stack_error"] or "").startswith("py-spy may not read"):
+        assert rank0["stack"]["source"] == "py-spy, live", rank0["stack_error"]
+        assert rank0["stack"]["frames"][-1]["function"] == "blocked"
+    else:  # no py-spy, or not permitted here: the doctor says why and what to do
+        assert rank0["stack"] is None and rank0["stack_error"]
+        assert any(f.kind == "no_stack" and f.ranks == [0] for f in d.findings)
+    assert "py-spy dump --pid" in d.findings[0].fix
+
+
+def test_stopped_and_dead_local_processes(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
+    os.kill(python_sleeper.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while psutil.Process(python_sleeper.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=NOW))
+        write(tmp_path, state(1))
+        d = examine(str(tmp_path), live_stacks=False)
+        assert d.ranks[0].status == "frozen" and "stopped" in d.ranks[0].liveness.detail
+        assert (d.verdict, d.suspect_ranks) == ("hang", [0])
+    finally:
+        os.kill(python_sleeper.pid, signal.SIGCONT)
+    python_sleeper.kill()
+    python_sleeper.wait(10)
+    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=NOW), age=3.0)
+    write(tmp_path, state(1, silent=3.0, in_flight=[waiting_in("all_reduce", 5, 3.0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("dead_rank", [0])
+    assert d.ranks[0].liveness.alive is False and "does not exist" in d.ranks[0].liveness.detail
+
+
+def test_pid_reused_by_a_later_process_is_not_the_rank(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
+    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=NOW - 3600.0), age=3.0)
+    write(tmp_path, state(1, silent=3.0))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.ranks[0].status == "dead" and "later process" in d.ranks[0].liveness.detail
+
+
+def test_pids_of_another_pid_namespace_are_not_trusted(tmp_path: Path) -> None:
+    """Files still being rewritten whose pids do not exist here: the pids are not ours.
+    The same files, not rewritten any more: those ranks just died."""
+    stop = threading.Event()
+
+    def writers() -> None:  # ranks alive in another pid namespace keep rewriting
+        while not stop.wait(0.2):
+            for r in (0, 1):
+                write(tmp_path, state(r, host=HERE, pid=2**22 - 3 - r), age=0.0)
+
+    for r in (0, 1):
+        write(tmp_path, state(r, host=HERE, pid=2**22 - 3 - r), age=0.1)
+    thread = threading.Thread(target=writers)
+    thread.start()
+    try:
+        d = examine(str(tmp_path), live_stacks=False)
+    finally:
+        stop.set()
+        thread.join()
+    assert d.verdict == "healthy" and all(v.liveness.alive is None for v in d.ranks)
+    assert "another pid namespace" in d.ranks[0].liveness.detail
+    for r in (0, 1):
+        write(tmp_path, state(r, host=HERE, pid=2**22 - 3 - r, state_interval=0.2), age=0.1)
+    started = time.monotonic()
+    d = examine(str(tmp_path), live_stacks=False)
+    assert time.monotonic() - started < 2.0
+    assert [v.status for v in d.ranks] == ["dead", "dead"]
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def test_json_contract_and_exit_code(tmp_path: Path) -> None:
+    write(tmp_path, state(0, silent=30.0, hang={"threads": [], "in_flight": []}))
+    write(tmp_path, state(1, silent=30.0, in_flight=[waiting_in("all_reduce", 5, 30.0)]))
+    out = run_cli(str(tmp_path), "--json", "--no-stacks")
+    assert out.returncode == 1, out.stderr
+    body = json.loads(out.stdout)
+    assert {"verdict", "suspect_ranks", "findings", "ranks"} <= set(body)
+    assert body["verdict"] in diagnose.VERDICTS
+    for f in body["findings"]:
+        assert set(f) == {"kind", "severity", "ranks", "summary", "evidence", "fix"}
+        assert f["severity"] in ("error", "warning", "info")
+    assert [r["rank"] for r in body["ranks"]] == [0, 1]
+    assert body["ranks"][1]["waiting_in"]["op"] == "all_reduce"
+
+
+def test_human_output_culprit_first_then_a_row_per_rank(tmp_path: Path) -> None:
+    write(tmp_path, state(0, silent=30.0))
+    write(tmp_path, state(1, silent=30.0, in_flight=[waiting_in("all_reduce", 5, 30.0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    text = report.render(d, colour=False, width=100)
+    lines = text.splitlines()
+    assert lines[0].startswith("ddpmon doctor: HANG - the job is hung (job 'job', 2 ranks")
+    assert lines[2].startswith("root cause: rank 0 is stuck outside any collective")
+    table = lines[lines.index(next(line for line in lines if line.startswith("rank  status"))):]
+    assert [row.split()[:2] for row in table[1:]] == [["0", "stuck"], ["1", "waiting"]]
+    assert "\033[" not in text
+    coloured = report.render(d, colour=True)
+    assert "\033[31mHANG\033[0m" in coloured
+    out = run_cli(str(tmp_path), "--no-stacks")  # a pipe, not a terminal: no colour
+    assert out.returncode == 1 and "\033[" not in out.stdout and "root cause" in out.stdout
+
+
+def test_ddpmon_failure_exits_3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import ddpmon.doctor
+
+    def broken(*_a: Any, **_k: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(ddpmon.doctor, "examine", broken)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["doctor", str(tmp_path)])
+    assert exit_info.value.code == 3
+
+
+def test_default_directory_from_the_environment(tmp_path: Path) -> None:
+    write(tmp_path, state(0))
+    write(tmp_path, state(1))
+    out = run_cli("--json", "--no-stacks", env={"DDPMON_STATE_DIR": str(tmp_path)})
+    assert out.returncode == 0 and json.loads(out.stdout)["state_dir"] == str(tmp_path)
+
+
+def test_never_imports_torch(tmp_path: Path) -> None:
+    write(tmp_path, state(0, silent=30.0))
+    write(tmp_path, state(1, silent=30.0, in_flight=[waiting_in("all_reduce", 5, 30.0)]))
+    code = (
+        "import sys\n"
+        "from ddpmon.cli import main\n"
+        "try:\n"
+        f"    main(['doctor', {str(tmp_path)!r}, '--json'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 1, exc.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('no torch')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=30)
+    assert out.returncode == 0 and out.stdout.strip().endswith("no torch"), out.stderr
+
+
+def test_64_ranks_in_well_under_5_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 ranks on 8 other hosts, hung in one all-reduce with one rank stuck: one pass over
+    the files, no per-rank process or py-spy work for ranks this host cannot see."""
+    sites = {f"all_reduce train.py:{i} (DDP bucket)": 100 for i in range(60)}
+    frames = [{"file": "train.py", "line": i, "function": f"f{i}", "code": ""} for i in range(40)]
+    for r in range(64):
+        hang = {"threads": [{"name": "MainThread", "main": True, "frames": frames}] * 8, "in_flight": []}
+        in_flight = [] if r == 37 else [waiting_in("all_reduce", 900 + b, 20.0, size=64, bucket=b) for b in range(25)]
+        write(tmp_path, state(r, world=64, host=f"node-{r // 8}", silent=20.0, hang=hang,
+                              in_flight=in_flight, collective_sites=sites, steps=256))
+    calls: list[Any] = []
+    monkeypatch.setattr(stacks, "dump_many", lambda *a, **k: calls.append(a) or {})
+    started = time.perf_counter()
+    d = examine(str(tmp_path))
+    elapsed = time.perf_counter() - started
+    assert (d.verdict, d.suspect_ranks) == ("hang", [37])
+    assert calls == []
+    assert elapsed < 2.0, f"{elapsed:.2f} s for 64 ranks"
+    started = time.perf_counter()
+    out = run_cli(str(tmp_path), "--json")
+    assert out.returncode == 1 and json.loads(out.stdout)["suspect_ranks"] == [37]
+    assert time.perf_counter() - started < 5.0
+
+
+def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, silent: float = 90.0) -> dict[str, Any]:
+    """An NCCL rank: its collectives leave the CPU at once (nothing tracked in flight); its
+    hang report carries torch's flight recorder."""
+    entries = [{"record_id": s, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
+                "profiling_name": f"nccl:{op if s == completed + 1 else 'all_reduce'}", "is_p2p": False,
+                "state": "scheduled" if s > completed else "completed",
+                "time_created_ns": int((NOW - silent) * 1e9)} for s in range(completed - 3, enqueued + 1)]
+    fr = {"pg_status": {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": str(completed + 1),
+                              "last_completed_collective": str(completed)}}, "entries": entries}
+    return state(rank, world=world, backend="nccl", silent=silent,
+                 hang={"threads": [], "in_flight": [], "flight_recorder": fr})
+
+
+def test_nccl_waits_come_from_the_flight_recorder(tmp_path: Path) -> None:
+    write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce"))
+    write(tmp_path, _nccl_hang(1, 2, 44, 42, "all_reduce"))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [], "comm_hang")
+    assert d.ranks[0].waiting["seq"] == 43 and d.ranks[0].waiting["op"] == "all_reduce"
+    assert "from torch's flight recorder" in d.findings[0].summary
+    assert any("last enqueued collective 45" in line for line in d.findings[0].evidence)
+    # one rank enqueued a different collective at the same place in the sequence: desync
+    write(tmp_path, _nccl_hang(1, 2, 44, 42, "broadcast"))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.verdict == "desync" and "TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in d.findings[0].fix
+    # a rank whose flight recorder shows nothing pending is stuck outside any collective
+    write(tmp_path, _nccl_hang(1, 2, 42, 42, "all_reduce"))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [1])
