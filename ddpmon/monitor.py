@@ -262,9 +262,10 @@ class Monitor:
 
     def _start_hang_tracking(self) -> None:
         """Collective tracking and the progress watchdog (see ddpmon/watchdog.py)."""
-        from .hooks.collectives import CollectiveTracker
+        from .hooks.collectives import CollectiveTracker, group_identity
         from .watchdog import Watchdog, ddp_facts, flight_recorder
 
+        self.recorder.ddp_group = group_identity(self._ddp.process_group)
         self.recorder.identity["ddp"] = ddp_facts(self._ddp)
         self.recorder.identity["state_interval"] = self.config.state_interval
         self._collectives = CollectiveTracker(self.recorder, Fuse("collective_tracking", self._part_failed))

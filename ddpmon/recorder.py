@@ -23,6 +23,8 @@ MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 16
 MAX_CALL_SITES = 64
+BUCKET_OP = "all_reduce"  # torch's name, as for the collectives user code issues
+BUCKET_SITE = "all_reduce DDP backward (DDP bucket)"  # site_key_of() of every bucket entry
 
 PHASES = ("init", "forward", "after_forward", "backward", "allreduce", "after_backward", "detached")
 
@@ -137,6 +139,7 @@ class Recorder:
         self.hang: dict[str, Any] | None = None
         self.exit: dict[str, Any] | None = None
         self.collective_seq: dict[str, int] = {}
+        self.ddp_group: tuple[str, int] = ("0", self.world_size)  # DDP's process group (name, size)
         self.collective_sites: dict[str, int] = {}
         self.collective_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=COLLECTIVE_LOG)
         self._cur = _Step(start=time.perf_counter())
@@ -177,16 +180,43 @@ class Recorder:
             self.phase = "backward"
         cur.last_grad_ready = now
 
-    def bucket_launched(self, is_last: bool) -> None:
+    def bucket_launched(self, is_last: bool, index: int | None = None) -> None:
+        """DDP launched a bucket's collective: counted, and in flight until it completes
+        (whatever the comm hook calls inside is attributed to the bucket)."""
         self._cur.buckets_launched += 1
         if is_last:
             self.phase = "allreduce"
-        self.collective_issued("allreduce")
+        if index is None:
+            index = self._cur.buckets_launched - 1
+        now = time.time()
+        group, group_size = self.ddp_group
+        with self._lock:
+            self.issued += 1
+            self._ops.setdefault(BUCKET_OP, [0, 0])[0] += 1
+            seq = self.collective_seq.get(group, 0) + 1
+            self.collective_seq[group] = seq
+            stats = self.buckets.get(index)
+            entry = {
+                "seq": seq, "op": BUCKET_OP, "group": group, "group_size": group_size,
+                "bytes": stats.bytes if stats else None, "call_site": "DDP backward",
+                "function": "backward", "issued_unix": now, "bucket": index, "step": self.steps,
+            }
+            in_flight = self.in_flight
+            if in_flight and in_flight[0].get("step", self.steps) < self.steps:
+                # by the next step DDP has waited for every bucket: drop any left behind
+                in_flight[:] = [e for e in in_flight if e.get("step", self.steps) >= self.steps]
+            in_flight.append(entry)
+            if len(in_flight) > MAX_IN_FLIGHT:
+                del in_flight[0]
+            sites = self.collective_sites
+            if BUCKET_SITE in sites or len(sites) < MAX_CALL_SITES:
+                sites[BUCKET_SITE] = sites.get(BUCKET_SITE, 0) + 1
+        self.last_progress_unix = now
 
     def bucket_completed(self, is_last: bool) -> None:
         if is_last:
             self.phase = "after_backward"
-        self.collective_completed("allreduce")
+        self.collective_completed(BUCKET_OP)
         self._bucket_collective_done()
 
     @property
@@ -332,34 +362,6 @@ class Recorder:
             site_key = site_key_of(entry)
             if site_key in self.collective_sites or len(self.collective_sites) < MAX_CALL_SITES:
                 self.collective_sites[site_key] = self.collective_sites.get(site_key, 0) + 1
-        self.last_progress_unix = now
-        return entry
-
-    def bucket_collective_began(self, op: str, group: str, group_size: int, nbytes: int | None) -> dict[str, Any]:
-        """The collective DDP's comm hook issues for the bucket launched last: in flight until
-        ``bucket_completed``; counted already by ``bucket_launched``."""
-        now = time.time()
-        bucket = max(0, self._cur.buckets_launched - 1)
-        with self._lock:
-            seq = self.collective_seq.get(group, 0) + 1
-            self.collective_seq[group] = seq
-            entry = {
-                "seq": seq, "op": op, "group": group, "group_size": group_size, "bytes": nbytes,
-                "call_site": "DDP backward", "function": "backward", "issued_unix": now,
-                "bucket": bucket, "step": self.steps,
-            }
-            in_flight = self.in_flight
-            if in_flight and in_flight[0].get("step", self.steps) < self.steps:
-                # a hook with several collectives per bucket leaves some behind: by the next
-                # step, DDP has waited for all of them
-                in_flight[:] = [e for e in in_flight if e.get("step", self.steps) >= self.steps]
-            in_flight.append(entry)
-            if len(in_flight) > MAX_IN_FLIGHT:
-                del in_flight[0]
-            key = op + " DDP backward (DDP bucket)"  # site_key_of(entry), on the hot path
-            sites = self.collective_sites
-            if key in sites or len(sites) < MAX_CALL_SITES:
-                sites[key] = sites.get(key, 0) + 1
         self.last_progress_unix = now
         return entry
 

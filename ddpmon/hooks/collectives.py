@@ -119,10 +119,9 @@ class CollectiveTracker:
             entry = counted = None
             try:
                 caller = sys._getframe(1)
-                if _in_comm_hook(caller):  # the hot path: every bucket of every step
-                    entry, counted = tracker._begin_bucket(name, args, kwargs), False
-                else:
-                    entry, counted = tracker._begin(name, args, kwargs, caller)
+                if _in_comm_hook(caller):  # a bucket's collective: the bucket is its entry
+                    return original(*args, **kwargs)
+                entry, counted = tracker._begin(name, args, kwargs, caller)
             except Exception as exc:
                 tracker._fuse.blow(exc)
             if entry is None:
@@ -141,14 +140,6 @@ class CollectiveTracker:
 
         tracked._ddpmon_tracked = True  # type: ignore[attr-defined]
         return tracked
-
-    def _begin_bucket(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """A collective issued by DDP's comm hook for a gradient bucket (already counted)."""
-        spec = _SPECS.get(name) or _P2P.get(name)
-        group = _arg(args, kwargs, spec[2], spec[3]) if spec else None
-        nbytes = _nbytes(_arg(args, kwargs, spec[0], spec[1])) if spec and spec[1] else None
-        gname, gsize = self._group(group)
-        return self._recorder.bucket_collective_began(name, gname, gsize, nbytes)
 
     def _begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> tuple[dict[str, Any], bool]:
         site, function, in_hook, callers = _call_site(caller)
@@ -208,18 +199,26 @@ class CollectiveTracker:
         cached = self._groups.get(id(group))
         if cached is not None and cached[0] is group:
             return cached[1], cached[2]
-        try:
-            name = str(getattr(group, "group_name", "") or dist.distributed_c10d._get_process_group_name(group))
-        except Exception:
-            name = "?"
-        try:
-            size = int(group.size())
-        except Exception:
-            size = 0
+        name, size = group_identity(group)
         if len(self._groups) > 256:
             self._groups.clear()
         self._groups[id(group)] = (group, name, size)
         return name, size
+
+
+def group_identity(group: Any) -> tuple[str, int]:
+    """(name, size) of a process group, the key its collectives are numbered under."""
+    if group is None:
+        group = dist.group.WORLD
+    try:
+        name = str(getattr(group, "group_name", "") or dist.distributed_c10d._get_process_group_name(group))
+    except Exception:
+        name = "?"
+    try:
+        size = int(group.size())
+    except Exception:
+        size = 0
+    return name, size
 
 
 def _in_comm_hook(frame: Any, depth: int = 4) -> bool:

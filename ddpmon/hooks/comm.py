@@ -196,7 +196,7 @@ class TimedCommHook:
             self._recorder.drop_buckets_from(index + 1)
         if is_last:  # every gradient is ready once the last bucket is
             self._recorder.grad_ready(now)
-        self._recorder.bucket_launched(is_last)
+        self._recorder.bucket_launched(is_last, index)
         return self._clock.start(index, now - self._recorder.step_start)
 
     def _finished(self, token: Any, is_last: bool) -> None:
