@@ -234,8 +234,11 @@ class Daemon:
         views: dict[tuple[str, int], RankView] = {}
         seen = set()
         for path, state in self.files.read_all():
-            if state.get("phase") == "detached":
-                continue
+            exit_record = state.get("exit")
+            if state.get("phase") == "detached" or (
+                isinstance(exit_record, dict) and not exit_record.get("exception")
+            ):
+                continue  # detached, or the process ended normally: nothing is down
             try:
                 rank, pid, host_name = int(state["rank"]), int(state["pid"]), str(state["host"])
                 beat = float(state["now_unix"])

@@ -144,6 +144,8 @@ class Monitor:
         self._stop_hang_tracking()
         if self._endpoint:
             self._endpoint.close()
+        for close in getattr(self, "_closers", ()):
+            close()
         if self._writer:
             self._writer.stop()
 
@@ -290,6 +292,7 @@ class Monitor:
         stays off."""
         base = {"job": self.job, "rank": str(self.rank)}
         sources: list[Any] = []
+        self._closers: list[Any] = []
         try:
             sources.append(host.ProcessSampler(base).samples)
         except Exception as exc:
@@ -303,6 +306,7 @@ class Monitor:
             gpu = nvml.rank_gpu(self.job, self.rank, index, uuid, pci_bus_id) if self.config.nvml else None
             if gpu is not None:
                 sources.append(gpu.samples)
+                self._closers.append(gpu.close)
                 labels = gpu.labels
             else:  # without NVML: torch's index and UUID
                 labels = {**base, "gpu": str(index), "gpu_uuid": uuid or ""}

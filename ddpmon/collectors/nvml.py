@@ -418,6 +418,14 @@ class RankGpu:
             with self._lock:
                 self._refreshing = False
 
+    def close(self) -> None:
+        """Stop sampling and release this source's NVML initialisation (at detach)."""
+        with self._lock:
+            if self._lost:
+                return
+            self._lost = True
+        close_nvml(self.reader.nv)
+
     def _on_lost(self, exc: GpuLost) -> None:
         if not self._lost:
             self._lost = True

@@ -81,6 +81,8 @@ def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
     write(tmp_path / "jobA", state(2, sleeper.pid, hang={"reason": "no progress for 300 s"}))
     write(tmp_path / "jobA", state(3, sleeper.pid, phase="detached"))  # finished on purpose
     write(tmp_path / "jobA", state(4, sleeper.pid, host="another-node"))  # another node's file
+    write(tmp_path / "jobA", state(5, sleeper.pid, exit={"unix": 1.0, "exception": None}))  # ended normally
+    write(tmp_path / "jobA", state(6, sleeper.pid, exit={"unix": 1.0, "exception": "ValueError: x"}))
     daemon = Daemon(str(tmp_path), gpus=False)
     daemon.refresh()
     scrape = Scrape(daemon)
@@ -90,7 +92,7 @@ def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
     assert scrape("ddpmon_rank_up", job="jobA", rank="1") == 0
     assert scrape("ddpmon_rank_up", job="jobA", rank="2") == 1
     assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="2") == 1
-    assert [s["rank"] for s in scrape.series("ddpmon_rank_up")] == ["0", "1", "2"]
+    assert [s["rank"] for s in scrape.series("ddpmon_rank_up")] == ["0", "1", "2", "6"]
     assert scrape("ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="0") == 1
 
     daemon.node_local = True  # a hostPath shared with containers: every file is this node's
