@@ -216,8 +216,20 @@ class Daemon:
         self._samples = samples
 
     def states(self) -> list[dict[str, Any]]:
-        """The state files of this node's ranks, read now (for ``/state``)."""
-        return [data for path, data in self.files.read_all() if self._is_local(data)]
+        """The state files of this node's ranks, read now (for ``/state``). Each carries
+        ``file_mtime_unix`` and ``served_unix`` (this host's clock), so a reader elsewhere can
+        tell how old each file is whatever the clocks say."""
+        out, served = [], time.time()
+        for path, data in self.files.read_all():
+            if not self._is_local(data):
+                continue
+            try:
+                data["file_mtime_unix"] = os.stat(path).st_mtime
+            except OSError:
+                continue
+            data["served_unix"] = served
+            out.append(data)
+        return out
 
     def state_route(self) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.states(), default=str).encode()

@@ -32,12 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max(5, 5 x the rank's slowest recent step); a rank's own hang report always counts)",
     )
     parser.add_argument("--no-stacks", action="store_true", help="do not read live stacks with py-spy")
+    parser.add_argument(
+        "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
+        help="read the state files from a node daemon started with --serve-state (repeat for "
+        "every node of the job) instead of a directory",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..doctor import examine, report
 
-    state_dir = args.state_dir or default_state_dir()
+    if args.remote and args.state_dir:
+        print("ddpmon doctor: give STATE_DIR or --from HOST:PORT, not both", file=sys.stderr)
+        return EXIT_USAGE
+    state_dir = args.state_dir or ("" if args.remote else default_state_dir())
     if state_dir is None:
         print(
             "ddpmon doctor: no state directory given, DDPMON_STATE_DIR is not set and "
@@ -46,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        diagnosis = examine(state_dir, job=args.job, live_stacks=not args.no_stacks, stall=args.stall)
+        diagnosis = examine(state_dir, job=args.job, live_stacks=not args.no_stacks, stall=args.stall,
+                            remote=args.remote)
     except StateFileError as exc:
         print(f"ddpmon doctor: {exc}", file=sys.stderr)
         return EXIT_USAGE

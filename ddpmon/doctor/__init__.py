@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 
 from ..errors import StateFileError
 from . import procs, stacks
 from .diagnose import STALLED, Diagnosis, Finding, RankView, decide, state_interval, view
-from .load import StateFile, load_dir
+from .load import StateFile, load_dir, load_remote
 
 __all__ = ["examine", "Diagnosis", "Finding", "RankView"]
 
@@ -31,16 +32,20 @@ def examine(
     stall: float | None = None,
     now: float | None = None,
     stack_timeout: float = 4.0,
+    remote: Sequence[str] = (),
 ) -> Diagnosis:
     """Diagnose the job whose state files are in ``state_dir``.
 
     ``job`` picks one job when the directory holds several (default: the one written last);
     ``stall`` overrides the seconds without progress after which a rank counts as stalled;
-    ``live_stacks=False`` skips py-spy. A missing directory, or a job that is not there,
+    ``live_stacks=False`` skips py-spy; ``remote`` (``HOST:PORT`` of node daemons serving
+    ``/state``) replaces the directory. A missing directory, or a job that is not there,
     raises StateFileError.
     """
     now = time.time() if now is None else now
-    loaded = load_dir(state_dir)
+    loaded = load_remote(remote) if remote else load_dir(state_dir)
+    if remote:
+        state_dir = loaded.state_dir
     notes = [_bad_file(path, reason) for path, reason in loaded.bad]
     jobs = loaded.jobs()
     job_ranks = {name: [f.rank for f in files] for name, files in jobs.items()}
@@ -173,6 +178,12 @@ def _live_stacks(views: list[RankView], timeout: float) -> None:
 
 
 def _bad_file(path: str, reason: str) -> Finding:
+    if path.startswith(("http://", "https://")):
+        return Finding(
+            "unreachable_daemon", "warning", [], f"{path} {reason}",
+            fix="Start `ddpmon daemon --serve-state` on that node (docs/daemon.md) and check the "
+            "address and any firewall between here and there.",
+        )
     return Finding(
         "bad_state_file", "warning", [],
         f"{path} {reason}",

@@ -9,7 +9,12 @@ system, so files written on hosts whose clocks differ still compare.
 from __future__ import annotations
 
 import collections
+import json
 import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +97,41 @@ def load_dir(state_dir: str) -> Loaded:
             loaded.bad.append((path, problem))
             continue
         loaded.files.append(StateFile(path, data, mtime))
+    return loaded
+
+
+def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
+    """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
+    for jobs spread over nodes without a shared file system. Each file's modification time is
+    carried over to this host's clock through the daemon's own clock (``served_unix``)."""
+    loaded = Loaded(", ".join(addresses))
+    for address in addresses:
+        url = f"http://{address}/state" if "://" not in address else address.rstrip("/") + "/state"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                body = response.read()
+            received = time.time()
+            entries = json.loads(body)
+            if not isinstance(entries, list):
+                raise ValueError("not a JSON list")
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            loaded.bad.append((url, f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
+                                    f"running there, and is the port reachable?"))
+            continue
+        for data in entries:
+            rank = data.get("rank") if isinstance(data, dict) else None
+            name = f"{address}/rank-{rank}.json"
+            problem = _check(data) if isinstance(data, dict) else "is not a JSON object"
+            if problem:
+                loaded.bad.append((name, problem))
+                continue
+            served, mtime = data.get("served_unix"), data.get("file_mtime_unix")
+            if isinstance(served, (int, float)) and isinstance(mtime, (int, float)):
+                mtime = received - (served - mtime)
+            else:
+                mtime = received
+            loaded.files.append(StateFile(name, data, mtime))
     return loaded
 
 

@@ -97,6 +97,16 @@ def test_daemon_rank_liveness_against_a_real_job(tmp_path: Path) -> None:
         time.sleep(2.0)  # two more sampling passes
         assert rank_up(port) == {"0": 1.0, "1": 0.0}
         assert procs[0].poll() is None
+
+        # the doctor reads the same files through the daemon, as it would from another node
+        doctor = subprocess.run(
+            [sys.executable, "-m", "ddpmon", "doctor", "--from", f"127.0.0.1:{port}", "--json", "--no-stacks"],
+            capture_output=True, text=True, timeout=60, cwd=harness.ROOT,
+        )
+        diagnosis = json.loads(doctor.stdout)
+        assert doctor.returncode == 1, doctor.stderr
+        assert diagnosis["verdict"] == "dead_rank" and diagnosis["suspect_ranks"] == [1]
+        assert sorted(r["rank"] for r in diagnosis["ranks"]) == [0, 1]
     finally:
         harness.stop(procs)
         code, out, err, took = terminate(daemon)

@@ -571,3 +571,16 @@ def test_nccl_waits_come_from_the_flight_recorder(tmp_path: Path) -> None:
     write(tmp_path, _nccl_hang(1, 2, 42, 42, "all_reduce"))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [1])
+
+
+def test_from_an_unreachable_daemon_says_what_to_start(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"127.0.0.1:{port}", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    diagnosis = json.loads(done.stdout)
+    assert diagnosis["verdict"] == "no_data"
+    finding = next(f for f in diagnosis["findings"] if f["kind"] == "unreachable_daemon")
+    assert f"127.0.0.1:{port}/state" in finding["summary"] and "--serve-state" in finding["fix"]
