@@ -48,7 +48,15 @@ def worker(args: argparse.Namespace) -> None:
     kwargs = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
     plain = DDP(build_model(args.width, args.depth).to(device), **kwargs)
     watched = DDP(build_model(args.width, args.depth).to(device), **kwargs)
-    monitor = ddpmon.attach(watched, job="overhead", port=0, nvml=True)
+    options = dict(job="overhead", port=0, nvml=True)
+    for item in args.option:
+        key, _, value = item.partition("=")
+        options[key] = value if not value.lstrip("-").isdigit() else int(value)
+    if args.baseline == "python-hook":  # the plain model runs torch's own Python all-reduce hook
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        plain.register_comm_hook(None, allreduce_hook)
+    monitor = ddpmon.attach(watched, **options)
     stop = threading.Event()
 
     def scrape() -> None:
@@ -93,7 +101,7 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         q = statistics.quantiles(ratios, n=4)
         print(
-            f"overhead: {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
+            f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
             f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(quartiles {q[0]:.4f}..{q[2]:.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}; "
@@ -113,6 +121,10 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--block", type=int, default=10, help="steps per block")
     p.add_argument("--rounds", type=int, default=40, help="pairs of blocks")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an attach() option for the attached model, e.g. track_collectives=0")
+    p.add_argument("--baseline", choices=("plain", "python-hook"), default="plain",
+                   help="the model compared with: DDP as is, or with torch's Python allreduce_hook")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:

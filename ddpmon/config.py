@@ -45,6 +45,11 @@ class Config:
     track_collectives: bool = True
     """Record every collective this rank issues through ``torch.distributed`` (op, bytes,
     call site, sequence number per process group) while attached."""
+    bucket_timing: bool = True
+    """Time every gradient bucket through a Python comm hook. False leaves DDP's C++
+    all-reduce (or your ``comm_hook``) untouched: no per-bucket series, no exposed
+    communication, the rest as usual. On CPU a Python comm hook costs a few percent of
+    step time (docs/performance.md)."""
     comm_hook: Callable[..., Any] | None = None
     """A comm hook of your own, ``hook(state, bucket) -> Future[Tensor]``, that ddpmon
     registers and times. In the environment: a dotted path such as
@@ -142,7 +147,7 @@ def _parse(var: str, name: str, text: str) -> Any:
             return float(text)
         except ValueError:
             raise ConfigError(var, text, "a number of seconds") from None
-    if name in ("nvml", "track_collectives"):
+    if name in ("nvml", "track_collectives", "bucket_timing"):
         lowered = text.lower()
         if lowered in ("1", "true", "yes", "on"):
             return True

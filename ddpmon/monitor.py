@@ -70,16 +70,20 @@ class Monitor:
         if state is None:
             state = ddp.process_group
         comm = getattr(ddp, "_ddpmon_comm_hook", None)
-        if comm is None:
+        if comm is None and not config.bucket_timing:
+            if config.comm_hook:  # the user's hook, registered as is
+                ddp.register_comm_hook(state, hook)
+        elif comm is None:
             comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
             ddp.register_comm_hook(None, comm)
             ddp._ddpmon_comm_hook = comm  # type: ignore[attr-defined]
             ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
         else:  # attached before and detached: DDP still holds ddpmon's hook
             comm.rebind(self.recorder, clock, names, self._fuses["comm_hook"])
+            comm.timing = config.bucket_timing
             if config.comm_hook:
                 comm.replace(hook, state)
-        self._comm = comm
+        self._comm: TimedCommHook | None = comm
 
         # Parameters can go unused without an error only with find_unused_parameters or
         # static_graph; otherwise DDP stops at the next iteration and ddpmon names them in
@@ -134,7 +138,8 @@ class Monitor:
         if self._detached:
             return
         self._detached = True
-        self._comm.timing = False
+        if self._comm:
+            self._comm.timing = False
         if self._grads:
             self._grads.remove()
         self._steps.remove()

@@ -226,15 +226,17 @@ class _Completion:
 def allreduce_mean_hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future:
     """DDP's default as a Python hook: average the bucket by one all-reduce.
 
-    The arithmetic of torch's ``allreduce_hook`` (divide, then sum), with less Python on the
-    way: the process group is called directly and no ``then`` is chained here, because the
-    timing wrapper chains one anyway. Its future holds ``[tensor]``; the wrapper unwraps it.
+    Bit for bit what DDP does without a hook: it scales each gradient by ``1 / world size``
+    (a multiplication, not torch ``allreduce_hook``'s division, which differs in the last bit
+    for world sizes that are not powers of two), then sums. The process group is called
+    directly and no ``then`` is chained here: the timing wrapper chains one anyway, and
+    unwraps the ``[tensor]`` this future holds.
     """
     group = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     size = group.size()
     if size > 1:
-        tensor.div_(size)
+        tensor.mul_(1.0 / size)
     return group.allreduce([tensor]).get_future()
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.autograd import Variable
 
 from .._safety import Fuse
 from ..recorder import Recorder
@@ -70,6 +71,16 @@ class StepHooks:
         if self._fuse.ok:
             try:
                 self._recorder.backward_started(time.perf_counter())
+                # Runs once the autograd graph is done, before DDP waits for its buckets:
+                # the end of backward compute, whatever hooks there are.
+                Variable._execution_engine.queue_callback(self._backward_done)
+            except Exception as exc:
+                self._fuse.blow(exc)
+
+    def _backward_done(self) -> None:
+        if self._fuse.ok:
+            try:
+                self._recorder.grad_ready(time.perf_counter())
             except Exception as exc:
                 self._fuse.blow(exc)
 

@@ -112,9 +112,13 @@ def test_state_file_has_the_contract_keys(basic) -> None:
         assert state["step"] == 8
 
 
-@pytest.mark.parametrize("hook,how", [("default", "option"), ("fp16", "option"), ("fp16", "after_attach")])
-def test_gradients_identical_with_and_without_ddpmon(tmp_path: Path, hook: str, how: str) -> None:
-    results = run_ranks("grads_equal", 2, tmp_path, args=(hook, how))
+@pytest.mark.parametrize("hook,how,ranks", [
+    ("default", "option", 3),  # 3: a world size whose reciprocal is inexact in binary
+    ("fp16", "option", 2),
+    ("fp16", "after_attach", 2),
+])
+def test_gradients_identical_with_and_without_ddpmon(tmp_path: Path, hook: str, how: str, ranks: int) -> None:
+    results = run_ranks("grads_equal", ranks, tmp_path, args=(hook, how))
     for r in results:
         assert r.result["steps_compared"] == 5
         assert r.result["max_diff"] == 0.0
@@ -184,3 +188,14 @@ def test_no_sync_microbatches_fold_into_one_step(tmp_path: Path) -> None:
         snap = r.result["snapshot"]
         assert snap["step"] == 4
         assert snap["unused_parameters"] == []
+
+
+def test_without_bucket_timing_ddp_keeps_its_own_allreduce(tmp_path: Path) -> None:
+    for r in run_ranks("without_bucket_timing", 2, tmp_path):
+        out = r.result
+        assert out["max_diff"] == 0.0
+        assert out["steps"] == 4 and out["buckets"] == []
+        assert out["backward"]["median"] > 0
+        assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 4
+        assert sample(out["metrics"], "ddpmon_allreduce_seconds_count", job="untimed", rank=str(r.rank)) is None
+        assert out["registered"] == ["allreduce_hook"]

@@ -356,6 +356,35 @@ def cuda_timing(backend: str = "gloo") -> dict[str, Any]:
             "exposed_median": exposed["median"] if exposed else None}
 
 
+@scenario
+def without_bucket_timing() -> dict[str, Any]:
+    """bucket_timing=False: DDP's own all-reduce stays in place; steps, phases and the
+    DDP error's names still work, and a hook registered after attach is DDP's own."""
+    import ddpmon
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    init()
+    torch.manual_seed(0)
+    plain = DDP(MLP())
+    torch.manual_seed(0)
+    watched = DDP(MLP())
+    mon = ddpmon.attach(watched, job="untimed", bucket_timing=False)
+    max_diff = 0.0
+    for step in range(4):
+        x, y = batch(step)
+        for model in (plain, watched):
+            model.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+        g1, g2 = _grads(plain), _grads(watched)
+        max_diff = max(max_diff, max(max(abs(a - b) for a, b in zip(g1[n], g2[n])) for n in g1))
+    mon.step()
+    snap = mon.snapshot()
+    watched.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's own: nothing in the way
+    return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
+            "backward": snap["timings"]["backward_seconds"], "metrics": scrape(mon.port),
+            "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks]}
+
+
 def main() -> None:
     name, args = sys.argv[1], sys.argv[2:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(RANK) + " %(message)s")
