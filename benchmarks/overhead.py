@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         plain.register_comm_hook(None, allreduce_hook)
-    monitor = ddpmon.attach(watched, **options)
+    monitor = ddpmon.attach(watched if not args.no_attach else DDP(build_model(8, 1).to(device), **kwargs), **options)
     stop = threading.Event()
 
     def scrape() -> None:
@@ -101,7 +101,7 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         q = statistics.quantiles(ratios, n=4)
         print(
-            f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
+            f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
             f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(quartiles {q[0]:.4f}..{q[2]:.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}; "
@@ -125,6 +125,8 @@ def main() -> int:
                    help="an attach() option for the attached model, e.g. track_collectives=0")
     p.add_argument("--baseline", choices=("plain", "python-hook"), default="plain",
                    help="the model compared with: DDP as is, or with torch's Python allreduce_hook")
+    p.add_argument("--no-attach", action="store_true",
+                   help="an A/A run: ddpmon runs beside both models but times neither (the noise floor)")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:
