@@ -98,6 +98,7 @@ def examine(
             fix="Those ranks have not attached yet, or write their state files on another host: "
             "give every rank the same shared DDPMON_STATE_DIR, or run the doctor on each host.",
         ))
+    findings += _unused_parameters(files)
     for v in views:
         if v.rank in suspects and v.stack is None and v.stack_error:
             findings.append(Finding("no_stack", "info", [v.rank], f"no live stack of rank {v.rank}: {v.stack_error}"))
@@ -109,6 +110,33 @@ def examine(
                 fix="Training is not affected; the rank's log has the traceback. Please report it.",
             ))
     return Diagnosis(verdict, suspects, findings, views, job, state_dir, job_ranks, now)
+
+
+def _unused_parameters(files: list[StateFile]) -> list[Finding]:
+    """Unused parameters by rank, and find_unused_parameters=True that no rank needs (a rank
+    alone cannot tell: another rank may be the one with unused parameters)."""
+    out = []
+    unused = {f.rank: f.data.get("unused_parameters") or [] for f in files}
+    for rank, names in sorted(unused.items()):
+        if names:
+            shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+            out.append(Finding(
+                "unused_parameters", "info", [rank],
+                f"rank {rank}: {len(names)} parameter(s) received no gradient in its last step: {shown}",
+                fix="Expected for branches some ranks skip (DDP needs find_unused_parameters=True "
+                "for them); otherwise make those parameters take part in the loss.",
+            ))
+    flagged = [f for f in files if "find_unused_parameters" in (f.data.get("notes") or {})]
+    if files and len(flagged) == len(files) and not any(unused.values()):
+        out.append(Finding(
+            "needless_find_unused_parameters", "info", [f.rank for f in files],
+            "find_unused_parameters=True, but no rank has had an unused parameter for "
+            f"{min(f.data.get('step', 0) for f in files)}+ steps; it costs a traversal of the "
+            "autograd graph every step",
+            fix="Pass find_unused_parameters=False to DistributedDataParallel (or static_graph=True "
+            "if the graph never changes).",
+        ))
+    return out
 
 
 def _membership(files: list[StateFile]) -> tuple[list[StateFile], int, list[int], list[Finding]]:

@@ -85,6 +85,18 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
+def captured_logs() -> list[str]:
+    """Every message ddpmon logs from now on, in a list."""
+    logs: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logs.append(record.getMessage())
+
+    logging.getLogger("ddpmon").addHandler(Keep())
+    return logs
+
+
 def read_state(path: str) -> dict[str, Any]:
     with open(path) as f:
         return json.load(f)
@@ -213,13 +225,7 @@ def bad_inputs() -> dict[str, Any]:
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     busy = blocker.getsockname()[1]
-    logs: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            logs.append(record.getMessage())
-
-    logging.getLogger("ddpmon").addHandler(Keep())
+    logs = captured_logs()
     # base + LOCAL_RANK lands on the port this rank holds
     mon = ddpmon.attach(model, job="bad", port=busy - RANK, bind="127.0.0.1", state_dir="/proc/ddpmon-cannot-write")
     try:
@@ -252,13 +258,7 @@ def hook_failure() -> dict[str, Any]:
     torch.manual_seed(0)
     model = DDP(MLP())
     mon = ddpmon.attach(model, job="failure")
-    logs: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            logs.append(record.getMessage())
-
-    logging.getLogger("ddpmon").addHandler(Keep())
+    logs = captured_logs()
 
     def broken(*_a: Any, **_k: Any) -> None:
         raise ValueError("injected failure")

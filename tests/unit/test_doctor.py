@@ -584,3 +584,18 @@ def test_from_an_unreachable_daemon_says_what_to_start(tmp_path: Path) -> None:
     assert diagnosis["verdict"] == "no_data"
     finding = next(f for f in diagnosis["findings"] if f["kind"] == "unreachable_daemon")
     assert f"127.0.0.1:{port}/state" in finding["summary"] and "--serve-state" in finding["fix"]
+
+
+def test_unused_parameters_by_rank_and_a_needless_find_unused(tmp_path: Path) -> None:
+    note = {"find_unused_parameters": "find_unused_parameters=True, but ..."}
+    write(tmp_path / "a", state(0, notes=note))
+    write(tmp_path / "a", state(1, unused_parameters=["head_b.weight", "head_b.bias"]))
+    d = examine(str(tmp_path / "a"), live_stacks=False)
+    unused = [f for f in d.findings if f.kind == "unused_parameters"]
+    assert [(f.ranks, "head_b.weight, head_b.bias" in f.summary) for f in unused] == [([1], True)]
+    assert "needless_find_unused_parameters" not in kinds(d)
+    write(tmp_path / "b", state(0, notes=note))
+    write(tmp_path / "b", state(1, notes=note))
+    d = examine(str(tmp_path / "b"), live_stacks=False)
+    assert "needless_find_unused_parameters" in kinds(d) and "unused_parameters" not in kinds(d)
+    assert d.verdict == "healthy"
