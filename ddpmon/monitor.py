@@ -22,6 +22,7 @@ from .hooks.autograd import GradReadyHooks, explain_reduction_error
 from .hooks.comm import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
 from .hooks.step import StepHooks
 from .metrics.exporter import Endpoint, RankCollector, serve
+from .recorder import Recorder
 
 log = logging.getLogger("ddpmon")
 
@@ -47,9 +48,6 @@ class Monitor:
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self.job = config.resolved_job()
         identity = self._identity()
-
-        from .recorder import Recorder  # local: keeps the import graph pointing down
-
         self.recorder = Recorder(identity, self.world_size)
         self._fuses = {
             name: Fuse(name, self._part_failed) for name in ("comm_hook", "grad_hooks", "step_hooks")
@@ -96,6 +94,7 @@ class Monitor:
         )
         self._wrap_forward([name for name, _ in parameters])
 
+        self._closers: list[Any] = []  # sources to release at detach (NVML)
         self._endpoint = self._start_endpoint()
         self.recorder.identity["port"] = self.port
         self.state_file = self._start_state_writer()
@@ -127,10 +126,14 @@ class Monitor:
     def step(self) -> None:
         """Mark the end of a training step explicitly. Optional; once called, step
         boundaries come only from here (for loops the automatic detection misreads)."""
-        if self._detached:
+        fuse = self._fuses["step_hooks"]
+        if self._detached or not fuse.ok:
             return
-        self._steps.manual = True
-        self._on_boundary(time.perf_counter())
+        try:
+            self._steps.manual = True
+            self._on_boundary(time.perf_counter())
+        except Exception as exc:  # never into the training loop
+            fuse.blow(exc)
 
     def detach(self) -> None:
         """Remove every hook and stop the endpoint and the state writer. The registered comm
@@ -149,7 +152,7 @@ class Monitor:
         self._stop_hang_tracking()
         if self._endpoint:
             self._endpoint.close()
-        for close in getattr(self, "_closers", ()):
+        for close in self._closers:
             close()
         if self._writer:
             self._writer.stop()
@@ -210,7 +213,7 @@ class Monitor:
                 self._writer.notify()
         self._advise_find_unused(rec)
 
-    def _advise_find_unused(self, rec: Any) -> None:
+    def _advise_find_unused(self, rec: Recorder) -> None:
         if self._advised_unused or not getattr(self._ddp, "find_unused_parameters", False):
             return
         if rec.steps_without_unused >= self.config.unused_parameters_advice_steps:
@@ -297,7 +300,6 @@ class Monitor:
         stays off."""
         base = {"job": self.job, "rank": str(self.rank)}
         sources: list[Any] = []
-        self._closers: list[Any] = []
         try:
             sources.append(host.ProcessSampler(base).samples)
         except Exception as exc:
