@@ -37,8 +37,11 @@ def test_systemd_unit_runs_a_valid_daemon_command(tmp_path: Path) -> None:
 def test_daemonset_and_service() -> None:
     docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/daemonset.yaml").read_text()))
     kinds = {d["kind"]: d for d in docs}
-    assert set(kinds) == {"DaemonSet", "Service"}
-    ds, svc = kinds["DaemonSet"], kinds["Service"]
+    assert set(kinds) == {"DaemonSet", "Service", "PodMonitor"}
+    ds, svc, monitor = kinds["DaemonSet"], kinds["Service"], kinds["PodMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
     pod = ds["spec"]["template"]["spec"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
