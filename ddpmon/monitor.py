@@ -44,11 +44,12 @@ class Monitor:
         self._advised_unused = False
 
         self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size(ddp.process_group)
+        self.world_size = dist.get_world_size()  # the job's; DDP may run on a subgroup
+        self.ddp_world_size = dist.get_world_size(ddp.process_group)
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self.job = config.resolved_job()
         identity = self._identity()
-        self.recorder = Recorder(identity, self.world_size)
+        self.recorder = Recorder(identity, self.ddp_world_size)  # bus bandwidth: DDP's group
         self._fuses = {
             name: Fuse(name, self._part_failed) for name in ("comm_hook", "grad_hooks", "step_hooks")
         }
@@ -174,6 +175,7 @@ class Monitor:
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
+            "ddp_world_size": self.ddp_world_size,
             "group_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
             "host": socket.gethostname(),
             "pid": os.getpid(),

@@ -199,3 +199,9 @@ def test_without_bucket_timing_ddp_keeps_its_own_allreduce(tmp_path: Path) -> No
         assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 4
         assert sample(out["metrics"], "ddpmon_allreduce_seconds_count", job="untimed", rank=str(r.rank)) is None
         assert out["registered"] == ["allreduce_hook"]
+
+
+def test_ddp_on_a_subgroup_keeps_the_jobs_world_size(tmp_path: Path) -> None:
+    for r in run_ranks("subgroup", 2, tmp_path):
+        assert r.result == {"world_size": 2, "ddp_world_size": 1, "rank": r.rank, "steps": 3,
+                            "buckets": 1}

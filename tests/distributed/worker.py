@@ -385,6 +385,24 @@ def without_bucket_timing() -> dict[str, Any]:
             "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks]}
 
 
+@scenario
+def subgroup() -> dict[str, Any]:
+    """DDP on a subgroup (each rank its own group here, as in HSDP's replicas): the state
+    file keeps the job's world size, DDP's group size beside it."""
+    import ddpmon
+
+    init()
+    groups = [dist.new_group([r]) for r in range(WORLD)]
+    torch.manual_seed(0)
+    model = DDP(MLP(), process_group=groups[RANK])
+    mon = ddpmon.attach(model, job="subgroup")
+    train(model, 3)
+    mon.step()
+    snap = mon.snapshot()
+    return {"world_size": snap["world_size"], "ddp_world_size": snap["ddp_world_size"],
+            "rank": snap["rank"], "steps": snap["step"], "buckets": len(snap["buckets"])}
+
+
 def main() -> None:
     name, args = sys.argv[1], sys.argv[2:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(RANK) + " %(message)s")
