@@ -49,9 +49,10 @@ def worker(args: argparse.Namespace) -> None:
     plain = DDP(build_model(args.width, args.depth).to(device), **kwargs)
     watched = DDP(build_model(args.width, args.depth).to(device), **kwargs)
     options = dict(job="overhead", port=0, nvml=True)
-    for item in args.option:
+    for item in args.option:  # as DDPMON_<NAME> variables: parsed and checked by ddpmon
         key, _, value = item.partition("=")
-        options[key] = value if not value.lstrip("-").isdigit() else int(value)
+        options.pop(key, None)
+        os.environ["DDPMON_" + key.upper()] = value
     if args.baseline == "python-hook":  # the plain model runs torch's own Python all-reduce hook
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

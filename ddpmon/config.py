@@ -101,6 +101,12 @@ class Config:
             raise ConfigError(
                 "hang_timeout", self.hang_timeout, "seconds >= 0 (0 = off, unset = learned)"
             )
+        for name in ("nvml", "track_collectives", "bucket_timing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
+        steps = self.unused_parameters_advice_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError("unused_parameters_advice_steps", steps, "a positive integer")
         if self.bucket_metrics not in BUCKET_METRICS_MODES:
             raise ConfigError("bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES))
         if self.comm_hook is not None and not callable(self.comm_hook):

@@ -17,7 +17,7 @@ from . import __version__, statefile
 from ._safety import Fuse
 from .collectors import host, nvml, torch_memory
 from .config import Config
-from .errors import AttachError
+from .errors import AttachError, ConfigError
 from .hooks.autograd import GradReadyHooks, explain_reduction_error
 from .hooks.comm import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
 from .hooks.step import StepHooks
@@ -53,7 +53,37 @@ class Monitor:
         self._fuses = {
             name: Fuse(name, self._part_failed) for name in ("comm_hook", "grad_hooks", "step_hooks")
         }
+        if config.port > 0 and config.port + self.local_rank > 65535:
+            raise ConfigError("port", config.port, f"a base port such that port + LOCAL_RANK "
+                              f"({self.local_rank}) is at most 65535")
+        if config.comm_hook is not None:
+            try:
+                ddp._check_comm_hook(config.comm_hook)
+            except Exception as exc:
+                raise ConfigError("comm_hook", config.comm_hook,
+                                  f"a hook(state, bucket) -> Future[Tensor] ({exc!r})") from None
+        # What detach() undoes; set before anything is installed, so a failure part-way
+        # through attach can undo what was done.
+        self._comm: TimedCommHook | None = None
+        self._grads: GradReadyHooks | None = None
+        self._steps: StepHooks | None = None
+        self._endpoint: Endpoint | None = None
+        self._writer: statefile.StateWriter | None = None
+        self._closers: list[Any] = []  # sources to release at detach (NVML)
+        self._collectives: Any = None
+        self._watchdog: Any = None
+        self.state_file: str | None = None
+        try:
+            self._install(ddp, config, identity)
+        except BaseException:
+            self.detach()
+            raise
+        log.info(
+            "ddpmon: rank %d of %d attached (job %r): metrics %s, state file %s",
+            self.rank, self.world_size, self.job, self.metrics_url or "off", self.state_file or "off",
+        )
 
+    def _install(self, ddp: DistributedDataParallel, config: Config, identity: dict[str, Any]) -> None:
         parameters = [
             (name, p)
             for name, p in ddp.module.named_parameters()
@@ -63,8 +93,6 @@ class Monitor:
         device = identity["device"]
         clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
         self._clock = clock
-        if config.comm_hook is not None:
-            ddp._check_comm_hook(config.comm_hook)
         hook, state = config.comm_hook or allreduce_mean_hook, config.comm_state
         if state is None:
             state = ddp.process_group
@@ -82,12 +110,11 @@ class Monitor:
             comm.timing = config.bucket_timing
             if config.comm_hook:
                 comm.replace(hook, state)
-        self._comm: TimedCommHook | None = comm
+        self._comm = comm
 
         # Parameters can go unused without an error only with find_unused_parameters or
         # static_graph; otherwise DDP stops at the next iteration and ddpmon names them in
         # that error, so the per-parameter hooks would only cost time.
-        self._grads: GradReadyHooks | None = None
         if getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
             self._grads = GradReadyHooks(parameters, self.recorder, self._fuses["grad_hooks"])
         self._steps = StepHooks(
@@ -95,16 +122,11 @@ class Monitor:
         )
         self._wrap_forward([name for name, _ in parameters])
 
-        self._closers: list[Any] = []  # sources to release at detach (NVML)
         self._endpoint = self._start_endpoint()
         self.recorder.identity["port"] = self.port
         self.state_file = self._start_state_writer()
         self._start_hang_tracking()
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
-        log.info(
-            "ddpmon: rank %d of %d attached (job %r): metrics %s, state file %s",
-            self.rank, self.world_size, self.job, self.metrics_url or "off", self.state_file or "off",
-        )
 
     # -- public handle ----------------------------------------------------------------------
 
@@ -146,7 +168,8 @@ class Monitor:
             self._comm.timing = False
         if self._grads:
             self._grads.remove()
-        self._steps.remove()
+        if self._steps:
+            self._steps.remove()
         self._ddp.__dict__.pop("forward", None)
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
         self.recorder.phase = "detached"
@@ -257,18 +280,18 @@ class Monitor:
         port = cfg.port + self.local_rank if cfg.port > 0 else 0
         try:
             return serve(collector, port, cfg.bind)
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:
             if port == 0:
                 log.warning("ddpmon: rank %d: no metrics endpoint: cannot bind %s (%s)", self.rank, cfg.bind, exc)
                 return None
             log.warning(
                 "ddpmon: rank %d: cannot serve metrics on %s:%d (%s); serving on an ephemeral port "
                 "instead (see the state file's 'port'). Set DDPMON_PORT to a free base port.",
-                self.rank, cfg.bind, port, exc.strerror or exc,
+                self.rank, cfg.bind, port, getattr(exc, "strerror", None) or exc,
             )
             try:
                 return serve(collector, 0, cfg.bind)
-            except OSError as exc2:
+            except (OSError, OverflowError) as exc2:
                 log.warning("ddpmon: rank %d: no metrics endpoint (%s)", self.rank, exc2)
                 return None
 
@@ -292,8 +315,10 @@ class Monitor:
         self._watchdog.start()
 
     def _stop_hang_tracking(self) -> None:
-        self._collectives.remove()
-        self._watchdog.stop()
+        if self._collectives:
+            self._collectives.remove()
+        if self._watchdog:
+            self._watchdog.stop()
         self.recorder.set_hang(None)
 
     def _sample_sources(self) -> list[Any]:
@@ -325,7 +350,6 @@ class Monitor:
         return sources
 
     def _start_state_writer(self) -> str | None:
-        self._writer: statefile.StateWriter | None = None
         state_dir = self.config.resolved_state_dir(self.job)
         if state_dir is None:
             return None

@@ -162,6 +162,10 @@ def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> No
         assert out["steps"] == 2
         assert "hang_timeout='soon'" in out["bad_option"]
         assert "colour" in out["unknown_option"] and "hang_timeout" in out["unknown_option"]
+        if r.rank == 1:
+            assert "port=65535" in out["port_past_range"] and "LOCAL_RANK (1)" in out["port_past_range"]
+        assert out["bad_hook"].startswith("comm_hook=")
+        assert out["spare_clean"] == [0, False, None], "a failed attach leaves nothing behind"
 
 
 def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path) -> None:

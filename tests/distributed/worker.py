@@ -246,6 +246,18 @@ def bad_inputs() -> dict[str, Any]:
         ddpmon.attach(DDP(MLP()), colour="blue")
     except ddpmon.ConfigError as exc:
         out["unknown_option"] = str(exc)
+    spare = DDP(MLP())
+    try:
+        ddpmon.attach(spare, port=65535).detach()  # + LOCAL_RANK 1 is past the last port on rank 1
+        out["port_past_range"] = "accepted"
+    except ddpmon.ConfigError as exc:
+        out["port_past_range"] = str(exc)
+    try:
+        ddpmon.attach(spare, comm_hook=lambda x: x)
+    except ddpmon.ConfigError as exc:
+        out["bad_hook"] = str(exc)
+    out["spare_clean"] = (len(spare._forward_pre_hooks), "forward" in spare.__dict__,
+                          getattr(spare, "_ddpmon_monitor", None))
     return out
 
 

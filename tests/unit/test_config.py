@@ -49,3 +49,12 @@ def test_job_and_state_dir_defaults() -> None:
     assert cfg.resolved_job({}) == "ddp"
     assert cfg.resolved_state_dir("node1:29500").endswith("ddpmon/node1_29500")
     assert Config.from_env({}, state_dir="").resolved_state_dir("x") is None
+
+
+@pytest.mark.parametrize("option,value", [
+    ("bucket_timing", "false"), ("nvml", "0"), ("track_collectives", 1), ("unused_parameters_advice_steps", "10"),
+])
+def test_options_of_the_wrong_type_are_errors_not_truthy(option: str, value: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({}, **{option: value})
+    assert f"{option}={value!r}" in str(err.value)
