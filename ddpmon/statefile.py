@@ -59,9 +59,47 @@ def read(path: str) -> dict[str, Any]:
         data = json.loads(text)
     except ValueError as exc:
         raise StateFileError(path, f"is not valid JSON (truncated or corrupt: {exc})") from None
-    if not isinstance(data, dict) or "rank" not in data:
-        raise StateFileError(path, "is not a ddpmon state file (no 'rank' key)")
+    if not isinstance(data, dict):
+        raise StateFileError(path, "is not a ddpmon state file (not a JSON object)")
+    reason = problem(data)
+    if reason:
+        raise StateFileError(path, reason)
     return data
+
+
+_NUMBERS = ("now_unix", "last_progress_unix", "started_unix")
+_TYPES: dict[str, tuple[type, ...]] = {
+    "step": (int,), "world_size": (int,), "pid": (int,), "phase": (str,), "job": (str,),
+    "host": (str,), "in_flight": (list,), "unused_parameters": (list,), "buckets": (list,),
+    "collective_log": (list,), "timings": (dict,), "notes": (dict,), "errors": (dict,),
+    "collectives": (dict,), "collective_seq": (dict,), "collective_sites": (dict,),
+    "ddp": (dict,), "hang": (dict, type(None)), "exit": (dict, type(None)),
+    "last_collective": (dict, type(None)),
+}
+
+
+def problem(data: dict[str, Any]) -> str | None:
+    """What makes a parsed state file unusable for its readers (doctor, top, daemon), or None.
+    Keys may be missing (older writers); present ones must have their type."""
+    if "rank" not in data:
+        return "is not a ddpmon state file (no 'rank' key)"
+    rank = data["rank"]
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        return f"has an invalid rank {rank!r} (expected an integer >= 0)"
+    for key in _NUMBERS:
+        if key in data and (not isinstance(data[key], (int, float)) or isinstance(data[key], bool)):
+            return f"has an invalid {key} {data[key]!r} (expected seconds since the epoch)"
+    for key, types in _TYPES.items():
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
+            expected = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            return f"has an invalid {key} {repr(data[key])[:40]} (expected {expected})"
+    for key in ("in_flight", "buckets", "collective_log"):
+        if not all(isinstance(item, dict) for item in data.get(key) or ()):
+            return f"has an invalid {key} (expected a list of objects)"
+    if not all(v is None or isinstance(v, dict) for v in (data.get("timings") or {}).values()
+               if not isinstance(v, int)):
+        return "has an invalid timings entry (expected objects)"
+    return None
 
 
 def list_files(state_dir: str) -> list[str]:

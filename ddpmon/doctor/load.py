@@ -21,7 +21,6 @@ from typing import Any
 from .. import statefile
 from ..errors import StateFileError
 
-_NUMBER_KEYS = ("now_unix", "last_progress_unix", "started_unix")
 
 
 @dataclass
@@ -86,7 +85,7 @@ def load_dir(state_dir: str) -> Loaded:
         try:
             data = statefile.read(path)
             mtime = os.stat(path).st_mtime
-            problem = _check(data)
+            problem = statefile.problem(data)
         except StateFileError as exc:
             loaded.bad.append((path, exc.reason))
             continue
@@ -122,7 +121,7 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
         for data in entries:
             rank = data.get("rank") if isinstance(data, dict) else None
             name = f"{address}/rank-{rank}.json"
-            problem = _check(data) if isinstance(data, dict) else "is not a JSON object"
+            problem = statefile.problem(data) if isinstance(data, dict) else "is not a JSON object"
             if problem:
                 loaded.bad.append((name, problem))
                 continue
@@ -135,17 +134,3 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
     return loaded
 
 
-def _check(data: dict[str, Any]) -> str | None:
-    """What makes a parsed state file unusable, or None."""
-    if "rank" not in data:
-        return "is not a ddpmon state file (no 'rank' key)"
-    rank = data["rank"]
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        return f"has an invalid rank {rank!r} (expected an integer >= 0)"
-    for key in _NUMBER_KEYS:
-        if key in data and not isinstance(data[key], (int, float)):
-            return f"has an invalid {key} {data[key]!r} (expected seconds since the epoch)"
-    for key in ("in_flight",):
-        if key in data and not isinstance(data[key], list):
-            return f"has an invalid {key} (expected a list)"
-    return None

@@ -137,9 +137,9 @@ def test_state_dir_appears_later(tmp_path: Path, sleeper: subprocess.Popen,
 @pytest.mark.parametrize("body, words", [
     (b"{\"rank\": 0, \"pid\": ", "is not valid JSON"),
     (b"", "is empty"),
-    (b"[1, 2]", "no 'rank' key"),
+    (b"[1, 2]", "not a JSON object"),
     (b"{\"rank\": 1}", "has no valid rank, pid, host and now_unix"),
-    (b"{\"rank\": 1, \"pid\": \"x\", \"now_unix\": 1}", "has no valid rank, pid, host and now_unix"),
+    (b"{\"rank\": 1, \"pid\": \"x\", \"now_unix\": 1}", "has an invalid pid 'x' (expected int)"),
 ])
 def test_corrupt_state_file_one_line_and_keeps_serving(
         tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture,

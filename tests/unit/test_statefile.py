@@ -37,6 +37,8 @@ def test_atomic_rewrites_never_show_a_partial_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content,reason", [
     ("", "is empty"), ('{"rank": 0, "st', "not valid JSON"), ("[1, 2]", "not a ddpmon state file"),
+    ('{"rank": 1, "timings": 5}', "invalid timings 5"), ('{"rank": 1, "step": "abc"}', "invalid step 'abc'"),
+    ('{"rank": 1, "buckets": {"x": 1}}', "invalid buckets"), ('{"rank": 1, "in_flight": [3]}', "list of objects"),
 ])
 def test_bad_files_are_reported_by_name(tmp_path: Path, content: str, reason: str) -> None:
     path = tmp_path / "rank-3.json"
