@@ -163,6 +163,11 @@ class Monitor:
         hook cannot be unregistered from DDP, so it becomes a pure pass-through."""
         if self._detached:
             return
+        if self._steps and not self._steps.manual and self.recorder.step_has_synced:
+            try:  # the step in progress synchronised its gradients: it is done, count it
+                self._on_boundary(time.perf_counter())
+            except Exception as exc:
+                self._fuses["step_hooks"].blow(exc)
         self._detached = True
         if self._comm:
             self._comm.timing = False
@@ -222,6 +227,8 @@ class Monitor:
     def _on_boundary(self, now: float) -> None:
         rec = self.recorder
         rec.close_step(now)
+        if rec.steps == 1 and self._writer:  # the first step is news: a rank that dies
+            self._writer.notify()            # early is then not seen "at step 0, phase init"
         self._clock.new_step()
         rec.add_bucket_timings(self._clock.collect())
         unused = self._grads.take_unused() if self._grads else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = args._run(args)
     except KeyboardInterrupt:
+        code = EXIT_OK
+    except BrokenPipeError:  # `ddpmon top | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_OK
     except Exception as exc:  # ddpmon's own failure: say so, exit 3
         logging.getLogger("ddpmon").exception("ddpmon %s failed: %s", args.command, exc)

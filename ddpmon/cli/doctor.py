@@ -7,6 +7,7 @@ nothing to diagnose), 3 ddpmon itself failed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -58,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
                             remote=args.remote)
     except StateFileError as exc:
         print(f"ddpmon doctor: {exc}", file=sys.stderr)
+        if args.json:  # scripts reading --json get an answer too
+            print(json.dumps({"verdict": "no_data", "suspect_ranks": [], "findings": [], "ranks": [],
+                              "error": str(exc)}))
         return EXIT_USAGE
     if args.json:
         print(report.as_json(diagnosis))

@@ -16,8 +16,9 @@ HELP = "show every rank of a job (steps, step time, communication, buckets) from
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("state_dir", nargs="?", default=os.environ.get("DDPMON_STATE_DIR"),
-                   help="directory of rank-<R>.json files (default: $DDPMON_STATE_DIR)")
+    p.add_argument("state_dir", nargs="?",
+                   help="directory of rank-<R>.json files (default: $DDPMON_STATE_DIR, else the "
+                   "job directory under <tmp>/ddpmon written last)")
     p.add_argument("--once", action="store_true", help="print once and exit")
     p.add_argument("--buckets", action="store_true", help="also show each rank's buckets")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
@@ -25,20 +26,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.state_dir:
-        print("ddpmon top: give the state directory (or set DDPMON_STATE_DIR)", file=sys.stderr)
+    from .doctor import default_state_dir
+
+    state_dir = args.state_dir or default_state_dir()
+    if not state_dir:
+        print("ddpmon top: give the state directory (DDPMON_STATE_DIR is not set and "
+              "<tmp>/ddpmon holds no job)", file=sys.stderr)
         return 2
-    if not os.path.isdir(args.state_dir):
-        print(f"ddpmon top: {args.state_dir!r} is not a directory", file=sys.stderr)
+    if not os.path.isdir(state_dir):
+        print(f"ddpmon top: {state_dir!r} is not a directory", file=sys.stderr)
         return 2
+    clear = not args.once and sys.stdout.isatty()
     while True:
-        states, problems = load(args.state_dir)
+        states, problems = load(state_dir)
         if args.json:
             print(json.dumps(states, indent=1, default=str))
         else:
-            if not args.once:
+            if clear:
                 print("\033[2J\033[H", end="")
-            print(render(states, problems, buckets=args.buckets))
+            print(render(states, problems, buckets=args.buckets), flush=True)
         if args.once or args.json:
             return 0
         time.sleep(args.interval)
@@ -104,13 +110,14 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
         for s in sorted(states, key=lambda s: s.get("rank", 0)):
             lines.append(f"\nrank {s.get('rank')} buckets:")
             lines.append(f"  {'bucket':>6} {'size':>10} {'dtype':<9} {'params':>6} {'ready ms':>9} "
-                         f"{'allreduce ms':>12} {'busbw':>12}  count")
+                         f"{'mean ms':>8} {'last ms':>8} {'last busbw':>12}  count")
             for b in s.get("buckets") or []:
                 bw = b.get("busbw_bytes_per_second")
                 lines.append(
-                    f"  {b['index']:>6} {_bytes(b['bytes']):>10} {b['dtype']:<9} {b['num_parameters']:>6} "
-                    f"{_ms(b.get('ready_seconds')):>9} {_ms(b.get('mean_seconds')):>12} "
-                    f"{(_bytes(bw) + '/s') if bw else '-':>12}  {b['count']}"
+                    f"  {b.get('index', '?'):>6} {_bytes(b.get('bytes')):>10} {str(b.get('dtype', '?')):<9} "
+                    f"{b.get('num_parameters', '?'):>6} {_ms(b.get('ready_seconds')):>9} "
+                    f"{_ms(b.get('mean_seconds')):>8} {_ms(b.get('last_seconds')):>8} "
+                    f"{(_bytes(bw) + '/s') if bw else '-':>12}  {b.get('count', 0)}"
                 )
     lines.extend(f"unreadable: {p}" for p in problems)
     return "\n".join(lines)

@@ -180,7 +180,7 @@ def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path
 def test_detach_restores_and_reattach_works(tmp_path: Path) -> None:
     for r in run_ranks("detach_and_reattach", 2, tmp_path):
         out = r.result
-        assert out["steps_first"] == 2  # the third step is still open at detach
+        assert out["steps_first"] == 3  # detach closes the step in progress: it synchronised
         assert out["steps_after_detach"] == out["steps_first"]
         assert out["forward_restored"] and out["endpoint_closed"]
         assert out["steps_second"] == 3
