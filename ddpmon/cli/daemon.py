@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)
     daemon.start()
-    routes = {"/state": daemon.state_route} if args.serve_state else None
+    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served}
     try:
         endpoint = serve(daemon, args.port, args.bind, routes)
     except OSError as exc:
@@ -94,3 +94,7 @@ def run(args: argparse.Namespace) -> int:
     daemon.stop()
     print("ddpmon daemon: stopped", flush=True)
     return EXIT_OK
+
+
+def _state_not_served() -> tuple[str, bytes]:
+    raise LookupError("this daemon does not serve state files: start it with --serve-state")

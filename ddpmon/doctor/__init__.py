@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from .. import statefile
 from ..errors import StateFileError
 from . import procs, stacks
 from .diagnose import STALLED, Diagnosis, Finding, RankView, decide, state_interval, view
@@ -91,10 +92,13 @@ def examine(
 
     verdict, suspects, findings = decide(views, missing)
     findings += notes
-    if missing and not any(f.kind == "missing_rank" for f in findings):
+    unreadable = {int(m.group(1)) for path, _ in loaded.bad
+                  if (m := statefile.NAME_PATTERN.match(os.path.basename(path)))}
+    absent = [r for r in missing if r not in unreadable]
+    if absent and not any(f.kind == "missing_rank" for f in findings):
         findings.append(Finding(
-            "missing_ranks", "warning", missing,
-            f"no state file for ranks {_ranks(missing)} of {world}",
+            "missing_ranks", "warning", absent,
+            f"no state file for ranks {_ranks(absent)} of {world}",
             fix="Those ranks have not attached yet, or write their state files on another host: "
             "give every rank the same shared DDPMON_STATE_DIR, or run the doctor on each host.",
         ))

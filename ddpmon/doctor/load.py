@@ -115,6 +115,8 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
                 raise ValueError("not a JSON list")
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
+            if isinstance(exc, urllib.error.HTTPError):
+                reason = f"HTTP {exc.code}: {exc.read(300).decode(errors='replace').strip() or exc.reason}"
             loaded.bad.append((url, f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
                                     f"running there, and is the port reachable?"))
             continue

@@ -162,7 +162,8 @@ Route = Callable[[], tuple[str, bytes]]
 
 def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Route] | None = None) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral).
-    ``routes`` adds read-only paths beside the metrics: path -> () -> (content type, body).
+    ``routes`` adds read-only paths beside the metrics: path -> () -> (content type, body);
+    a route that raises LookupError answers 404 with its message.
     Raises OSError when the port cannot be bound."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -180,7 +181,12 @@ def _with_routes(app: Callable[..., Any], routes: dict[str, Route]) -> Callable[
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
             return [b""]
-        content_type, body = route()
+        try:
+            content_type, body = route()
+        except LookupError as exc:  # a path this server knows but does not serve now
+            message = (str(exc.args[0] if exc.args else exc) + "\n").encode()
+            start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(message)))])
+            return [message]
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,6 +72,9 @@ def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
         text = scrape(port)
         assert "ddpmon_daemon_info{" in text
         assert "ddpmon_rank_up" not in text
+        with pytest.raises(urllib.error.HTTPError) as not_served:  # off unless --serve-state
+            scrape(port, "/state")
+        assert not_served.value.code == 404 and b"--serve-state" in not_served.value.read()
         time.sleep(0.5)  # a few sampling passes: nothing may be logged twice
     finally:
         code, out, err, took = terminate(proc)
