@@ -61,7 +61,7 @@ class Config:
     bucket_metrics: str = "auto"
     """``per_bucket`` (series per bucket), ``aggregate`` (``bucket="all"`` only), ``off``, or
     ``auto``: per bucket up to 128 buckets, aggregated above (a per-bucket scrape of 1,000
-    buckets takes about 200 ms)."""
+    buckets takes about a quarter of a second)."""
     unused_parameters_advice_steps: int = 100
     """Steps without any unused parameter after which find_unused_parameters=True is
     flagged as needless."""
