@@ -66,6 +66,7 @@ class Watchdog:
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._recorder = recorder
         self._timeout = timeout
@@ -75,6 +76,10 @@ class Watchdog:
         self._extras = extras
         self._interval = interval
         self._clock = clock
+        # Idle time is also counted on a monotonic clock from the moment this watchdog saw
+        # the progress time change, so a wall-clock step (NTP) cannot fake a hang.
+        self._mono = monotonic or (time.monotonic if clock is time.time else clock)
+        self._seen: tuple[float, float, float] | None = None  # (progress, idle then, mono then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported_at = 0.0
@@ -128,6 +133,13 @@ class Watchdog:
             return WARMUP_FACTOR * self._floor, "warm-up"
         return max(self._floor, LEARN_FACTOR * slowest), "learned"
 
+    def _idle(self, now: float, last: float) -> float:
+        """Seconds without progress: the wall clock's word, bounded by the monotonic clock's."""
+        mono = self._mono()
+        if self._seen is None or self._seen[0] != last:
+            self._seen = (last, now - last, mono)
+        return min(now - last, self._seen[1] + (mono - self._seen[2]))
+
     def check(self) -> dict[str, Any] | None:
         """One pass: report a hang, refresh the report while it lasts, clear it on progress.
         Returns the current hang report (None when there is none)."""
@@ -153,7 +165,7 @@ class Watchdog:
                 return fresh
             return report
         timeout, source = self.timeout_now()
-        if timeout is None or now - last < timeout:
+        if timeout is None or self._idle(now, last) < timeout:
             return None
         report = self.build_report(now, last, timeout, source)
         rec.set_hang(report)

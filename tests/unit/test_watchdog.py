@@ -74,6 +74,19 @@ def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.
     assert rec.snapshot()["hang"] is None
 
 
+def test_a_wall_clock_step_fakes_no_hang() -> None:
+    rec = recorder()
+    rec.last_progress_unix = 1000.0
+    wall, mono = Clock(1000.5), Clock(50.0)
+    dog = wd.Watchdog(rec, timeout=2.0, clock=wall, monotonic=mono)
+    assert dog.check() is None
+    wall.now += 3600.0  # NTP steps the wall clock an hour ahead; 0.1 s really passed
+    mono.now += 0.1
+    assert dog.check() is None and rec.hang is None
+    mono.now += 2.0  # now 2.6 s without progress, really
+    assert dog.check() is not None and rec.hang is not None
+
+
 def test_learned_timeout_after_warm_up() -> None:
     assert wd.Watchdog(recorder(), None, floor=60.0).timeout_now() == (300.0, "warm-up")
     assert wd.Watchdog(recorder([0.1, 0.2]), None, floor=60.0).timeout_now() == (300.0, "warm-up")
