@@ -166,6 +166,9 @@ def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> No
             assert "port=65535" in out["port_past_range"] and "LOCAL_RANK (1)" in out["port_past_range"]
         assert out["bad_hook"].startswith("comm_hook=")
         assert out["spare_clean"] == [0, False, None], "a failed attach leaves nothing behind"
+        assert out["partway"] == "injected: attach fails part-way"
+        assert out["partway_clean"] == [False, 0, False, None], "what it had installed is undone"
+        assert out["partway_reattached_steps"] == 2
 
 
 def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path) -> None:

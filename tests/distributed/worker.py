@@ -258,6 +258,29 @@ def bad_inputs() -> dict[str, Any]:
         out["bad_hook"] = str(exc)
     out["spare_clean"] = (len(spare._forward_pre_hooks), "forward" in spare.__dict__,
                           getattr(spare, "_ddpmon_monitor", None))
+    import ddpmon.monitor
+
+    def failing(*_a: Any, **_k: Any) -> None:
+        raise RuntimeError("injected: attach fails part-way")
+
+    fresh = DDP(MLP())
+    real = ddpmon.monitor.StepHooks
+    ddpmon.monitor.StepHooks = failing  # after the comm hook is in place, before the rest
+    try:
+        ddpmon.attach(fresh, job="rollback")
+    except RuntimeError as exc:
+        out["partway"] = str(exc)
+    finally:
+        ddpmon.monitor.StepHooks = real
+    # ddpmon's comm hook stays registered with DDP (it cannot be removed), as a pass-through
+    out["partway_clean"] = (fresh._ddpmon_comm_hook.timing, len(fresh._forward_pre_hooks),
+                            "forward" in fresh.__dict__, getattr(fresh, "_ddpmon_monitor", None))
+    train(fresh, 2)  # the model still trains
+    mon_again = ddpmon.attach(fresh, job="rollback")  # and ddpmon attaches once the cause is gone
+    train(fresh, 2)
+    mon_again.step()
+    out["partway_reattached_steps"] = mon_again.snapshot()["step"]
+    mon_again.detach()
     return out
 
 
