@@ -26,6 +26,8 @@ from .recorder import Recorder
 
 log = logging.getLogger("ddpmon")
 
+_STATE_FILES_IN_USE: set[str] = set()  # by the monitors of this process
+
 _HOW_TO_WRAP = (
     "wrap the model first:\n"
     "    model = torch.nn.parallel.DistributedDataParallel(model)\n"
@@ -61,7 +63,15 @@ class Monitor:
                 ddp._check_comm_hook(config.comm_hook)
             except Exception as exc:
                 raise ConfigError("comm_hook", config.comm_hook,
-                                  f"a hook(state, bucket) -> Future[Tensor] ({exc!r})") from None
+                                  f"a comm hook that torch accepts here; torch refused it: {exc}") from None
+        state_dir = config.resolved_state_dir(self.job)
+        if state_dir is not None and statefile.path_for(state_dir, self.rank) in _STATE_FILES_IN_USE:
+            raise AttachError(
+                f"another model of this process is monitored already, and both would write "
+                f"{statefile.path_for(state_dir, self.rank)}: give this one a state directory of "
+                "its own (ddpmon.attach(model, state_dir=...), or with the default directory a "
+                "job=... of its own)"
+            )
         # What detach() undoes; set before anything is installed, so a failure part-way
         # through attach can undo what was done.
         self._comm: TimedCommHook | None = None
@@ -185,6 +195,7 @@ class Monitor:
             close()
         if self._writer:
             self._writer.stop()
+            _STATE_FILES_IN_USE.discard(self._writer.path)
 
     def __enter__(self) -> Monitor:
         return self
@@ -374,6 +385,7 @@ class Monitor:
             return None
         self._writer = statefile.StateWriter(path, self.recorder.snapshot, self.config.state_interval)
         self._writer.start()
+        _STATE_FILES_IN_USE.add(path)
         return path
 
 

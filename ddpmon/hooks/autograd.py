@@ -42,8 +42,10 @@ class GradReadyHooks:
     def _hook_for(self, i: int) -> Callable[[torch.Tensor], None]:
         seen, recorder, fuse = self._seen, self._recorder, self._fuse
 
-        def grad_ready(_param: torch.Tensor) -> None:
-            if not fuse.ok:
+        def grad_ready(param: torch.Tensor) -> None:
+            # Autograd also runs the hook with no gradient at all, for a parameter that is
+            # reachable from the outputs but not from the loss: that one is unused too.
+            if not fuse.ok or param.grad is None:
                 return
             try:
                 if seen[i] != self._generation:

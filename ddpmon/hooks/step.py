@@ -37,6 +37,7 @@ class StepHooks:
         self._backward_seen = backward_seen
         self._fuse = fuse
         self._sync_expected = False
+        self._in_backward = False  # a backward started and its end callback is queued
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward),
             ddp.register_forward_hook(self._after_forward),
@@ -52,6 +53,7 @@ class StepHooks:
             ):
                 self._on_boundary(now)
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
+            self._in_backward = False  # (a backward that raised never ran its end callback)
             self._recorder.forward_started(now)
         except Exception as exc:
             self._fuse.blow(exc)
@@ -61,15 +63,17 @@ class StepHooks:
             return
         try:
             self._recorder.forward_finished(time.perf_counter())
-            tensor = _first_grad_tensor(output)
-            if tensor is not None:
+            # Every output tensor autograd may reach: the loss may use any of them, and
+            # the first whose gradient arrives marks the start of backward.
+            for tensor in _grad_tensors(output):
                 tensor.register_hook(self._backward_started)
         except Exception as exc:
             self._fuse.blow(exc)
 
     def _backward_started(self, _grad: torch.Tensor) -> None:
-        if self._fuse.ok:
+        if self._fuse.ok and not self._in_backward:
             try:
+                self._in_backward = True
                 self._recorder.backward_started(time.perf_counter())
                 # Runs once the autograd graph is done, before DDP waits for its buckets:
                 # the end of backward compute, whatever hooks there are.
@@ -78,6 +82,7 @@ class StepHooks:
                 self._fuse.blow(exc)
 
     def _backward_done(self) -> None:
+        self._in_backward = False
         if self._fuse.ok:
             try:
                 self._recorder.grad_ready(time.perf_counter())
@@ -90,17 +95,18 @@ class StepHooks:
         self._handles = []
 
 
-def _first_grad_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
-    """The first tensor in the output that autograd will reach (looked for shallowly)."""
+def _grad_tensors(output: Any, depth: int = 0, limit: int = 16) -> list[torch.Tensor]:
+    """The output's tensors that autograd may reach (looked for shallowly, at most 16)."""
     if isinstance(output, torch.Tensor):
-        return output if output.requires_grad else None
+        return [output] if output.requires_grad else []
     if depth > 2:
-        return None
+        return []
     if isinstance(output, dict):
         output = list(output.values())
+    found: list[torch.Tensor] = []
     if isinstance(output, (list, tuple)):
-        for item in output[:16]:
-            found = _first_grad_tensor(item, depth + 1)
-            if found is not None:
-                return found
-    return None
+        for item in output[:limit]:
+            found += _grad_tensors(item, depth + 1, limit - len(found))
+            if len(found) >= limit:
+                break
+    return found

@@ -164,7 +164,9 @@ def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> No
         assert "colour" in out["unknown_option"] and "hang_timeout" in out["unknown_option"]
         if r.rank == 1:
             assert "port=65535" in out["port_past_range"] and "LOCAL_RANK (1)" in out["port_past_range"]
-        assert out["bad_hook"].startswith("comm_hook=")
+        assert out["bad_hook"].startswith("comm_hook=") and "torch refused it" in out["bad_hook"]
+        assert f"rank-{r.rank}.json" in out["same_state_file"] and "state_dir=" in out["same_state_file"]
+        assert out["second_state_file"] is True
         assert out["spare_clean"] == [0, False, None], "a failed attach leaves nothing behind"
         assert out["partway"] == "injected: attach fails part-way"
         assert out["partway_clean"] == [False, 0, False, None], "what it had installed is undone"
@@ -212,3 +214,9 @@ def test_ddp_on_a_subgroup_keeps_the_jobs_world_size(tmp_path: Path) -> None:
     for r in run_ranks("subgroup", 2, tmp_path):
         assert r.result == {"world_size": 2, "ddp_world_size": 1, "rank": r.rank, "steps": 3,
                             "buckets": 1}
+
+
+def test_backward_is_timed_when_the_loss_uses_a_later_output(tmp_path: Path) -> None:
+    for r in run_ranks("backward_from_second_output", 2, tmp_path):
+        assert r.result["backward"]["median"] > 0
+        assert r.result["unused"] == ["aux.weight", "aux.bias"]

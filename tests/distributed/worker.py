@@ -258,6 +258,17 @@ def bad_inputs() -> dict[str, Any]:
         out["bad_hook"] = str(exc)
     out["spare_clean"] = (len(spare._forward_pre_hooks), "forward" in spare.__dict__,
                           getattr(spare, "_ddpmon_monitor", None))
+    second = DDP(MLP())
+    try:  # the first model's monitor (job "bad") has state files off; use a shared one
+        first = ddpmon.attach(DDP(MLP()), job="pair")
+        ddpmon.attach(second, job="pair")
+    except ddpmon.AttachError as exc:
+        out["same_state_file"] = str(exc)
+    other_dir = os.path.join(os.environ["DDPMON_TEST_OUT"], "state-2")
+    second_monitor = ddpmon.attach(second, job="pair", state_dir=other_dir)
+    out["second_state_file"] = second_monitor.state_file == os.path.join(other_dir, f"rank-{RANK}.json")
+    second_monitor.detach()
+    first.detach()
     import ddpmon.monitor
 
     def failing(*_a: Any, **_k: Any) -> None:
@@ -436,6 +447,39 @@ def subgroup() -> dict[str, Any]:
     snap = mon.snapshot()
     return {"world_size": snap["world_size"], "ddp_world_size": snap["ddp_world_size"],
             "rank": snap["rank"], "steps": snap["step"], "buckets": len(snap["buckets"])}
+
+
+class AuxFirst(nn.Module):
+    """Returns (auxiliary output, main output); the loss uses only the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(32, 32)
+        self.aux = nn.Linear(32, 8)
+        self.main = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.body(x))
+        return self.aux(h), self.main(h)
+
+
+@scenario
+def backward_from_second_output() -> dict[str, Any]:
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(AuxFirst(), find_unused_parameters=True)
+    mon = ddpmon.attach(model, job="aux", bucket_timing=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        x, y = batch(step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x)[1], y).backward()
+        opt.step()
+    mon.step()
+    snap = mon.snapshot()
+    return {"backward": snap["timings"]["backward_seconds"], "unused": snap["unused_parameters"]}
 
 
 def main() -> None:
