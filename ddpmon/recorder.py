@@ -26,8 +26,6 @@ MAX_CALL_SITES = 64
 BUCKET_OP = "all_reduce"  # torch's name, as for the collectives user code issues
 BUCKET_SITE = "all_reduce DDP backward (DDP bucket)"  # site_key_of() of every bucket entry
 
-PHASES = ("init", "forward", "after_forward", "backward", "allreduce", "after_backward", "detached")
-
 
 class Histogram:
     """A cumulative histogram with fixed bounds: O(1) per observation, no allocation."""
@@ -116,6 +114,7 @@ class Recorder:
         self.world_size = max(1, int(world_size))
         self._lock = threading.Lock()
         self.steps = 0
+        # init, forward, after_forward, backward, allreduce, after_backward or detached
         self.phase = "init"
         self.started_unix = time.time()
         self.last_progress_unix = self.started_unix
@@ -316,12 +315,6 @@ class Recorder:
     def record_error(self, part: str, message: str) -> None:
         with self._lock:
             self.errors[part] = message
-
-    def collective_issued(self, op: str) -> None:
-        with self._lock:
-            self.issued += 1
-            self._ops.setdefault(op, [0, 0])[0] += 1
-        self.last_progress_unix = time.time()
 
     def collective_completed(self, op: str) -> None:
         with self._lock:
