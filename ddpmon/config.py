@@ -17,6 +17,7 @@ from typing import Any
 from .errors import ConfigError
 
 BUCKET_METRICS_MODES = ("auto", "per_bucket", "aggregate", "off")
+BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "off")
 AUTO_PER_BUCKET_LIMIT = 128
 
 
@@ -45,11 +46,13 @@ class Config:
     track_collectives: bool = True
     """Record every collective this rank issues through ``torch.distributed`` (op, bytes,
     call site, sequence number per process group) while attached."""
-    bucket_timing: bool = True
-    """Time every gradient bucket through a Python comm hook. False leaves DDP's C++
-    all-reduce (or your ``comm_hook``) untouched: no per-bucket series, no exposed
-    communication, the rest as usual. On CPU a Python comm hook costs a few percent of
-    step time (docs/performance.md)."""
+    bucket_timing: str = "auto"
+    """Where per-bucket timing comes from. ``c10d``: NCCL's own per-collective timing
+    (its completion hook), with DDP's C++ all-reduce (or your ``comm_hook``) left in place.
+    ``hook``: a Python comm hook around the all-reduce (any backend; on CPU it costs a few
+    percent of step time, docs/performance.md). ``auto``: ``c10d`` on NCCL, ``hook``
+    elsewhere. ``off``: no per-bucket series, the rest as usual. True/False mean
+    ``auto``/``off``."""
     comm_hook: Callable[..., Any] | None = None
     """A comm hook of your own, ``hook(state, bucket) -> Future[Tensor]``, that ddpmon
     registers and times. In the environment: a dotted path such as
@@ -101,7 +104,12 @@ class Config:
             raise ConfigError(
                 "hang_timeout", self.hang_timeout, "seconds >= 0 (0 = off, unset = learned)"
             )
-        for name in ("nvml", "track_collectives", "bucket_timing"):
+        if isinstance(self.bucket_timing, bool):  # the older spelling
+            object.__setattr__(self, "bucket_timing", "auto" if self.bucket_timing else "off")
+        if self.bucket_timing not in BUCKET_TIMING_MODES:
+            raise ConfigError("bucket_timing", self.bucket_timing,
+                              " or ".join(BUCKET_TIMING_MODES) + " (or True/False)")
+        for name in ("nvml", "track_collectives"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
         steps = self.unused_parameters_advice_steps
@@ -153,12 +161,16 @@ def _parse(var: str, name: str, text: str) -> Any:
             return float(text)
         except ValueError:
             raise ConfigError(var, text, "a number of seconds") from None
+    if name == "bucket_timing" and text.lower() in BUCKET_TIMING_MODES:
+        return text.lower()
     if name in ("nvml", "track_collectives", "bucket_timing"):
         lowered = text.lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
+        if name == "bucket_timing":
+            raise ConfigError(var, text, ", ".join(BUCKET_TIMING_MODES) + " (or 1/0)")
         raise ConfigError(var, text, "1/true/yes/on or 0/false/no/off")
     if name == "comm_hook":
         return _import_hook(var, text)

@@ -19,7 +19,9 @@ from .collectors import host, nvml, torch_memory
 from .config import Config
 from .errors import AttachError, ConfigError
 from .hooks.autograd import GradReadyHooks, explain_reduction_error
+from .hooks import completion
 from .hooks.comm import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
+from .hooks.completion import BucketLayout, CompletionClock
 from .hooks.step import StepHooks
 from .metrics.exporter import Endpoint, RankCollector, serve
 from .recorder import Recorder
@@ -79,7 +81,7 @@ class Monitor:
         self._steps: StepHooks | None = None
         self._endpoint: Endpoint | None = None
         self._writer: statefile.StateWriter | None = None
-        self._closers: list[Any] = []  # sources to release at detach (NVML)
+        self._closers: list[Any] = []  # what to release at detach (NVML, the c10d listener)
         self._collectives: Any = None
         self._watchdog: Any = None
         self.state_file: str | None = None
@@ -101,26 +103,38 @@ class Monitor:
         ]
         names = {id(p): name for name, p in parameters}
         device = identity["device"]
-        clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
-        self._clock = clock
         hook, state = config.comm_hook or allreduce_mean_hook, config.comm_state
         if state is None:
             state = ddp.process_group
         comm = getattr(ddp, "_ddpmon_comm_hook", None)
-        if comm is None and not config.bucket_timing:
-            if config.comm_hook:  # the user's hook, registered as is
-                ddp.register_comm_hook(state, hook)
-        elif comm is None:
+        mode = self._timing_mode(ddp, config)
+        if comm is not None and mode != "off":  # DDP still holds ddpmon's hook: it times
+            mode = "hook"
+        self.bucket_timing = mode
+        clock: Any = CudaEventClock(device) if device.startswith("cuda") else WallClock()
+        if mode == "c10d":
+            clock = self._completion_clock(ddp, device, config)
+            if clock is None:
+                self.bucket_timing = mode = "hook"
+                clock = CudaEventClock(device)
+        self._clock = clock
+        self._layout: BucketLayout | None = None
+        if mode in ("c10d", "off") and config.comm_hook:  # the user's hook, registered as is
+            ddp.register_comm_hook(state, hook)
+        if mode == "c10d":
+            self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+        elif comm is None and mode == "hook":
             comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
             ddp.register_comm_hook(None, comm)
             ddp._ddpmon_comm_hook = comm  # type: ignore[attr-defined]
             ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
-        else:  # attached before and detached: DDP still holds ddpmon's hook
+        elif comm is not None:  # attached before and detached: DDP still holds ddpmon's hook
             comm.rebind(self.recorder, clock, names, self._fuses["comm_hook"])
-            comm.timing = config.bucket_timing
+            comm.timing = config.bucket_timing != "off"
             if config.comm_hook:
                 comm.replace(hook, state)
         self._comm = comm
+        self.recorder.identity["bucket_timing"] = mode
 
         # Parameters can go unused without an error only with find_unused_parameters or
         # static_graph; otherwise DDP stops at the next iteration and ddpmon names them in
@@ -128,7 +142,8 @@ class Monitor:
         if getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
             self._grads = GradReadyHooks(parameters, self.recorder, self._fuses["grad_hooks"])
         self._steps = StepHooks(
-            ddp, self.recorder, self._on_boundary, self._backward_seen, self._fuses["step_hooks"]
+            ddp, self.recorder, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
+            timeline=clock if isinstance(clock, CompletionClock) else None,
         )
         self._wrap_forward([name for name, _ in parameters])
 
@@ -240,8 +255,7 @@ class Monitor:
         rec.close_step(now)
         if rec.steps == 1 and self._writer:  # the first step is news: a rank that dies
             self._writer.notify()            # early is then not seen "at step 0, phase init"
-        self._clock.new_step()
-        rec.add_bucket_timings(self._clock.collect())
+        self._collect_bucket_timings()
         unused = self._grads.take_unused() if self._grads else None
         if unused is not None and rec.set_unused_parameters(unused):
             if unused:
@@ -255,6 +269,51 @@ class Monitor:
             if self._writer:
                 self._writer.notify()
         self._advise_find_unused(rec)
+
+    def _collect_bucket_timings(self) -> None:
+        clock, rec = self._clock, self.recorder
+        if isinstance(clock, CompletionClock):
+            fuse = self._fuses["comm_hook"]
+            if not fuse.ok:
+                return
+            try:
+                buckets = self._layout.refresh(rec) if self._layout else 0
+                clock.new_step(buckets)
+                for timings, exposed in clock.collect():
+                    rec.add_bucket_timings(timings, exposed)
+                if clock.warning and "bucket_timing" not in rec.notes:
+                    rec.note("bucket_timing", clock.warning)
+            except Exception as exc:
+                fuse.blow(exc)
+            return
+        clock.new_step()
+        for timings, exposed in clock.collect():
+            rec.add_bucket_timings(timings, exposed)
+
+    def _timing_mode(self, ddp: DistributedDataParallel, config: Config) -> str:
+        """``hook``, ``c10d`` or ``off``: what ``bucket_timing`` means for this model."""
+        mode = config.bucket_timing
+        if mode in ("hook", "off"):
+            return mode
+        reason = completion.unavailable_reason(ddp.process_group)
+        if mode == "c10d" and reason:
+            raise ConfigError("bucket_timing", mode, f"'hook' or 'auto' here: {reason}")
+        return "hook" if reason else "c10d"
+
+    def _completion_clock(self, ddp: DistributedDataParallel, device: str, config: Config) -> CompletionClock | None:
+        """The c10d clock, or None (and a warning) when c10d refuses the completion hook."""
+        clock = CompletionClock(device, bool(getattr(ddp, "find_unused_parameters", False)), self._fuses["comm_hook"])
+        try:
+            self._closers.append(completion.listen(ddp.process_group, clock.on_completion))
+            return clock
+        except Exception as exc:
+            if config.bucket_timing == "c10d":
+                raise AttachError(f"bucket_timing='c10d': c10d refused a completion hook: {exc}") from exc
+            log.warning(
+                "ddpmon: rank %d: c10d refused a completion hook (%s); timing buckets through a "
+                "Python comm hook instead", self.rank, exc,
+            )
+            return None
 
     def _advise_find_unused(self, rec: Recorder) -> None:
         if self._advised_unused or not getattr(self._ddp, "find_unused_parameters", False):

@@ -104,6 +104,7 @@ class _Step:
     backward_start: float | None = None
     last_grad_ready: float | None = None
     buckets_launched: int = 0
+    synced: bool = False
 
 
 class Recorder:
@@ -212,6 +213,11 @@ class Recorder:
                 sites[BUCKET_SITE] = sites.get(BUCKET_SITE, 0) + 1
         self.last_progress_unix = now
 
+    def gradients_synced(self) -> None:
+        """DDP has waited for every bucket of this step (on a GPU: the stream waits)."""
+        self._cur.synced = True
+        self.phase = "after_backward"
+
     def bucket_completed(self, is_last: bool) -> None:
         if is_last:
             self.phase = "after_backward"
@@ -231,7 +237,7 @@ class Recorder:
     @property
     def step_has_synced(self) -> bool:
         """True once the step in progress has launched its gradient all-reduce."""
-        return self._cur.buckets_launched > 0
+        return self._cur.buckets_launched > 0 or self._cur.synced
 
     # -- step boundary (the training thread) -------------------------------------------------
 
@@ -266,15 +272,15 @@ class Recorder:
             for index in [i for i in self.buckets if i >= count]:
                 del self.buckets[index]
 
-    def add_bucket_timings(self, timings: Sequence[BucketTiming]) -> None:
+    def add_bucket_timings(self, timings: Sequence[BucketTiming], exposed: float | None = None) -> None:
         """Fold one step's bucket collectives in: per-bucket time, bandwidth, exposed comm.
 
         A bucket's time runs from its launch (the bucket became ready) to its completion, so
         it includes any wait behind earlier buckets on the same communicator. Exposed
         communication runs from the last bucket becoming ready (backward compute done) to
-        the last collective done.
+        the last collective done; a clock that measures it another way passes ``exposed``.
         """
-        if not timings:
+        if not timings and exposed is None:
             return
         ordered = sorted(timings, key=lambda t: t.start)
         factor = 2.0 * (self.world_size - 1) / self.world_size
@@ -289,7 +295,8 @@ class Recorder:
                 stats.last_seconds = seconds
                 stats.last_ready_seconds = t.ready
                 stats.last_busbw = stats.bytes / seconds * factor if seconds > 0 else None
-            exposed = max(0.0, max(t.end for t in ordered) - ordered[-1].start)
+            if exposed is None:
+                exposed = max(0.0, max(t.end for t in ordered) - ordered[-1].start)
             self.exposed_hist.observe(exposed)
             if self.recent and self.recent[-1][3] is None:
                 s, f, b, _ = self.recent[-1]

@@ -4,6 +4,10 @@ A forward pre-hook on the DDP module marks the start of a forward; a forward hoo
 and, through a hook on the output tensor, the start of backward. A step ends at the first
 forward after a backward that synchronised gradients (forwards under ``no_sync`` or without
 grad belong to the step in progress), or at ``Monitor.step()`` once a loop calls it.
+
+Two autograd final callbacks bracket DDP's own: the first marks the end of backward
+compute, the second runs after DDP has waited for its buckets. A ``timeline`` (the c10d
+bucket clock) hears of the start of backward and of both.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ class StepHooks:
         on_boundary: Callable[[float], None],
         backward_seen: Callable[[], bool],
         fuse: Fuse,
+        timeline: Any = None,
     ) -> None:
         self.manual = False
+        self._timeline = timeline
         self._ddp = ddp
         self._recorder = recorder
         self._on_boundary = on_boundary
@@ -75,6 +81,8 @@ class StepHooks:
             try:
                 self._in_backward = True
                 self._recorder.backward_started(time.perf_counter())
+                if self._timeline is not None:
+                    self._timeline.backward_started(self._recorder.step_start)
                 # Runs once the autograd graph is done, before DDP waits for its buckets:
                 # the end of backward compute, whatever hooks there are.
                 Variable._execution_engine.queue_callback(self._backward_done)
@@ -85,7 +93,24 @@ class StepHooks:
         self._in_backward = False
         if self._fuse.ok:
             try:
-                self._recorder.grad_ready(time.perf_counter())
+                rec = self._recorder
+                rec.grad_ready(time.perf_counter())
+                if self._sync_expected and rec.phase == "backward":
+                    rec.phase = "allreduce"  # (a comm hook has said so already)
+                if self._timeline is not None:
+                    self._timeline.backward_done()
+                # Queued now, it runs after DDP's finalize (queued during backward).
+                Variable._execution_engine.queue_callback(self._synced)
+            except Exception as exc:
+                self._fuse.blow(exc)
+
+    def _synced(self) -> None:
+        if self._fuse.ok:
+            try:
+                if self._sync_expected:
+                    self._recorder.gradients_synced()
+                if self._timeline is not None:
+                    self._timeline.sync_done()
             except Exception as exc:
                 self._fuse.blow(exc)
 

@@ -53,6 +53,15 @@ def test_every_bucket_is_timed_on_every_rank(basic) -> None:
         assert ready == sorted(ready)
 
 
+def test_ddps_logging_data_gives_the_layout_the_comm_hook_sees(basic) -> None:
+    """The c10d clock has no GradBucket: it reads the layout from DDP's logging data."""
+    for r in basic:
+        hooked = [[b["index"], b["bytes"], b["dtype"], b["parameters"]] for b in r.result["snapshot"]["buckets"]]
+        assert r.result["logged_count"] == 4
+        assert r.result["logged_layout"] == hooked
+        assert r.result["snapshot"]["bucket_timing"] == "hook", "auto on gloo: the Python comm hook"
+
+
 def test_bus_bandwidth_follows_nccl_tests_definition(basic) -> None:
     b = basic[0].result["snapshot"]["buckets"][1]
     n = 3
@@ -165,6 +174,8 @@ def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> No
         if r.rank == 1:
             assert "port=65535" in out["port_past_range"] and "LOCAL_RANK (1)" in out["port_past_range"]
         assert out["bad_hook"].startswith("comm_hook=") and "torch refused it" in out["bad_hook"]
+        assert out["c10d_on_gloo"].startswith("bucket_timing='c10d'")
+        assert "gloo backend has no completion hook" in out["c10d_on_gloo"] and "'hook' or 'auto'" in out["c10d_on_gloo"]
         assert f"rank-{r.rank}.json" in out["same_state_file"] and "state_dir=" in out["same_state_file"]
         assert out["second_state_file"] is True
         assert out["spare_clean"] == [0, False, None], "a failed attach leaves nothing behind"
@@ -203,9 +214,10 @@ def test_without_bucket_timing_ddp_keeps_its_own_allreduce(tmp_path: Path) -> No
     for r in run_ranks("without_bucket_timing", 2, tmp_path):
         out = r.result
         assert out["max_diff"] == 0.0
-        assert out["steps"] == 4 and out["buckets"] == []
+        assert out["steps"] == 4 and out["buckets"] == [] and out["mode"] == "off"
         assert out["backward"]["median"] > 0
-        assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 4
+        assert out["phases"] == ["after_backward"] * 4, "DDP's wait for its buckets is seen without a hook"
+        assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 3
         assert sample(out["metrics"], "ddpmon_allreduce_seconds_count", job="untimed", rank=str(r.rank)) is None
         assert out["registered"] == ["allreduce_hook"]
 

@@ -122,8 +122,17 @@ def train_basic(steps: str = "8") -> dict[str, Any]:
     mon._writer.write_now()
     state = read_state(mon.state_file)
     sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
+    # The layout the c10d clock reads from DDP's logging data, for the test to compare
+    # with what the comm hook saw in each GradBucket.
+    from ddpmon.hooks.completion import BucketLayout
+    from ddpmon.recorder import Recorder
+
+    logged = Recorder({}, WORLD)
+    named = list(model.module.named_parameters())
+    count = BucketLayout(model, [p for _, p in named], [n for n, _ in named]).refresh(logged)
+    layout = [[b["index"], b["bytes"], b["dtype"], b["parameters"]] for b in logged.snapshot()["buckets"]]
     return {"snapshot": snap, "metrics": text, "state": state, "state_file": mon.state_file,
-            "port": mon.port, "param_bytes": sizes}
+            "port": mon.port, "param_bytes": sizes, "logged_layout": layout, "logged_count": count}
 
 
 def _grads(model: nn.Module) -> dict[str, list[float]]:
@@ -256,6 +265,10 @@ def bad_inputs() -> dict[str, Any]:
         ddpmon.attach(spare, comm_hook=lambda x: x)
     except ddpmon.ConfigError as exc:
         out["bad_hook"] = str(exc)
+    try:
+        ddpmon.attach(DDP(MLP()), bucket_timing="c10d")
+    except ddpmon.ConfigError as exc:
+        out["c10d_on_gloo"] = str(exc)
     out["spare_clean"] = (len(spare._forward_pre_hooks), "forward" in spare.__dict__,
                           getattr(spare, "_ddpmon_monitor", None))
     second = DDP(MLP())
@@ -371,8 +384,9 @@ def no_sync_accumulation() -> dict[str, Any]:
 
 
 @scenario
-def cuda_timing(backend: str = "gloo") -> dict[str, Any]:
-    """CUDA tensors, CUDA-event bucket timing; gradients compared with an unwatched twin."""
+def cuda_timing(backend: str = "gloo", timing: str = "auto") -> dict[str, Any]:
+    """CUDA tensors, bucket timing from CUDA events (the hook) or from c10d (NCCL);
+    gradients compared with an unwatched twin."""
     import ddpmon
 
     store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD)
@@ -384,9 +398,9 @@ def cuda_timing(backend: str = "gloo") -> dict[str, Any]:
     plain = DDP(MLP(width=256).to(device), bucket_cap_mb=0.1, **kwargs)
     torch.manual_seed(0)
     watched = DDP(MLP(width=256).to(device), bucket_cap_mb=0.1, **kwargs)
-    mon = ddpmon.attach(watched, job="cuda")
+    mon = ddpmon.attach(watched, job="cuda", bucket_timing=timing)
     max_diff = 0.0
-    for step in range(10):
+    for step in range(20):
         x, y = (t.to(device) for t in batch(step))
         for model in (plain, watched):
             model.zero_grad()
@@ -394,12 +408,14 @@ def cuda_timing(backend: str = "gloo") -> dict[str, Any]:
         for (_, a), (_, b) in zip(plain.module.named_parameters(), watched.module.named_parameters()):
             max_diff = max(max_diff, (a.grad - b.grad).abs().max().item())
     torch.cuda.synchronize()
+    time.sleep(1.0)  # c10d reports completions from its watchdog thread, a little later
     mon.step()  # events are complete after the synchronize: this boundary resolves them
     snap = mon.snapshot()
     mon.detach()
     exposed = snap["timings"]["exposed_comm_seconds"]
     return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
-            "exposed_median": exposed["median"] if exposed else None}
+            "exposed_median": exposed["median"] if exposed else None, "mode": snap["bucket_timing"],
+            "comm_hooks": len(getattr(watched, "_comm_hooks", [])), "notes": snap["notes"]}
 
 
 @scenario
@@ -416,19 +432,23 @@ def without_bucket_timing() -> dict[str, Any]:
     watched = DDP(MLP())
     mon = ddpmon.attach(watched, job="untimed", bucket_timing=False)
     max_diff = 0.0
+    phases = []
     for step in range(4):
         x, y = batch(step)
         for model in (plain, watched):
             model.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
+        phases.append(mon.snapshot()["phase"])
         g1, g2 = _grads(plain), _grads(watched)
         max_diff = max(max_diff, max(max(abs(a - b) for a, b in zip(g1[n], g2[n])) for n in g1))
-    mon.step()
+    metrics = scrape(mon.port)  # three steps closed: the fourth ends at the next forward
+    mon.detach()  # ... or here: it synchronised its gradients, so it counts
     snap = mon.snapshot()
     watched.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's own: nothing in the way
     return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
-            "backward": snap["timings"]["backward_seconds"], "metrics": scrape(mon.port),
-            "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks]}
+            "backward": snap["timings"]["backward_seconds"], "metrics": metrics,
+            "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks],
+            "phases": phases, "mode": snap["bucket_timing"]}
 
 
 @scenario

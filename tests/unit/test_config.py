@@ -58,3 +58,18 @@ def test_options_of_the_wrong_type_are_errors_not_truthy(option: str, value: obj
     with pytest.raises(ConfigError) as err:
         Config.from_env({}, **{option: value})
     assert f"{option}={value!r}" in str(err.value)
+
+
+def test_bucket_timing_names_its_source_and_keeps_the_boolean_spelling() -> None:
+    assert Config.from_env({}).bucket_timing == "auto"
+    assert Config.from_env({}, bucket_timing=True).bucket_timing == "auto"
+    assert Config.from_env({}, bucket_timing=False).bucket_timing == "off"
+    assert Config.from_env({"DDPMON_BUCKET_TIMING": "C10D"}).bucket_timing == "c10d"
+    assert Config.from_env({"DDPMON_BUCKET_TIMING": "0"}).bucket_timing == "off"
+    assert Config.from_env({"DDPMON_BUCKET_TIMING": "hook"}, bucket_timing="off").bucket_timing == "off"
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({"DDPMON_BUCKET_TIMING": "nccl"})
+    assert "DDPMON_BUCKET_TIMING='nccl'" in str(err.value) and "auto, hook, c10d, off" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({}, bucket_timing="events")
+    assert "auto or hook or c10d or off" in str(err.value)

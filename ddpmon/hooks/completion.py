@@ -1,0 +1,293 @@
+"""Bucket timing from c10d itself: NCCL's per-collective timing, DDP's C++ all-reduce untouched.
+
+With collective timing on, ProcessGroupNCCL hands a completion hook one ``WorkInfo`` per
+collective (op type, sequence number, enqueue time, GPU duration) from a thread of its own,
+shortly after the collective ends. Nothing of ddpmon runs on DDP's path to the all-reduce:
+the completion hook appends three numbers and returns.
+
+At step boundaries, the all-reduces enqueued during a step's backward are matched to DDP's
+buckets by order (DDP launches buckets 0, 1, ... in index order), and only when their count
+is the bucket count (plus DDP's used-parameter all-reduce, issued after the last bucket,
+with find_unused_parameters); a step with any other count is skipped and counted, never
+guessed. Exposed communication comes from two pooled CUDA events per step: one at the end
+of backward compute, one after DDP has made the stream wait for every bucket.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._safety import Fuse
+from ..recorder import BucketTiming
+
+log = logging.getLogger("ddpmon")
+
+MAX_COLLECTIVES = 8192  # completions not yet matched to a step
+MAX_WINDOWS = 64  # closed steps waiting for their completions
+SETTLE_SECONDS = 10.0  # a step with no later collective is matched after this long
+WARN_AFTER_UNMATCHED = 20  # consecutive steps without a match before saying so
+
+# One completion hook per process group, for the life of the group (c10d has no way to
+# remove one): ddpmon registers a dispatcher once and monitors add and remove listeners.
+_DISPATCHERS: dict[int, tuple[Any, list[Callable[[Any], None]]]] = {}
+
+
+def unavailable_reason(group: Any) -> str | None:
+    """Why c10d cannot time this process group's collectives, or None when it can."""
+    backend = str(dist.get_backend(group))
+    if backend != "nccl":
+        return f"the {backend} backend has no completion hook (only NCCL has one)"
+    if not hasattr(group, "_register_on_completion_hook") or not hasattr(group, "_enable_collectives_timing"):
+        return f"torch {torch.__version__} has no ProcessGroup._register_on_completion_hook"
+    return None
+
+
+def listen(group: Any, listener: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``listener(work_info)`` for each collective of ``group`` that completes;
+    returns the function that stops it. Turns c10d's collective timing on."""
+    entry = _DISPATCHERS.get(id(group))
+    if entry is None or entry[0] is not group:
+        listeners: list[Callable[[Any], None]] = []
+
+        def dispatch(info: Any) -> None:  # on c10d's hook thread; must never raise
+            for fn in tuple(listeners):
+                try:
+                    fn(info)
+                except Exception:
+                    pass
+
+        group._enable_collectives_timing()
+        group._register_on_completion_hook(dispatch)
+        entry = _DISPATCHERS[id(group)] = (group, listeners)
+    entry[1].append(listener)
+
+    def stop() -> None:
+        if listener in entry[1]:
+            entry[1].remove(listener)
+
+    return stop
+
+
+@dataclass
+class _Window:
+    """One step's backward, on the wall clock, and what is needed to match it."""
+
+    step_start_unix: float
+    start_unix: float
+    end_unix: float | None = None
+    buckets: int = 0
+    events: list[Any] = field(default_factory=list)  # [backward compute end, collectives done]
+
+
+class CompletionClock:
+    """A BucketClock fed by c10d's completion hook instead of a comm hook.
+
+    ``on_completion`` is the listener (``listen(group, clock.on_completion)``). The step
+    hooks call ``backward_started``, ``backward_done`` and ``sync_done``; the monitor calls
+    ``new_step(buckets)`` at each boundary and ``collect()`` after it.
+    """
+
+    def __init__(self, device: torch.device | str, find_unused: bool, fuse: Fuse) -> None:
+        self._device = torch.device(device)
+        self._cuda = self._device.type == "cuda"
+        self._find_unused = find_unused
+        self._fuse = fuse
+        self._done: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=MAX_COLLECTIVES)
+        self._pending: list[tuple[int, float, float]] = []
+        self._windows: collections.deque[_Window] = collections.deque()
+        self._open: _Window | None = None
+        self._free_events: list[Any] = []
+        self.matched_steps = 0
+        self.unmatched_steps = 0
+        self._unmatched_run = 0
+        self.last_mismatch: str | None = None
+        self.warning: str | None = None  # set once, when steps keep failing to match
+
+    # -- c10d's hook thread -----------------------------------------------------------------
+
+    def on_completion(self, info: Any) -> None:
+        if not self._fuse.ok:
+            return
+        try:
+            op = info.op_type
+            if getattr(op, "name", str(op).rpartition(".")[2]) != "ALLREDUCE":
+                return
+            self._done.append((
+                int(getattr(info, "seq", 0) or 0),
+                info.time_started.timestamp(),
+                info.active_duration.total_seconds(),
+            ))
+        except Exception as exc:
+            self._fuse.blow(exc)
+
+    # -- the training thread ----------------------------------------------------------------
+
+    def backward_started(self, step_start: float) -> None:
+        """The first backward of a step began; ``step_start`` on ``time.perf_counter``."""
+        if self._open is None:
+            now = time.time()
+            self._open = _Window(step_start_unix=now - (time.perf_counter() - step_start), start_unix=now)
+
+    def backward_done(self) -> None:
+        """Backward compute is over: every bucket DDP launches in this backward is enqueued."""
+        window = self._open
+        if window is not None:
+            window.end_unix = time.time()
+            if self._cuda:
+                window.events = [self._record()]
+
+    def sync_done(self) -> None:
+        """DDP waited for its buckets: the stream now runs after every collective."""
+        window = self._open
+        if window is not None and self._cuda and len(window.events) == 1:
+            window.events.append(self._record())
+
+    def new_step(self, buckets: int = 0) -> None:
+        window, self._open = self._open, None
+        if window is None:
+            return
+        if window.end_unix is None:  # a backward that raised
+            self._release(window.events)
+            return
+        window.buckets = buckets
+        self._windows.append(window)
+        while len(self._windows) > MAX_WINDOWS:
+            self._unmatched(self._windows.popleft(), "its collectives never completed")
+
+    def start(self, index: int, ready: float) -> Any:  # BucketClock: no comm hook calls these
+        return None
+
+    def finish(self, token: Any) -> None:
+        pass
+
+    def collect(self) -> list[tuple[list[BucketTiming], float | None]]:
+        """Steps whose collectives have all been reported, matched to buckets."""
+        while self._done:
+            self._pending.append(self._done.popleft())
+        self._pending.sort(key=lambda c: (c[1], c[0]))
+        newest = self._pending[-1][1] if self._pending else None
+        now = time.time()
+        out: list[tuple[list[BucketTiming], float | None]] = []
+        while self._windows:
+            window = self._windows[0]
+            assert window.end_unix is not None
+            settled = (newest is not None and newest > window.end_unix) or now - window.end_unix > SETTLE_SECONDS
+            if not settled or not self._events_done(window, now):
+                break
+            self._windows.popleft()
+            mine = [c for c in self._pending if window.start_unix <= c[1] <= window.end_unix]
+            self._pending = [c for c in self._pending if c[1] > window.end_unix]
+            exposed = self._exposed(window)
+            timings = self._match(window, mine)
+            if timings is not None or exposed is not None:
+                out.append((timings or [], exposed))
+        if len(self._pending) > MAX_COLLECTIVES:
+            del self._pending[: len(self._pending) - MAX_COLLECTIVES]
+        return out
+
+    # -- matching ----------------------------------------------------------------------------
+
+    def _match(self, window: _Window, collectives: list[tuple[int, float, float]]) -> list[BucketTiming] | None:
+        count, buckets = len(collectives), window.buckets
+        if buckets and (count == buckets or (self._find_unused and count == buckets + 1)):
+            if all(c[0] for c in collectives):  # c10d's sequence numbers give the issue order
+                collectives = sorted(collectives)
+            self.matched_steps += 1
+            self._unmatched_run = 0
+            timings = []
+            for i, (_seq, start, seconds) in enumerate(collectives[:buckets]):
+                ready = start - window.step_start_unix  # enqueued: DDP launches a bucket once ready
+                timings.append(BucketTiming(i, ready, ready, ready + seconds))
+            return timings
+        self._unmatched(window, f"{count} all-reduce(s) in backward for {buckets} bucket(s)")
+        return None
+
+    def _unmatched(self, window: _Window, why: str) -> None:
+        self._release(window.events)
+        self.unmatched_steps += 1
+        self._unmatched_run += 1
+        self.last_mismatch = why
+        if self._unmatched_run >= WARN_AFTER_UNMATCHED and self.warning is None:
+            self.warning = (
+                f"per-bucket timing from c10d matched no step in the last {self._unmatched_run} "
+                f"({why}), so bucket series stay empty: a comm hook that issues other than one "
+                "all-reduce per bucket does this; bucket_timing='hook' times every bucket "
+                "through a Python comm hook instead (a few percent of step time)"
+            )
+            log.warning("ddpmon: %s", self.warning)
+
+    # -- exposed communication from two CUDA events per step --------------------------------
+
+    def _record(self) -> Any:
+        event = self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def _events_done(self, window: _Window, now: float) -> bool:
+        if len(window.events) < 2 or window.events[1].query():
+            return True
+        return now - (window.end_unix or now) > SETTLE_SECONDS  # give up on exposed, keep the rest
+
+    def _exposed(self, window: _Window) -> float | None:
+        events, value = window.events, None
+        if len(events) == 2 and events[1].query():
+            value = max(0.0, events[0].elapsed_time(events[1]) / 1000.0)
+        self._release(events)
+        return value
+
+    def _release(self, events: list[Any]) -> None:
+        self._free_events.extend(events)
+        events.clear()
+
+
+class BucketLayout:
+    """DDP's buckets as DDP's logging data describes them: with no comm hook, nothing else
+    shows them. Read at step boundaries until DDP has rebuilt its buckets (iteration 1)."""
+
+    MAX_READS = 20
+
+    def __init__(self, ddp: Any, parameters: list[torch.nn.Parameter], names: list[str]) -> None:
+        self._ddp, self._parameters, self._names = ddp, parameters, names
+        self._seen: Any = None
+        self._count = 0
+        self._reads = 0
+        self._final = False
+
+    def refresh(self, recorder: Any) -> int:
+        """Update the recorder's bucket layout if DDP's changed; returns the bucket count."""
+        if self._final:
+            return self._count
+        self._reads += 1
+        data = self._ddp._get_ddp_logging_data()
+        rebuilt = data.get("rebuilt_bucket_sizes")
+        sizes = _numbers(rebuilt or data.get("bucket_sizes"))
+        groups = [_numbers(g.split()) for g in str(data.get("rebuilt_per_bucket_param_indices") or "").split(",")] if rebuilt else []
+        seen = (sizes, groups)
+        if seen != self._seen:
+            self._seen = seen
+            params, names = self._parameters, self._names
+            for i, nbytes in enumerate(sizes):
+                indices = [j for j in (groups[i] if i < len(groups) else []) if 0 <= j < len(params)]
+                first = params[indices[0]] if indices else (params[0] if params else None)
+                dtype = str(first.dtype).replace("torch.", "") if first is not None else ""
+                recorder.set_bucket_layout(i, nbytes, dtype, [names[j] for j in indices])
+            recorder.drop_buckets_from(len(sizes))
+            self._count = len(sizes)
+        self._final = bool(rebuilt) or self._reads >= self.MAX_READS
+        return self._count
+
+
+def _numbers(value: Any) -> list[int]:
+    """DDP's logging data holds lists as text ("526336, 526336"); a list is taken as is."""
+    if value is None or value == "":
+        return []
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
+    return [int(v) for v in items]

@@ -1,0 +1,138 @@
+"""The c10d bucket clock: completions shaped as torch's WorkInfo (its real OpType, datetimes and
+timedeltas as pybind hands them over) matched to steps and buckets. NCCL itself runs in
+tests/gpu; here the matching rules are pinned down, including the steps it must refuse."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch._C._distributed_c10d as c10d
+
+from ddpmon._safety import Fuse
+from ddpmon.hooks import completion
+from ddpmon.hooks.completion import CompletionClock, _numbers
+from ddpmon.recorder import Recorder
+
+
+def info(op: str, seq: int, started_unix: float, ms: float) -> SimpleNamespace:
+    """What ProcessGroupNCCL hands the hook: naive local datetimes, a timedelta."""
+    started = datetime.datetime.fromtimestamp(started_unix)
+    return SimpleNamespace(
+        op_type=getattr(c10d.OpType, op), seq=seq, time_started=started,
+        time_finished=started + datetime.timedelta(milliseconds=ms),
+        active_duration=datetime.timedelta(milliseconds=ms),
+    )
+
+
+def run_step(clock: CompletionClock, buckets: int, collectives: list[tuple[str, float]], seq0: int) -> int:
+    """One step: backward opens the window, the collectives are enqueued in it, backward
+    ends, the boundary closes it. Completions arrive as c10d would send them."""
+    clock.backward_started(time.perf_counter() - 0.010)  # the step began 10 ms ago
+    t0 = time.time()
+    infos = [info(op, seq0 + i + 1, t0 + 0.0001 * (i + 1), ms) for i, (op, ms) in enumerate(collectives)]
+    time.sleep(0.002)
+    clock.backward_done()
+    clock.sync_done()
+    clock.new_step(buckets)
+    for i in infos:
+        clock.on_completion(i)
+    return seq0 + len(collectives)
+
+
+def fresh(find_unused: bool = False) -> CompletionClock:
+    return CompletionClock("cpu", find_unused, Fuse("comm_hook"))
+
+
+def test_allreduces_of_a_backward_become_its_buckets_in_order() -> None:
+    clock = fresh()
+    seq = run_step(clock, 3, [("ALLREDUCE", 1.0), ("ALLREDUCE", 2.0), ("ALLREDUCE", 4.0)], 10)
+    assert clock.collect() == []  # nothing later yet: the step may still get collectives
+    run_step(clock, 3, [("ALLREDUCE", 1.0)] * 3, seq)
+    (timings, exposed), = clock.collect()
+    assert [t.index for t in timings] == [0, 1, 2]
+    assert [round(t.end - t.start, 6) for t in timings] == [0.001, 0.002, 0.004]
+    assert all(0.009 < t.ready < 0.5 for t in timings), "ready: seconds after the step began"
+    assert exposed is None  # on CPU there are no CUDA events
+    assert clock.matched_steps == 1 and clock.unmatched_steps == 0
+
+
+def test_other_collectives_are_ignored_and_a_wrong_count_is_never_guessed() -> None:
+    clock = fresh()
+    seq = run_step(clock, 2, [("BROADCAST", 1.0), ("ALLREDUCE", 1.0), ("ALLGATHER", 1.0), ("ALLREDUCE", 3.0)], 0)
+    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 3, seq)  # PowerSGD-like: 3 for 2 buckets
+    run_step(clock, 2, [("ALLREDUCE", 1.0)] * 2, seq)
+    steps = clock.collect()
+    assert len(steps) == 1, "the second step is refused, not guessed"
+    assert [round(t.end - t.start, 6) for t in steps[0][0]] == [0.001, 0.003]
+    assert clock.unmatched_steps == 1 and clock.last_mismatch == "3 all-reduce(s) in backward for 2 bucket(s)"
+
+
+def test_find_unused_parameters_adds_ddps_used_map_allreduce_after_the_last_bucket() -> None:
+    clock = fresh(find_unused=True)
+    seq = run_step(clock, 2, [("ALLREDUCE", 1.0), ("ALLREDUCE", 2.0), ("ALLREDUCE", 0.1)], 0)
+    run_step(clock, 2, [("ALLREDUCE", 1.0)] * 3, seq)
+    (timings, _), = clock.collect()
+    assert [round(t.end - t.start, 6) for t in timings] == [0.001, 0.002]
+
+
+def test_a_step_with_no_later_collective_settles_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = fresh()
+    run_step(clock, 1, [("ALLREDUCE", 1.0)], 0)
+    assert clock.collect() == []
+    monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
+    assert len(clock.collect()) == 1
+
+
+def test_steps_that_keep_failing_to_match_say_so_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
+    clock = fresh()
+    seq = 0
+    for _ in range(completion.WARN_AFTER_UNMATCHED):
+        seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 2, seq)
+        time.sleep(0.001)
+        assert clock.collect() == []
+    assert clock.unmatched_steps == completion.WARN_AFTER_UNMATCHED
+    assert clock.warning and "bucket_timing='hook'" in clock.warning and "2 all-reduce(s)" in clock.warning
+
+
+def test_memory_stays_bounded_when_nothing_ever_matches() -> None:
+    clock = fresh()
+    for i in range(completion.MAX_WINDOWS * 3):
+        clock.backward_started(time.perf_counter())
+        clock.backward_done()
+        clock.new_step(2)
+    assert len(clock._windows) == completion.MAX_WINDOWS
+    for i in range(completion.MAX_COLLECTIVES * 2):
+        clock.on_completion(info("ALLREDUCE", i + 1, 0.0, 1.0))
+    assert len(clock._done) == completion.MAX_COLLECTIVES
+
+
+def test_a_bad_completion_switches_the_clock_off_without_raising() -> None:
+    clock = fresh()
+    clock.on_completion(SimpleNamespace(op_type=c10d.OpType.ALLREDUCE))  # no times at all
+    assert not clock._fuse.ok
+    clock.on_completion(info("ALLREDUCE", 1, 0.0, 1.0))  # ignored from now on
+    assert not clock._done
+
+
+def test_logging_data_lists_are_read_in_both_spellings() -> None:
+    assert _numbers("526336, 526336") == [526336, 526336]
+    assert _numbers([1, 2]) == [1, 2] and _numbers(None) == [] and _numbers("") == []
+
+
+def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> None:
+    rec = Recorder({"rank": 0}, world_size=2)
+    rec.set_bucket_layout(0, 1000, "float32", ["w"])
+    rec.close_step(1.0)
+    clock = fresh()
+    seq = run_step(clock, 1, [("ALLREDUCE", 2.0)], 0)
+    run_step(clock, 1, [("ALLREDUCE", 2.0)], seq)
+    for timings, _ in clock.collect():
+        rec.add_bucket_timings(timings, exposed=0.0005)
+    (b,) = rec.bucket_stats()
+    assert b.last_seconds == pytest.approx(0.002)
+    assert b.last_busbw == pytest.approx(1000 / 0.002)  # 2(n-1)/n = 1 for n = 2
+    assert rec.histograms()["exposed_comm"].sum == pytest.approx(0.0005)
