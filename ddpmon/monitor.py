@@ -119,16 +119,17 @@ class Monitor:
                 clock = CudaEventClock(device)
         self._clock = clock
         self._layout: BucketLayout | None = None
-        if mode in ("c10d", "off") and config.comm_hook:  # the user's hook, registered as is
-            ddp.register_comm_hook(state, hook)
-        if mode == "c10d":
-            self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
-        elif comm is None and mode == "hook":
+        if comm is None and mode in ("c10d", "off"):
+            if config.comm_hook:  # the user's hook, registered as is
+                ddp.register_comm_hook(state, hook)
+            if mode == "c10d":
+                self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+        elif comm is None:  # the Python comm hook times every bucket
             comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
             ddp.register_comm_hook(None, comm)
             ddp._ddpmon_comm_hook = comm  # type: ignore[attr-defined]
             ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
-        elif comm is not None:  # attached before and detached: DDP still holds ddpmon's hook
+        else:  # attached before and detached: DDP still holds ddpmon's hook
             comm.rebind(self.recorder, clock, names, self._fuses["comm_hook"])
             comm.timing = config.bucket_timing != "off"
             if config.comm_hook:
