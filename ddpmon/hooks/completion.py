@@ -120,11 +120,7 @@ class CompletionClock:
             op = info.op_type
             if getattr(op, "name", str(op).rpartition(".")[2]) != "ALLREDUCE":
                 return
-            self._done.append((
-                int(getattr(info, "seq", 0) or 0),
-                info.time_started.timestamp(),
-                info.active_duration.total_seconds(),
-            ))
+            self._done.append((int(getattr(info, "seq", 0) or 0), _unix(info.time_started), _seconds(info.active_duration)))
         except Exception as exc:
             self._fuse.blow(exc)
 
@@ -283,6 +279,16 @@ class BucketLayout:
             self._count = len(sizes)
         self._final = bool(rebuilt) or self._reads >= self.MAX_READS
         return self._count
+
+
+def _unix(moment: Any) -> float:
+    """pybind hands a system_clock time as a naive local datetime; a number is taken as is."""
+    return moment.timestamp() if hasattr(moment, "timestamp") else float(moment)
+
+
+def _seconds(duration: Any) -> float:
+    """pybind hands a chrono duration as a timedelta; a bare number is c10d's milliseconds."""
+    return duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000.0
 
 
 def _numbers(value: Any) -> list[int]:

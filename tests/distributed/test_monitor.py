@@ -217,6 +217,7 @@ def test_without_bucket_timing_ddp_keeps_its_own_allreduce(tmp_path: Path) -> No
         assert out["steps"] == 4 and out["buckets"] == [] and out["mode"] == "off"
         assert out["backward"]["median"] > 0
         assert out["phases"] == ["after_backward"] * 4, "DDP's wait for its buckets is seen without a hook"
+        assert out["synced_after_ddp"] == [True] * 4, "the sync callback runs after DDP's finalize"
         assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 3
         assert sample(out["metrics"], "ddpmon_allreduce_seconds_count", job="untimed", rank=str(r.rank)) is None
         assert out["registered"] == ["allreduce_hook"]

@@ -431,14 +431,27 @@ def without_bucket_timing() -> dict[str, Any]:
     torch.manual_seed(0)
     watched = DDP(MLP())
     mon = ddpmon.attach(watched, job="untimed", bucket_timing=False)
+    # What the gradients hold when ddpmon hears that DDP has synchronised them: the c10d
+    # clock records its "collectives done" CUDA event at this moment.
+    first = next(watched.module.parameters())
+    at_sync: list[torch.Tensor] = []
+    heard = mon.recorder.gradients_synced
+
+    def spy() -> None:
+        at_sync.append(first.grad.clone())
+        heard()
+
+    mon.recorder.gradients_synced = spy  # type: ignore[method-assign]
     max_diff = 0.0
-    phases = []
+    phases, synced_after_ddp = [], []
     for step in range(4):
         x, y = batch(step)
         for model in (plain, watched):
             model.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
         phases.append(mon.snapshot()["phase"])
+        # Before DDP's finalize the gradient is this rank's own; after it, the average.
+        synced_after_ddp.append(len(at_sync) == step + 1 and torch.equal(at_sync[-1], first.grad))
         g1, g2 = _grads(plain), _grads(watched)
         max_diff = max(max_diff, max(max(abs(a - b) for a, b in zip(g1[n], g2[n])) for n in g1))
     metrics = scrape(mon.port)  # three steps closed: the fourth ends at the next forward
@@ -448,7 +461,7 @@ def without_bucket_timing() -> dict[str, Any]:
     return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
             "backward": snap["timings"]["backward_seconds"], "metrics": metrics,
             "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks],
-            "phases": phases, "mode": snap["bucket_timing"]}
+            "phases": phases, "mode": snap["bucket_timing"], "synced_after_ddp": synced_after_ddp}
 
 
 @scenario
