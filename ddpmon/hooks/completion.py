@@ -105,6 +105,7 @@ class CompletionClock:
         self._windows: collections.deque[_Window] = collections.deque()
         self._open: _Window | None = None
         self._free_events: list[Any] = []
+        self._buckets_now = 0
         self.matched_steps = 0
         self.unmatched_steps = 0
         self._unmatched_run = 0
@@ -153,7 +154,7 @@ class CompletionClock:
         if window.end_unix is None:  # a backward that raised
             self._release(window.events)
             return
-        window.buckets = buckets
+        window.buckets = self._buckets_now = buckets
         self._windows.append(window)
         while len(self._windows) > MAX_WINDOWS:
             self._unmatched(self._windows.popleft(), "its collectives never completed")
@@ -192,8 +193,15 @@ class CompletionClock:
     # -- matching ----------------------------------------------------------------------------
 
     def _match(self, window: _Window, collectives: list[tuple[int, float, float]]) -> list[BucketTiming] | None:
-        count, buckets = len(collectives), window.buckets
-        if buckets and (count == buckets or (self._find_unused and count == buckets + 1)):
+        count = len(collectives)
+        # DDP's logging data shows rebuilt buckets a step late: a step may match the layout
+        # known now rather than the one known when it ended.
+        for buckets in (window.buckets, self._buckets_now):
+            if buckets and (count == buckets or (self._find_unused and count == buckets + 1)):
+                break
+        else:
+            buckets = 0
+        if buckets:
             if all(c[0] for c in collectives):  # c10d's sequence numbers give the issue order
                 collectives = sorted(collectives)
             self.matched_steps += 1
@@ -203,7 +211,7 @@ class CompletionClock:
                 ready = start - window.step_start_unix  # enqueued: DDP launches a bucket once ready
                 timings.append(BucketTiming(i, ready, ready, ready + seconds))
             return timings
-        self._unmatched(window, f"{count} all-reduce(s) in backward for {buckets} bucket(s)")
+        self._unmatched(window, f"{count} all-reduce(s) in backward for {window.buckets} bucket(s)")
         return None
 
     def _unmatched(self, window: _Window, why: str) -> None:

@@ -233,3 +233,21 @@ def test_backward_is_timed_when_the_loss_uses_a_later_output(tmp_path: Path) -> 
     for r in run_ranks("backward_from_second_output", 2, tmp_path):
         assert r.result["backward"]["median"] > 0
         assert r.result["unused"] == ["aux.weight", "aux.bias"]
+
+
+def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path) -> None:
+    for r in run_ranks("c10d_wiring", 2, tmp_path):
+        out = r.result
+        assert out["mode"] == "c10d" and out["steps"] == 8
+        buckets = out["buckets"]
+        assert [b["index"] for b in buckets] == [0, 1, 2, 3], "layout from DDP's logging data"
+        assert sorted(n for b in buckets for n in b["parameters"]) == sorted(out["param_bytes"])
+        for b in buckets:
+            assert b["bytes"] == sum(out["param_bytes"][n] for n in b["parameters"])
+            # steps 1..7 use the rebuilt buckets and are all matched (step 0 had other buckets)
+            assert b["count"] == 7, b
+            assert 0 < b["last_seconds"] < 1 and b["busbw_bytes_per_second"] > 0
+            assert 0 < b["ready_seconds"] < 5
+        assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
+        assert out["exposed"]["median"] >= 0 and out["notes"] == {}
+        assert out["listeners_left"] == 0, "detach stops listening"

@@ -465,6 +465,55 @@ def without_bucket_timing() -> dict[str, Any]:
 
 
 @scenario
+def c10d_wiring() -> dict[str, Any]:
+    """The c10d clock's wiring in a real DDP job. gloo has no completion hook, so c10d's
+    stream of completions is replayed: a comm hook registered after attach (DDP's own
+    register_comm_hook, as in c10d mode) sends what ProcessGroupNCCL would, a WorkInfo-shaped
+    record per all-reduce from the thread that completes it, to ddpmon's listener."""
+    import datetime
+    import types
+
+    import ddpmon
+    from ddpmon.hooks import completion
+
+    init()
+    listeners: list[Any] = []
+    completion.unavailable_reason = lambda group: None  # type: ignore[assignment]
+    completion.listen = lambda group, fn: listeners.append(fn) or (lambda: listeners.remove(fn))  # type: ignore[assignment]
+    completion.SETTLE_SECONDS = 0.5
+    torch.manual_seed(0)
+    model = DDP(MLP(), bucket_cap_mb=0.01)
+    mon = ddpmon.attach(model, job="c10d")
+    seq = [0]
+
+    def replay(state, bucket):  # type: ignore[no-untyped-def]  # (DDP checks real annotations)
+        tensor = bucket.buffer().mul_(1.0 / WORLD)
+        seq[0] += 1
+        record = types.SimpleNamespace(op_type=torch._C._distributed_c10d.OpType.ALLREDUCE, seq=seq[0],
+                                       time_started=datetime.datetime.now())
+        start = time.perf_counter()
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            record.active_duration = datetime.timedelta(seconds=time.perf_counter() - start)
+            for fn in listeners:
+                fn(record)
+            return fut.value()[0]
+
+        return dist.group.WORLD.allreduce([tensor]).get_future().then(done)
+
+    model.register_comm_hook(None, replay)
+    train(model, 8)
+    time.sleep(0.6)
+    mon.step()
+    snap = mon.snapshot()
+    mon.detach()
+    sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
+    return {"mode": snap["bucket_timing"], "buckets": snap["buckets"], "steps": snap["step"],
+            "param_bytes": sizes, "listeners_left": len(listeners), "notes": snap["notes"],
+            "exposed": snap["timings"]["exposed_comm_seconds"], "phase_counts": snap["collectives"]}
+
+
+@scenario
 def subgroup() -> dict[str, Any]:
     """DDP on a subgroup (each rank its own group here, as in HSDP's replicas): the state
     file keeps the job's world size, DDP's group size beside it."""

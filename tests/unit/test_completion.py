@@ -136,3 +136,15 @@ def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> Non
     assert b.last_seconds == pytest.approx(0.002)
     assert b.last_busbw == pytest.approx(1000 / 0.002)  # 2(n-1)/n = 1 for n = 2
     assert rec.histograms()["exposed_comm"].sum == pytest.approx(0.0005)
+
+
+def test_a_step_may_match_the_layout_known_by_the_time_it_settles() -> None:
+    """DDP rebuilds its buckets in iteration 1's forward, and its logging data shows them a
+    step later: iteration 1 ends with the old count and is matched with the new one."""
+    clock = fresh()
+    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 4, 0)  # rebuilt to 4, layout still says 2
+    seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
+    run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
+    steps = clock.collect()
+    assert [len(timings) for timings, _ in steps] == [4, 4]
+    assert clock.unmatched_steps == 0
