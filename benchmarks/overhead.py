@@ -1,6 +1,6 @@
 """Step-time overhead of ddpmon: the same DDP job with and without attach, in one run.
 
-Two identical DDP models share the job's process group; one has ddpmon attached (its
+Two identical DDP models, each on a process group of its own; one has ddpmon attached (its
 endpoint scraped every second, state file written every second). Blocks of steps alternate
 between them in ABBA order so drift cancels; the printed ratio is the median over pairs of
 (attached block time / plain block time), with its spread.
@@ -46,8 +46,10 @@ def worker(args: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     kwargs = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
-    plain = DDP(build_model(args.width, args.depth).to(device), **kwargs)
-    watched = DDP(build_model(args.width, args.depth).to(device), **kwargs)
+    # A process group each: c10d timing (bucket_timing=c10d on NCCL) is switched on per group,
+    # and must not reach the plain model.
+    plain = DDP(build_model(args.width, args.depth).to(device), process_group=dist.new_group(), **kwargs)
+    watched = DDP(build_model(args.width, args.depth).to(device), process_group=dist.new_group(), **kwargs)
     options = dict(job="overhead", port=0, nvml=True)
     for item in args.option:  # as DDPMON_<NAME> variables: parsed and checked by ddpmon
         key, _, value = item.partition("=")
