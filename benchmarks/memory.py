@@ -58,7 +58,7 @@ def main() -> None:
             clock.sync_done()
             t += 0.01
             rec.close_step(t)
-            clock.new_step(args.buckets)
+            clock.new_step(args.buckets, rec.steps)
             for b in range(args.buckets):
                 seq += 1
                 clock.on_completion(SimpleNamespace(
@@ -72,8 +72,8 @@ def main() -> None:
             t += 0.01
             rec.close_step(t)
             clock.new_step()
-        for timings, exposed in clock.collect():
-            rec.add_bucket_timings(timings, exposed)
+        for resolved in clock.collect():
+            rec.add_step_timings(resolved)
         rec.set_unused_parameters(["layer3.weight"] if step % 1000 == 0 else [])
         if step % checkpoints == 0 or step == 1000:
             gc.collect()

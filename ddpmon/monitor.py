@@ -278,18 +278,19 @@ class Monitor:
             if not fuse.ok:
                 return
             try:
-                buckets = self._layout.refresh(rec) if self._layout else 0
-                clock.new_step(buckets)
-                for timings, exposed in clock.collect():
-                    rec.add_bucket_timings(timings, exposed)
-                if clock.warning and "bucket_timing" not in rec.notes:
+                layout = self._layout
+                buckets = layout.refresh(rec) if layout else 0
+                clock.new_step(buckets, rec.steps, layout.generation if layout else 0)
+                for step in clock.collect():
+                    rec.add_step_timings(step)
+                if rec.notes.get("bucket_timing") != clock.warning:
                     rec.note("bucket_timing", clock.warning)
             except Exception as exc:
                 fuse.blow(exc)
             return
         clock.new_step()
-        for timings, exposed in clock.collect():
-            rec.add_bucket_timings(timings, exposed)
+        for step in clock.collect():
+            rec.add_step_timings(step)
 
     def _timing_mode(self, ddp: DistributedDataParallel, config: Config) -> str:
         """``hook``, ``c10d`` or ``off``: what ``bucket_timing`` means for this model."""
@@ -303,7 +304,8 @@ class Monitor:
 
     def _completion_clock(self, ddp: DistributedDataParallel, device: str, config: Config) -> CompletionClock | None:
         """The c10d clock, or None (and a warning) when c10d refuses the completion hook."""
-        clock = CompletionClock(device, bool(getattr(ddp, "find_unused_parameters", False)), self._fuses["comm_hook"])
+        used_map = bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
+        clock = CompletionClock(device, used_map, self._fuses["comm_hook"])
         try:
             self._closers.append(completion.listen(ddp.process_group, clock.on_completion))
             return clock

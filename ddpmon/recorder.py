@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -92,6 +92,17 @@ class BucketTiming:
     ready: float
     start: float
     end: float
+
+
+class StepTimings(NamedTuple):
+    """One step's buckets as a clock resolved them. ``exposed`` measured by the clock when
+    ``measured`` (None: unknown), else derived from the buckets; ``step`` is the step count
+    they belong to (None: the step that ended last)."""
+
+    buckets: list[BucketTiming]
+    exposed: float | None = None
+    measured: bool = False
+    step: int | None = None
 
 
 @dataclass
@@ -272,35 +283,44 @@ class Recorder:
             for index in [i for i in self.buckets if i >= count]:
                 del self.buckets[index]
 
-    def add_bucket_timings(self, timings: Sequence[BucketTiming], exposed: float | None = None) -> None:
+    def add_bucket_timings(self, timings: Sequence[BucketTiming]) -> None:
+        """Fold one step's bucket collectives in (the step that ended last)."""
+        self.add_step_timings(StepTimings(list(timings)))
+
+    def add_step_timings(self, step: StepTimings) -> None:
         """Fold one step's bucket collectives in: per-bucket time, bandwidth, exposed comm.
 
         A bucket's time runs from its launch (the bucket became ready) to its completion, so
         it includes any wait behind earlier buckets on the same communicator. Exposed
         communication runs from the last bucket becoming ready (backward compute done) to
-        the last collective done; a clock that measures it another way passes ``exposed``.
+        the last collective done, unless the clock measured it itself. Timings of a bucket
+        not in the current layout (DDP rebuilt its buckets since) are dropped.
         """
+        timings, exposed = step.buckets, step.exposed
         if not timings and exposed is None:
             return
         ordered = sorted(timings, key=lambda t: t.start)
+        if ordered and not step.measured:
+            exposed = max(0.0, max(t.end for t in ordered) - ordered[-1].start)
         factor = 2.0 * (self.world_size - 1) / self.world_size
         with self._lock:
             for t in ordered:
                 seconds = max(0.0, t.end - t.start)
                 stats = self.buckets.get(t.index)
                 if stats is None:
-                    stats = self.buckets[t.index] = BucketStats(t.index)
+                    continue
                 stats.seconds.observe(seconds)
                 stats.bytes_total += stats.bytes
                 stats.last_seconds = seconds
                 stats.last_ready_seconds = t.ready
                 stats.last_busbw = stats.bytes / seconds * factor if seconds > 0 else None
             if exposed is None:
-                exposed = max(0.0, max(t.end for t in ordered) - ordered[-1].start)
+                return
             self.exposed_hist.observe(exposed)
-            if self.recent and self.recent[-1][3] is None:
-                s, f, b, _ = self.recent[-1]
-                self.recent[-1] = (s, f, b, exposed)
+            back = 1 if step.step is None else self.steps - step.step + 1  # recent[-back] is that step
+            if 1 <= back <= len(self.recent) and self.recent[-back][3] is None:
+                s, f, b, _ = self.recent[-back]
+                self.recent[-back] = (s, f, b, exposed)
 
     def set_unused_parameters(self, names: list[str]) -> bool:
         """Record this step's unused parameters; True when the set changed."""

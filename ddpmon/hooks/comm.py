@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .._safety import Fuse
-from ..recorder import BucketTiming, Recorder
+from ..recorder import BucketTiming, Recorder, StepTimings
 
 CommHook = Callable[[Any, "dist.GradBucket"], "torch.futures.Future[torch.Tensor]"]
 
@@ -26,9 +26,8 @@ CommHook = Callable[[Any, "dist.GradBucket"], "torch.futures.Future[torch.Tensor
 class BucketClock(Protocol):
     """Where a bucket's timing comes from. ``start`` runs in the comm hook, ``finish`` in
     the collective's completion callback, ``collect`` at a step boundary and returns the
-    steps resolved so far, each as (its buckets' timings, its exposed communication or None
-    to derive it from them); steps still pending on the device stay for a later call.
-    ``hooks/completion.py`` has the clock that needs no comm hook."""
+    steps resolved so far (steps still pending on the device stay for a later call).
+    ``hooks/completion.py`` has a clock that needs no comm hook."""
 
     def new_step(self) -> None: ...
 
@@ -36,7 +35,7 @@ class BucketClock(Protocol):
 
     def finish(self, token: Any) -> None: ...
 
-    def collect(self) -> list[tuple[list[BucketTiming], float | None]]: ...
+    def collect(self) -> list[StepTimings]: ...
 
 
 class WallClock:
@@ -55,12 +54,12 @@ class WallClock:
         index, ready, start = token
         self._done.append(BucketTiming(index, ready, start, time.perf_counter()))
 
-    def collect(self) -> list[tuple[list[BucketTiming], float | None]]:
+    def collect(self) -> list[StepTimings]:
         # On CPU DDP waits for every bucket before the step ends: all of them are one step.
         out = []
         while self._done:
             out.append(self._done.popleft())
-        return [(out, None)] if out else []
+        return [StepTimings(out)] if out else []
 
 
 class CudaEventClock:
@@ -101,18 +100,18 @@ class CudaEventClock:
         end.record(torch.cuda.current_stream(self._device))
         token[3] = end
 
-    def collect(self) -> list[tuple[list[BucketTiming], float | None]]:
-        out: list[tuple[list[BucketTiming], float | None]] = []
+    def collect(self) -> list[StepTimings]:
+        out: list[StepTimings] = []
         while self._steps and self._steps[0] is not self._current:
             tokens = self._steps[0]
             if any(t[3] is None or not t[3].query() for t in tokens):
                 break
             self._steps.popleft()
             origin = tokens[0][2]
-            out.append(([
+            out.append(StepTimings([
                 BucketTiming(index, ready, origin.elapsed_time(begin) / 1000.0, origin.elapsed_time(end) / 1000.0)
                 for index, ready, begin, end in tokens
-            ], None))
+            ]))
             self._release(tokens)
         return out
 

@@ -8,13 +8,14 @@ the completion hook appends three numbers and returns.
 At step boundaries, the all-reduces enqueued during a step's backward are matched to DDP's
 buckets by order (DDP launches buckets 0, 1, ... in index order), and only when their count
 is the bucket count (plus DDP's used-parameter all-reduce, issued after the last bucket,
-with find_unused_parameters); a step with any other count is skipped and counted, never
-guessed. Exposed communication comes from two pooled CUDA events per step: one at the end
+with find_unused_parameters); a step with any other count (another all-reduce on DDP's
+group during backward, such as SyncBatchNorm's) is skipped and counted, never guessed. Exposed communication comes from two pooled CUDA events per step: one at the end
 of backward compute, one after DDP has made the stream wait for every bucket.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import time
@@ -26,13 +27,14 @@ import torch
 import torch.distributed as dist
 
 from .._safety import Fuse
-from ..recorder import BucketTiming
+from ..recorder import BucketTiming, StepTimings
 
 log = logging.getLogger("ddpmon")
 
 MAX_COLLECTIVES = 8192  # completions not yet matched to a step
 MAX_WINDOWS = 64  # closed steps waiting for their completions
 SETTLE_SECONDS = 10.0  # a step with no later collective is matched after this long
+SETTLE_MARGIN = 0.25  # c10d's watchdog finds completions every 100 ms, not always in order
 WARN_AFTER_UNMATCHED = 20  # consecutive steps without a match before saying so
 
 # One completion hook per process group, for the life of the group (c10d has no way to
@@ -66,6 +68,8 @@ def listen(group: Any, listener: Callable[[Any], None]) -> Callable[[], None]:
 
         group._enable_collectives_timing()
         group._register_on_completion_hook(dispatch)
+        if not _DISPATCHERS:
+            atexit.register(release_groups_at_exit)
         entry = _DISPATCHERS[id(group)] = (group, listeners)
     entry[1].append(listener)
 
@@ -76,6 +80,24 @@ def listen(group: Any, listener: Callable[[Any], None]) -> Callable[[], None]:
     return stop
 
 
+def release_groups_at_exit() -> None:
+    """c10d's hook thread takes the GIL, so torch asks that every group with a completion
+    hook be destroyed before the interpreter exits (``_register_on_completion_hook``'s
+    docstring); a program that leaves its groups alive gets this done at exit."""
+    groups = [group for group, _ in _DISPATCHERS.values()]
+    _DISPATCHERS.clear()
+    if not groups or not dist.is_initialized():
+        return
+    try:
+        if any(group is dist.group.WORLD for group in groups):
+            dist.destroy_process_group()
+        else:
+            for group in groups:
+                dist.destroy_process_group(group)
+    except Exception as exc:  # a group destroyed already, or torch shutting down
+        log.debug("ddpmon: destroying process groups at exit: %r", exc)
+
+
 @dataclass
 class _Window:
     """One step's backward, on the wall clock, and what is needed to match it."""
@@ -84,6 +106,8 @@ class _Window:
     start_unix: float
     end_unix: float | None = None
     buckets: int = 0
+    step: int | None = None
+    generation: int = 0  # of the bucket layout known when the step ended
     events: list[Any] = field(default_factory=list)  # [backward compute end, collectives done]
 
 
@@ -92,13 +116,15 @@ class CompletionClock:
 
     ``on_completion`` is the listener (``listen(group, clock.on_completion)``). The step
     hooks call ``backward_started``, ``backward_done`` and ``sync_done``; the monitor calls
-    ``new_step(buckets)`` at each boundary and ``collect()`` after it.
+    ``new_step(buckets, step, generation)`` at each boundary and ``collect()`` after it.
+    ``used_map_allreduce``: DDP all-reduces its used-parameter map after the last bucket
+    (find_unused_parameters without static_graph).
     """
 
-    def __init__(self, device: torch.device | str, find_unused: bool, fuse: Fuse) -> None:
+    def __init__(self, device: torch.device | str, used_map_allreduce: bool, fuse: Fuse) -> None:
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
-        self._find_unused = find_unused
+        self._extra = 1 if used_map_allreduce else 0
         self._fuse = fuse
         self._done: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=MAX_COLLECTIVES)
         self._pending: list[tuple[int, float, float]] = []
@@ -106,11 +132,13 @@ class CompletionClock:
         self._open: _Window | None = None
         self._free_events: list[Any] = []
         self._buckets_now = 0
+        self._generation_now = 0
         self.matched_steps = 0
         self.unmatched_steps = 0
         self._unmatched_run = 0
+        self._warned = False
         self.last_mismatch: str | None = None
-        self.warning: str | None = None  # set once, when steps keep failing to match
+        self.warning: str | None = None  # while steps keep failing to match
 
     # -- c10d's hook thread -----------------------------------------------------------------
 
@@ -129,7 +157,7 @@ class CompletionClock:
 
     def backward_started(self, step_start: float) -> None:
         """The first backward of a step began; ``step_start`` on ``time.perf_counter``."""
-        if self._open is None:
+        if self._open is None and self._fuse.ok:
             now = time.time()
             self._open = _Window(step_start_unix=now - (time.perf_counter() - step_start), start_unix=now)
 
@@ -139,7 +167,8 @@ class CompletionClock:
         if window is not None:
             window.end_unix = time.time()
             if self._cuda:
-                window.events = [self._record()]
+                self._release(window.events)  # an earlier no_sync microbatch's
+                window.events.append(self._record())
 
     def sync_done(self) -> None:
         """DDP waited for its buckets: the stream now runs after every collective."""
@@ -147,36 +176,33 @@ class CompletionClock:
         if window is not None and self._cuda and len(window.events) == 1:
             window.events.append(self._record())
 
-    def new_step(self, buckets: int = 0) -> None:
+    def new_step(self, buckets: int, step: int | None = None, generation: int = 0) -> None:
+        """The step ``step`` (a count) ended; DDP's layout (``generation``) has ``buckets``."""
         window, self._open = self._open, None
+        self._buckets_now, self._generation_now = buckets, generation
         if window is None:
             return
         if window.end_unix is None:  # a backward that raised
             self._release(window.events)
             return
-        window.buckets = self._buckets_now = buckets
+        window.buckets, window.step, window.generation = buckets, step, generation
         self._windows.append(window)
         while len(self._windows) > MAX_WINDOWS:
             self._unmatched(self._windows.popleft(), "its collectives never completed")
 
-    def start(self, index: int, ready: float) -> Any:  # BucketClock: no comm hook calls these
-        return None
-
-    def finish(self, token: Any) -> None:
-        pass
-
-    def collect(self) -> list[tuple[list[BucketTiming], float | None]]:
+    def collect(self) -> list[StepTimings]:
         """Steps whose collectives have all been reported, matched to buckets."""
         while self._done:
             self._pending.append(self._done.popleft())
         self._pending.sort(key=lambda c: (c[1], c[0]))
         newest = self._pending[-1][1] if self._pending else None
         now = time.time()
-        out: list[tuple[list[BucketTiming], float | None]] = []
+        out: list[StepTimings] = []
         while self._windows:
             window = self._windows[0]
             assert window.end_unix is not None
-            settled = (newest is not None and newest > window.end_unix) or now - window.end_unix > SETTLE_SECONDS
+            age = now - window.end_unix
+            settled = (newest is not None and newest > window.end_unix and age > SETTLE_MARGIN) or age > SETTLE_SECONDS
             if not settled or not self._events_done(window, now):
                 break
             self._windows.popleft()
@@ -185,7 +211,7 @@ class CompletionClock:
             exposed = self._exposed(window)
             timings = self._match(window, mine)
             if timings is not None or exposed is not None:
-                out.append((timings or [], exposed))
+                out.append(StepTimings(timings or [], exposed, measured=self._cuda, step=window.step))
         if len(self._pending) > MAX_COLLECTIVES:
             del self._pending[: len(self._pending) - MAX_COLLECTIVES]
         return out
@@ -194,25 +220,28 @@ class CompletionClock:
 
     def _match(self, window: _Window, collectives: list[tuple[int, float, float]]) -> list[BucketTiming] | None:
         count = len(collectives)
-        # DDP's logging data shows rebuilt buckets a step late: a step may match the layout
-        # known now rather than the one known when it ended.
-        for buckets in (window.buckets, self._buckets_now):
-            if buckets and (count == buckets or (self._find_unused and count == buckets + 1)):
-                break
+        if window.generation == self._generation_now:
+            buckets = window.buckets
         else:
-            buckets = 0
-        if buckets:
-            if all(c[0] for c in collectives):  # c10d's sequence numbers give the issue order
-                collectives = sorted(collectives)
-            self.matched_steps += 1
-            self._unmatched_run = 0
-            timings = []
-            for i, (_seq, start, seconds) in enumerate(collectives[:buckets]):
-                ready = start - window.step_start_unix  # enqueued: DDP launches a bucket once ready
-                timings.append(BucketTiming(i, ready, ready, ready + seconds))
-            return timings
-        self._unmatched(window, f"{count} all-reduce(s) in backward for {window.buckets} bucket(s)")
-        return None
+            # DDP rebuilt its buckets since. Its logging data shows them a step late, so the
+            # step may have run the new layout already; one that ran the old one is dropped.
+            buckets = self._buckets_now
+            if count != buckets + self._extra:
+                return None
+        if not buckets or count != buckets + self._extra:
+            self._unmatched(window, f"{count} all-reduce(s) on DDP's process group during backward "
+                                    f"for {buckets} bucket(s)")
+            return None
+        if all(c[0] for c in collectives):  # c10d's sequence numbers give the issue order
+            collectives = sorted(collectives)
+        self.matched_steps += 1
+        self._unmatched_run = 0
+        self.warning = None
+        timings = []
+        for i, (_seq, start, seconds) in enumerate(collectives[:buckets]):
+            ready = start - window.step_start_unix  # enqueued: DDP launches a bucket once ready
+            timings.append(BucketTiming(i, ready, ready, ready + seconds))
+        return timings
 
     def _unmatched(self, window: _Window, why: str) -> None:
         self._release(window.events)
@@ -222,11 +251,14 @@ class CompletionClock:
         if self._unmatched_run >= WARN_AFTER_UNMATCHED and self.warning is None:
             self.warning = (
                 f"per-bucket timing from c10d matched no step in the last {self._unmatched_run} "
-                f"({why}), so bucket series stay empty: a comm hook that issues other than one "
-                "all-reduce per bucket does this; bucket_timing='hook' times every bucket "
-                "through a Python comm hook instead (a few percent of step time)"
+                f"({why}), so bucket series stay empty: other all-reduces on DDP's process group "
+                "during backward (SyncBatchNorm's, a comm hook that issues other than one per "
+                "bucket) do this; bucket_timing='hook' times every bucket through a Python comm "
+                "hook instead (a few percent of step time)"
             )
-            log.warning("ddpmon: %s", self.warning)
+            if not self._warned:
+                self._warned = True
+                log.warning("ddpmon: %s", self.warning)
 
     # -- exposed communication from two CUDA events per step --------------------------------
 
@@ -261,6 +293,7 @@ class BucketLayout:
     def __init__(self, ddp: Any, parameters: list[torch.nn.Parameter], names: list[str]) -> None:
         self._ddp, self._parameters, self._names = ddp, parameters, names
         self._seen: Any = None
+        self.generation = 0  # counts the layouts seen
         self._count = 0
         self._reads = 0
         self._final = False
@@ -277,6 +310,7 @@ class BucketLayout:
         seen = (sizes, groups)
         if seen != self._seen:
             self._seen = seen
+            self.generation += 1
             params, names = self._parameters, self._names
             for i, nbytes in enumerate(sizes):
                 indices = [j for j in (groups[i] if i < len(groups) else []) if 0 <= j < len(params)]

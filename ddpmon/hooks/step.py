@@ -12,6 +12,7 @@ bucket clock) hears of the start of backward and of both.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -121,13 +122,18 @@ class StepHooks:
 
 
 def _grad_tensors(output: Any, depth: int = 0, limit: int = 16) -> list[torch.Tensor]:
-    """The output's tensors that autograd may reach (looked for shallowly, at most 16)."""
+    """The output's tensors that autograd may reach: in tuples, lists, dicts, dataclasses and
+    plain objects, looked for shallowly, at most 16."""
     if isinstance(output, torch.Tensor):
         return [output] if output.requires_grad else []
     if depth > 2:
         return []
     if isinstance(output, dict):
         output = list(output.values())
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        output = [getattr(output, f.name, None) for f in dataclasses.fields(output)]
+    elif hasattr(output, "__dict__") and not isinstance(output, (list, tuple)):
+        output = list(vars(output).values())  # a plain object holding the tensors
     found: list[torch.Tensor] = []
     if isinstance(output, (list, tuple)):
         for item in output[:limit]:

@@ -251,3 +251,9 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
         assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
         assert out["exposed"]["median"] >= 0 and out["notes"] == {}
         assert out["listeners_left"] == 0, "detach stops listening"
+
+
+def test_steps_are_found_when_the_model_returns_a_dataclass(tmp_path: Path) -> None:
+    for r in run_ranks("dataclass_output", 2, tmp_path):
+        assert r.result["before_detach"] == 4 and r.result["steps"] == 5
+        assert r.result["backward"]["median"] > 0

@@ -564,6 +564,42 @@ def backward_from_second_output() -> dict[str, Any]:
     return {"backward": snap["timings"]["backward_seconds"], "unused": snap["unused_parameters"]}
 
 
+@scenario
+def dataclass_output() -> dict[str, Any]:
+    """A model returning a dataclass, with no comm hook in the way (bucket_timing off, as for
+    c10d): the start of backward is found on the dataclass's tensor, so steps are counted."""
+    import dataclasses
+
+    import ddpmon
+
+    @dataclasses.dataclass
+    class Output:
+        prediction: torch.Tensor
+        note: str = "dataclass"
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = MLP()
+
+        def forward(self, x: torch.Tensor) -> Output:
+            return Output(self.body(x))
+
+    init()
+    model = DDP(Wrapped())
+    mon = ddpmon.attach(model, job="dataclass", bucket_timing="off")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(5):
+        x, y = batch(step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x).prediction, y).backward()
+        opt.step()
+    steps_seen = mon.snapshot()["step"]  # four closed at the following forwards
+    mon.detach()  # the fifth synchronised its gradients: counted here
+    snap = mon.snapshot()
+    return {"before_detach": steps_seen, "steps": snap["step"], "backward": snap["timings"]["backward_seconds"]}
+
+
 def main() -> None:
     name, args = sys.argv[1], sys.argv[2:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(RANK) + " %(message)s")

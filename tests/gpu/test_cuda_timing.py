@@ -32,5 +32,6 @@ def test_cuda_bucket_timing_and_identical_gradients(
         for b in out["buckets"]:
             assert b["count"] >= 10, b
             assert 0 < b["last_seconds"] < 5, b
-            assert b["busbw_bytes_per_second"] > 0, b
+            # nccl-tests' bus bandwidth factor 2(n-1)/n is 0 for one rank
+            assert b["busbw_bytes_per_second"] > 0 if ranks > 1 else b["busbw_bytes_per_second"] == 0, b
         assert out["exposed_median"] is not None and out["exposed_median"] >= 0

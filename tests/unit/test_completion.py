@@ -14,7 +14,7 @@ import torch._C._distributed_c10d as c10d
 from ddpmon._safety import Fuse
 from ddpmon.hooks import completion
 from ddpmon.hooks.completion import CompletionClock, _numbers
-from ddpmon.recorder import Recorder
+from ddpmon.recorder import BucketTiming, Recorder, StepTimings
 
 
 def info(op: str, seq: int, started_unix: float, ms: float) -> SimpleNamespace:
@@ -27,7 +27,13 @@ def info(op: str, seq: int, started_unix: float, ms: float) -> SimpleNamespace:
     )
 
 
-def run_step(clock: CompletionClock, buckets: int, collectives: list[tuple[str, float]], seq0: int) -> int:
+@pytest.fixture(autouse=True)
+def no_settle_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(completion, "SETTLE_MARGIN", 0.0)
+
+
+def run_step(clock: CompletionClock, buckets: int, collectives: list[tuple[str, float]], seq0: int,
+             generation: int = 0, step: int | None = None) -> int:
     """One step: backward opens the window, the collectives are enqueued in it, backward
     ends, the boundary closes it. Completions arrive as c10d would send them."""
     clock.backward_started(time.perf_counter() - 0.010)  # the step began 10 ms ago
@@ -36,7 +42,7 @@ def run_step(clock: CompletionClock, buckets: int, collectives: list[tuple[str, 
     time.sleep(0.002)
     clock.backward_done()
     clock.sync_done()
-    clock.new_step(buckets)
+    clock.new_step(buckets, step, generation)
     for i in infos:
         clock.on_completion(i)
     return seq0 + len(collectives)
@@ -51,11 +57,12 @@ def test_allreduces_of_a_backward_become_its_buckets_in_order() -> None:
     seq = run_step(clock, 3, [("ALLREDUCE", 1.0), ("ALLREDUCE", 2.0), ("ALLREDUCE", 4.0)], 10)
     assert clock.collect() == []  # nothing later yet: the step may still get collectives
     run_step(clock, 3, [("ALLREDUCE", 1.0)] * 3, seq)
-    (timings, exposed), = clock.collect()
+    (resolved,) = clock.collect()
+    timings = resolved.buckets
     assert [t.index for t in timings] == [0, 1, 2]
     assert [round(t.end - t.start, 6) for t in timings] == [0.001, 0.002, 0.004]
     assert all(0.009 < t.ready < 0.5 for t in timings), "ready: seconds after the step began"
-    assert exposed is None  # on CPU there are no CUDA events
+    assert resolved.exposed is None and not resolved.measured  # on CPU there are no CUDA events
     assert clock.matched_steps == 1 and clock.unmatched_steps == 0
 
 
@@ -66,16 +73,19 @@ def test_other_collectives_are_ignored_and_a_wrong_count_is_never_guessed() -> N
     run_step(clock, 2, [("ALLREDUCE", 1.0)] * 2, seq)
     steps = clock.collect()
     assert len(steps) == 1, "the second step is refused, not guessed"
-    assert [round(t.end - t.start, 6) for t in steps[0][0]] == [0.001, 0.003]
-    assert clock.unmatched_steps == 1 and clock.last_mismatch == "3 all-reduce(s) in backward for 2 bucket(s)"
+    assert [round(t.end - t.start, 6) for t in steps[0].buckets] == [0.001, 0.003]
+    assert clock.unmatched_steps == 1
+    assert clock.last_mismatch == "3 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
 
 
 def test_find_unused_parameters_adds_ddps_used_map_allreduce_after_the_last_bucket() -> None:
     clock = fresh(find_unused=True)
     seq = run_step(clock, 2, [("ALLREDUCE", 1.0), ("ALLREDUCE", 2.0), ("ALLREDUCE", 0.1)], 0)
+    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 2, seq)  # the used map is missing: refused
     run_step(clock, 2, [("ALLREDUCE", 1.0)] * 3, seq)
-    (timings, _), = clock.collect()
-    assert [round(t.end - t.start, 6) for t in timings] == [0.001, 0.002]
+    (resolved,) = clock.collect()
+    assert [round(t.end - t.start, 6) for t in resolved.buckets] == [0.001, 0.002]
+    assert clock.unmatched_steps == 1
 
 
 def test_a_step_with_no_later_collective_settles_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,8 +140,8 @@ def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> Non
     clock = fresh()
     seq = run_step(clock, 1, [("ALLREDUCE", 2.0)], 0)
     run_step(clock, 1, [("ALLREDUCE", 2.0)], seq)
-    for timings, _ in clock.collect():
-        rec.add_bucket_timings(timings, exposed=0.0005)
+    for resolved in clock.collect():
+        rec.add_step_timings(resolved._replace(exposed=0.0005, measured=True))
     (b,) = rec.bucket_stats()
     assert b.last_seconds == pytest.approx(0.002)
     assert b.last_busbw == pytest.approx(1000 / 0.002)  # 2(n-1)/n = 1 for n = 2
@@ -140,11 +150,85 @@ def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> Non
 
 def test_a_step_may_match_the_layout_known_by_the_time_it_settles() -> None:
     """DDP rebuilds its buckets in iteration 1's forward, and its logging data shows them a
-    step later: iteration 1 ends with the old count and is matched with the new one."""
+    step later: iteration 1 ends with the old layout known and is matched with the new one;
+    iteration 0, which ran the old layout, is dropped rather than folded into the new one."""
     clock = fresh()
-    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 4, 0)  # rebuilt to 4, layout still says 2
-    seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
-    run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
+    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 2, 0, generation=1)  # iteration 0: 2 buckets
+    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 4, seq, generation=1)  # rebuilt to 4, not yet shown
+    seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq, generation=2)
+    run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq, generation=2)
     steps = clock.collect()
-    assert [len(timings) for timings, _ in steps] == [4, 4]
+    assert [len(s.buckets) for s in steps] == [4, 4]
     assert clock.unmatched_steps == 0
+
+
+def test_exposed_time_goes_to_the_step_it_was_measured_in() -> None:
+    rec = Recorder({"rank": 0}, world_size=2)
+    for _ in range(3):
+        rec.close_step(1.0)
+    rec.add_step_timings(StepTimings([], 0.25, measured=True, step=2))
+    assert [r[3] for r in rec.recent] == [None, 0.25, None]
+    rec.add_step_timings(StepTimings([], None, measured=True, step=3))  # unknown: nothing made up
+    assert rec.histograms()["exposed_comm"].count == 1
+
+
+def test_timings_of_a_bucket_no_longer_in_the_layout_are_dropped() -> None:
+    rec = Recorder({"rank": 0}, world_size=2)
+    rec.set_bucket_layout(0, 1000, "float32", ["w"])
+    rec.close_step(1.0)
+    rec.add_bucket_timings([BucketTiming(0, 0.1, 0.1, 0.2), BucketTiming(3, 0.1, 0.1, 0.2)])
+    assert [b.index for b in rec.bucket_stats()] == [0]
+
+
+def test_warning_clears_once_steps_match_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
+    clock = fresh()
+    seq = 0
+    for _ in range(completion.WARN_AFTER_UNMATCHED):
+        seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 2, seq)
+        time.sleep(0.001)
+        clock.collect()
+    assert clock.warning
+    run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
+    time.sleep(0.001)
+    assert len(clock.collect()) == 1 and clock.warning is None
+
+
+def test_a_completion_reported_out_of_order_waits_for_the_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """c10d's watchdog may report a later collective before an earlier one that completed
+    during the same scan: a step settles only once its end is older than the margin."""
+    monkeypatch.setattr(completion, "SETTLE_MARGIN", 0.3)
+    clock = fresh()
+    clock.backward_started(time.perf_counter())
+    t0 = time.time()
+    time.sleep(0.002)
+    clock.backward_done()
+    clock.new_step(2)
+    clock.on_completion(info("ALLREDUCE", 1, t0, 1.0))
+    clock.on_completion(info("ALLREDUCE", 3, time.time() + 0.001, 1.0))  # the next step's
+    assert clock.collect() == []  # bucket 1 (seq 2) may still be on its way
+    clock.on_completion(info("ALLREDUCE", 2, t0 + 0.0001, 1.0))
+    time.sleep(0.35)
+    (resolved,) = clock.collect()
+    assert len(resolved.buckets) == 2
+
+
+def test_groups_with_a_completion_hook_are_destroyed_at_exit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """torch asks for destroy_process_group before exit once a completion hook is in; a
+    program that skips it gets it from ddpmon's exit handler (a real gloo group here, as
+    registered by listen(); gloo itself refuses the hook)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch.distributed as dist
+from ddpmon.hooks import completion
+dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
+completion._DISPATCHERS[id(dist.group.WORLD)] = (dist.group.WORLD, [])
+completion.release_groups_at_exit()
+print("initialized after:", dist.is_initialized(), "registered:", len(completion._DISPATCHERS))
+completion.release_groups_at_exit()  # twice, or with nothing left: a no-op
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "initialized after: False registered: 0" in out.stdout
