@@ -1,7 +1,8 @@
 """Step-time overhead of ddpmon: the same DDP job with and without attach, in one run.
 
-Two identical DDP models, each on a process group of its own; one has ddpmon attached (its
-endpoint scraped every second, state file written every second). Blocks of steps alternate
+Two identical DDP models (on NCCL each on a process group of its own, so that c10d timing
+reaches only one); one has ddpmon attached (its endpoint scraped every second, state file
+written every second). Blocks of steps alternate
 between them in ABBA order so drift cancels; the printed ratio is the median over pairs of
 (attached block time / plain block time), with its spread.
 
@@ -46,10 +47,16 @@ def worker(args: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     kwargs = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
-    # A process group each: c10d timing (bucket_timing=c10d on NCCL) is switched on per group,
-    # and must not reach the plain model.
-    plain = DDP(build_model(args.width, args.depth).to(device), process_group=dist.new_group(), **kwargs)
-    watched = DDP(build_model(args.width, args.depth).to(device), process_group=dist.new_group(), **kwargs)
+    # On NCCL a process group each: c10d timing (bucket_timing=c10d) is switched on per group
+    # and must not reach the plain model. On gloo both share the job's group, as a real
+    # job's model does (on two new gloo groups the default measured 1.05 to 1.07, not 1.04).
+    if args.backend == "nccl":
+        kwargs_plain = dict(kwargs, process_group=dist.new_group())
+        kwargs_watched = dict(kwargs, process_group=dist.new_group())
+    else:
+        kwargs_plain = kwargs_watched = kwargs
+    plain = DDP(build_model(args.width, args.depth).to(device), **kwargs_plain)
+    watched = DDP(build_model(args.width, args.depth).to(device), **kwargs_watched)
     options = dict(job="overhead", port=0, nvml=True)
     for item in args.option:  # as DDPMON_<NAME> variables: parsed and checked by ddpmon
         key, _, value = item.partition("=")
