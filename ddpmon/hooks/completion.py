@@ -9,8 +9,9 @@ At step boundaries, the all-reduces enqueued during a step's backward are matche
 buckets by order (DDP launches buckets 0, 1, ... in index order), and only when their count
 is the bucket count (plus DDP's used-parameter all-reduce, issued after the last bucket,
 with find_unused_parameters); a step with any other count (another all-reduce on DDP's
-group during backward, such as SyncBatchNorm's) is skipped and counted, never guessed. Exposed communication comes from two pooled CUDA events per step: one at the end
-of backward compute, one after DDP has made the stream wait for every bucket.
+group during backward, such as SyncBatchNorm's) is skipped and counted, never guessed.
+Exposed communication comes from two pooled CUDA events per step: one at the end of
+backward compute, one after DDP has made the stream wait for every bucket.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def listen(group: Any, listener: Callable[[Any], None]) -> Callable[[], None]:
                 except Exception:
                     pass
 
-        group._enable_collectives_timing()
+        group._enable_collectives_timing()  # required first; stays on if c10d refuses the hook
         group._register_on_completion_hook(dispatch)
         if not _DISPATCHERS:
             atexit.register(release_groups_at_exit)
@@ -112,7 +113,7 @@ class _Window:
 
 
 class CompletionClock:
-    """A BucketClock fed by c10d's completion hook instead of a comm hook.
+    """The bucket clock fed by c10d's completion hook instead of a comm hook.
 
     ``on_completion`` is the listener (``listen(group, clock.on_completion)``). The step
     hooks call ``backward_started``, ``backward_done`` and ``sync_done``; the monitor calls
@@ -149,7 +150,8 @@ class CompletionClock:
             op = info.op_type
             if getattr(op, "name", str(op).rpartition(".")[2]) != "ALLREDUCE":
                 return
-            self._done.append((int(getattr(info, "seq", 0) or 0), _unix(info.time_started), _seconds(info.active_duration)))
+            seq = int(getattr(info, "seq", 0) or 0)
+            self._done.append((seq, _unix(info.time_started), _seconds(info.active_duration)))
         except Exception as exc:
             self._fuse.blow(exc)
 
@@ -306,7 +308,8 @@ class BucketLayout:
         data = self._ddp._get_ddp_logging_data()
         rebuilt = data.get("rebuilt_bucket_sizes")
         sizes = _numbers(rebuilt or data.get("bucket_sizes"))
-        groups = [_numbers(g.split()) for g in str(data.get("rebuilt_per_bucket_param_indices") or "").split(",")] if rebuilt else []
+        indices_text = str(data.get("rebuilt_per_bucket_param_indices") or "") if rebuilt else ""
+        groups = [_numbers(group) for group in indices_text.split(",")] if indices_text else []
         seen = (sizes, groups)
         if seen != self._seen:
             self._seen = seen
