@@ -283,6 +283,7 @@ class Monitor:
                 clock.new_step(buckets, rec.steps, layout.generation if layout else 0)
                 for step in clock.collect():
                     rec.add_step_timings(step)
+                rec.unmatched_steps = clock.unmatched_steps
                 if rec.notes.get("bucket_timing") != clock.warning:
                     rec.note("bucket_timing", clock.warning)
             except Exception as exc:

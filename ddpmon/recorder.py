@@ -153,6 +153,7 @@ class Recorder:
         self.ddp_group: tuple[str, int] = ("0", self.world_size)  # DDP's process group (name, size)
         self.collective_sites: dict[str, int] = {}
         self.collective_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=COLLECTIVE_LOG)
+        self.unmatched_steps = 0  # steps the c10d bucket clock could not match to buckets
         self._cur = _Step(start=time.perf_counter())
 
     # -- written by the hooks (the training thread, autograd and comm threads) -------------

@@ -26,9 +26,10 @@ GPU = ("job", "rank", "gpu", "gpu_uuid")
 METRICS: tuple[Metric, ...] = (
     # -- the training rank ------------------------------------------------------------------
     Metric("ddpmon_rank_info", "gauge",
-           "Always 1; labels describe the rank (world size, local rank, host, backend, versions).",
+           "Always 1; labels describe the rank (world size, local rank, host, backend, versions, "
+           "where bucket timing comes from).",
            RANK + ("world_size", "local_rank", "host", "backend", "torch_version", "debug_level",
-                   "version")),
+                   "version", "bucket_timing")),
     Metric("ddpmon_steps_total", "counter", "Training steps completed (synchronised iterations)."),
     Metric("ddpmon_step_seconds", "histogram", "Wall time of a training step, forward start to forward start."),
     Metric("ddpmon_forward_seconds", "histogram", "Time in the DDP module's forward per step."),
@@ -57,6 +58,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_collectives_completed_total", "counter",
            "Collectives this rank saw complete, by operation.", RANK + ("op",)),
     Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),
+    Metric("ddpmon_bucket_timing_unmatched_steps_total", "counter",
+           "Steps whose all-reduces could not be matched to buckets (bucket_timing=c10d), so untimed."),
     Metric("ddpmon_internal_errors_total", "counter",
            "Parts of ddpmon that failed and switched themselves off.", RANK + ("part",)),
     # -- the rank's GPU (NVML and torch's allocator) ----------------------------------------

@@ -251,6 +251,9 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
         assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
         assert out["exposed"]["median"] >= 0 and out["notes"] == {}
         assert out["listeners_left"] == 0, "detach stops listening"
+        labels = dict(job="c10d", rank=str(r.rank))
+        assert sample(out["metrics"], "ddpmon_bucket_timing_unmatched_steps_total", **labels) == 0
+        assert sample(out["metrics"], "ddpmon_allreduce_seconds_count", bucket="0", **labels) == 7
 
 
 def test_steps_are_found_when_the_model_returns_a_dataclass(tmp_path: Path) -> None:

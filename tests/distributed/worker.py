@@ -506,9 +506,10 @@ def c10d_wiring() -> dict[str, Any]:
     time.sleep(0.6)
     mon.step()
     snap = mon.snapshot()
+    metrics = scrape(mon.port)
     mon.detach()
     sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
-    return {"mode": snap["bucket_timing"], "buckets": snap["buckets"], "steps": snap["step"],
+    return {"metrics": metrics, "mode": snap["bucket_timing"], "buckets": snap["buckets"], "steps": snap["step"],
             "param_bytes": sizes, "listeners_left": len(listeners), "notes": snap["notes"],
             "exposed": snap["timings"]["exposed_comm_seconds"], "phase_counts": snap["collectives"]}
 

@@ -120,3 +120,15 @@ def test_auto_mode_aggregates_above_the_limit() -> None:
     registry.register(RankCollector(rec, "auto"))
     assert registry.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) == 6
     assert registry.get_sample_value("ddpmon_bucket_size_bytes", {"job": "j", "rank": "1", "bucket": "5"}) is None
+
+
+def test_rank_info_says_where_bucket_timing_comes_from_and_c10d_counts_unmatched_steps() -> None:
+    rec = Recorder(dict(IDENTITY, bucket_timing="c10d"), world_size=4)
+    rec.unmatched_steps = 3
+    families = {f.name: f for f in RankCollector(rec).collect()}
+    (info,) = families["ddpmon_rank_info"].samples
+    assert info.labels["bucket_timing"] == "c10d"
+    (unmatched,) = families["ddpmon_bucket_timing_unmatched_steps"].samples
+    assert unmatched.value == 3 and unmatched.labels == {"job": "j", "rank": "1"}
+    hooked = {f.name for f in RankCollector(Recorder(dict(IDENTITY, bucket_timing="hook"), 4)).collect()}
+    assert "ddpmon_bucket_timing_unmatched_steps" not in hooked
