@@ -419,6 +419,28 @@ def cuda_timing(backend: str = "gloo", timing: str = "auto") -> dict[str, Any]:
 
 
 @scenario
+def cuda_exit_without_destroy() -> dict[str, Any]:
+    """NCCL with c10d timing, and a program that never calls destroy_process_group: c10d's
+    hook thread must not outlive the interpreter (ddpmon destroys the group at exit). The
+    process ends through normal interpreter exit, and must end with status 0."""
+    import ddpmon
+
+    store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD)
+    dist.init_process_group("nccl", store=store, rank=RANK, world_size=WORLD)
+    torch.cuda.set_device(0)
+    model = DDP(MLP(width=256).cuda(), device_ids=[0], bucket_cap_mb=0.1)
+    mon = ddpmon.attach(model, job="exit")
+    for step in range(10):
+        x, y = (t.cuda() for t in batch(step))
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+    result = {"mode": mon.snapshot()["bucket_timing"]}
+    with open(os.path.join(os.environ["DDPMON_TEST_OUT"], f"result-{RANK}.json"), "w") as f:
+        json.dump(result, f)
+    sys.exit(0)  # no detach, no destroy_process_group: collectives may still be completing
+
+
+@scenario
 def without_bucket_timing() -> dict[str, Any]:
     """bucket_timing=False: DDP's own all-reduce stays in place; steps, phases and the
     DDP error's names still work, and a hook registered after attach is DDP's own."""

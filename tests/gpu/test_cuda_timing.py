@@ -35,3 +35,9 @@ def test_cuda_bucket_timing_and_identical_gradients(
             # nccl-tests' bus bandwidth factor 2(n-1)/n is 0 for one rank
             assert b["busbw_bytes_per_second"] > 0 if ranks > 1 else b["busbw_bytes_per_second"] == 0, b
         assert out["exposed_median"] is not None and out["exposed_median"] >= 0
+
+
+def test_a_program_that_never_destroys_its_group_still_exits_cleanly(tmp_path: Path) -> None:
+    """torch asks for destroy_process_group before exit once a completion hook is in."""
+    (r,) = run_ranks("cuda_exit_without_destroy", 1, tmp_path, timeout=120)
+    assert r.returncode == 0 and r.result == {"mode": "c10d"}
