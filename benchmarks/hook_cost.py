@@ -50,7 +50,8 @@ def worker(args: argparse.Namespace) -> None:
         layers: list[nn.Module] = []
         for _ in range(args.depth):
             layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-        return DDP(nn.Sequential(*layers, nn.Linear(args.width, 10)))
+        return DDP(nn.Sequential(*layers, nn.Linear(args.width, 10)),
+                   gradient_as_bucket_view=args.gradient_as_bucket_view)
 
     hooks = {"passthrough": passthrough, "scaled": scaled, "scaled_after": scaled_after}
     variants = args.variants.split(",")
@@ -84,7 +85,8 @@ def worker(args: argparse.Namespace) -> None:
         for i in order:
             times[i].append(block(i, args.block))
     if dist.get_rank() == 0:
-        print(f"{world} ranks, {args.backend}, MLP {args.depth}x{args.width}, batch {args.batch}: "
+        print(f"{world} ranks, {args.backend}, MLP {args.depth}x{args.width}, batch {args.batch}"
+              f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}: "
               f"plain step {statistics.median(times[0]) * 1000:.2f} ms; {args.rounds} rounds of {args.block}-step blocks")
         for name, series in list(zip(variants, times))[1:]:
             ratios = [a / b for a, b in zip(series, times[0])]
@@ -103,6 +105,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP(gradient_as_bucket_view=True) for every model")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:

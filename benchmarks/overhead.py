@@ -46,7 +46,9 @@ def worker(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(0)
-    kwargs = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
+    kwargs: dict = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
+    if args.gradient_as_bucket_view:
+        kwargs["gradient_as_bucket_view"] = True
     # On NCCL a process group each: c10d timing (bucket_timing=c10d) is switched on per group
     # and must not reach the plain model. On gloo both share the job's group, as a real
     # job's model does (on two new gloo groups the default measured 1.05 to 1.07, not 1.04).
@@ -111,7 +113,8 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         q = statistics.quantiles(ratios, n=4)
         print(
-            f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
+            f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}"
+            f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
             f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(quartiles {q[0]:.4f}..{q[2]:.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}; "
@@ -135,6 +138,8 @@ def main() -> int:
                    help="an attach() option for the attached model, e.g. track_collectives=0")
     p.add_argument("--baseline", choices=("plain", "python-hook"), default="plain",
                    help="the model compared with: DDP as is, or with torch's Python allreduce_hook")
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP(gradient_as_bucket_view=True) for both models")
     p.add_argument("--no-attach", action="store_true",
                    help="an A/A run: ddpmon runs beside both models but times neither (the noise floor)")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
