@@ -14,11 +14,11 @@ only), ``scaled`` (the same after scaling by 1/world size: what DDP's default co
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from overhead import build_model, under_torchrun  # the same MLP and launch as overhead.py
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -47,11 +47,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def build() -> DDP:
         torch.manual_seed(0)
-        layers: list[nn.Module] = []
-        for _ in range(args.depth):
-            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-        return DDP(nn.Sequential(*layers, nn.Linear(args.width, 10)),
-                   gradient_as_bucket_view=args.gradient_as_bucket_view)
+        return DDP(build_model(args.width, args.depth), gradient_as_bucket_view=args.gradient_as_bucket_view)
 
     hooks = {"passthrough": passthrough, "scaled": scaled, "scaled_after": scaled_after}
     variants = args.variants.split(",")
@@ -112,10 +108,7 @@ def main() -> int:
     if args.rank_worker:
         worker(args)
         return 0
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
-           os.path.abspath(__file__), "--rank-worker", *sys.argv[1:]]
-    return subprocess.call(cmd, env=env)
+    return under_torchrun(__file__, args.ranks)
 
 
 if __name__ == "__main__":

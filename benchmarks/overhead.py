@@ -32,6 +32,15 @@ def build_model(width: int, depth: int):
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
+def under_torchrun(script: str, ranks: int, **env: str) -> int:
+    """Run ``script --rank-worker`` with this command line's arguments on ``ranks`` local
+    ranks under torchrun (one intra-op thread each unless OMP_NUM_THREADS says otherwise)."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           os.path.abspath(script), "--rank-worker", *sys.argv[1:]]
+    return subprocess.call(cmd, env=env)
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -147,11 +156,7 @@ def main() -> int:
     if args.rank_worker:
         worker(args)
         return 0
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
-           os.path.abspath(__file__), "--rank-worker", *sys.argv[1:]]
-    return subprocess.call(cmd, env=env)
+    return under_torchrun(__file__, args.ranks, DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"))
 
 
 if __name__ == "__main__":

@@ -110,13 +110,10 @@ class Monitor:
         mode = self._timing_mode(ddp, config)
         if comm is not None and mode != "off":  # DDP still holds ddpmon's hook: it times
             mode = "hook"
-        self.bucket_timing = mode
-        clock: Any = CudaEventClock(device) if device.startswith("cuda") else WallClock()
-        if mode == "c10d":
-            clock = self._completion_clock(ddp, device, config)
-            if clock is None:
-                self.bucket_timing = mode = "hook"
-                clock = CudaEventClock(device)
+        clock: Any = self._completion_clock(ddp, device, config) if mode == "c10d" else None
+        if clock is None:
+            mode = "hook" if mode == "c10d" else mode  # c10d refused the completion hook
+            clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
         self._clock = clock
         self._layout: BucketLayout | None = None
         if comm is None and mode in ("c10d", "off"):

@@ -215,9 +215,9 @@ class _Completion:
         self._owner, self._token, self._is_last = owner, token, is_last
 
     def __call__(self, fut: torch.futures.Future) -> Any:
-        value = fut.value()  # re-raises a failed collective's own error, as DDP expects
+        value = _first(fut)  # re-raises a failed collective's own error, as DDP expects
         self._owner._finished(self._token, self._is_last)
-        return value[0] if isinstance(value, list) else value
+        return value
 
 
 def allreduce_mean_hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future:

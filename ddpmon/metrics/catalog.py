@@ -38,7 +38,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_exposed_comm_seconds", "histogram",
            "Communication not hidden behind compute: last bucket ready to last collective done."),
     Metric("ddpmon_allreduce_seconds", "histogram",
-           "A bucket's gradient all-reduce: launch (bucket ready) to completion; with bucket_timing=c10d, NCCL's GPU time.",
+           "A bucket's gradient all-reduce: launch (bucket ready) to completion; "
+           "with bucket_timing=c10d, NCCL's GPU time.",
            BUCKET),
     Metric("ddpmon_allreduce_bytes_total", "counter", "Gradient bytes all-reduced per bucket.", BUCKET),
     Metric("ddpmon_allreduce_bus_bandwidth_bytes_per_second", "gauge",
@@ -54,7 +55,8 @@ METRICS: tuple[Metric, ...] = (
            "Unix time of the rank's last observed progress (step, bucket, collective)."),
     Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
     Metric("ddpmon_collectives_issued_total", "counter",
-           "Collectives this rank issued while monitored, by operation (DDP's buckets unless bucket_timing is c10d or off).", RANK + ("op",)),
+           "Collectives this rank issued while monitored, by operation "
+           "(DDP's buckets unless bucket_timing is c10d or off).", RANK + ("op",)),
     Metric("ddpmon_collectives_completed_total", "counter",
            "Collectives this rank saw complete, by operation.", RANK + ("op",)),
     Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),

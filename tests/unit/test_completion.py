@@ -96,14 +96,21 @@ def test_a_step_with_no_later_collective_settles_after_a_while(monkeypatch: pyte
     assert len(clock.collect()) == 1
 
 
-def test_steps_that_keep_failing_to_match_say_so_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
-    clock = fresh()
+def fail_to_match(clock: CompletionClock, steps: int) -> int:
+    """``steps`` steps of 2 all-reduces for 4 buckets, each refused once settled (needs
+    SETTLE_SECONDS = 0); returns the last sequence number."""
     seq = 0
-    for _ in range(completion.WARN_AFTER_UNMATCHED):
+    for _ in range(steps):
         seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 2, seq)
         time.sleep(0.001)
         assert clock.collect() == []
+    return seq
+
+
+def test_steps_that_keep_failing_to_match_say_so_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
+    clock = fresh()
+    fail_to_match(clock, completion.WARN_AFTER_UNMATCHED)
     assert clock.unmatched_steps == completion.WARN_AFTER_UNMATCHED
     assert clock.warning and "bucket_timing='hook'" in clock.warning and "2 all-reduce(s)" in clock.warning
 
@@ -183,11 +190,7 @@ def test_timings_of_a_bucket_no_longer_in_the_layout_are_dropped() -> None:
 def test_warning_clears_once_steps_match_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
     clock = fresh()
-    seq = 0
-    for _ in range(completion.WARN_AFTER_UNMATCHED):
-        seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 2, seq)
-        time.sleep(0.001)
-        clock.collect()
+    seq = fail_to_match(clock, completion.WARN_AFTER_UNMATCHED)
     assert clock.warning
     run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
     time.sleep(0.001)
