@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from overhead import build_model, under_torchrun  # the same MLP and launch as overhead.py
+from overhead import build_model, median_interval, under_torchrun  # as in overhead.py
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -87,7 +87,9 @@ def worker(args: argparse.Namespace) -> None:
         for name, series in list(zip(variants, times))[1:]:
             ratios = [a / b for a, b in zip(series, times[0])]
             q = statistics.quantiles(ratios, n=4)
-            print(f"  {name:<13} median ratio to plain {statistics.median(ratios):.4f} (quartiles {q[0]:.3f}..{q[2]:.3f})")
+            low, high = median_interval(ratios)
+            print(f"  {name:<13} median ratio to plain {statistics.median(ratios):.4f} "
+                  f"(95% interval {low:.3f}..{high:.3f}; quartiles {q[0]:.3f}..{q[2]:.3f})")
     dist.destroy_process_group()
 
 

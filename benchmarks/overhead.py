@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,14 @@ def build_model(width: int, depth: int):
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def median_interval(values: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of the median: how far the printed median may be from what
+    more rounds would give on this machine."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def under_torchrun(script: str, ranks: int, **env: str) -> int:
@@ -121,12 +130,14 @@ def worker(args: argparse.Namespace) -> None:
     monitor.detach()
     if rank == 0:
         q = statistics.quantiles(ratios, n=4)
+        low, high = median_interval(ratios)
         print(
             f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}"
             f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
             f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
-            f"(quartiles {q[0]:.4f}..{q[2]:.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}; "
+            f"(95% interval of the median {low:.4f}..{high:.4f}; quartiles {q[0]:.4f}..{q[2]:.4f}, "
+            f"min {min(ratios):.4f}, max {max(ratios):.4f}; "
             f"{args.rounds} pairs of {args.block}-step blocks)",
             flush=True,
         )

@@ -49,10 +49,11 @@ class Config:
     bucket_timing: str = "auto"
     """Where per-bucket timing comes from. ``c10d``: NCCL's own per-collective timing
     (its completion hook), with DDP's C++ all-reduce (or your ``comm_hook``) left in place.
-    ``hook``: a Python comm hook around the all-reduce (any backend; on CPU it costs a few
-    percent of step time, docs/performance.md). ``auto``: ``c10d`` on NCCL, ``hook``
-    elsewhere. ``off``: no per-bucket series, the rest as usual. True/False mean
-    ``auto``/``off``."""
+    ``hook``: a Python comm hook around the all-reduce (any backend; it costs a few percent
+    of step time, docs/performance.md). ``auto``: ``c10d`` on NCCL; elsewhere ``hook`` when
+    a comm hook of yours runs in Python anyway (``comm_hook``, or one registered after
+    attach), else ``off``. ``off``: no per-bucket series, the rest as usual. True/False
+    mean ``auto``/``off``."""
     comm_hook: Callable[..., Any] | None = None
     """A comm hook of your own, ``hook(state, bucket) -> Future[Tensor]``, that ddpmon
     registers and times. In the environment: a dotted path such as

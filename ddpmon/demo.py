@@ -71,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = tempfile.mkdtemp(prefix="ddpmon-demo-")
     env = dict(os.environ, DDPMON_STATE_DIR=state_dir, OMP_NUM_THREADS="1")
     env.setdefault("DDPMON_PORT", "0")  # ephemeral ports: the demo never collides
-    print(f"ddpmon demo: 2-rank CPU DDP (gloo) for {args.steps} steps; state files in {state_dir}", flush=True)
+    # gloo has no cheap per-bucket timing source, so by default ddpmon leaves DDP's C++
+    # all-reduce alone there; the demo shows what a Python comm hook's timing gives.
+    env.setdefault("DDPMON_BUCKET_TIMING", "hook")
+    print(f"ddpmon demo: 2-rank CPU DDP (gloo) for {args.steps} steps; state files in {state_dir}\n"
+          f"  per-bucket timing: DDPMON_BUCKET_TIMING={env['DDPMON_BUCKET_TIMING']} (on gloo the default "
+          "is off: any Python comm hook costs a few percent of step time)", flush=True)
     start = time.monotonic()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "ddpmon.demo", "--rank-worker", "--steps", str(args.steps)]

@@ -107,20 +107,26 @@ class Monitor:
         if state is None:
             state = ddp.process_group
         comm = getattr(ddp, "_ddpmon_comm_hook", None)
-        mode = self._timing_mode(ddp, config)
-        if comm is not None and mode != "off":  # DDP still holds ddpmon's hook: it times
-            mode = "hook"
+        mode = self._timing_mode(ddp, config, hooked=comm is not None)
         clock: Any = self._completion_clock(ddp, device, config) if mode == "c10d" else None
         if clock is None:
             mode = "hook" if mode == "c10d" else mode  # c10d refused the completion hook
             clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
         self._clock = clock
         self._layout: BucketLayout | None = None
+        self._names = names
+        untimed = None
         if comm is None and mode in ("c10d", "off"):
             if config.comm_hook:  # the user's hook, registered as is
                 ddp.register_comm_hook(state, hook)
             if mode == "c10d":
                 self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+            elif config.bucket_timing == "auto":  # a hook registered later is timed after all
+                ddp.register_comm_hook = self._time_hook_registered_later  # type: ignore[method-assign]
+            if mode == "off" and completion.unavailable_reason(ddp.process_group):
+                # gloo: DDP's buckets complete on the CPU, so a rank waiting for them is seen
+                self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+                untimed = self._untimed_bucket_sizes
         elif comm is None:  # the Python comm hook times every bucket
             comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
             ddp.register_comm_hook(None, comm)
@@ -141,7 +147,8 @@ class Monitor:
             self._grads = GradReadyHooks(parameters, self.recorder, self._fuses["grad_hooks"])
         self._steps = StepHooks(
             ddp, self.recorder, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
-            timeline=clock if isinstance(clock, CompletionClock) else None,
+            timeline=clock if isinstance(clock, (CompletionClock, WallClock)) else None,
+            untimed_buckets=untimed,
         )
         self._wrap_forward([name for name, _ in parameters])
 
@@ -199,6 +206,8 @@ class Monitor:
         if self._steps:
             self._steps.remove()
         self._ddp.__dict__.pop("forward", None)
+        if self._ddp.__dict__.get("register_comm_hook") == self._time_hook_registered_later:
+            del self._ddp.register_comm_hook
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
         self.recorder.phase = "detached"
         self._stop_hang_tracking()
@@ -290,15 +299,48 @@ class Monitor:
         for step in clock.collect():
             rec.add_step_timings(step)
 
-    def _timing_mode(self, ddp: DistributedDataParallel, config: Config) -> str:
-        """``hook``, ``c10d`` or ``off``: what ``bucket_timing`` means for this model."""
+    def _timing_mode(self, ddp: DistributedDataParallel, config: Config, hooked: bool) -> str:
+        """``hook``, ``c10d`` or ``off``: what ``bucket_timing`` means for this model.
+
+        ``auto`` never adds a Python comm hook of its own: any costs a few percent of step
+        time (docs/performance.md). It takes c10d's timing where there is some (NCCL), and
+        elsewhere times buckets only when a Python hook runs anyway: the user's, or
+        ddpmon's still registered from an earlier attach."""
         mode = config.bucket_timing
         if mode in ("hook", "off"):
             return mode
         reason = completion.unavailable_reason(ddp.process_group)
         if mode == "c10d" and reason:
             raise ConfigError("bucket_timing", mode, f"'hook' or 'auto' here: {reason}")
-        return "hook" if reason else "c10d"
+        if hooked:  # DDP still holds ddpmon's hook from an earlier attach: it times
+            return "hook"
+        if not reason:
+            return "c10d"
+        return "hook" if config.comm_hook is not None else "off"
+
+    def _untimed_bucket_sizes(self) -> list[int]:
+        """DDP's bucket sizes while no comm hook reports its buckets (none once one does)."""
+        if self._comm is not None or self._layout is None:
+            return []
+        self._layout.refresh()
+        return self._layout.sizes
+
+    def _time_hook_registered_later(self, state: object, hook: Any) -> None:
+        """Stands in for ``ddp.register_comm_hook`` while ``auto`` found no cheap timing
+        source: the user's hook runs in Python anyway, so ddpmon registers it inside its
+        timing hook, and from then on every bucket is timed."""
+        ddp = self._ddp
+        del ddp.register_comm_hook  # DDP's own again, whatever happens below
+        ddp._check_comm_hook(hook)
+        comm = TimedCommHook(hook, state, self.recorder, self._clock, self._names, self._fuses["comm_hook"])
+        comm.user_registered = True
+        ddp.register_comm_hook(None, comm)
+        ddp._ddpmon_comm_hook = comm  # type: ignore[attr-defined]
+        ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
+        self._comm = comm
+        self.recorder.identity["bucket_timing"] = "hook"
+        log.info("ddpmon: rank %d: comm hook %s registered inside ddpmon's timing hook: buckets are "
+                 "timed from now on", self.rank, getattr(hook, "__qualname__", hook))
 
     def _completion_clock(self, ddp: DistributedDataParallel, device: str, config: Config) -> CompletionClock | None:
         """The c10d clock, or None (and a warning) when c10d refuses the completion hook."""

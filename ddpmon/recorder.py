@@ -192,9 +192,10 @@ class Recorder:
             self.phase = "backward"
         cur.last_grad_ready = now
 
-    def bucket_launched(self, is_last: bool, index: int | None = None) -> None:
+    def bucket_launched(self, is_last: bool, index: int | None = None, nbytes: int | None = None) -> None:
         """DDP launched a bucket's collective: counted, and in flight until it completes
-        (whatever the comm hook calls inside is attributed to the bucket)."""
+        (whatever the comm hook calls inside is attributed to the bucket). ``nbytes``
+        when the bucket has no timings to hold its size."""
         self._cur.buckets_launched += 1
         if is_last:
             self.phase = "allreduce"
@@ -210,7 +211,7 @@ class Recorder:
             stats = self.buckets.get(index)
             entry = {
                 "seq": seq, "op": BUCKET_OP, "group": group, "group_size": group_size,
-                "bytes": stats.bytes if stats else None, "call_site": "DDP backward",
+                "bytes": stats.bytes if stats else nbytes, "call_site": "DDP backward",
                 "function": "backward", "issued_unix": now, "bucket": index, "step": self.steps,
             }
             in_flight = self.in_flight

@@ -39,10 +39,29 @@ class BucketClock(Protocol):
 
 
 class WallClock:
-    """CPU timing: the hook's call and the completion callback, on ``time.perf_counter``."""
+    """CPU timing: the hook's call and the completion callback, on ``time.perf_counter``.
+
+    It is also the step hooks' timeline: exposed communication runs from the end of
+    backward compute to the moment DDP has waited for its buckets, which on CPU the wall
+    clock sees with or without a comm hook.
+    """
 
     def __init__(self) -> None:
         self._done: collections.deque[BucketTiming] = collections.deque(maxlen=65536)
+        self._compute_done: float | None = None
+        self._exposed: float | None = None
+
+    def backward_started(self, step_start: float) -> None:
+        pass
+
+    def backward_done(self) -> None:
+        self._compute_done = time.perf_counter()
+
+    def sync_done(self) -> None:
+        # (after a no_sync microbatch too: the step's synchronising backward comes last)
+        if self._compute_done is not None:
+            self._exposed = time.perf_counter() - self._compute_done
+            self._compute_done = None
 
     def new_step(self) -> None:
         pass
@@ -59,7 +78,10 @@ class WallClock:
         out = []
         while self._done:
             out.append(self._done.popleft())
-        return [StepTimings(out)] if out else []
+        exposed, self._exposed = self._exposed, None
+        if not out and exposed is None:
+            return []
+        return [StepTimings(out, exposed, measured=exposed is not None)]
 
 
 class CudaEventClock:

@@ -288,7 +288,8 @@ class CompletionClock:
 
 class BucketLayout:
     """DDP's buckets as DDP's logging data describes them: with no comm hook, nothing else
-    shows them. Read at step boundaries until DDP has rebuilt its buckets (iteration 1)."""
+    shows them. Read at step boundaries until DDP has rebuilt its buckets (iteration 1).
+    ``sizes`` holds each bucket's bytes."""
 
     MAX_READS = 20
 
@@ -299,9 +300,11 @@ class BucketLayout:
         self._count = 0
         self._reads = 0
         self._final = False
+        self.sizes: list[int] = []
 
-    def refresh(self, recorder: Any) -> int:
-        """Update the recorder's bucket layout if DDP's changed; returns the bucket count."""
+    def refresh(self, recorder: Any = None) -> int:
+        """Read DDP's layout (and give the recorder its buckets, if one is given) if it
+        may have changed; returns the bucket count."""
         if self._final:
             return self._count
         self._reads += 1
@@ -314,16 +317,21 @@ class BucketLayout:
         if seen != self._seen:
             self._seen = seen
             self.generation += 1
-            params, names = self._parameters, self._names
-            for i, nbytes in enumerate(sizes):
-                indices = [j for j in (groups[i] if i < len(groups) else []) if 0 <= j < len(params)]
-                first = params[indices[0]] if indices else (params[0] if params else None)
-                dtype = str(first.dtype).replace("torch.", "") if first is not None else ""
-                recorder.set_bucket_layout(i, nbytes, dtype, [names[j] for j in indices])
-            recorder.drop_buckets_from(len(sizes))
+            self.sizes = sizes
             self._count = len(sizes)
+            if recorder is not None:
+                self._publish(recorder, sizes, groups)
         self._final = bool(rebuilt) or self._reads >= self.MAX_READS
         return self._count
+
+    def _publish(self, recorder: Any, sizes: list[int], groups: list[list[int]]) -> None:
+        params, names = self._parameters, self._names
+        for i, nbytes in enumerate(sizes):
+            indices = [j for j in (groups[i] if i < len(groups) else []) if 0 <= j < len(params)]
+            first = params[indices[0]] if indices else (params[0] if params else None)
+            dtype = str(first.dtype).replace("torch.", "") if first is not None else ""
+            recorder.set_bucket_layout(i, nbytes, dtype, [names[j] for j in indices])
+        recorder.drop_buckets_from(len(sizes))
 
 
 def _unix(moment: Any) -> float:

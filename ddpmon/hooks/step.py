@@ -6,8 +6,10 @@ forward after a backward that synchronised gradients (forwards under ``no_sync``
 grad belong to the step in progress), or at ``Monitor.step()`` once a loop calls it.
 
 Two autograd final callbacks bracket DDP's own: the first marks the end of backward
-compute, the second runs after DDP has waited for its buckets. A ``timeline`` (the c10d
-bucket clock) hears of the start of backward and of both.
+compute, the second runs after DDP has waited for its buckets. A ``timeline`` (a bucket
+clock) hears of the start of backward and of both. With no comm hook to report DDP's
+buckets on a backend that completes them on the CPU, ``untimed_buckets`` gives their sizes:
+they are in flight between the two callbacks, which is where a rank waits for them.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ class StepHooks:
         backward_seen: Callable[[], bool],
         fuse: Fuse,
         timeline: Any = None,
+        untimed_buckets: Callable[[], list[int]] | None = None,
     ) -> None:
         self.manual = False
         self._timeline = timeline
+        self._untimed_buckets = untimed_buckets
+        self._buckets_in_flight = 0
         self._ddp = ddp
         self._recorder = recorder
         self._on_boundary = on_boundary
@@ -98,6 +103,11 @@ class StepHooks:
                 rec.grad_ready(time.perf_counter())
                 if self._sync_expected and rec.phase == "backward":
                     rec.phase = "allreduce"  # (a comm hook has said so already)
+                if self._sync_expected and self._untimed_buckets is not None:
+                    sizes = self._untimed_buckets()
+                    for index, nbytes in enumerate(sizes):
+                        rec.bucket_launched(index == len(sizes) - 1, index, nbytes)
+                    self._buckets_in_flight = len(sizes)
                 if self._timeline is not None:
                     self._timeline.backward_done()
                 # Queued now, it runs after DDP's finalize (queued during backward).
@@ -109,6 +119,9 @@ class StepHooks:
         if self._fuse.ok:
             try:
                 if self._sync_expected:
+                    for left in range(self._buckets_in_flight, 0, -1):
+                        self._recorder.bucket_completed(left == 1)
+                    self._buckets_in_flight = 0
                     self._recorder.gradients_synced()
                 if self._timeline is not None:
                     self._timeline.sync_done()

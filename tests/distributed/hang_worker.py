@@ -34,11 +34,11 @@ def init() -> None:
     dist.init_process_group("gloo", store=store, rank=RANK, world_size=WORLD, timeout=timedelta(seconds=60))
 
 
-def setup(job: str, model: nn.Module | None = None) -> tuple[DDP, Any, torch.optim.Optimizer]:
+def setup(job: str, model: nn.Module | None = None, **options: Any) -> tuple[DDP, Any, torch.optim.Optimizer]:
     init()
     torch.manual_seed(0)
     ddp = DDP(model or MLP(), bucket_cap_mb=0.01)
-    mon = ddpmon.attach(ddp, job=job, hang_timeout=2.0, state_interval=0.2)
+    mon = ddpmon.attach(ddp, job=job, hang_timeout=2.0, state_interval=0.2, **options)
     return ddp, mon, torch.optim.SGD(ddp.parameters(), lr=0.01)
 
 
@@ -139,7 +139,7 @@ def all_kinds() -> None:
     import json
 
     saved = {name: getattr(dist, name) for name in ("all_reduce", "barrier", "broadcast")}
-    ddp, mon, opt = setup("collectives")
+    ddp, mon, opt = setup("collectives", bucket_timing="hook")  # buckets as the hook sees them
     train_step(ddp, opt, *batch(0))
     t = torch.ones(256)  # 1024 bytes
     dist.all_reduce(t)  # user all_reduce

@@ -133,6 +133,7 @@ def test_gradients_identical_with_and_without_ddpmon(tmp_path: Path, hook: str, 
         assert r.result["max_diff"] == 0.0
         assert r.result["bucket_counts"] and min(r.result["bucket_counts"]) >= 3
         assert set(r.result["dtypes"]) == {"float32"}
+        assert r.result["mode"] == "hook"
         if how == "after_attach":
             assert "can only be called once" in r.result["second_register"]
 
@@ -201,6 +202,7 @@ def test_detach_restores_and_reattach_works(tmp_path: Path) -> None:
         assert out["forward_restored"] and out["endpoint_closed"]
         assert out["steps_second"] == 3
         assert out["second_buckets"] and min(out["second_buckets"]) >= 2
+        assert out["second_mode"] == "hook", "DDP still holds ddpmon's hook: the default times with it"
 
 
 def test_no_sync_microbatches_fold_into_one_step(tmp_path: Path) -> None:
@@ -210,12 +212,16 @@ def test_no_sync_microbatches_fold_into_one_step(tmp_path: Path) -> None:
         assert snap["unused_parameters"] == []
 
 
-def test_without_bucket_timing_ddp_keeps_its_own_allreduce(tmp_path: Path) -> None:
+def test_by_default_gloo_keeps_ddps_own_allreduce_and_still_sees_exposed_comm(tmp_path: Path) -> None:
+    """gloo has no cheap per-bucket timing source: by default no comm hook is registered."""
     for r in run_ranks("without_bucket_timing", 2, tmp_path):
         out = r.result
         assert out["max_diff"] == 0.0
         assert out["steps"] == 4 and out["buckets"] == [] and out["mode"] == "off"
+        assert out["comm_hook_at_attach"] == "", "DDP runs its C++ all-reduce, no hook"
         assert out["backward"]["median"] > 0
+        assert out["exposed"]["median"] > 0, "exposed communication needs no comm hook on CPU"
+        assert sample(out["metrics"], "ddpmon_exposed_comm_seconds_count", job="untimed", rank=str(r.rank)) == 3
         assert out["phases"] == ["after_backward"] * 4, "DDP's wait for its buckets is seen without a hook"
         assert out["synced_after_ddp"] == [True] * 4, "the sync callback runs after DDP's finalize"
         assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 3

@@ -113,7 +113,7 @@ def train_basic(steps: str = "8") -> dict[str, Any]:
     init()
     torch.manual_seed(0)
     model = DDP(MLP(), bucket_cap_mb=0.01)
-    mon = ddpmon.attach(model, job="basic")
+    mon = ddpmon.attach(model, job="basic", bucket_timing="hook")
     train(model, int(steps))
     mon.step()  # closes the last step so its buckets are folded in
     time.sleep(0.05)
@@ -153,10 +153,12 @@ def grads_equal(hook: str = "default", how: str = "option") -> dict[str, Any]:
     user_hook = default_hooks.fp16_compress_hook if hook == "fp16" else None
     if user_hook:
         plain.register_comm_hook(None, user_hook)
+    # With a hook of the user's (given or registered later) the default times buckets: the
+    # hook runs in Python anyway. DDP's own all-reduce is timed only when asked for.
     if user_hook and how == "option":
         mon = ddpmon.attach(watched, job="grads", comm_hook=user_hook)
     else:
-        mon = ddpmon.attach(watched, job="grads")
+        mon = ddpmon.attach(watched, job="grads", bucket_timing="auto" if user_hook else "hook")
         if user_hook:
             watched.register_comm_hook(None, user_hook)
     out: dict[str, Any] = {"max_diff": 0.0, "steps_compared": 0}
@@ -176,6 +178,7 @@ def grads_equal(hook: str = "default", how: str = "option") -> dict[str, Any]:
     mon.step()
     snap = mon.snapshot()
     out["bucket_counts"] = [b["count"] for b in snap["buckets"]]
+    out["mode"] = snap["bucket_timing"]
     out["dtypes"] = [b["dtype"] for b in snap["buckets"]]
     if how == "after_attach" and user_hook:
         try:
@@ -291,7 +294,7 @@ def bad_inputs() -> dict[str, Any]:
     real = ddpmon.monitor.StepHooks
     ddpmon.monitor.StepHooks = failing  # after the comm hook is in place, before the rest
     try:
-        ddpmon.attach(fresh, job="rollback")
+        ddpmon.attach(fresh, job="rollback", bucket_timing="hook")
     except RuntimeError as exc:
         out["partway"] = str(exc)
     finally:
@@ -316,7 +319,7 @@ def hook_failure() -> dict[str, Any]:
     init()
     torch.manual_seed(0)
     model = DDP(MLP())
-    mon = ddpmon.attach(model, job="failure")
+    mon = ddpmon.attach(model, job="failure", bucket_timing="hook")
     logs = captured_logs()
 
     def broken(*_a: Any, **_k: Any) -> None:
@@ -338,7 +341,7 @@ def detach_and_reattach() -> dict[str, Any]:
     init()
     torch.manual_seed(0)
     model = DDP(MLP())
-    with ddpmon.attach(model, job="detach") as mon:
+    with ddpmon.attach(model, job="detach", bucket_timing="hook") as mon:
         train(model, 3)
         port = mon.port
     out: dict[str, Any] = {"steps_first": mon.snapshot()["step"]}
@@ -350,11 +353,12 @@ def detach_and_reattach() -> dict[str, Any]:
         out["endpoint_closed"] = False
     except OSError:
         out["endpoint_closed"] = True
-    mon2 = ddpmon.attach(model, job="detach")
+    mon2 = ddpmon.attach(model, job="detach")  # auto: DDP holds ddpmon's hook, which times
     train(model, 3)
     mon2.step()
     out["steps_second"] = mon2.snapshot()["step"]
     out["second_buckets"] = [b["count"] for b in mon2.snapshot()["buckets"]]
+    out["second_mode"] = mon2.snapshot()["bucket_timing"]
     mon2.detach()
     return out
 
@@ -441,9 +445,10 @@ def cuda_exit_without_destroy() -> dict[str, Any]:
 
 
 @scenario
-def without_bucket_timing() -> dict[str, Any]:
-    """bucket_timing=False: DDP's own all-reduce stays in place; steps, phases and the
-    DDP error's names still work, and a hook registered after attach is DDP's own."""
+def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
+    """bucket_timing off (and auto on gloo, which has no cheap timing source): DDP's own
+    all-reduce stays in place; steps, phases and exposed communication still work, and a
+    hook registered after detach is DDP's own."""
     import ddpmon
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -452,7 +457,8 @@ def without_bucket_timing() -> dict[str, Any]:
     plain = DDP(MLP())
     torch.manual_seed(0)
     watched = DDP(MLP())
-    mon = ddpmon.attach(watched, job="untimed", bucket_timing=False)
+    mon = ddpmon.attach(watched, job="untimed", bucket_timing=timing)
+    builtin_hook = watched._get_ddp_logging_data().get("comm_hook", "")
     # What the gradients hold when ddpmon hears that DDP has synchronised them: the c10d
     # clock records its "collectives done" CUDA event at this moment.
     first = next(watched.module.parameters())
@@ -483,7 +489,8 @@ def without_bucket_timing() -> dict[str, Any]:
     return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
             "backward": snap["timings"]["backward_seconds"], "metrics": metrics,
             "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks],
-            "phases": phases, "mode": snap["bucket_timing"], "synced_after_ddp": synced_after_ddp}
+            "phases": phases, "mode": snap["bucket_timing"], "synced_after_ddp": synced_after_ddp,
+            "exposed": snap["timings"]["exposed_comm_seconds"], "comm_hook_at_attach": builtin_hook}
 
 
 @scenario
@@ -546,7 +553,7 @@ def subgroup() -> dict[str, Any]:
     groups = [dist.new_group([r]) for r in range(WORLD)]
     torch.manual_seed(0)
     model = DDP(MLP(), process_group=groups[RANK])
-    mon = ddpmon.attach(model, job="subgroup")
+    mon = ddpmon.attach(model, job="subgroup", bucket_timing="hook")
     train(model, 3)
     mon.step()
     snap = mon.snapshot()

@@ -50,7 +50,8 @@ def train_until(job: str, max_seconds: str) -> dict[str, Any]:
     init()
     torch.manual_seed(0)
     model = DDP(Model(), bucket_cap_mb=0.01, find_unused_parameters=True)
-    mon = ddpmon.attach(model, job=job, bind="127.0.0.1")
+    # Per-bucket timing on (on gloo the default leaves it off), for the per-bucket panels.
+    mon = ddpmon.attach(model, job=job, bind="127.0.0.1", bucket_timing="hook")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     stop_file = os.path.join(os.environ["DDPMON_TEST_OUT"], "stop")
     deadline = time.monotonic() + float(max_seconds)
