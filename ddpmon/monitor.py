@@ -119,14 +119,13 @@ class Monitor:
         if comm is None and mode in ("c10d", "off"):
             if config.comm_hook:  # the user's hook, registered as is
                 ddp.register_comm_hook(state, hook)
-            if mode == "c10d":
-                self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
-            elif config.bucket_timing == "auto":  # a hook registered later is timed after all
+            if mode == "off" and config.bucket_timing == "auto":  # a hook registered later is timed
                 ddp.register_comm_hook = self._time_hook_registered_later  # type: ignore[method-assign]
-            if mode == "off" and completion.unavailable_reason(ddp.process_group):
-                # gloo: DDP's buckets complete on the CPU, so a rank waiting for them is seen
-                self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
-                untimed = self._untimed_bucket_sizes
+        if mode == "c10d" or (mode == "off" and completion.backend_name(ddp.process_group, device) != "nccl"):
+            # c10d: the buckets' layout; gloo: DDP's buckets complete on the CPU, so a rank
+            # waiting for them is seen between the two backward callbacks
+            self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+            untimed = self._untimed_bucket_sizes if mode == "off" else None
         elif comm is None:  # the Python comm hook times every bucket
             comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
             ddp.register_comm_hook(None, comm)
@@ -309,7 +308,7 @@ class Monitor:
         mode = config.bucket_timing
         if mode in ("hook", "off"):
             return mode
-        reason = completion.unavailable_reason(ddp.process_group)
+        reason = completion.unavailable_reason(ddp.process_group, self.recorder.identity["device"])
         if mode == "c10d" and reason:
             raise ConfigError("bucket_timing", mode, f"'hook' or 'auto' here: {reason}")
         if hooked:  # DDP still holds ddpmon's hook from an earlier attach: it times
@@ -320,21 +319,30 @@ class Monitor:
 
     def _untimed_bucket_sizes(self) -> list[int]:
         """DDP's bucket sizes while no comm hook reports its buckets (none once one does)."""
-        if self._comm is not None or self._layout is None:
+        fuse = self._fuses["comm_hook"]
+        if (self._comm is not None and self._comm.timing) or self._layout is None or not fuse.ok:
             return []
-        self._layout.refresh()
-        return self._layout.sizes
+        try:
+            self._layout.refresh()
+            return self._layout.sizes
+        except Exception as exc:
+            fuse.blow(exc)
+            return []
 
     def _time_hook_registered_later(self, state: object, hook: Any) -> None:
         """Stands in for ``ddp.register_comm_hook`` while ``auto`` found no cheap timing
         source: the user's hook runs in Python anyway, so ddpmon registers it inside its
         timing hook, and from then on every bucket is timed."""
         ddp = self._ddp
-        del ddp.register_comm_hook  # DDP's own again, whatever happens below
-        ddp._check_comm_hook(hook)
+        del ddp.register_comm_hook  # DDP's own, to register ddpmon's
         comm = TimedCommHook(hook, state, self.recorder, self._clock, self._names, self._fuses["comm_hook"])
         comm.user_registered = True
-        ddp.register_comm_hook(None, comm)
+        try:
+            ddp._check_comm_hook(hook)
+            ddp.register_comm_hook(None, comm)
+        except BaseException:  # refused: the user's next try is timed all the same
+            ddp.register_comm_hook = self._time_hook_registered_later  # type: ignore[method-assign]
+            raise
         ddp._ddpmon_comm_hook = comm  # type: ignore[attr-defined]
         ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
         self._comm = comm

@@ -57,11 +57,11 @@ class WallClock:
     def backward_done(self) -> None:
         self._compute_done = time.perf_counter()
 
-    def sync_done(self) -> None:
-        # (after a no_sync microbatch too: the step's synchronising backward comes last)
-        if self._compute_done is not None:
+    def sync_done(self, synced: bool = True) -> None:
+        """``synced``: this backward synchronised gradients (not one under ``no_sync``)."""
+        if synced and self._compute_done is not None:
             self._exposed = time.perf_counter() - self._compute_done
-            self._compute_done = None
+        self._compute_done = None
 
     def new_step(self) -> None:
         pass

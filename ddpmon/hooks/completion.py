@@ -43,14 +43,24 @@ WARN_AFTER_UNMATCHED = 20  # consecutive steps without a match before saying so
 _DISPATCHERS: dict[int, tuple[Any, list[Callable[[Any], None]]]] = {}
 
 
-def unavailable_reason(group: Any) -> str | None:
-    """Why c10d cannot time this process group's collectives, or None when it can."""
-    backend = str(dist.get_backend(group))
+def unavailable_reason(group: Any, device: str = "cpu") -> str | None:
+    """Why c10d cannot time this process group's collectives on ``device``, or None when it
+    can. (A group made without naming a backend serves CPU tensors with gloo and CUDA
+    tensors with NCCL.)"""
+    backend = backend_name(group, device)
     if backend != "nccl":
         return f"the {backend} backend has no completion hook (only NCCL has one)"
     if not hasattr(group, "_register_on_completion_hook") or not hasattr(group, "_enable_collectives_timing"):
         return f"torch {torch.__version__} has no ProcessGroup._register_on_completion_hook"
     return None
+
+
+def backend_name(group: Any, device: str = "cpu") -> str:
+    """The backend that runs ``group``'s collectives of tensors on ``device``."""
+    try:
+        return str(group._get_backend(torch.device(device)).name())
+    except Exception:  # an older torch, or no backend for that device type
+        return str(dist.get_backend(group))
 
 
 def listen(group: Any, listener: Callable[[Any], None]) -> Callable[[], None]:
@@ -172,7 +182,7 @@ class CompletionClock:
                 self._release(window.events)  # an earlier no_sync microbatch's
                 window.events.append(self._record())
 
-    def sync_done(self) -> None:
+    def sync_done(self, synced: bool = True) -> None:
         """DDP waited for its buckets: the stream now runs after every collective."""
         window = self._open
         if window is not None and self._cuda and len(window.events) == 1:

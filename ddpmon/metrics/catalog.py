@@ -36,7 +36,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_backward_seconds", "histogram",
            "Backward compute time per step: from backward start to the last gradient ready."),
     Metric("ddpmon_exposed_comm_seconds", "histogram",
-           "Communication not hidden behind compute: last bucket ready to last collective done."),
+           "Communication not hidden behind compute: end of backward compute to DDP having "
+           "every bucket's all-reduce done."),
     Metric("ddpmon_allreduce_seconds", "histogram",
            "A bucket's gradient all-reduce: launch (bucket ready) to completion; "
            "with bucket_timing=c10d, NCCL's GPU time.",

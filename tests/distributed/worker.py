@@ -274,6 +274,20 @@ def bad_inputs() -> dict[str, Any]:
         out["c10d_on_gloo"] = str(exc)
     out["spare_clean"] = (len(spare._forward_pre_hooks), "forward" in spare.__dict__,
                           getattr(spare, "_ddpmon_monitor", None))
+    # auto on gloo: a hook registered after attach is timed, also after DDP refused a first one
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    with ddpmon.attach(spare, job="later", port=-1) as later:
+        try:
+            spare.register_comm_hook(None, lambda x: x)
+        except Exception as exc:
+            out["later_refused"] = type(exc).__name__
+        out["later_modes"] = [later.snapshot()["bucket_timing"]]
+        spare.register_comm_hook(None, default_hooks.allreduce_hook)
+        train(spare, 2)
+        later.step()
+        out["later_modes"].append(later.snapshot()["bucket_timing"])
+        out["later_counts"] = [b["count"] for b in later.snapshot()["buckets"]]
     second = DDP(MLP())
     try:  # the first model's monitor (job "bad") has state files off; use a shared one
         first = ddpmon.attach(DDP(MLP()), job="pair")
@@ -507,7 +521,7 @@ def c10d_wiring() -> dict[str, Any]:
 
     init()
     listeners: list[Any] = []
-    completion.unavailable_reason = lambda group: None  # type: ignore[assignment]
+    completion.unavailable_reason = lambda group, device="cpu": None  # type: ignore[assignment]
     completion.listen = lambda group, fn: listeners.append(fn) or (lambda: listeners.remove(fn))  # type: ignore[assignment]
     completion.SETTLE_SECONDS = 0.5
     torch.manual_seed(0)
