@@ -115,17 +115,11 @@ class Monitor:
         self._clock = clock
         self._layout: BucketLayout | None = None
         self._names = names
-        untimed = None
         if comm is None and mode in ("c10d", "off"):
             if config.comm_hook:  # the user's hook, registered as is
                 ddp.register_comm_hook(state, hook)
             if mode == "off" and config.bucket_timing == "auto":  # a hook registered later is timed
                 ddp.register_comm_hook = self._time_hook_registered_later  # type: ignore[method-assign]
-        if mode == "c10d" or (mode == "off" and completion.backend_name(ddp.process_group, device) != "nccl"):
-            # c10d: the buckets' layout; gloo: DDP's buckets complete on the CPU, so a rank
-            # waiting for them is seen between the two backward callbacks
-            self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
-            untimed = self._untimed_bucket_sizes if mode == "off" else None
         elif comm is None:  # the Python comm hook times every bucket
             comm = TimedCommHook(hook, state, self.recorder, clock, names, self._fuses["comm_hook"])
             ddp.register_comm_hook(None, comm)
@@ -137,6 +131,12 @@ class Monitor:
             if config.comm_hook:
                 comm.replace(hook, state)
         self._comm = comm
+        untimed = None
+        if mode == "c10d" or (mode == "off" and completion.backend_name(ddp.process_group, device) != "nccl"):
+            # c10d: the buckets' layout; gloo: DDP's buckets complete on the CPU, so a rank
+            # waiting for them is seen between the two backward callbacks
+            self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+            untimed = self._untimed_bucket_sizes if mode == "off" else None
         self.recorder.identity["bucket_timing"] = mode
 
         # Parameters can go unused without an error only with find_unused_parameters or

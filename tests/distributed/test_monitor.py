@@ -182,6 +182,7 @@ def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> No
         assert out["spare_clean"] == [0, False, None], "a failed attach leaves nothing behind"
         assert out.get("later_refused"), "DDP refuses a hook without (state, bucket)"
         assert out["later_modes"] == ["off", "hook"] and out["later_counts"] == [2], out["later_counts"]
+        assert out["off_hooks"] == [False, ""], "bucket_timing=off registers no comm hook"
         assert out["partway"] == "injected: attach fails part-way"
         assert out["partway_clean"] == [False, 0, False, None], "what it had installed is undone"
         assert out["partway_reattached_steps"] == 2

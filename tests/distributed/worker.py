@@ -288,6 +288,18 @@ def bad_inputs() -> dict[str, Any]:
         later.step()
         out["later_modes"].append(later.snapshot()["bucket_timing"])
         out["later_counts"] = [b["count"] for b in later.snapshot()["buckets"]]
+    # bucket_timing=off where buckets complete on the GPU (NCCL, stood in for): no comm hook
+    from ddpmon.hooks import completion
+
+    real_backend_name = completion.backend_name
+    completion.backend_name = lambda group, device="cpu": "nccl"  # type: ignore[assignment]
+    try:
+        off_model = DDP(MLP())
+        with ddpmon.attach(off_model, job="off", port=-1, bucket_timing="off"):
+            out["off_hooks"] = [getattr(off_model, "_ddpmon_comm_hook", None) is not None,
+                                off_model._get_ddp_logging_data().get("comm_hook", "")]
+    finally:
+        completion.backend_name = real_backend_name
     second = DDP(MLP())
     try:  # the first model's monitor (job "bad") has state files off; use a shared one
         first = ddpmon.attach(DDP(MLP()), job="pair")
