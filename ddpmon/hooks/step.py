@@ -66,9 +66,7 @@ class StepHooks:
                 self._on_boundary(now)
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
             self._in_backward = False  # (a backward that raised never ran its end callback)
-            for left in range(self._buckets_in_flight, 0, -1):  # ... nor DDP's wait for them
-                self._recorder.bucket_completed(left == 1)
-            self._buckets_in_flight = 0
+            self._close_untimed_buckets()  # ... nor DDP's wait for its buckets
             self._recorder.forward_started(now)
         except Exception as exc:
             self._fuse.blow(exc)
@@ -122,14 +120,17 @@ class StepHooks:
         if self._fuse.ok:
             try:
                 if self._sync_expected:
-                    for left in range(self._buckets_in_flight, 0, -1):
-                        self._recorder.bucket_completed(left == 1)
-                    self._buckets_in_flight = 0
+                    self._close_untimed_buckets()
                     self._recorder.gradients_synced()
                 if self._timeline is not None:
                     self._timeline.sync_done(self._sync_expected)
             except Exception as exc:
                 self._fuse.blow(exc)
+
+    def _close_untimed_buckets(self) -> None:
+        for left in range(self._buckets_in_flight, 0, -1):
+            self._recorder.bucket_completed(left == 1)
+        self._buckets_in_flight = 0
 
     def remove(self) -> None:
         for handle in self._handles:
