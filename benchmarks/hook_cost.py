@@ -8,7 +8,10 @@ step-time ratio against plain DDP in the same run.
 Variants: ``plain`` (DDP as is; listed twice it is the A/A noise floor), ``passthrough``
 (a Python hook: all-reduce and a ``then`` callback, no scaling; wrong gradients, for timing
 only), ``scaled`` (the same after scaling by 1/world size: what DDP's default computes),
-``scaled_after`` (scaling inside the callback instead), ``builtin`` (DDP's C++ ALLREDUCE hook).
+``scaled_after`` (scaling inside the callback instead), ``builtin`` (DDP's C++ ALLREDUCE hook),
+``ddpmon`` (ddpmon attached with ``bucket_timing="hook"``, no endpoint or state file) and
+``ddpmon_read`` (the same while, during its blocks, another thread reads its snapshot and
+metrics every millisecond: whether readers hold up the hooks).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 
 from overhead import build_model, median_interval, under_torchrun  # as in overhead.py
@@ -52,9 +56,17 @@ def worker(args: argparse.Namespace) -> None:
     hooks = {"passthrough": passthrough, "scaled": scaled, "scaled_after": scaled_after}
     variants = args.variants.split(",")
     models = []
+    readers = []
     for name in variants:
         model = build()
-        if name in hooks:
+        if name in ("ddpmon", "ddpmon_read"):
+            import ddpmon
+
+            monitor = ddpmon.attach(model, bucket_timing="hook", port=-1, state_dir="",
+                                    job=f"hook-cost-{len(models)}", hang_timeout=0)
+            if name == "ddpmon_read":
+                readers.append(monitor)
+        elif name in hooks:
             model.register_comm_hook(None, hooks[name])
         elif name == "builtin":
             model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
@@ -63,14 +75,32 @@ def worker(args: argparse.Namespace) -> None:
         models.append((model, torch.optim.SGD(model.parameters(), lr=1e-3)))
     x = torch.randn(args.batch, args.width)
     y = torch.randint(0, 10, (args.batch,))
+    stop_reading = threading.Event()
+    reading = threading.Event()
+
+    def read_forever(monitor) -> None:  # type: ignore[no-untyped-def]
+        from ddpmon.metrics.exporter import RankCollector
+
+        collector = RankCollector(monitor.recorder)
+        while not stop_reading.is_set():
+            if reading.wait(0.1):
+                monitor.snapshot()
+                list(collector.collect())
+                time.sleep(0.001)
+
+    for monitor in readers:
+        threading.Thread(target=read_forever, args=(monitor,), daemon=True).start()
 
     def block(i: int, steps: int) -> float:
         model, opt = models[i]
+        if variants[i] == "ddpmon_read":
+            reading.set()
         start = time.perf_counter()
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+        reading.clear()
         return (time.perf_counter() - start) / steps
 
     for i in range(len(models)):
@@ -90,6 +120,7 @@ def worker(args: argparse.Namespace) -> None:
             low, high = median_interval(ratios)
             print(f"  {name:<13} median ratio to plain {statistics.median(ratios):.4f} "
                   f"(95% interval {low:.3f}..{high:.3f}; quartiles {q[0]:.3f}..{q[2]:.3f})")
+    stop_reading.set()
     dist.destroy_process_group()
 
 
