@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from ddpmon import statefile
+from ddpmon.state import files as statefile
 from ddpmon.recorder import BucketTiming, Recorder
 
 

@@ -101,7 +101,7 @@ def job() -> None:
 
 
 def doctor() -> None:
-    from ddpmon import statefile
+    from ddpmon.state import files as statefile
     from ddpmon.doctor import examine
 
     now = time.time()

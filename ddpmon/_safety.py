@@ -32,3 +32,30 @@ class Fuse:
                 self._on_blow(self.part, f"{type(exc).__name__}: {exc}")
             except Exception:  # the report itself must not fail the caller
                 pass
+
+
+def bounded(fn: Callable[[], object], seconds: float, what: str) -> object:
+    """Run ``fn`` in a daemon thread and wait at most ``seconds`` for it: exit-time work
+    (a last file write, destroying process groups) must never turn an exit into a hang.
+    Returns what ``fn`` returned, or None when it raised or did not finish in time."""
+    import threading
+
+    box: list[object] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except Exception as exc:
+            log.debug("ddpmon: %s failed: %r", what, exc)
+
+    worker = threading.Thread(target=run, name="ddpmon-bounded", daemon=True)
+    try:
+        worker.start()
+    except RuntimeError:  # no new threads at interpreter shutdown (Python >= 3.12)
+        run()
+        return box[0] if box else None
+    worker.join(seconds)
+    if worker.is_alive():
+        log.warning("ddpmon: %s did not finish within %.0f s; not waiting for it", what, seconds)
+        return None
+    return box[0] if box else None

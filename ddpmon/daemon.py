@@ -26,10 +26,11 @@ from typing import Any
 
 import psutil
 
-from . import __version__, statefile
+from . import __version__
 from .collectors import host, nvml
 from .errors import StateFileError
 from .metrics.exporter import Sample, families
+from .state import files, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -44,17 +45,17 @@ class StateFiles:
         self._problems: dict[str, str] = {}
         self._lock = threading.RLock()  # the sampler and /state requests read concurrently
 
-    def read_all(self) -> list[tuple[str, dict[str, Any]]]:
-        """(path, contents) of every readable state file."""
+    def read_all(self) -> list[tuple[str, schema.RankState]]:
+        """(path, state) of every readable state file."""
         with self._lock:
             return self._read_all()
 
-    def _read_all(self) -> list[tuple[str, dict[str, Any]]]:
+    def _read_all(self) -> list[tuple[str, schema.RankState]]:
         paths = self._paths()
         out = []
         for path in paths:
             try:
-                data = statefile.read(path)
+                data = files.read(path)
             except StateFileError as exc:
                 if os.path.exists(path):  # (else it went away between listing and reading)
                     self.problem(path, f"state file {exc}; skipped until it is fixed")
@@ -88,7 +89,7 @@ class StateFiles:
             return []
         self.resolved(root, f"state directory {root} is there now")
         try:
-            paths = statefile.list_files(root)
+            paths = files.list_files(root)
             subdirs = sorted(e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
         except OSError as exc:
             self.problem(root + "#list", f"state directory {root} cannot be listed ({exc.strerror or exc})")
@@ -96,7 +97,7 @@ class StateFiles:
         self.resolved(root + "#list", f"state directory {root} can be listed again")
         for sub in subdirs:
             try:
-                paths.extend(statefile.list_files(sub))
+                paths.extend(files.list_files(sub))
             except OSError as exc:
                 self.problem(sub + "#list", f"state directory {sub} cannot be listed ({exc.strerror or exc})")
                 continue
@@ -220,13 +221,15 @@ class Daemon:
         ``file_mtime_unix`` and ``served_unix`` (this host's clock), so a reader elsewhere can
         tell how old each file is whatever the clocks say."""
         out, served = [], time.time()
-        for path, data in self.files.read_all():
-            if not self._is_local(data):
+        for path, state in self.files.read_all():
+            if not self._is_local(state):
                 continue
             try:
-                data["file_mtime_unix"] = os.stat(path).st_mtime
+                mtime = os.lstat(path).st_mtime
             except OSError:
                 continue
+            data = schema.to_json(state)
+            data["file_mtime_unix"] = mtime
             data["served_unix"] = served
             out.append(data)
         return out
@@ -236,8 +239,8 @@ class Daemon:
 
     # -- ranks -----------------------------------------------------------------------------------
 
-    def _is_local(self, state: dict[str, Any]) -> bool:
-        return self.node_local or str(state.get("host", "")) == self.hostname
+    def _is_local(self, state: schema.RankState) -> bool:
+        return self.node_local or state.host == self.hostname
 
     def ranks(self) -> list[RankView]:
         """This node's ranks: state files written on this host (every file with
@@ -246,30 +249,25 @@ class Daemon:
         views: dict[tuple[str, int], RankView] = {}
         seen = set()
         for path, state in self.files.read_all():
-            exit_record = state.get("exit")
-            if state.get("phase") == "detached" or (
-                isinstance(exit_record, dict) and not exit_record.get("exception")
-            ):
+            if state.phase == "detached" or (state.exit is not None and not state.exit.exception):
                 continue  # detached, or the process ended normally: nothing is down
-            try:
-                rank, pid, host_name = int(state["rank"]), int(state["pid"]), str(state["host"])
-                beat = float(state["now_unix"])
-                progress = float(state.get("last_progress_unix") or 0.0)
-                started = state.get("started_unix")
-                started = float(started) if started is not None else None
-            except (KeyError, TypeError, ValueError) as exc:
-                self.files.problem(path + "#keys", f"state file {path} has no valid rank, pid, host "
-                                   f"and now_unix ({exc!r}); skipped until it is fixed")
+            if state.pid is None or state.host is None or state.now_unix is None:
+                self.files.problem(path + "#keys", f"state file {path} has no pid, host or now_unix; "
+                                   "skipped until it is fixed")
                 continue
             self.files.resolved(path + "#keys", f"state file {path} is complete again")
             if not self._is_local(state):
                 continue
             seen.add(path)
-            proc = self._process(path, pid, started, host_name == self.hostname, rank)
+            beat = state.now_unix
+            proc = self._process(path, state.pid, state.started_unix, state.host == self.hostname, state.rank)
+            alive = proc is not None and host.is_alive(proc)
             view = RankView(
-                str(state.get("job", "")), rank,
-                up=proc is not None and host.is_alive(proc) and now - beat <= self.stale_after,
-                last_progress_unix=progress, hang=bool(state.get("hang")), heartbeat_unix=beat, proc=proc,
+                state.job or "", state.rank,
+                up=alive and now - beat <= self.stale_after,
+                last_progress_unix=state.last_progress_unix or 0.0,
+                hang=state.hang is not None and alive,  # a killed job's last report is not a hang now
+                heartbeat_unix=beat, proc=proc,
             )
             key = (view.job, view.rank)
             if key not in views or views[key].heartbeat_unix < beat:

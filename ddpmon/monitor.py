@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import __version__, statefile
+from . import __version__
+from .state import files as statefile
 from ._safety import Fuse
 from .collectors import host, nvml, torch_memory
 from .config import Config

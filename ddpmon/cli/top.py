@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any
 
-from .. import statefile
 from ..errors import StateFileError
+from ..state import files, schema
 
 HELP = "show every rank of a job (steps, step time, communication, buckets) from its state files"
 
@@ -51,10 +51,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def load(state_dir: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every readable state file (as plain data, every key present) and the problems of
+    the others."""
     states, problems = [], []
-    for path in statefile.list_files(state_dir):
+    for path in files.list_files(state_dir):
         try:
-            states.append(statefile.read(path))
+            states.append(schema.to_json(files.read(path)))
         except StateFileError as exc:
             problems.append(str(exc))
     return states, problems
@@ -90,10 +92,10 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
         f"{'bwd':>7} {'exposed':>8} {'unused':>6} {'idle s':>7}  status",
     ]
     for s in sorted(states, key=lambda s: s.get("rank", 0)):
-        idle = s.get("now_unix", 0) - s.get("last_progress_unix", 0)
+        idle = (s.get("now_unix") or 0) - (s.get("last_progress_unix") or s.get("now_unix") or 0)
         status = "HANG suspected" if s.get("hang") else ("detached" if s.get("phase") == "detached" else "ok")
         lines.append(
-            f"{s.get('rank', '?'):>4} {str(s.get('host', '?'))[:12]:<12} {s.get('pid', '?'):>7} "
+            f"{s.get('rank', '?'):>4} {str(s.get('host') or '?')[:12]:<12} {s.get('pid') or '?':>7} "
             f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_ms(_median(s, 'step_seconds')):>8} "
             f"{_ms(_median(s, 'forward_seconds')):>7} {_ms(_median(s, 'backward_seconds')):>7} "
             f"{_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "

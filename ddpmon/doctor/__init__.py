@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from .. import statefile
 from ..errors import StateFileError
+from ..state import files as state_files
 from . import procs, stacks
 from .diagnose import STALLED, Diagnosis, Finding, RankView, decide, state_interval, view
 from .load import StateFile, load_dir, load_remote
@@ -92,8 +92,7 @@ def examine(
 
     verdict, suspects, findings = decide(views, missing)
     findings += notes
-    unreadable = {int(m.group(1)) for path, _ in loaded.bad
-                  if (m := statefile.NAME_PATTERN.match(os.path.basename(path)))}
+    unreadable = {r for path, _ in loaded.bad if (r := state_files.rank_of(path)) is not None}
     absent = [r for r in missing if r not in unreadable]
     if absent and not any(f.kind == "missing_rank" for f in findings):
         findings.append(Finding(

@@ -169,7 +169,7 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     age = max(0.0, now - f.mtime)
     off = f.offset
     last = d.get("last_progress_unix")
-    silent = age + max(0.0, d["now_unix"] - last) if isinstance(last, (int, float)) and "now_unix" in d else age
+    silent = age + max(0.0, d["now_unix"] - last) if isinstance(last, (int, float)) and isinstance(d.get("now_unix"), (int, float)) else age
     slowest = ((d.get("timings") or {}).get("step_seconds") or {}).get("max")
     stall_after = stall if stall is not None else max(STALL_MIN, STALL_FACTOR * (slowest or 0.0))
     in_flight = []
@@ -203,7 +203,7 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     v.stalled_when_written = bool(d.get("hang")) or written_silent > stall_after
     if v.status in GONE:  # the ages that matter are those at its last write
         for e in v.in_flight:
-            e["age_seconds"] = round(d.get("now_unix", e["issued_unix"]) - e["issued_unix"], 3)
+            e["age_seconds"] = round((d.get("now_unix") or e["issued_unix"]) - e["issued_unix"], 3)
     return v
 
 
@@ -236,7 +236,7 @@ def flight_recorder_waits(d: dict[str, Any]) -> list[dict[str, Any]]:
             "bytes": None,
             "call_site": "?",
             "function": "",
-            "issued_unix": created / 1e9 if isinstance(created, (int, float)) else d.get("last_progress_unix", 0.0),
+            "issued_unix": created / 1e9 if isinstance(created, (int, float)) else (d.get("last_progress_unix") or 0.0),
             "source": "flight recorder",
         })
     return out

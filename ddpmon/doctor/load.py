@@ -18,32 +18,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import statefile
 from ..errors import StateFileError
-
-
+from ..state import files, schema
 
 @dataclass
 class StateFile:
-    """One rank's state file as read, with its modification time."""
+    """One rank's state file as read (checked against the schema), with its modification
+    time. ``data`` is the same state as plain JSON data, every key present."""
 
     path: str
-    data: dict[str, Any]
+    state: schema.RankState
     mtime: float
+    data: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.data = schema.to_json(self.state)
 
     @property
     def rank(self) -> int:
-        return int(self.data["rank"])
+        return self.state.rank
 
     @property
     def job(self) -> str:
-        return str(self.data.get("job") or "?")
+        return self.state.job or "?"
 
     @property
     def offset(self) -> float:
         """Seconds to add to a time of this file's writer to get file-system time."""
-        now = self.data.get("now_unix")
-        return self.mtime - now if isinstance(now, (int, float)) else 0.0
+        now = self.state.now_unix
+        return self.mtime - now if now is not None else 0.0
 
     @property
     def name(self) -> str:
@@ -77,25 +80,21 @@ def load_dir(state_dir: str) -> Loaded:
     if not os.path.isdir(state_dir):
         raise StateFileError(state_dir, "is not a directory; pass the directory that holds rank-<R>.json")
     try:
-        paths = statefile.list_files(state_dir)
+        paths = files.list_files(state_dir)
     except OSError as exc:
         raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc})") from None
     loaded = Loaded(state_dir)
     for path in paths:
         try:
-            data = statefile.read(path)
-            mtime = os.stat(path).st_mtime
-            problem = statefile.problem(data)
+            mtime = os.lstat(path).st_mtime
+            state = files.read(path)
         except StateFileError as exc:
             loaded.bad.append((path, exc.reason))
             continue
         except OSError as exc:
             loaded.bad.append((path, f"cannot be read ({exc.strerror or exc})"))
             continue
-        if problem:
-            loaded.bad.append((path, problem))
-            continue
-        loaded.files.append(StateFile(path, data, mtime))
+        loaded.files.append(StateFile(path, state, mtime))
     return loaded
 
 
@@ -123,16 +122,14 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
         for data in entries:
             rank = data.get("rank") if isinstance(data, dict) else None
             name = f"{address}/rank-{rank}.json"
-            problem = statefile.problem(data) if isinstance(data, dict) else "is not a JSON object"
-            if problem:
-                loaded.bad.append((name, problem))
+            try:
+                state = files.load(name, data)
+            except StateFileError as exc:
+                loaded.bad.append((name, exc.reason))
                 continue
-            served, mtime = data.get("served_unix"), data.get("file_mtime_unix")
-            if isinstance(served, (int, float)) and isinstance(mtime, (int, float)):
-                mtime = received - (served - mtime)
-            else:
-                mtime = received
-            loaded.files.append(StateFile(name, data, mtime))
+            served, mtime = state.served_unix, state.file_mtime_unix
+            mtime = received - (served - mtime) if served is not None and mtime is not None else received
+            loaded.files.append(StateFile(name, state, mtime))
     return loaded
 
 

@@ -104,7 +104,7 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
             where = "" if e.get("call_site") == "DDP backward" else f" at {e.get('call_site')}"
             waiting = f"{e.get('op')} #{e.get('seq')}{bucket}{where}, {e.get('age_seconds', 0):.1f} s"
         rows.append((
-            str(v.rank), v.status, str(d.get("host", "?")), str(d.get("pid", "?")),
+            str(v.rank), v.status, str(d.get("host") or "?"), str(d.get("pid") or "?"),
             str(d.get("step", "?")), str(d.get("phase", "?")), f"{v.silent:.1f} s", waiting,
         ))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]

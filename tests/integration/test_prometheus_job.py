@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpmon import dashboards, statefile
+from ddpmon import dashboards
+from ddpmon.state import files as statefile
 from ddpmon.metrics import catalog
 from tests.distributed import harness
 from tests.integration import promserver
@@ -89,7 +90,7 @@ def _wait_state_ports(state_dir: Path, world: int, procs: list[subprocess.Popen]
         for rank in range(world):
             path = statefile.path_for(str(state_dir), rank)
             try:
-                port = statefile.read(path).get("port")
+                port = statefile.read(path).port
             except Exception:
                 continue
             if port:

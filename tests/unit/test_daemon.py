@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddpmon import statefile
+from ddpmon.state import files as statefile
 from ddpmon.daemon import Daemon
 from ddpmon.metrics.exporter import serve
 from tests.unit.nvml_fake import FakeDriver, two_gpus
@@ -46,6 +46,10 @@ def state(rank: int, pid: int, **over: Any) -> dict[str, Any]:
             "now_unix": now, "hang": None, "format": 1}
     data.update(over)
     return data
+
+
+HANG = {"detected_unix": 1.0, "last_progress_unix": 0.5, "silent_seconds": 300.0, "timeout_seconds": 60.0,
+        "timeout_source": "learned"}
 
 
 def write(directory: Path, data: dict[str, Any]) -> Path:
@@ -78,7 +82,7 @@ def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
     # found in a per-job subdirectory, as with the ranks' default state_dir
     write(tmp_path / "jobA", state(0, sleeper.pid, last_progress_unix=1700000000.5))
     write(tmp_path / "jobA", state(1, sleeper.pid, now_unix=time.time() - 60))  # heartbeat stale
-    write(tmp_path / "jobA", state(2, sleeper.pid, hang={"reason": "no progress for 300 s"}))
+    write(tmp_path / "jobA", state(2, sleeper.pid, hang=HANG))
     write(tmp_path / "jobA", state(3, sleeper.pid, phase="detached"))  # finished on purpose
     write(tmp_path / "jobA", state(4, sleeper.pid, host="another-node"))  # another node's file
     write(tmp_path / "jobA", state(5, sleeper.pid, exit={"unix": 1.0, "exception": None}))  # ended normally
@@ -138,9 +142,13 @@ def test_state_dir_appears_later(tmp_path: Path, sleeper: subprocess.Popen,
     (b"{\"rank\": 0, \"pid\": ", "is not valid JSON"),
     (b"", "is empty"),
     (b"[1, 2]", "not a JSON object"),
-    (b"{\"rank\": 1}", "has no valid rank, pid, host and now_unix"),
-    (b"{\"rank\": 1, \"pid\": \"x\", \"now_unix\": 1}", "has an invalid pid 'x' (expected int)"),
+    (b"{\"rank\": 1}", "has no pid, host or now_unix"),
+    (b"{\"rank\": 1, \"pid\": \"x\", \"now_unix\": 1}", "has an invalid pid 'x' (expected an integer)"),
+    (b"\xff\xfe\x00", "is not UTF-8"),
+    (b"[" * 50_000 + b"]" * 50_000, "nests JSON too deeply"),
+    (b"{\"rank\": 123456789, \"pid\": 1}", "invalid rank 123456789"),
 ])
+@pytest.mark.bad_state_files
 def test_corrupt_state_file_one_line_and_keeps_serving(
         tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture,
         body: bytes, words: str) -> None:
@@ -169,8 +177,36 @@ def test_unreadable_state_file(tmp_path: Path, sleeper: subprocess.Popen,
     daemon.refresh()
     daemon.refresh()
     (line,) = _lines(caplog, "rank-1.json")
-    assert "cannot be read" in line and "skipped until it is fixed" in line
+    assert "not a regular file" in line and "skipped until it is fixed" in line
     assert Scrape(daemon)("ddpmon_rank_up", job="jobA", rank="0") == 1
+
+
+@pytest.mark.bad_state_files
+def test_planted_fifo_and_symlinks_never_block_or_stop_a_pass(tmp_path: Path, sleeper: subprocess.Popen,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path, state(0, sleeper.pid))
+    os.mkfifo(tmp_path / "rank-1.json")
+    (tmp_path / "rank-2.json").symlink_to("/dev/zero")
+    daemon = Daemon(str(tmp_path), gpus=False)
+    started = time.monotonic()
+    daemon.refresh()
+    assert time.monotonic() - started < 5
+    assert "not a regular file" in _lines(caplog, "rank-1.json")[0]
+    assert "symbolic link" in _lines(caplog, "rank-2.json")[0]
+    assert Scrape(daemon)("ddpmon_rank_up", job="jobA", rank="0") == 1
+
+
+def test_a_killed_hung_rank_is_no_longer_hung(tmp_path: Path) -> None:
+    """The last state file of a hung rank that was then killed still carries its hang
+    report; the daemon shows the rank down and not hung."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write(tmp_path, state(0, gone.pid, hang=HANG))
+    daemon = Daemon(str(tmp_path), gpus=False)
+    daemon.refresh()
+    scrape = Scrape(daemon)
+    assert scrape("ddpmon_rank_up", job="jobA", rank="0") == 0
+    assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="0") == 0
 
 
 def test_state_dir_is_a_file(tmp_path: Path, sleeper: subprocess.Popen,

@@ -1,6 +1,6 @@
 """The doctor on crafted state files: each rule, each bad input, the output contract, speed.
 
-State files come from the real Recorder (``snapshot()``), then get the times and fields a
+State files are built from the state schema's records, then get the times and fields a
 scenario needs. Ranks on another host are not checked with psutil, so those files stand
 for ranks anywhere; ranks on this host use real processes started by the test.
 """
@@ -21,9 +21,10 @@ from typing import Any
 import psutil
 import pytest
 
-from ddpmon import cli, statefile
+from ddpmon import cli
+from ddpmon.state import files as statefile
 from ddpmon.doctor import diagnose, examine, report, stacks
-from ddpmon.recorder import Recorder
+from ddpmon.state import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = time.time()
@@ -43,18 +44,30 @@ def state(rank: int, world: int = 2, job: str = "job", host: str = "node-b", *, 
           backend: str = "gloo", **fields: Any) -> dict[str, Any]:
     """A rank's state file body: ``silent`` seconds since its last progress at writing,
     its writer's clock ``skew`` seconds off."""
-    rec = Recorder({
-        "rank": rank, "local_rank": rank, "world_size": world, "host": host, "pid": 4000 + rank,
-        "port": None, "job": job, "backend": backend, "debug_level": "OFF", "state_interval": 1.0,
-    }, world)
-    for _ in range(steps):
-        rec.recent.append((step_s, forward_s, backward_s, exposed_s))
-        rec.steps += 1
-    snap = rec.snapshot()
+    def summary(value: float | None) -> schema.Summary | None:
+        return None if value is None else schema.Summary(value, value, value)
+
+    snap = schema.to_json(schema.RankState(
+        rank=rank, local_rank=rank, world_size=world, host=host, pid=4000 + rank, port=None, job=job,
+        backend=backend, debug_level="OFF", state_interval=1.0, step=steps,
+        timings=schema.Timings(
+            window_steps=steps, step_seconds=summary(step_s), forward_seconds=summary(forward_s),
+            backward_seconds=summary(backward_s), compute_seconds=summary(forward_s + backward_s),
+            exposed_comm_seconds=summary(exposed_s),
+        ),
+    ))
     now = NOW + skew
     snap.update(now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, phase="forward")
     snap.update(fields)
     return snap
+
+
+def hang_report(**fields: Any) -> dict[str, Any]:
+    """A watchdog's hang report, as the schema has it."""
+    report = {"detected_unix": NOW, "last_progress_unix": NOW - 60, "silent_seconds": 60.0,
+              "timeout_seconds": 60.0, "timeout_source": "learned", "threads": [], "in_flight": []}
+    report.update(fields)
+    return report
 
 
 def waiting_in(op: str, seq: int, age: float, site: str = "train.py:88", group: str = "0",
@@ -125,6 +138,7 @@ def test_empty_directory_is_no_data(tmp_path: Path) -> None:
     assert human.returncode == 2 and "NO DATA" in human.stdout and "ddpmon.attach(model)" in human.stdout
 
 
+@pytest.mark.bad_state_files
 def test_corrupt_and_truncated_files_are_named(tmp_path: Path) -> None:
     write(tmp_path, state(0, world=4))
     write(tmp_path, state(1, world=4))
@@ -274,7 +288,7 @@ def test_rank_running_on_without_joining(tmp_path: Path) -> None:
 def test_stuck_rank_stack_from_its_hang_report(tmp_path: Path) -> None:
     frames = [{"file": "train.py", "line": 120, "function": "main", "code": ""},
               {"file": "data.py", "line": 33, "function": "next_batch", "code": ""}]
-    hang = {"threads": [{"name": "MainThread", "main": True, "frames": frames}], "in_flight": []}
+    hang = hang_report(threads=[{"name": "MainThread", "main": True, "frames": frames}])
     write(tmp_path, state(0, silent=70.0, hang=hang))
     write(tmp_path, state(1, silent=69.0, in_flight=[waiting_in("all_reduce", 50, 69.0, bucket=3)]))
     d = examine(str(tmp_path), live_stacks=False)
@@ -319,7 +333,7 @@ def test_rank_that_left_early_is_a_desync(tmp_path: Path) -> None:
 
 
 def test_job_ended_while_hung_is_diagnosed_from_the_last_writes(tmp_path: Path) -> None:
-    hang = {"threads": [], "in_flight": []}
+    hang = hang_report()
     write(tmp_path, state(0, silent=30.0, hang=hang), age=100.0)
     write(tmp_path, state(1, silent=30.0, hang=hang, in_flight=[waiting_in("all_reduce", 5, 30.0)]), age=100.0)
     d = examine(str(tmp_path), live_stacks=False)
@@ -450,7 +464,7 @@ def test_pids_of_another_pid_namespace_are_not_trusted(tmp_path: Path) -> None:
 
 
 def test_json_contract_and_exit_code(tmp_path: Path) -> None:
-    write(tmp_path, state(0, silent=30.0, hang={"threads": [], "in_flight": []}))
+    write(tmp_path, state(0, silent=30.0, hang=hang_report()))
     write(tmp_path, state(1, silent=30.0, in_flight=[waiting_in("all_reduce", 5, 30.0)]))
     out = run_cli(str(tmp_path), "--json", "--no-stacks")
     assert out.returncode == 1, out.stderr
@@ -524,7 +538,7 @@ def test_64_ranks_in_well_under_5_seconds(tmp_path: Path, monkeypatch: pytest.Mo
     sites = {f"all_reduce train.py:{i} (DDP bucket)": 100 for i in range(60)}
     frames = [{"file": "train.py", "line": i, "function": f"f{i}", "code": ""} for i in range(40)]
     for r in range(64):
-        hang = {"threads": [{"name": "MainThread", "main": True, "frames": frames}] * 8, "in_flight": []}
+        hang = hang_report(threads=[{"name": "MainThread", "main": True, "frames": frames}] * 8)
         in_flight = [] if r == 37 else [waiting_in("all_reduce", 900 + b, 20.0, size=64, bucket=b) for b in range(25)]
         write(tmp_path, state(r, world=64, host=f"node-{r // 8}", silent=20.0, hang=hang,
                               in_flight=in_flight, collective_sites=sites, steps=256))
@@ -552,7 +566,7 @@ def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, si
     fr = {"pg_status": {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": str(completed + 1),
                               "last_completed_collective": str(completed)}}, "entries": entries}
     return state(rank, world=world, backend="nccl", silent=silent,
-                 hang={"threads": [], "in_flight": [], "flight_recorder": fr})
+                 hang=hang_report(flight_recorder=fr))
 
 
 def test_nccl_waits_come_from_the_flight_recorder(tmp_path: Path) -> None:

@@ -1,0 +1,202 @@
+"""Per-rank state files, ``<state_dir>/rank-<R>.json``: written atomically, read as untrusted.
+
+The writer is a daemon thread that rewrites the file about once a second and at once when
+``notify()`` is called (a notable event). Its loop cannot die: each pass is guarded, a
+failure is logged once and retried quietly. Readers never see a half-written file: the
+writer writes a temporary file in the same directory and renames it over the old one.
+
+A reader treats every file as untrusted input: it opens it without following a symlink,
+refuses anything that is not a regular file (a FIFO would block, ``/dev/zero`` never
+ends), reads at most ``MAX_BYTES`` and reports every failure as a StateFileError naming the
+file and the reason. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import stat
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._safety import bounded
+from ..errors import StateFileError
+from . import schema
+from .records import SchemaError
+
+log = logging.getLogger("ddpmon")
+
+NAME_PATTERN = re.compile(r"^rank-(\d{1,7})\.json$")
+MAX_BYTES = 8 * 1024 * 1024
+"""A state file holds at most a few hundred KiB (a hang report with 32 threads' stacks)."""
+FINAL_WRITE_SECONDS = 2.0
+"""The last write at detach or exit waits at most this long (a hung file system)."""
+
+
+def path_for(state_dir: str, rank: int) -> str:
+    return os.path.join(state_dir, f"rank-{rank}.json")
+
+
+def write_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON so that readers see the old or the new file, never a mix."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, separators=(",", ":"), default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of a regular file, at most ``limit``; StateFileError for anything else
+    (a symlink, a FIFO, a device, a directory, a file too large, a read error)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateFileError(path, "is a symbolic link; state files are regular files, "
+                                       "so it was not followed") from None
+        raise StateFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise StateFileError(path, "is not a regular file (a FIFO, device or directory); "
+                                       "state files are regular files")
+        if info.st_size > limit:
+            raise StateFileError(path, f"is {info.st_size} bytes, more than a state file holds "
+                                       f"({limit}); not read")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise StateFileError(path, f"holds more than {limit} bytes; not read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise StateFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def decode(path: str, raw: bytes) -> dict[str, Any]:
+    """Parsed JSON of a state file's bytes: an object, or StateFileError."""
+    if not raw.strip():
+        raise StateFileError(path, "is empty")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise StateFileError(path, "is not UTF-8 text (not a ddpmon state file)") from None
+    except RecursionError:
+        raise StateFileError(path, "nests JSON too deeply (not a ddpmon state file)") from None
+    except ValueError as exc:
+        raise StateFileError(path, f"is not valid JSON (truncated or corrupt: {exc})") from None
+    if not isinstance(data, dict):
+        raise StateFileError(path, "is not a ddpmon state file (not a JSON object)")
+    return data
+
+
+def load(path: str, data: object) -> schema.RankState:
+    """Parsed JSON as a RankState; StateFileError names the file and the bad field."""
+    try:
+        return schema.parse(data)
+    except SchemaError as exc:
+        raise StateFileError(path, str(exc)) from None
+    except RecursionError:
+        raise StateFileError(path, "nests JSON too deeply (not a ddpmon state file)") from None
+
+
+def read(path: str) -> schema.RankState:
+    """One state file, checked against the schema; StateFileError says what is wrong."""
+    return load(path, decode(path, read_bytes(path)))
+
+
+def list_files(state_dir: str) -> list[str]:
+    """The rank state files in ``state_dir``, ordered by rank."""
+    found = []
+    for name in os.listdir(state_dir):
+        m = NAME_PATTERN.match(name)
+        if m:
+            found.append((int(m.group(1)), os.path.join(state_dir, name)))
+    return [path for _, path in sorted(found)]
+
+
+def rank_of(path: str) -> int | None:
+    """The rank a state file's name says, or None."""
+    m = NAME_PATTERN.match(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+class StateWriter:
+    """Rewrites one rank's state file from ``snapshot()`` every ``interval`` seconds."""
+
+    def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]], interval: float = 1.0) -> None:
+        self.path = path
+        self._snapshot = snapshot
+        self._interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()  # one writer at a time: the thread, exit, detach
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="ddpmon-state-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()  # its first pass writes the file at once, off the caller's thread
+
+    def notify(self) -> None:
+        """Ask for a rewrite soon (cheap, never blocks)."""
+        self._wake.set()
+
+    def write_now(self) -> bool:
+        with self._write_lock:
+            try:
+                data = self._snapshot()
+                data["format"] = schema.FORMAT
+                write_atomic(self.path, data)
+                if self._failed:
+                    log.warning("ddpmon: writing %s works again", self.path)
+                    self._failed = False
+                return True
+            except Exception as exc:
+                if not self._failed:
+                    log.warning("ddpmon: cannot write the state file %s (%s); retrying quietly", self.path, exc)
+                    self._failed = True
+                return False
+
+    def write_final(self, timeout: float = FINAL_WRITE_SECONDS) -> bool:
+        """One last write from the calling thread's point of view, waited for at most
+        ``timeout`` seconds: a hung file system never holds up detach or exit."""
+        return bool(bounded(self.write_now, timeout, f"the last write of {self.path}"))
+
+    def _run(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            if not first:
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+            first = False
+            self.write_now()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (joined with a bound) and write one last time (bounded too)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self.write_final()

@@ -1,0 +1,177 @@
+"""The state schema and the state files: atomic writes, untrusted reads, versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpmon.errors import StateFileError
+from ddpmon.state import files, records, schema
+
+
+def test_atomic_rewrites_never_show_a_partial_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "rank-0.json")
+    big = {"rank": 0, "notes": {"pad": "x" * 200_000}}
+    files.write_atomic(path, big)
+    stop = threading.Event()
+    bad: list[str] = []
+    reads = [0]
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                files.read(path)
+                reads[0] += 1
+            except StateFileError as exc:
+                bad.append(str(exc))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(200):
+        files.write_atomic(path, {**big, "step": i})
+    stop.set()
+    t.join()
+    assert bad == [] and reads[0] > 0
+    assert files.read(path).step == 199
+    assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"], "no temp files left behind"
+
+
+@pytest.mark.parametrize("content,reason", [
+    (b"", "is empty"),
+    (b'{"rank": 0, "st', "not valid JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (b"\xff\xfe{", "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nests JSON too deeply"),
+    (b'{"step": 3}', "no 'rank' key"),
+    (b'{"rank": 1, "timings": 5}', "invalid timings 5"),
+    (b'{"rank": 1, "step": "abc"}', "invalid step 'abc'"),
+    (b'{"rank": 1, "buckets": {"x": 1}}', "invalid buckets"),
+    (b'{"rank": 1, "in_flight": [3]}', "invalid in_flight[0] 3"),
+    (b'{"rank": 1, "in_flight": [{"seq": "a", "op": "barrier"}]}', "invalid in_flight[0].seq 'a'"),
+    (b'{"rank": 99999999}', "invalid rank 99999999"),
+    (b'{"rank": 1, "world_size": 4000000000}', "invalid world_size"),
+    (b'{"rank": 1, "format": 7}', "written by a newer ddpmon"),
+    (b'{"rank": 1, "hang": {"detected_unix": 1}}', "has no 'hang.last_progress_unix'"),
+])
+@pytest.mark.bad_state_files
+def test_bad_files_are_reported_by_name_and_field(tmp_path: Path, content: bytes, reason: str) -> None:
+    path = tmp_path / "rank-3.json"
+    path.write_bytes(content)
+    with pytest.raises(StateFileError) as err:
+        files.read(str(path))
+    assert str(path) in str(err.value) and reason in str(err.value)
+
+
+@pytest.mark.bad_state_files
+def test_files_that_are_not_regular_files_are_never_followed_or_opened(tmp_path: Path) -> None:
+    (tmp_path / "rank-0.json").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "rank-1.json")  # opening it for reading would block
+    (tmp_path / "rank-2.json").mkdir()
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"rank": 3}))
+    (tmp_path / "rank-3.json").symlink_to(real)
+    (tmp_path / "rank-4.json").write_bytes(b" " * (files.MAX_BYTES + 1))
+    reasons = {}
+    started = time.monotonic()
+    for path in files.list_files(str(tmp_path)):
+        with pytest.raises(StateFileError) as err:
+            files.read(path)
+        reasons[files.rank_of(path)] = err.value.reason
+    assert time.monotonic() - started < 5, "a FIFO or device must never block a reader"
+    assert "symbolic link" in reasons[0] and "symbolic link" in reasons[3]
+    assert "not a regular file" in reasons[1] and "not a regular file" in reasons[2]
+    assert "more than a state file holds" in reasons[4]
+
+
+def test_the_previous_format_is_read() -> None:
+    state = schema.parse({
+        "format": 1, "rank": 2, "step": 5,
+        "in_flight": [{"seq": 3, "op": "all_reduce", "async": True, "issued_unix": 1.0}],
+        "timings": {"step_seconds": {"median": 0.1, "last": 0.2, "max": 0.3}},
+    })
+    assert state.rank == 2 and state.in_flight[0].async_op is True
+    assert state.timings.step_seconds is not None and state.timings.step_seconds.max == 0.3
+
+
+def test_records_round_trip_through_json() -> None:
+    state = schema.RankState(
+        rank=1, host="h", step=7, in_flight=[schema.Collective(seq=1, op="barrier", callers=["a.py:1 in f"])],
+        hang=schema.Hang(detected_unix=2.0, last_progress_unix=1.0, silent_seconds=1.0, timeout_seconds=60.0,
+                         timeout_source="learned", threads=[schema.Thread(name="MainThread", main=True,
+                                                                          frames=[schema.Frame("a.py", 1, "f")])]),
+    )
+    again = schema.parse(json.loads(json.dumps(schema.to_json(state))))
+    assert again == state
+
+
+def test_the_shipped_json_schema_is_the_generated_one() -> None:
+    with open(schema.SCHEMA_FILE) as f:
+        shipped = json.load(f)
+    assert shipped == schema.generated_schema(), "run `python -m ddpmon.state.schema` to regenerate it"
+    assert shipped["properties"]["format"]["const"] == schema.FORMAT
+    assert set(shipped["required"]) == {"rank"}
+    assert "in_flight" in shipped["properties"] and "Collective" in shipped["$defs"]
+
+
+def test_the_json_schema_accepts_what_the_records_write() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    state = schema.RankState(rank=0, buckets=[schema.Bucket(index=0, bytes=4)], exit=schema.Exit(unix=1.0))
+    jsonschema.validate(schema.to_json(state), schema.generated_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"rank": "x"}, schema.generated_schema())
+
+
+def test_list_files_orders_by_rank(tmp_path: Path) -> None:
+    for r in (10, 2, 1):
+        (tmp_path / f"rank-{r}.json").write_text(json.dumps({"rank": r}))
+    (tmp_path / "other.json").write_text("{}")
+    assert [Path(p).name for p in files.list_files(str(tmp_path))] == ["rank-1.json", "rank-2.json", "rank-10.json"]
+
+
+def test_writer_rewrites_on_notify_and_survives_failures(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def snapshot() -> dict:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return {"rank": 0, "step": calls["n"]}
+
+    (tmp_path / "s").mkdir()
+    w = files.StateWriter(str(tmp_path / "s" / "rank-0.json"), snapshot, interval=60)
+    w.start()
+    for wanted in (2, 3, 4):
+        w.notify()
+        deadline = time.monotonic() + 10
+        while calls["n"] < wanted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls["n"] >= wanted, "notify() must cause a rewrite without waiting for the interval"
+    w.stop()
+    state = files.read(str(tmp_path / "s" / "rank-0.json"))
+    assert state.step >= 4 and state.format == schema.FORMAT
+
+
+def test_a_final_write_that_hangs_is_not_waited_for(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def stuck_snapshot() -> dict:
+        release.wait(30)
+        return {"rank": 0}
+
+    w = files.StateWriter(str(tmp_path / "rank-0.json"), stuck_snapshot, interval=60)
+    started = time.monotonic()
+    assert w.write_final(timeout=0.3) is False
+    assert time.monotonic() - started < 5
+    release.set()
+
+
+def test_schema_errors_name_the_nested_field() -> None:
+    with pytest.raises(records.SchemaError) as err:
+        records.load(schema.Hang, {"detected_unix": 1, "last_progress_unix": 1, "silent_seconds": 0,
+                                   "timeout_seconds": 1, "timeout_source": "x", "threads": [{"frames": [{"line": "x"}]}]})
+    assert "threads[0].frames[0].line 'x'" in str(err.value)
