@@ -43,8 +43,9 @@ def rank_state(rank: int, world: int, now: float) -> dict:
         now_unix=now, last_progress_unix=now - 120, started_unix=now - 3600, phase="after_forward" if stuck else "allreduce",
         in_flight=in_flight, collective_seq={"0": 7023 - (24 if stuck else 0)},
         collective_sites={f"all_reduce /src/train.py:{i}": 100 for i in range(40)},
-        hang={"detected_unix": now - 60, "threads": [{"name": "MainThread", "main": True, "frames": frames}] * 6,
-              "in_flight": in_flight, "timeout_seconds": 60.0},
+        hang={"detected_unix": now - 60, "last_progress_unix": now - 120, "silent_seconds": 60.0,
+              "timeout_seconds": 60.0, "timeout_source": "learned",
+              "threads": [{"name": "MainThread", "main": True, "frames": frames}] * 6, "in_flight": in_flight},
     )
     return snap
 

@@ -18,8 +18,8 @@ import psutil
 import torch._C._distributed_c10d as c10d
 
 from ddpmon._safety import Fuse
-from ddpmon.hooks.comm import WallClock
-from ddpmon.hooks.completion import CompletionClock
+from ddpmon.timing.hook import WallClock
+from ddpmon.timing.c10d import CompletionClock
 from ddpmon.recorder import Recorder
 
 IDENTITY = dict(rank=0, local_rank=0, world_size=8, host="node0", pid=1, job="bench",

@@ -1,85 +1,36 @@
-"""The in-memory record of one rank: what the hooks saw, kept bounded and thread-safe.
+"""The in-memory record of one rank: hooks append, readers fold and publish.
 
-Hooks write plain numbers here and return; the exporter, the state writer and the watchdog
-read from their own threads through ``snapshot()`` and the histogram accessors. Nothing here
-imports torch, so readers stay cheap and the doctor can reuse the layout of ``snapshot()``.
+Hooks run on the training thread, on autograd's and the communication library's threads;
+the exporter, the state writer and the watchdog read from threads of their own. Hooks never
+take a lock: what a single thread owns (the step in progress, the step count, the phase) is
+written in place, and everything else is appended to an event log (``deque.append`` is
+atomic). Readers take the fold lock, which no hook ever takes, fold the pending events into
+their aggregates (histograms, buckets, collectives in flight) and publish an immutable
+``RankState`` (ddpmon/state/schema.py). A scrape or a snapshot therefore never holds up a
+training step. When nobody reads for a long while the training thread folds, but only if
+the lock is free at that moment (``acquire(blocking=False)``).
+
+Nothing here imports torch, so readers stay cheap and the doctor can share the schema.
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
+import itertools
 import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-RECENT_STEPS = 256
-MAX_PARAMETER_NAMES = 200
-MAX_IN_FLIGHT = 256
-COLLECTIVE_LOG = 16
-MAX_CALL_SITES = 64
-BUCKET_OP = "all_reduce"  # torch's name, as for the collectives user code issues
+from .aggregates import BUCKET_OP, BucketBook, BucketStats, CollectiveBook, Histogram, StepBook, site_key_of
+from .state import schema
+
+__all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats", "Histogram", "site_key_of"]
+
+MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
 BUCKET_SITE = "all_reduce DDP backward (DDP bucket)"  # site_key_of() of every bucket entry
-
-
-class Histogram:
-    """A cumulative histogram with fixed bounds: O(1) per observation, no allocation."""
-
-    __slots__ = ("bounds", "counts", "sum", "count")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """(le, cumulative count) pairs ending with +Inf, as Prometheus exposes them."""
-        out, running = [], 0
-        for bound, count in zip(self.bounds + (float("inf"),), self.counts):
-            running += count
-            out.append(("+Inf" if bound == float("inf") else repr(bound), running))
-        return out
-
-
-@dataclass
-class BucketStats:
-    """What is known about one DDP gradient bucket (its layout and its collectives)."""
-
-    index: int
-    bytes: int = 0
-    dtype: str = ""
-    parameters: tuple[str, ...] = ()
-    seconds: Histogram = field(default_factory=lambda: Histogram(COMM_BOUNDS))
-    bytes_total: int = 0
-    last_seconds: float | None = None
-    last_ready_seconds: float | None = None
-    last_busbw: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "bytes": self.bytes,
-            "dtype": self.dtype,
-            "num_parameters": len(self.parameters),
-            "parameters": list(self.parameters[:MAX_PARAMETER_NAMES]),
-            "count": self.seconds.count,
-            "last_seconds": self.last_seconds,
-            "mean_seconds": self.seconds.sum / self.seconds.count if self.seconds.count else None,
-            "ready_seconds": self.last_ready_seconds,
-            "busbw_bytes_per_second": self.last_busbw,
-            "bytes_total": self.bytes_total,
-        }
 
 
 @dataclass(frozen=True)
@@ -105,58 +56,71 @@ class StepTimings(NamedTuple):
     step: int | None = None
 
 
-@dataclass
-class _Step:
-    """Scratch for the step in progress; written by hooks, folded in by close_step()."""
+class StepRecord(NamedTuple):
+    """One finished step, as the training thread closed it."""
 
-    start: float
-    forward_seconds: float = 0.0
-    forward_start: float | None = None
-    backward_start: float | None = None
-    last_grad_ready: float | None = None
-    buckets_launched: int = 0
-    synced: bool = False
+    step: int
+    start_unix: float
+    step_seconds: float
+    forward_seconds: float
+    backward_seconds: float | None
+
+
+class _Step:
+    """Scratch for the step in progress, owned by the training thread; reset, not rebuilt."""
+
+    __slots__ = ("start", "forward_seconds", "forward_start", "backward_start", "last_grad_ready",
+                 "buckets_launched", "synced")
+
+    def __init__(self, start: float) -> None:
+        self.reset(start)
+
+    def reset(self, start: float) -> None:
+        self.start = start
+        self.forward_seconds = 0.0
+        self.forward_start: float | None = None
+        self.backward_start: float | None = None
+        self.last_grad_ready: float | None = None
+        self.buckets_launched = 0
+        self.synced = False
+
+
+# Event kinds in the log (first element of each tuple).
+_STEP, _TIMINGS, _LAYOUT, _DROP, _BEGAN, _ENDED, _BUCKET_DONE = range(7)
 
 
 class Recorder:
-    """Thread-safe state of one rank. Times from ``time.perf_counter()`` unless named *_unix."""
+    """The state of one rank. Times from ``time.perf_counter()`` unless named *_unix.
+
+    Written by hooks without locks (see the module docstring); read through ``state()``,
+    ``snapshot()``, ``histograms()``, ``bucket_stats()`` and the other readers below."""
 
     def __init__(self, identity: dict[str, Any], world_size: int) -> None:
         self.identity = dict(identity)
         self.world_size = max(1, int(world_size))
-        self._lock = threading.Lock()
         self.steps = 0
         # init, forward, after_forward, backward, allreduce, after_backward or detached
         self.phase = "init"
         self.started_unix = time.time()
         self.last_progress_unix = self.started_unix
-        self.step_hist = Histogram(STEP_BOUNDS)
-        self.forward_hist = Histogram(STEP_BOUNDS)
-        self.backward_hist = Histogram(STEP_BOUNDS)
-        self.exposed_hist = Histogram(STEP_BOUNDS)
-        self.recent: collections.deque[tuple[float, float, float, float | None]] = collections.deque(
-            maxlen=RECENT_STEPS
-        )
-        self.buckets: dict[int, BucketStats] = {}
         self.unused_parameters: list[str] = []
         self.steps_without_unused = 0
         self.notes: dict[str, str] = {}
         self.errors: dict[str, str] = {}
-        self.issued = 0
-        self.completed = 0
-        self._ops: dict[str, list[int]] = {}
-        self.in_flight: list[dict[str, Any]] = []
-        self.last_collective: dict[str, Any] | None = None
-        self.hang: dict[str, Any] | None = None
-        self.exit: dict[str, Any] | None = None
-        self.collective_seq: dict[str, int] = {}
-        self.ddp_group: tuple[str, int] = ("0", self.world_size)  # DDP's process group (name, size)
-        self.collective_sites: dict[str, int] = {}
-        self.collective_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=COLLECTIVE_LOG)
+        self.hang: schema.Hang | None = None
+        self.exit: schema.Exit | None = None
         self.unmatched_steps = 0  # steps the c10d bucket clock could not match to buckets
-        self._cur = _Step(start=time.perf_counter())
+        self.ddp_group: tuple[str, int] = ("0", self.world_size)  # DDP's process group (name, size)
+        self._cur = _Step(time.perf_counter())
+        self._events: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._seq: dict[str, itertools.count[int]] = {}
+        # -- owned by readers, under the fold lock ---------------------------------------
+        self._fold_lock = threading.Lock()
+        self._steps_book = StepBook()
+        self._buckets = BucketBook(self.world_size)
+        self._collectives = CollectiveBook()
 
-    # -- written by the hooks (the training thread, autograd and comm threads) -------------
+    # -- the training thread: the step in progress ---------------------------------------
 
     def heartbeat(self) -> None:
         self.last_progress_unix = time.time()
@@ -166,9 +130,10 @@ class Recorder:
         return self._cur.start
 
     def forward_started(self, now: float) -> None:
-        if self.steps == 0 and self._cur.forward_seconds == 0.0 and self._cur.forward_start is None:
-            self._cur.start = now  # the first step starts at the first forward, not at attach
-        self._cur.forward_start = now
+        cur = self._cur
+        if self.steps == 0 and cur.forward_seconds == 0.0 and cur.forward_start is None:
+            cur.start = now  # the first step starts at the first forward, not at attach
+        cur.forward_start = now
         self.phase = "forward"
         self.last_progress_unix = time.time()
 
@@ -192,50 +157,10 @@ class Recorder:
             self.phase = "backward"
         cur.last_grad_ready = now
 
-    def bucket_launched(self, is_last: bool, index: int | None = None, nbytes: int | None = None) -> None:
-        """DDP launched a bucket's collective: counted, and in flight until it completes
-        (whatever the comm hook calls inside is attributed to the bucket). ``nbytes``
-        when the bucket has no timings to hold its size."""
-        self._cur.buckets_launched += 1
-        if is_last:
-            self.phase = "allreduce"
-        if index is None:
-            index = self._cur.buckets_launched - 1
-        now = time.time()
-        group, group_size = self.ddp_group
-        with self._lock:
-            self.issued += 1
-            self._ops.setdefault(BUCKET_OP, [0, 0])[0] += 1
-            seq = self.collective_seq.get(group, 0) + 1
-            self.collective_seq[group] = seq
-            stats = self.buckets.get(index)
-            entry = {
-                "seq": seq, "op": BUCKET_OP, "group": group, "group_size": group_size,
-                "bytes": stats.bytes if stats else nbytes, "call_site": "DDP backward",
-                "function": "backward", "issued_unix": now, "bucket": index, "step": self.steps,
-            }
-            in_flight = self.in_flight
-            if in_flight and in_flight[0].get("step", self.steps) < self.steps:
-                # by the next step DDP has waited for every bucket: drop any left behind
-                in_flight[:] = [e for e in in_flight if e.get("step", self.steps) >= self.steps]
-            in_flight.append(entry)
-            if len(in_flight) > MAX_IN_FLIGHT:
-                del in_flight[0]
-            sites = self.collective_sites
-            if BUCKET_SITE in sites or len(sites) < MAX_CALL_SITES:
-                sites[BUCKET_SITE] = sites.get(BUCKET_SITE, 0) + 1
-        self.last_progress_unix = now
-
     def gradients_synced(self) -> None:
         """DDP has waited for every bucket of this step (on a GPU: the stream waits)."""
         self._cur.synced = True
         self.phase = "after_backward"
-
-    def bucket_completed(self, is_last: bool) -> None:
-        if is_last:
-            self.phase = "after_backward"
-        self.collective_completed(BUCKET_OP)
-        self._bucket_collective_done()
 
     @property
     def launched_bucket(self) -> int:
@@ -252,104 +177,78 @@ class Recorder:
         """True once the step in progress has launched its gradient all-reduce."""
         return self._cur.buckets_launched > 0 or self._cur.synced
 
-    # -- step boundary (the training thread) -------------------------------------------------
-
     def close_step(self, now: float) -> None:
         """End the step in progress at ``now`` and start the next one."""
         cur = self._cur
-        step_seconds = now - cur.start
         backward = None
         if cur.backward_start is not None and cur.last_grad_ready is not None:
             backward = max(0.0, cur.last_grad_ready - cur.backward_start)
-        with self._lock:
-            self.steps += 1
-            self.step_hist.observe(step_seconds)
-            self.forward_hist.observe(cur.forward_seconds)
-            if backward is not None:
-                self.backward_hist.observe(backward)
-            self.recent.append((step_seconds, cur.forward_seconds, backward or 0.0, None))
-            self._cur = _Step(start=now)
-        self.last_progress_unix = time.time()
+        self.steps += 1
+        wall = time.time()
+        self._events.append((_STEP, StepRecord(
+            self.steps, wall - (now - cur.start), now - cur.start, cur.forward_seconds, backward,
+        )))
+        cur.reset(now)
+        self.last_progress_unix = wall
+        if len(self._events) > MAX_PENDING_EVENTS and self._fold_lock.acquire(blocking=False):
+            try:  # nobody has read for a long while; never waits for a reader
+                self._fold()
+            finally:
+                self._fold_lock.release()
+
+    def set_unused_parameters(self, names: list[str]) -> bool:
+        """Record this step's unused parameters; True when the set changed."""
+        changed = names != self.unused_parameters
+        self.unused_parameters = names
+        self.steps_without_unused = 0 if names else self.steps_without_unused + 1
+        return changed
+
+    # -- any thread: events for the readers to fold ------------------------------------------
 
     def set_bucket_layout(self, index: int, nbytes: int, dtype: str, names: Iterable[str]) -> None:
-        with self._lock:
-            stats = self.buckets.get(index)
-            if stats is None or stats.bytes != nbytes:
-                # A new bucket, or DDP rebuilt its buckets after iteration 0: a new series.
-                stats = self.buckets[index] = BucketStats(index)
-            stats.bytes, stats.dtype, stats.parameters = nbytes, dtype, tuple(names)
+        self._events.append((_LAYOUT, index, nbytes, dtype, tuple(names)))
 
     def drop_buckets_from(self, count: int) -> None:
         """Forget buckets with index >= count (after DDP rebuilt its buckets)."""
-        with self._lock:
-            for index in [i for i in self.buckets if i >= count]:
-                del self.buckets[index]
+        self._events.append((_DROP, count))
 
     def add_bucket_timings(self, timings: Sequence[BucketTiming]) -> None:
         """Fold one step's bucket collectives in (the step that ended last)."""
         self.add_step_timings(StepTimings(list(timings)))
 
     def add_step_timings(self, step: StepTimings) -> None:
-        """Fold one step's bucket collectives in: per-bucket time, bandwidth, exposed comm.
+        """One step's bucket collectives, as a clock resolved them (see ``_fold_timings``)."""
+        if step.buckets or step.exposed is not None:
+            self._events.append((_TIMINGS, step if step.step is not None else step._replace(step=self.steps)))
 
-        A bucket's time runs from its launch (the bucket became ready) to its completion, so
-        it includes any wait behind earlier buckets on the same communicator. Exposed
-        communication runs from the last bucket becoming ready (backward compute done) to
-        the last collective done, unless the clock measured it itself. Timings of a bucket
-        not in the current layout (DDP rebuilt its buckets since) are dropped.
-        """
-        timings, exposed = step.buckets, step.exposed
-        if not timings and exposed is None:
-            return
-        ordered = sorted(timings, key=lambda t: t.start)
-        if ordered and not step.measured:
-            exposed = max(0.0, max(t.end for t in ordered) - ordered[-1].start)
-        factor = 2.0 * (self.world_size - 1) / self.world_size
-        with self._lock:
-            for t in ordered:
-                seconds = max(0.0, t.end - t.start)
-                stats = self.buckets.get(t.index)
-                if stats is None:
-                    continue
-                stats.seconds.observe(seconds)
-                stats.bytes_total += stats.bytes
-                stats.last_seconds = seconds
-                stats.last_ready_seconds = t.ready
-                stats.last_busbw = stats.bytes / seconds * factor if seconds > 0 else None
-            if exposed is None:
-                return
-            self.exposed_hist.observe(exposed)
-            back = 1 if step.step is None else self.steps - step.step + 1  # recent[-back] is that step
-            if 1 <= back <= len(self.recent) and self.recent[-back][3] is None:
-                s, f, b, _ = self.recent[-back]
-                self.recent[-back] = (s, f, b, exposed)
+    def bucket_launched(self, is_last: bool, index: int | None = None, nbytes: int | None = None) -> None:
+        """DDP launched a bucket's collective: counted, and in flight until it completes
+        (whatever the comm hook calls inside is attributed to the bucket). ``nbytes``
+        when the bucket has no timings to hold its size."""
+        cur = self._cur
+        cur.buckets_launched += 1
+        if is_last:
+            self.phase = "allreduce"
+        if index is None:
+            index = cur.buckets_launched - 1
+        group, group_size = self.ddp_group
+        now = time.time()
+        entry = {
+            "seq": self._next_seq(group), "op": BUCKET_OP, "group": group, "group_size": group_size,
+            "bytes": nbytes, "call_site": "DDP backward", "function": "backward", "issued_unix": now,
+            "bucket": index, "step": self.steps,
+        }
+        self._events.append((_BEGAN, entry, True))
+        self.last_progress_unix = now
 
-    def set_unused_parameters(self, names: list[str]) -> bool:
-        """Record this step's unused parameters; True when the set changed."""
-        with self._lock:
-            changed = names != self.unused_parameters
-            self.unused_parameters = names
-            self.steps_without_unused = 0 if names else self.steps_without_unused + 1
-            return changed
-
-    # -- notes, errors and collectives ------------------------------------------------------
-
-    def note(self, key: str, text: str | None) -> None:
-        with self._lock:
-            if text is None:
-                self.notes.pop(key, None)
-            else:
-                self.notes[key] = text
-
-    def record_error(self, part: str, message: str) -> None:
-        with self._lock:
-            self.errors[part] = message
-
-    def collective_completed(self, op: str) -> None:
-        with self._lock:
-            self.completed += 1
-            self._ops.setdefault(op, [0, 0])[1] += 1
-        self.last_progress_unix = time.time()
+    def bucket_completed(self, is_last: bool) -> None:
+        """The oldest bucket collective in flight is done: DDP's buckets complete in order,
+        and the comm hook's completion callback says so without a callback of its own."""
+        if is_last:
+            self.phase = "after_backward"
+        now = time.time()
+        self._events.append((_BUCKET_DONE, now))
+        self.last_progress_unix = now
 
     def collective_began(
         self, op: str, group: str, group_size: int, nbytes: int | None, site: str,
@@ -361,170 +260,181 @@ class Recorder:
         bucket's collective, already counted by ``bucket_launched``; ``callers`` are the
         user frames that led to ``site``."""
         now = time.time()
-        key = "p2p:" + group if p2p else group
-        with self._lock:
-            seq = self.collective_seq.get(key, 0) + 1
-            self.collective_seq[key] = seq
-            entry: dict[str, Any] = {
-                "seq": seq, "op": op, "group": group, "group_size": group_size, "bytes": nbytes,
-                "call_site": site, "function": function, "issued_unix": now,
-            }
-            if callers:
-                entry["callers"] = list(callers)
-            if bucket is not None:
-                entry["bucket"] = bucket
-            if p2p:
-                entry["p2p"] = True
-            if counted:
-                self.issued += 1
-                self._ops.setdefault(op, [0, 0])[0] += 1
-            self.in_flight.append(entry)
-            if len(self.in_flight) > MAX_IN_FLIGHT:
-                del self.in_flight[0]
-            site_key = site_key_of(entry)
-            if site_key in self.collective_sites or len(self.collective_sites) < MAX_CALL_SITES:
-                self.collective_sites[site_key] = self.collective_sites.get(site_key, 0) + 1
+        entry: dict[str, Any] = {
+            "seq": self._next_seq("p2p:" + group if p2p else group), "op": op, "group": group,
+            "group_size": group_size, "bytes": nbytes, "call_site": site, "function": function,
+            "issued_unix": now,
+        }
+        if callers:
+            entry["callers"] = list(callers)
+        if bucket is not None:
+            entry["bucket"] = bucket
+        if p2p:
+            entry["p2p"] = True
+        self._events.append((_BEGAN, entry, counted))
         self.last_progress_unix = now
         return entry
 
     def collective_ended(self, entry: dict[str, Any], error: str | None = None, counted: bool = True) -> None:
         """The collective of ``entry`` (from ``collective_began``) completed or failed."""
         now = time.time()
-        with self._lock:
-            for i, e in enumerate(self.in_flight):
-                if e is entry:
-                    del self.in_flight[i]
-                    break
-            done = dict(entry, completed_unix=now, seconds=now - entry["issued_unix"])
-            if error is not None:
-                done["error"] = error
-            self.last_collective = done
-            self.collective_log.append(done)
-            if counted:
-                self.completed += 1
-                self._ops.setdefault(entry["op"], [0, 0])[1] += 1
+        self._events.append((_ENDED, entry, error, counted, now))
         self.last_progress_unix = now
 
-    def _bucket_collective_done(self) -> None:
-        """The oldest bucket collective in flight is done: DDP's buckets complete in order,
-        and the comm hook's completion callback says so without a callback of its own."""
-        with self._lock:
-            for i, e in enumerate(self.in_flight):
-                if "bucket" in e:
-                    entry = self.in_flight.pop(i)
-                    break
-            else:
-                return
-            now = time.time()
-            entry["completed_unix"] = now  # out of in_flight now: nobody else changes it
-            entry["seconds"] = now - entry["issued_unix"]
-            self.last_collective = entry
-            self.collective_log.append(entry)
+    def note(self, key: str, text: str | None) -> None:
+        if text is None:
+            self.notes.pop(key, None)
+        else:
+            self.notes[key] = text
 
-    def set_hang(self, report: dict[str, Any] | None) -> None:
+    def record_error(self, part: str, message: str) -> None:
+        self.errors[part] = message
+
+    def set_hang(self, report: schema.Hang | None) -> None:
         """The watchdog's hang report, or None once progress resumed."""
-        with self._lock:
-            self.hang = report
+        self.hang = report
 
-    def set_exit(self, record: dict[str, Any]) -> None:
+    def set_exit(self, record: schema.Exit) -> None:
         """How this process ended (written at interpreter exit)."""
-        with self._lock:
-            self.exit = record
+        self.exit = record
+
+    def _next_seq(self, key: str) -> int:
+        counter = self._seq.get(key)
+        if counter is None:
+            counter = self._seq.setdefault(key, itertools.count(1))
+        return next(counter)  # atomic: sequence numbers never repeat across threads
+
+    # -- readers (their own threads) -----------------------------------------------------------
+
+    def _fold(self) -> None:
+        """Hand the pending events to the books; the caller holds the fold lock."""
+        events, steps, buckets, collectives = self._events, self._steps_book, self._buckets, self._collectives
+        while events:
+            event = events.popleft()
+            kind = event[0]
+            if kind == _BEGAN:
+                collectives.began(event[1], event[2], buckets)
+            elif kind == _BUCKET_DONE:
+                collectives.bucket_done(event[1])
+            elif kind == _ENDED:
+                collectives.ended(*event[1:])
+            elif kind == _STEP:
+                steps.add(event[1])
+            elif kind == _TIMINGS:
+                exposed = buckets.timings(event[1])
+                if exposed is not None:
+                    steps.exposed(event[1].step, exposed)
+            elif kind == _LAYOUT:
+                buckets.layout(*event[1:])
+            elif kind == _DROP:
+                buckets.drop_from(event[1])
+
+    def in_flight(self) -> list[schema.Collective]:
+        """The collectives in flight now, oldest first."""
+        with self._fold_lock:
+            self._fold()
+            return [_collective(e) for e in self._collectives.in_flight]
+
+    def in_flight_count(self) -> int:
+        with self._fold_lock:
+            self._fold()
+            return len(self._collectives.in_flight)
+
+    def last_collective(self) -> schema.Collective | None:
+        with self._fold_lock:
+            self._fold()
+            last = self._collectives.last
+            return _collective(last) if last else None
 
     def slowest_recent_step(self) -> float | None:
         """The longest step in the recent window, None before the first step ends."""
-        with self._lock:
-            return max((r[0] for r in self.recent), default=None)
-
-    # -- readers ------------------------------------------------------------------------------
+        with self._fold_lock:
+            self._fold()
+            return max((r[0].step_seconds for r in self._steps_book.recent), default=None)
 
     def collectives_by_op(self) -> dict[str, tuple[int, int]]:
         """(issued, completed) per collective operation."""
-        with self._lock:
-            return {op: (c[0], c[1]) for op, c in self._ops.items()}
+        with self._fold_lock:
+            self._fold()
+            return {op: (c[0], c[1]) for op, c in self._collectives.ops.items()}
 
     def histograms(self) -> dict[str, Histogram]:
-        """Copies of the step histograms, safe to read outside the lock."""
-        with self._lock:
-            return {
-                name: _copy(h)
-                for name, h in (
-                    ("step", self.step_hist),
-                    ("forward", self.forward_hist),
-                    ("backward", self.backward_hist),
-                    ("exposed_comm", self.exposed_hist),
-                )
-            }
+        """Copies of the step histograms: step, forward, backward, exposed_comm."""
+        with self._fold_lock:
+            self._fold()
+            return {name: h.copy() for name, h in self._steps_book.hist.items()}
 
     def bucket_stats(self) -> list[BucketStats]:
-        with self._lock:
-            return [
-                BucketStats(
-                    b.index, b.bytes, b.dtype, b.parameters, _copy(b.seconds),
-                    b.bytes_total, b.last_seconds, b.last_ready_seconds, b.last_busbw,
-                )
-                for b in sorted(self.buckets.values(), key=lambda b: b.index)
-            ]
+        with self._fold_lock:
+            self._fold()
+            return [b.copy() for b in self._buckets.sorted()]
+
+    def history_since(self, step: int) -> list[dict[str, Any]]:
+        """Per-step rows of the steps after ``step``, oldest first (the last few thousand):
+        step, start_unix, end_unix, step_seconds, forward_seconds, backward_seconds,
+        exposed_comm_seconds (None while unknown)."""
+        with self._fold_lock:
+            self._fold()
+            return [dict(row) for row in self._steps_book.history if row["step"] > step]
+
+    def state(self) -> schema.RankState:
+        """The latest view of this rank, a fresh record every call."""
+        with self._fold_lock:
+            self._fold()
+            recent = [(r[0], r[1]) for r in self._steps_book.recent]
+            c = self._collectives
+            ident = self.identity
+            state = schema.RankState(
+                rank=int(ident.get("rank", 0)), local_rank=ident.get("local_rank"), world_size=ident.get("world_size"),
+                ddp_world_size=ident.get("ddp_world_size"), group_rank=ident.get("group_rank"),
+                host=ident.get("host"), pid=ident.get("pid"), port=ident.get("port"), job=ident.get("job"),
+                backend=ident.get("backend"), device=ident.get("device"),
+                torch_version=ident.get("torch_version"), debug_level=ident.get("debug_level"),
+                version=ident.get("version"), find_unused_parameters=ident.get("find_unused_parameters"),
+                num_parameters=ident.get("num_parameters"), bucket_timing=ident.get("bucket_timing"),
+                state_interval=ident.get("state_interval"), ddp=dict(ident.get("ddp") or {}),
+                step=self.steps, phase=self.phase, started_unix=self.started_unix,
+                last_progress_unix=self.last_progress_unix,
+                collectives=schema.Counts(c.issued, c.completed),
+                in_flight=[_collective(e) for e in c.in_flight],
+                last_collective=_collective(c.last) if c.last else None,
+                collective_log=[_collective(e) for e in c.log],
+                collective_seq=dict(c.last_seq), collective_sites=dict(c.sites),
+                unused_parameters=list(self.unused_parameters),
+                buckets=[b.record() for b in self._buckets.sorted()],
+                notes=dict(self.notes), errors=dict(self.errors), hang=self.hang, exit=self.exit,
+            )
+        state.timings = _summaries(recent)
+        state.now_unix = time.time()
+        return state
 
     def snapshot(self) -> dict[str, Any]:
         """The latest per-rank view, as plain JSON-ready data (the state file's body)."""
-        with self._lock:
-            recent = list(self.recent)
-            snap = dict(self.identity)
-            snap.update(
-                {
-                    "step": self.steps,
-                    "phase": self.phase,
-                    "started_unix": self.started_unix,
-                    "last_progress_unix": self.last_progress_unix,
-                    "collectives": {"issued": self.issued, "completed": self.completed},
-                    "in_flight": [dict(c) for c in self.in_flight],
-                    "last_collective": dict(self.last_collective) if self.last_collective else None,
-                    "unused_parameters": list(self.unused_parameters),
-                    "buckets": [b.as_dict() for b in sorted(self.buckets.values(), key=lambda b: b.index)],
-                    "notes": dict(self.notes),
-                    "errors": dict(self.errors),
-                    "hang": self.hang,
-                    "exit": self.exit,
-                    "collective_seq": dict(self.collective_seq),
-                    "collective_sites": dict(self.collective_sites),
-                    "collective_log": list(self.collective_log),
-                }
-            )
-        snap["timings"] = _summaries(recent)
-        snap["now_unix"] = time.time()
-        return snap
+        return schema.to_json(self.state())
 
 
-def site_key_of(entry: dict[str, Any]) -> str:
-    """The key of ``collective_sites``: op, call site and its first caller; all DDP buckets
-    issued from one place share a key."""
-    key = f"{entry.get('op')} {entry.get('call_site')}"
-    if entry.get("callers"):
-        key += f" < {entry['callers'][0]}"
-    return key + (" (DDP bucket)" if entry.get("bucket") is not None else "")
+_COLLECTIVE_FIELDS = frozenset(f for f in schema.Collective.__dataclass_fields__)
 
 
-def _copy(h: Histogram) -> Histogram:
-    c = Histogram(h.bounds)
-    c.counts, c.sum, c.count = list(h.counts), h.sum, h.count
-    return c
+def _collective(entry: dict[str, Any]) -> schema.Collective:
+    fields = {k: v for k, v in entry.items() if k in _COLLECTIVE_FIELDS}
+    if "callers" in fields:
+        fields["callers"] = list(fields["callers"])
+    return schema.Collective(**fields)
 
 
-def _summaries(recent: list[tuple[float, float, float, float | None]]) -> dict[str, Any]:
-    """Median and last of each per-step time over the recent window."""
-    out: dict[str, Any] = {"window_steps": len(recent)}
-    columns = {
-        "step_seconds": [r[0] for r in recent],
-        "forward_seconds": [r[1] for r in recent],
-        "backward_seconds": [r[2] for r in recent],
-        "compute_seconds": [r[1] + r[2] for r in recent],
-        "exposed_comm_seconds": [r[3] for r in recent if r[3] is not None],
-    }
-    for name, values in columns.items():
-        out[name] = (
-            {"median": statistics.median(values), "last": values[-1], "max": max(values)}
-            if values
-            else None
-        )
-    return out
+def _summaries(recent: list[tuple[StepRecord, float | None]]) -> schema.Timings:
+    """Median, last and largest of each per-step time over the recent window."""
+    def summary(values: list[float]) -> schema.Summary | None:
+        return schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
+
+    backward = [r.backward_seconds or 0.0 for r, _ in recent]
+    forward = [r.forward_seconds for r, _ in recent]
+    return schema.Timings(
+        window_steps=len(recent),
+        step_seconds=summary([r.step_seconds for r, _ in recent]),
+        forward_seconds=summary(forward),
+        backward_seconds=summary(backward),
+        compute_seconds=summary([f + b for f, b in zip(forward, backward)]),
+        exposed_comm_seconds=summary([e for _, e in recent if e is not None]),
+    )

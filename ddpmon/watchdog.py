@@ -18,7 +18,6 @@ doctor can tell the first rank to die from those that failed after it.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import sys
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .recorder import Recorder
+from .state import schema
 
 log = logging.getLogger("ddpmon")
 
@@ -38,17 +38,7 @@ WARMUP_FACTOR = 5.0
 REFRESH_SECONDS = 5.0
 MAX_FRAMES = 40
 MAX_THREADS = 32
-FLIGHT_RECORDER_ENTRIES = 32
-FLIGHT_RECORDER_WAIT = 2.0
 _DDPMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-DDP_FACTS = (
-    "backend_name", "bucket_cap_bytes", "bucket_sizes", "find_unused_parameters", "static_graph",
-    "gradient_as_bucket_view", "broadcast_buffers", "has_sync_bn", "comm_hook", "gloo_num_threads",
-    "torch_distributed_debug", "num_parameter_tensors", "total_parameter_size_bytes",
-    "nccl_socket_ifname", "nccl_blocking_wait", "nccl_async_error_handling", "nccl_debug",
-    "nccl_ib_timeout", "nccl_nthreads",
-)
 
 
 class Watchdog:
@@ -140,7 +130,7 @@ class Watchdog:
             self._seen = (last, now - last, mono)
         return min(now - last, self._seen[1] + (mono - self._seen[2]))
 
-    def check(self) -> dict[str, Any] | None:
+    def check(self) -> schema.Hang | None:
         """One pass: report a hang, refresh the report while it lasts, clear it on progress.
         Returns the current hang report (None when there is none)."""
         rec = self._recorder
@@ -148,17 +138,17 @@ class Watchdog:
         last = rec.last_progress_unix
         report = rec.hang
         if report is not None:
-            if last > report["last_progress_unix"]:
+            if last > report.last_progress_unix:
                 rec.set_hang(None)
                 log.warning(
                     "ddpmon: rank %s makes progress again after %.1f s without", rec.identity.get("rank"),
-                    last - report["last_progress_unix"],
+                    last - report.last_progress_unix,
                 )
                 self._wake()
                 return None
-            if now - self._reported_at >= max(REFRESH_SECONDS, report["timeout_seconds"] / 2):
-                fresh = self.build_report(now, last, report["timeout_seconds"], report["timeout_source"])
-                fresh["detected_unix"] = report["detected_unix"]
+            if now - self._reported_at >= max(REFRESH_SECONDS, report.timeout_seconds / 2):
+                fresh = self.build_report(now, last, report.timeout_seconds, report.timeout_source)
+                fresh.detected_unix = report.detected_unix
                 rec.set_hang(fresh)
                 self._reported_at = now
                 self._wake()
@@ -175,26 +165,24 @@ class Watchdog:
         log.warning("ddpmon: %s", describe(report, rec.identity.get("rank")))
         return report
 
-    def build_report(self, now: float, last: float, timeout: float, source: str) -> dict[str, Any]:
+    def build_report(self, now: float, last: float, timeout: float, source: str) -> schema.Hang:
         rec = self._recorder
-        in_flight = [dict(e, age_seconds=round(now - e["issued_unix"], 3)) for e in list(rec.in_flight)]
-        report: dict[str, Any] = {
-            "detected_unix": now,
-            "last_progress_unix": last,
-            "silent_seconds": round(now - last, 3),
-            "timeout_seconds": timeout,
-            "timeout_source": source,
-            "step": rec.steps,
-            "phase": rec.phase,
-            "in_flight": in_flight,
-            "last_collective": rec.last_collective,
-            "threads": thread_stacks(skip=_own_thread()),
-        }
+        in_flight = rec.in_flight()
+        for e in in_flight:
+            e.age_seconds = round(now - e.issued_unix, 3)
+        report = schema.Hang(
+            detected_unix=now, last_progress_unix=last, silent_seconds=round(now - last, 3),
+            timeout_seconds=timeout, timeout_source=source, step=rec.steps, phase=rec.phase,
+            in_flight=in_flight, last_collective=rec.last_collective(),
+            threads=thread_stacks(skip=_own_thread()),
+        )
         if self._extras is not None:
             try:
-                report.update(self._extras() or {})
+                extras = self._extras() or {}
+                report.flight_recorder = extras.get("flight_recorder")
+                report.flight_recorder_error = extras.get("flight_recorder_error")
             except Exception as exc:
-                report["extras_error"] = f"{type(exc).__name__}: {exc}"
+                report.extras_error = f"{type(exc).__name__}: {exc}"
         return report
 
     def _wake(self) -> None:
@@ -205,7 +193,7 @@ class Watchdog:
                 pass
 
     def _at_exit(self) -> None:
-        """Note how this process ends, then write the state file one last time."""
+        """Note how this process ends, then write the state file one last time (bounded)."""
         try:
             self._recorder.set_exit(exit_record())
             if self._flush is not None:
@@ -220,32 +208,32 @@ def _own_thread() -> tuple[int, ...]:
     return () if me is threading.main_thread() or me.ident is None else (me.ident,)
 
 
-def describe(report: dict[str, Any], rank: Any) -> str:
+def describe(report: schema.Hang, rank: Any) -> str:
     """One log line for a hang report."""
     where = "not in any collective"
-    if report["in_flight"]:
-        oldest = min(report["in_flight"], key=lambda e: e["issued_unix"])
-        where = f"waiting {oldest['age_seconds']:.1f} s in {oldest['op']} #{oldest['seq']} "
-        if oldest.get("bucket") is not None:
-            where += f"of DDP gradient bucket {oldest['bucket']} (backward)"
+    if report.in_flight:
+        oldest = min(report.in_flight, key=lambda e: e.issued_unix)
+        where = f"waiting {oldest.age_seconds or 0.0:.1f} s in {oldest.op} #{oldest.seq} "
+        if oldest.bucket is not None:
+            where += f"of DDP gradient bucket {oldest.bucket} (backward)"
         else:
-            where += f"issued at {oldest['call_site']}"
+            where += f"issued at {oldest.call_site}"
     top = ""
-    main = next((t for t in report["threads"] if t.get("main")), None)
-    if main and main["frames"]:
-        user = [f for f in main["frames"] if not _library(f["file"])]
-        f = (user or main["frames"])[-1]
-        top = f"; main thread at {f['file']}:{f['line']} in {f['function']}"
+    main = next((t for t in report.threads if t.main), None)
+    if main and main.frames:
+        user = [f for f in main.frames if not _library(f.file or "")]
+        f = (user or main.frames)[-1]
+        top = f"; main thread at {f.file}:{f.line} in {f.function}"
     return (
-        f"rank {rank} made no progress for {report['silent_seconds']:.1f} s "
-        f"(hang timeout {report['timeout_seconds']:.0f} s, {report['timeout_source']}): step "
-        f"{report['step']}, phase {report['phase']}, {where}{top}. Run `ddpmon doctor` for "
+        f"rank {rank} made no progress for {report.silent_seconds:.1f} s "
+        f"(hang timeout {report.timeout_seconds:.0f} s, {report.timeout_source}): step "
+        f"{report.step}, phase {report.phase}, {where}{top}. Run `ddpmon doctor` for "
         "the diagnosis across ranks."
     )
 
 
 def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
-                  max_threads: int = MAX_THREADS) -> list[dict[str, Any]]:
+                  max_threads: int = MAX_THREADS) -> list[schema.Thread]:
     """Every Python thread's stack (innermost frame last), the main thread first."""
     frames = sys._current_frames()
     threads = {t.ident: t for t in threading.enumerate()}
@@ -258,27 +246,22 @@ def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
     for ident in order[:max_threads]:
         thread = threads.get(ident)
         summary = traceback.extract_stack(frames[ident], limit=max_frames)
-        out.append({
-            "name": thread.name if thread else f"thread-{ident}",
-            "ident": ident,
-            "main": ident == main,
-            "daemon": thread.daemon if thread else None,
-            "frames": [
-                {"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": fs.line}
-                for fs in summary
-            ],
-        })
+        out.append(schema.Thread(
+            name=thread.name if thread else f"thread-{ident}", ident=ident, main=ident == main,
+            daemon=thread.daemon if thread else None,
+            frames=[schema.Frame(fs.filename, fs.lineno, fs.name, fs.line) for fs in summary],
+        ))
     del frames
     return out
 
 
-def exit_record() -> dict[str, Any]:
+def exit_record() -> schema.Exit:
     """How the interpreter is ending: the uncaught exception (if any) and where it rose."""
-    record: dict[str, Any] = {"unix": time.time(), "exception": None}
+    record = schema.Exit(unix=time.time())
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if exc is None:
         return record
-    record["exception"] = f"{type(exc).__name__}: {exc}"[:2000]
+    record.exception = f"{type(exc).__name__}: {exc}"[:2000]
     where = innermost = None
     for fs in traceback.extract_tb(exc.__traceback__):
         innermost = fs
@@ -286,80 +269,10 @@ def exit_record() -> dict[str, Any]:
             where = fs
     chosen = where or innermost
     if chosen is not None:
-        record["where"] = f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
+        record.where = f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
     return record
 
 
 def _library(filename: str) -> bool:
     """True for installed packages' files and ddpmon's own: not the user's code."""
     return "site-packages" in filename or "dist-packages" in filename or filename.startswith(_DDPMON_DIR)
-
-
-def ddp_facts(ddp: Any) -> dict[str, Any]:
-    """Facts from DDP's own logging data (``_get_ddp_logging_data``) where torch has it.
-    Read once at attach, on the training thread: the call takes the reducer's lock."""
-    getter = getattr(ddp, "_get_ddp_logging_data", None)
-    if getter is None:
-        return {}
-    try:
-        data = getter()
-    except Exception:
-        return {}
-    return {k: data[k] for k in DDP_FACTS if k in data and data[k] not in ("", "N/A")}
-
-
-def flight_recorder(limit: int = FLIGHT_RECORDER_ENTRIES, wait: float = FLIGHT_RECORDER_WAIT) -> dict[str, Any] | None:
-    """torch's flight recorder (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE): the
-    latest entries and the per-group status, through torch's own dump API. Best effort: a
-    dump that raises or does not return within ``wait`` seconds is left out."""
-    box: dict[str, Any] = {}
-
-    def dump() -> None:
-        try:
-            box["value"] = _dump_flight_recorder()
-        except Exception as exc:
-            box["error"] = f"{type(exc).__name__}: {exc}"
-
-    worker = threading.Thread(target=dump, name="ddpmon-flight-recorder", daemon=True)
-    worker.start()
-    worker.join(wait)
-    if worker.is_alive():
-        return {"flight_recorder_error": f"the dump did not return within {wait:.0f} s"}
-    if "error" in box:
-        return {"flight_recorder_error": box["error"]}
-    raw = box.get("value")
-    if not raw or not raw.get("entries"):
-        return None
-    entries = raw["entries"]
-    keep = (
-        "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id",
-        "profiling_name", "input_sizes", "input_dtypes", "state", "time_created_ns",
-        "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "is_p2p",
-        "timeout_ms",
-    )
-    return {
-        "flight_recorder": {
-            "version": raw.get("version"),
-            "pg_status": raw.get("pg_status"),
-            "total_entries": len(entries),
-            "entries": [{k: e[k] for k in keep if k in e} for e in entries[-limit:]],
-        }
-    }
-
-
-def _dump_flight_recorder() -> dict[str, Any] | None:
-    if "torch" not in sys.modules:
-        return None
-    from torch._C import _distributed_c10d as c10d
-
-    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
-        dump = getattr(c10d, name, None)
-        if dump is not None:
-            return json.loads(dump(includeCollectives=True, onlyActive=False))
-    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
-        dump = getattr(c10d, name, None)
-        if dump is not None:
-            import pickle
-
-            return pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
-    return None

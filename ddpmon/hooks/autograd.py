@@ -1,20 +1,28 @@
-"""Grad-ready hooks: when each parameter's gradient is ready, and which never got one.
+"""Unused parameters, by name: which parameters got no gradient in a step.
 
 ``register_post_accumulate_grad_hook`` fires once a parameter's ``.grad`` is written, with or
 without ``find_unused_parameters``, so the parameters that did not fire in a step are the
-unused ones, named here by their fully qualified names.
+unused ones, named here by their fully qualified names. Parameters can go unused without
+an error only with find_unused_parameters or static_graph; otherwise DDP stops at the next
+iteration with an error that names indices only, and ddpmon adds the names to it (and to
+the state), so the per-parameter hooks are placed only where they can find something.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from .._safety import Fuse
 from ..recorder import Recorder
+
+log = logging.getLogger("ddpmon")
 
 REDUCTION_ERROR = "Expected to have finished reduction in the prior iteration"
 
@@ -88,15 +96,15 @@ _INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\
 
 def explain_reduction_error(
     exc: BaseException, parameter_names: Sequence[str], unused: Sequence[str], rank: int
-) -> None:
+) -> list[str] | None:
     """Add the unused parameters' names to DDP's "Expected to have finished reduction" error,
     which names only parameter indices unless TORCH_DISTRIBUTED_DEBUG is set.
 
     The indices in DDP's message are positions in the reducer's parameter list, which is
     ``parameter_names``' order; ``unused`` (from grad-ready hooks) is the fallback."""
     text = str(exc.args[0]) if exc.args else ""
-    if REDUCTION_ERROR not in text:
-        return
+    if REDUCTION_ERROR not in text or "ddpmon: " in text:
+        return None
     m = _INDICES.search(text)
     if m:
         indices = [int(i) for i in m.group(2).split()]
@@ -115,3 +123,75 @@ def explain_reduction_error(
             "are on another rank (see its log or state file)."
         )
     exc.args = (text + extra,) + tuple(exc.args[1:])
+    return list(unused)
+
+
+class UnusedParameterWatch:
+    """Names this rank's unused parameters each step (in the recorder, the log when the
+    set changes) and in DDP's own error; notes a needless find_unused_parameters=True."""
+
+    def __init__(self, ddp: torch.nn.Module, parameters: Sequence[tuple[str, torch.nn.Parameter]],
+                 recorder: Recorder, fuse: Fuse, advice_steps: int, notify: Any = None) -> None:
+        self._ddp = ddp
+        self._names = [name for name, _ in parameters]
+        self._recorder = recorder
+        self._fuse = fuse
+        self._advice_steps = advice_steps
+        self._notify = notify or (lambda: None)
+        self._advised = False
+        self._grads = None
+        if getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
+            self._grads = GradReadyHooks(parameters, recorder, fuse)
+        # Runs even when DDP's forward raises (always_call), while its error is being handled.
+        self._error_hook = ddp.register_forward_hook(self._after_forward, always_call=True)
+
+    @property
+    def any_ready(self) -> bool:
+        return bool(self._grads and self._grads.any_ready)
+
+    def step_ended(self) -> None:
+        """At a step boundary (the training thread)."""
+        rec = self._recorder
+        unused = self._grads.take_unused() if self._grads else None
+        if unused is not None and rec.set_unused_parameters(unused):
+            rank = rec.identity.get("rank")
+            if unused:
+                shown = ", ".join(unused[:10]) + (f" (+{len(unused) - 10} more)" if len(unused) > 10 else "")
+                log.warning("ddpmon: rank %s: %d parameter(s) received no gradient in step %d: %s",
+                            rank, len(unused), rec.steps, shown)
+            else:
+                log.warning("ddpmon: rank %s: every parameter receives a gradient again", rank)
+            self._notify()
+        self._advise(rec)
+
+    def _advise(self, rec: Recorder) -> None:
+        if self._advised or not getattr(self._ddp, "find_unused_parameters", False):
+            return
+        if rec.steps_without_unused >= self._advice_steps:
+            self._advised = True
+            text = (
+                f"find_unused_parameters=True, but no parameter has been unused on this rank for "
+                f"{rec.steps_without_unused} steps; it costs a traversal of the autograd graph "
+                "every step: if no rank has unused parameters (ddpmon doctor checks them all), "
+                "pass find_unused_parameters=False (or static_graph=True)"
+            )
+            rec.note("find_unused_parameters", text)
+            log.warning("ddpmon: rank %s: %s", rec.identity.get("rank"), text)
+
+    def _after_forward(self, _module: Any, _args: Any, _output: Any) -> None:
+        exc = sys.exc_info()[1]
+        if exc is None or not self._fuse.ok:
+            return
+        try:
+            rec = self._recorder
+            names = explain_reduction_error(exc, self._names, rec.unused_parameters, rec.identity.get("rank", 0))
+            if names:  # every name, kept in the state: they matter most now
+                rec.set_unused_parameters(names)
+                self._notify()
+        except Exception:
+            pass  # the user's error goes on unchanged
+
+    def remove(self) -> None:
+        if self._grads:
+            self._grads.remove()
+        self._error_hook.remove()

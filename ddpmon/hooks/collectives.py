@@ -66,7 +66,7 @@ TRACKED = tuple(_SPECS) + tuple(_P2P) + ("batch_isend_irecv",)
 
 _DDPMON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_COMM_HOOK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "comm.py")
+_COMM_HOOK_FILE = os.path.join(_DDPMON_DIR, "timing", "hook.py")
 _C10D_FILES = tuple(
     os.path.join(_TORCH_DIR, "distributed", name) for name in ("distributed_c10d.py", "c10d_logger.py")
 )
@@ -172,7 +172,7 @@ class CollectiveTracker:
             return
         try:
             future = works[-1].get_future()
-            entry["async"] = True
+            entry["async_op"] = True
             future.add_done_callback(functools.partial(self._future_done, entry, counted))
         except Exception:
             entry["completion"] = "unknown"  # this backend has no future: done when issued
@@ -249,24 +249,45 @@ def _nbytes(value: Any) -> int | None:
     return None
 
 
+_LIBRARY, _USER, _HOOK = 0, 1, 2
+_KINDS: dict[Any, tuple[int, bool]] = {}  # code object -> (kind, may serve as the fallback)
+
+
+def _kind(code: Any) -> tuple[int, bool]:
+    """Whether a code object is torch's or ddpmon's, the user's, or ddpmon's comm hook:
+    decided once per code object, so the walk below costs a dict lookup a frame."""
+    kind = _KINDS.get(code)
+    if kind is None:
+        filename = code.co_filename
+        if filename == _COMM_HOOK_FILE and code.co_name == "__call__":
+            kind = (_HOOK, False)
+        elif not filename.startswith((_TORCH_DIR, _DDPMON_DIR, "<frozen")):
+            kind = (_USER, False)
+        else:
+            kind = (_LIBRARY, filename not in _C10D_FILES and not filename.startswith(_DDPMON_DIR))
+        if len(_KINDS) > 4096:
+            _KINDS.clear()
+        _KINDS[code] = kind
+    return kind
+
+
 def _call_site(frame: Any) -> tuple[str, str, bool, list[str]]:
     """(``file:line``, function, in the comm hook, callers) of the first frame outside torch
     and ddpmon; ``callers`` are the next user frames out (``file:line in function``), which
     tell apart calls through a shared helper. A call from inside ddpmon's comm hook is a
     bucket's collective: the walk stops there (it runs for every bucket of every step)."""
     fallback = None
-    found: list[tuple[str, str]] = []
+    found: list[Any] = []
     depth = 0
     while frame is not None and depth < _MAX_DEPTH and len(found) <= _CALLERS:
-        code = frame.f_code
-        filename = code.co_filename
-        if filename == _COMM_HOOK_FILE and code.co_name == "__call__":
+        kind, may_fallback = _kind(frame.f_code)
+        if kind == _HOOK:
             if found:  # a hook of the user's own, in user code
-                return found[0][0], found[0][1], True, []
+                return _site(found[0]), found[0].f_code.co_name, True, []
             return "DDP backward", "backward", True, []
-        if not filename.startswith((_TORCH_DIR, _DDPMON_DIR, "<frozen")):
-            found.append((f"{_short(filename)}:{frame.f_lineno}", code.co_name))
-        elif not found and fallback is None and filename not in _C10D_FILES and not filename.startswith(_DDPMON_DIR):
+        if kind == _USER:
+            found.append(frame)
+        elif not found and fallback is None and may_fallback:
             fallback = frame
         frame = frame.f_back
         depth += 1
@@ -275,7 +296,11 @@ def _call_site(frame: Any) -> tuple[str, str, bool, list[str]]:
             return "?", "?", False, []
         name = fallback.f_code.co_filename
         return f"torch/{name[len(_TORCH_DIR):]}:{fallback.f_lineno}", fallback.f_code.co_name, False, []
-    return found[0][0], found[0][1], False, [f"{s} in {f}" for s, f in found[1:]]
+    return _site(found[0]), found[0].f_code.co_name, False, [f"{_site(f)} in {f.f_code.co_name}" for f in found[1:]]
+
+
+def _site(frame: Any) -> str:
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -6,17 +6,16 @@ forward after a backward that synchronised gradients (forwards under ``no_sync``
 grad belong to the step in progress), or at ``Monitor.step()`` once a loop calls it.
 
 Two autograd final callbacks bracket DDP's own: the first marks the end of backward
-compute, the second runs after DDP has waited for its buckets. A ``timeline`` (a bucket
-clock) hears of the start of backward and of both. With no comm hook to report DDP's
-buckets on a backend that completes them on the CPU, ``untimed_buckets`` gives their sizes:
-they are in flight between the two callbacks, which is where a rank waits for them.
+compute, the second runs after DDP has waited for its buckets. The ``timelines`` (a bucket
+clock, the untimed bucket marks: see ddpmon/timing/) hear of each forward, the start of
+backward and of both callbacks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,13 +35,10 @@ class StepHooks:
         on_boundary: Callable[[float], None],
         backward_seen: Callable[[], bool],
         fuse: Fuse,
-        timeline: Any = None,
-        untimed_buckets: Callable[[], list[int]] | None = None,
+        timelines: Sequence[Any] = (),
     ) -> None:
         self.manual = False
-        self._timeline = timeline
-        self._untimed_buckets = untimed_buckets
-        self._buckets_in_flight = 0
+        self._timelines = tuple(timelines)
         self._ddp = ddp
         self._recorder = recorder
         self._on_boundary = on_boundary
@@ -66,7 +62,8 @@ class StepHooks:
                 self._on_boundary(now)
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
             self._in_backward = False  # (a backward that raised never ran its end callback)
-            self._close_untimed_buckets()  # ... nor DDP's wait for its buckets
+            for timeline in self._timelines:
+                timeline.forward_started()
             self._recorder.forward_started(now)
         except Exception as exc:
             self._fuse.blow(exc)
@@ -88,8 +85,8 @@ class StepHooks:
             try:
                 self._in_backward = True
                 self._recorder.backward_started(time.perf_counter())
-                if self._timeline is not None:
-                    self._timeline.backward_started(self._recorder.step_start)
+                for timeline in self._timelines:
+                    timeline.backward_started(self._recorder.step_start)
                 # Runs once the autograd graph is done, before DDP waits for its buckets:
                 # the end of backward compute, whatever hooks there are.
                 Variable._execution_engine.queue_callback(self._backward_done)
@@ -104,13 +101,8 @@ class StepHooks:
                 rec.grad_ready(time.perf_counter())
                 if self._sync_expected and rec.phase == "backward":
                     rec.phase = "allreduce"  # (a comm hook has said so already)
-                if self._sync_expected and self._untimed_buckets is not None:
-                    sizes = self._untimed_buckets()
-                    for index, nbytes in enumerate(sizes):
-                        rec.bucket_launched(index == len(sizes) - 1, index, nbytes)
-                    self._buckets_in_flight = len(sizes)
-                if self._timeline is not None:
-                    self._timeline.backward_done()
+                for timeline in self._timelines:
+                    timeline.backward_done(self._sync_expected)
                 # Queued now, it runs after DDP's finalize (queued during backward).
                 Variable._execution_engine.queue_callback(self._synced)
             except Exception as exc:
@@ -119,18 +111,12 @@ class StepHooks:
     def _synced(self) -> None:
         if self._fuse.ok:
             try:
+                for timeline in self._timelines:
+                    timeline.sync_done(self._sync_expected)
                 if self._sync_expected:
-                    self._close_untimed_buckets()
                     self._recorder.gradients_synced()
-                if self._timeline is not None:
-                    self._timeline.sync_done(self._sync_expected)
             except Exception as exc:
                 self._fuse.blow(exc)
-
-    def _close_untimed_buckets(self) -> None:
-        for left in range(self._buckets_in_flight, 0, -1):
-            self._recorder.bucket_completed(left == 1)
-        self._buckets_in_flight = 0
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -7,6 +7,7 @@ prometheus_client), so a scrape costs nothing until Prometheus asks.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from .. import __version__
 from ..config import AUTO_PER_BUCKET_LIMIT
 from ..recorder import Histogram, Recorder
 from . import catalog
+
+log = logging.getLogger("ddpmon")
 
 Sample = tuple[str, dict[str, str], float]
 SampleSource = Callable[[], Iterable[Sample]]
@@ -79,7 +82,7 @@ class RankCollector:
             ("ddpmon_unused_parameters", base, float(len(r.unused_parameters))),
             ("ddpmon_last_progress_timestamp_seconds", base, r.last_progress_unix),
             ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
-            ("ddpmon_collectives_in_flight", base, float(len(r.in_flight))),
+            ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
         if ident.get("bucket_timing") == "c10d":
             samples.append(("ddpmon_bucket_timing_unmatched_steps_total", base, float(r.unmatched_steps)))
@@ -193,3 +196,28 @@ def _with_routes(app: Callable[..., Any], routes: dict[str, Route]) -> Callable[
         return [body]
 
     return routed
+
+
+def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, rank: int) -> Endpoint | None:
+    """A rank's endpoint on ``base_port + local_rank`` (0: ephemeral; negative: none). A port
+    in use falls back to an ephemeral one, with a warning that names the state file's
+    ``port``; an address that cannot be bound leaves the rank without an endpoint."""
+    if base_port < 0:
+        return None
+    port = base_port + local_rank if base_port > 0 else 0
+    try:
+        return serve(collector, port, bind)
+    except (OSError, OverflowError) as exc:
+        if port == 0:
+            log.warning("ddpmon: rank %d: no metrics endpoint: cannot bind %s (%s)", rank, bind, exc)
+            return None
+        log.warning(
+            "ddpmon: rank %d: cannot serve metrics on %s:%d (%s); serving on an ephemeral port "
+            "instead (see the state file's 'port'). Set DDPMON_PORT to a free base port.",
+            rank, bind, port, getattr(exc, "strerror", None) or exc,
+        )
+        try:
+            return serve(collector, 0, bind)
+        except (OSError, OverflowError) as exc2:
+            log.warning("ddpmon: rank %d: no metrics endpoint (%s)", rank, exc2)
+            return None

@@ -200,3 +200,20 @@ class StateWriter:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.write_final()
+
+
+def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any]],
+                 interval: float) -> StateWriter | None:
+    """A running writer of ``<state_dir>/rank-<rank>.json``, or None (and one warning that
+    says what to do) when the directory cannot be made or written."""
+    try:
+        os.makedirs(state_dir, exist_ok=True)
+        if not os.access(state_dir, os.W_OK):
+            raise PermissionError(f"{state_dir} is not writable")
+    except OSError as exc:
+        log.warning("ddpmon: rank %d: state files are off: cannot write to %s (%s). Set "
+                    "DDPMON_STATE_DIR (or state_dir=) to a writable directory.", rank, state_dir, exc)
+        return None
+    writer = StateWriter(path_for(state_dir, rank), snapshot, interval)
+    writer.start()
+    return writer

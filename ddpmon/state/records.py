@@ -33,7 +33,22 @@ class SchemaError(ValueError):
 
 def load(cls: type[T], data: object, path: str = "") -> T:
     """Build a ``cls`` record from parsed JSON; SchemaError names the first bad field."""
-    return _converter(cls)(data, path)
+    try:
+        return _converter(cls)(data)
+    except _Bad as bad:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(bad.path)).lstrip(".")
+        where = f"{path}.{where}".strip(".") if path else where
+        if bad.missing:
+            raise SchemaError(where, bad.expected, None, f"has no {where!r} (a required key)") from None
+        raise SchemaError(where, bad.expected, bad.value) from None
+
+
+class _Bad(Exception):
+    """Raised inside the converters; the path is built on the way out, only on failure."""
+
+    def __init__(self, expected: str, value: object, missing: bool = False) -> None:
+        self.expected, self.value, self.missing = expected, value, missing
+        self.path: list[str | int] = []
 
 
 def dump(record: object) -> Any:
@@ -59,89 +74,153 @@ def json_schema(cls: type) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=None)
-def _converter(tp: Any) -> Callable[[Any, str], Any]:
+def _converter(tp: Any) -> Callable[[Any], Any]:
     origin = typing.get_origin(tp)
     if tp is Any:
-        return lambda value, path: value
+        return lambda value: value
     if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        nullable = _NONE in options
-        inner = [o for o in options if o is not _NONE]
-        if len(inner) != 1:
+        inner = [o for o in typing.get_args(tp) if o is not _NONE]
+        if len(inner) != 1 or _NONE not in typing.get_args(tp):
             raise TypeError(f"records support only X | None unions, not {tp}")
         convert = _converter(inner[0])
-        return lambda value, path: None if value is None and nullable else convert(value, path)
+        return lambda value: None if value is None else convert(value)
     if tp is bool:
-        def boolean(value: Any, path: str) -> bool:
-            if not isinstance(value, bool):
-                raise SchemaError(path, "true or false", value)
-            return value
+        def boolean(value: Any) -> bool:
+            if value is True or value is False:
+                return value
+            raise _Bad("true or false", value)
         return boolean
     if tp is int:
-        def integer(value: Any, path: str) -> int:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise SchemaError(path, "an integer", value)
-            return value
+        def integer(value: Any) -> int:
+            if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
+                return value
+            raise _Bad("an integer", value)
         return integer
     if tp is float:
-        def number(value: Any, path: str) -> float:
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise SchemaError(path, "a number", value)
-            return float(value)
+        def number(value: Any) -> float:
+            if type(value) is float:
+                return value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            raise _Bad("a number", value)
         return number
     if tp is str:
-        def string(value: Any, path: str) -> str:
-            if not isinstance(value, str):
-                raise SchemaError(path, "a string", value)
-            return value
+        def string(value: Any) -> str:
+            if type(value) is str or isinstance(value, str):
+                return value
+            raise _Bad("a string", value)
         return string
     if origin is list:
         (item_type,) = typing.get_args(tp)
         item = _converter(item_type)
 
-        def array(value: Any, path: str) -> list[Any]:
+        def array(value: Any) -> list[Any]:
             if not isinstance(value, list):
-                raise SchemaError(path, "a list", value)
-            return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+                raise _Bad("a list", value)
+            out = []
+            for i, v in enumerate(value):
+                try:
+                    out.append(item(v))
+                except _Bad as bad:
+                    bad.path.append(i)
+                    raise
+            return out
         return array
     if origin is dict:
         key_type, value_type = typing.get_args(tp)
         if key_type is not str:
             raise TypeError(f"record dicts have string keys, not {key_type}")
         entry = _converter(value_type)
+        if value_type is Any:
+            def anything(value: Any) -> dict[str, Any]:
+                if not isinstance(value, dict):
+                    raise _Bad("an object", value)
+                return value
+            return anything
 
-        def mapping(value: Any, path: str) -> dict[str, Any]:
+        def mapping(value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
-                raise SchemaError(path, "an object", value)
-            return {str(k): entry(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+                raise _Bad("an object", value)
+            out = {}
+            for k, v in value.items():
+                try:
+                    out[str(k)] = entry(v)
+                except _Bad as bad:
+                    bad.path.append(str(k))
+                    raise
+            return out
         return mapping
     if dataclasses.is_dataclass(tp):
         return _record_converter(tp)
     raise TypeError(f"records cannot hold {tp!r}")
 
 
-def _record_converter(cls: type) -> Callable[[Any, str], Any]:
-    hints = typing.get_type_hints(cls)
-    fields = []
-    for f in dataclasses.fields(cls):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        fields.append((f.name, required, hints[f.name]))
-    converters: dict[str, Callable[[Any, str], Any]] = {}
+_INLINE = {  # checks generated inline for the commonest field types (no call per field)
+    int: "type(v) is int",
+    str: "type(v) is str",
+    float: "type(v) is float",
+    bool: "v is True or v is False",
+}
 
-    def record(value: Any, path: str) -> Any:
-        if not isinstance(value, dict):
-            raise SchemaError(path, f"an object ({cls.__name__})", value)
-        if not converters:  # built on first use: record classes may refer to later ones
-            converters.update({name: _converter(tp) for name, _, tp in fields})
-        kwargs = {}
-        for name, required, _ in fields:
-            where = f"{path}.{name}" if path else name
-            if name in value:
-                kwargs[name] = converters[name](value[name], where)
-            elif required:
-                raise SchemaError(where, "a value", None, f"has no {where!r} (a required key)")
-        return cls(**kwargs)
-    return record
+
+def _record_converter(cls: type) -> Callable[[Any], Any]:
+    """A converter for one record class, generated as Python source so that a field of a
+    plain type costs one inline check rather than a call (a state file holds a few hundred
+    records: a hang report's stack frames, its collectives)."""
+    hints = typing.get_type_hints(cls)
+    names: dict[str, Any] = {"cls": cls, "_Bad": _Bad, "_MISSING": _MISSING, "_lazy": _lazy}
+    lines = ["def record(value):",
+             "    if not isinstance(value, dict):",
+             f"        raise _Bad('an object ({cls.__name__})', value)",
+             "    kw = {}"]
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        nullable = typing.get_origin(tp) in (typing.Union, types.UnionType) and _NONE in typing.get_args(tp)
+        inner = [o for o in typing.get_args(tp) if o is not _NONE][0] if nullable else tp
+        names[f"conv_{f.name}"] = _lazy(tp)
+        check = _INLINE.get(inner)
+        lines.append(f"    v = value.get({f.name!r}, _MISSING)")
+        lines.append("    if v is not _MISSING:")
+        fast = []
+        if nullable:
+            fast.append("v is None")
+        if check:
+            fast.append(f"({check})")
+        if fast:
+            lines.append(f"        if {' or '.join(fast)}:")
+            lines.append(f"            kw[{f.name!r}] = v")
+            lines.append("        else:")
+            indent = "            "
+        else:
+            indent = "        "
+        lines.append(f"{indent}try:")
+        lines.append(f"{indent}    kw[{f.name!r}] = conv_{f.name}(v)")
+        lines.append(f"{indent}except _Bad as bad:")
+        lines.append(f"{indent}    bad.path.append({f.name!r})")
+        lines.append(f"{indent}    raise")
+        if required:
+            lines.append("    else:")
+            lines.append("        bad = _Bad('a value', None, missing=True)")
+            lines.append(f"        bad.path.append({f.name!r})")
+            lines.append("        raise bad")
+    lines.append("    return cls(**kw)")
+    exec("\n".join(lines), names)  # noqa: S102 - source built above from the class's own fields
+    return names["record"]
+
+
+_MISSING = object()
+
+
+def _lazy(tp: Any) -> Callable[[Any], Any]:
+    """The converter of ``tp``, looked up at first use (record classes may refer to later ones)."""
+    cache: list[Callable[[Any], Any]] = []
+
+    def convert(value: Any) -> Any:
+        if not cache:
+            cache.append(_converter(tp))
+        return cache[0](value)
+    return convert
 
 
 # -- JSON Schema -----------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def train_basic(steps: str = "8") -> dict[str, Any]:
     sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
     # The layout the c10d clock reads from DDP's logging data, for the test to compare
     # with what the comm hook saw in each GradBucket.
-    from ddpmon.hooks.completion import BucketLayout
+    from ddpmon.timing.layout import BucketLayout
     from ddpmon.recorder import Recorder
 
     logged = Recorder({}, WORLD)
@@ -289,7 +289,7 @@ def bad_inputs() -> dict[str, Any]:
         out["later_modes"].append(later.snapshot()["bucket_timing"])
         out["later_counts"] = [b["count"] for b in later.snapshot()["buckets"]]
     # bucket_timing=off where buckets complete on the GPU (NCCL, stood in for): no comm hook
-    from ddpmon.hooks import completion
+    from ddpmon.timing import c10d as completion
 
     real_backend_name = completion.backend_name
     completion.backend_name = lambda group, device="cpu": "nccl"  # type: ignore[assignment]
@@ -529,7 +529,7 @@ def c10d_wiring() -> dict[str, Any]:
     import types
 
     import ddpmon
-    from ddpmon.hooks import completion
+    from ddpmon.timing import c10d as completion
 
     init()
     listeners: list[Any] = []

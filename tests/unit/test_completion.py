@@ -12,8 +12,9 @@ import pytest
 import torch._C._distributed_c10d as c10d
 
 from ddpmon._safety import Fuse
-from ddpmon.hooks import completion
-from ddpmon.hooks.completion import CompletionClock, _numbers
+from ddpmon.timing import c10d as completion
+from ddpmon.timing.c10d import CompletionClock
+from ddpmon.timing.layout import _numbers
 from ddpmon.recorder import BucketTiming, Recorder, StepTimings
 
 
@@ -174,7 +175,7 @@ def test_exposed_time_goes_to_the_step_it_was_measured_in() -> None:
     for _ in range(3):
         rec.close_step(1.0)
     rec.add_step_timings(StepTimings([], 0.25, measured=True, step=2))
-    assert [r[3] for r in rec.recent] == [None, 0.25, None]
+    assert [r["exposed_comm_seconds"] for r in rec.history_since(0)] == [None, 0.25, None]
     rec.add_step_timings(StepTimings([], None, measured=True, step=3))  # unknown: nothing made up
     assert rec.histograms()["exposed_comm"].count == 1
 
@@ -216,22 +217,43 @@ def test_a_completion_reported_out_of_order_waits_for_the_margin(monkeypatch: py
     assert len(resolved.buckets) == 2
 
 
+def _exit_script(tmp_path, destroy: str = "") -> str:  # type: ignore[no-untyped-def]
+    """A program that hooks WORLD through listen() (gloo refuses the real completion hook,
+    so the class's registration is stood in for) and never destroys its group."""
+    return f"""
+import atexit, time
+import torch.distributed as dist
+from ddpmon.timing import c10d
+dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
+atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))  # runs last
+dist.ProcessGroup._register_on_completion_hook = lambda self, hook: None
+dist.ProcessGroup._enable_collectives_timing = lambda self: None
+{destroy}
+c10d.listen(dist.group.WORLD, lambda info: None)
+print("listening", flush=True)
+"""
+
+
 def test_groups_with_a_completion_hook_are_destroyed_at_exit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """torch asks for destroy_process_group before exit once a completion hook is in; a
-    program that skips it gets it from ddpmon's exit handler (a real gloo group here, as
-    registered by listen(); gloo itself refuses the hook)."""
+    program that skips it gets it from ddpmon's exit handler, run by the interpreter's
+    own exit (a real gloo group)."""
     import subprocess
     import sys
 
-    script = f"""
-import torch.distributed as dist
-from ddpmon.hooks import completion
-dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
-completion._DISPATCHERS[id(dist.group.WORLD)] = (dist.group.WORLD, [])
-completion.release_groups_at_exit()
-print("initialized after:", dist.is_initialized(), "registered:", len(completion._DISPATCHERS))
-completion.release_groups_at_exit()  # twice, or with nothing left: a no-op
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", _exit_script(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "initialized after: False registered: 0" in out.stdout
+    assert out.stdout.splitlines() == ["listening", "initialized at the end: False"]
+
+
+def test_a_destroy_that_hangs_at_exit_is_not_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A crashed peer can keep destroy_process_group from returning: the exit goes on."""
+    import subprocess
+    import sys
+
+    hang = "dist.destroy_process_group = lambda group=None: time.sleep(120)"
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _exit_script(tmp_path, hang)], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < completion.DESTROY_AT_EXIT_SECONDS + 30
+    assert "did not finish within" in out.stderr

@@ -49,10 +49,10 @@ def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.
     clock.now = 1002.5
     report = dog.check()
     assert report is rec.hang and report is not None
-    assert report["silent_seconds"] == 2.5 and report["timeout_seconds"] == 2.0
-    assert report["timeout_source"] == "configured" and report["phase"] == "init"
-    assert report["in_flight"][0]["op"] == "barrier" and report["in_flight"][0]["age_seconds"] == 3.0
-    assert report["threads"] and all(t["frames"] for t in report["threads"])
+    assert report.silent_seconds == 2.5 and report.timeout_seconds == 2.0
+    assert report.timeout_source == "configured" and report.phase == "init"
+    assert report.in_flight[0].op == "barrier" and report.in_flight[0].age_seconds == 3.0
+    assert report.threads and all(t.frames for t in report.threads)
     assert wakes == [1] and dog.reports == 1
     hang_logs = [r.getMessage() for r in caplog.records if "made no progress" in r.getMessage()]
     assert len(hang_logs) == 1
@@ -65,8 +65,8 @@ def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.
 
     clock.now = 1009.0  # past the refresh interval: fresh stacks, same detection time
     fresh = dog.check()
-    assert fresh is not report and fresh["detected_unix"] == report["detected_unix"]
-    assert fresh["silent_seconds"] == 9.0 and dog.reports == 1
+    assert fresh is not report and fresh.detected_unix == report.detected_unix
+    assert fresh.silent_seconds == 9.0 and dog.reports == 1
 
     rec.collective_ended(entry)  # progress
     assert dog.check() is None and rec.hang is None
@@ -122,11 +122,11 @@ def test_thread_reports_while_main_thread_waits_in_c() -> None:
         dog.stop()
     report = rec.hang
     assert report is not None
-    main = report["threads"][0]
-    assert main["main"] and main["name"] == "MainThread"
-    assert main["frames"][-1]["function"] == "test_thread_reports_while_main_thread_waits_in_c"
-    assert main["frames"][-1]["code"].startswith("time.sleep(0.6)")
-    assert all(t["name"] != "ddpmon-watchdog" for t in report["threads"])  # not itself
+    main = report.threads[0]
+    assert main.main and main.name == "MainThread"
+    assert main.frames[-1].function == "test_thread_reports_while_main_thread_waits_in_c"
+    assert main.frames[-1].code.startswith("time.sleep(0.6)")
+    assert all(t.name != "ddpmon-watchdog" for t in report.threads)  # not itself
 
 
 def test_the_loop_survives_failures_and_stop_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
@@ -150,7 +150,7 @@ def test_the_loop_survives_failures_and_stop_is_bounded(caplog: pytest.LogCaptur
     started = time.monotonic()
     dog.stop(timeout=1.0)
     assert time.monotonic() - started < 1.5 and not dog._thread.is_alive()
-    assert rec.hang is not None and rec.hang["extras_error"] == "RuntimeError: no extras"
+    assert rec.hang is not None and rec.hang.extras_error == "RuntimeError: no extras"
     failures = [r for r in caplog.records if "failed a pass" in r.getMessage()]
     assert len(failures) == 1  # logged once, then quietly retried
     assert any("works again" in r.getMessage() for r in caplog.records)
@@ -160,7 +160,7 @@ def test_exit_record_names_the_uncaught_exception(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delattr(sys, "last_exc", raising=False)
     monkeypatch.delattr(sys, "last_value", raising=False)
     clean = wd.exit_record()
-    assert clean["exception"] is None and "where" not in clean
+    assert clean.exception is None and clean.where is None
 
     def load() -> None:
         raise ValueError("sample 17 is corrupt")
@@ -171,48 +171,60 @@ def test_exit_record_names_the_uncaught_exception(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(sys, "last_value", exc, raising=False)
         monkeypatch.setattr(sys, "last_exc", exc, raising=False)
     record = wd.exit_record()
-    assert record["exception"] == "ValueError: sample 17 is corrupt"
-    assert record["where"].endswith(f"test_watchdog.py:{load.__code__.co_firstlineno + 1} in load")
+    assert record.exception == "ValueError: sample 17 is corrupt"
+    assert record.where.endswith(f"test_watchdog.py:{load.__code__.co_firstlineno + 1} in load")
 
 
-def test_at_exit_writes_the_record_through_flush() -> None:
+def test_at_exit_writes_the_record_through_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = recorder()
     flushed: list[dict[str, Any]] = []
     dog = wd.Watchdog(rec, timeout=0, flush=lambda: flushed.append(rec.snapshot()))
+    monkeypatch.setattr(sys, "last_exc", KeyError("batch"), raising=False)
+    monkeypatch.setattr(sys, "last_value", KeyError("batch"), raising=False)
+    before = time.time()
     dog._at_exit()
-    assert flushed and flushed[0]["exit"]["exception"] in (None, flushed[0]["exit"]["exception"])
-    assert isinstance(flushed[0]["exit"]["unix"], float)
+    assert len(flushed) == 1, "the exit record is written once, through flush"
+    assert flushed[0]["exit"]["exception"] == "KeyError: 'batch'"
+    assert before <= flushed[0]["exit"]["unix"] <= time.time()
 
 
 def test_flight_recorder_summary_and_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpmon import flight_recorder as fr
+
     entries = [{"record_id": i, "collective_seq_id": i + 1, "profiling_name": "nccl:all_reduce",
                 "state": "scheduled", "frames": ["dropped"]} for i in range(50)]
-    monkeypatch.setattr(wd, "_dump_flight_recorder", lambda: {
+    monkeypatch.setattr(fr, "_dump", lambda: {
         "version": "2.10", "pg_status": {"0": {"last_completed_collective": "49"}}, "entries": entries,
     })
-    out = wd.flight_recorder(limit=4)["flight_recorder"]
+    out = fr.read(limit=4)["flight_recorder"]
     assert out["total_entries"] == 50 and out["pg_status"]["0"]["last_completed_collective"] == "49"
     assert [e["record_id"] for e in out["entries"]] == [46, 47, 48, 49]
     assert "frames" not in out["entries"][0]
 
-    monkeypatch.setattr(wd, "_dump_flight_recorder", lambda: None)
-    assert wd.flight_recorder() is None
+    monkeypatch.setattr(fr, "_dump", lambda: None)
+    assert fr.read() is None
 
     def fails() -> None:
         raise RuntimeError("not built with NCCL")
 
-    monkeypatch.setattr(wd, "_dump_flight_recorder", fails)
-    assert wd.flight_recorder() == {"flight_recorder_error": "RuntimeError: not built with NCCL"}
+    monkeypatch.setattr(fr, "_dump", fails)
+    assert fr.read() == {"flight_recorder_error": "RuntimeError: not built with NCCL"}
 
     release = threading.Event()
-    monkeypatch.setattr(wd, "_dump_flight_recorder", lambda: release.wait(5))
+    monkeypatch.setattr(fr, "_dump", lambda: release.wait(5))
     started = time.monotonic()
-    assert "did not return" in wd.flight_recorder(wait=0.1)["flight_recorder_error"]
+    assert "did not return" in fr.read(wait=0.1)["flight_recorder_error"]
     assert time.monotonic() - started < 1.0
+    # while that dump hangs, later reports start no thread of their own
+    threads = threading.active_count()
+    assert "has not returned yet" in fr.read(wait=0.1)["flight_recorder_error"]
+    assert threading.active_count() == threads
     release.set()
 
 
 def test_ddp_facts_keeps_known_facts_only() -> None:
+    from ddpmon.timing.layout import ddp_facts
+
     class FakeDDP:
         def _get_ddp_logging_data(self) -> dict[str, Any]:
             return {"backend_name": "gloo", "bucket_cap_bytes": 26214400, "find_unused_parameters": 0,
@@ -222,9 +234,9 @@ def test_ddp_facts_keeps_known_facts_only() -> None:
         def _get_ddp_logging_data(self) -> dict[str, Any]:
             raise RuntimeError("no reducer")
 
-    assert wd.ddp_facts(FakeDDP()) == {"backend_name": "gloo", "bucket_cap_bytes": 26214400,
+    assert ddp_facts(FakeDDP()) == {"backend_name": "gloo", "bucket_cap_bytes": 26214400,
                                        "find_unused_parameters": 0}
-    assert wd.ddp_facts(Broken()) == {} and wd.ddp_facts(object()) == {}
+    assert ddp_facts(Broken()) == {} and ddp_facts(object()) == {}
 
 
 def test_collective_records_in_the_recorder() -> None:
@@ -233,7 +245,7 @@ def test_collective_records_in_the_recorder() -> None:
     b = rec.collective_began("all_reduce", "0", 4, 4096, "train.py:30", "step", bucket=2, counted=False)
     c = rec.collective_began("send", "0", 4, 16, "train.py:40", "step", p2p=True)
     assert (a["seq"], b["seq"], c["seq"]) == (1, 2, 1)
-    assert rec.issued == 2 and len(rec.in_flight) == 3
+    assert rec.state().collectives.issued == 2 and len(rec.in_flight()) == 3
     rec.collective_ended(b, counted=False)
     rec.collective_ended(a, error="RuntimeError: timed out")
     snap = rec.snapshot()
@@ -249,4 +261,4 @@ def test_collective_records_in_the_recorder() -> None:
     assert rec.collectives_by_op() == {"all_reduce": (1, 1), "send": (1, 0)}
     for i in range(300):  # bounded: in flight, call sites
         rec.collective_began("barrier", "0", 4, None, f"loop.py:{i}", "f")
-    assert len(rec.in_flight) == 256 and len(rec.collective_sites) == 64
+    assert len(rec.in_flight()) == 256 and len(rec.state().collective_sites) == 64

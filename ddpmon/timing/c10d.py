@@ -11,7 +11,9 @@ is the bucket count (plus DDP's used-parameter all-reduce, issued after the last
 with find_unused_parameters); a step with any other count (another all-reduce on DDP's
 group during backward, such as SyncBatchNorm's) is skipped and counted, never guessed.
 Exposed communication comes from two pooled CUDA events per step: one at the end of
-backward compute, one after DDP has made the stream wait for every bucket.
+backward compute, one after DDP has made the stream wait for every bucket. The clock checks
+itself: when none of the first 20 settled steps matches (c10d reported nothing, or nothing
+that fits the buckets), ``off_reason`` says why and the monitor turns this source off.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._safety import Fuse
+from .._safety import Fuse, bounded
 from ..recorder import BucketTiming, StepTimings
 
 log = logging.getLogger("ddpmon")
@@ -37,6 +39,8 @@ MAX_WINDOWS = 64  # closed steps waiting for their completions
 SETTLE_SECONDS = 10.0  # a step with no later collective is matched after this long
 SETTLE_MARGIN = 0.25  # c10d's watchdog finds completions every 100 ms, not always in order
 WARN_AFTER_UNMATCHED = 20  # consecutive steps without a match before saying so
+SELF_CHECK_STEPS = 20  # steps settled without one match: the source is not working here
+DESTROY_AT_EXIT_SECONDS = 5.0  # a crashed peer must not turn exit into a hang
 
 # One completion hook per process group, for the life of the group (c10d has no way to
 # remove one): ddpmon registers a dispatcher once and monitors add and remove listeners.
@@ -99,14 +103,17 @@ def release_groups_at_exit() -> None:
     _DISPATCHERS.clear()
     if not groups or not dist.is_initialized():
         return
-    try:
+
+    def destroy() -> None:
         if any(group is dist.group.WORLD for group in groups):
-            dist.destroy_process_group()
+            dist.destroy_process_group()  # every group, WORLD included
         else:
             for group in groups:
                 dist.destroy_process_group(group)
-    except Exception as exc:  # a group destroyed already, or torch shutting down
-        log.debug("ddpmon: destroying process groups at exit: %r", exc)
+
+    # A group destroyed already, torch shutting down, or a peer gone: logged, never waited
+    # for beyond the bound.
+    bounded(destroy, DESTROY_AT_EXIT_SECONDS, "destroying the process groups ddpmon hooked at exit")
 
 
 @dataclass
@@ -150,6 +157,9 @@ class CompletionClock:
         self._warned = False
         self.last_mismatch: str | None = None
         self.warning: str | None = None  # while steps keep failing to match
+        self.received = 0  # all-reduce completions c10d reported
+        self.settled_steps = 0
+        self.off_reason: str | None = None  # set once the self-check found the source useless
 
     # -- c10d's hook thread -----------------------------------------------------------------
 
@@ -162,6 +172,7 @@ class CompletionClock:
                 return
             seq = int(getattr(info, "seq", 0) or 0)
             self._done.append((seq, _unix(info.time_started), _seconds(info.active_duration)))
+            self.received += 1
         except Exception as exc:
             self._fuse.blow(exc)
 
@@ -173,7 +184,10 @@ class CompletionClock:
             now = time.time()
             self._open = _Window(step_start_unix=now - (time.perf_counter() - step_start), start_unix=now)
 
-    def backward_done(self) -> None:
+    def forward_started(self) -> None:
+        pass
+
+    def backward_done(self, synced: bool = True) -> None:
         """Backward compute is over: every bucket DDP launches in this backward is enqueued."""
         window = self._open
         if window is not None:
@@ -218,6 +232,7 @@ class CompletionClock:
             if not settled or not self._events_done(window, now):
                 break
             self._windows.popleft()
+            self.settled_steps += 1
             mine = [c for c in self._pending if window.start_unix <= c[1] <= window.end_unix]
             self._pending = [c for c in self._pending if c[1] > window.end_unix]
             exposed = self._exposed(window)
@@ -226,7 +241,24 @@ class CompletionClock:
                 out.append(StepTimings(timings or [], exposed, measured=self._cuda, step=window.step))
         if len(self._pending) > MAX_COLLECTIVES:
             del self._pending[: len(self._pending) - MAX_COLLECTIVES]
+        self._self_check()
         return out
+
+    def _self_check(self) -> None:
+        """After the first steps, a source that never matched a step is not working here:
+        c10d reported nothing (no WorkInfo) or nothing that fits DDP's buckets."""
+        if self.off_reason is not None or self.matched_steps or self.settled_steps < SELF_CHECK_STEPS:
+            return
+        if not self.received:
+            self.off_reason = (
+                f"c10d reported no completed all-reduce in the first {self.settled_steps} steps "
+                "(its completion hook gave no WorkInfo)"
+            )
+        else:
+            self.off_reason = (
+                f"none of the first {self.settled_steps} steps could be matched to DDP's buckets "
+                f"({self.last_mismatch or 'completions outside the backward windows'})"
+            )
 
     # -- matching ----------------------------------------------------------------------------
 
@@ -296,54 +328,6 @@ class CompletionClock:
         events.clear()
 
 
-class BucketLayout:
-    """DDP's buckets as DDP's logging data describes them: with no comm hook, nothing else
-    shows them. Read at step boundaries until DDP has rebuilt its buckets (iteration 1).
-    ``sizes`` holds each bucket's bytes."""
-
-    MAX_READS = 20
-
-    def __init__(self, ddp: Any, parameters: list[torch.nn.Parameter], names: list[str]) -> None:
-        self._ddp, self._parameters, self._names = ddp, parameters, names
-        self._seen: Any = None
-        self.generation = 0  # counts the layouts seen
-        self._count = 0
-        self._reads = 0
-        self._final = False
-        self.sizes: list[int] = []
-
-    def refresh(self, recorder: Any = None) -> int:
-        """Read DDP's layout (and give the recorder its buckets, if one is given) if it
-        may have changed; returns the bucket count."""
-        if self._final:
-            return self._count
-        self._reads += 1
-        data = self._ddp._get_ddp_logging_data()
-        rebuilt = data.get("rebuilt_bucket_sizes")
-        sizes = _numbers(rebuilt or data.get("bucket_sizes"))
-        indices_text = str(data.get("rebuilt_per_bucket_param_indices") or "") if rebuilt else ""
-        groups = [_numbers(group) for group in indices_text.split(",")] if indices_text else []
-        seen = (sizes, groups)
-        if seen != self._seen:
-            self._seen = seen
-            self.generation += 1
-            self.sizes = sizes
-            self._count = len(sizes)
-            if recorder is not None:
-                self._publish(recorder, sizes, groups)
-        self._final = bool(rebuilt) or self._reads >= self.MAX_READS
-        return self._count
-
-    def _publish(self, recorder: Any, sizes: list[int], groups: list[list[int]]) -> None:
-        params, names = self._parameters, self._names
-        for i, nbytes in enumerate(sizes):
-            indices = [j for j in (groups[i] if i < len(groups) else []) if 0 <= j < len(params)]
-            first = params[indices[0]] if indices else (params[0] if params else None)
-            dtype = str(first.dtype).replace("torch.", "") if first is not None else ""
-            recorder.set_bucket_layout(i, nbytes, dtype, [names[j] for j in indices])
-        recorder.drop_buckets_from(len(sizes))
-
-
 def _unix(moment: Any) -> float:
     """pybind hands a system_clock time as a naive local datetime; a number is taken as is."""
     return moment.timestamp() if hasattr(moment, "timestamp") else float(moment)
@@ -352,11 +336,3 @@ def _unix(moment: Any) -> float:
 def _seconds(duration: Any) -> float:
     """pybind hands a chrono duration as a timedelta; a bare number is c10d's milliseconds."""
     return duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000.0
-
-
-def _numbers(value: Any) -> list[int]:
-    """DDP's logging data holds lists as text ("526336, 526336"); a list is taken as is."""
-    if value is None or value == "":
-        return []
-    items = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
-    return [int(v) for v in items]

@@ -27,7 +27,7 @@ class BucketClock(Protocol):
     """Where a bucket's timing comes from. ``start`` runs in the comm hook, ``finish`` in
     the collective's completion callback, ``collect`` at a step boundary and returns the
     steps resolved so far (steps still pending on the device stay for a later call).
-    ``hooks/completion.py`` has a clock that needs no comm hook."""
+    ``timing/c10d.py`` has a clock that needs no comm hook."""
 
     def new_step(self) -> None: ...
 
@@ -51,10 +51,13 @@ class WallClock:
         self._compute_done: float | None = None
         self._exposed: float | None = None
 
+    def forward_started(self) -> None:
+        pass
+
     def backward_started(self, step_start: float) -> None:
         pass
 
-    def backward_done(self) -> None:
+    def backward_done(self, synced: bool = True) -> None:
         self._compute_done = time.perf_counter()
 
     def sync_done(self, synced: bool = True) -> None:

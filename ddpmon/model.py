@@ -1,0 +1,86 @@
+"""What ddpmon needs to know of the DDP model it watches: whether it can be watched, its
+trainable parameters by name, and the facts that identify the rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from . import __version__
+from .errors import AttachError
+
+_HOW_TO_WRAP = (
+    "wrap the model first:\n"
+    "    model = torch.nn.parallel.DistributedDataParallel(model)\n"
+    "    monitor = ddpmon.attach(model)"
+)
+
+
+def check_attachable(ddp: Any) -> None:
+    """AttachError, with the fix, for anything ddpmon cannot watch."""
+    if not isinstance(ddp, DistributedDataParallel):
+        raise AttachError(
+            f"ddpmon.attach() needs a torch.nn.parallel.DistributedDataParallel model, got "
+            f"{type(ddp).__module__}.{type(ddp).__qualname__}; {_HOW_TO_WRAP}"
+        )
+    if not dist.is_available() or not dist.is_initialized():
+        raise AttachError(
+            "torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group(...) before wrapping the model and attaching"
+        )
+    if getattr(ddp, "_ddpmon_monitor", None) is not None:
+        raise AttachError(
+            "ddpmon is already attached to this model; use the Monitor that attach() returned "
+            "(or call its detach() first)"
+        )
+    if getattr(ddp, "_ddpmon_comm_hook", None) is None and (
+        getattr(ddp, "_comm_hooks", None) or _builtin_hook_name(ddp)
+    ):
+        raise AttachError(
+            "this model already has a comm hook, and DDP accepts only one; pass yours to "
+            "ddpmon.attach(model, comm_hook=hook, comm_state=state) instead of registering it, "
+            "or register it after attach()"
+        )
+
+
+def trainable_parameters(ddp: DistributedDataParallel) -> list[tuple[str, torch.nn.Parameter]]:
+    """(fully qualified name, parameter) of every parameter DDP reduces, in its order."""
+    ignored = getattr(ddp, "parameters_to_ignore", ())
+    return [(name, p) for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
+
+
+def identity(ddp: DistributedDataParallel, job: str) -> dict[str, Any]:
+    """Who this rank is: the identity fields of its state file and ``ddpmon_rank_info``."""
+    rank = dist.get_rank()
+    params = list(ddp.module.parameters())
+    level = dist.get_debug_level()
+    return {
+        "rank": rank,
+        "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+        "world_size": dist.get_world_size(),  # the job's; DDP may run on a subgroup
+        "ddp_world_size": dist.get_world_size(ddp.process_group),
+        "group_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "port": None,
+        "job": job,
+        "backend": str(dist.get_backend(ddp.process_group)),
+        "device": str(params[0].device) if params else "cpu",
+        "torch_version": torch.__version__,
+        "debug_level": getattr(level, "name", str(level)),
+        "version": __version__,
+        "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+        "num_parameters": sum(1 for p in params if p.requires_grad),
+    }
+
+
+def _builtin_hook_name(ddp: DistributedDataParallel) -> str:
+    try:
+        return str(ddp._get_ddp_logging_data().get("comm_hook", "") or "")
+    except Exception:
+        return ""

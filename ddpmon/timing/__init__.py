@@ -1,0 +1,198 @@
+"""Bucket timing for one DDP model: the source ``policy.plan`` picks, installed.
+
+One module per source: ``c10d.py`` (NCCL's completion hook), ``hook.py`` (a Python comm
+hook around the all-reduce) and ``untimed.py`` (none: buckets only marked in flight);
+``layout.py`` reads DDP's bucket layout. ``Timing`` wires the chosen one to the recorder,
+gives the step hooks their timelines, folds resolved timings in at each step boundary and
+undoes what it can at detach.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .._safety import Fuse
+from ..errors import AttachError, ConfigError
+from ..recorder import Recorder
+from . import c10d
+from .c10d import CompletionClock
+from .hook import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
+from .layout import BucketLayout
+from .policy import ERROR, plan
+from .untimed import UntimedBuckets
+
+log = logging.getLogger("ddpmon")
+
+__all__ = ["Timing", "plan"]
+
+
+class Timing:
+    """Bucket timing of one model on this rank. ``mode`` is the source in use: ``c10d``,
+    ``hook`` or ``off`` (it changes when a later comm hook starts timing, or when the c10d
+    source finds itself useless)."""
+
+    def __init__(
+        self,
+        ddp: Any,
+        option: str,
+        user_hook: Callable[..., Any] | None,
+        user_state: Any,
+        recorder: Recorder,
+        parameters: list[tuple[str, Any]],
+        device: str,
+        fuse: Fuse,
+    ) -> None:
+        self._ddp, self._recorder, self._fuse = ddp, recorder, fuse
+        self._names = {id(p): name for name, p in parameters}
+        self._closers: list[Callable[[], None]] = []
+        self._untimed: UntimedBuckets | None = None
+        self._layout: BucketLayout | None = None
+        self.comm: TimedCommHook | None = getattr(ddp, "_ddpmon_comm_hook", None)
+        reason = c10d.unavailable_reason(ddp.process_group, device)
+        chosen = plan(option, reason is None, user_hook is not None, self.comm is not None)
+        if chosen.source == ERROR:
+            raise ConfigError("bucket_timing", option, f"'hook' or 'auto' here: {reason}")
+        self.clock: Any = None
+        if chosen.source == "c10d":
+            self.clock = self._listen(ddp, device, option)
+            if self.clock is None:  # c10d refused its completion hook: time through a hook
+                chosen = plan("hook", False, user_hook is not None, self.comm is not None)
+        if self.clock is None:
+            self.clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
+        hook, state = user_hook or allreduce_mean_hook, user_state if user_state is not None else ddp.process_group
+        if chosen.comm_hook == "user":
+            ddp.register_comm_hook(state, hook)
+        elif chosen.comm_hook == "install":
+            self._install(TimedCommHook(hook, state, recorder, self.clock, self._names, fuse))
+        elif chosen.comm_hook == "rebind":
+            assert self.comm is not None
+            self.comm.rebind(recorder, self.clock, self._names, fuse)
+            self.comm.timing = chosen.source == "hook"
+            if user_hook is not None:
+                self.comm.replace(hook, state)
+        if chosen.time_later_hook:
+            ddp.register_comm_hook = self._register_later  # type: ignore[method-assign]
+        if chosen.read_layout:
+            self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
+        if chosen.mark_untimed and self._layout is not None:
+            self._untimed = UntimedBuckets(self._layout, recorder, fuse, active=self._untimed_active)
+        self.mode = chosen.source
+        recorder.identity["bucket_timing"] = self.mode
+
+    # -- for the step hooks ------------------------------------------------------------------
+
+    @property
+    def timelines(self) -> list[Any]:
+        """What the step hooks tell of each backward: the clock when it measures exposed
+        communication itself (c10d; the wall clock on CPU), and the untimed bucket marks."""
+        out: list[Any] = []
+        if isinstance(self.clock, (CompletionClock, WallClock)):
+            out.append(self.clock)
+        if self._untimed is not None:
+            out.append(self._untimed)
+        return out
+
+    def collect(self, step: int) -> None:
+        """At a step boundary: fold every step the clock has resolved into the recorder.
+        A failing clock switches bucket timing off, never the step hooks."""
+        fuse, rec, clock = self._fuse, self._recorder, self.clock
+        if not fuse.ok:
+            return
+        if isinstance(clock, CompletionClock) and self.mode != "c10d":
+            return  # turned itself off
+        try:
+            if isinstance(clock, CompletionClock):
+                layout = self._layout
+                buckets = layout.refresh(rec) if layout else 0
+                clock.new_step(buckets, step, layout.generation if layout else 0)
+            else:
+                clock.new_step()
+            for timings in clock.collect():
+                rec.add_step_timings(timings)
+            if isinstance(clock, CompletionClock):
+                rec.unmatched_steps = clock.unmatched_steps
+                if rec.notes.get("bucket_timing") != clock.warning:
+                    rec.note("bucket_timing", clock.warning)
+                if clock.off_reason is not None and self.mode == "c10d":
+                    self._turn_off(clock.off_reason)
+        except Exception as exc:
+            fuse.blow(exc)
+
+    def remove(self) -> None:
+        """Detach: DDP cannot unregister a comm hook, so ddpmon's becomes a pass-through."""
+        if self.comm is not None:
+            self.comm.timing = False
+        if self._ddp.__dict__.get("register_comm_hook") == self._register_later:
+            del self._ddp.register_comm_hook
+        for close in self._closers:
+            close()
+        self._closers.clear()
+
+    # -- wiring --------------------------------------------------------------------------------
+
+    def _listen(self, ddp: Any, device: str, option: str) -> CompletionClock | None:
+        """The c10d clock, or None (and a warning) when c10d refuses the completion hook."""
+        used_map = bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
+        clock = CompletionClock(device, used_map, self._fuse)
+        try:
+            self._closers.append(c10d.listen(ddp.process_group, clock.on_completion))
+            return clock
+        except Exception as exc:
+            if option == "c10d":
+                raise AttachError(f"bucket_timing='c10d': c10d refused a completion hook: {exc}") from exc
+            log.warning("ddpmon: rank %s: c10d refused a completion hook (%s); timing buckets through "
+                        "a Python comm hook instead", self._recorder.identity.get("rank"), exc)
+            return None
+
+    def _install(self, comm: TimedCommHook) -> None:
+        ddp = self._ddp
+        ddp.register_comm_hook(None, comm)
+        ddp._ddpmon_comm_hook = comm
+        ddp.register_comm_hook = functools.partial(_register_user_hook, ddp, comm)  # type: ignore[method-assign]
+        self.comm = comm
+
+    def _register_later(self, state: object, hook: Any) -> None:
+        """Stands in for ``ddp.register_comm_hook`` while no source times buckets: the
+        user's hook runs in Python anyway, so ddpmon registers it inside its timing hook,
+        and from then on every bucket is timed."""
+        ddp = self._ddp
+        del ddp.register_comm_hook  # DDP's own, to register ddpmon's
+        comm = TimedCommHook(hook, state, self._recorder, self.clock, self._names, self._fuse)
+        comm.user_registered = True
+        try:
+            ddp._check_comm_hook(hook)
+            self._install(comm)
+        except BaseException:  # refused: the user's next try is timed all the same
+            ddp.register_comm_hook = self._register_later  # type: ignore[method-assign]
+            raise
+        self.mode = self._recorder.identity["bucket_timing"] = "hook"
+        log.info("ddpmon: rank %s: comm hook %s registered inside ddpmon's timing hook: buckets are "
+                 "timed from now on", self._recorder.identity.get("rank"), getattr(hook, "__qualname__", hook))
+
+    def _untimed_active(self) -> bool:
+        return self.comm is None or not self.comm.timing
+
+    def _turn_off(self, reason: str) -> None:
+        """The c10d source checked itself and found nothing to time: say so once, in the
+        log, the state file and ``ddpmon_rank_info``, and stop listening."""
+        self.mode = self._recorder.identity["bucket_timing"] = "off"
+        text = f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets instead"
+        self._recorder.note("bucket_timing", text)
+        log.warning("ddpmon: rank %s: %s", self._recorder.identity.get("rank"), text)
+        for close in self._closers:
+            close()
+        self._closers.clear()
+
+
+def _register_user_hook(ddp: Any, comm: TimedCommHook, state: object, hook: Any) -> None:
+    """Stands in for ``ddp.register_comm_hook`` once ddpmon's hook is registered: DDP accepts
+    one hook, so the user's runs inside ddpmon's (and is timed)."""
+    if comm.user_registered:
+        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+    ddp._check_comm_hook(hook)
+    comm.user_registered = True
+    comm.replace(hook, state)
+    log.info("ddpmon: comm hook %s registered inside ddpmon's timing hook", getattr(hook, "__qualname__", hook))
