@@ -21,6 +21,7 @@ import torch
 
 from .._safety import Fuse
 from ..recorder import Recorder
+from .step import is_compiling
 
 log = logging.getLogger("ddpmon")
 
@@ -179,6 +180,8 @@ class UnusedParameterWatch:
             log.warning("ddpmon: rank %s: %s", rec.identity.get("rank"), text)
 
     def _after_forward(self, _module: Any, _args: Any, _output: Any) -> None:
+        if is_compiling():
+            return
         exc = sys.exc_info()[1]
         if exc is None or not self._fuse.ok:
             return

@@ -1,5 +1,8 @@
 """Step boundaries and phases, found without any call from the training loop.
 
+Under torch.compile the module hooks step aside while Dynamo traces (they would add a graph
+break), so a compiled model's steps are counted only at ``Monitor.step()``.
+
 A forward pre-hook on the DDP module marks the start of a forward; a forward hook its end
 and, through a hook on the output tensor, the start of backward. A step ends at the first
 forward after a backward that synchronised gradients (forwards under ``no_sync`` or without
@@ -52,7 +55,7 @@ class StepHooks:
         ]
 
     def _before_forward(self, _module: torch.nn.Module, _args: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled():
+        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
             return
         try:
             now = time.perf_counter()
@@ -69,7 +72,7 @@ class StepHooks:
             self._fuse.blow(exc)
 
     def _after_forward(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled():
+        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
             return
         try:
             self._recorder.forward_finished(time.perf_counter())
@@ -122,6 +125,15 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def is_compiling() -> bool:
+    """True while torch.compile (Dynamo) traces the model: ddpmon's hooks then step aside, so
+    that they add no graph break (their clock and attribute writes cannot be traced)."""
+    return _is_compiling()
+
+
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 
 def _grad_tensors(output: Any, depth: int = 0, limit: int = 16) -> list[torch.Tensor]:

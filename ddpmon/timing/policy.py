@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 ANY = None
 ERROR = "error"
+OPTIONS = ("auto", "hook", "c10d", "off")
 
 # What ddpmon does with DDP's comm hook:
 #   install  register ddpmon's timing hook (around the user's hook or DDP's all-reduce)
@@ -63,6 +64,8 @@ class Plan:
 def plan(option: str, c10d: bool, user_hook: bool, earlier_hook: bool) -> Plan:
     """The first rule of RULES that matches; ``c10d`` is True when c10d can time this
     model's process group (NCCL serving its device)."""
+    if option not in OPTIONS:
+        raise ValueError(f"bucket_timing={option!r} is not one of {', '.join(OPTIONS)}")
     key = (option, c10d, user_hook, earlier_hook)
     for *pattern, source, comm_hook in RULES:
         if all(p is ANY or p == k for p, k in zip(pattern, key)):
@@ -72,4 +75,4 @@ def plan(option: str, c10d: bool, user_hook: bool, earlier_hook: bool) -> Plan:
                 time_later_hook=option == "auto" and source == "off" and comm_hook == "none",
                 mark_untimed=mark, read_layout=source == "c10d" or mark,
             )
-    raise ValueError(f"bucket_timing={option!r} is not one of auto, hook, c10d, off")
+    raise AssertionError(f"no rule for {key}")  # the table covers every combination

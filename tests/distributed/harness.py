@@ -87,9 +87,9 @@ def collect(procs: list[subprocess.Popen], workdir: Path) -> list[RankResult]:
 
 def run_ranks(scenario: str, world_size: int, workdir: Path, timeout: float = 90.0,
               env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-              expect_failure: bool = False) -> list[RankResult]:
+              expect_failure: bool = False, module: str = "tests.distributed.worker") -> list[RankResult]:
     """Run ``scenario`` on ``world_size`` ranks; raise with every rank's output on failure."""
-    procs = start_ranks(scenario, world_size, workdir, env, args)
+    procs = start_ranks(scenario, world_size, workdir, env, args, module)
     deadline = time.monotonic() + timeout
     failed_at = None
     try:

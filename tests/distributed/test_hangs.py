@@ -251,7 +251,7 @@ def test_collectives_of_user_code_are_tracked(tmp_path: Path) -> None:
             site(f"# user {what}") for what in ("all_reduce", "barrier", "broadcast", "async all_reduce")
         ]
         assert all(e["function"] == "all_kinds" and e["group"] == "0" for e in user)
-        assert user[3]["async"] is True
+        assert user[3]["async_op"] is True
         assert [e["seq"] for e in user[:6]] == [2, 3, 4, 5, 6, 7]
         buckets = [e for e in snap["collective_log"] if e.get("bucket") is not None]
         assert all(e["call_site"] == "DDP backward" and e["op"] == "all_reduce" for e in buckets)

@@ -192,9 +192,9 @@ def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path
     results = run_ranks("hook_failure", 2, tmp_path)
     for r in results:
         assert r.result["steps"] == 4, "training went on"
-        assert "injected failure" in r.result["errors"]["comm_hook"]
+        assert "injected failure" in r.result["errors"]["bucket_timing"]
         assert len([l for l in r.result["logs"] if "comm_hook failed" in l]) == 1
-        assert sample(r.result["metrics"], "ddpmon_internal_errors_total", part="comm_hook") == 1
+        assert sample(r.result["metrics"], "ddpmon_internal_errors_total", part="bucket_timing") == 1
 
 
 def test_detach_restores_and_reattach_works(tmp_path: Path) -> None:
