@@ -9,6 +9,7 @@ be built that reads an unknown metric.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -63,9 +64,6 @@ def thresholds(*steps: tuple[float | None, str]) -> dict[str, Any]:
     return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
 
 
-GREEN = thresholds((None, "green"))
-
-
 def mapping(*states: tuple[int, str, str]) -> list[dict[str, Any]]:
     """Value mappings from (value, text, colour): how a state-timeline names 0/1 states."""
     return [{
@@ -113,7 +111,9 @@ def panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     for q in panel.queries:
         check_expr(q.expr)
     kind_defaults, options = _kind_defaults(panel.kind)
-    defaults: dict[str, Any] = {"unit": panel.unit, "color": {"mode": "palette-classic"}, "thresholds": GREEN}
+    defaults: dict[str, Any] = {
+        "unit": panel.unit, "color": {"mode": "palette-classic"}, "thresholds": thresholds((None, "green")),
+    }
     defaults.update(kind_defaults)
     _merge(defaults, panel.defaults)
     _merge(options, panel.options)
@@ -131,11 +131,13 @@ def panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Merge ``extra`` into ``base``, nested dicts key by key; ``base`` shares nothing with
+    ``extra`` afterwards (panels reuse the same thresholds and ranges)."""
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             _merge(base[key], value)
         else:
-            base[key] = value
+            base[key] = copy.deepcopy(value)
 
 
 def layout(panels: Sequence[Panel]) -> list[dict[str, Any]]:

@@ -182,6 +182,26 @@ def test_every_panel_has_unit_description_and_datasource(board: str, panel: dict
         assert t["legendFormat"]
 
 
+def _steps(board: str, title: str) -> list[tuple[float | None, str]]:
+    (panel,) = [p for p in _panels(BOARDS[board]) if p["title"] == title]
+    return [(s["value"], s["color"]) for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+
+
+def test_each_panel_keeps_its_own_thresholds() -> None:
+    """Panels once shared one thresholds object, so every panel (a stat of steps/s, ranks
+    reporting) showed the last panel's red-from-1 colours."""
+    overview, gpus = "ddp-job-overview.json", "ddp-gpus.json"
+    assert _steps(overview, "Steps per second") == [(None, "green")]
+    assert _steps(overview, "Ranks reporting") == [(None, "green")]
+    assert _steps(overview, "Exposed communication") == [(None, "green"), (0.2, "orange"), (0.3, "red")]
+    assert _steps(overview, "Ranks suspected hung") == [(None, "green"), (1, "red")]
+    assert _steps(overview, "Liveness per rank") == [(None, "red"), (1, "green")]
+    assert _steps(gpus, "GPU temperature") == [(None, "green"), (80, "orange"), (87, "red")]
+    objects = [id(p["fieldConfig"]["defaults"]["thresholds"]) for _, p in _all_panels()]
+    assert len(set(objects)) == len(objects)
+    assert dashboards.build() == BOARDS  # building again gives the same boards
+
+
 def test_titles_unique_within_each_board() -> None:
     for board in BOARDS.values():
         titles = [p["title"] for p in _panels(board)]
