@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: all setup demo test test-unit test-fast bench prometheus clean
+.PHONY: all setup demo test test-unit test-fast bench prometheus dashboards clean
 
 all: test
 
@@ -38,6 +38,11 @@ test: setup prometheus
 
 bench: setup
 	$(PY) benchmarks/overhead.py
+
+# Rewrite the generated boards (dashboards/*.json) and Kubernetes manifests of this checkout
+# after changing ddpmon/dashboards/ or deploy/prometheus/ddpmon-rules.yml.
+dashboards: setup
+	$(PY) -m ddpmon.dashboards --write-repo $(CURDIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

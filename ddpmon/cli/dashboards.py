@@ -1,6 +1,7 @@
 """``ddpmon dashboards``: write ddpmon's Grafana boards to files, or push them to a Grafana.
 
-``export DIR`` needs nothing beyond ddpmon. ``push`` talks to Grafana's HTTP API through
+``export [DIR]`` needs nothing beyond ddpmon and writes only into DIR (default: the current
+directory), never into the installed package. ``push`` talks to Grafana's HTTP API through
 grafana-client, an optional dependency (``pip install 'ddpmon[grafana]'``), imported only here.
 Exit codes: 0 done, 1 Grafana refused or could not be reached, 2 bad usage (no token, a bad
 URL, grafana-client missing).
@@ -29,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Write ddpmon's dashboards (Grafana JSON, for file provisioning or import) "
                     f"into DIR. They target {dashboards.GRAFANA_VERSIONS}.",
     )
-    export.add_argument("directory", metavar="DIR", help="directory to write into (created if missing)")
+    export.add_argument("directory", metavar="DIR", nargs="?", default=".",
+                        help="directory to write into, created if missing (default: the current "
+                             "directory)")
     push = actions.add_parser(
         "push", help="create or update the dashboards in a Grafana",
         description="Create or update ddpmon's dashboards in a running Grafana through its HTTP "
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         return _export(args.directory)
     if args.action == "push":
         return _push(args)
-    _err("choose what to do: `ddpmon dashboards export DIR` or `ddpmon dashboards push --url URL`")
+    _err("choose what to do: `ddpmon dashboards export [DIR]` or `ddpmon dashboards push --url URL`")
     return EXIT_USAGE
 
 
@@ -65,10 +68,16 @@ def _export(directory: str) -> int:
     if os.path.exists(directory) and not os.path.isdir(directory):
         _err(f"DIR={directory!r} is not valid: it is a file, expected a directory")
         return EXIT_USAGE
+    if os.path.isdir(directory) and not os.access(directory, os.W_OK | os.X_OK):
+        _err(f"DIR={directory!r} is not writable: pick a directory you can write to, or fix its "
+             "permissions")
+        return EXIT_USAGE
     try:
         paths = dashboards.export(directory)
-    except OSError as exc:
-        _err(f"cannot write into {directory!r}: {exc.strerror or exc}")
+    except OSError as exc:  # a parent that is a file or not writable, a full or read-only disk
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != directory else ""
+        _err(f"cannot write into DIR={directory!r}{where}: {exc.strerror or exc}; pick a directory "
+             "you can write to")
         return EXIT_USAGE
     for path in paths:
         print(path)
