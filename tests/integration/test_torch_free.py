@@ -1,5 +1,5 @@
-"""ddpmon installed the way users install it, by pip from this checkout (its real packaging
-metadata, its dependencies from the package index):
+"""ddpmon installed the way users install it, by pip from this checkout's sources (its real
+packaging metadata, its dependencies from the package index):
 
 - into a fresh virtualenv without torch, as on a node or in the daemon's image: the doctor
   diagnoses recorded state files, the daemon serves them, attach says torch is missing;
@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from tests.fixtures import torch_free
 from tests.unit.test_no_torch import serving_port
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "deploy" / "docker" / "daemon.Dockerfile"
 PIP_TIMEOUT = 300
 
 pytestmark = pytest.mark.timeout(600)
@@ -69,16 +71,32 @@ def require_index(python: Path, tmp: Path) -> None:
         pytest.skip(reason)
 
 
+def source_copy(dest: Path) -> Path:
+    """What the daemon image's Dockerfile copies (pyproject.toml, README.md, ddpmon/), copied
+    to ``dest``: pip builds there, leaving the checkout without build/ or egg-info."""
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, dest / source, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    dest.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(ROOT / source, dest / source)
+    assert (dest / "pyproject.toml").exists() and (dest / "ddpmon" / "__init__.py").exists(), DOCKERFILE
+    return dest
+
+
 def site_packages(python: Path) -> Path:
     return Path(sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=python.parent).stdout.strip())
 
 
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A virtualenv without torch with ddpmon installed by ``pip install ROOT``."""
+    """A virtualenv without torch, ddpmon installed by ``pip install SOURCE``, as in the
+    daemon's image."""
     tmp = tmp_path_factory.mktemp("torch-free")
     python = make_venv(tmp / "venv")
-    sh(python, "-m", "pip", "install", "-q", ROOT, cwd=tmp, timeout=PIP_TIMEOUT)
+    sh(python, "-m", "pip", "install", "-q", source_copy(tmp / "src"), cwd=tmp, timeout=PIP_TIMEOUT)
     yield python
 
 
@@ -167,12 +185,13 @@ def test_torch_is_never_touched(tmp_path: Path) -> None:
     assert before.split()[0] == dist.version
     record = fingerprint(info)
 
+    source = source_copy(tmp_path / "src")
     report = tmp_path / "report.json"  # first what pip would do, so a mistake downloads nothing
-    sh(python, "-m", "pip", "install", "-q", "--dry-run", "--report", report, ROOT, cwd=tmp_path, timeout=PIP_TIMEOUT)
+    sh(python, "-m", "pip", "install", "-q", "--dry-run", "--report", report, source, cwd=tmp_path, timeout=PIP_TIMEOUT)
     planned = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
     assert "ddpmon" in planned and "torch" not in planned, planned
     assert not [n for n in planned if n.startswith("nvidia-") and n != "nvidia-ml-py"], planned
-    out = sh(python, "-m", "pip", "install", ROOT, cwd=tmp_path, timeout=PIP_TIMEOUT)
+    out = sh(python, "-m", "pip", "install", source, cwd=tmp_path, timeout=PIP_TIMEOUT)
 
     assert not re.search(r"^(Collecting|Downloading|Uninstalling|Requirement already satisfied:) torch\b",
                          out.stdout, re.MULTILINE), out.stdout
