@@ -170,7 +170,8 @@ def test_torch_is_never_touched(tmp_path: Path) -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("torch is not installed in the environment running the tests")
     package = Path(str(dist.locate_file("torch")))
-    info = next(Path(str(dist.locate_file(f))).parent for f in dist.files or () if f.name == "METADATA")
+    info = next(Path(str(dist.locate_file(f))).parent for f in dist.files or ()
+                if f.name == "METADATA" and f.parent.name.endswith(".dist-info"))
     visible = tmp_path / "torch-site"
     visible.mkdir()
     for path in (package, info):
