@@ -1,6 +1,7 @@
 # `make demo` and `make test` each set everything up on a fresh machine: a venv, CPU torch
 # 2.13.0 (unless the system Python already imports torch), ddpmon itself, and for the
-# integration tests Debian's prometheus package.
+# integration tests Debian's prometheus package. ddpmon does not depend on torch: it is
+# installed here, pinned, because the tests and the demo run DDP jobs.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

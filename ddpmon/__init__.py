@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -31,14 +32,29 @@ def attach(ddp_model: DistributedDataParallel, **options: Any) -> Monitor:
     bind, state_dir, state_interval, hang_timeout, hang_timeout_floor, comm_hook,
     comm_state, nvml, bucket_metrics, unused_parameters_advice_steps. See ``Config``.
     """
-    from .monitor import Monitor
+    return _monitor_class()(ddp_model, Config.from_env(**options))
 
-    return Monitor(ddp_model, Config.from_env(**options))
+
+def _monitor_class() -> type[Monitor]:
+    """The Monitor class, imported on first use: it needs torch, which ddpmon does not
+    install (the training environment brings its own build; the doctor and daemon run
+    without it)."""
+    try:
+        from .monitor import Monitor
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "torch":
+            raise
+        raise AttachError(
+            f"ddpmon.attach needs PyTorch, and this Python ({sys.executable}) cannot import "
+            f"{exc.name} ({exc}). ddpmon does not install torch, so that it never replaces the build "
+            "you chose: install ddpmon into the training environment that has torch, or install "
+            "torch here first (https://pytorch.org/get-started/locally/), then ddpmon. The "
+            "doctor, daemon and top need no torch."
+        ) from exc
+    return Monitor
 
 
 def __getattr__(name: str) -> Any:
     if name == "Monitor":  # imported lazily: the doctor and daemon never import torch
-        from .monitor import Monitor
-
-        return Monitor
+        return _monitor_class()
     raise AttributeError(f"module 'ddpmon' has no attribute {name!r}")
