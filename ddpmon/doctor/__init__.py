@@ -73,11 +73,6 @@ def examine(
     }
     lives = _guard_pid_namespace(files, lives, now)
     views = [view(f, lives[f.rank], now, stall) for f in files]
-    for v in views:
-        hang = v.state.hang
-        if hang is not None and hang.threads:
-            v.stack = hang.threads
-            v.stack_source = f"its hang report ({max(0.0, now - _local(v.file, v.state.now_unix)):.0f} s old)"
     if live_stacks:
         _live_stacks(views, stack_timeout)
 

@@ -126,6 +126,8 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         in_flight = flight_recorder_waits(s)
     in_flight = [dataclasses.replace(e, age_seconds=round(now - (e.issued_unix + off), 3)) for e in in_flight]
     v = RankView(f, liveness, age, silent=silent, stall_after=stall_after, in_flight=in_flight)
+    if s.hang is not None and s.hang.threads:  # py-spy may replace it with a live one
+        v.stack, v.stack_source = s.hang.threads, f"its hang report ({age:.0f} s old)"
     interval = state_interval(s)
     stale = age > max(STALE_MIN, STALE_FACTOR * interval)
     if s.exit is not None:  # it ended (possibly still tearing down)

@@ -31,31 +31,33 @@ from collections.abc import Callable
 
 from ..findings import Finding, Verdict
 from ..view import RankView
-from . import ended_while_hung
-from .comm_hang import comm_hang, missing_rank
-from .dead_rank import dead_rank, finished, left_early
-from .desync import desync
-from .not_joining import not_joining
-from .rank_notes import ddpmon_part_off, no_stack
-from .straggler import straggler
-from .stuck_rank import stuck_rank
-from .unused_parameters import needless_find_unused_parameters, unused_parameters
+from . import (
+    comm_hang, dead_rank, desync, ended_while_hung, not_joining, rank_notes, straggler, stuck_rank,
+    unused_parameters,
+)
 
 VerdictRule = Callable[[list[RankView], list[int]], "Verdict | None"]
 """(views, ranks of the job without a state file) -> a verdict, or None: not this one."""
 
 VERDICT_RULES: tuple[VerdictRule, ...] = (
-    finished, left_early, dead_rank,
-    stuck_rank, not_joining, missing_rank, comm_hang, desync,
-    straggler,
+    dead_rank.finished,
+    dead_rank.left_early,
+    dead_rank.dead_rank,
+    stuck_rank.stuck_rank,
+    not_joining.not_joining,
+    comm_hang.missing_rank,
+    comm_hang.comm_hang,
+    desync.desync,
+    straggler.straggler,
 )
 JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
-    unused_parameters, needless_find_unused_parameters,
+    unused_parameters.unused_parameters,
+    unused_parameters.needless_find_unused_parameters,
 )
 RANK_RULES: tuple[Callable[[RankView, list[int]], "Finding | None"], ...] = (
-    no_stack, ddpmon_part_off,
+    rank_notes.no_stack,
+    rank_notes.ddpmon_part_off,
 )
-
 
 def decide(views: list[RankView], missing: list[int]) -> Verdict:
     """The verdict, the suspect ranks and the findings behind them: the first rule of
