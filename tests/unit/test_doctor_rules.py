@@ -230,6 +230,8 @@ def test_ended_while_hung() -> None:
     assert [f.kind for f in findings] == ["stuck_rank", "ended_while_hung"]
     assert not ended_while_hung.applies(views("dead_rank"))
     assert not ended_while_hung.applies(views("stuck_rank"))
+    # killed while they still made progress: a dead rank, not a hang
+    assert not ended_while_hung.applies(views("straggler", alive={0: False, 1: False}))
 
 
 def test_the_first_rule_that_answers_wins() -> None:
@@ -260,6 +262,9 @@ def test_needless_find_unused_parameters() -> None:
     # another rank does have unused parameters: the flag is needed
     assert unused_parameters.needless_find_unused_parameters(views("unused_parameters")) == []
     assert unused_parameters.needless_find_unused_parameters(views("straggler")) == []
+    # one rank alone cannot tell: the other (without the flag noted) may need it
+    mixed = views("needless_find_unused", only=(0,)) + views("finished", only=(1,))
+    assert unused_parameters.needless_find_unused_parameters(mixed) == []
 
 
 def test_no_stack() -> None:
