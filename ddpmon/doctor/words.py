@@ -77,10 +77,9 @@ FIX_UNREACHABLE_DAEMON = (
 
 def fix_crashed(v: RankView) -> str:
     """A rank that raised an error of its own: that error is the cause."""
-    assert v.state.exit is not None and v.exception
-    where = v.state.exit.where
+    where = v.state.exit.where if v.state.exit else None
     return (
-        f"Rank {v.rank} raised {short_exception(v.exception)}"
+        f"Rank {v.rank} raised {short_exception(v.exception or '?')}"
         + (f" at {where}" if where else "")
         + ": fix that error. The other ranks failed or wait because of it."
     )

@@ -36,7 +36,7 @@ from . import (
     unused_parameters,
 )
 
-VerdictRule = Callable[[list[RankView], list[int]], "Verdict | None"]
+VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
 """(views, ranks of the job without a state file) -> a verdict, or None: not this one."""
 
 VERDICT_RULES: tuple[VerdictRule, ...] = (
@@ -54,7 +54,7 @@ JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
     unused_parameters.unused_parameters,
     unused_parameters.needless_find_unused_parameters,
 )
-RANK_RULES: tuple[Callable[[RankView, list[int]], "Finding | None"], ...] = (
+RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.no_stack,
     rank_notes.ddpmon_part_off,
 )
