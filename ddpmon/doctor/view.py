@@ -39,7 +39,8 @@ STALL_FACTOR = 5.0
 
 @dataclass
 class RankView:
-    """One rank as the doctor sees it. Times in seconds; ``*_ago`` relative to now."""
+    """One rank as the doctor sees it. Times in seconds: ``age`` of its file and ``silent``
+    (since its last progress) as of the doctor's clock, ``gone_at`` on the file system's."""
 
     file: StateFile
     liveness: Liveness
