@@ -16,7 +16,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import StateFileError
 from ..state import files, schema
@@ -24,15 +23,11 @@ from ..state import files, schema
 @dataclass
 class StateFile:
     """One rank's state file as read (checked against the schema), with its modification
-    time. ``data`` is the same state as plain JSON data, every key present."""
+    time."""
 
     path: str
     state: schema.RankState
     mtime: float
-    data: dict[str, Any] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.data = schema.to_json(self.state)
 
     @property
     def rank(self) -> int:

@@ -10,7 +10,8 @@ import shutil
 import textwrap
 from typing import IO, Any
 
-from .diagnose import Diagnosis, Finding, RankView
+from .findings import Diagnosis, Finding
+from .view import GONE, RankView
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 _VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow"}
@@ -96,16 +97,16 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
     header = ("rank", "status", "host", "pid", "step", "phase", "silent", "in collective")
     rows = []
     for v in ranks:
-        d = v.data
+        s = v.state
         e = v.waiting
         waiting = "-"
-        if e and v.status not in ("dead", "crashed", "exited", "silent"):
-            bucket = f" (DDP bucket {e['bucket']})" if e.get("bucket") is not None else ""
-            where = "" if e.get("call_site") == "DDP backward" else f" at {e.get('call_site')}"
-            waiting = f"{e.get('op')} #{e.get('seq')}{bucket}{where}, {e.get('age_seconds', 0):.1f} s"
+        if e and v.status not in GONE:
+            bucket = f" (DDP bucket {e.bucket})" if e.bucket is not None else ""
+            where = "" if e.call_site == "DDP backward" else f" at {e.call_site}"
+            waiting = f"{e.op} #{e.seq}{bucket}{where}, {e.age_seconds or 0:.1f} s"
         rows.append((
-            str(v.rank), v.status, str(d.get("host") or "?"), str(d.get("pid") or "?"),
-            str(d.get("step", "?")), str(d.get("phase", "?")), f"{v.silent:.1f} s", waiting,
+            str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
+            str(s.step), str(s.phase), f"{v.silent:.1f} s", waiting,
         ))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(header)).rstrip()]

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..state.schema import Frame, Thread
+
 MAX_PARALLEL = 8
 
 
@@ -24,7 +26,7 @@ MAX_PARALLEL = 8
 class Stack:
     """The threads of one process (innermost frame last), or why there are none."""
 
-    threads: list[dict[str, Any]] | None
+    threads: list[Thread] | None
     error: str | None = None
 
 
@@ -72,23 +74,24 @@ def dump_many(pids: list[int], timeout: float = 5.0) -> dict[int, Stack]:
         return dict(zip(pids, results))
 
 
-def convert(raw: Any, pid: int) -> list[dict[str, Any]]:
-    """py-spy's JSON (innermost frame first) as ddpmon threads (innermost last, main first)."""
+def convert(raw: Any, pid: int) -> list[Thread]:
+    """py-spy's JSON (innermost frame first) as the state file's threads (innermost last,
+    main first)."""
     threads = []
     for t in raw if isinstance(raw, list) else []:
         frames = [
-            {"file": f.get("filename"), "line": f.get("line"), "function": f.get("name")}
+            Frame(file=f.get("filename"), line=f.get("line"), function=f.get("name"))
             for f in reversed(t.get("frames") or [])
         ]
-        threads.append({
-            "name": t.get("thread_name") or f"thread {t.get('os_thread_id') or t.get('thread_id')}",
-            "ident": t.get("thread_id"),
-            "main": t.get("os_thread_id") == pid,
-            "owns_gil": bool(t.get("owns_gil")),
-            "active": bool(t.get("active")),
-            "frames": frames,
-        })
-    threads.sort(key=lambda t: not t["main"])
+        threads.append(Thread(
+            name=t.get("thread_name") or f"thread {t.get('os_thread_id') or t.get('thread_id')}",
+            ident=t.get("thread_id"),
+            main=t.get("os_thread_id") == pid,
+            owns_gil=bool(t.get("owns_gil")),
+            active=bool(t.get("active")),
+            frames=frames,
+        ))
+    threads.sort(key=lambda t: not t.main)
     return threads
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from ddpmon import cli
 from ddpmon.state import files as statefile
-from ddpmon.doctor import diagnose, examine, report, stacks
+from ddpmon.doctor import VERDICTS, Diagnosis, examine, report, stacks
 from ddpmon.state import schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
-def kinds(d: diagnose.Diagnosis) -> list[str]:
+def kinds(d: Diagnosis) -> list[str]:
     return [f.kind for f in d.findings]
 
 
@@ -196,7 +196,7 @@ def test_clocks_that_differ_between_hosts(tmp_path: Path) -> None:
     write(tmp_path, state(1, skew=-3600.0, silent=30.0, in_flight=[waiting_in("all_reduce", 7, 30.0, skew=-3600.0)]))
     d = examine(str(tmp_path), live_stacks=False)
     assert d.verdict == "hang" and kinds(d)[0] == "comm_hang"
-    assert [v.waiting["age_seconds"] for v in d.ranks] == [pytest.approx(30.2, abs=0.05)] * 2
+    assert [v.waiting.age_seconds for v in d.ranks] == [pytest.approx(30.2, abs=0.05)] * 2
 
 
 def test_leftover_files_of_a_larger_earlier_run(tmp_path: Path) -> None:
@@ -339,7 +339,7 @@ def test_job_ended_while_hung_is_diagnosed_from_the_last_writes(tmp_path: Path) 
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
     assert "ended_while_hung" in kinds(d)
-    assert d.ranks[1].waiting["age_seconds"] == 30.0  # at its last write, not now
+    assert d.ranks[1].waiting.age_seconds == 30.0  # at its last write, not now
 
 
 def test_straggler_compute_not_backward_wall_time(tmp_path: Path) -> None:
@@ -470,7 +470,7 @@ def test_json_contract_and_exit_code(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     body = json.loads(out.stdout)
     assert {"verdict", "suspect_ranks", "findings", "ranks"} <= set(body)
-    assert body["verdict"] in diagnose.VERDICTS
+    assert body["verdict"] in VERDICTS
     for f in body["findings"]:
         assert set(f) == {"kind", "severity", "ranks", "summary", "evidence", "fix"}
         assert f["severity"] in ("error", "warning", "info")
@@ -574,7 +574,7 @@ def test_nccl_waits_come_from_the_flight_recorder(tmp_path: Path) -> None:
     write(tmp_path, _nccl_hang(1, 2, 44, 42, "all_reduce"))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [], "comm_hang")
-    assert d.ranks[0].waiting["seq"] == 43 and d.ranks[0].waiting["op"] == "all_reduce"
+    assert d.ranks[0].waiting.seq == 43 and d.ranks[0].waiting.op == "all_reduce"
     assert "from torch's flight recorder" in d.findings[0].summary
     assert any("last enqueued collective 45" in line for line in d.findings[0].evidence)
     # one rank enqueued a different collective at the same place in the sequence: desync

@@ -1,0 +1,83 @@
+"""The doctor's rules: from the views of every rank to a verdict and findings.
+
+One rule, one ``kind``: each rule is a function over plain views (``RankView``) in a module
+of its own, its docstring says what it catches and why. ``VERDICT_RULES`` is walked in
+order and the first rule that answers gives the verdict, so the order is the precedence:
+
+===================  =========  ===================================================
+kind                 verdict    when
+===================  =========  ===================================================
+finished             healthy    every rank exited without an error
+left_early           desync     the first rank to end exited cleanly while others
+                                still needed it
+dead_rank            dead_rank  a rank died, crashed or went silent first
+stuck_rank           hang       a rank makes no progress outside any collective
+not_joining          hang       ranks wait in a collective another rank runs past
+missing_rank         hang       all wait in one collective; members have no file
+comm_hang            hang       all wait in one collective; none is behind
+desync               desync     the ranks wait in different collectives
+straggler            straggler  a rank computes clearly slower than the others
+===================  =========  ===================================================
+
+No rule answering means healthy. A job whose ranks were all ended while hung is first put
+back as it was at their last writes (``ended_while_hung``). The other rules add notes:
+``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank, and those of ``files`` on the
+state directory (see ``ddpmon.doctor.examine``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..findings import Finding, Verdict
+from ..view import RankView
+from . import (
+    comm_hang, dead_rank, desync, ended_while_hung, not_joining, rank_notes, straggler, stuck_rank,
+    unused_parameters,
+)
+
+VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
+"""(views, ranks of the job without a state file) -> a verdict, or None: not this one."""
+
+VERDICT_RULES: tuple[VerdictRule, ...] = (
+    dead_rank.finished,
+    dead_rank.left_early,
+    dead_rank.dead_rank,
+    stuck_rank.stuck_rank,
+    not_joining.not_joining,
+    comm_hang.missing_rank,
+    comm_hang.comm_hang,
+    desync.desync,
+    straggler.straggler,
+)
+JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
+    unused_parameters.unused_parameters,
+    unused_parameters.needless_find_unused_parameters,
+)
+RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
+    rank_notes.no_stack,
+    rank_notes.ddpmon_part_off,
+)
+
+def decide(views: list[RankView], missing: list[int]) -> Verdict:
+    """The verdict, the suspect ranks and the findings behind them: the first rule of
+    ``VERDICT_RULES`` that answers."""
+    if not views:
+        return Verdict("no_data", [], [])
+    replayed = ended_while_hung.applies(views)
+    if replayed:
+        ended_while_hung.replay(views)
+    found = next((v for rule in VERDICT_RULES if (v := rule(views, missing)) is not None), None)
+    if found is None:
+        found = Verdict("healthy", [], [])
+    if replayed:
+        found.findings.append(ended_while_hung.ended_while_hung(views))
+    return found
+
+
+def notes(views: list[RankView], suspects: list[int]) -> list[Finding]:
+    """The findings of ``JOB_RULES`` then, rank by rank, of ``RANK_RULES``."""
+    out = [f for rule in JOB_RULES for f in rule(views)]
+    for v in views:
+        out += [f for rule in RANK_RULES if (f := rule(v, suspects)) is not None]
+    return out

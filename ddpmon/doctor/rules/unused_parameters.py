@@ -1,0 +1,44 @@
+"""unused_parameters, needless_find_unused_parameters (info): what DDP's
+``find_unused_parameters`` costs and buys.
+
+A parameter without a gradient in a step needs ``find_unused_parameters=True`` (else DDP
+fails at the next forward); the flag costs a traversal of the autograd graph every step.
+Each rank names its own unused parameters, but only all ranks together can tell that the
+flag is needless: another rank may be the one with unused parameters.
+"""
+
+from __future__ import annotations
+
+from .. import words
+from ..findings import Finding
+from ..view import RankView
+
+
+def unused_parameters(views: list[RankView]) -> list[Finding]:
+    """unused_parameters: per rank, the parameters that received no gradient in its last step."""
+    out = []
+    for v in sorted(views, key=lambda v: v.rank):
+        names = v.state.unused_parameters
+        if names:
+            shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+            out.append(Finding(
+                "unused_parameters", "info", [v.rank],
+                f"rank {v.rank}: {len(names)} parameter(s) received no gradient in its last step: {shown}",
+                fix=words.FIX_UNUSED,
+            ))
+    return out
+
+
+def needless_find_unused_parameters(views: list[RankView]) -> list[Finding]:
+    """needless_find_unused_parameters: every rank runs with find_unused_parameters=True and
+    has flagged it as needless (no unused parameter for a while), and no rank has any now."""
+    flagged = [v for v in views if "find_unused_parameters" in v.state.notes]
+    if not views or len(flagged) != len(views) or any(v.state.unused_parameters for v in views):
+        return []
+    return [Finding(
+        "needless_find_unused_parameters", "info", [v.rank for v in views],
+        "find_unused_parameters=True, but no rank has had an unused parameter for "
+        f"{min(v.state.step for v in views)}+ steps; it costs a traversal of the "
+        "autograd graph every step",
+        fix=words.FIX_NEEDLESS_FIND_UNUSED,
+    )]

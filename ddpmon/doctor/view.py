@@ -1,0 +1,203 @@
+"""The facts of one rank, as the doctor sees them: its state file and its process.
+
+Each rank is put in one status: running (progress recently), waiting (no progress, a
+collective in flight), stuck (no progress, no collective in flight), frozen (its process
+is there but its state file is no longer rewritten: the main thread holds the GIL or the
+process is stopped), dead (the process is gone without a word), crashed (it ended with an
+uncaught exception), exited (it ended without one), silent (another host; its file stopped
+changing). The rules (``rules/``) then compare the ranks.
+
+Times are compared on one clock: each file's writer times are shifted by its own offset
+(see load.py), and the doctor's clock is compared only with file modification times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..state import records
+from ..state.schema import Collective, RankState, Thread
+from .load import StateFile
+from .procs import Liveness
+
+RUNNING, WAITING, STUCK, FROZEN = "running", "waiting", "stuck", "frozen"
+DEAD, CRASHED, EXITED, SILENT = "dead", "crashed", "exited", "silent"
+GONE = (DEAD, CRASHED, EXITED, SILENT)
+"""The rank's process has ended (or, on another host, stopped writing)."""
+STALLED = (WAITING, STUCK, FROZEN)
+"""The rank's process is there and makes no progress."""
+
+STALE_MIN = 10.0
+STALE_FACTOR = 5.0
+"""A file not rewritten for this long (or this many write intervals) is no longer written."""
+STALL_MIN = 5.0
+STALL_FACTOR = 5.0
+"""No progress for this long (or this many of the slowest recent steps) is a stall."""
+
+
+@dataclass
+class RankView:
+    """One rank as the doctor sees it. Times in seconds: ``age`` of its file and ``silent``
+    (since its last progress) as of the doctor's clock, ``gone_at`` on the file system's."""
+
+    file: StateFile
+    liveness: Liveness
+    age: float
+    status: str = RUNNING
+    silent: float = 0.0
+    stall_after: float = STALL_MIN
+    in_flight: list[Collective] = field(default_factory=list)
+    """Its collectives in flight, ``age_seconds`` set (at its last write when it is gone)."""
+    stack: list[Thread] | None = None
+    stack_source: str | None = None
+    stack_error: str | None = None
+    gone_at: float | None = None
+    stalled_when_written: bool = False
+
+    @property
+    def state(self) -> RankState:
+        return self.file.state
+
+    @property
+    def rank(self) -> int:
+        return self.file.rank
+
+    @property
+    def waiting(self) -> Collective | None:
+        """The collective this rank is blocked in: its oldest in flight."""
+        return min(self.in_flight, key=lambda e: e.issued_unix) if self.in_flight else None
+
+    @property
+    def exception(self) -> str | None:
+        return self.state.exit.exception if self.state.exit else None
+
+    def timing(self, name: str) -> float | None:
+        """The median of one of its per-step timings (``compute_seconds``, ...)."""
+        summary = getattr(self.state.timings, name)
+        return summary.median if summary is not None else None
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.state
+        waiting = self.waiting
+        main = main_thread(self.stack)
+        return {
+            "rank": self.rank,
+            "host": s.host,
+            "pid": s.pid,
+            "status": self.status,
+            "alive": self.liveness.alive,
+            "liveness": self.liveness.detail,
+            "step": s.step,
+            "phase": s.phase,
+            "silent_seconds": round(self.silent, 3),
+            "file_age_seconds": round(self.age, 3),
+            "waiting_in": brief_entry(waiting) if waiting else None,
+            "in_flight": len(self.in_flight),
+            "collectives_issued": s.collectives.issued,
+            "hang_reported": s.hang is not None,
+            "exit": records.dump(s.exit),
+            "compute_seconds": self.timing("compute_seconds"),
+            "exposed_comm_seconds": self.timing("exposed_comm_seconds"),
+            "stack": {"source": self.stack_source, "frames": records.dump(main.frames[-20:])} if main else None,
+            "stack_error": self.stack_error,
+            "backend": s.backend,
+            "debug_level": s.debug_level,
+            "ddp": s.ddp,
+            "file": self.file.path,
+        }
+
+
+def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> RankView:
+    """Place one rank in its status from its file and its process. ``now`` is the doctor's
+    clock; ``stall`` overrides the seconds without progress that make a stall."""
+    s = f.state
+    age = max(0.0, now - f.mtime)
+    off = f.offset
+    last = s.last_progress_unix
+    silent = age + max(0.0, s.now_unix - last) if last is not None and s.now_unix is not None else age
+    slowest = s.timings.step_seconds.max if s.timings.step_seconds else None
+    stall_after = stall if stall is not None else max(STALL_MIN, STALL_FACTOR * (slowest or 0.0))
+    in_flight = s.in_flight
+    if not in_flight and "nccl" in str(s.backend):
+        # NCCL ops leave the CPU at once; the flight recorder knows which ones the GPU has
+        # not completed. (gloo completes on the CPU, where ddpmon tracks it exactly, and its
+        # flight-recorder completion states lag behind.)
+        in_flight = flight_recorder_waits(s)
+    in_flight = [dataclasses.replace(e, age_seconds=round(now - (e.issued_unix + off), 3)) for e in in_flight]
+    v = RankView(f, liveness, age, silent=silent, stall_after=stall_after, in_flight=in_flight)
+    if s.hang is not None and s.hang.threads:  # py-spy may replace it with a live one
+        v.stack, v.stack_source = s.hang.threads, f"its hang report ({age:.0f} s old)"
+    interval = state_interval(s)
+    stale = age > max(STALE_MIN, STALE_FACTOR * interval)
+    if s.exit is not None:  # it ended (possibly still tearing down)
+        v.status = CRASHED if s.exit.exception else EXITED
+        v.gone_at = s.exit.unix + off
+    elif liveness.alive is False:
+        v.status = EXITED if s.phase == "detached" else DEAD
+        v.gone_at = f.mtime + interval / 2
+    elif liveness.alive is None and stale:
+        v.status = SILENT
+        v.gone_at = f.mtime + interval / 2
+    elif liveness.stopped or (liveness.alive and stale):
+        v.status = FROZEN
+    elif s.hang is not None or silent > stall_after:
+        v.status = WAITING if in_flight else STUCK
+    written_silent = silent - age
+    v.stalled_when_written = s.hang is not None or written_silent > stall_after
+    if v.status in GONE:  # the ages that matter are those at its last write
+        for e in v.in_flight:
+            e.age_seconds = round((s.now_unix or e.issued_unix) - e.issued_unix, 3)
+    return v
+
+
+def flight_recorder_waits(s: RankState) -> list[Collective]:
+    """Collectives that torch's flight recorder (in the rank's hang report) shows enqueued
+    and not completed: the first one per process group, numbered by torch's own sequence."""
+    fr = (s.hang.flight_recorder if s.hang else None) or {}
+    entries = [e for e in fr.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
+    out = []
+    for pg, status in sorted((fr.get("pg_status") or {}).items()):
+        try:
+            enqueued = int(status["last_enqueued_collective"])
+            completed = int(status["last_completed_collective"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if enqueued <= completed:
+            continue
+        seq = completed + 1
+        match = next((
+            e for e in entries
+            if e.get("collective_seq_id") == seq
+            and pg in (str(e.get("pg_id")), str((e.get("process_group") or [None])[0]))
+        ), {})
+        created = match.get("time_created_ns")
+        out.append(Collective(
+            seq=seq,
+            op=str(match.get("profiling_name", "?")).split(":")[-1],
+            group=pg,
+            issued_unix=created / 1e9 if isinstance(created, (int, float)) else (s.last_progress_unix or 0.0),
+            source="flight recorder",
+        ))
+    return out
+
+
+def state_interval(s: RankState) -> float:
+    """Seconds between the rank's state-file rewrites."""
+    return float(s.state_interval) if s.state_interval is not None and s.state_interval > 0 else 1.0
+
+
+def main_thread(threads: list[Thread] | None) -> Thread | None:
+    if not threads:
+        return None
+    return next((t for t in threads if t.main), threads[0])
+
+
+_BRIEF = ("op", "seq", "group", "group_size", "bytes", "call_site", "function", "bucket", "age_seconds")
+
+
+def brief_entry(e: Collective) -> dict[str, Any]:
+    """A collective in the few fields a reader of the JSON needs."""
+    keys = [k for k in _BRIEF if not (k == "bucket" and e.source == "flight recorder")]
+    return {k: getattr(e, k) for k in keys}

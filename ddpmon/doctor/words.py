@@ -1,0 +1,279 @@
+"""The doctor's wording: what to do about each finding (``FIX_*``, ``fix_*``), the rerun
+advice by backend, and the sentences that describe a rank or a collective in evidence.
+
+Rules decide; this module only says. Keeping the words here lets a rule stay a few lines
+of logic, and lets the texts be read (and reviewed) together.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
+
+from ..state.schema import Collective
+from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
+
+# -- what to do -------------------------------------------------------------------------------
+
+FIX_STUCK = (
+    "Look at the stack above: the rank is not in any collective, so the others wait for it. "
+    "Typical causes: a data loader or I/O call that blocks, an endless loop, a Python "
+    "deadlock, or rank-conditional code that skips a collective. If the ranks have different "
+    "numbers of batches, use DistributedSampler(dataset, drop_last=True) or "
+    "torch.distributed.algorithms.Join."
+)
+FIX_FROZEN = (
+    "A frozen rank's own watchdog cannot run (its main thread holds the GIL, or the process "
+    "is stopped): read its live stack with `py-spy dump --pid PID`."
+)
+FIX_UNEVEN = (
+    "Give every rank the same number of batches: DistributedSampler(dataset, drop_last=True), "
+    "or wrap the training loop in `with torch.distributed.algorithms.Join([model]):` for "
+    "uneven inputs; make any collective after the loop run on every rank."
+)
+FIX_DESYNC = (
+    "Every rank must issue the same collectives in the same order. Look at the call site of "
+    "the odd rank's collective: rank-conditional code (`if rank == 0: dist.barrier()`) must "
+    "run on all ranks. If the ranks have different numbers of batches (uneven inputs), use "
+    "DistributedSampler(dataset, drop_last=True) or torch.distributed.algorithms.Join."
+)
+FIX_STRAGGLER = (
+    "Look at what differs on that rank: its data (longer sequences, bigger batches), its host "
+    "or GPU (other processes, CPU contention, clocks or thermal throttling: `ddpmon top`, "
+    "nvidia-smi), or work only that rank does (logging, evaluation, checkpointing)."
+)
+FIX_PEERS_FAILED = (
+    "Every rank that ended failed in communication, so the cause is not among them: "
+    "look for the first error in the logs of all ranks (also those without a state "
+    "file here), at the hosts (`dmesg`, OOM killer) and at the network between them."
+)
+FIX_UNUSED = (
+    "Expected for branches some ranks skip (DDP needs find_unused_parameters=True "
+    "for them); otherwise make those parameters take part in the loss."
+)
+FIX_NEEDLESS_FIND_UNUSED = (
+    "Pass find_unused_parameters=False to DistributedDataParallel (or static_graph=True "
+    "if the graph never changes)."
+)
+FIX_PART_OFF = "Training is not affected; the rank's log has the traceback. Please report it."
+FIX_NO_STATE_FILES = (
+    "Attach ddpmon in the training script (`ddpmon.attach(model)`) and point the "
+    "doctor at the job's state directory (DDPMON_STATE_DIR; by default <tmp>/ddpmon/<job>)."
+)
+FIX_MISSING_RANKS = (
+    "Those ranks have not attached yet, or write their state files on another host: "
+    "give every rank the same shared DDPMON_STATE_DIR, or run the doctor on each host."
+)
+FIX_LEFTOVER = "Delete state files of runs that ended."
+FIX_BAD_STATE_FILE = (
+    "A rank replaces its state file atomically, so a truncated or corrupt one was written "
+    "by something else or the disk is full; delete it if that rank no longer runs."
+)
+FIX_UNREACHABLE_DAEMON = (
+    "Start `ddpmon daemon --serve-state` on that node (docs/daemon.md) and check the "
+    "address and any firewall between here and there."
+)
+
+
+def fix_crashed(v: RankView) -> str:
+    """A rank that raised an error of its own: that error is the cause."""
+    where = v.state.exit.where if v.state.exit else None
+    return (
+        f"Rank {v.rank} raised {short_exception(v.exception or '?')}"
+        + (f" at {where}" if where else "")
+        + ": fix that error. The other ranks failed or wait because of it."
+    )
+
+
+def fix_died(v: RankView) -> str:
+    """A rank that ended without a Python exception: where to look for what ended it."""
+    pid = v.state.pid
+    return (
+        f"Find out why rank {v.rank} (pid {pid} on {v.state.host}) ended "
+        "without a Python exception: its stderr or log for the first error; `dmesg` or "
+        f"`journalctl -k` for the kernel's OOM killer ('Killed process {pid}') or a "
+        "segfault; a call to os._exit or a signal (SIGKILL, SIGTERM from a scheduler). "
+        "The other ranks failed or wait because of it."
+    )
+
+
+def fix_missing_rank(unseen: list[int]) -> str:
+    return (
+        "Look at " + who(unseen) + " directly (their logs, `py-spy dump` on their "
+        "hosts, or `ddpmon doctor` on their hosts): they are in this group but report "
+        "nothing here (not attached, another host without a shared state directory, "
+        "or never started)."
+    )
+
+
+def fix_other_job(other: str) -> str:
+    return f"Pass --job {other} to diagnose that one; remove the files of jobs that ended."
+
+
+def rerun_advice(backend: str | None, debug_level: str | None = None, desync: bool = False) -> str:
+    """The variables to rerun with for more detail, by backend and the debug level the job
+    already runs with (never DETAIL with gloo)."""
+    nccl = "nccl" in str(backend)
+    if debug_level == "DETAIL" and nccl:
+        return (
+            "The job already runs with TORCH_DISTRIBUTED_DEBUG=DETAIL: the ranks' logs hold "
+            "torch's own collective checks (look for 'Detected mismatch between collectives'); "
+            "add NCCL_DEBUG=WARN TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+            "for the flight recorder dump on a timeout (read it with `torchfrtrace`)."
+        )
+    if nccl:
+        return (
+            "To see more, rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL TORCH_CPP_LOG_LEVEL=INFO "
+            "NCCL_DEBUG=WARN TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+            "(the flight recorder dump on a timeout; read it with `torchfrtrace`)."
+        )
+    text = (
+        "To see more, rerun with TORCH_DISTRIBUTED_DEBUG=INFO TORCH_CPP_LOG_LEVEL=INFO "
+        "(not DETAIL with gloo: it crashes while building DDP on torch 2.11-2.13)"
+        if debug_level in (None, "OFF") else
+        f"The job runs with TORCH_DISTRIBUTED_DEBUG={debug_level}: its logs have more"
+    )
+    if desync:
+        text += "; a `dist.monitored_barrier()` before the suspect code names the ranks that never reach it"
+    return text + "."
+
+
+def fix_comm(backend: str | None, debug_level: str | None = None) -> str:
+    if "nccl" in str(backend):
+        return (
+            "No rank is behind: check the network and NCCL. " + rerun_advice(backend, debug_level)
+            + " Check NCCL_SOCKET_IFNAME and NCCL_IB_* settings, firewalls between hosts, and "
+            "the GPUs (nvidia-smi; `dmesg` for Xid errors)."
+        )
+    return (
+        "No rank is behind: check the network between the ranks (GLOO_SOCKET_IFNAME picks the "
+        "interface; firewalls, MTU, a link that drops packets). " + rerun_advice(backend, debug_level)
+    )
+
+
+# -- a rank, a collective, in words -----------------------------------------------------------
+
+
+def ended(v: RankView, brief: bool = False) -> str:
+    if v.status == CRASHED:
+        return "crashed" if brief or not v.exception else f"crashed ({short_exception(v.exception)})"
+    if v.status == SILENT:
+        return "stopped writing its state file (on another host: dead or frozen)"
+    if v.status == EXITED:
+        return "exited"
+    return "died" if brief else "died without a Python exception (killed, os._exit, or a crash)"
+
+
+_WRAPPED = re.compile(r"^(?:\w+(?:Error|Exception): )?Got the following error when running the callback: ")
+
+
+def short_exception(text: str, limit: int = 160) -> str:
+    """The first line of an exception without torch's callback wrappers, shortened."""
+    line = text.strip().splitlines()[0] if text.strip() else text
+    while True:
+        stripped = _WRAPPED.sub("", line)
+        if stripped == line:
+            break
+        line = stripped
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def gone_line(v: RankView) -> str:
+    s = v.state
+    where = s.exit.where if s.exit else None
+    return (
+        f"rank {v.rank} (host {s.host}, pid {s.pid}): {ended(v)}"
+        + (f" at {where}" if where else "")
+        + f"; last seen at step {s.step}, phase {s.phase}, {v.liveness.detail}"
+    )
+
+
+def stuck_line(v: RankView) -> str:
+    s = v.state
+    what = "frozen: its state file is no longer rewritten" if v.status == FROZEN else "not in any collective"
+    after = f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
+    return (
+        f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
+        f"step {s.step}, phase {s.phase}, {what}{after}"
+    )
+
+
+def wait_line(v: RankView) -> str:
+    e = v.waiting
+    s = v.state
+    if e is None:
+        return f"rank {v.rank}: no progress for {v.silent:.1f} s, step {s.step}, phase {s.phase}"
+    return (
+        f"rank {v.rank} (host {s.host}, pid {s.pid}) has waited "
+        f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}"
+    )
+
+
+def stack_lines(v: RankView) -> list[str]:
+    main = main_thread(v.stack)
+    if not main:
+        return [f"rank {v.rank}: no stack ({v.stack_error or 'no hang report yet and py-spy not used'})"]
+    frames = [f for f in main.frames if not str(f.file).startswith("<frozen")][-8:]
+    gil = " (holds the GIL)" if main.owns_gil else ""
+    lines = [f"rank {v.rank} main thread{gil}, from {v.stack_source}, innermost last:"]
+    lines += [f"  {f.file}:{f.line} in {f.function}" for f in frames]
+    return lines
+
+
+def ready_lines(views: list[RankView], slow: list[int]) -> list[str]:
+    """When each rank's last gradient bucket was ready (when a slow rank reports it)."""
+    ready = {}
+    for v in views:
+        times = [b.ready_seconds for b in v.state.buckets if b.ready_seconds is not None]
+        if times:
+            ready[v.rank] = max(times)
+    if not ready or not any(r in ready for r in slow):
+        return []
+    return ["last gradient bucket ready after the step began: " + ", ".join(
+        f"rank {r}: {ms(ready[r])}" for r in sorted(ready)
+    )]
+
+
+def flight_recorder_lines(waiting: list[RankView]) -> list[str]:
+    lines = []
+    for v in waiting:
+        fr = (v.state.hang.flight_recorder if v.state.hang else None) or {}
+        for pg, status in sorted((fr.get("pg_status") or {}).items()):
+            lines.append(
+                f"rank {v.rank} flight recorder, group {pg}: last enqueued collective "
+                f"{status.get('last_enqueued_collective')}, last started "
+                f"{status.get('last_started_collective')}, last completed "
+                f"{status.get('last_completed_collective')}"
+            )
+    return lines
+
+
+def entry_name(e: Collective | None) -> str:
+    """A collective as a reader finds it in the code: op, sequence number, where issued."""
+    if not e:
+        return "?"
+    bucket = f", DDP bucket {e.bucket}" if e.bucket is not None else ""
+    func = f" in {e.function}" if e.function else ""
+    caller = f", called from {e.callers[0]}" if e.callers else ""
+    if e.source == "flight recorder":
+        return f"{e.op} #{e.seq} (group {e.group}, from torch's flight recorder)"
+    if e.bucket is not None and e.call_site == "DDP backward":
+        return f"{e.op} #{e.seq} (group {e.group}, gradient bucket {e.bucket} of DDP's backward)"
+    return f"{e.op} #{e.seq} (group {e.group}{bucket}, issued at {e.call_site}{func}{caller})"
+
+
+def ranks(numbers: Iterable[int]) -> str:
+    return ", ".join(str(r) for r in sorted(numbers))
+
+
+def who(numbers: Iterable[int]) -> str:
+    numbers = sorted(numbers)
+    return f"rank {numbers[0]}" if len(numbers) == 1 else f"ranks {ranks(numbers)}"
+
+
+def verb(items: Collection[object], one: str, many: str) -> str:
+    return one if len(items) == 1 else many
+
+
+def ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.1f} ms"

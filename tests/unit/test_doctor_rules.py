@@ -1,0 +1,340 @@
+"""The doctor's rules, one test per finding kind, on state files recorded from real jobs.
+
+``tests/fixtures/doctor/<scenario>/`` holds the state files of a real gloo job (recorded by
+``python -m tests.fixtures.doctor.record``) and ``meta.json``: each file's modification
+time, the doctor's clock when they were recorded, each process's liveness then, and the
+doctor's answer then. A test builds the views from those files without any process (the
+liveness given explicitly, ``now`` fixed relative to the recording) and calls one rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpmon.doctor import rules, words
+from ddpmon.doctor.load import StateFile, load_dir
+from ddpmon.doctor.procs import Liveness
+from ddpmon.doctor.rules import (
+    comm_hang, dead_rank, desync, ended_while_hung, files, not_joining, rank_notes, straggler,
+    stuck_rank, unused_parameters,
+)
+from ddpmon.doctor.view import RankView, view
+from ddpmon.state import files as state_files
+from ddpmon.state import schema
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
+SCENARIOS = sorted(p.name for p in FIXTURES.iterdir() if (p / "meta.json").exists())
+
+
+def meta(scenario: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / scenario / "meta.json").read_text())
+
+
+def state_files_of(scenario: str) -> list[StateFile]:
+    """The recorded files, read as the doctor reads them, with their recorded mtimes."""
+    m = meta(scenario)
+    return [
+        StateFile(str(path), state_files.read(str(path)), m["mtime"][path.name])
+        for path in sorted((FIXTURES / scenario).glob("rank-*.json"), key=lambda p: state_files.rank_of(str(p)) or 0)
+    ]
+
+
+def views(scenario: str, *, later: float = 0.0, alive: dict[int, bool | None] | None = None,
+          stopped: tuple[int, ...] = (), only: tuple[int, ...] | None = None) -> list[RankView]:
+    """The ranks of a recorded job ``later`` seconds after the recording. Liveness is as the
+    doctor saw it then, unless ``alive`` (by rank) or ``stopped`` say otherwise."""
+    m = meta(scenario)
+    out = []
+    for f in state_files_of(scenario):
+        if only is not None and f.rank not in only:
+            continue
+        name = Path(f.path).name
+        live = (alive or {}).get(f.rank, m["alive"][name])
+        liveness = Liveness(live, f"given by the test: alive={live}", f.rank in stopped or m["stopped"][name])
+        out.append(view(f, liveness, m["now"] + later, None))
+    return out
+
+
+def statuses(vs: list[RankView]) -> list[str]:
+    return [v.status for v in vs]
+
+
+# -- the view of a rank ---------------------------------------------------------------------------
+
+
+def test_views_of_recorded_jobs() -> None:
+    assert statuses(views("stuck_rank")) == ["waiting", "waiting", "stuck"]
+    assert statuses(views("stuck_rank", stopped=(2,))) == ["waiting", "waiting", "frozen"]
+    assert statuses(views("dead_rank")) == ["crashed", "dead", "crashed"]
+    assert statuses(views("straggler")) == ["running", "running"]
+    assert statuses(views("finished")) == ["exited", "exited"]
+    # another host (liveness unknown): a file no longer rewritten is silent
+    assert statuses(views("straggler", later=60.0, alive={0: None, 1: None})) == ["silent", "silent"]
+    stuck = views("stuck_rank")
+    waiting = stuck[0].waiting
+    assert waiting is not None and (waiting.op, waiting.bucket, waiting.call_site) == ("all_reduce", 0, "DDP backward")
+    assert waiting.age_seconds is not None and waiting.age_seconds >= 2.0
+    assert stuck[2].stack_source is not None and stuck[2].stack_source.startswith("its hang report")
+    assert stuck[2].stack is not None and stuck[2].stack[0].frames[-1].function == "load_batch"
+
+
+def test_every_recorded_job_gets_the_answer_the_doctor_gave_when_recorded() -> None:
+    for scenario in SCENARIOS:
+        vs = views(scenario)
+        missing = [r for r in range(vs[0].state.world_size or len(vs)) if r not in {v.rank for v in vs}]
+        verdict, suspects, findings = rules.decide(vs, missing)
+        findings += rules.notes(vs, suspects)
+        expected = meta(scenario)["doctor"]
+        assert (verdict, suspects, [f.kind for f in findings]) == (
+            expected["verdict"], expected["suspect_ranks"], expected["kinds"]), scenario
+
+
+# -- verdict rules, in the order of rules.VERDICT_RULES -------------------------------------------
+
+
+def test_finished() -> None:
+    found = dead_rank.finished(views("finished"), [])
+    assert found is not None and (found.verdict, found.suspects) == ("healthy", [])
+    assert [(f.kind, f.severity, f.ranks) for f in found.findings] == [("finished", "info", [0, 1])]
+    assert dead_rank.finished(views("straggler"), []) is None
+    assert dead_rank.finished(views("dead_rank"), []) is None
+
+
+def test_left_early() -> None:
+    """Rank 0 had fewer batches and exited cleanly; rank 1 then failed in its all-reduce."""
+    vs = views("left_early")
+    assert statuses(vs) == ["exited", "crashed"]
+    found = dead_rank.left_early(vs, [])
+    assert found is not None and (found.verdict, found.suspects) == ("desync", [0])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("left_early", [0])
+    assert f.summary.startswith("rank 0 left the job (exited without an error at step 4) while rank 1 still needed it")
+    assert f.fix == words.FIX_UNEVEN
+    assert dead_rank.left_early(views("dead_rank"), []) is None
+    assert dead_rank.left_early(views("finished"), []) is None
+
+
+def test_dead_rank() -> None:
+    """Rank 1 ended with os._exit; ranks 0 and 2 then crashed on the closed connection: their
+    errors are symptoms, rank 1 went first."""
+    found = dead_rank.dead_rank(views("dead_rank"), [])
+    assert found is not None and (found.verdict, found.suspects) == ("dead_rank", [1])
+    f = found.findings[0]
+    assert (f.kind, f.ranks, f.severity) == ("dead_rank", [1], "error")
+    assert f.summary == "rank 1 died first; ranks 0, 2 ended after it"
+    assert f.evidence[0].startswith("rank 1 (host ") and "died without a Python exception" in f.evidence[0]
+    assert "Killed process" in f.fix
+    # on another host the same rank is only seen to stop writing
+    found = dead_rank.dead_rank(views("dead_rank", later=60.0, alive={1: None}), [])
+    assert found is not None and found.suspects == [1]
+    assert found.findings[0].summary.startswith("rank 1 stopped writing its state file")
+    assert dead_rank.dead_rank(views("left_early"), []) is None
+    assert dead_rank.dead_rank(views("stuck_rank"), []) is None
+
+
+def test_stuck_rank() -> None:
+    """Rank 2 never returns from its data loader; ranks 0 and 1 wait in the all-reduce."""
+    found = stuck_rank.stuck_rank(views("stuck_rank"), [])
+    assert found is not None and (found.verdict, found.suspects) == ("hang", [2])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("stuck_rank", [2])
+    assert f.summary == (
+        "rank 2 is stuck outside any collective; ranks 0, 1 wait for it in all_reduce #11 "
+        "(group 0, gradient bucket 0 of DDP's backward)"
+    )
+    assert any(line.endswith("in load_batch") for line in f.evidence)
+    assert f.fix == words.FIX_STUCK
+    # its process stopped (SIGSTOP): frozen, and the fix says how to read its stack
+    found = stuck_rank.stuck_rank(views("stuck_rank", stopped=(2,)), [])
+    assert found is not None and found.suspects == [2] and found.findings[0].fix.startswith(words.FIX_FROZEN)
+    assert stuck_rank.stuck_rank(views("desync"), []) is None
+
+
+def test_not_joining() -> None:
+    """Rank 0 waits in a barrier of the whole job; rank 1 trains on (DDP over its own group)."""
+    vs = views("not_joining")
+    assert statuses(vs) == ["waiting", "running"]
+    found = not_joining.not_joining(vs, [])
+    assert found is not None and (found.verdict, found.suspects) == ("hang", [1])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("not_joining", [1])
+    assert f.summary.startswith("rank 0 waits in barrier #") and f.summary.endswith("rank 1 runs on without issuing it")
+    assert any(line.startswith("rank 1 keeps making progress") for line in f.evidence)
+    assert not_joining.not_joining(views("stuck_rank"), []) is None
+    assert not_joining.not_joining(views("straggler"), []) is None
+
+
+def test_missing_rank() -> None:
+    """Ranks 0 and 1 wait in a 3-rank all-reduce; rank 2 has no state file here."""
+    vs = views("stuck_rank", only=(0, 1))
+    found = comm_hang.missing_rank(vs, [2])
+    assert found is not None and (found.verdict, found.suspects) == ("hang", [2])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("missing_rank", [2])
+    assert "the group has 3 members and rank 2 has no state file here" in f.summary
+    assert comm_hang.missing_rank(vs, []) is None
+    assert comm_hang.missing_rank(views("desync"), [2]) is None
+
+
+def test_comm_hang() -> None:
+    """Every rank the doctor sees waits in the same all-reduce and no member is unseen."""
+    vs = views("stuck_rank", only=(0, 1))
+    found = comm_hang.comm_hang(vs, [])
+    assert found is not None and (found.verdict, found.suspects) == ("hang", [])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("comm_hang", [0, 1])
+    assert "none is behind" in f.summary
+    assert "GLOO_SOCKET_IFNAME" in f.fix and "TORCH_DISTRIBUTED_DEBUG=DETAIL" not in f.fix
+    assert comm_hang.comm_hang(vs, [2]) is None  # rank 2 is a member without a file
+    assert comm_hang.comm_hang(views("desync"), []) is None
+
+
+def test_desync() -> None:
+    """Rank 1 issued a barrier rank 0 never issues; rank 0 went on to its all-reduce."""
+    vs = views("desync")
+    found = desync.desync(vs, [])
+    assert found is not None and (found.verdict, found.suspects) == ("desync", [1])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("desync", [1])
+    assert f.summary.startswith("the ranks wait in different collectives (rank 1 in barrier #")
+    assert "in report_progress" in f.summary
+    assert "monitored_barrier" in f.fix and "TORCH_DISTRIBUTED_DEBUG=INFO" in f.fix
+    assert desync.odd_ranks(vs) == [1]
+    assert desync.desync(views("stuck_rank", only=(0, 1)), []) is None
+
+
+def test_straggler() -> None:
+    """Rank 1's forward sleeps 30 ms longer; it computes slower and waits least."""
+    found = straggler.straggler(views("straggler"), [])
+    assert found is not None and (found.verdict, found.suspects) == ("straggler", [1])
+    f = found.findings[0]
+    assert (f.kind, f.ranks, f.severity) == ("straggler", [1], "warning")
+    assert "x slower than the others" in f.summary
+    assert "confirmed: the slow rank waits least for communication (the others wait for it)" in f.evidence
+    assert straggler.straggler(views("stuck_rank"), []) is None
+
+
+def test_ended_while_hung() -> None:
+    """The stuck job, its processes later killed: diagnosed as the hang it was."""
+    vs = views("stuck_rank", later=120.0, alive={0: False, 1: False, 2: False})
+    assert statuses(vs) == ["dead", "dead", "dead"]
+    assert ended_while_hung.applies(vs)
+    verdict, suspects, findings = rules.decide(vs, [])
+    assert (verdict, suspects) == ("hang", [2])
+    assert [f.kind for f in findings] == ["stuck_rank", "ended_while_hung"]
+    assert not ended_while_hung.applies(views("dead_rank"))
+    assert not ended_while_hung.applies(views("stuck_rank"))
+    # killed while they still made progress: a dead rank, not a hang
+    assert not ended_while_hung.applies(views("straggler", alive={0: False, 1: False}))
+
+
+def test_the_first_rule_that_answers_wins() -> None:
+    """Precedence: a stuck rank is blamed before the waiting ranks' collectives are compared."""
+    vs = views("stuck_rank")
+    assert comm_hang.comm_hang(vs, []) is not None  # on its own it would answer
+    assert rules.VERDICT_RULES.index(stuck_rank.stuck_rank) < rules.VERDICT_RULES.index(comm_hang.comm_hang)
+    assert rules.decide(vs, []).suspects == [2]
+    assert rules.decide([], []) == ("no_data", [], [])
+    assert rules.decide(views("finished"), [])[0] == "healthy"
+
+
+# -- notes ----------------------------------------------------------------------------------------
+
+
+def test_unused_parameters() -> None:
+    """Rank 0 uses head_a and never head_b; rank 1 the other way round."""
+    found = unused_parameters.unused_parameters(views("unused_parameters"))
+    assert [(f.kind, f.ranks) for f in found] == [("unused_parameters", [0]), ("unused_parameters", [1])]
+    assert "head_b.weight" in found[0].summary and "head_a.weight" in found[1].summary
+    assert unused_parameters.unused_parameters(views("needless_find_unused")) == []
+
+
+def test_needless_find_unused_parameters() -> None:
+    found = unused_parameters.needless_find_unused_parameters(views("needless_find_unused"))
+    assert [(f.kind, f.ranks) for f in found] == [("needless_find_unused_parameters", [0, 1])]
+    assert "find_unused_parameters=False" in found[0].fix
+    # another rank does have unused parameters: the flag is needed
+    assert unused_parameters.needless_find_unused_parameters(views("unused_parameters")) == []
+    assert unused_parameters.needless_find_unused_parameters(views("straggler")) == []
+    # one rank alone cannot tell: the other (without the flag noted) may need it
+    mixed = views("needless_find_unused", only=(0,)) + views("finished", only=(1,))
+    assert unused_parameters.needless_find_unused_parameters(mixed) == []
+
+
+def test_no_stack() -> None:
+    vs = views("stuck_rank")
+    assert rank_notes.no_stack(vs[2], [2]) is None  # its hang report has its stack
+    vs[2].stack, vs[2].stack_error = None, "py-spy is not installed"
+    f = rank_notes.no_stack(vs[2], [2])
+    assert f is not None and (f.kind, f.ranks) == ("no_stack", [2]) and "py-spy is not installed" in f.summary
+    assert rank_notes.no_stack(vs[2], [0]) is None  # not a suspect
+
+
+def test_ddpmon_part_off() -> None:
+    assert [rank_notes.ddpmon_part_off(v, []) for v in views("straggler")] == [None, None]
+    v = views("straggler")[1]
+    v.file = dataclasses.replace(v.file, state=dataclasses.replace(v.state, errors={"bucket_timing": "boom"}))
+    f = rank_notes.ddpmon_part_off(v, [])
+    assert f is not None and (f.kind, f.ranks) == ("ddpmon_part_off", [1]) and "bucket_timing: boom" in f.summary
+
+
+# -- the state directory --------------------------------------------------------------------------
+
+
+@pytest.mark.bad_state_files
+def test_bad_state_file_and_unreachable_daemon(tmp_path: Path) -> None:
+    body = (FIXTURES / "desync" / "rank-0.json").read_text()
+    (tmp_path / "rank-0.json").write_text(body[: len(body) // 2])
+    shutil.copy(FIXTURES / "desync" / "rank-1.json", tmp_path / "rank-1.json")
+    loaded = load_dir(str(tmp_path))
+    assert [f.rank for f in loaded.files] == [1]
+    found = files.bad_files(loaded.bad + [("http://node-3:9400/state", "cannot be read (refused)")])
+    assert [(f.kind, f.summary.split(" ")[0]) for f in found] == [
+        ("bad_state_file", str(tmp_path / "rank-0.json")), ("unreachable_daemon", "http://node-3:9400/state"),
+    ]
+    assert "not valid JSON" in found[0].summary and "--serve-state" in found[1].fix
+
+
+def test_no_state_files() -> None:
+    f = files.no_state_files("/some/dir")
+    assert (f.kind, f.severity) == ("no_state_files", "warning") and "/some/dir" in f.summary
+
+
+def test_other_job_and_leftover_state_file() -> None:
+    desync_files, stuck_files = state_files_of("desync"), state_files_of("stuck_rank")
+    jobs = {"desync": [0, 1], "stuck": [0, 1, 2]}
+    found = files.other_job("desync", jobs)
+    assert [(f.kind, f.ranks) for f in found] == [("other_job", [0, 1, 2])] and "--job stuck" in found[0].fix
+    # rank 2 of a 3-rank run beside the files of a 2-rank one
+    kept, world, missing, notes = files.membership(desync_files + [stuck_files[2]])
+    assert ([f.rank for f in kept], world, missing) == ([0, 1], 2, [])
+    assert [(f.kind, f.ranks) for f in notes] == [("leftover_state_file", [2])] and "rank-2.json" in notes[0].summary
+
+
+def test_missing_ranks() -> None:
+    kept, world, missing, notes = files.membership(state_files_of("stuck_rank")[:2])
+    assert (world, missing, notes) == (3, [2], [])
+    found = files.missing_ranks(missing, world, set(), [])
+    assert [(f.kind, f.ranks) for f in found] == [("missing_ranks", [2])]
+    assert files.missing_ranks(missing, world, {2}, []) == []  # its file is there, unreadable
+    blamed = comm_hang.missing_rank(views("stuck_rank", only=(0, 1)), [2])
+    assert blamed is not None and files.missing_ranks(missing, world, set(), blamed.findings) == []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_fixture_files_are_real_state_files(scenario: str) -> None:
+    """Every fixture fits the shipped schema, reads cleanly, and its meta.json covers every file."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema.generated_schema())
+    for path in (FIXTURES / scenario).glob("rank-*.json"):
+        errors = list(validator.iter_errors(json.loads(path.read_text())))
+        assert not errors, f"{path}: {errors[0].message}"
+    fs = state_files_of(scenario)
+    assert fs and {Path(f.path).name for f in fs} == set(meta(scenario)["mtime"])
