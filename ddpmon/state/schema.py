@@ -177,19 +177,26 @@ class RankState:
     """Everything one rank publishes: who it is, where it is, what it measured."""
 
     rank: int
+    """This rank in the job (torch.distributed's global rank)."""
     local_rank: int | None = None
+    """LOCAL_RANK: its index on its node (the metrics port is base + local rank)."""
     world_size: int | None = None
     """The job's world size."""
     ddp_world_size: int | None = None
     """Size of DDP's process group (a subgroup under HSDP or 2-D parallelism)."""
     group_rank: int | None = None
+    """GROUP_RANK: the node's index under torchrun."""
     host: str | None = None
     pid: int | None = None
+    """The rank's process on ``host``."""
     port: int | None = None
     """The bound metrics port, null when the endpoint is off."""
     job: str | None = None
+    """The ``job`` label of the rank's metrics."""
     backend: str | None = None
+    """DDP's process group backend (``nccl``, ``gloo``)."""
     device: str | None = None
+    """The device of the model's first parameter."""
     torch_version: str | None = None
     debug_level: str | None = None
     """TORCH_DISTRIBUTED_DEBUG as torch reads it."""
@@ -197,6 +204,7 @@ class RankState:
     """ddpmon's version."""
     find_unused_parameters: bool | None = None
     num_parameters: int | None = None
+    """Trainable parameter tensors of the model."""
     bucket_timing: str | None = None
     """Where bucket timing comes from on this rank: ``hook``, ``c10d`` or ``off``."""
     state_interval: float | None = None
@@ -204,14 +212,19 @@ class RankState:
     ddp: dict[str, Any] = field(default_factory=dict)
     """Facts from DDP's own logging data."""
     step: int = 0
+    """Training steps completed."""
     phase: str = "init"
     """init, forward, after_forward, backward, allreduce, after_backward or detached."""
     started_unix: float | None = None
+    """When the rank attached (the writer's clock, seconds since the epoch)."""
     last_progress_unix: float | None = None
+    """The rank's last observed progress: a forward, backward, bucket, collective or step."""
     now_unix: float | None = None
     """The writer's clock when written."""
     collectives: Counts = field(default_factory=Counts)
+    """Collectives issued and completed while monitored."""
     in_flight: list[Collective] = field(default_factory=list)
+    """Collectives issued and not yet completed, oldest first."""
     last_collective: Collective | None = None
     collective_log: list[Collective] = field(default_factory=list)
     """The last 16 completed collectives."""
@@ -220,6 +233,7 @@ class RankState:
     collective_sites: dict[str, int] = field(default_factory=dict)
     """Collectives issued per op and call site."""
     unused_parameters: list[str] = field(default_factory=list)
+    """Parameters without a gradient in the last step (or named in DDP's error)."""
     buckets: list[Bucket] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
     notes: dict[str, str] = field(default_factory=dict)
@@ -227,8 +241,11 @@ class RankState:
     errors: dict[str, str] = field(default_factory=dict)
     """Parts of ddpmon that failed and switched themselves off, with the error."""
     hang: Hang | None = None
+    """The watchdog's report while it suspects a hang, else null."""
     exit: Exit | None = None
+    """How the process ended, once it has."""
     format: int = FORMAT
+    """The schema version of this file."""
     file_mtime_unix: float | None = None
     """Added by the node daemon's ``/state``: the file's modification time on its host."""
     served_unix: float | None = None
@@ -291,8 +308,39 @@ def generated_schema() -> dict[str, Any]:
     return schema
 
 
+def markdown() -> str:
+    """The field tables of docs/state.md, one per record, from the records above."""
+    schema = generated_schema()
+    defs = {"RankState": schema, **schema["$defs"]}
+    out = []
+    for name, spec in defs.items():
+        out.append(f"### {name}\n\n{spec.get('description', '')}\n")
+        out.append("| key | type | meaning |\n|---|---|---|")
+        for key, prop in spec["properties"].items():
+            required = " (required)" if key in spec.get("required", ()) else ""
+            out.append(f"| `{key}` | {_type_name(prop)}{required} | {prop.get('description', '')} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _type_name(prop: dict[str, Any]) -> str:
+    if "anyOf" in prop:
+        return " or ".join(_type_name(p) for p in prop["anyOf"])
+    if "$ref" in prop:
+        return prop["$ref"].rsplit("/", 1)[-1]
+    kind = prop.get("type", "any")
+    if kind == "array":
+        return f"list of {_type_name(prop['items'])}"
+    if kind == "object" and "additionalProperties" in prop:
+        return f"map of {_type_name(prop['additionalProperties'])}"
+    return str(kind)
+
+
 def main() -> int:
-    """Rewrite state-schema.json from the records above."""
+    """Rewrite state-schema.json (and print docs/state.md's tables with --markdown)."""
+    if sys.argv[1:] == ["--markdown"]:
+        print(markdown())
+        return 0
     with open(SCHEMA_FILE, "w") as f:
         json.dump(generated_schema(), f, indent=2)
         f.write("\n")
