@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from . import __version__
-from .errors import AttachError
+from .errors import AttachError, ConfigError
 
 _HOW_TO_WRAP = (
     "wrap the model first:\n"
@@ -46,6 +46,19 @@ def check_attachable(ddp: Any) -> None:
             "ddpmon.attach(model, comm_hook=hook, comm_state=state) instead of registering it, "
             "or register it after attach()"
         )
+
+
+def check_options(ddp: DistributedDataParallel, config: Any, local_rank: int) -> None:
+    """ConfigError for options that cannot work with this model on this rank."""
+    if config.port > 0 and config.port + local_rank > 65535:
+        raise ConfigError("port", config.port, f"a base port such that port + LOCAL_RANK "
+                          f"({local_rank}) is at most 65535")
+    if config.comm_hook is not None:
+        try:
+            ddp._check_comm_hook(config.comm_hook)
+        except Exception as exc:
+            raise ConfigError("comm_hook", config.comm_hook,
+                              f"a comm hook that torch accepts here; torch refused it: {exc}") from None
 
 
 def trainable_parameters(ddp: DistributedDataParallel) -> list[tuple[str, torch.nn.Parameter]]:

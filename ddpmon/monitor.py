@@ -17,7 +17,6 @@ from . import model, transparent
 from ._safety import Fuse
 from .collectors import rank_sources
 from .config import Config
-from .errors import AttachError, ConfigError
 from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.step import StepHooks
@@ -29,9 +28,6 @@ from .timing.layout import ddp_facts
 from .watchdog import Watchdog
 
 log = logging.getLogger("ddpmon")
-
-_STATE_FILES_IN_USE: set[str] = set()  # by the monitors of this process
-
 
 class Monitor:
     """Watches one DDP model on this rank. Made by ``ddpmon.attach``; ``detach()`` undoes it."""
@@ -46,22 +42,10 @@ class Monitor:
         self.rank, self.world_size, self.local_rank = identity["rank"], identity["world_size"], identity["local_rank"]
         self.recorder = Recorder(identity, identity["ddp_world_size"])  # bus bandwidth: DDP's group
         self._fuses = {name: Fuse(name, self._part_failed) for name in ("bucket_timing", "grad_hooks", "step_hooks")}
-        if config.port > 0 and config.port + self.local_rank > 65535:
-            raise ConfigError("port", config.port, f"a base port such that port + LOCAL_RANK "
-                              f"({self.local_rank}) is at most 65535")
-        if config.comm_hook is not None:
-            try:
-                ddp._check_comm_hook(config.comm_hook)
-            except Exception as exc:
-                raise ConfigError("comm_hook", config.comm_hook,
-                                  f"a comm hook that torch accepts here; torch refused it: {exc}") from None
+        model.check_options(ddp, config, self.local_rank)
         state_dir = config.resolved_state_dir(self.job)
-        if state_dir is not None and files.path_for(state_dir, self.rank) in _STATE_FILES_IN_USE:
-            raise AttachError(
-                f"another model of this process is monitored already, and both would write "
-                f"{files.path_for(state_dir, self.rank)}: give this one a state directory of its own "
-                "(ddpmon.attach(model, state_dir=...), or with the default directory a job=... of its own)"
-            )
+        if state_dir is not None:
+            files.check_unclaimed(files.path_for(state_dir, self.rank))
         # What detach() undoes; set before anything is installed, so that a failure part-way
         # through attach undoes what was done.
         self._timing: Timing | None = None
@@ -163,7 +147,6 @@ class Monitor:
             close()
         if self._writer:
             self._writer.stop()
-            _STATE_FILES_IN_USE.discard(self._writer.path)
 
     def __enter__(self) -> Monitor:
         return self
@@ -201,10 +184,7 @@ class Monitor:
         if state_dir is None:
             return None
         self._writer = files.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)
-        if self._writer is None:
-            return None
-        _STATE_FILES_IN_USE.add(self._writer.path)
-        return self._writer.path
+        return self._writer.path if self._writer else None
 
 
 def _flight_recorder() -> dict[str, Any] | None:

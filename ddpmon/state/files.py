@@ -200,6 +200,23 @@ class StateWriter:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.write_final()
+        _CLAIMED.discard(self.path)
+
+
+_CLAIMED: set[str] = set()  # state files written by a writer of this process
+
+
+def check_unclaimed(path: str) -> None:
+    """AttachError when a writer of this process writes ``path`` already (two monitored
+    models in one process must not share a state file)."""
+    if path in _CLAIMED:
+        from ..errors import AttachError
+
+        raise AttachError(
+            f"another model of this process is monitored already, and both would write {path}: "
+            "give this one a state directory of its own (ddpmon.attach(model, state_dir=...), or "
+            "with the default directory a job=... of its own)"
+        )
 
 
 def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any]],
@@ -216,4 +233,5 @@ def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any
         return None
     writer = StateWriter(path_for(state_dir, rank), snapshot, interval)
     writer.start()
+    _CLAIMED.add(writer.path)
     return writer
