@@ -204,6 +204,8 @@ def _run_script(script: str, args: list[str]) -> None:
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
         __builtins__=__builtins__,
     )
+    if sys.version_info < (3, 14):  # python's own __main__ has one from the start
+        main_module.__annotations__ = {}
     sys.modules["__main__"] = main_module
     code = compile(source, path, "exec", dont_inherit=True)
     _run_as_main(lambda: exec(code, main_module.__dict__), path)

@@ -38,12 +38,13 @@ _PYTHON = re.compile(r"python[0-9.]*(\.exe)?")
 
 SITECUSTOMIZE = '''\
 """Written by `ddpmon run` for the processes of one run, and removed when it ends."""
+import importlib.machinery as _machinery
+import importlib.util as _util
 import os as _os
 import sys as _sys
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _here]
-del _sys.modules["sitecustomize"]
 try:
     try:
         import ddpmon.launch
@@ -56,11 +57,12 @@ try:
     ddpmon.launch.install()
 except Exception as _exc:
     _sys.stderr.write("ddpmon run: this process is not monitored: %r\\n" % (_exc,))
-try:
-    import sitecustomize  # the one this copy stands in front of, if there is one
-except ImportError as _exc:
-    if _exc.name != "sitecustomize":
-        raise
+# the sitecustomize this one stands in front of, if there is one, runs as usual
+_spec = _machinery.PathFinder.find_spec("sitecustomize", _sys.path)
+if _spec is not None and _spec.loader is not None:
+    _module = _util.module_from_spec(_spec)
+    _sys.modules["sitecustomize"] = _module
+    _spec.loader.exec_module(_module)
 '''
 
 

@@ -59,7 +59,8 @@ def train(rank, world, args, net_class):
     seen = {
         "argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
         "monitors": [m.state_file for m in ddpmon.launch.monitors()] if "ddpmon.launch" in sys.modules else [],
-        "main_has_net": hasattr(sys.modules["__main__"], "Net"),
+        "net_module": net_class.__module__,
+        "pythonpath": os.environ.get("PYTHONPATH", ""),
     }
     with open(os.path.join(args.out, f"seen-{dist.get_rank()}.json"), "w") as f:
         json.dump(seen, f)
@@ -73,8 +74,8 @@ def fail_here():
     raise ValueError("boom from the training script")
 
 
-def spawned(rank, world, args):
-    train(rank, world, args, Net)
+def spawned(rank, world, args, net_class):
+    train(rank, world, args, net_class)
 
 
 if __name__ == "__main__":
@@ -82,7 +83,7 @@ if __name__ == "__main__":
     if args.spawn:
         import torch.multiprocessing as mp
 
-        mp.spawn(spawned, args=(args.spawn, args), nprocs=args.spawn)
+        mp.spawn(spawned, args=(args.spawn, args, Net), nprocs=args.spawn)
     else:
         train(None, None, args, Net)
     sys.exit(args.exit)
