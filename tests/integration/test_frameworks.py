@@ -1,14 +1,16 @@
-"""The framework integrations in real 2-process CPU jobs (gloo), tiny models built from code:
-Lightning's DDP strategy with DDPMonCallback, transformers.Trainer with its DDPMonCallback,
-and Accelerate with ``ddpmon.attach(model)`` after ``accelerator.prepare``. Each job
-accumulates 2 batches per optimizer step, and ddpmon's step count must equal the
-framework's own. A framework that is not installed skips its test."""
+"""docs/integrations.md's examples, run as they stand in real 2-process CPU jobs (gloo, tiny
+models built from code, no download): Lightning's DDP strategy on 2 CPU devices with
+DDPMonCallback, transformers.Trainer with its DDPMonCallback (under torchrun), Accelerate
+with ``ddpmon.attach(model)`` after ``accelerator.prepare`` (under torchrun). Each example
+runs 4 optimizer steps of 2 accumulated batches: every rank's state file must count 4, the
+framework's steps, not 8 batches. A framework that is not installed skips its test."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,54 +18,51 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = str(Path(__file__).with_name("framework_job.py"))
+DOC = (ROOT / "docs" / "integrations.md").read_text()
+EXAMPLES = {
+    name: (command, code)
+    for name, command, code in re.findall(r"<!-- example: (\w+), run as: (.+?) -->\n```python\n(.*?)```", DOC, re.S)
+}
 TIMEOUT = 200
+STEPS = 4
 
 
-def needs(*packages: str) -> None:
+def run_example(name: str, tmp_path: Path, *packages: str) -> None:
     missing = [p for p in packages if importlib.util.find_spec(p) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (pip install -e '.[test]' installs it)")
-
-
-def run_job(framework: str, out: Path, torchrun: bool) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    for name in [n for n in env if n.startswith("DDPMON_")]:
-        del env[name]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] if torchrun else [sys.executable]
-    proc = subprocess.run([*launcher, JOB, framework, str(out)], cwd=out, env=env, capture_output=True,
+    command, code = EXAMPLES[name]
+    (tmp_path / "train.py").write_text(code)
+    argv = command.split()
+    launcher = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone"]}
+    env = {n: v for n, v in os.environ.items() if not n.startswith("DDPMON_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               DDPMON_STATE_DIR=str(tmp_path / "state"), DDPMON_PORT="0",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run([*launcher[argv[0]], *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
-def check(out: Path, steps: int = 4) -> None:
     for rank in (0, 1):
-        result = json.loads((out / f"result-{rank}.json").read_text())
-        assert result["framework_steps"] == steps
-        assert result["state_file"] == str(out / "state" / f"rank-{rank}.json")
-        state = json.loads(Path(result["state_file"]).read_text())
-        assert (state["rank"], state["world_size"], state["step"]) == (rank, 2, steps)
-        assert state["buckets"] or state["ddp"], state  # it saw DDP's side, not just a process
+        state = json.loads((tmp_path / "state" / f"rank-{rank}.json").read_text())
+        assert (state["rank"], state["world_size"], state["step"]) == (rank, 2, STEPS)
+        assert state["ddp"] and state["phase"] == "detached", state
+        assert state["exit"] is None or state["exit"]["exception"] is None
+
+
+def test_docs_have_the_three_examples() -> None:
+    assert sorted(EXAMPLES) == ["accelerate", "lightning", "transformers"]
 
 
 def test_lightning_ddp_strategy_on_two_cpu_devices(tmp_path: Path) -> None:
-    needs("lightning")
-    run_job("lightning", tmp_path, torchrun=False)  # Lightning starts the second process
-    check(tmp_path)
+    run_example("lightning", tmp_path, "lightning")  # Lightning starts the second process itself
 
 
 def test_transformers_trainer(tmp_path: Path) -> None:
-    needs("transformers", "accelerate")
-    run_job("transformers", tmp_path, torchrun=True)
-    check(tmp_path)
-    assert json.loads((tmp_path / "result-0.json").read_text())["wrapped"] == "DistributedDataParallel"
+    run_example("transformers", tmp_path, "transformers", "accelerate")
 
 
 def test_accelerate_prepare_then_attach(tmp_path: Path) -> None:
-    needs("accelerate")
-    run_job("accelerate", tmp_path, torchrun=True)
-    check(tmp_path)
+    run_example("accelerate", tmp_path, "accelerate")
 
 
 def test_core_import_stays_light_and_missing_frameworks_are_named() -> None:
