@@ -1,11 +1,12 @@
 """A training script that knows nothing of ddpmon, for ``ddpmon run`` tests.
 
-    python plain_train.py OUT_DIR [--steps N] [--models K] [--fail] [--spawn WORLD] [--exit CODE]
+    python plain_train.py OUT_DIR [--steps N] [--models K] [--fail] [--spawn WORLD] [--exit CODE] [--attach]
 
 Under torchrun it uses torchrun's rendezvous; with ``--spawn`` it starts its own ranks
 with ``torch.multiprocessing.spawn`` (a function and a class of this file are pickled) and a
 FileStore in OUT_DIR. Each rank writes ``seen-<rank>.json``: what the script saw of itself
-(``sys.argv``, ``__name__``, ``__file__``, ``sys.path[0]``) and of ddpmon.
+(``sys.argv``, ``__name__``, ``__file__``, ``sys.path[0]``) and of ddpmon. With ``--attach``
+it also calls ``ddpmon.attach`` itself, as a script written for ddpmon would.
 """
 
 import argparse
@@ -37,6 +38,7 @@ def parse():
     p.add_argument("--fail", action="store_true")
     p.add_argument("--spawn", type=int, default=0)
     p.add_argument("--exit", type=int, default=0)
+    p.add_argument("--attach", action="store_true")
     return p.parse_args()
 
 
@@ -48,6 +50,11 @@ def train(rank, world, args, net_class):
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     models = [DDP(net_class()) for _ in range(args.models)]
+    explicit = None
+    if args.attach:
+        import ddpmon
+
+        explicit = ddpmon.attach(models[0])
     opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
     for _ in range(args.steps):
         for model, opt in zip(models, opts):
@@ -60,6 +67,7 @@ def train(rank, world, args, net_class):
         "argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
         "monitors": [m.state_file for m in ddpmon.launch.monitors()] if "ddpmon.launch" in sys.modules else [],
         "net_module": net_class.__module__,
+        "explicit_is_launched": explicit is not None and explicit is ddpmon.launch.monitors()[0],
         "pythonpath": os.environ.get("PYTHONPATH", ""),
     }
     with open(os.path.join(args.out, f"seen-{dist.get_rank()}.json"), "w") as f:

@@ -85,12 +85,13 @@ def test_torchrun_form_two_models_traceback_and_exit_status(tmp_path: Path) -> N
 def test_python_form_spawns_its_own_ranks(tmp_path: Path) -> None:
     """``ddpmon run python script.py``: the ranks are started by torch.multiprocessing.spawn
     (a class of the script pickled to them); each is monitored through a sitecustomize that
-    exists only for the run; the script's own exit status comes back."""
+    exists only for the run; the script's own ``ddpmon.attach(model)`` gets the monitor
+    already there; the script's own exit status comes back."""
     out, state_dir = tmp_path / "out", tmp_path / "state"
     out.mkdir()
     before = installed_hooks()
     proc = ddpmon_run("--port", "0", "--state-dir", str(state_dir), "-o", "hang_timeout=300",
-                      sys.executable, SCRIPT, str(out), "--steps", "4", "--spawn", "2", "--exit", "3",
+                      sys.executable, SCRIPT, str(out), "--steps", "4", "--spawn", "2", "--exit", "3", "--attach",
                       cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     for rank in (0, 1):
@@ -99,6 +100,7 @@ def test_python_form_spawns_its_own_ranks(tmp_path: Path) -> None:
         seen = json.loads((out / f"seen-{rank}.json").read_text())
         assert seen["name"] == seen["net_module"] == "__mp_main__"  # as without ddpmon
         assert seen["monitors"] == [str(state_dir / f"rank-{rank}.json")]
+        assert seen["explicit_is_launched"]  # the script's own ddpmon.attach got that monitor
         assert seen["argv"][0] == SCRIPT
         sitedir = seen["pythonpath"].split(os.pathsep)[0]
         assert os.path.basename(sitedir).startswith("ddpmon-run-")
