@@ -18,6 +18,7 @@ is already there (or, with options, one attached again with them).
 from __future__ import annotations
 
 import atexit
+import builtins
 import functools
 import importlib.abc
 import importlib.machinery
@@ -202,7 +203,7 @@ def _run_script(script: str, args: list[str]) -> None:
     main_module.__dict__.update(
         __file__=path, __cached__=None, __package__=None, __spec__=None,
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
-        __builtins__=__builtins__,
+        __builtins__=builtins,
     )
     if sys.version_info < (3, 14):  # python's own __main__ has one from the start
         main_module.__annotations__ = {}
@@ -229,7 +230,7 @@ def _run_as_main(run: Any, filename: str | None) -> None:
         run()
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001: reported and turned into the exit status
+    except BaseException as exc:  # reported as python would, and turned into the exit status
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != filename:
             tb = tb.tb_next

@@ -109,6 +109,34 @@ def test_python_form_spawns_its_own_ranks(tmp_path: Path) -> None:
     assert installed_hooks() == before
 
 
+SHOW = """\
+import pickle, sys
+class Point:
+    pass
+def fail():
+    raise KeyError("from the script")
+if __name__ == "__main__":
+    names = sorted(k for k in globals() if k.startswith("__"))
+    print(sys.argv, __name__, __file__, sys.path[0], __spec__, type(__loader__).__name__, names)
+    print(type(pickle.loads(pickle.dumps(Point()))).__qualname__)
+    fail()
+"""
+
+
+def test_launch_runs_a_script_as_python_would(tmp_path: Path) -> None:
+    """Same output, traceback and exit status as ``python sub/show.py a b`` (no torch here)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "show.py").write_text(SHOW)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    plain = subprocess.run([sys.executable, "sub/show.py", "a", "-b"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    launched = subprocess.run([sys.executable, "-m", "ddpmon.launch", "sub/show.py", "a", "-b"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 1 and "KeyError: 'from the script'" in plain.stderr
+    assert "['sub/show.py', 'a', '-b'] __main__" in plain.stdout and "Point" in plain.stdout
+    assert (launched.returncode, launched.stdout, launched.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+
+
 def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     plan = plan_command(["--nproc-per-node=2", "train.py", "--lr", "0.1", "-m"])

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "integrations.md").read_text()
 EXAMPLES = {
     name: (command, code)
-    for name, command, code in re.findall(r"<!-- example: (\w+), run as: (.+?) -->\n```python\n(.*?)```", DOC, re.S)
+    for name, command, code in re.findall(r"<!-- example: (\w+), run as: (.+?) -->\n```python\n(.*?)```", DOC, re.DOTALL)
 }
 TIMEOUT = 200
 STEPS = 4
