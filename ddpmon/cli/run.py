@@ -162,7 +162,11 @@ def plan_command(command: list[str]) -> Plan:
         launcher, rest = [command[0]], command[1:]
     else:
         launcher, rest = [sys.executable, "-m", "torch.distributed.run"], list(command)
-    from torch.distributed.run import get_args_parser
+    try:
+        from torch.distributed.run import get_args_parser
+    except ImportError as exc:
+        raise UsageError(f"torchrun's arguments need torch here ({exc}); with another "
+                         "interpreter's torch use: ddpmon run /path/to/python -m torch.distributed.run ...") from None
 
     parser = get_args_parser()
     parser.prog = "ddpmon run"

@@ -137,6 +137,23 @@ def test_launch_runs_a_script_as_python_would(tmp_path: Path) -> None:
     assert (launched.returncode, launched.stdout, launched.stderr) == (plain.returncode, plain.stdout, plain.stderr)
 
 
+def test_python_form_chains_to_an_existing_sitecustomize(tmp_path: Path) -> None:
+    """The run's sitecustomize installs the watcher, leaves sys.path as it was, and then runs
+    the sitecustomize it stands in front of."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    probe = ("import os, sys; print(os.environ.get('THEIRS_RAN'), sys.modules['sitecustomize'].__file__, "
+             "'ddpmon.launch' in sys.modules, any('ddpmon-run-' in p for p in sys.path), 'torch' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), str(theirs))))
+    proc = subprocess.run([sys.executable, "-m", "ddpmon", "run", "--state-dir", str(tmp_path / "s"),
+                           sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", str(theirs / "sitecustomize.py"), "True", "False", "False"]
+    assert "no state file" in proc.stderr
+
+
 def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     plan = plan_command(["--nproc-per-node=2", "train.py", "--lr", "0.1", "-m"])
