@@ -120,18 +120,16 @@ class Plan:
 
 
 class UsageError(Exception):
-    pass
+    """The command line cannot be run as given; the message says why."""
 
 
 def run(args: argparse.Namespace) -> int:
+    """Start the command with ddpmon reaching its ranks; its exit status is ours."""
     try:
         env = _child_env(args)
         plan = plan_command(args.command)
         job, state_dir = _job_and_state_dir(env, plan)
-    except UsageError as exc:
-        print(f"ddpmon run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ConfigError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"ddpmon run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"ddpmon run: job {job!r}, state files in {state_dir or '(off)'}", file=sys.stderr)
