@@ -156,6 +156,9 @@ def plan_command(command: list[str]) -> Plan:
     first = os.path.basename(command[0])
     if _PYTHON.fullmatch(first) or command[0] == sys.executable:
         return Plan(list(command), True, _python_target(command[1:]))
+    if first != "torchrun" and not command[0].startswith("-") and not command[0].endswith(".py") \
+            and shutil.which(command[0]):  # a launcher of its own: accelerate launch, a shell script
+        return Plan(list(command), True, _python_target(command[1:]))
     if first == "torchrun":
         launcher, rest = [command[0]], command[1:]
     else:
@@ -188,7 +191,10 @@ def plan_command(command: list[str]) -> Plan:
 
 
 def _python_target(args: list[str]) -> str:
-    """The script (or ``-m`` module) of a python command line, for the job's name."""
+    """The script (or ``-m`` module) of a command line, for the job's name."""
+    for arg in args:
+        if arg.endswith(".py"):
+            return arg
     for i, arg in enumerate(args):
         if arg == "-m" and i + 1 < len(args):
             return args[i + 1]

@@ -163,6 +163,8 @@ def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
     assert plan.argv == ["torchrun", "--nnodes", "1", "--rdzv-id", "j7", "-m", "ddpmon.launch", "-m", "pkg.train", "x"]
     assert plan.rdzv_id == "j7"
     assert plan_command(["--no-python", "./train.sh"]).sitecustomize
+    plan = plan_command(["bash", "-c", "torchrun --nproc-per-node=2 train.py"])  # a launcher of its own
+    assert plan.sitecustomize and plan.argv == ["bash", "-c", "torchrun --nproc-per-node=2 train.py"]
     assert plan_command(["python3", "-u", "train.py"]).argv == ["python3", "-u", "train.py"]
     assert plan_command(["python3", "-u", "train.py"]).script == "train.py"
 
