@@ -5,11 +5,11 @@
 
 Every rank runs the script through ``python -m ddpmon.launch``, which attaches ddpmon to each
 DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS -m
-ddpmon.launch SCRIPT ARGS``). In the ``python`` form (and torchrun's ``--no-python`` and
-``--run-path``) the processes are not started by ddpmon, so the run puts a ``sitecustomize``
-of its own in a temporary directory on PYTHONPATH, for this run's processes only: it calls
-``ddpmon.launch.install()``, then the ``sitecustomize`` it stands in front of, if any, and is
-removed when the run ends. Options are ``DDPMON_*`` variables, set here by the flags for the
+ddpmon.launch SCRIPT ARGS``). In the ``python`` form (another launcher program, and
+torchrun's ``--no-python`` and ``--run-path``) ddpmon does not start the ranks, so the run
+puts a ``sitecustomize`` of its own in a temporary directory on PYTHONPATH, for this run's
+processes only: it calls ``ddpmon.launch.install()``, then the ``sitecustomize`` it stands in
+front of, if any, and is removed when the run ends. Options are ``DDPMON_*`` variables, set here by the flags for the
 children. The exit status is the command's (128 + N when a signal N ended it).
 """
 
