@@ -1,0 +1,285 @@
+"""``ddpmon run [OPTIONS] TORCHRUN-ARGS... SCRIPT [ARGS...]``: monitor a job without changing it.
+
+    ddpmon run --nproc-per-node=2 train.py --lr 0.1     # torchrun's own arguments
+    ddpmon run python train.py                          # a script that starts its own ranks
+
+Every rank runs the script through ``python -m ddpmon.launch``, which attaches ddpmon to each
+DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS -m
+ddpmon.launch SCRIPT ARGS``). In the ``python`` form (another launcher program, and
+torchrun's ``--no-python`` and ``--run-path``) ddpmon does not start the ranks, so the run
+puts a ``sitecustomize`` of its own in a temporary directory on PYTHONPATH, for this run's
+processes only: it calls ``ddpmon.launch.install()``, then the ``sitecustomize`` it stands in
+front of, if any, and is removed when the run ends. Options are ``DDPMON_*`` variables, set here by the flags for the
+children. The exit status is the command's (128 + N when a signal N ended it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from ..config import Config
+from ..errors import ConfigError
+
+HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
+
+EXIT_USAGE = 2
+_OWN_FLAGS_WITH_VALUE = ("--job", "--state-dir", "--port", "--option", "-o")
+_PYTHON = re.compile(r"python[0-9.]*(\.exe)?")
+
+SITECUSTOMIZE = '''\
+"""Written by `ddpmon run` for the processes of one run, and removed when it ends."""
+import importlib.machinery as _machinery
+import importlib.util as _util
+import os as _os
+import sys as _sys
+
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _here]
+try:
+    try:
+        import ddpmon.launch
+    except ImportError:  # this interpreter lacks ddpmon: take the launcher's, at the end
+        _sys.path.append({ddpmon_parent!r})
+        try:
+            import ddpmon.launch
+        finally:
+            _sys.path.remove({ddpmon_parent!r})
+    ddpmon.launch.install()
+except Exception as _exc:
+    _sys.stderr.write("ddpmon run: this process is not monitored: %r\\n" % (_exc,))
+# the sitecustomize this one stands in front of, if there is one, runs as usual
+_spec = _machinery.PathFinder.find_spec("sitecustomize", _sys.path)
+if _spec is not None and _spec.loader is not None:
+    _module = _util.module_from_spec(_spec)
+    _sys.modules["sitecustomize"] = _module
+    _spec.loader.exec_module(_module)
+'''
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "ddpmon run [OPTIONS] [TORCHRUN-ARGS...] SCRIPT [ARGS...] | ddpmon run [OPTIONS] python SCRIPT [ARGS...]"
+    parser.epilog = ("ddpmon's options come first; everything from the first other argument on is "
+                     "torchrun's (or the python command line). Any option can also be a DDPMON_* variable.")
+    parser.add_argument("--job", help="job name: the `job` label and the state directory's name "
+                        "(default: torchrun's --rdzv-id, else SCRIPT-YYYYMMDD-HHMMSS)")
+    parser.add_argument("--state-dir", help="directory of the state files (default: <tmp>/ddpmon/JOB)")
+    parser.add_argument("--port", help="base metrics port: LOCAL_RANK k serves on PORT+k; 0 = ephemeral; "
+                        "negative = off (default 9500)")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="any other ddpmon option, as for attach() (repeatable): "
+                        "-o hang_timeout=120 -o bucket_timing=hook")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="TORCHRUN-ARGS... SCRIPT [ARGS...]")
+    _stop_at_command(parser)
+
+
+def _stop_at_command(parser: argparse.ArgumentParser) -> None:
+    """ddpmon's own flags are those before the command: the rest is torchrun's, unparsed
+    (argparse would reject torchrun's flags as unknown)."""
+    parse = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        args = list(sys.argv[1:] if args is None else args)
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                head, rest = args[:i], args[i + 1:]
+                break
+            if arg in ("-h", "--help") or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--")):
+                i += 1
+            elif arg.split("=", 1)[0] in _OWN_FLAGS_WITH_VALUE:
+                i += 1 if "=" in arg else 2
+            else:
+                head, rest = args[:i], args[i:]
+                break
+        else:
+            head, rest = args, []
+        ns, extra = parse(head, namespace)
+        ns.command = rest
+        return ns, extra
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+@dataclasses.dataclass
+class Plan:
+    argv: list[str]
+    sitecustomize: bool  # the processes are not started by ddpmon: reach them through site
+    script: str
+    rdzv_id: str | None = None
+
+
+class UsageError(Exception):
+    """The command line cannot be run as given; the message says why."""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the command with ddpmon reaching its ranks; its exit status is ours."""
+    try:
+        env = _child_env(args)
+        plan = plan_command(args.command)
+        job, state_dir = _job_and_state_dir(env, plan)
+    except (UsageError, ConfigError) as exc:
+        print(f"ddpmon run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"ddpmon run: job {job!r}, state files in {state_dir or '(off)'}", file=sys.stderr)
+    sitedir = None
+    try:
+        if plan.sitecustomize:
+            sitedir = tempfile.mkdtemp(prefix="ddpmon-run-")
+            with open(os.path.join(sitedir, "sitecustomize.py"), "w") as f:
+                f.write(SITECUSTOMIZE.format(ddpmon_parent=_ddpmon_parent()))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (sitedir, env.get("PYTHONPATH", "")) if p)
+        code = _run_child(plan.argv, env)
+    finally:
+        if sitedir:
+            shutil.rmtree(sitedir, ignore_errors=True)
+    _print_summary(code, state_dir)
+    return code
+
+
+def plan_command(command: list[str]) -> Plan:
+    """How to start ``command`` (torchrun's arguments, or a python command line)."""
+    if not command:
+        raise UsageError("name what to run: ddpmon run --nproc-per-node=2 train.py [ARGS...], "
+                         "or ddpmon run python train.py [ARGS...]")
+    first = os.path.basename(command[0])
+    if _PYTHON.fullmatch(first) or command[0] == sys.executable:
+        return Plan(list(command), True, _python_target(command[1:]))
+    if first != "torchrun" and not command[0].startswith("-") and not command[0].endswith(".py") \
+            and shutil.which(command[0]):  # a launcher of its own: accelerate launch, a shell script
+        return Plan(list(command), True, _python_target(command[1:]))
+    if first == "torchrun":
+        launcher, rest = [command[0]], command[1:]
+    else:
+        launcher, rest = [sys.executable, "-m", "torch.distributed.run"], list(command)
+    try:
+        from torch.distributed.run import get_args_parser
+    except ImportError as exc:
+        raise UsageError(f"torchrun's arguments need torch here ({exc}); with another "
+                         "interpreter's torch use: ddpmon run /path/to/python -m torch.distributed.run ...") from None
+
+    parser = get_args_parser()
+    parser.prog = "ddpmon run"
+    try:
+        targs = parser.parse_args(rest)
+    except SystemExit:
+        raise UsageError("torchrun could not read these arguments (see above)") from None
+    cut = len(rest) - len(targs.training_script_args) - 1
+    if cut < 0 or rest[cut] != targs.training_script:
+        raise UsageError(f"cannot tell torchrun's arguments from the script's in {rest!r}: "
+                         "put ddpmon's options first, then torchrun's, then SCRIPT and its arguments")
+    opts, script, script_args = rest[:cut], rest[cut], rest[cut + 1:]
+    rdzv_id = targs.rdzv_id if targs.rdzv_id and targs.rdzv_id != "none" else None
+    if targs.no_python or targs.run_path:  # torchrun does not start `python`: reach it through site
+        return Plan(launcher + rest, True, script, rdzv_id)
+    shim = ["-m", "ddpmon.launch"]
+    if targs.module:
+        opts = [o for o in opts if o not in ("-m", "--module")]
+        shim += ["-m"]
+    return Plan(launcher + opts + shim + [script] + script_args, False, script, rdzv_id)
+
+
+def _python_target(args: list[str]) -> str:
+    """The script (or ``-m`` module) of a command line, for the job's name."""
+    for arg in args:
+        if arg.endswith(".py"):
+            return arg
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1]
+        if arg == "-c":
+            return "python"
+        if not arg.startswith("-"):
+            return arg
+    return "python"
+
+
+def _child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    names = {f.name for f in dataclasses.fields(Config)} - {"comm_state"}
+    given = [("job", args.job), ("state_dir", args.state_dir), ("port", args.port)]
+    for item in args.option:
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in names:
+            raise UsageError(f"-o {item!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(names))}")
+        given.append((name, value))
+    for name, value in given:
+        if value is not None:
+            env["DDPMON_" + name.upper()] = value
+    return env
+
+
+def _job_and_state_dir(env: dict[str, str], plan: Plan) -> tuple[str, str | None]:
+    """Fix the job and state directory for every rank now, so the end can say where they are."""
+    if not env.get("DDPMON_JOB"):
+        stem = os.path.splitext(os.path.basename(plan.script.rstrip("/")))[0] or "job"
+        env["DDPMON_JOB"] = plan.rdzv_id or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = Config.from_env(env)  # bad values stop here, before any rank starts
+    job = config.resolved_job(env)
+    state_dir = config.resolved_state_dir(job)
+    env["DDPMON_STATE_DIR"] = os.path.abspath(state_dir) if state_dir is not None else ""
+    return job, env["DDPMON_STATE_DIR"] or None
+
+
+def _ddpmon_parent() -> str:
+    import ddpmon
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(ddpmon.__file__)))
+
+
+def _run_child(argv: list[str], env: dict[str, str]) -> int:
+    try:
+        proc = subprocess.Popen(argv, env=env)
+    except OSError as exc:
+        print(f"ddpmon run: cannot start {argv[0]!r}: {exc}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    # Ctrl-C reaches the whole foreground process group, the command included: the launcher
+    # only waits for it to finish. TERM and HUP sent to the launcher are passed on.
+    previous = {sig: signal.signal(sig, handler) for sig, handler in (
+        (signal.SIGINT, lambda *_: None), (signal.SIGTERM, forward), (signal.SIGHUP, forward))}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def _print_summary(code: int, state_dir: str | None) -> None:
+    out = sys.stderr
+    if state_dir is None:
+        print(f"ddpmon run: exit status {code}; state files were off", file=out)
+        return
+    found = []  # (directory, number of rank files): the first model's, then model-k/
+    for root, _dirs, files in sorted(os.walk(state_dir)) if os.path.isdir(state_dir) else []:
+        ranks = [f for f in files if re.fullmatch(r"rank-\d+\.json", f)]
+        if ranks:
+            found.append((root, len(ranks)))
+    if not found:
+        print(f"ddpmon run: exit status {code}; no state file in {state_dir} (did the script "
+              "build a torch.nn.parallel.DistributedDataParallel model?)", file=out)
+        return
+    listed = ", ".join(f"{os.path.relpath(d, state_dir) + '/: ' if d != state_dir else ''}"
+                       f"{n} rank{'s' if n != 1 else ''}" for d, n in found)
+    print(f"ddpmon run: exit status {code}; state files in {state_dir} ({listed})", file=out)
+    for directory, _ in found:
+        print(f"  ddpmon doctor {directory}\n  ddpmon report {directory}", file=out)
