@@ -15,13 +15,11 @@ import datetime
 import json
 import os
 import sys
-import time
 import types
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.distributed.worker import MLP, captured_logs, init, read_state, scrape, train
