@@ -74,7 +74,7 @@ def checked(mode: str, fn: Any) -> tuple[str | None, list[str]]:
 
 
 def main() -> None:
-    backend, timing = sys.argv[1], sys.argv[2]
+    backend, timing = sys.argv[-2:]  # after the harness's scenario name (empty here)
     out = os.environ["DDPMON_TEST_OUT"]
     torch.cuda.set_device(0)
     store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD)
