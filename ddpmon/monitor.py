@@ -77,7 +77,7 @@ class Monitor:
                                             config.unused_parameters_advice_steps, self._notify)
         self._steps = StepHooks(ddp, rec, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
                                 timelines=self._timing.timelines)
-        sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml)
+        sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
         rec.identity["port"] = self.port

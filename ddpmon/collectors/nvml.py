@@ -87,23 +87,33 @@ def is_lost(exc: BaseException) -> bool:
     return type(exc).__name__ in _LOST
 
 
-def open_nvml(who: str) -> Any | None:
+Note = Callable[[str], None]
+"""Where a rank's GPU source says what is wrong with it besides the log (the state file's
+``notes["gpu_metrics"]``)."""
+
+
+def open_nvml(who: str, note: Note | None = None) -> Any | None:
     """Import pynvml and initialise NVML; the module, or None after one warning saying why
-    GPU metrics are off. ``who`` names the caller in that line ("rank 3", "daemon")."""
+    GPU metrics are off (also given to ``note``). ``who`` names the caller in that line
+    ("rank 3", "daemon")."""
     try:
         nv = importlib.import_module("pynvml")
     except ImportError:
-        log.warning(
-            "ddpmon: %s: GPU metrics are off: the nvidia-ml-py package is not installed "
-            "(pip install nvidia-ml-py)", who,
-        )
+        _off(who, "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)", note)
         return None
     try:
         nv.nvmlInit()
     except Exception as exc:
-        log.warning("ddpmon: %s: GPU metrics are off: %s", who, explain(exc))
+        _off(who, explain(exc), note)
         return None
     return nv
+
+
+def _off(who: str, why: str, note: Note | None) -> None:
+    text = f"GPU metrics are off: {why}"
+    log.warning("ddpmon: %s: %s", who, text)
+    if note is not None:
+        note(text)
 
 
 def close_nvml(nv: Any) -> None:
@@ -214,6 +224,12 @@ def resolve(nv: Any, cuda_index: int, visible: str | None = None, uuid: str | No
             f"cuda:{cuda_index} is not in CUDA_VISIBLE_DEVICES={visible!r} ({len(entries)} entries)"
         )
     entry = entries[cuda_index] if entries is not None else str(cuda_index)
+    if uuid and not pci_bus_id:
+        raise LookupError(
+            f"torch's UUID of cuda:{cuda_index}, {uuid}, is not one NVML knows, and torch gives no "
+            f"PCI bus id to check the CUDA_VISIBLE_DEVICES entry {entry!r} against: that GPU could "
+            "be another one"
+        )
     if entry.upper().startswith(("GPU-", "MIG-")):
         gpu = _by_uuid_prefix(nv, entry)
     else:
@@ -223,6 +239,9 @@ def resolve(nv: Any, cuda_index: int, visible: str | None = None, uuid: str | No
             raise LookupError(
                 f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a GPU-/MIG- UUID"
             ) from None
+        count = nv.nvmlDeviceGetCount()
+        if not 0 <= index < count:
+            raise LookupError(f"CUDA_VISIBLE_DEVICES entry {entry!r} is not one of NVML's {count} GPU(s)")
         gpu = describe_gpu(nv, nv.nvmlDeviceGetHandleByIndex(index))
     if not pci_bus_id:
         return gpu, "unconfirmed"
@@ -235,6 +254,16 @@ def resolve(nv: Any, cuda_index: int, visible: str | None = None, uuid: str | No
         raise LookupError(
             f"cuda:{cuda_index} has PCI bus id {wanted}, which NVML does not know ({explain(exc)})"
         ) from None
+
+
+def in_mig_mode(nv: Any, gpu: Gpu) -> bool:
+    """Whether ``gpu`` is split into MIG instances: a CUDA process on it then runs on one
+    instance, and NVML's figures of the GPU are those of every instance together."""
+    try:
+        current, _pending = nv.nvmlDeviceGetMigMode(gpu.handle)
+        return bool(current)
+    except Exception:  # a GPU without MIG, or a driver older than MIG
+        return False
 
 
 def _by_uuid_prefix(nv: Any, entry: str) -> Gpu:
@@ -376,9 +405,10 @@ class RankGpu:
     slow values; when those are older than ``slow_interval`` a short-lived thread refreshes
     them, so neither the training loop nor a scrape ever waits on a slow query."""
 
-    def __init__(self, reader: GpuReader, labels: dict[str, str]) -> None:
+    def __init__(self, reader: GpuReader, labels: dict[str, str], note: Note | None = None) -> None:
         self.reader = reader
         self.labels = labels
+        self._note = note
         self._fuse = Fuse(f"GPU metrics (GPU {reader.gpu.index})")
         self._lock = threading.Lock()
         self._refreshing = False
@@ -430,17 +460,21 @@ class RankGpu:
         if not self._lost:
             self._lost = True
             gpu = self.reader.gpu
-            log.warning("ddpmon: rank %s: GPU %d (%s): %s; its metrics are off",
-                        self.labels.get("rank"), gpu.index, gpu.uuid, exc)
+            text = f"GPU {gpu.index} ({gpu.uuid}): {exc}; its metrics are off"
+            log.warning("ddpmon: rank %s: %s", self.labels.get("rank"), text)
+            if self._note is not None:
+                self._note(text)
 
 
 def rank_gpu(job: str, rank: int | str, cuda_index: int, uuid: str | None = None,
              pci_bus_id: str | None = None, visible: str | None = None,
-             slow_interval: float = SLOW_INTERVAL) -> RankGpu | None:
-    """The GPU source of one rank, or None (after one log line) when NVML cannot serve it.
-    ``visible`` defaults to this process's CUDA_VISIBLE_DEVICES."""
+             slow_interval: float = SLOW_INTERVAL, note: Note | None = None) -> RankGpu | None:
+    """The GPU source of one rank, or None (after one log line, also given to ``note``)
+    when NVML cannot serve it. A mapping it could not confirm, or a MIG instance, is served
+    with one warning (and note) that says so. ``visible`` defaults to this process's
+    CUDA_VISIBLE_DEVICES."""
     who = f"rank {rank}"
-    nv = open_nvml(who)
+    nv = open_nvml(who, note)
     if nv is None:
         return None
     if visible is None:
@@ -449,17 +483,27 @@ def rank_gpu(job: str, rank: int | str, cuda_index: int, uuid: str | None = None
         gpu, how = resolve(nv, cuda_index, visible, uuid, pci_bus_id)
     except Exception as exc:
         reason = str(exc) if isinstance(exc, LookupError) else explain(exc)
-        log.warning("ddpmon: %s: GPU metrics are off: cannot find cuda:%d in NVML: %s", who, cuda_index, reason)
+        _off(who, f"cannot find cuda:{cuda_index} in NVML: {reason} (the node daemon, `ddpmon "
+                  "daemon`, still exports every GPU of the node)", note)
         close_nvml(nv)
         return None
-    if how == "unconfirmed":
-        log.warning("ddpmon: %s: cuda:%d taken to be NVML GPU %d (%s) without confirmation by "
-                    "UUID or PCI bus id", who, cuda_index, gpu.index, gpu.uuid)
+    caveat = None
+    if in_mig_mode(nv, gpu):
+        caveat = (f"cuda:{cuda_index} is a MIG instance of NVML GPU {gpu.index} ({gpu.uuid}): the GPU "
+                  "metrics are the whole GPU's, shared with its other instances, and NVML has no "
+                  "utilization in MIG mode (dcgm-exporter has per-instance figures)")
+    elif how == "unconfirmed":
+        caveat = (f"cuda:{cuda_index} taken to be NVML GPU {gpu.index} ({gpu.uuid}) without "
+                  "confirmation by UUID or PCI bus id (torch reports neither)")
+    if caveat is not None:
+        log.warning("ddpmon: %s: %s", who, caveat)
+        if note is not None:
+            note(caveat)
     else:
         log.info("ddpmon: %s: cuda:%d is NVML GPU %d (%s), confirmed by %s", who, cuda_index,
                  gpu.index, gpu.uuid, how)
     labels = {"job": str(job), "rank": str(rank), "gpu": str(gpu.index), "gpu_uuid": gpu.uuid}
-    return RankGpu(GpuReader(nv, gpu, slow_interval), labels)
+    return RankGpu(GpuReader(nv, gpu, slow_interval), labels, note)
 
 
 # -- XID errors (node daemon) --------------------------------------------------------------------

@@ -126,6 +126,7 @@ class _Window:
     buckets: int = 0
     step: int | None = None
     generation: int = 0  # of the bucket layout known when the step ended
+    first: bool = False  # the first step this clock saw end
     events: list[Any] = field(default_factory=list)  # [backward compute end, collectives done]
 
 
@@ -151,15 +152,18 @@ class CompletionClock:
         self._free_events: list[Any] = []
         self._buckets_now = 0
         self._generation_now = 0
+        self._seen_step = False
         self.matched_steps = 0
         self.unmatched_steps = 0
         self._unmatched_run = 0
         self._warned = False
         self.last_mismatch: str | None = None
         self.warning: str | None = None  # while steps keep failing to match
-        self.received = 0  # all-reduce completions c10d reported
-        self.settled_steps = 0
-        self.off_reason: str | None = None  # set once the self-check found the source useless
+        self.reports = 0  # WorkInfo records c10d handed over, of any collective
+        self.received = 0  # all-reduce completions among them
+        self.settled_steps = 0  # matched, refused or given up on
+        self.off_reason: str | None = None  # set once the self-check found the source useless;
+        # from then on the clock does nothing (the monitor stops listening)
 
     # -- c10d's hook thread -----------------------------------------------------------------
 
@@ -167,6 +171,7 @@ class CompletionClock:
         if not self._fuse.ok:
             return
         try:
+            self.reports += 1
             op = info.op_type
             if getattr(op, "name", str(op).rpartition(".")[2]) != "ALLREDUCE":
                 return
@@ -180,7 +185,7 @@ class CompletionClock:
 
     def backward_started(self, step_start: float) -> None:
         """The first backward of a step began; ``step_start`` on ``time.perf_counter``."""
-        if self._open is None and self._fuse.ok:
+        if self._open is None and self._fuse.ok and self.off_reason is None:
             now = time.time()
             self._open = _Window(step_start_unix=now - (time.perf_counter() - step_start), start_unix=now)
 
@@ -212,8 +217,10 @@ class CompletionClock:
             self._release(window.events)
             return
         window.buckets, window.step, window.generation = buckets, step, generation
+        window.first, self._seen_step = not self._seen_step, True
         self._windows.append(window)
         while len(self._windows) > MAX_WINDOWS:
+            self.settled_steps += 1  # given up on: it counts for the self-check
             self._unmatched(self._windows.popleft(), "its collectives never completed")
 
     def collect(self) -> list[StepTimings]:
@@ -249,10 +256,14 @@ class CompletionClock:
         c10d reported nothing (no WorkInfo) or nothing that fits DDP's buckets."""
         if self.off_reason is not None or self.matched_steps or self.settled_steps < SELF_CHECK_STEPS:
             return
-        if not self.received:
+        if not self.reports:
             self.off_reason = (
-                f"c10d reported no completed all-reduce in the first {self.settled_steps} steps "
-                "(its completion hook gave no WorkInfo)"
+                f"c10d's completion hook gave no WorkInfo in the first {self.settled_steps} steps"
+            )
+        elif not self.received:
+            self.off_reason = (
+                f"c10d reported {self.reports} collective(s) but no all-reduce in the first "
+                f"{self.settled_steps} steps"
             )
         else:
             self.off_reason = (
@@ -267,10 +278,11 @@ class CompletionClock:
         if window.generation == self._generation_now:
             buckets = window.buckets
         else:
-            # DDP rebuilt its buckets since. Its logging data shows them a step late, so the
-            # step may have run the new layout already; one that ran the old one is dropped.
+            # DDP rebuilt its buckets since (after its iteration 0). Its logging data shows
+            # them a step late, so the step may have run the new layout already; the first
+            # step seen, and one whose count is the old layout's, ran the old one: dropped.
             buckets = self._buckets_now
-            if count != buckets + self._extra:
+            if window.first or count != buckets + self._extra:
                 return None
         if not buckets or count != buckets + self._extra:
             self._unmatched(window, f"{count} all-reduce(s) on DDP's process group during backward "
@@ -300,7 +312,7 @@ class CompletionClock:
                 "bucket) do this; bucket_timing='hook' times every bucket through a Python comm "
                 "hook instead (a few percent of step time)"
             )
-            if not self._warned:
+            if not self._warned and self.matched_steps:  # never matched: the self-check speaks
                 self._warned = True
                 log.warning("ddpmon: %s", self.warning)
 

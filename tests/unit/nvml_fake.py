@@ -137,6 +137,10 @@ class FakeDriver:
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Handle) -> Handle:
         return self.handles[handle.index]
 
+    def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
+        enabled = int(bool(self._gpu(handle, "mig").mig_uuids))  # [current, pending]
+        return [enabled, enabled]
+
     def nvmlDeviceGetIndex(self, handle: Handle) -> int:
         self._gpu(handle)
         return handle.index

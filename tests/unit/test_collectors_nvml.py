@@ -202,3 +202,118 @@ def test_gpu_lost_mid_run(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCap
     assert sum(driver.calls.values()) == calls  # no NVML call once the GPU is known lost
     (line,) = _lines(caplog, "is lost")
     assert "rank 5" in line and "XID 79" in line and "its metrics are off" in line
+
+
+# -- every failure says why, in the log and in the state file ----------------------------------
+
+
+def test_init_failure_is_noted_as_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED).install(monkeypatch)
+    notes: list[str] = []
+    assert nvml.rank_gpu("job", 2, 0, note=notes.append) is None
+    (line,) = _lines(caplog, "GPU metrics are off")
+    assert notes == ["GPU metrics are off: the NVIDIA kernel driver is not loaded (nvidia-smi fails too): "
+                     "load it (modprobe nvidia) or reinstall the driver (NVMLError_DriverNotLoaded)"]
+    assert line == f"ddpmon: rank 2: {notes[0]}"
+
+
+def test_package_missing_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    notes: list[str] = []
+    assert nvml.rank_gpu("job", 0, 0, note=notes.append) is None
+    assert notes == ["GPU metrics are off: the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"]
+
+
+@pytest.mark.parametrize("cuda, visible, uuid, pci, why", [
+    (0, "7", None, None, "CUDA_VISIBLE_DEVICES entry '7' is not one of NVML's 2 GPU(s)"),
+    (3, "0,1", None, None, "cuda:3 is not in CUDA_VISIBLE_DEVICES='0,1' (2 entries)"),
+    # torch's UUID unknown to NVML and nothing to check the list's entry with: refused
+    (1, "0,1", "GPU-99990000-0000-4000-8000-000000000000", None,
+     "torch's UUID of cuda:1, GPU-99990000-0000-4000-8000-000000000000, is not one NVML knows, and "
+     "torch gives no PCI bus id to check the CUDA_VISIBLE_DEVICES entry '1' against: that GPU could be "
+     "another one"),
+    (0, "1", None, "0000:77:00.0", "cuda:0 has PCI bus id 00000000:77:00.0, which NVML does not know"),
+])
+def test_no_gpu_mapped_to_the_rank_says_why(cuda: int, visible: str, uuid: str | None, pci: str | None,
+                                            why: str, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    driver = FakeDriver(two_gpus()).install(monkeypatch)
+    notes: list[str] = []
+    assert nvml.rank_gpu("job", 1, cuda, uuid, pci, visible=visible, note=notes.append) is None
+    (line,) = _lines(caplog, "GPU metrics are off")
+    (text,) = notes
+    assert line == f"ddpmon: rank 1: {text}"
+    assert text.startswith(f"GPU metrics are off: cannot find cuda:{cuda} in NVML: {why}")
+    assert text.endswith("(the node daemon, `ddpmon daemon`, still exports every GPU of the node)")
+    assert driver.initialised == 0, "NVML released again"
+
+
+def test_a_torch_uuid_nvml_does_not_know_is_settled_by_the_pci_bus_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = FakeDriver(two_gpus()).install(monkeypatch)
+    notes: list[str] = []
+    gpu = nvml.rank_gpu("job", 0, 0, "GPU-99990000-0000-4000-8000-000000000000", "0000:2A:00.0",
+                        visible="0", note=notes.append)
+    assert gpu is not None and gpu.labels["gpu_uuid"] == driver.gpus[1].uuid and notes == []
+
+
+def test_a_mig_instance_is_served_as_its_gpu_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """In MIG mode a rank runs on one instance; NVML's figures are the whole GPU's (and it
+    has no utilization there): kept, labelled with the physical GPU, and said once."""
+    gpus = two_gpus()
+    gpus[1].mig_uuids = ("MIG-5a5a0000-1111-5000-8000-000000000000",)
+    gpus[1].unsupported = {"utilization"}
+    FakeDriver(gpus).install(monkeypatch)
+    notes: list[str] = []
+    gpu = nvml.rank_gpu("job", 4, 0, "GPU-5a5a0000-1111-5000-8000-000000000000", "00000000:2A:00.0",
+                        note=notes.append)  # torch's UUID of a MIG device, as device_identity writes it
+    assert gpu is not None and gpu.labels["gpu"] == "1"
+    (text,) = notes
+    assert text.startswith(f"cuda:0 is a MIG instance of NVML GPU 1 ({gpus[1].uuid}): the GPU metrics are "
+                           "the whole GPU's, shared with its other instances")
+    assert _lines(caplog, "MIG instance") == [f"ddpmon: rank 4: {text}"]
+    names = {n for n, _, _ in gpu.samples()}
+    assert "ddpmon_gpu_memory_used_bytes" in names and "ddpmon_gpu_utilization_ratio" not in names
+    gpu.close()
+
+
+def test_an_unconfirmed_mapping_and_a_gpu_without_mig_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeDriver(two_gpus(unsupported={"mig"})).install(monkeypatch)  # NVML_ERROR_NOT_SUPPORTED
+    notes: list[str] = []
+    gpu = nvml.rank_gpu("job", 0, 0, visible="0", note=notes.append)
+    assert gpu is not None
+    assert notes == ["cuda:0 taken to be NVML GPU 0 (GPU-1f1e0c3a-0000-4000-8000-000000000000) without "
+                     "confirmation by UUID or PCI bus id (torch reports neither)"]
+    gpu.close()
+
+
+def test_a_lost_gpu_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = FakeDriver(two_gpus()).install(monkeypatch)
+    notes: list[str] = []
+    gpu = nvml.rank_gpu("j", 5, 0, driver.gpus[0].uuid, note=notes.append)
+    assert gpu is not None and notes == []
+    driver.gpus[0].lost = True
+    assert gpu.samples() == []
+    (text,) = notes
+    assert text.startswith(f"GPU 0 ({driver.gpus[0].uuid}): the GPU is lost") and text.endswith("its metrics are off")
+
+
+def test_rank_sources_notes_the_gpu_in_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the rank's collectors into the recorder, whose notes the state file holds."""
+    from ddpmon.collectors import rank_sources, torch_memory
+    from ddpmon.recorder import Recorder
+
+    FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH).install(monkeypatch)
+    monkeypatch.setattr(torch_memory, "device_identity", lambda index: ("GPU-1f1e0c3a-0000-4000-8000-000000000000", None))
+    rec = Recorder({"rank": 0}, world_size=1)
+    sources, closers = rank_sources("j", 0, "cuda:0", True, rec.note)
+    assert len(sources) == 2 and closers == [], "host metrics and torch's allocator go on"
+    assert "different versions" in rec.state().notes["gpu_metrics"]
+
+    rec = Recorder({"rank": 0}, world_size=1)
+    monkeypatch.setattr(torch_memory, "device_identity", lambda index: 1 / 0)
+    rank_sources("j", 0, "cuda:0", True, rec.note)
+    assert rec.state().notes["gpu_metrics"] == "GPU metrics are off: ZeroDivisionError('division by zero')"
+    rec = Recorder({"rank": 0}, world_size=1)
+    rank_sources("j", 0, "cpu", True, rec.note)
+    assert rec.state().notes == {}

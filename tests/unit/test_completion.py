@@ -97,10 +97,9 @@ def test_a_step_with_no_later_collective_settles_after_a_while(monkeypatch: pyte
     assert len(clock.collect()) == 1
 
 
-def fail_to_match(clock: CompletionClock, steps: int) -> int:
+def fail_to_match(clock: CompletionClock, steps: int, seq: int = 0) -> int:
     """``steps`` steps of 2 all-reduces for 4 buckets, each refused once settled (needs
     SETTLE_SECONDS = 0); returns the last sequence number."""
-    seq = 0
     for _ in range(steps):
         seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 2, seq)
         time.sleep(0.001)
@@ -108,12 +107,25 @@ def fail_to_match(clock: CompletionClock, steps: int) -> int:
     return seq
 
 
-def test_steps_that_keep_failing_to_match_say_so_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def match_once(clock: CompletionClock) -> int:
+    """One step of 4 all-reduces for 4 buckets, matched (needs SETTLE_SECONDS = 0)."""
+    seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, 0)
+    time.sleep(0.001)
+    assert len(clock.collect()) == 1
+    return seq
+
+
+def test_steps_that_keep_failing_to_match_say_so_once(monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A source that worked and then stops matching (SyncBatchNorm switched on, say) warns
+    once and keeps trying; one that never matched is the self-check's (test_c10d_sequences)."""
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
     clock = fresh()
-    fail_to_match(clock, completion.WARN_AFTER_UNMATCHED)
-    assert clock.unmatched_steps == completion.WARN_AFTER_UNMATCHED
+    fail_to_match(clock, 2 * completion.WARN_AFTER_UNMATCHED, match_once(clock))
+    assert clock.unmatched_steps == 2 * completion.WARN_AFTER_UNMATCHED
     assert clock.warning and "bucket_timing='hook'" in clock.warning and "2 all-reduce(s)" in clock.warning
+    assert len([r for r in caplog.records if "matched no step" in r.getMessage()]) == 1
+    assert clock.off_reason is None
 
 
 def test_memory_stays_bounded_when_nothing_ever_matches() -> None:
@@ -191,7 +203,7 @@ def test_timings_of_a_bucket_no_longer_in_the_layout_are_dropped() -> None:
 def test_warning_clears_once_steps_match_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
     clock = fresh()
-    seq = fail_to_match(clock, completion.WARN_AFTER_UNMATCHED)
+    seq = fail_to_match(clock, completion.WARN_AFTER_UNMATCHED, match_once(clock))
     assert clock.warning
     run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq)
     time.sleep(0.001)
