@@ -298,7 +298,7 @@ def test_the_watched_job_stops_cleanly(job: Job) -> None:
     """Last in this module: after all the scraping, the ranks stop together and exit 0."""
     for rank in (0, 1):
         state = statefile.read(statefile.path_for(str(job.workdir / "ranks" / "state"), rank))
-        assert state["job"] == JOB and state["rank"] == rank and state["port"]
+        assert state.job == JOB and state.rank == rank and state.port
     (job.workdir / "ranks" / "stop").touch()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(p.poll() is None for p in job.procs):
