@@ -122,7 +122,12 @@ def load(path: str, data: object) -> schema.RankState:
 
 def read(path: str) -> schema.RankState:
     """One state file, checked against the schema; StateFileError says what is wrong."""
-    return load(path, decode(path, read_bytes(path)))
+    state = load(path, decode(path, read_bytes(path)))
+    named = rank_of(path)
+    if named is not None and named != state.rank:
+        raise StateFileError(path, f"is named for rank {named} but holds rank {state.rank} "
+                                   "(not written by ddpmon)")
+    return state
 
 
 def list_files(state_dir: str) -> list[str]:
