@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import __version__
 from .state import files as statefile
+from .state import root as stateroot
 from ._safety import Fuse
 from .collectors import host, nvml, torch_memory
 from .config import Config
@@ -482,18 +483,11 @@ class Monitor:
         state_dir = self.config.resolved_state_dir(self.job)
         if state_dir is None:
             return None
-        path = statefile.path_for(state_dir, self.rank)
-        try:
-            os.makedirs(state_dir, exist_ok=True)
-            if not os.access(state_dir, os.W_OK):
-                raise PermissionError(f"{state_dir} is not writable")
-        except OSError as exc:
-            log.warning(
-                "ddpmon: rank %d: state files are off: cannot write to %s (%s). Set "
-                "DDPMON_STATE_DIR (or state_dir=) to a writable directory.",
-                self.rank, state_dir, exc,
-            )
+        # private, owned, not another launch's; bounded in time (ddpmon/state/root.py)
+        state_dir = stateroot.claim(state_dir, self.rank, explicit=self.config.state_dir is not None)
+        if state_dir is None:
             return None
+        path = statefile.path_for(state_dir, self.rank)
         self._writer = statefile.StateWriter(path, self.recorder.snapshot, self.config.state_interval)
         self._writer.start()
         _STATE_FILES_IN_USE.add(path)
