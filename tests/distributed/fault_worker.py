@@ -1,0 +1,214 @@
+"""One rank of a fault-injection job: ``python -m tests.distributed.fault_worker MODE [STEPS]``.
+
+Every mode trains the same model on the same data for the same number of steps and
+returns a digest of the final weights, so the test can check that no fault reaching
+ddpmon changes training. Modes:
+
+- ``plain``: no ddpmon at all (the reference weights).
+- ``attached``: ddpmon with its defaults (job name and state directory left to it).
+- ``attacked``: while rank 0 trains, a client holds 250 half-open connections to its
+  metrics endpoint; rank 0 pauses rank 1 (SIGSTOP, SIGCONT) and the state directory turns
+  read-only (a tmpfs remounted ro) mid-run; the thread count of rank 0 is sampled.
+- ``bench``: per-step times without and then with the 250 half-open connections (for
+  benchmarks/slowloris.py); DDPMON_BENCH_SERVER=prometheus_client uses the library's
+  unbounded server instead of ddpmon's, for comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+OUT = os.environ["DDPMON_TEST_OUT"]
+
+ATTACKER = r"""
+import socket, sys, time
+port, n, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def open_one():
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # a request that never ends
+        s.setblocking(False)
+        return s
+    except OSError:
+        return None
+conns = [open_one() for _ in range(n)]
+print("open", sum(c is not None for c in conns), flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:  # a slowloris: every connection the server drops is reopened
+    time.sleep(0.2)
+    for i, c in enumerate(conns):
+        try:
+            if c is None or c.recv(1, socket.MSG_PEEK) == b"":
+                raise OSError
+        except BlockingIOError:
+            continue
+        except OSError:
+            if c is not None:
+                c.close()
+            conns[i] = open_one()
+"""
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def attack(port: int, seconds: float, n: int = 250) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", ATTACKER, str(port), str(n), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()  # every connection is open
+    return proc
+
+
+def model_and_data(steps: int) -> tuple[DDP, list[tuple[torch.Tensor, torch.Tensor]]]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+    g = torch.Generator().manual_seed(RANK)
+    data = [(torch.randn(64, 32, generator=g), torch.randn(64, 8, generator=g)) for _ in range(steps)]
+    return DDP(net, bucket_cap_mb=0.05), data
+
+
+def digest(model: DDP) -> str:
+    h = hashlib.sha256()
+    for p in model.module.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run(mode: str, steps: str = "60") -> dict[str, Any]:
+    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+                            rank=RANK, world_size=WORLD)
+    n = int(steps)
+    model, data = model_and_data(n)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out: dict[str, Any] = {"pid": os.getpid()}
+    mon = None
+    if mode != "plain":
+        if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
+            from prometheus_client import start_http_server
+
+            import ddpmon.metrics.exporter as exporter
+
+            def unbounded(app: Any, port: int, bind: str) -> Any:
+                server, thread = start_http_server(port, bind, registry=None)
+                server.set_app(app)
+                return server, thread
+
+            exporter.start_bounded_server = unbounded
+        import ddpmon
+
+        mon = ddpmon.attach(model)
+        out.update(job=mon.job, state_file=mon.state_file, port=mon.port)
+    with open(os.path.join(OUT, f"pid-{RANK}"), "w") as f:
+        f.write(str(os.getpid()))
+    dist.barrier()
+
+    events = {5: [], n // 3: [], n // 2: []}
+    attacker = None
+    if mode == "attacked" and RANK == 0:
+        events[5].append(lambda: out.update(threads_before=threads()))
+        events[5].append(lambda: out.update(attacker=attack(mon.port, 60)))
+        other = int(open(os.path.join(OUT, "pid-1")).read())
+        # rank 1 stops for 2 s (this rank waits in its all-reduce); a thread wakes it
+        events[n // 3].append(lambda: os.kill(other, signal.SIGSTOP))
+        events[n // 3].append(lambda: threading.Timer(2.0, os.kill, (other, signal.SIGCONT)).start())
+        events[n // 2].append(lambda: subprocess.run(["mount", "-o", "remount,ro", os.environ["DDPMON_STATE_DIR"]],
+                                                     check=True))
+    peak, times = 0, []
+    for step, (x, y) in enumerate(data):
+        for action in events.get(step, []):
+            action()
+        started = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - started)
+        if mode == "attacked" and RANK == 0:
+            peak = max(peak, threads())
+            time.sleep(0.02)
+    if mode == "attacked" and RANK == 0:
+        attacker = out.pop("attacker")
+        attacker.kill()
+        attacker.wait()
+        out["threads_peak"] = peak
+    if mon is not None:
+        mon.detach()
+    out.update(digest=digest(model), step_times=times)
+    return out
+
+
+def bench(steps: str = "400") -> dict[str, Any]:
+    """Median step time of rank 0 in two halves: quiet, then under a slowloris."""
+    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+                            rank=RANK, world_size=WORLD)
+    n = int(steps)
+    model, data = model_and_data(2 * n)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    import ddpmon
+
+    if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
+        from prometheus_client import start_http_server
+
+        import ddpmon.metrics.exporter as exporter
+
+        def unbounded(app: Any, port: int, bind: str) -> Any:
+            server, thread = start_http_server(port, bind, registry=None)
+            server.set_app(app)
+            return server, thread
+
+        exporter.start_bounded_server = unbounded
+    mon = ddpmon.attach(model, state_dir="")
+    phases: dict[str, list[float]] = {"quiet": [], "slowloris": []}
+    threads_peak = {"quiet": 0, "slowloris": 0}
+    attacker = None
+    for step, (x, y) in enumerate(data):
+        phase = "quiet" if step < n else "slowloris"
+        if step == n:
+            dist.barrier()
+            if RANK == 0:
+                attacker = attack(mon.port, 600)
+            dist.barrier()
+        started = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        phases[phase].append(time.perf_counter() - started)
+        threads_peak[phase] = max(threads_peak[phase], threads())
+    if attacker is not None:
+        attacker.kill()
+        attacker.wait()
+    mon.detach()
+    return {"step_times": phases, "threads_peak": threads_peak}
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    result = bench(*args) if mode == "bench" else run(mode, *args)
+    with open(os.path.join(OUT, f"result-{RANK}.json"), "w") as f:
+        json.dump(result, f, default=str)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
