@@ -72,7 +72,7 @@ def threads() -> int:
 def attack(port: int, seconds: float, n: int = 250) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", ATTACKER, str(port), str(n), str(seconds)],
                             stdout=subprocess.PIPE, text=True)
-    proc.stdout.readline()  # every connection is open
+    proc.opened = int(proc.stdout.readline().split()[1])  # every connection is open
     return proc
 
 
@@ -144,6 +144,7 @@ def run(mode: str, steps: str = "60") -> dict[str, Any]:
             time.sleep(0.02)
     if mode == "attacked" and RANK == 0:
         attacker = out.pop("attacker")
+        out["attack_opened"] = attacker.opened
         attacker.kill()
         attacker.wait()
         out["threads_peak"] = peak
@@ -194,7 +195,8 @@ def bench(steps: str = "400") -> dict[str, Any]:
         attacker.kill()
         attacker.wait()
     mon.detach()
-    return {"step_times": phases, "threads_peak": threads_peak}
+    return {"step_times": phases, "threads_peak": threads_peak,
+            "attack_opened": attacker.opened if attacker is not None else 0}
 
 
 def main() -> None:

@@ -48,22 +48,22 @@ def mount_tmpfs(path: Path, size: str) -> bool:
     return r.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The final weights of the job without ddpmon."""
-    (plain,) = run_jobs([("plain", tmp_path_factory.mktemp("plain"), {})])
+def reference_of(plain: list) -> str:
+    """The final weights of the job without ddpmon (the same on both ranks)."""
     assert plain[0].result["digest"] == plain[1].result["digest"]
     return plain[0].result["digest"]
 
 
-def test_two_concurrent_default_jobs_never_collide(tmp_path: Path, reference: str) -> None:
+def test_two_concurrent_default_jobs_never_collide(tmp_path: Path) -> None:
     shared_tmp = tmp_path / "tmp"  # both jobs' system temp dir
     shared_tmp.mkdir()
     shared_tmp.chmod(0o1777)
     env = {"TMPDIR": str(shared_tmp), "DDPMON_STATE_DIR": "", "DDPMON_JOB": ""}
     env_no_master = {k: "" for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
-    a, b = run_jobs([("attached", tmp_path / "a", {**env, **env_no_master}),
-                     ("attached", tmp_path / "b", {**env, **env_no_master})])
+    a, b, plain = run_jobs([("attached", tmp_path / "a", {**env, **env_no_master}),
+                            ("attached", tmp_path / "b", {**env, **env_no_master}),
+                            ("plain", tmp_path / "plain", {})])
+    reference = reference_of(plain)
     jobs = [{r.result["job"] for r in a}, {r.result["job"] for r in b}]
     assert len(jobs[0]) == 1 and len(jobs[1]) == 1, "one job name per launch, the same on every rank"
     assert jobs[0] != jobs[1], "two launches never share a job label"
@@ -74,26 +74,28 @@ def test_two_concurrent_default_jobs_never_collide(tmp_path: Path, reference: st
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs state directory needs root")
-def test_slowloris_sigstop_and_a_read_only_state_dir_leave_training_alone(tmp_path: Path, reference: str) -> None:
+def test_slowloris_sigstop_and_a_read_only_state_dir_leave_training_alone(tmp_path: Path) -> None:
     state = tmp_path / "attacked" / "state"
     if not mount_tmpfs(state, "1m"):
         pytest.skip("cannot mount a tmpfs here")
     full = tmp_path / "full" / "state"
     try:
         full_ok = mount_tmpfs(full, "4k")  # a state directory with no room for a state file
-        jobs = [("attacked", tmp_path / "attacked", {})]
+        jobs = [("attacked", tmp_path / "attacked", {}), ("plain", tmp_path / "plain", {})]
         if full_ok:
             jobs.append(("attached", tmp_path / "full", {"DDPMON_STATE_DIR": str(full)}))
         results = run_jobs(jobs)
     finally:
         subprocess.run(["umount", "-l", str(state)], capture_output=True)
         subprocess.run(["umount", "-l", str(full)], capture_output=True)
-    attacked = results[0]
+    attacked, reference = results[0], reference_of(results[1])
     rank0 = attacked[0].result
+    assert rank0["attack_opened"] >= 200, rank0
     # 250 half-open connections (reopened as the server drops them) add at most the
-    # endpoint's connection threads to the training process
-    assert rank0["threads_peak"] - rank0["threads_before"] <= MAX_CONNECTION_THREADS, rank0
+    # endpoint's connection threads to the training process (+1: the timer that wakes rank 1)
+    added = rank0["threads_peak"] - rank0["threads_before"]
+    assert added <= MAX_CONNECTION_THREADS + 1, (added, rank0["threads_before"])
     assert {r.result["digest"] for rs in results for r in rs} == {reference}
     assert "Read-only file system" in attacked[0].stderr + attacked[1].stderr  # said, once per rank
     if full_ok:
-        assert "No space left on device" in results[1][0].stderr + results[1][1].stderr
+        assert "No space left on device" in results[2][0].stderr + results[2][1].stderr
