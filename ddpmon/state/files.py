@@ -43,10 +43,14 @@ def path_for(state_dir: str, rank: int) -> str:
 
 
 def write_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON so that readers see the old or the new file, never a mix."""
+    """Write ``data`` as JSON so that readers see the old or the new file, never a mix.
+    The file is 0600, or 0640 when its directory is group-readable (a shared directory
+    whose group may run the doctor); never readable by others."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=directory)
     try:
+        if os.stat(directory).st_mode & stat.S_IRGRP:
+            os.fchmod(fd, 0o640)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, separators=(",", ":"), default=str)
         os.replace(tmp, path)

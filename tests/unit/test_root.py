@@ -100,6 +100,14 @@ def test_a_foreign_explicit_directory_is_refused_and_a_group_one_allowed(tmp_pat
     shared.mkdir(parents=True)
     shared.chmod(0o2770)
     assert root.claim(str(shared), 0, explicit=True) == str(shared)
+    files.write_atomic(files.path_for(str(shared), 0), {"rank": 0})  # the group may read it
+    assert stat.S_IMODE(os.stat(files.path_for(str(shared), 0)).st_mode) == 0o640
+
+
+def test_state_files_are_private_in_a_private_directory(tmp_root: Path) -> None:
+    state_dir = root.claim(root.job_dir("j"), 0, explicit=False)
+    files.write_atomic(files.path_for(state_dir, 0), {"rank": 0})
+    assert stat.S_IMODE(os.stat(files.path_for(state_dir, 0)).st_mode) == 0o600
 
 
 @as_root
