@@ -169,6 +169,10 @@ def _make(path: str, mode: int, group_writable_ok: bool, parents: bool = False) 
 def _fix(path: str, what: str) -> str:
     if "writable by" in what and "owned" not in what:
         return f"Fix: chmod go-w {path} (or set DDPMON_STATE_DIR to a directory of yours)"
+    if "symbolic link" in what:
+        return ("A link there is never followed. Fix: if the link is yours, set DDPMON_STATE_DIR "
+                "(or state_dir=) to its target; if not, remove it (ask an administrator) or set "
+                "DDPMON_STATE_DIR to a directory you own")
     return (f"Another user may have planted it. Fix: remove it if it is not yours (ask the "
             f"owner or an administrator), or set DDPMON_STATE_DIR (or state_dir=) to a "
             "directory you own")
