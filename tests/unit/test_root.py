@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -32,6 +33,8 @@ def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def other_user_can_run_python() -> bool:
+    if shutil.which("setpriv") is None:
+        return False
     r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                         sys.executable, "-c", "import typing"], capture_output=True, timeout=30)
     return r.returncode == 0
