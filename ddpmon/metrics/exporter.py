@@ -197,7 +197,7 @@ class _QuietHandler(WSGIRequestHandler):
 
     timeout = IO_TIMEOUT_SECONDS
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -242,7 +242,7 @@ def start_bounded_server(app: Callable[..., Any], port: int, bind: str) -> tuple
     class Server(BoundedWSGIServer):
         address_family = family
 
-    server = make_server(sockaddr[0], port, app, Server, handler_class=_QuietHandler)
+    server = make_server(str(sockaddr[0]), port, app, Server, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="ddpmon-endpoint", daemon=True)
     thread.start()
     return server, thread

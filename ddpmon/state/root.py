@@ -173,8 +173,8 @@ def _fix(path: str, what: str) -> str:
         return ("A link there is never followed. Fix: if the link is yours, set DDPMON_STATE_DIR "
                 "(or state_dir=) to its target; if not, remove it (ask an administrator) or set "
                 "DDPMON_STATE_DIR to a directory you own")
-    return (f"Another user may have planted it. Fix: remove it if it is not yours (ask the "
-            f"owner or an administrator), or set DDPMON_STATE_DIR (or state_dir=) to a "
+    return ("Another user may have planted it. Fix: remove it if it is not yours (ask the "
+            "owner or an administrator), or set DDPMON_STATE_DIR (or state_dir=) to a "
             "directory you own")
 
 

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -83,6 +82,20 @@ def attack(port: int, seconds: float, n: int = 250) -> subprocess.Popen:
     return proc
 
 
+def use_unbounded_server() -> None:
+    """Serve with prometheus_client's thread-per-connection server (for comparison)."""
+    from prometheus_client import start_http_server
+
+    from ddpmon.metrics import exporter
+
+    def unbounded(app: Any, port: int, bind: str) -> Any:
+        server, thread = start_http_server(port, bind, registry=None)
+        server.set_app(app)
+        return server, thread
+
+    exporter.start_bounded_server = unbounded
+
+
 def model_and_data(steps: int) -> tuple[DDP, list[tuple[torch.Tensor, torch.Tensor]]]:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
@@ -108,16 +121,7 @@ def run(mode: str, steps: str = "60") -> dict[str, Any]:
     mon = None
     if mode != "plain":
         if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
-            from prometheus_client import start_http_server
-
-            import ddpmon.metrics.exporter as exporter
-
-            def unbounded(app: Any, port: int, bind: str) -> Any:
-                server, thread = start_http_server(port, bind, registry=None)
-                server.set_app(app)
-                return server, thread
-
-            exporter.start_bounded_server = unbounded
+            use_unbounded_server()
         import ddpmon
 
         mon = ddpmon.attach(model)
@@ -131,7 +135,8 @@ def run(mode: str, steps: str = "60") -> dict[str, Any]:
     if mode == "attacked" and RANK == 0:
         events[5].append(lambda: out.update(threads_before=threads()))
         events[5].append(lambda: out.update(attacker=attack(mon.port, 60)))
-        other = int(open(os.path.join(OUT, "pid-1")).read())
+        with open(os.path.join(OUT, "pid-1")) as f:
+            other = int(f.read())
         # rank 1 stops for 2 s (this rank waits in its all-reduce); a thread wakes it
         events[n // 3].append(lambda: os.kill(other, signal.SIGSTOP))
         events[n // 3].append(lambda: threading.Timer(2.0, os.kill, (other, signal.SIGCONT)).start())
@@ -171,16 +176,7 @@ def bench(pairs: str = "8", block: str = "60") -> dict[str, Any]:
     model, data = model_and_data(2 * n_pairs * n)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
-        from prometheus_client import start_http_server
-
-        import ddpmon.metrics.exporter as exporter
-
-        def unbounded(app: Any, port: int, bind: str) -> Any:
-            server, thread = start_http_server(port, bind, registry=None)
-            server.set_app(app)
-            return server, thread
-
-        exporter.start_bounded_server = unbounded
+        use_unbounded_server()
     import ddpmon
 
     mon = ddpmon.attach(model, state_dir="")

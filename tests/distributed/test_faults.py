@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddpmon.metrics.exporter import MAX_CONNECTION_THREADS
-from tests.distributed.harness import ROOT, collect, describe, start_ranks, stop
+from tests.distributed.harness import collect, describe, start_ranks, stop
 
 MODULE = "tests.distributed.fault_worker"
 STEPS = "60"

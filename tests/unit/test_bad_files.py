@@ -132,7 +132,7 @@ def test_doctor_from_a_hostile_state_endpoint_says_why(body: bytes) -> None:
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()

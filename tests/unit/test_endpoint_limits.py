@@ -16,7 +16,7 @@ from ddpmon.metrics import exporter
 
 
 class Empty:
-    def collect(self):  # noqa: ANN201
+    def collect(self):
         return iter(())
 
 
@@ -63,7 +63,7 @@ def test_an_idle_connection_is_closed_after_the_timeout(monkeypatch: pytest.Monk
         endpoint.close()
 
 
-def test_daemon_healthz_fails_when_the_sampling_pass_is_stale(tmp_path) -> None:  # noqa: ANN001
+def test_daemon_healthz_fails_when_the_sampling_pass_is_stale(tmp_path) -> None:
     daemon = Daemon(str(tmp_path), interval=0.1, gpus=False)
     daemon.start()
     endpoint = exporter.serve(daemon, 0, "127.0.0.1", {"/healthz": daemon.health_route})
