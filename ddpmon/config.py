@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import re
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .state import root
 
 BUCKET_METRICS_MODES = ("auto", "per_bucket", "aggregate", "off")
 BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "off")
@@ -27,15 +26,16 @@ class Config:
 
     job: str | None = None
     """Job name, the ``job`` label of every series. Default: TORCHELASTIC_RUN_ID, else
-    the rendezvous address, else ``ddp``."""
+    ``ddp-<launch id>``, unique per launch (state/root.py)."""
     port: int = 9500
     """Base port of the metrics endpoint; the rank with LOCAL_RANK=k serves on base+k.
     0 = an ephemeral port (written to the state file); negative = no endpoint."""
     bind: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""
     state_dir: str | None = None
-    """Directory of the per-rank state files. Default: a per-job directory under the
-    system temp dir. An empty string turns state files off."""
+    """Directory of the per-rank state files. Default: ``<tmp>/ddpmon-<uid>/<job>``, private
+    to the user (0700, checked before writing; docs/security.md). An empty string turns
+    state files off."""
     state_interval: float = 1.0
     """Seconds between state-file rewrites (notable events also rewrite at once)."""
     hang_timeout: float | None = None
@@ -124,16 +124,11 @@ class Config:
             raise ConfigError("job", self.job, "a non-empty name")
 
     def resolved_job(self, environ: Mapping[str, str] | None = None) -> str:
-        """The job label: explicit, else TORCHELASTIC_RUN_ID, else the rendezvous address."""
+        """The job label: explicit, else TORCHELASTIC_RUN_ID, else one unique per launch."""
         environ = os.environ if environ is None else environ
         if self.job:
             return str(self.job)
-        run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-        if run_id and run_id != "none":
-            return run_id
-        if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
-            return f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
-        return "ddp"
+        return root.default_job(environ)
 
     def resolved_state_dir(self, job: str) -> str | None:
         """Where state files go; None when they are turned off."""
@@ -141,8 +136,7 @@ class Config:
             return None
         if self.state_dir is not None:
             return self.state_dir
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job)
-        return os.path.join(tempfile.gettempdir(), "ddpmon", safe)
+        return root.job_dir(job)
 
 
 def _is_number(value: object) -> bool:

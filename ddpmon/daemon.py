@@ -14,10 +14,13 @@ GPU) stops it: each problem is logged once and the rest keeps being served.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
+import re
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -29,10 +32,13 @@ import psutil
 from . import __version__
 from .collectors import host, nvml
 from .errors import StateFileError
-from .metrics.exporter import Sample, families
+from .metrics.exporter import Sample, Unhealthy, families
 from .state import files, schema
 
 log = logging.getLogger("ddpmon")
+
+HEALTHY_PASSES = 5
+HEALTHY_MIN_SECONDS = 10.0
 
 
 class StateFiles:
@@ -80,7 +86,19 @@ class StateFiles:
         log.warning("ddpmon: daemon: %s", message)
 
     def _paths(self) -> list[str]:
-        root = self.state_dir
+        if not glob.has_magic(self.state_dir):
+            return self._paths_under(self.state_dir)
+        paths: list[str] = []  # a pattern: the per-user roots <tmp>/ddpmon-<uid>
+        for root in sorted(glob.glob(self.state_dir)):
+            what = _foreign_root(root)
+            if what:
+                self.problem(root, f"state directory {root} {what}; skipped (planted by another user?)")
+                continue
+            self.resolved(root, f"state directory {root} is fine now")
+            paths.extend(self._paths_under(root))
+        return paths
+
+    def _paths_under(self, root: str) -> list[str]:
         if not os.path.isdir(root):
             if os.path.exists(root):
                 self.problem(root, f"state directory {root} is not a directory; waiting for one")
@@ -103,6 +121,26 @@ class StateFiles:
                 continue
             self.resolved(sub + "#list", f"state directory {sub} can be listed again")
         return paths
+
+
+def _foreign_root(path: str) -> str | None:
+    """What is wrong with a per-user root ``ddpmon-<uid>``: it must be a real directory
+    owned by that uid and writable by no one else, so another user cannot pass files off
+    as that user's ranks. None when it is fine (or not named for a uid)."""
+    m = re.fullmatch(r"ddpmon-(\d+)", os.path.basename(path))
+    if m is None:
+        return None
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror or exc})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory (a symbolic link?)"
+    if info.st_uid != int(m.group(1)):
+        return f"is owned by uid {info.st_uid}, not by uid {m.group(1)} its name says"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
 
 
 @dataclass
@@ -141,6 +179,7 @@ class Daemon:
         self._watcher: nvml.XidWatcher | None = None
         self._procs: dict[str, tuple[tuple[int, Any], psutil.Process | None]] = {}
         self._samples: list[Sample] = []
+        self._last_pass = time.monotonic()
         self._failing: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddpmon-daemon", daemon=True)
@@ -215,6 +254,22 @@ class Daemon:
         samples.append(("ddpmon_daemon_info",
                         {"host": self.hostname, "version": __version__, "gpus": str(len(self._readers))}, 1.0))
         self._samples = samples
+        self._last_pass = time.monotonic()
+
+    @property
+    def stale_after_seconds(self) -> float:
+        """Age of the last finished sampling pass beyond which the daemon is unhealthy."""
+        return max(HEALTHY_PASSES * self.interval, HEALTHY_MIN_SECONDS)
+
+    def health_route(self) -> tuple[str, bytes]:
+        """``/healthz``: 200 while sampling passes finish, 503 (Unhealthy) once the last one
+        is older than ``stale_after_seconds`` (a hung file system or NVML call): serving
+        old samples forever would hide it, so a liveness probe restarts the daemon."""
+        age = time.monotonic() - self._last_pass
+        if age > self.stale_after_seconds or not self._thread.is_alive():
+            raise Unhealthy(f"the last sampling pass finished {age:.0f} s ago "
+                            f"(interval {self.interval:g} s): sampling is stuck")
+        return "text/plain", f"ok: last sampling pass {age:.1f} s ago\n".encode()
 
     def states(self) -> list[dict[str, Any]]:
         """The state files of this node's ranks, read now (for ``/state``). Each carries

@@ -23,6 +23,7 @@ from .hooks.step import StepHooks
 from .metrics.exporter import Endpoint, RankCollector, start_endpoint
 from .recorder import Recorder
 from .state import files
+from .state import root as stateroot
 from .timing import Timing
 from .timing.layout import ddp_facts
 from .watchdog import Watchdog
@@ -181,6 +182,10 @@ class Monitor:
 
     def _start_state_writer(self, config: Config) -> str | None:
         state_dir = config.resolved_state_dir(self.job)
+        if state_dir is None:
+            return None
+        # private, owned, not another launch's; bounded in time (ddpmon/state/root.py)
+        state_dir = stateroot.claim(state_dir, self.rank, explicit=config.state_dir is not None)
         if state_dir is None:
             return None
         self._writer = files.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)

@@ -15,14 +15,16 @@ from . import EXIT_OK, EXIT_USAGE
 HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
 
 DEFAULT_PORT = 9490
-DEFAULT_STATE_DIR = os.path.join(tempfile.gettempdir(), "ddpmon")
+DEFAULT_STATE_DIR = os.path.join(tempfile.gettempdir(), "ddpmon-*")
+"""Every user's default root (ddpmon/state/root.py); a pattern is expanded at each pass."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir", default=DEFAULT_STATE_DIR, metavar="DIR",
         help="directory of the ranks' state files, read with its subdirectories (the ranks' "
-             "DDPMON_STATE_DIR or its parent); it may appear later (default: %(default)s)",
+             "DDPMON_STATE_DIR or its parent); it may appear later; a pattern reads every match "
+             "(default: %(default)s, the users' default roots)",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help="metrics port; 0 = an ephemeral port (default: %(default)s)")
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)
     daemon.start()
-    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served}
+    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served,
+              "/healthz": daemon.health_route}
     try:
         endpoint = serve(daemon, args.port, args.bind, routes)
     except OSError as exc:

@@ -10,9 +10,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 from ..errors import StateFileError
+from ..state.root import default_root
 
 HELP = "Diagnose a hung, dying, out-of-step or slow DDP job from its ranks' state files."
 
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "state_dir", nargs="?", metavar="STATE_DIR",
         help="directory of the ranks' state files (default: $DDPMON_STATE_DIR, else the job "
-        "directory under <tmp>/ddpmon written last)",
+        "directory under your <tmp>/ddpmon-<uid> written last)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument("--job", help="the job to diagnose when the directory holds several")
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if state_dir is None:
         print(
             "ddpmon doctor: no state directory given, DDPMON_STATE_DIR is not set and "
-            f"{os.path.join(tempfile.gettempdir(), 'ddpmon')} holds no job: pass STATE_DIR",
+            f"{default_root()} (your jobs' default root) holds no job: pass STATE_DIR "
+            "(another user's job: its DDPMON_STATE_DIR, or <tmp>/ddpmon-<their uid>/<job>)",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -73,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def default_state_dir() -> str | None:
-    """$DDPMON_STATE_DIR, else the most recently written job directory under <tmp>/ddpmon."""
+    """$DDPMON_STATE_DIR, else the most recently written job directory under this user's
+    default root <tmp>/ddpmon-<uid>."""
     env = os.environ.get("DDPMON_STATE_DIR", "")
     if env:
         return env
-    root = os.path.join(tempfile.gettempdir(), "ddpmon")
+    root = default_root()
     try:
         candidates = [os.path.join(root, name) for name in os.listdir(root)]
     except OSError:

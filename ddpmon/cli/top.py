@@ -18,7 +18,7 @@ HELP = "show every rank of a job (steps, step time, communication, buckets) from
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("state_dir", nargs="?",
                    help="directory of rank-<R>.json files (default: $DDPMON_STATE_DIR, else the "
-                   "job directory under <tmp>/ddpmon written last)")
+                   "job directory under your <tmp>/ddpmon-<uid> written last)")
     p.add_argument("--once", action="store_true", help="print once and exit")
     p.add_argument("--buckets", action="store_true", help="also show each rank's buckets")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
     if not state_dir:
         print("ddpmon top: give the state directory (DDPMON_STATE_DIR is not set and "
-              "<tmp>/ddpmon holds no job)", file=sys.stderr)
+              "your <tmp>/ddpmon-<uid> holds no job)", file=sys.stderr)
         return 2
     if not os.path.isdir(state_dir):
         print(f"ddpmon top: {state_dir!r} is not a directory", file=sys.stderr)

@@ -8,12 +8,15 @@ prometheus_client), so a scrape costs nothing until Prometheus asks.
 from __future__ import annotations
 
 import logging
+import socket
+import socketserver
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -165,17 +168,87 @@ class Endpoint:
 Route = Callable[[], tuple[str, bytes]]
 
 
+class Unhealthy(Exception):
+    """Raised by a route (a health check) to answer 503 with its message."""
+
+
 def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Route] | None = None) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral).
     ``routes`` adds read-only paths beside the metrics: path -> () -> (content type, body);
-    a route that raises LookupError answers 404 with its message.
+    a route that raises LookupError answers 404 with its message, Unhealthy 503.
     Raises OSError when the port cannot be bound."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, thread = start_http_server(port, addr=bind, registry=registry)
+    app = make_wsgi_app(registry)
     if routes:
-        server.set_app(_with_routes(server.get_app(), dict(routes)))
+        app = _with_routes(app, dict(routes))
+    server, thread = start_bounded_server(app, port, bind)
     return Endpoint(server.server_address[1], bind, server, thread)
+
+
+MAX_CONNECTION_THREADS = 8
+"""Connections served at once; more wait in the listen queue (a scrape takes milliseconds)."""
+IO_TIMEOUT_SECONDS = 5.0
+"""A connection that sends nothing (or reads nothing) for this long is closed."""
+LISTEN_BACKLOG = 128
+SLOT_WAIT_SECONDS = 1.0
+"""How long a new connection may wait for a free thread before it is closed unanswered."""
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """One request per connection, with read and write timeouts; logs nothing."""
+
+    timeout = IO_TIMEOUT_SECONDS
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class BoundedWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    """A thread per connection, but at most ``MAX_CONNECTION_THREADS`` of them: a client
+    that opens hundreds of connections and sends nothing (a slowloris) holds a few threads
+    for ``IO_TIMEOUT_SECONDS`` each, never hundreds of threads in the training process."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+    allow_reuse_address = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTION_THREADS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(timeout=SLOT_WAIT_SECONDS):
+            self.shutdown_request(request)  # every thread busy: close it, keep accepting
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that timed out or went away is not news
+
+
+def start_bounded_server(app: Callable[..., Any], port: int, bind: str) -> tuple[BoundedWSGIServer, threading.Thread]:
+    """Serve the WSGI ``app`` on ``bind:port`` from a daemon thread (IPv4 or IPv6)."""
+    infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = next(iter(infos))
+
+    class Server(BoundedWSGIServer):
+        address_family = family
+
+    server = make_server(str(sockaddr[0]), port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="ddpmon-endpoint", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def _with_routes(app: Callable[..., Any], routes: dict[str, Route]) -> Callable[..., Any]:
@@ -188,9 +261,10 @@ def _with_routes(app: Callable[..., Any], routes: dict[str, Route]) -> Callable[
             return [b""]
         try:
             content_type, body = route()
-        except LookupError as exc:  # a path this server knows but does not serve now
+        except (LookupError, Unhealthy) as exc:  # known but not served now / failing
             message = (str(exc.args[0] if exc.args else exc) + "\n").encode()
-            start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(message)))])
+            status = "503 Service Unavailable" if isinstance(exc, Unhealthy) else "404 Not Found"
+            start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(message)))])
             return [message]
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]

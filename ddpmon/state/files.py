@@ -43,10 +43,14 @@ def path_for(state_dir: str, rank: int) -> str:
 
 
 def write_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON so that readers see the old or the new file, never a mix."""
+    """Write ``data`` as JSON so that readers see the old or the new file, never a mix.
+    The file is 0600, or 0640 when its directory is group-readable (a shared directory
+    whose group may run the doctor); never readable by others."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=directory)
     try:
+        if os.stat(directory).st_mode & stat.S_IRGRP:
+            os.fchmod(fd, 0o640)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, separators=(",", ":"), default=str)
         os.replace(tmp, path)
@@ -122,7 +126,12 @@ def load(path: str, data: object) -> schema.RankState:
 
 def read(path: str) -> schema.RankState:
     """One state file, checked against the schema; StateFileError says what is wrong."""
-    return load(path, decode(path, read_bytes(path)))
+    state = load(path, decode(path, read_bytes(path)))
+    named = rank_of(path)
+    if named is not None and named != state.rank:
+        raise StateFileError(path, f"is named for rank {named} but holds rank {state.rank} "
+                                   "(not written by ddpmon)")
+    return state
 
 
 def list_files(state_dir: str) -> list[str]:

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+
 import pytest
 
 from ddpmon.config import Config
@@ -45,9 +49,13 @@ def test_unknown_option_lists_the_accepted_ones() -> None:
 def test_job_and_state_dir_defaults() -> None:
     cfg = Config.from_env({})
     assert cfg.resolved_job({"TORCHELASTIC_RUN_ID": "run42"}) == "run42"
-    assert cfg.resolved_job({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}) == "node1:29500"
-    assert cfg.resolved_job({}) == "ddp"
-    assert cfg.resolved_state_dir("node1:29500").endswith("ddpmon/node1_29500")
+    # without torchrun's run id: unique per launch, the same for every call in one process
+    default = cfg.resolved_job({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"})
+    assert re.fullmatch(r"ddp-[0-9a-f]{8}", default) and cfg.resolved_job({}) == default
+    assert cfg.resolved_state_dir("node1:29500") == os.path.join(
+        tempfile.gettempdir(), f"ddpmon-{os.geteuid()}", "node1_29500")
+    assert os.path.basename(cfg.resolved_state_dir("..")) == "_."
+    assert os.path.basename(cfg.resolved_state_dir("../../etc")) == "_._.._etc"
     assert Config.from_env({}, state_dir="").resolved_state_dir("x") is None
 
 

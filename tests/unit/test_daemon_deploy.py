@@ -25,7 +25,7 @@ def test_systemd_unit_runs_a_valid_daemon_command(tmp_path: Path) -> None:
     argv = shlex.split(service["ExecStart"])
     assert argv[0].endswith("/ddpmon") and argv[1] == "daemon"
     args = build_parser().parse_args(argv[1:])
-    assert args.port == DEFAULT_PORT and args.state_dir == "/tmp/ddpmon"
+    assert args.port == DEFAULT_PORT and args.state_dir == "/tmp/ddpmon-*"
     assert service["KillSignal"] == "SIGTERM" and service["PrivateTmp"] == "no"
     if shutil.which("systemd-analyze"):
         checked = tmp_path / "ddpmon-daemon.service"  # the real binary may not be installed here
@@ -50,6 +50,7 @@ def test_daemonset_and_service() -> None:
     args = build_parser().parse_args(container["args"])
     assert args.node_local and args.state_dir == "/run/ddpmon" and args.port == DEFAULT_PORT
     assert container["command"] == ["ddpmon"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"  # fails when sampling is stuck
     assert "nvidia.com/gpu" not in str(container.get("resources"))  # takes no GPU away from jobs
     (port,) = container["ports"]
     assert port["containerPort"] == DEFAULT_PORT and port["name"] == "metrics"
@@ -59,3 +60,12 @@ def test_daemonset_and_service() -> None:
     assert mount["mountPath"] == volume["hostPath"]["path"] == args.state_dir and mount["readOnly"] is True
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(DEFAULT_PORT)
+
+
+def test_network_policy_lets_only_prometheus_in() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/networkpolicy.yaml").read_text()))
+    assert {d["kind"] for d in docs} == {"NetworkPolicy"}
+    for policy in docs:
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for rule in policy["spec"]["ingress"]:  # every rule names its peers: nothing open to all
+            assert rule["from"] and all("namespaceSelector" in p or "podSelector" in p for p in rule["from"])
