@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import stat
 import time
 import urllib.error
 import urllib.request
@@ -67,17 +68,26 @@ class Loaded:
 def load_dir(state_dir: str) -> Loaded:
     """Read every rank state file in ``state_dir``. A directory that is missing or cannot be
     listed raises StateFileError; a bad file is kept in ``bad`` with the reason."""
-    if not os.path.exists(state_dir):
+    try:
+        info = os.stat(state_dir)
+    except FileNotFoundError:
         raise StateFileError(
             state_dir, "no such directory; pass the directory of the ranks' state files "
-            "(the job's DDPMON_STATE_DIR; by default <tmp>/ddpmon/<job>)",
-        )
-    if not os.path.isdir(state_dir):
+            "(the job's DDPMON_STATE_DIR; by default <tmp>/ddpmon-<uid>/<job>)",
+        ) from None
+    except PermissionError as exc:
+        raise StateFileError(
+            state_dir, f"cannot be read by this user ({exc.strerror}): run the doctor as the job's "
+            "user, or ask them to share the directory with your group (docs/security.md)",
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
         raise StateFileError(state_dir, "is not a directory; pass the directory that holds rank-<R>.json")
     try:
         paths = files.list_files(state_dir)
     except OSError as exc:
-        raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc})") from None
+        owner = f"owned by uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}"
+        raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc}; {owner}): run the "
+                             "doctor as the job's user, or ask them to share it with your group") from None
     loaded = Loaded(state_dir)
     for path in paths:
         try:
@@ -93,6 +103,29 @@ def load_dir(state_dir: str) -> Loaded:
     return loaded
 
 
+REMOTE_MAX_BYTES = 256 * 1024 * 1024  # a daemon's /state: at most a few MiB per rank of its node
+REMOTE_DEADLINE_SECONDS = 5.0
+
+
+class _Unbounded(Exception):
+    """An answer that does not end, or ends too late or too large."""
+
+
+def _read_bounded(response: Any, limit: int, deadline: float) -> bytes:
+    """A response body of at most ``limit`` bytes, read within ``deadline`` seconds."""
+    chunks, total, until = [], 0, time.monotonic() + deadline
+    while True:
+        chunk = response.read(1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise _Unbounded(f"the answer is larger than {limit >> 20} MiB")
+        if time.monotonic() > until:
+            raise _Unbounded(f"the answer did not end within {deadline:.0f} s")
+
+
 def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
     """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
     for jobs spread over nodes without a shared file system. Each file's modification time is
@@ -102,17 +135,25 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
         url = f"http://{address}/state" if "://" not in address else address.rstrip("/") + "/state"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:
-                body = response.read()
+                body = _read_bounded(response, REMOTE_MAX_BYTES, REMOTE_DEADLINE_SECONDS)
             received = time.time()
-            entries = json.loads(body)
-            if not isinstance(entries, list):
-                raise ValueError("not a JSON list")
+        except _Unbounded as exc:
+            loaded.bad.append((f"{address}/state", f"{exc}; is that address a ddpmon daemon?"))
+            continue
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
             if isinstance(exc, urllib.error.HTTPError):
                 reason = f"HTTP {exc.code}: {exc.read(300).decode(errors='replace').strip() or exc.reason}"
             loaded.bad.append((url, f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
                                     f"running there, and is the port reachable?"))
+            continue
+        try:
+            entries = json.loads(body)
+            if not isinstance(entries, list) or len(entries) > schema.MAX_RANKS:
+                raise ValueError("not a JSON list of state files")
+        except (ValueError, RecursionError) as exc:
+            why = "nests JSON too deeply" if isinstance(exc, RecursionError) else f"is not ddpmon's /state ({exc})"
+            loaded.bad.append((f"{address}/state", f"{why}; is that address a ddpmon daemon?"))
             continue
         for data in entries:
             rank = data.get("rank") if isinstance(data, dict) else None

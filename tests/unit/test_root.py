@@ -114,8 +114,6 @@ def test_state_files_are_private_in_a_private_directory(tmp_root: Path) -> None:
 
 
 @as_root
-@pytest.mark.xfail(strict=True, reason="ddpmon/doctor/load.py load_dir tests os.path.exists, which "
-                   "is False on EACCES: the doctor says 'no such directory'")
 def test_another_user_reading_a_private_job_gets_the_real_reason(tmp_root: Path) -> None:
     if not other_user_can_run_python():
         pytest.skip("this Python is not readable by another user")
