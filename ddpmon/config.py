@@ -142,7 +142,13 @@ class Config:
         if self.state_dir is not None:
             return self.state_dir
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job)
-        return os.path.join(tempfile.gettempdir(), "ddpmon", safe)
+        return os.path.join(default_state_root(), safe)
+
+
+def default_state_root() -> str:
+    """The directory that holds every job's state directory unless one is given: the one
+    place that says where, for the ranks, the daemon, the doctor and top."""
+    return os.path.join(tempfile.gettempdir(), "ddpmon")
 
 
 def _is_number(value: object) -> bool:

@@ -6,21 +6,20 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import threading
 from typing import Any
 
+from ..config import default_state_root
 from . import EXIT_OK, EXIT_USAGE
 
 HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
 
 DEFAULT_PORT = 9490
-DEFAULT_STATE_DIR = os.path.join(tempfile.gettempdir(), "ddpmon")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--state-dir", default=DEFAULT_STATE_DIR, metavar="DIR",
+        "--state-dir", default=default_state_root(), metavar="DIR",
         help="directory of the ranks' state files, read with its subdirectories (the ranks' "
              "DDPMON_STATE_DIR or its parent); it may appear later (default: %(default)s)",
     )
