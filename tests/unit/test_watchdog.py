@@ -57,7 +57,7 @@ def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.
     hang_logs = [r.getMessage() for r in caplog.records if "made no progress" in r.getMessage()]
     assert len(hang_logs) == 1
     assert "rank 3 made no progress for 2.5 s" in hang_logs[0]
-    assert "waiting 3.0 s in barrier #1 issued at train.py:88" in hang_logs[0]
+    assert "waiting 3.0 s in barrier #1 (group 0, issued at train.py:88 in train_step)" in hang_logs[0]
 
     clock.now = 1003.0  # still hung: the report stays, no second log line
     assert dog.check() is report
