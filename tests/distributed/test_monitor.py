@@ -312,7 +312,7 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
             assert b["bytes"] == sum(out["param_bytes"][n] for n in b["parameters"])
             # steps 1..7 use the rebuilt buckets and are all matched (step 0 had other buckets)
             assert b["count"] == 7, b
-            assert 0 < b["last_seconds"] < 1 and b["busbw_bytes_per_second"] > 0
+            assert 0 < b["last_seconds"] < 5 and b["busbw_bytes_per_second"] > 0
             assert 0 < b["ready_seconds"] < 5
         assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
         assert out["exposed"]["median"] >= 0 and out["notes"] == {}
