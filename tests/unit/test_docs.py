@@ -9,6 +9,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
 from ddpmon.cli import build_parser
 from ddpmon.config import Config
 from ddpmon.metrics import catalog, table
@@ -23,6 +25,11 @@ DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daem
 
 def test_readme_metric_table_is_the_catalog() -> None:
     assert table.replace(README) == README, "regenerate it: python -m ddpmon.metrics.table README.md"
+
+
+def test_a_readme_without_the_markers_is_refused_not_rewritten() -> None:
+    with pytest.raises(ValueError, match="expected one"):
+        table.replace(README.replace(table.END, ""))
 
 
 def test_every_metric_name_the_docs_use_exists() -> None:
