@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: all setup demo test test-unit test-fast bench prometheus dashboards clean
+.PHONY: all setup demo test test-unit test-fast bench prometheus dashboards readme clean
 
 all: test
 
@@ -44,6 +44,10 @@ bench: setup
 # after changing ddpmon/dashboards/ or deploy/prometheus/ddpmon-rules.yml.
 dashboards: setup
 	$(PY) -m ddpmon.dashboards --write-repo $(CURDIR)
+
+# Regenerate README's metric table from ddpmon/metrics/catalog.py after changing the catalog.
+readme: setup
+	$(PY) -m ddpmon.metrics.table README.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -139,6 +139,12 @@ class Config:
         return root.job_dir(job)
 
 
+def default_state_root() -> str:
+    """The directory that holds every job's state directory unless one is given (this
+    user's, ddpmon/state/root.py): the one place the ranks, the doctor and top ask."""
+    return root.default_root()
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

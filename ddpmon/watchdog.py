@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .frames import is_library
 from .recorder import Recorder
 from .state import schema
 
@@ -38,7 +38,6 @@ WARMUP_FACTOR = 5.0
 REFRESH_SECONDS = 5.0
 MAX_FRAMES = 40
 MAX_THREADS = 32
-_DDPMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class Watchdog:
@@ -213,15 +212,11 @@ def describe(report: schema.Hang, rank: Any) -> str:
     where = "not in any collective"
     if report.in_flight:
         oldest = min(report.in_flight, key=lambda e: e.issued_unix)
-        where = f"waiting {oldest.age_seconds or 0.0:.1f} s in {oldest.op} #{oldest.seq} "
-        if oldest.bucket is not None:
-            where += f"of DDP gradient bucket {oldest.bucket} (backward)"
-        else:
-            where += f"issued at {oldest.call_site}"
+        where = f"waiting {oldest.age_seconds or 0.0:.1f} s in {oldest.describe()}"
     top = ""
     main = next((t for t in report.threads if t.main), None)
     if main and main.frames:
-        user = [f for f in main.frames if not _library(f.file or "")]
+        user = [f for f in main.frames if not is_library(f.file or "")]
         f = (user or main.frames)[-1]
         top = f"; main thread at {f.file}:{f.line} in {f.function}"
     return (
@@ -265,14 +260,9 @@ def exit_record() -> schema.Exit:
     where = innermost = None
     for fs in traceback.extract_tb(exc.__traceback__):
         innermost = fs
-        if not _library(fs.filename):
+        if not is_library(fs.filename):
             where = fs
     chosen = where or innermost
     if chosen is not None:
         record.where = f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
     return record
-
-
-def _library(filename: str) -> bool:
-    """True for installed packages' files and ddpmon's own: not the user's code."""
-    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(_DDPMON_DIR)

@@ -6,16 +6,16 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import threading
 from typing import Any
 
+from ..config import default_state_root
 from . import EXIT_OK, EXIT_USAGE
 
 HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
 
 DEFAULT_PORT = 9490
-DEFAULT_STATE_DIR = os.path.join(tempfile.gettempdir(), "ddpmon-*")
+DEFAULT_STATE_DIR = os.path.join(os.path.dirname(default_state_root()), "ddpmon-*")
 """Every user's default root (ddpmon/state/root.py); a pattern is expanded at each pass."""
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from ..errors import StateFileError
-from ..state.root import default_root
+from .common import add_state_dir_argument, default_state_dir, no_state_dir
 
 HELP = "Diagnose a hung, dying, out-of-step or slow DDP job from its ranks' state files."
 
@@ -20,11 +19,7 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "state_dir", nargs="?", metavar="STATE_DIR",
-        help="directory of the ranks' state files (default: $DDPMON_STATE_DIR, else the job "
-        "directory under your <tmp>/ddpmon-<uid> written last)",
-    )
+    add_state_dir_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument("--job", help="the job to diagnose when the directory holds several")
     parser.add_argument(
@@ -46,14 +41,9 @@ def run(args: argparse.Namespace) -> int:
     if args.remote and args.state_dir:
         print("ddpmon doctor: give STATE_DIR or --from HOST:PORT, not both", file=sys.stderr)
         return EXIT_USAGE
-    state_dir = args.state_dir or ("" if args.remote else default_state_dir())
+    state_dir = args.state_dir or ("" if args.remote else default_state_dir("doctor"))
     if state_dir is None:
-        print(
-            "ddpmon doctor: no state directory given, DDPMON_STATE_DIR is not set and "
-            f"{default_root()} (your jobs' default root) holds no job: pass STATE_DIR "
-            "(another user's job: its DDPMON_STATE_DIR, or <tmp>/ddpmon-<their uid>/<job>)",
-            file=sys.stderr,
-        )
+        print(no_state_dir("doctor"), file=sys.stderr)
         return EXIT_USAGE
     try:
         diagnosis = examine(state_dir, job=args.job, live_stacks=not args.no_stacks, stall=args.stall,
@@ -71,26 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if diagnosis.verdict == "healthy":
         return EXIT_OK
     return EXIT_USAGE if diagnosis.verdict == "no_data" else EXIT_PROBLEM
-
-
-def default_state_dir() -> str | None:
-    """$DDPMON_STATE_DIR, else the most recently written job directory under this user's
-    default root <tmp>/ddpmon-<uid>."""
-    env = os.environ.get("DDPMON_STATE_DIR", "")
-    if env:
-        return env
-    root = default_root()
-    try:
-        candidates = [os.path.join(root, name) for name in os.listdir(root)]
-    except OSError:
-        return None
-    candidates = [c for c in candidates if os.path.isdir(c)]
-    if not candidates:
-        return None
-    chosen = max(candidates, key=os.path.getmtime)
-    if len(candidates) > 1:
-        print(f"ddpmon doctor: reading {chosen} (the job directory written last)", file=sys.stderr)
-    return chosen
 
 
 def _seconds(text: str) -> float:

@@ -11,14 +11,13 @@ from typing import Any
 
 from ..errors import StateFileError
 from ..state import files, schema
+from .common import add_state_dir_argument, default_state_dir, no_state_dir
 
 HELP = "show every rank of a job (steps, step time, communication, buckets) from its state files"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("state_dir", nargs="?",
-                   help="directory of rank-<R>.json files (default: $DDPMON_STATE_DIR, else the "
-                   "job directory under your <tmp>/ddpmon-<uid> written last)")
+    add_state_dir_argument(p)
     p.add_argument("--once", action="store_true", help="print once and exit")
     p.add_argument("--buckets", action="store_true", help="also show each rank's buckets")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
@@ -26,12 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .doctor import default_state_dir
-
-    state_dir = args.state_dir or default_state_dir()
+    state_dir = args.state_dir or default_state_dir("top")
     if not state_dir:
-        print("ddpmon top: give the state directory (DDPMON_STATE_DIR is not set and "
-              "your <tmp>/ddpmon-<uid> holds no job)", file=sys.stderr)
+        print(no_state_dir("top"), file=sys.stderr)
         return 2
     if not os.path.isdir(state_dir):
         print(f"ddpmon top: {state_dir!r} is not a directory", file=sys.stderr)

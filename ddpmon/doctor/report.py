@@ -101,9 +101,7 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         e = v.waiting
         waiting = "-"
         if e and v.status not in GONE:
-            bucket = f" (DDP bucket {e.bucket})" if e.bucket is not None else ""
-            where = "" if e.call_site == "DDP backward" else f" at {e.call_site}"
-            waiting = f"{e.op} #{e.seq}{bucket}{where}, {e.age_seconds or 0:.1f} s"
+            waiting = f"{e.describe(short=True)}, {e.age_seconds or 0:.1f} s"
         rows.append((
             str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
             str(s.step), str(s.phase), f"{v.silent:.1f} s", waiting,

@@ -249,17 +249,8 @@ def flight_recorder_lines(waiting: list[RankView]) -> list[str]:
 
 
 def entry_name(e: Collective | None) -> str:
-    """A collective as a reader finds it in the code: op, sequence number, where issued."""
-    if not e:
-        return "?"
-    bucket = f", DDP bucket {e.bucket}" if e.bucket is not None else ""
-    func = f" in {e.function}" if e.function else ""
-    caller = f", called from {e.callers[0]}" if e.callers else ""
-    if e.source == "flight recorder":
-        return f"{e.op} #{e.seq} (group {e.group}, from torch's flight recorder)"
-    if e.bucket is not None and e.call_site == "DDP backward":
-        return f"{e.op} #{e.seq} (group {e.group}, gradient bucket {e.bucket} of DDP's backward)"
-    return f"{e.op} #{e.seq} (group {e.group}{bucket}, issued at {e.call_site}{func}{caller})"
+    """A collective as a reader finds it in the code (``Collective.describe``)."""
+    return e.describe() if e else "?"
 
 
 def ranks(numbers: Iterable[int]) -> str:

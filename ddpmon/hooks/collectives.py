@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .._safety import Fuse
+from ..frames import DDPMON_DIR, is_library
 from ..recorder import Recorder
 
 # op -> (position, keyword) of the tensor(s) this rank sends, (position, keyword) of the group.
@@ -64,9 +65,8 @@ _P2P: dict[str, tuple[int | None, str | None, int, str]] = {
 }
 TRACKED = tuple(_SPECS) + tuple(_P2P) + ("batch_isend_irecv",)
 
-_DDPMON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_COMM_HOOK_FILE = os.path.join(_DDPMON_DIR, "timing", "hook.py")
+_COMM_HOOK_FILE = os.path.join(DDPMON_DIR, "timing", "hook.py")
 _C10D_FILES = tuple(
     os.path.join(_TORCH_DIR, "distributed", name) for name in ("distributed_c10d.py", "c10d_logger.py")
 )
@@ -254,17 +254,17 @@ _KINDS: dict[Any, tuple[int, bool]] = {}  # code object -> (kind, may serve as t
 
 
 def _kind(code: Any) -> tuple[int, bool]:
-    """Whether a code object is torch's or ddpmon's, the user's, or ddpmon's comm hook:
+    """Whether a code object is a library's (``frames.is_library``), the user's, or ddpmon's comm hook:
     decided once per code object, so the walk below costs a dict lookup a frame."""
     kind = _KINDS.get(code)
     if kind is None:
         filename = code.co_filename
         if filename == _COMM_HOOK_FILE and code.co_name == "__call__":
             kind = (_HOOK, False)
-        elif not filename.startswith((_TORCH_DIR, _DDPMON_DIR, "<frozen")):
+        elif not is_library(filename):
             kind = (_USER, False)
         else:
-            kind = (_LIBRARY, filename not in _C10D_FILES and not filename.startswith(_DDPMON_DIR))
+            kind = (_LIBRARY, filename.startswith(_TORCH_DIR) and filename not in _C10D_FILES)
         if len(_KINDS) > 4096:
             _KINDS.clear()
         _KINDS[code] = kind
@@ -272,8 +272,8 @@ def _kind(code: Any) -> tuple[int, bool]:
 
 
 def _call_site(frame: Any) -> tuple[str, str, bool, list[str]]:
-    """(``file:line``, function, in the comm hook, callers) of the first frame outside torch
-    and ddpmon; ``callers`` are the next user frames out (``file:line in function``), which
+    """(``file:line``, function, in the comm hook, callers) of the first frame of the user's
+    code (outside torch, ddpmon and other libraries); ``callers`` are the next user frames out (``file:line in function``), which
     tell apart calls through a shared helper. A call from inside ddpmon's comm hook is a
     bucket's collective: the walk stops there (it runs for every bucket of every step)."""
     fallback = None

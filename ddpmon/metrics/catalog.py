@@ -57,7 +57,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
     Metric("ddpmon_collectives_issued_total", "counter",
            "Collectives this rank issued while monitored, by operation "
-           "(DDP's buckets unless bucket_timing is c10d or off).", RANK + ("op",)),
+           "(DDP's buckets too, except on NCCL with bucket_timing c10d or off).", RANK + ("op",)),
     Metric("ddpmon_collectives_completed_total", "counter",
            "Collectives this rank saw complete, by operation.", RANK + ("op",)),
     Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),

@@ -89,6 +89,24 @@ class Collective:
     source: str | None = None
     """Where a reader found it, when not the rank's own record (``flight recorder``)."""
 
+    def describe(self, short: bool = False) -> str:
+        """The collective as a reader finds it in the code: op, sequence number, group and
+        where it was issued. The one wording for hang lines, the doctor and its report;
+        ``short`` for a table cell (op, sequence number, bucket or call site)."""
+        if short:
+            bucket = f" (DDP bucket {self.bucket})" if self.bucket is not None else ""
+            where = "" if self.call_site == "DDP backward" else f" at {self.call_site}"
+            return f"{self.op} #{self.seq}{bucket}{where}"
+        head = f"{self.op} #{self.seq} (group {self.group}"
+        if self.source == "flight recorder":
+            return f"{head}, from torch's flight recorder)"
+        if self.bucket is not None and self.call_site == "DDP backward":
+            return f"{head}, gradient bucket {self.bucket} of DDP's backward)"
+        bucket = f", DDP bucket {self.bucket}" if self.bucket is not None else ""
+        func = f" in {self.function}" if self.function else ""
+        caller = f", called from {self.callers[0]}" if self.callers else ""
+        return f"{head}{bucket}, issued at {self.call_site}{func}{caller})"
+
 
 @dataclass(slots=True)
 class Summary:

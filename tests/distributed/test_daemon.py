@@ -110,7 +110,6 @@ def test_daemon_rank_liveness_against_a_real_job(tmp_path: Path) -> None:
     finally:
         harness.stop(procs)
         code, out, err, took = terminate(daemon)
-    assert code == 0, err
-    assert took < 5
+    assert code == 0, err  # terminate() fails the test when SIGTERM takes over 10 s
     assert err.count("does not exist yet; waiting for it") == 1, err
     assert "Traceback" not in err

@@ -159,32 +159,89 @@ def test_ddp_reduction_error_names_the_unused_parameters(tmp_path: Path) -> None
         assert "find_unused_parameters=True" in error
 
 
-def test_bad_inputs_give_clear_errors_and_training_goes_on(tmp_path: Path) -> None:
-    results = run_ranks("bad_inputs", 2, tmp_path)
-    for r in results:
-        out = r.result
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    """One 2-rank job that meets every bad input in turn and keeps training; each test
+    below checks one of them, on every rank."""
+    return {r.rank: r.result for r in run_ranks("bad_inputs", 2, tmp_path_factory.mktemp("bad"))}
+
+
+def test_attaching_to_a_plain_module_says_how_to_wrap_it(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert "DistributedDataParallel" in out["not_ddp"] and "MLP" in out["not_ddp"]
+
+
+def test_attaching_twice_is_refused(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert "already attached" in out["twice"]
+
+
+def test_a_busy_port_falls_back_to_another_and_says_so(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert out["bound_port"] not in (None, out["busy_port"])
-        assert any(f"cannot serve metrics on 127.0.0.1:{out['busy_port']}" in l for l in out["logs"])
+        assert any(f"cannot serve metrics on 127.0.0.1:{out['busy_port']}" in line for line in out["logs"])
+
+
+def test_an_unwritable_state_dir_turns_state_files_off_and_says_so(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert out["state_file"] is None
-        assert any("state files are off" in l and "/proc/ddpmon-cannot-write" in l for l in out["logs"])
-        assert out["steps"] == 2
+        assert any("state files are off" in line and "/proc/ddpmon-cannot-write" in line for line in out["logs"])
+
+
+def test_training_goes_on_through_the_bad_inputs(bad_inputs: dict[int, dict]) -> None:
+    assert [out["steps"] for out in bad_inputs.values()] == [2, 2]
+
+
+def test_bad_and_unknown_options_are_named(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert "hang_timeout='soon'" in out["bad_option"]
         assert "colour" in out["unknown_option"] and "hang_timeout" in out["unknown_option"]
-        if r.rank == 1:
-            assert "port=65535" in out["port_past_range"] and "LOCAL_RANK (1)" in out["port_past_range"]
+
+
+def test_a_port_past_the_range_is_refused_on_the_rank_it_falls_on(bad_inputs: dict[int, dict]) -> None:
+    assert bad_inputs[0]["port_past_range"] == "accepted"  # 65535 + LOCAL_RANK 0 is a port
+    assert "port=65535" in bad_inputs[1]["port_past_range"]
+    assert "LOCAL_RANK (1)" in bad_inputs[1]["port_past_range"]
+
+
+def test_a_comm_hook_torch_refuses_is_a_config_error(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert out["bad_hook"].startswith("comm_hook=") and "torch refused it" in out["bad_hook"]
+
+
+def test_c10d_timing_on_gloo_is_refused_with_what_works(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert out["c10d_on_gloo"].startswith("bucket_timing='c10d'")
-        assert "gloo backend has no completion hook" in out["c10d_on_gloo"] and "'hook' or 'auto'" in out["c10d_on_gloo"]
-        assert f"rank-{r.rank}.json" in out["same_state_file"] and "state_dir=" in out["same_state_file"]
+        assert "gloo backend has no completion hook" in out["c10d_on_gloo"]
+        assert "'hook' or 'auto'" in out["c10d_on_gloo"]
+
+
+def test_two_monitors_need_state_files_of_their_own(bad_inputs: dict[int, dict]) -> None:
+    for rank, out in bad_inputs.items():
+        assert f"rank-{rank}.json" in out["same_state_file"] and "state_dir=" in out["same_state_file"]
         assert out["second_state_file"] is True
-        assert out["spare_clean"] == [0, False, None], "a failed attach leaves nothing behind"
+
+
+def test_a_failed_attach_leaves_nothing_behind(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
+        assert out["spare_clean"] == [0, False, None]
+
+
+def test_a_comm_hook_registered_after_attach_is_timed_after_a_refused_one(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert out.get("later_refused"), "DDP refuses a hook without (state, bucket)"
         assert out["later_modes"] == ["off", "hook"] and out["later_counts"] == [2], out["later_counts"]
-        assert out["off_hooks"] == [False, ""], "bucket_timing=off registers no comm hook"
+
+
+def test_bucket_timing_off_registers_no_comm_hook(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
+        assert out["off_hooks"] == [False, ""]
+
+
+def test_an_attach_failing_part_way_undoes_what_it_installed(bad_inputs: dict[int, dict]) -> None:
+    for out in bad_inputs.values():
         assert out["partway"] == "injected: attach fails part-way"
-        assert out["partway_clean"] == [False, 0, False, None], "what it had installed is undone"
+        assert out["partway_clean"] == [False, 0, False, None]
         assert out["partway_reattached_steps"] == 2
 
 
@@ -193,7 +250,7 @@ def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path
     for r in results:
         assert r.result["steps"] == 4, "training went on"
         assert "injected failure" in r.result["errors"]["bucket_timing"]
-        assert len([l for l in r.result["logs"] if "bucket_timing failed" in l]) == 1
+        assert len([l for l in r.result["logs"] if "bucket_timing failed and is now switched off" in l]) == 1
         assert sample(r.result["metrics"], "ddpmon_internal_errors_total", part="bucket_timing") == 1
 
 
@@ -255,7 +312,7 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
             assert b["bytes"] == sum(out["param_bytes"][n] for n in b["parameters"])
             # steps 1..7 use the rebuilt buckets and are all matched (step 0 had other buckets)
             assert b["count"] == 7, b
-            assert 0 < b["last_seconds"] < 1 and b["busbw_bytes_per_second"] > 0
+            assert 0 < b["last_seconds"] < 5 and b["busbw_bytes_per_second"] > 0
             assert 0 < b["ready_seconds"] < 5
         assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
         assert out["exposed"]["median"] >= 0 and out["notes"] == {}

@@ -62,7 +62,7 @@ def test_allreduces_of_a_backward_become_its_buckets_in_order() -> None:
     timings = resolved.buckets
     assert [t.index for t in timings] == [0, 1, 2]
     assert [round(t.end - t.start, 6) for t in timings] == [0.001, 0.002, 0.004]
-    assert all(0.009 < t.ready < 0.5 for t in timings), "ready: seconds after the step began"
+    assert all(0.009 < t.ready < 5 for t in timings), "ready: seconds after the step began (10 ms ago and more)"
     assert resolved.exposed is None and not resolved.measured  # on CPU there are no CUDA events
     assert clock.matched_steps == 1 and clock.unmatched_steps == 0
 

@@ -75,12 +75,11 @@ def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as not_served:  # off unless --serve-state
             scrape(port, "/state")
         assert not_served.value.code == 404 and b"--serve-state" in not_served.value.read()
-        time.sleep(0.5)  # a few sampling passes: nothing may be logged twice
     finally:
         code, out, err, took = terminate(proc)
-    assert code == 0, err
-    assert took < 5
+    assert code == 0, err  # terminate() fails the test when SIGTERM takes over 10 s
     assert "ddpmon daemon: stopped" in out
+    # said once; that repeated passes say it no more is test_daemon.py::test_state_dir_appears_later
     assert err.count("does not exist yet; waiting for it") == 1, err
     if not real_nvml_works():
         assert err.count("GPU metrics are off") == 1, err

@@ -1,24 +1,96 @@
-"""The README's promises that scripts rely on stay true."""
+"""The docs name what the code has, and the code has nothing the docs leave out: metric
+names (README's table is generated from the catalog), options and their DDPMON_* variables,
+and every command's flags."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 from pathlib import Path
 
+import pytest
+
+from ddpmon.cli import build_parser
 from ddpmon.config import Config
-from ddpmon.metrics import catalog
+from ddpmon.metrics import catalog, table
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+# where each command's flags are documented; the top-level ones and top's are in README
+DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daemon": "docs/daemon.md",
+          "dashboards": "docs/dashboards.md"}
 
 
-def test_readme_lists_every_metric() -> None:
-    missing = [m.name for m in catalog.METRICS if f"`{m.name}`" not in README]
-    assert missing == []
+def test_readme_metric_table_is_the_catalog() -> None:
+    assert table.replace(README) == README, "regenerate it: python -m ddpmon.metrics.table README.md"
 
 
-def test_readme_lists_every_option() -> None:
-    missing = [f.name for f in dataclasses.fields(Config) if f"`{f.name}`" not in README]
-    assert missing == []
+def test_a_readme_without_the_markers_is_refused_not_rewritten() -> None:
+    with pytest.raises(ValueError, match="expected one"):
+        table.replace(README.replace(table.END, ""))
+
+
+def test_every_metric_name_the_docs_use_exists() -> None:
+    from ddpmon.doctor.rules import rank_notes
+
+    known = catalog.series_names() | set(catalog.BY_NAME)
+    known.add(rank_notes.ddpmon_part_off.__name__)  # a doctor finding's kind, not a metric
+    for doc, text in DOCS.items():
+        names = {n for n in re.findall(r"\bddpmon_[a-z0-9_]+", text) if not n.endswith("_")}  # ddpmon_gpu_*: a prefix
+        unknown = sorted(names - known)
+        assert unknown == [], f"{doc} names metrics the catalog does not have"
+
+
+def _options_table() -> list[str]:
+    section = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+
+
+def test_the_options_table_is_exactly_the_config() -> None:
+    assert sorted(_options_table()) == sorted(f.name for f in dataclasses.fields(Config))
+
+
+def test_every_ddpmon_variable_the_docs_name_is_an_option() -> None:
+    variables = {"DDPMON_" + f.name.upper() for f in dataclasses.fields(Config) if f.name != "comm_state"}
+    for doc, text in DOCS.items():
+        named = set(re.findall(r"\bDDPMON_[A-Z_]*[A-Z]\b", text))
+        assert named <= variables, f"{doc} names variables ddpmon does not read: {sorted(named - variables)}"
+
+
+def _flags(parser: argparse.ArgumentParser, command: str = "") -> dict[str, set[str]]:
+    """Each command's flags (a command's own and its subcommands'), by command name."""
+    out: dict[str, set[str]] = {command: set()}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                for cmd, flags in _flags(sub, name if not command else command).items():
+                    out.setdefault(cmd, set()).update(flags)
+        else:
+            out[command].update(o for o in action.option_strings if o not in ("-h", "--help"))
+    return out
+
+
+FLAGS = _flags(build_parser())
+
+
+def test_every_flag_is_documented_where_its_command_is() -> None:
+    assert set(FLAGS) == set(DOC_OF)
+    for command, flags in FLAGS.items():
+        text = DOCS[DOC_OF[command]]
+        missing = sorted(f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", text))
+        assert missing == [], f"`ddpmon {command}` flags missing from {DOC_OF[command]}"
+
+
+def test_every_flag_the_docs_give_a_command_exists() -> None:
+    commands = "|".join(c for c in FLAGS if c)
+    for doc, text in DOCS.items():
+        for line in text.splitlines():
+            # the flags after `ddpmon CMD` up to the next command on the line are CMD's
+            for command, rest in re.findall(rf"ddpmon ({commands})\b(.*?)(?=ddpmon (?:{commands})\b|$)", line):
+                unknown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest)) - FLAGS[command]
+                assert not unknown, f"{doc}: `ddpmon {command}` has no {sorted(unknown)}: {line.strip()}"
 
 
 def test_quickstart_shows_the_two_commands() -> None:

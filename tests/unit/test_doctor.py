@@ -532,9 +532,11 @@ def test_never_imports_torch(tmp_path: Path) -> None:
     assert out.returncode == 0 and out.stdout.strip().endswith("no torch"), out.stderr
 
 
-def test_64_ranks_in_well_under_5_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """64 ranks on 8 other hosts, hung in one all-reduce with one rank stuck: one pass over
-    the files, no per-rank process or py-spy work for ranks this host cannot see."""
+def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 ranks on 8 other hosts, hung in one all-reduce with one rank stuck: the files alone
+    answer, with no per-rank process or py-spy work for ranks this host cannot see. How fast:
+    ``python benchmarks/doctor_scale.py`` and ``benchmarks/hang_tracking.py``."""
     sites = {f"all_reduce train.py:{i} (DDP bucket)": 100 for i in range(60)}
     frames = [{"file": "train.py", "line": i, "function": f"f{i}", "code": ""} for i in range(40)]
     for r in range(64):
@@ -544,16 +546,11 @@ def test_64_ranks_in_well_under_5_seconds(tmp_path: Path, monkeypatch: pytest.Mo
                               in_flight=in_flight, collective_sites=sites, steps=256))
     calls: list[Any] = []
     monkeypatch.setattr(stacks, "dump_many", lambda *a, **k: calls.append(a) or {})
-    started = time.perf_counter()
     d = examine(str(tmp_path))
-    elapsed = time.perf_counter() - started
     assert (d.verdict, d.suspect_ranks) == ("hang", [37])
     assert calls == []
-    assert elapsed < 2.0, f"{elapsed:.2f} s for 64 ranks"
-    started = time.perf_counter()
     out = run_cli(str(tmp_path), "--json")
     assert out.returncode == 1 and json.loads(out.stdout)["suspect_ranks"] == [37]
-    assert time.perf_counter() - started < 5.0
 
 
 def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, silent: float = 90.0) -> dict[str, Any]:

@@ -94,8 +94,25 @@ def test_every_exported_name_is_in_the_catalog_and_well_named() -> None:
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         assert "job" in m.labels or m.source == "daemon", m.name
         assert not {"step", "parameter", "timestamp", "param"} & set(m.labels), m.name
-    for family in RankCollector(recorder_with_steps()).collect():
-        catalog.get(family.name if family.type != "counter" else family.name + "_total")
+
+
+def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labels() -> None:
+    """What a rank's endpoint serves and what the catalog (and so README and the dashboards)
+    promises are the same names, kinds and label names, both ways."""
+    rec = recorder_with_steps()
+    rec.identity["bucket_timing"] = "c10d"  # the one metric served only with c10d timing
+    rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
+    rec.record_error("watchdog", "boom")
+    served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
+    for family in RankCollector(rec, "per_bucket").collect():
+        name = family.name + "_total" if family.type == "counter" else family.name
+        label_sets = {tuple(sorted(k for k in s.labels if k != "le")) for s in family.samples}
+        served[name] = (family.type, label_sets)
+    promised = {m.name: m for m in catalog.METRICS if m.source == "rank"}
+    assert set(served) == set(promised)
+    for name, (kind, label_sets) in served.items():
+        assert kind == promised[name].kind, name
+        assert label_sets == {tuple(sorted(promised[name].labels))}, name
 
 
 def test_endpoint_binds_port_zero_and_serves() -> None:

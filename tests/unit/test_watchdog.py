@@ -57,7 +57,7 @@ def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.
     hang_logs = [r.getMessage() for r in caplog.records if "made no progress" in r.getMessage()]
     assert len(hang_logs) == 1
     assert "rank 3 made no progress for 2.5 s" in hang_logs[0]
-    assert "waiting 3.0 s in barrier #1 issued at train.py:88" in hang_logs[0]
+    assert "waiting 3.0 s in barrier #1 (group 0, issued at train.py:88 in train_step)" in hang_logs[0]
 
     clock.now = 1003.0  # still hung: the report stays, no second log line
     assert dog.check() is report
@@ -149,7 +149,7 @@ def test_the_loop_survives_failures_and_stop_is_bounded(caplog: pytest.LogCaptur
         time.sleep(0.01)
     started = time.monotonic()
     dog.stop(timeout=1.0)
-    assert time.monotonic() - started < 1.5 and not dog._thread.is_alive()
+    assert time.monotonic() - started < 5 and not dog._thread.is_alive()  # a hang bound, not a speed
     assert rec.hang is not None and rec.hang.extras_error == "RuntimeError: no extras"
     failures = [r for r in caplog.records if "failed a pass" in r.getMessage()]
     assert len(failures) == 1  # logged once, then quietly retried
@@ -214,7 +214,7 @@ def test_flight_recorder_summary_and_failures(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(fr, "_dump", lambda: release.wait(5))
     started = time.monotonic()
     assert "did not return" in fr.read(wait=0.1)["flight_recorder_error"]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 4  # bounded by wait=0.1, not by the 5 s the dump hangs
     # while that dump hangs, later reports start no thread of their own
     threads = threading.active_count()
     assert "has not returned yet" in fr.read(wait=0.1)["flight_recorder_error"]

@@ -1,0 +1,42 @@
+"""The default state directory: one root for the ranks, the daemon, the doctor and top."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ddpmon.cli import build_parser, common
+from ddpmon.config import Config, default_state_root
+
+
+@pytest.fixture
+def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("DDPMON_STATE_DIR", raising=False)
+    return tmp_path / "ddpmon"
+
+
+def test_every_reader_and_the_ranks_share_the_root(tmp_root: Path) -> None:
+    assert default_state_root() == str(tmp_root)
+    assert Config().resolved_state_dir("host:29500") == str(tmp_root / "host_29500")
+    assert build_parser().parse_args(["daemon"]).state_dir == str(tmp_root)
+
+
+def test_the_job_directory_written_last_is_chosen_and_named(tmp_root: Path, capsys: pytest.CaptureFixture) -> None:
+    assert common.default_state_dir("top") is None  # no root yet
+    for i, job in enumerate(("old", "new")):
+        (tmp_root / job).mkdir(parents=True)
+        os.utime(tmp_root / job, (1000 + i, 1000 + i))
+    (tmp_root / "stray-file").write_text("")
+    assert common.default_state_dir("top") == str(tmp_root / "new")
+    assert f"ddpmon top: reading {tmp_root / 'new'}" in capsys.readouterr().err
+
+
+def test_the_variable_wins(tmp_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_root / "job").mkdir(parents=True)
+    monkeypatch.setenv("DDPMON_STATE_DIR", "/somewhere/else")
+    assert common.default_state_dir("doctor") == "/somewhere/else"
+    assert str(tmp_root) in common.no_state_dir("doctor")
