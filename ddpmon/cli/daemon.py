@@ -15,13 +15,14 @@ from . import EXIT_OK, EXIT_USAGE
 HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
 
 DEFAULT_PORT = 9490
-DEFAULT_STATE_DIR = os.path.join(os.path.dirname(default_state_root()), "ddpmon-*")
-"""Every user's default root (ddpmon/state/root.py); a pattern is expanded at each pass."""
+def every_users_root() -> str:
+    """Every user's default root (ddpmon/state/root.py): a pattern, expanded at each pass."""
+    return os.path.join(os.path.dirname(default_state_root()), "ddpmon-*")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--state-dir", default=DEFAULT_STATE_DIR, metavar="DIR",
+        "--state-dir", default=every_users_root(), metavar="DIR",
         help="directory of the ranks' state files, read with its subdirectories (the ranks' "
              "DDPMON_STATE_DIR or its parent); it may appear later; a pattern reads every match "
              "(default: %(default)s, the users' default roots)",

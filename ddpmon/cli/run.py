@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "torchrun's (or the python command line). Any option can also be a DDPMON_* variable.")
     parser.add_argument("--job", help="job name: the `job` label and the state directory's name "
                         "(default: torchrun's --rdzv-id, else SCRIPT-YYYYMMDD-HHMMSS)")
-    parser.add_argument("--state-dir", help="directory of the state files (default: <tmp>/ddpmon/JOB)")
+    parser.add_argument("--state-dir", help="directory of the state files (default: <tmp>/ddpmon-<uid>/JOB)")
     parser.add_argument("--port", help="base metrics port: LOCAL_RANK k serves on PORT+k; 0 = ephemeral; "
                         "negative = off (default 9500)")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",

@@ -16,13 +16,13 @@ from ddpmon.config import Config, default_state_root
 def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("DDPMON_STATE_DIR", raising=False)
-    return tmp_path / "ddpmon"
+    return tmp_path / f"ddpmon-{os.geteuid()}"
 
 
 def test_every_reader_and_the_ranks_share_the_root(tmp_root: Path) -> None:
     assert default_state_root() == str(tmp_root)
     assert Config().resolved_state_dir("host:29500") == str(tmp_root / "host_29500")
-    assert build_parser().parse_args(["daemon"]).state_dir == str(tmp_root)
+    assert build_parser().parse_args(["daemon"]).state_dir == str(tmp_root.parent / "ddpmon-*")
 
 
 def test_the_job_directory_written_last_is_chosen_and_named(tmp_root: Path, capsys: pytest.CaptureFixture) -> None:
