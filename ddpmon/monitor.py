@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -84,6 +85,7 @@ class Monitor:
         self._closers: list[Any] = []  # what to release at detach (NVML, the c10d listener)
         self._collectives: Any = None
         self._watchdog: Any = None
+        self._history: Any = None
         self.state_file: str | None = None
         try:
             self._install(ddp, config, identity)
@@ -154,6 +156,7 @@ class Monitor:
         self._endpoint = self._start_endpoint()
         self.recorder.identity["port"] = self.port
         self.state_file = self._start_state_writer()
+        self._start_history()  # before the watchdog: its exit record is written first at exit
         self._start_hang_tracking()
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
 
@@ -214,6 +217,7 @@ class Monitor:
             self._endpoint.close()
         for close in self._closers:
             close()
+        self._stop_history()
         if self._writer:
             self._writer.stop()
             _STATE_FILES_IN_USE.discard(self._writer.path)
@@ -497,6 +501,50 @@ class Monitor:
         self._writer.start()
         _STATE_FILES_IN_USE.add(path)
         return path
+
+
+    # -- step history (ddpmon/state/history.py) and the end-of-run summary ----------------------
+
+    def _start_history(self) -> None:
+        if not self.state_file or not self.config.history:
+            return
+        from .state import history
+
+        sample = history.process_sample()
+        if self.recorder.identity["device"].startswith("cuda"):
+            sample = functools.partial(_gpu_sample, torch.device(self.recorder.identity["device"]), sample)
+        self._history = history.HistoryWriter(
+            history.path_for(os.path.dirname(self.state_file), self.rank), self.recorder.history_since,
+            self.recorder.snapshot, self.recorder.identity, sample=sample,
+        )
+        self._history.start()
+        atexit.register(self._stop_history)
+
+    def _stop_history(self) -> None:
+        """The last batch (bounded in time), then rank 0 logs the run's summary."""
+        writer, self._history = self._history, None
+        if writer is None:
+            return
+        atexit.unregister(self._stop_history)
+        writer.stop()
+        if self.rank == 0 and not writer.failed:
+            try:
+                from .report.summary import end_of_run
+
+                log.warning("%s", end_of_run(os.path.dirname(writer.path)))
+            except Exception as exc:
+                log.info("ddpmon: no end-of-run summary: %r", exc)
+
+
+def _gpu_sample(device: torch.device, base: Any) -> dict[str, Any]:
+    out = dict(base())
+    try:
+        out["torch_memory_allocated_bytes"] = torch.cuda.memory_allocated(device)
+        out["gpu_utilization_ratio"] = torch.cuda.utilization(device) / 100.0
+        out["gpu_memory_used_bytes"] = torch.cuda.device_memory_used(device)
+    except Exception:
+        pass
+    return out
 
 
 def _register_user_hook(ddp: DistributedDataParallel, comm: TimedCommHook, state: object, hook: Any) -> None:

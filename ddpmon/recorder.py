@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 RECENT_STEPS = 256
+HISTORY_STEPS = 4096  # per-step records kept for the history writer (history_since)
 MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 16
@@ -155,6 +156,8 @@ class Recorder:
         self.collective_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=COLLECTIVE_LOG)
         self.unmatched_steps = 0  # steps the c10d bucket clock could not match to buckets
         self._cur = _Step(start=time.perf_counter())
+        # -- per-step history for ddpmon/state/history.py (history_since) --
+        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_STEPS)
 
     # -- written by the hooks (the training thread, autograd and comm threads) -------------
 
@@ -269,6 +272,13 @@ class Recorder:
                 self.backward_hist.observe(backward)
             self.recent.append((step_seconds, cur.forward_seconds, backward or 0.0, None))
             self._cur = _Step(start=now)
+            # -- history: one record per step; exposed and buckets come with the timings --
+            end_unix = time.time() - (time.perf_counter() - now)
+            self._history.append({
+                "step": self.steps, "start_unix": end_unix - step_seconds, "end_unix": end_unix,
+                "step_seconds": step_seconds, "forward_seconds": cur.forward_seconds,
+                "backward_seconds": backward, "exposed_comm_seconds": None,
+            })
         self.last_progress_unix = time.time()
 
     def set_bucket_layout(self, index: int, nbytes: int, dtype: str, names: Iterable[str]) -> None:
@@ -316,10 +326,21 @@ class Recorder:
                 stats.last_seconds = seconds
                 stats.last_ready_seconds = t.ready
                 stats.last_busbw = stats.bytes / seconds * factor if seconds > 0 else None
+            back = 1 if step.step is None else self.steps - step.step + 1  # recent[-back] is that step
+            # -- history: this step's exposed communication and buckets --
+            if 1 <= back <= len(self._history):
+                record = self._history[-back]
+                if ordered and "buckets" not in record:
+                    record["buckets"] = [
+                        {"index": t.index, "seconds": max(0.0, t.end - t.start),
+                         "bytes": self.buckets[t.index].bytes if t.index in self.buckets else None}
+                        for t in ordered
+                    ]
+                if exposed is not None and record["exposed_comm_seconds"] is None:
+                    record["exposed_comm_seconds"] = exposed
             if exposed is None:
                 return
             self.exposed_hist.observe(exposed)
-            back = 1 if step.step is None else self.steps - step.step + 1  # recent[-back] is that step
             if 1 <= back <= len(self.recent) and self.recent[-back][3] is None:
                 s, f, b, _ = self.recent[-back]
                 self.recent[-back] = (s, f, b, exposed)
@@ -437,6 +458,11 @@ class Recorder:
             return max((r[0] for r in self.recent), default=None)
 
     # -- readers ------------------------------------------------------------------------------
+
+    def history_since(self, step: int) -> list[dict[str, Any]]:
+        """Per-step records after ``step``, oldest first (copies; for the history writer)."""
+        with self._lock:
+            return [dict(r) for r in self._history if r["step"] > step]
 
     def collectives_by_op(self) -> dict[str, tuple[int, int]]:
         """(issued, completed) per collective operation."""
