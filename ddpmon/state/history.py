@@ -152,11 +152,15 @@ class HistoryStore:
             self._db.close()
 
     def _thin(self) -> None:
-        """Keep every other row of the older half; recent steps stay whole."""
+        """Keep every other row of the older half, until ``max_rows`` rows are left; recent
+        steps stay whole."""
         (count,) = self._db.execute("SELECT count(*) FROM steps").fetchone()
-        if count <= self.max_rows:
-            self.rows = count
-            return
+        while count > self.max_rows:
+            self._thin_once(count)
+            (count,) = self._db.execute("SELECT count(*) FROM steps").fetchone()
+        self.rows = count
+
+    def _thin_once(self, count: int) -> None:
         half = count // 2
         (through,) = self._db.execute("SELECT step FROM steps ORDER BY step LIMIT 1 OFFSET ?", (half - 1,)).fetchone()
         with self._db:
@@ -165,7 +169,6 @@ class HistoryStore:
                 "DELETE FROM steps WHERE step IN (SELECT step FROM (SELECT step, row_number() "
                 "OVER (ORDER BY step) AS n FROM steps) WHERE n <= ? AND n % 2 = 0)", (half,))
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('thinned_through_step', ?)", (str(through),))
-        (self.rows,) = self._db.execute("SELECT count(*) FROM steps").fetchone()
 
 
 def _row(s: dict[str, Any], sample: dict[str, Any]) -> tuple[Any, ...]:
@@ -230,8 +233,12 @@ class HistoryWriter:
                 if self._store is None:
                     self._store = HistoryStore(self.path, self._identity, self._max_rows)
                 steps = self._history_since(self._written)
-                if not final and self._hold_back:
-                    steps = steps[: max(0, len(steps) - self._hold_back)]
+                if not final and self._hold_back and steps:
+                    # The newest steps may still get their bucket timings (resolved a step
+                    # or two later on a GPU); once training pauses they are final.
+                    recent = time.time() - 2 * self._interval
+                    held = sum(1 for s in steps[-self._hold_back:] if s["end_unix"] > recent)
+                    steps = steps[: len(steps) - held]
                 if steps:
                     self._store.add_steps(steps, self._sample())
                     self._written = int(steps[-1]["step"])
