@@ -18,7 +18,8 @@ from ..errors import StateFileError
 from ..state import history
 
 MAX_POINTS = 2000  # plotted points per series: steps are averaged in bins above that
-SAMPLE_ROWS = 5000  # rows per rank read for medians and the bucket summary
+SAMPLE_ROWS = 5000  # rows per rank read for medians and the bucket summary...
+SAMPLE_TOTAL = 1_000_000  # ...and over all ranks (fewer per rank above 200 ranks)
 
 
 @dataclass
@@ -78,9 +79,10 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
             problems.append(str(exc))
     longest = max(last_steps.values(), default=0)
     stride = max(1, -(-longest // max(1, max_points)))
+    sample_rows = max(100, min(SAMPLE_ROWS, SAMPLE_TOTAL // max(1, len(last_steps))))
     for p, last in last_steps.items():
         try:
-            h = history.read(p, max_points=SAMPLE_ROWS)
+            h = history.read(p, max_points=sample_rows)
             binned = history.read_binned(p, stride)
         except history.HistoryError as exc:
             problems.append(str(exc))
