@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 RECENT_STEPS = 256
-HISTORY_STEPS = 4096  # per-step records kept for the history writer (history_since)
+HISTORY_STEPS = 1024  # per-step records kept for the history writer (history_since)
+HISTORY_BUCKETS = 256  # buckets per step kept for it
 MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 16
@@ -330,11 +331,11 @@ class Recorder:
             # -- history: this step's exposed communication and buckets --
             if 1 <= back <= len(self._history):
                 record = self._history[-back]
-                if ordered and "buckets" not in record:
+                if ordered and "buckets" not in record:  # compact here; dicts in history_since
                     record["buckets"] = [
-                        {"index": t.index, "seconds": max(0.0, t.end - t.start),
-                         "bytes": self.buckets[t.index].bytes if t.index in self.buckets else None}
-                        for t in ordered
+                        (t.index, max(0.0, t.end - t.start),
+                         self.buckets[t.index].bytes if t.index in self.buckets else None)
+                        for t in ordered[:HISTORY_BUCKETS]
                     ]
                 if exposed is not None and record["exposed_comm_seconds"] is None:
                     record["exposed_comm_seconds"] = exposed
@@ -462,7 +463,11 @@ class Recorder:
     def history_since(self, step: int) -> list[dict[str, Any]]:
         """Per-step records after ``step``, oldest first (copies; for the history writer)."""
         with self._lock:
-            return [dict(r) for r in self._history if r["step"] > step]
+            found = [dict(r) for r in self._history if r["step"] > step]
+        for r in found:
+            if "buckets" in r:
+                r["buckets"] = [{"index": i, "seconds": s, "bytes": b} for i, s, b in r["buckets"]]
+        return found
 
     def collectives_by_op(self) -> dict[str, tuple[int, int]]:
         """(issued, completed) per collective operation."""

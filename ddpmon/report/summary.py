@@ -11,6 +11,7 @@ Its *straggler score* is its compute over the median compute of the other ranks 
 from __future__ import annotations
 
 import bisect
+import json
 import statistics
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ PHASE_LABELS = {
     "data_wait": "data wait", "h2d": "host to device", "forward": "forward", "backward": "backward",
     "exposed_comm": "exposed communication", "optimizer": "optimizer", "other": "other",
 }
+BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
 STRAGGLER_SCORE = 1.10  # compute 10% above the median of the ranks: worth naming
 
 
@@ -31,14 +33,12 @@ def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
     """Median seconds per phase; ``other`` is the step time the known phases leave."""
     out: dict[str, float | None] = {}
     for p in PHASES:
-        values = [v for v in sample.get(f"{p}_seconds", []) if isinstance(v, (int, float))]
+        values = [v for v in sample.get(f"{p}_seconds", []) if v is not None]
         out[p] = statistics.median(values) if values else None
     if out["other"] is None:
-        others = []
-        for i, step in enumerate(sample.get("step_seconds", [])):
-            known = sum(v for p in PHASES[:-1]
-                        if isinstance(v := sample[f"{p}_seconds"][i], (int, float)))
-            others.append(max(0.0, step - known))
+        measured = [sample[f"{p}_seconds"] for p in PHASES[:-1] if out[p] is not None]
+        others = [max(0.0, step - sum(v for v in parts if v is not None))
+                  for step, *parts in zip(sample.get("step_seconds", []), *measured)]
         out["other"] = statistics.median(others) if others else None
     return out
 
@@ -189,9 +189,13 @@ def bucket_summary(run: Run) -> list[dict[str, Any]]:
     per_rank: dict[int, dict[int, list[float]]] = {}
     sizes: dict[int, int] = {}
     n = 1
+    per_rank_rows = max(10, BUCKET_ROWS // max(1, len(run.ranks)))
     for h in run.ranks.values():
         n = max(n, int(h.identity.get("ddp_world_size") or h.identity.get("world_size") or 1))
-        for row in h.sample.get("buckets", []):
+        texts = [t for t in h.sample.get("buckets", []) if t]
+        texts = texts[:: max(1, -(-len(texts) // per_rank_rows))]
+        rows = json.loads("[" + ",".join(texts) + "]") if texts and isinstance(texts[0], str) else texts
+        for row in rows:
             for index, secs, nbytes in row or ():
                 if isinstance(secs, (int, float)):
                     seconds.setdefault(index, []).append(secs)

@@ -9,8 +9,8 @@ readers never block it). Nothing here runs on the training thread, and nothing i
 ``ddpmon report`` and ``ddpmon compare`` read these files on any machine.
 
 Bounded: all steps are kept up to ``max_rows``; past that the older half is thinned to every
-other row (so old history gets sparser, recent history stays whole). About 150 bytes per step
-without buckets, plus about 20 bytes per bucket (docs/report.md).
+other row until under the bound (old history gets sparser, recent history stays whole).
+About 90 bytes per step without bucket timing, plus about 25 bytes per bucket (docs/report.md).
 """
 
 from __future__ import annotations
@@ -304,10 +304,11 @@ def process_sample() -> Callable[[], dict[str, Any]]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def read(path: str, max_points: int | None = None) -> dict[str, Any]:
+def read(path: str, max_points: int | None = None, decode_buckets: bool = True) -> dict[str, Any]:
     """One rank's history: ``meta`` (with ``identity``), ``steps`` (column -> list, oldest
-    first; ``buckets`` decoded), ``findings`` and ``exit`` (None when it never wrote one:
-    killed, or still running). ``max_points`` keeps about that many evenly spaced rows."""
+    first; ``buckets`` decoded unless ``decode_buckets=False``, then JSON text), ``findings``
+    and ``exit`` (None when it never wrote one: killed, or still running). ``max_points``
+    keeps about that many evenly spaced rows."""
     if not os.path.exists(path):
         raise HistoryError(f"{path}: no such file")
     try:
@@ -335,7 +336,8 @@ def read(path: str, max_points: int | None = None) -> dict[str, Any]:
     finally:
         db.close()
     columns: dict[str, list[Any]] = {c: [r[i] for r in rows] for i, c in enumerate(STEP_COLUMNS)}
-    columns["buckets"] = [json.loads(b) if b else None for b in columns["buckets"]]
+    if decode_buckets:
+        columns["buckets"] = [json.loads(b) if b else None for b in columns["buckets"]]
     return {
         "path": path, "meta": meta, "identity": identity, "rank": identity.get("rank"),
         "rows": count, "steps": columns, "findings": findings,
