@@ -101,6 +101,9 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
     diagnosis = None
     if findings:
         diagnosis = _diagnose(state_dirs, remote, job, problems)
+    if not ranks and diagnosis is not None:
+        problems.append("no step history (rank-<R>.history.sqlite) was read, so the per-step plots are empty: "
+                        "pass the ranks' state directories (the node daemons serve only the state files)")
     if not ranks and diagnosis is None:
         where = ", ".join(list(state_dirs) + list(remote)) or "(nothing given)"
         raise StateFileError(where, "holds no ddpmon history (rank-<R>.history.sqlite) and no state files: "

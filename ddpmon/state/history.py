@@ -281,8 +281,12 @@ def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         yield "ddpmon_part_off", f"error:{key}", f"{key} switched off: {text}"
     hang = snap.get("hang")
     if isinstance(hang, dict):
-        when = hang.get("detected_unix") or hang.get("unix") or ""
-        yield "hang", f"hang:{when}", str(hang.get("summary") or hang.get("reason") or "hang suspected")
+        text = (f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
+                f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}")
+        waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
+        if waits:
+            text += f", waiting in {waits[0].get('op')} #{waits[0].get('seq')}"
+        yield "hang", f"hang:{hang.get('detected_unix', '')}", text
 
 
 def process_sample() -> Callable[[], dict[str, Any]]:

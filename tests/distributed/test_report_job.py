@@ -124,3 +124,21 @@ def test_killed_and_live_jobs(tmp_path):
     for rank in (0, 1):
         h = history.read(history.path_for(str(state), rank))
         assert h["exit"] is None and h["steps"]["step"][-1] >= STEPS - 1
+
+
+def test_report_through_the_node_daemon(runs):
+    from ..unit.test_daemon_cli import start_daemon
+
+    workdir, _ = runs["slow"]
+    daemon, port = start_daemon("--state-dir", str(workdir / "state"), "--serve-state")
+    try:
+        done = cli("report", "--from", f"127.0.0.1:{port}", "--json")
+        page = cli("report", "--from", f"127.0.0.1:{port}", "-o", str(workdir / "remote.html"))
+    finally:
+        daemon.kill()
+        daemon.communicate()
+    assert done.returncode == 0 and page.returncode == 0, done.stderr + page.stderr
+    s = json.loads(done.stdout)
+    assert s["ranks"] == 2 and s["steps"] == STEPS and s["job"] == "slow"
+    assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
+    assert any("no step history" in p for p in s["problems"])

@@ -176,3 +176,13 @@ def test_a_killed_writer_keeps_every_committed_batch(tmp_path):
     assert h["exit"] is None  # killed: no exit record
     assert [f["text"] for f in h["findings"]] == ["advice: seen"]
     assert json.loads(h["meta"]["identity"])["job"] == "killed"
+
+
+def test_events_from_a_state_body_name_notes_errors_and_hangs():
+    snap = {"notes": {"find_unused_parameters": "needless"}, "errors": {"comm_hook": "boom"},
+            "hang": {"detected_unix": 5.0, "silent_seconds": 61.0, "step": 7, "phase": "allreduce",
+                     "in_flight": [{"op": "all_reduce", "seq": 12}]}}
+    got = list(history.events(snap))
+    assert [k for k, _, _ in got] == ["note", "ddpmon_part_off", "hang"]
+    assert got[2][2] == "hang suspected: no progress for 61.0 s at step 7, phase allreduce, waiting in all_reduce #12"
+    assert list(history.events({"notes": {}, "hang": None})) == []
