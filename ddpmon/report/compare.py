@@ -54,12 +54,13 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
     row("median step time", a.get("median_step_seconds"), b.get("median_step_seconds"))
     row("throughput", a.get("steps_per_second"), b.get("steps_per_second"), "steps/s")
+    row("exposed communication share", a.get("exposed_comm_share"), b.get("exposed_comm_share"), "ratio")
+    if a.get("gpu_utilization_ratio") is not None or b.get("gpu_utilization_ratio") is not None:
+        row("GPU utilisation", a.get("gpu_utilization_ratio"), b.get("gpu_utilization_ratio"), "ratio")
     for p in PHASES:
         va, vb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
         if va is not None or vb is not None:
             row(PHASE_LABELS[p], va, vb, group="phase")
-    row("exposed communication share", a.get("exposed_comm_share"), b.get("exposed_comm_share"), "ratio")
-    row("GPU utilisation", a.get("gpu_utilization_ratio"), b.get("gpu_utilization_ratio"), "ratio")
     ba = {x["index"]: x for x in a.get("buckets") or []}
     bb = {x["index"]: x for x in b.get("buckets") or []}
     for index in sorted(set(ba) | set(bb)):
@@ -148,19 +149,19 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
     a, b = result["a"], result["b"]
     out = [f"A: {a['job']} ({a['ranks']} ranks, {a['steps']} steps)  {', '.join(a['sources'] or [])}",
            f"B: {b['job']} ({b['ranks']} ranks, {b['steps']} steps)  {', '.join(b['sources'] or [])}", ""]
-    out.append(f"{'':32} {'A':>12} {'B':>12} {'change':>9}")
+    out.append(f"{'':32} {'A':>14} {'B':>14} {'change':>9}")
     group = None
     for r in result["rows"]:
         if r["group"] != group:
             group = r["group"]
             out.append({"run": "run", "phase": "phases (median per step)", "bucket": "buckets"}[group])
         flag = " <" if r["change"] is not None and abs(r["change"]) >= 0.10 else ""
-        out.append(f"  {r['name']:30} {_value(r['a'], r['unit']):>12} {_value(r['b'], r['unit']):>12} "
+        out.append(f"  {r['name']:30} {_value(r['a'], r['unit']):>14} {_value(r['b'], r['unit']):>14} "
                    f"{_pct(r['change']):>9}{flag}")
     if result["ranks"]:
         out.append("ranks (median compute per step: step time minus exposed communication)")
         for r in result["ranks"]:
-            out.append(f"  rank {r['rank']:<25} {ms(r['a_compute']):>12} {ms(r['b_compute']):>12} "
+            out.append(f"  rank {r['rank']:<25} {ms(r['a_compute']):>14} {ms(r['b_compute']):>14} "
                        f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
                        f"{PHASE_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)")
     out.append("")

@@ -239,12 +239,13 @@ def end_of_run(state_dir: str) -> str:
              f"{pct(s['exposed_comm_share'])} of the step"]
     slow = s["slowest_rank"]
     if slow and slow.get("phase") and (slow.get("straggler_score") or 0) >= STRAGGLER_SCORE:
-        lines.append(f"  slowest rank {slow['rank']}: computes {pct((slow['straggler_score'] or 1) - 1)} longer "
-                     f"than the median rank, most of it in {PHASE_LABELS[slow['phase']]} "
-                     f"(+{ms(slow['excess_seconds'])} per step)")
+        score = slow["straggler_score"]
+        how = f"{score:.1f}x as long as" if score >= 2 else f"{pct(score - 1)} longer than"
+        lines.append(f"  slowest rank {slow['rank']}: computes {how} the other ranks (median), most of it in "
+                     f"{PHASE_LABELS[slow['phase']]} (+{ms(slow['excess_seconds'])} per step)")
     elif slow:
         lines.append(f"  no straggler: the slowest rank ({slow['rank']}) computes within "
-                     f"{pct(max(0.0, (slow['straggler_score'] or 1) - 1))} of the median")
+                     f"{pct(max(0.0, (slow['straggler_score'] or 1) - 1))} of the other ranks")
     shown = [f for f in s["findings"] if f["severity"] in ("error", "warning")] + \
             [f for f in s["findings"] if f["severity"] == "info"]
     for f in shown[:3]:
