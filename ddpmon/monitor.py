@@ -502,7 +502,6 @@ class Monitor:
         _STATE_FILES_IN_USE.add(path)
         return path
 
-
     # -- step history (ddpmon/state/history.py) and the end-of-run summary ----------------------
 
     def _start_history(self) -> None:
@@ -537,13 +536,17 @@ class Monitor:
 
 
 def _gpu_sample(device: torch.device, base: Any) -> dict[str, Any]:
+    """The history's GPU columns, once per batch (each read that fails is left out)."""
     out = dict(base())
-    try:
-        out["torch_memory_allocated_bytes"] = torch.cuda.memory_allocated(device)
-        out["gpu_utilization_ratio"] = torch.cuda.utilization(device) / 100.0
-        out["gpu_memory_used_bytes"] = torch.cuda.device_memory_used(device)
-    except Exception:
-        pass
+    for key, read, scale in (
+        ("torch_memory_allocated_bytes", torch.cuda.memory_allocated, 1),
+        ("gpu_utilization_ratio", torch.cuda.utilization, 0.01),  # NVML's percent
+        ("gpu_memory_used_bytes", getattr(torch.cuda, "device_memory_used", None), 1),
+    ):
+        try:
+            out[key] = read(device) * scale  # type: ignore[misc]
+        except Exception:
+            pass
     return out
 
 
