@@ -186,3 +186,14 @@ def test_events_from_a_state_body_name_notes_errors_and_hangs():
     assert [k for k, _, _ in got] == ["note", "ddpmon_part_off", "hang"]
     assert got[2][2] == "hang suspected: no progress for 61.0 s at step 7, phase allreduce, waiting in all_reduce #12"
     assert list(history.events({"notes": {}, "hang": None})) == []
+
+
+def test_history_option_and_its_variable():
+    from ddpmon.config import Config
+    from ddpmon.errors import ConfigError
+
+    assert Config.from_env({}).history is True
+    assert Config.from_env({"DDPMON_HISTORY": "0"}).history is False
+    assert Config.from_env({"DDPMON_HISTORY": "0"}, history=True).history is True
+    with pytest.raises(ConfigError, match="history"):
+        Config.from_env({}, history="sometimes")
