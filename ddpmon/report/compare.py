@@ -120,7 +120,7 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
         if abs(top["compute_delta"] - typical) >= NOISE * sa and len(moved) > 1:
             lines.append(
                 f"  rank {top['rank']} explains it: its compute changed {top['compute_delta'] * 1e3:+.1f} ms "
-                f"(the other ranks {typical * 1e3:+.1f} ms), most in {PHASE_LABELS.get(top['phase'], top['phase'])} "
+                f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PHASE_LABELS.get(top['phase'], top['phase'])} "
                 f"({(top['phase_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication")
         else:
             lines.append(f"  every rank changed alike (compute {typical * 1e3:+.1f} ms per rank): "
@@ -142,7 +142,7 @@ def _value(v: Any, unit: str) -> str:
 
 
 def _pct(c: float | None) -> str:
-    return "-" if c is None else f"{c * 100:+.1f}%"
+    return "-" if c is None else f"{c * 100 + 0.0:+.1f}%".replace("-0.0%", "+0.0%")
 
 
 def render_text(result: dict[str, Any], width: int = 100) -> str:
@@ -193,9 +193,9 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
     phase_rows = [r for r in result["rows"] if r["group"] == "phase"]
     if phase_rows:
         charts.append({"id": "phases", "title": "Phases, median per step", "kind": "bars",
-                       "x": {"label": "phase", "values": list(range(len(phase_rows)))},
-                       "y_label": "time per step", "unit": "ms",
-                       "note": " | ".join(f"{i}: {r['name']}" for i, r in enumerate(phase_rows)),
+                       "x": {"label": "phase", "values": list(range(len(phase_rows))),
+                             "labels": [r["name"] for r in phase_rows]},
+                       "y_label": "time per step", "unit": "ms", "note": "A left, B right",
                        "series": [{"name": "A", "values": [None if r["a"] is None else round(r["a"] * 1e3, 3) for r in phase_rows]},
                                   {"name": "B", "values": [None if r["b"] is None else round(r["b"] * 1e3, 3) for r in phase_rows]}]})
     if all(runs):

@@ -253,7 +253,7 @@ table{border-collapse:collapse} th,td{padding:3px 10px;text-align:left;border-bo
 .chart{margin:18px 0} .chart h3{font-size:15px;margin:0} .note{color:#666;font-size:12px;margin:2px 0 6px}
 .finding{margin:6px 0;padding:6px 10px;border-left:4px solid #999;background:#fafafa}
 .finding.error{border-color:#d62728}.finding.warning{border-color:#ff7f0e}.finding.info{border-color:#1f77b4}
-.fix{color:#333;margin-top:4px} .u-legend{font-size:12px} #errors{color:#d62728}
+.fix{color:#333;margin-top:4px} pre{white-space:pre-wrap} .u-legend{font-size:12px} #errors{color:#d62728}
 """
 
 _SCRIPT = r"""
@@ -295,7 +295,8 @@ _SCRIPT = r"""
       scales: {x: {time: false, range: bars ? (u, lo, hi) => [lo - 0.5, hi + 0.5] : undefined},
                y: {range: bars ? (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] : undefined}},
       axes: [{label: c.x.label, labelSize: 20, incrs: INTEGER_STEPS,
-              values: (u, vals) => vals.map(v => Number.isInteger(v) ? v.toLocaleString('en') : '')},
+              values: (u, vals) => vals.map(v => !Number.isInteger(v) ? ''
+                  : c.x.labels ? (c.x.labels[v] || '') : v.toLocaleString('en'))},
              {label: c.y_label + ' (' + c.unit + ')', labelSize: 20, size: 70}],
       cursor: {drag: {x: true, y: false}},
       legend: {live: true},
