@@ -49,11 +49,16 @@ def _aligned(run: Run) -> tuple[list[int], dict[int, dict[int, int]]]:
     return all_bins, where
 
 
-def _series(run: Run, bins: list[int], where: dict[int, dict[int, int]], fn: Any) -> dict[int, list[Any]]:
+def _series(run: Run, bins: list[int], where: dict[int, dict[int, int]], column: str) -> dict[int, list[Any]]:
+    """One binned column per rank, aligned on ``bins`` (None where a rank has no steps)."""
     out = {}
     for rank, h in run.ranks.items():
-        pos = where[rank]
-        out[rank] = [fn(h.binned, pos[b]) if b in pos else None for b in bins]
+        values = h.binned[column]
+        if h.binned["bin"] == bins:  # the usual case: every rank has every bin
+            out[rank] = list(values)
+        else:
+            pos = where[rank]
+            out[rank] = [values[pos[b]] if b in pos else None for b in bins]
     return out
 
 
@@ -69,11 +74,20 @@ def _lines(per_rank: dict[int, list[Any]], chosen: list[int], scale: float) -> l
     return series
 
 
-def _compute(b: dict[str, list[Any]], i: int) -> float | None:
-    step, exposed = b["step_seconds"][i], b["exposed_comm_seconds"][i]
-    if step is None:
-        return None
-    return max(0.0, step - (exposed or 0.0))
+def _straggler_scores(compute: dict[int, list[Any]], stored: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """Per bin, each rank's compute over the median compute of the other ranks (a score the
+    rank stored itself wins)."""
+    ranks = list(compute)
+    score: dict[int, list[Any]] = {r: [] for r in ranks}
+    for i, column in enumerate(zip(*(compute[r] for r in ranks))):
+        values = sorted(v for v in column if v is not None)
+        for r, v in zip(ranks, column):
+            own = stored[r][i]
+            if own is None and v is not None and len(values) > 1:
+                mid = median_of_others(values, v)
+                own = v / mid if mid else None
+            score[r].append(own)
+    return score
 
 
 def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,10 +101,7 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
     step_x = {"label": "step", "values": x}
     out: list[dict[str, Any]] = []
 
-    def col(name: str) -> Any:
-        return lambda b, i: b[name][i]
-
-    step = _series(run, bins, where, col("step_seconds"))
+    step = _series(run, bins, where, "step_seconds")
     out.append({"id": "step_time", "title": "Step time per rank", "kind": "line", "x": step_x,
                 "y_label": "step time", "unit": "ms", "series": _lines(step, chosen, 1e3), "note": bin_note})
 
@@ -105,7 +116,7 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
         "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
     })
 
-    exposed = _series(run, bins, where, col("exposed_comm_seconds"))
+    exposed = _series(run, bins, where, "exposed_comm_seconds")
     if any(v is not None for vs in exposed.values() for v in vs):
         out.append({"id": "exposed_comm", "title": "Exposed communication per rank", "kind": "line",
                     "x": step_x, "y_label": "exposed communication", "unit": "ms",
@@ -126,20 +137,15 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
                          "values": [_r(b["busbw_bytes_per_second"], 1e-9) for b in buckets]},
                     ], "note": "nccl-tests' bus bandwidth: bytes / time x 2(n-1)/n"})
 
-    compute = _series(run, bins, where, _compute)
-    score: dict[int, list[Any]] = {r: [] for r in compute}
-    for i in range(len(bins)):
-        values = sorted(v[i] for v in compute.values() if v[i] is not None)
-        for r, vs in compute.items():
-            stored = run.ranks[r].binned["straggler_score"][where[r][bins[i]]] if bins[i] in where[r] else None
-            mid = median_of_others(values, vs[i]) if vs[i] is not None and len(values) > 1 else None
-            score[r].append(stored if stored is not None else (vs[i] / mid if mid else None))
+    compute = {r: [None if s is None else max(0.0, s - (e or 0.0)) for s, e in zip(step[r], exposed[r])]
+               for r in step}
+    score = _straggler_scores(compute, _series(run, bins, where, "straggler_score"))
     out.append({"id": "straggler", "title": "Straggler score per rank", "kind": "line", "x": step_x,
                 "y_label": "straggler score", "unit": "ratio", "series": _lines(score, chosen, 1.0),
                 "note": "the rank's compute (step time minus exposed communication) over the median of "
                         "the other ranks; 1 = typical, 1.25 = 25% slower; " + bin_note})
 
-    util = _series(run, bins, where, col("gpu_utilization_ratio"))
+    util = _series(run, bins, where, "gpu_utilization_ratio")
     has_util = any(v is not None for vs in util.values() for v in vs)
     out.append({"id": "gpu_util", "title": "GPU utilisation per rank", "kind": "line", "x": step_x,
                 "y_label": "GPU utilisation", "unit": "%", "series": _lines(util, chosen, 100.0) if has_util else [],
@@ -147,7 +153,7 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
     for column, label in (("gpu_memory_used_bytes", "GPU memory used"),
                           ("torch_memory_allocated_bytes", "memory held by tensors (torch)"),
                           ("process_resident_memory_bytes", "process resident memory (host)")):
-        mem = _series(run, bins, where, col(column))
+        mem = _series(run, bins, where, column)
         if any(v is not None for vs in mem.values() for v in vs):
             out.append({"id": "memory", "title": "Memory per rank", "kind": "line", "x": step_x,
                         "y_label": label, "unit": "MiB", "series": _lines(mem, chosen, 1 / 2**20),

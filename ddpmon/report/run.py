@@ -82,8 +82,8 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
     sample_rows = max(100, min(SAMPLE_ROWS, SAMPLE_TOTAL // max(1, len(last_steps))))
     for p, last in last_steps.items():
         try:
-            h = history.read(p, max_points=sample_rows, decode_buckets=False)
-            binned = history.read_binned(p, stride)
+            h = history.read(p, max_points=sample_rows, decode_buckets=False, bin_stride=stride)
+            binned = h["binned"]
         except history.HistoryError as exc:
             problems.append(str(exc))
             continue

@@ -308,11 +308,13 @@ def process_sample() -> Callable[[], dict[str, Any]]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def read(path: str, max_points: int | None = None, decode_buckets: bool = True) -> dict[str, Any]:
+def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
+         bin_stride: int | None = None) -> dict[str, Any]:
     """One rank's history: ``meta`` (with ``identity``), ``steps`` (column -> list, oldest
     first; ``buckets`` decoded unless ``decode_buckets=False``, then JSON text), ``findings``
     and ``exit`` (None when it never wrote one: killed, or still running). ``max_points``
-    keeps about that many evenly spaced rows."""
+    keeps about that many evenly spaced rows; ``bin_stride`` adds ``binned`` (see
+    ``read_binned``), read through the same connection."""
     if not os.path.exists(path):
         raise HistoryError(f"{path}: no such file")
     try:
@@ -335,6 +337,7 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True) 
         findings = [dict(zip(("unix", "step", "kind", "key", "text"), r))
                     for r in db.execute("SELECT unix, step, kind, key, text FROM findings ORDER BY unix")]
         ex = db.execute("SELECT unix, step, how, record FROM exit").fetchone()
+        binned = _binned(db, bin_stride) if bin_stride else None
     except sqlite3.DatabaseError as exc:
         raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
     finally:
@@ -344,7 +347,7 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True) 
         columns["buckets"] = [json.loads(b) if b else None for b in columns["buckets"]]
     return {
         "path": path, "meta": meta, "identity": identity, "rank": identity.get("rank"),
-        "rows": count, "steps": columns, "findings": findings,
+        "rows": count, "steps": columns, "findings": findings, "binned": binned,
         "exit": None if ex is None else {"unix": ex[0], "step": ex[1], "how": ex[2],
                                          "record": json.loads(ex[3]) if ex[3] else None},
     }
@@ -372,18 +375,21 @@ def read_binned(path: str, stride: int) -> dict[str, list[Any]]:
     """Steps grouped ``stride`` at a time (bin ``b`` holds steps ``b*stride+1 .. (b+1)*stride``):
     ``bin``, ``steps`` (rows in the bin), ``max_step_seconds``, the mean of each timing column
     and the largest memory reading. Aligned across ranks, since step numbers are."""
-    stride = max(1, int(stride))
-    cols = ", ".join([f"avg({c})" for c in BINNED_MEANS] + [f"max({c})" for c in BINNED_MAXES])
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
         try:
-            rows = db.execute(
-                f"SELECT (step - 1) / {stride} AS b, count(*), max(step_seconds), {cols} "
-                f"FROM steps GROUP BY b ORDER BY b").fetchall()
+            return _binned(db, stride)
         finally:
             db.close()
     except sqlite3.Error as exc:
         raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
+
+
+def _binned(db: sqlite3.Connection, stride: int) -> dict[str, list[Any]]:
+    stride = max(1, int(stride))
+    cols = ", ".join([f"avg({c})" for c in BINNED_MEANS] + [f"max({c})" for c in BINNED_MAXES])
+    rows = db.execute(f"SELECT (step - 1) / {stride} AS b, count(*), max(step_seconds), {cols} "
+                      f"FROM steps GROUP BY b ORDER BY b").fetchall()
     names = ("bin", "steps", "max_step_seconds") + BINNED_MEANS + BINNED_MAXES
     return {n: [r[i] for r in rows] for i, n in enumerate(names)}
 
