@@ -144,6 +144,8 @@ def _status(h: Any, v: Any) -> dict[str, Any]:
     record = (ex or {}).get("record") or (v.data.get("exit") if v is not None else None) or {}
     if v is not None:
         status = v.status
+        if v.liveness.alive is False and status not in ("dead", "crashed", "exited", "silent"):
+            status = f"dead (was {status})"  # the doctor's view when it stopped: a hang, then killed
     elif ex is not None:
         status = ex["how"]
     else:

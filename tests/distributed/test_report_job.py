@@ -47,7 +47,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
-    fast = train(base / "fast", 0.0, job="fast")
+    fast = train(base / "fast", 0.0, end="exit", job="fast")  # no detach: the interpreter's exit ends it
     slow = train(base / "slow", DELAY, job="slow")
     return {"fast": (base / "fast", fast), "slow": (base / "slow", slow)}
 
@@ -75,6 +75,15 @@ def test_rank_0_logs_the_run_summary_at_the_end(runs):
     assert "slowest rank 1" in text and "in forward" in text
     assert "report: ddpmon report" in text
     assert "run summary" not in results[1].stderr
+
+
+def test_a_job_that_exits_without_detach_keeps_its_history_and_summary(runs):
+    workdir, results = runs["fast"]
+    for rank in (0, 1):
+        h = history.read(history.path_for(str(workdir / "state"), rank))
+        assert h["exit"]["how"] == "exited" and h["exit"]["record"]["exception"] is None
+        assert h["steps"]["step"] == list(range(1, STEPS))  # the step in progress at exit is not counted
+    assert f"ddpmon: run summary of job 'fast': {STEPS - 1} steps on 2 ranks" in results[0].stderr
 
 
 def test_report_json_of_a_finished_job(runs):
@@ -120,7 +129,7 @@ def test_killed_and_live_jobs(tmp_path):
     killed = cli("report", str(state), "-o", str(tmp_path / "killed.html"))
     assert killed.returncode == 0, killed.stderr
     s = json.loads(cli("report", str(state), "--json").stdout)
-    assert [r["status"]["status"] for r in s["per_rank"]] == ["dead", "dead"]
+    assert all(r["status"]["status"].startswith("dead") for r in s["per_rank"]), s["per_rank"]
     for rank in (0, 1):
         h = history.read(history.path_for(str(state), rank))
         assert h["exit"] is None and h["steps"]["step"][-1] >= STEPS - 1
