@@ -4,7 +4,8 @@
     python benchmarks/report_scale.py --grid 8x20000 1024x2000
 
 For each size: the time to write the synthetic stores (not part of the report), the bytes
-per step of one rank's store, ``ddpmon report``'s time (load, summary, HTML) and the HTML
+per step of one rank's store, ``ddpmon report``'s time (load, summary, HTML; wall clock and
+this process's CPU time, which a busy machine disturbs less) and the HTML
 file's size. With chromium installed, also the page's drawing time in a headless browser
 (``--browser``). Prints a Markdown table.
 """
@@ -47,8 +48,8 @@ def main() -> None:
     parser.add_argument("--grid", nargs="*", default=list(GRID), metavar="RANKSxSTEPS")
     parser.add_argument("--browser", action="store_true", help="also time the drawing in headless chromium")
     args = parser.parse_args()
-    print("| ranks | steps | write stores | bytes/step (1 rank) | report | HTML size | drawing (chromium) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| ranks | steps | write stores | bytes/step (1 rank) | report (wall) | report (CPU) | HTML size | drawing (chromium) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.grid:
         ranks, steps = (int(x) for x in size.lower().split("x"))
         with tempfile.TemporaryDirectory() as tmp:
@@ -58,14 +59,14 @@ def main() -> None:
             synthetic.write_run(str(state), ranks, steps, slow_rank=ranks // 2, buckets=4)
             written = time.perf_counter() - t0
             per_step = history.bytes_per_step(history.path_for(str(state), 0))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loaded = run.load([str(state)], findings=False)
             page_text = html.render(loaded, summary.summarize(loaded))
             page = tmp_path / "report.html"
             page.write_text(page_text)
-            took = time.perf_counter() - t0
+            took, cpu = time.perf_counter() - t0, time.process_time() - c0
             draw = browser_ms(page, tmp_path) if args.browser else None
-            print(f"| {ranks:,} | {steps:,} | {written:.1f} s | {per_step:.0f} | {took:.2f} s | "
+            print(f"| {ranks:,} | {steps:,} | {written:.1f} s | {per_step:.0f} | {took:.2f} s | {cpu:.2f} s | "
                   f"{os.path.getsize(page) / 1e6:.2f} MB | {'-' if draw is None else f'{draw} ms'} |", flush=True)
 
 
