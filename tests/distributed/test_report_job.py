@@ -123,7 +123,8 @@ def test_killed_and_live_jobs(tmp_path):
         time.sleep(3.5)  # training paused: the writer's next batches hold every step
         live = json.loads(cli("report", str(state), "--json").stdout)
         assert live["steps"] >= STEPS - 1
-        assert all(r["status"]["status"] in ("running", "stuck") for r in live["per_rank"]), live["per_rank"]
+        statuses = [r["status"]["status"] for r in live["per_rank"]]
+        assert all(st in ("running", "stuck", "frozen") for st in statuses), statuses  # alive, idle after training
     finally:
         harness.stop(procs)  # SIGKILL: no detach, no exit record
     killed = cli("report", str(state), "-o", str(tmp_path / "killed.html"))
