@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: all setup demo test test-unit test-fast bench prometheus dashboards readme clean
+.PHONY: all setup demo test test-unit test-fast bench prometheus chromium dashboards readme clean
 
 all: test
 
@@ -31,10 +31,19 @@ prometheus:
 			echo "could not install prometheus: the integration tests will be skipped"; \
 		else echo "prometheus not found (and not root): the integration tests will be skipped"; fi; }
 
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's chromium package (for the report's browser test)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null || \
+			echo "could not install chromium: the report's browser test will be skipped"; \
+		else echo "chromium not found (and not root): the report's browser test will be skipped"; fi; }
+
 demo: setup
 	$(PY) -m ddpmon.demo
 
-test: setup prometheus
+test: setup prometheus chromium
 	$(PY) -m pytest -q tests
 
 bench: setup

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 RECENT_STEPS = 256
-HISTORY_STEPS = 4096  # per-step rows kept for the history writer
+HISTORY_STEPS = 1024  # per-step rows kept for the history writer (ddpmon/state/history.py)
+HISTORY_BUCKETS = 256  # buckets per step kept in those rows
 MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 16
@@ -110,6 +111,14 @@ class StepBook:
             "exposed_comm_seconds": None,
         })
 
+    def buckets(self, step: int | None, timings: list[tuple[int, float, int | None]]) -> None:
+        """Step ``step``'s bucket times for its history row: (index, seconds, bytes)."""
+        for row in reversed(self.history):
+            if row["step"] == step:
+                if "buckets" not in row:
+                    row["buckets"] = timings[:HISTORY_BUCKETS]
+                break
+
     def exposed(self, step: int | None, seconds: float) -> None:
         """Exposed communication of step ``step``, measured or derived (it may come late)."""
         self.hist["exposed_comm"].observe(seconds)
@@ -141,6 +150,11 @@ class BucketBook:
     def drop_from(self, count: int) -> None:
         for index in [i for i in self.buckets if i >= count]:
             del self.buckets[index]
+
+    def summary(self, step: StepTimings) -> list[tuple[int, float, int | None]]:
+        """(index, seconds, bytes) of each bucket of one step, for its history row."""
+        return [(t.index, max(0.0, t.end - t.start), self.buckets[t.index].bytes if t.index in self.buckets else None)
+                for t in sorted(step.buckets, key=lambda t: t.start)]
 
     def timings(self, step: StepTimings) -> float | None:
         """Fold one step's bucket collectives in; returns its exposed communication.

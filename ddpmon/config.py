@@ -66,6 +66,9 @@ class Config:
     """``per_bucket`` (series per bucket), ``aggregate`` (``bucket="all"`` only), ``off``, or
     ``auto``: per bucket up to 128 buckets, aggregated above (a per-bucket scrape of 1,000
     buckets takes about a quarter of a second)."""
+    history: bool = True
+    """Keep every step's timings in ``<state_dir>/rank-<R>.history.sqlite`` (written by a
+    background thread) for ``ddpmon report`` and ``ddpmon compare``; needs state files."""
     unused_parameters_advice_steps: int = 100
     """Steps without any unused parameter after which find_unused_parameters=True is
     flagged as needless."""
@@ -110,7 +113,7 @@ class Config:
         if self.bucket_timing not in BUCKET_TIMING_MODES:
             raise ConfigError("bucket_timing", self.bucket_timing,
                               " or ".join(BUCKET_TIMING_MODES) + " (or True/False)")
-        for name in ("nvml", "track_collectives"):
+        for name in ("nvml", "track_collectives", "history"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
         steps = self.unused_parameters_advice_steps
@@ -164,7 +167,7 @@ def _parse(var: str, name: str, text: str) -> Any:
             raise ConfigError(var, text, "a number of seconds") from None
     if name == "bucket_timing" and text.lower() in BUCKET_TIMING_MODES:
         return text.lower()
-    if name in ("nvml", "track_collectives", "bucket_timing"):
+    if name in ("nvml", "track_collectives", "history", "bucket_timing"):
         lowered = text.lower()
         if lowered in ("1", "true", "yes", "on"):
             return True

@@ -22,7 +22,7 @@ from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.step import StepHooks
 from .metrics.exporter import Endpoint, RankCollector, start_endpoint
 from .recorder import Recorder
-from .state import files
+from .state import files, history
 from .state import root as stateroot
 from .timing import Timing
 from .timing.layout import ddp_facts
@@ -56,6 +56,7 @@ class Monitor:
         self._writer: files.StateWriter | None = None
         self._collectives: CollectiveTracker | None = None
         self._watchdog: Watchdog | None = None
+        self._history: Any = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
@@ -83,6 +84,7 @@ class Monitor:
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
         rec.identity["port"] = self.port
         self.state_file = self._start_state_writer(config)
+        self._history = history.start(self.state_file, self.rank, rec, device) if config.history else None
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
             self._collectives.install()
@@ -146,6 +148,8 @@ class Monitor:
             self._endpoint.close()
         for close in self._closers:
             close()
+        if self._history:
+            self._history.stop()
         if self._writer:
             self._writer.stop()
 

@@ -321,6 +321,8 @@ class Recorder:
             elif kind == _STEP:
                 steps.add(event[1])
             elif kind == _TIMINGS:
+                if event[1].buckets:
+                    steps.buckets(event[1].step, buckets.summary(event[1]))
                 exposed = buckets.timings(event[1])
                 if exposed is not None:
                     steps.exposed(event[1].step, exposed)
@@ -372,10 +374,14 @@ class Recorder:
     def history_since(self, step: int) -> list[dict[str, Any]]:
         """Per-step rows of the steps after ``step``, oldest first (the last few thousand):
         step, start_unix, end_unix, step_seconds, forward_seconds, backward_seconds,
-        exposed_comm_seconds (None while unknown)."""
+        exposed_comm_seconds (None while unknown), buckets (index, seconds, bytes; when timed)."""
         with self._fold_lock:
             self._fold()
-            return [dict(row) for row in self._steps_book.history if row["step"] > step]
+            found = [dict(row) for row in self._steps_book.history if row["step"] > step]
+        for row in found:
+            if "buckets" in row:
+                row["buckets"] = [{"index": i, "seconds": s, "bytes": b} for i, s, b in row["buckets"]]
+        return found
 
     def state(self) -> schema.RankState:
         """The latest view of this rank, a fresh record every call."""

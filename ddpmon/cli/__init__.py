@@ -18,7 +18,7 @@ from .. import __version__
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 
-SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards", "run")
+SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards", "report", "compare", "run")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,3 +56,18 @@ class AllocatorStats:
         if not stats:
             return []
         return [(name, self.labels, float(stats.get(key, 0))) for name, key in self.KEYS]
+
+
+def history_sample(device: Any, base: Any) -> dict[str, Any]:
+    """The history's GPU columns, once per batch of steps (each read that fails is left out)."""
+    out = dict(base())
+    for key, read, scale in (
+        ("torch_memory_allocated_bytes", torch.cuda.memory_allocated, 1),
+        ("gpu_utilization_ratio", torch.cuda.utilization, 0.01),  # NVML's percent
+        ("gpu_memory_used_bytes", getattr(torch.cuda, "device_memory_used", None), 1),
+    ):
+        try:
+            out[key] = read(device) * scale  # type: ignore[misc]
+        except Exception:
+            pass
+    return out

@@ -1,0 +1,51 @@
+"""``ddpmon compare RUN_A RUN_B [--html FILE] [--json]``: two runs side by side.
+
+Each run is a state directory or the JSON of ``ddpmon report --json``. Prints step time,
+every phase, exposed communication, bucket times and GPU utilisation of both, the change
+in %, and the ranks and phases that explain it. Exit codes: 0 compared (a regression is not
+an error), 2 bad usage or input, 3 ddpmon itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import StateFileError
+
+HELP = "Compare two runs: step time, phases, exposed communication, buckets, and what explains the change."
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_a", metavar="RUN_A", help="state directory (or report --json file) of the first run")
+    parser.add_argument("run_b", metavar="RUN_B", help="state directory (or report --json file) of the second run")
+    parser.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML file")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import compare
+
+    sides = []
+    for source in (args.run_a, args.run_b):
+        try:
+            sides.append(compare.load_side(source))
+        except (StateFileError, ValueError) as exc:
+            print(f"ddpmon compare: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    result = compare.compare(sides[0][0], sides[1][0])
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        sys.stdout.write(compare.render_text(result))
+    if args.html:
+        try:
+            with open(args.html, "w", encoding="utf-8") as f:
+                f.write(compare.render_html(result, (sides[0][1], sides[1][1])))
+        except OSError as exc:
+            print(f"ddpmon compare: cannot write {args.html} ({exc.strerror or exc})", file=sys.stderr)
+            return EXIT_USAGE
+    return EXIT_OK

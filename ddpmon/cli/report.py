@@ -1,0 +1,75 @@
+"""``ddpmon report [STATE_DIR ...] [-o report.html] [--json]``: the run as one HTML file.
+
+The file is self-contained (plots, data and script inlined; no network fetch) and opens in
+any browser. Works on a finished, a killed and a live job, and on a job spread over nodes:
+pass each node's state directory, or read the state files through the node daemons with
+``--from`` (their per-step history is read from directories only).
+Exit codes: 0 written, 2 bad usage or input (nothing to report), 3 ddpmon itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from ..errors import StateFileError
+
+HELP = "Write a self-contained HTML report (plots, summary, findings) of a running or finished job."
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "state_dirs", nargs="*", metavar="STATE_DIR",
+        help="the job's state directory, once per node without a shared file system (default: "
+        "$DDPMON_STATE_DIR, else the job directory under <tmp>/ddpmon written last)",
+    )
+    parser.add_argument("-o", "--output", default="report.html", metavar="FILE",
+                        help="where to write the HTML report (default: report.html; - for stdout)")
+    parser.add_argument("--json", action="store_true", help="print the run's summary as JSON instead")
+    parser.add_argument("--job", help="the job to report when the directory holds several")
+    parser.add_argument(
+        "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
+        help="also read state files from a node daemon started with --serve-state (repeat per node)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import html, run as run_mod, summary
+    from .doctor import default_state_dir
+
+    dirs = list(args.state_dirs)
+    if not dirs and not args.remote:
+        found = default_state_dir()
+        if found is None:
+            print("ddpmon report: no state directory given and none found: pass STATE_DIR", file=sys.stderr)
+            return EXIT_USAGE
+        dirs = [found]
+    started = time.perf_counter()
+    try:
+        loaded = run_mod.load(dirs, args.remote, job=args.job)
+    except StateFileError as exc:
+        print(f"ddpmon report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    s = summary.summarize(loaded)
+    if args.json:
+        print(json.dumps(s, indent=2, default=str))
+        return EXIT_OK
+    page = html.render(loaded, s)
+    if args.output == "-":
+        sys.stdout.write(page)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(page)
+    except OSError as exc:
+        print(f"ddpmon report: cannot write {args.output} ({exc.strerror or exc}); pass -o FILE "
+              "in a writable directory", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {args.output} ({os.path.getsize(args.output) / 1e6:.2f} MB, job {s['job']!r}, "
+          f"{s['ranks']} ranks, {s['steps']} steps) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return EXIT_OK

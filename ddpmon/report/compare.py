@@ -1,0 +1,221 @@
+"""``ddpmon compare``: two runs side by side, the change in %, and what explains it.
+
+Each run is a state directory (its history databases) or the JSON of ``ddpmon report --json``.
+The step time's change is split over the phases (the phase medians add up to the median
+step), and over the ranks (which rank's compute grew most, and in which phase), so the
+answer to "why is B slower than A" reads as: "+12 ms per step, 11 ms of it in backward,
+on rank 1".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import Any
+
+from . import html as html_page
+from .run import Run, load
+from .summary import PHASE_LABELS, PHASES, ms, pct, summarize
+
+NOISE = 0.02  # changes under 2% are shown but not called out
+
+
+def load_side(source: str) -> tuple[dict[str, Any], Run | None]:
+    """A run's summary (and the Run when read from a directory)."""
+    if os.path.isfile(source):
+        try:
+            with open(source) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{source}: not a readable summary of `ddpmon report --json` ({exc})") from None
+        if not isinstance(data, dict) or "per_rank" not in data:
+            raise ValueError(f"{source}: not the JSON of `ddpmon report --json` (no 'per_rank')")
+        return data, None
+    run = load([source], findings=False)
+    return summarize(run), run
+
+
+def change(a: float | None, b: float | None) -> float | None:
+    """Relative change from a to b (0.1 = +10%), None when either is unknown or a is 0."""
+    if a is None or b is None or a == 0:
+        return None
+    return (b - a) / a
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The rows of the comparison and the sentences that explain the step time's change."""
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, va: Any, vb: Any, unit: str = "s", group: str = "run") -> None:
+        rows.append({"group": group, "name": name, "a": va, "b": vb, "unit": unit,
+                     "delta": (vb - va) if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None,
+                     "change": change(va, vb)})
+
+    row("median step time", a.get("median_step_seconds"), b.get("median_step_seconds"))
+    row("throughput", a.get("steps_per_second"), b.get("steps_per_second"), "steps/s")
+    row("exposed communication share", a.get("exposed_comm_share"), b.get("exposed_comm_share"), "ratio")
+    if a.get("gpu_utilization_ratio") is not None or b.get("gpu_utilization_ratio") is not None:
+        row("GPU utilisation", a.get("gpu_utilization_ratio"), b.get("gpu_utilization_ratio"), "ratio")
+    for p in PHASES:
+        va, vb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
+        if va is not None or vb is not None:
+            row(PHASE_LABELS[p], va, vb, group="phase")
+    ba = {x["index"]: x for x in a.get("buckets") or []}
+    bb = {x["index"]: x for x in b.get("buckets") or []}
+    for index in sorted(set(ba) | set(bb)):
+        row(f"bucket {index} all-reduce", (ba.get(index) or {}).get("median_seconds"),
+            (bb.get(index) or {}).get("median_seconds"), group="bucket")
+    ra = {r["rank"]: r for r in a.get("per_rank") or []}
+    rb = {r["rank"]: r for r in b.get("per_rank") or []}
+    ranks = []
+    for rank in sorted(set(ra) & set(rb)):
+        x, y = ra[rank], rb[rank]
+        deltas = {p: (y["phases"].get(p) or 0.0) - (x["phases"].get(p) or 0.0)
+                  for p in PHASES if x["phases"].get(p) is not None or y["phases"].get(p) is not None}
+        phase = max(deltas, key=lambda p: abs(deltas[p])) if deltas else None
+        ranks.append({
+            "rank": rank, "a_step": x.get("median_step_seconds"), "b_step": y.get("median_step_seconds"),
+            "a_compute": x.get("median_compute_seconds"), "b_compute": y.get("median_compute_seconds"),
+            "compute_delta": _minus(y.get("median_compute_seconds"), x.get("median_compute_seconds")),
+            "phase": phase, "phase_delta": deltas.get(phase) if phase else None,
+            "a_score": x.get("straggler_score"), "b_score": y.get("straggler_score"),
+        })
+    return {"a": _label(a), "b": _label(b), "rows": rows, "ranks": ranks,
+            "explanation": explain(a, b, ranks)}
+
+
+def _minus(x: Any, y: Any) -> float | None:
+    return x - y if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None
+
+
+def _label(s: dict[str, Any]) -> dict[str, Any]:
+    return {"job": s.get("job"), "sources": s.get("sources"), "ranks": s.get("ranks"), "steps": s.get("steps")}
+
+
+def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
+    """Sentences: the step time's change, the phases that make it up, the ranks behind it."""
+    sa, sb = a.get("median_step_seconds"), b.get("median_step_seconds")
+    if sa is None or sb is None:
+        return ["no step times to compare (a run without history?)"]
+    delta, rel = sb - sa, change(sa, sb) or 0.0
+    if abs(rel) < NOISE:
+        return [f"step time unchanged ({ms(sa)} -> {ms(sb)}, {rel * 100:+.1f}%)"]
+    lines = [f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% ({ms(sa)} -> {ms(sb)}, "
+             f"{delta * 1e3:+.1f} ms per step)"]
+    phases = []
+    for p in PHASES:
+        pa, pb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
+        if pa is not None and pb is not None:
+            phases.append((pb - pa, p))
+    phases.sort(key=lambda t: -abs(t[0]) if (t[0] > 0) == (delta > 0) else 0)
+    for d, p in phases[:2]:
+        if (d > 0) == (delta > 0) and abs(d) >= NOISE * sa:
+            lines.append(f"  {PHASE_LABELS[p]}: {d * 1e3:+.1f} ms per step ({abs(d / delta) * 100:.0f}% of the change)")
+    moved = [r for r in ranks if r["compute_delta"] is not None]
+    if moved:
+        top = max(moved, key=lambda r: r["compute_delta"] * (1 if delta > 0 else -1))
+        others = [r["compute_delta"] for r in moved if r is not top]
+        typical = statistics.median(others) if others else 0.0
+        if abs(top["compute_delta"] - typical) >= NOISE * sa and len(moved) > 1:
+            lines.append(
+                f"  rank {top['rank']} explains it: its compute changed {top['compute_delta'] * 1e3:+.1f} ms "
+                f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PHASE_LABELS.get(top['phase'], top['phase'])} "
+                f"({(top['phase_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication")
+        else:
+            lines.append(f"  every rank changed alike (compute {typical * 1e3:+.1f} ms per rank): "
+                         "not one straggler")
+    return lines
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _value(v: Any, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "s":
+        return ms(v)
+    if unit == "ratio":
+        return pct(v)
+    return f"{v:.2f} {unit}"
+
+
+def _pct(c: float | None) -> str:
+    return "-" if c is None else f"{c * 100 + 0.0:+.1f}%".replace("-0.0%", "+0.0%")
+
+
+def render_text(result: dict[str, Any], width: int = 100) -> str:
+    a, b = result["a"], result["b"]
+    out = [f"A: {a['job']} ({a['ranks']} ranks, {a['steps']} steps)  {', '.join(a['sources'] or [])}",
+           f"B: {b['job']} ({b['ranks']} ranks, {b['steps']} steps)  {', '.join(b['sources'] or [])}", ""]
+    out.append(f"{'':32} {'A':>14} {'B':>14} {'change':>9}")
+    group = None
+    for r in result["rows"]:
+        if r["group"] != group:
+            group = r["group"]
+            out.append({"run": "run", "phase": "phases (median per step)", "bucket": "buckets"}[group])
+        flag = " <" if r["change"] is not None and abs(r["change"]) >= 0.10 else ""
+        out.append(f"  {r['name']:30} {_value(r['a'], r['unit']):>14} {_value(r['b'], r['unit']):>14} "
+                   f"{_pct(r['change']):>9}{flag}")
+    if result["ranks"]:
+        out.append("ranks (median compute per step: step time minus exposed communication)")
+        for r in result["ranks"]:
+            out.append(f"  rank {r['rank']:<25} {ms(r['a_compute']):>14} {ms(r['b_compute']):>14} "
+                       f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
+                       f"{PHASE_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)")
+    out.append("")
+    out += result["explanation"]
+    return "\n".join(out) + "\n"
+
+
+def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> str:
+    import html
+
+    e = html.escape
+    rows = "\n".join(
+        f'<tr data-name="{e(r["name"])}"><td>{e(r["name"])}</td><td>{e(_value(r["a"], r["unit"]))}</td>'
+        f'<td>{e(_value(r["b"], r["unit"]))}</td><td>{e(_pct(r["change"]))}</td></tr>' for r in result["rows"])
+    ranks = "\n".join(
+        f'<tr><td>{r["rank"]}</td><td>{e(ms(r["a_compute"]))}</td><td>{e(ms(r["b_compute"]))}</td>'
+        f'<td>{e(_pct(change(r["a_compute"], r["b_compute"])))}</td>'
+        f'<td>{e(PHASE_LABELS.get(r["phase"], "-"))} ({(r["phase_delta"] or 0) * 1e3:+.1f} ms)</td></tr>'
+        for r in result["ranks"])
+    a, b = result["a"], result["b"]
+    body = (f"<p>A: {e(str(a['job']))} ({e(', '.join(a['sources'] or []))})<br>"
+            f"B: {e(str(b['job']))} ({e(', '.join(b['sources'] or []))})</p>"
+            f"<h2>What changed</h2><pre id='explanation'>{e(chr(10).join(result['explanation']))}</pre>"
+            f"<table class='summary'><tr><th></th><th>A</th><th>B</th><th>change</th></tr>{rows}</table>"
+            f"<h2>Ranks (median compute per step)</h2><table><tr><th>rank</th><th>A</th><th>B</th>"
+            f"<th>change</th><th>phase that moved most</th></tr>{ranks}</table>"
+            f"<h2>Plots</h2><div id='charts'></div>")
+    charts = []
+    phase_rows = [r for r in result["rows"] if r["group"] == "phase"]
+    if phase_rows:
+        charts.append({"id": "phases", "title": "Phases, median per step", "kind": "bars",
+                       "x": {"label": "phase", "values": list(range(len(phase_rows))),
+                             "labels": [r["name"] for r in phase_rows]},
+                       "y_label": "time per step", "unit": "ms", "note": "A left, B right",
+                       "series": [{"name": "A", "values": [None if r["a"] is None else round(r["a"] * 1e3, 3) for r in phase_rows]},
+                                  {"name": "B", "values": [None if r["b"] is None else round(r["b"] * 1e3, 3) for r in phase_rows]}]})
+    if all(runs):
+        steps = [_median_steps(r) for r in runs]  # type: ignore[arg-type]
+        xs = sorted(set(steps[0]) | set(steps[1]))
+        charts.append({"id": "step_time", "title": "Step time, median of the ranks", "kind": "line",
+                       "x": {"label": "step", "values": xs}, "y_label": "step time", "unit": "ms", "note": "",
+                       "series": [{"name": name, "values": [_ms(s.get(x)) for x in xs]}
+                                  for name, s in zip(("A", "B"), steps)]})
+    return html_page.page("ddpmon compare", body, charts)
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else float(f"{v * 1e3:.4g}")
+
+
+def _median_steps(run: Run) -> dict[int, float]:
+    by_bin: dict[int, list[float]] = {}
+    for h in run.ranks.values():
+        for b, v in zip(h.binned.get("bin", []), h.binned.get("step_seconds", [])):
+            if v is not None:
+                by_bin.setdefault((b + 1) * run.stride, []).append(v)
+    return {x: statistics.median(v) for x, v in by_bin.items()}

@@ -1,0 +1,374 @@
+"""``ddpmon report``'s HTML: one self-contained file (no network fetch), plots drawn by uPlot.
+
+uPlot (MIT, about 50 KB minified, ``vendor/``) and the data are inlined; the page needs
+nothing but a browser. Every plot has axes with units, a legend with the values under the
+cursor, and zoom (drag across it; double-click resets). Per-step series are averaged into
+at most ``run.MAX_POINTS`` bins per rank, and at most ``MAX_LINES`` ranks are drawn one by
+one (the ones with the highest straggler score) next to the median and the maximum of all
+ranks, so a report of 1,024 ranks stays small and fast (docs/report.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import statistics
+from importlib import resources
+from typing import Any
+
+from .run import Run
+from .summary import PHASE_LABELS, PHASES, median_of_others, ms, pct
+
+MAX_LINES = 16
+PHASE_COLOURS = {
+    "data_wait": "#8c564b", "h2d": "#e377c2", "forward": "#1f77b4", "backward": "#2ca02c",
+    "exposed_comm": "#d62728", "optimizer": "#9467bd", "other": "#7f7f7f",
+}
+
+
+def _vendor(name: str) -> str:
+    return resources.files(__package__).joinpath("vendor", name).read_text(encoding="utf-8")
+
+
+def _r(v: Any, scale: float = 1.0) -> Any:
+    """A number kept to 4 significant digits (the file stays small), None as null."""
+    if not isinstance(v, (int, float)):
+        return None
+    return float(f"{v * scale:.4g}")
+
+
+def _x_steps(run: Run, bins: list[int]) -> list[int]:
+    return [(b + 1) * run.stride for b in bins]
+
+
+def _aligned(run: Run) -> tuple[list[int], dict[int, dict[int, int]]]:
+    """The union of bins over ranks, and for each rank where each bin sits in its columns."""
+    all_bins = sorted({b for h in run.ranks.values() for b in h.binned.get("bin", [])})
+    where = {rank: {b: i for i, b in enumerate(h.binned.get("bin", []))} for rank, h in run.ranks.items()}
+    return all_bins, where
+
+
+def _series(run: Run, bins: list[int], where: dict[int, dict[int, int]], column: str) -> dict[int, list[Any]]:
+    """One binned column per rank, aligned on ``bins`` (None where a rank has no steps)."""
+    out = {}
+    for rank, h in run.ranks.items():
+        values = h.binned[column]
+        if h.binned["bin"] == bins:  # the usual case: every rank has every bin
+            out[rank] = list(values)
+        else:
+            pos = where[rank]
+            out[rank] = [values[pos[b]] if b in pos else None for b in bins]
+    return out
+
+
+def _lines(per_rank: dict[int, list[Any]], chosen: list[int], scale: float) -> list[dict[str, Any]]:
+    """One series per chosen rank, plus the median and maximum of all ranks when not all drawn."""
+    series = [{"name": f"rank {r}", "values": [_r(v, scale) for v in per_rank[r]]} for r in chosen]
+    if len(chosen) < len(per_rank):
+        columns = list(zip(*per_rank.values()))
+        med = [statistics.median(k) if (k := [v for v in col if v is not None]) else None for col in columns]
+        top = [max(k) if (k := [v for v in col if v is not None]) else None for col in columns]
+        series.append({"name": f"median of {len(per_rank)} ranks", "values": [_r(v, scale) for v in med], "dash": True})
+        series.append({"name": f"max of {len(per_rank)} ranks", "values": [_r(v, scale) for v in top], "dash": True})
+    return series
+
+
+def _straggler_scores(compute: dict[int, list[Any]], stored: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """Per bin, each rank's compute over the median compute of the other ranks (a score the
+    rank stored itself wins)."""
+    ranks = list(compute)
+    score: dict[int, list[Any]] = {r: [] for r in ranks}
+    for i, column in enumerate(zip(*(compute[r] for r in ranks))):
+        values = sorted(v for v in column if v is not None)
+        for r, v in zip(ranks, column):
+            own = stored[r][i]
+            if own is None and v is not None and len(values) > 1:
+                mid = median_of_others(values, v)
+                own = v / mid if mid else None
+            score[r].append(own)
+    return score
+
+
+def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plots, as data for the page's script."""
+    bins, where = _aligned(run)
+    x = _x_steps(run, bins)
+    per_rank_score = {r["rank"]: r.get("straggler_score") or 0.0 for r in summary["per_rank"]}
+    chosen = sorted(run.ranks, key=lambda r: -per_rank_score.get(r, 0.0))[:MAX_LINES]
+    chosen.sort()
+    bin_note = (f"each point is the mean of {run.stride} steps" if run.stride > 1 else "one point per step")
+    step_x = {"label": "step", "values": x}
+    out: list[dict[str, Any]] = []
+
+    step = _series(run, bins, where, "step_seconds")
+    out.append({"id": "step_time", "title": "Step time per rank", "kind": "line", "x": step_x,
+                "y_label": "step time", "unit": "ms", "series": _lines(step, chosen, 1e3), "note": bin_note})
+
+    # Phase breakdown: stacked medians per rank.
+    rows = summary["per_rank"]
+    phases = [p for p in PHASES if any(r["phases"].get(p) for r in rows)]
+    out.append({
+        "id": "phases", "title": "Phase breakdown per rank (median step)", "kind": "stack",
+        "x": {"label": "rank", "values": [r["rank"] for r in rows]}, "y_label": "time per step", "unit": "ms",
+        "series": [{"name": PHASE_LABELS[p], "colour": PHASE_COLOURS[p],
+                    "values": [_r(r["phases"].get(p), 1e3) for r in rows]} for p in phases],
+        "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
+    })
+
+    exposed = _series(run, bins, where, "exposed_comm_seconds")
+    if any(v is not None for vs in exposed.values() for v in vs):
+        out.append({"id": "exposed_comm", "title": "Exposed communication per rank", "kind": "line",
+                    "x": step_x, "y_label": "exposed communication", "unit": "ms",
+                    "series": _lines(exposed, chosen, 1e3),
+                    "note": "communication that backward compute did not hide; " + bin_note})
+
+    buckets = summary["buckets"]
+    if buckets:
+        bx = {"label": "bucket", "values": [b["index"] for b in buckets]}
+        out.append({"id": "bucket_time", "title": "All-reduce time per bucket", "kind": "bars", "x": bx,
+                    "y_label": "all-reduce time", "unit": "ms", "series": [
+                        {"name": "median over steps and ranks", "values": [_r(b["median_seconds"], 1e3) for b in buckets]},
+                        {"name": "slowest rank's median", "values": [_r(b["max_rank_median_seconds"], 1e3) for b in buckets]},
+                    ], "note": "launch (bucket ready) to completion"})
+        out.append({"id": "bucket_busbw", "title": "Bus bandwidth per bucket", "kind": "bars", "x": bx,
+                    "y_label": "bus bandwidth", "unit": "GB/s", "series": [
+                        {"name": "at the median all-reduce time",
+                         "values": [_r(b["busbw_bytes_per_second"], 1e-9) for b in buckets]},
+                    ], "note": "nccl-tests' bus bandwidth: bytes / time x 2(n-1)/n"})
+
+    compute = {r: [None if s is None else max(0.0, s - (e or 0.0)) for s, e in zip(step[r], exposed[r])]
+               for r in step}
+    score = _straggler_scores(compute, _series(run, bins, where, "straggler_score"))
+    out.append({"id": "straggler", "title": "Straggler score per rank", "kind": "line", "x": step_x,
+                "y_label": "straggler score", "unit": "ratio", "series": _lines(score, chosen, 1.0),
+                "note": "the rank's compute (step time minus exposed communication) over the median of "
+                        "the other ranks; 1 = typical, 1.25 = 25% slower; " + bin_note})
+
+    util = _series(run, bins, where, "gpu_utilization_ratio")
+    has_util = any(v is not None for vs in util.values() for v in vs)
+    out.append({"id": "gpu_util", "title": "GPU utilisation per rank", "kind": "line", "x": step_x,
+                "y_label": "GPU utilisation", "unit": "%", "series": _lines(util, chosen, 100.0) if has_util else [],
+                "note": bin_note if has_util else "not recorded: no GPU (or no NVML) on these ranks"})
+    for column, label in (("gpu_memory_used_bytes", "GPU memory used"),
+                          ("torch_memory_allocated_bytes", "memory held by tensors (torch)"),
+                          ("process_resident_memory_bytes", "process resident memory (host)")):
+        mem = _series(run, bins, where, column)
+        if any(v is not None for vs in mem.values() for v in vs):
+            out.append({"id": "memory", "title": "Memory per rank", "kind": "line", "x": step_x,
+                        "y_label": label, "unit": "MiB", "series": _lines(mem, chosen, 1 / 2**20),
+                        "note": f"{label}; the largest reading of each point's steps"})
+            break
+    return out
+
+
+def render(run: Run, summary: dict[str, Any]) -> str:
+    """The whole report page."""
+    body = _BODY.format(summary=_summary_html(summary), ranks=_ranks_html(summary),
+                        findings=_findings_html(summary))
+    return page(f"ddpmon report: {summary['job']}", body, charts(run, summary))
+
+
+def page(title: str, body: str, chart_specs: list[dict[str, Any]]) -> str:
+    """A self-contained page: ``body`` (HTML with a ``<div id="charts">``) and the plots."""
+    payload = json.dumps({"charts": chart_specs}, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return _PAGE.format(title=html.escape(title), css=_vendor("uPlot.min.css"), style=_STYLE,
+                        uplot=_vendor("uPlot.iife.min.js"), script=_SCRIPT, data=payload, body=body)
+
+
+def _t(unix: float | None) -> str:
+    if unix is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def _summary_html(s: dict[str, Any]) -> str:
+    e = html.escape
+    slow = s.get("slowest_rank") or {}
+    slow_text = "-"
+    if slow:
+        slow_text = f"rank {slow['rank']}"
+        if slow.get("straggler_score"):
+            slow_text += f", straggler score {slow['straggler_score']:.2f}"
+        if slow.get("phase"):
+            slow_text += f", most of it in {PHASE_LABELS[slow['phase']]} (+{ms(slow.get('excess_seconds'))})"
+    verdict = s.get("verdict") or "-"
+    rows = [
+        ("job", s["job"]), ("verdict (ddpmon doctor)", verdict),
+        ("ranks", f"{s['ranks']}" + (f" of {s['world_size']}" if s.get("world_size") else "")),
+        ("hosts", ", ".join(s["hosts"]) or "-"), ("devices", ", ".join(s["devices"]) or "-"),
+        ("backend", s.get("backend") or "-"), ("steps", str(s["steps"])),
+        ("start", _t(s.get("start_unix"))), ("duration", _duration(s.get("duration_seconds"))),
+        ("median step time", ms(s.get("median_step_seconds"))),
+        ("throughput", f"{s['steps_per_second']:.2f} steps/s" if s.get("steps_per_second") else "-"),
+        ("exposed communication", pct(s.get("exposed_comm_share")) + " of the step"),
+        ("GPU utilisation (median)", pct(s.get("gpu_utilization_ratio"))),
+        ("slowest rank", slow_text),
+    ]
+    return "\n".join(f'<tr><th>{e(k)}</th><td data-key="{e(k)}">{e(str(v))}</td></tr>' for k, v in rows)
+
+
+def _ranks_html(s: dict[str, Any]) -> str:
+    e = html.escape
+    out = []
+    for r in s["per_rank"]:
+        st = r["status"]
+        how = st["status"] + (f": {st['exception']}" if st.get("exception") else "")
+        score = "-" if r.get("straggler_score") is None else f"{r['straggler_score']:.2f}"
+        out.append(
+            f'<tr data-rank="{r["rank"]}"><td>{r["rank"]}</td><td>{e(str(r["host"] or "-"))}</td>'
+            f'<td>{e(str(r["device"] or "-"))}</td><td>{r["steps"] if r["steps"] is not None else "-"}</td>'
+            f'<td>{ms(r["median_step_seconds"])}</td><td>{ms(r["median_compute_seconds"])}</td>'
+            f'<td>{ms(r["phases"].get("exposed_comm"))}</td>'
+            f'<td>{score}</td>'
+            f'<td>{e(how)}</td></tr>'
+        )
+    return "\n".join(out)
+
+
+def _findings_html(s: dict[str, Any]) -> str:
+    e = html.escape
+    items = []
+    for f in s["findings"]:
+        ranks = ", ".join(str(r) for r in f.get("ranks") or []) or "-"
+        evidence = "".join(f"<li>{e(str(x))}</li>" for x in f.get("evidence") or [])
+        items.append(
+            f'<div class="finding {e(f["severity"])}" data-kind="{e(f["kind"])}"><b>{e(f["severity"])}</b> '
+            f'<code>{e(f["kind"])}</code> (ranks {e(ranks)}): {e(f["summary"])}'
+            + (f"<ul>{evidence}</ul>" if evidence else "")
+            + (f'<div class="fix">Fix: {e(f["fix"])}</div>' if f.get("fix") else "") + "</div>")
+    for f in s.get("recorded_findings") or []:
+        items.append(f'<div class="finding recorded" data-kind="{e(f["kind"])}"><b>rank {f["rank"]}</b>, '
+                     f'step {f.get("step") or "-"}, {e(_t(f.get("unix")))}: {e(f["text"])}</div>')
+    for p in s.get("problems") or []:
+        items.append(f'<div class="finding warning"><b>warning</b> {e(p)}</div>')
+    return "\n".join(items) or "<p>No findings.</p>"
+
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 12px}
+h1{font-size:22px;margin:0 0 8px} h2{font-size:17px;margin:28px 0 6px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse} th,td{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
+.summary th{color:#555;font-weight:normal}
+.chart{margin:18px 0} .chart h3{font-size:15px;margin:0} .note{color:#666;font-size:12px;margin:2px 0 6px}
+.finding{margin:6px 0;padding:6px 10px;border-left:4px solid #999;background:#fafafa}
+.finding.error{border-color:#d62728}.finding.warning{border-color:#ff7f0e}.finding.info{border-color:#1f77b4}
+.fix{color:#333;margin-top:4px} pre{white-space:pre-wrap} .u-legend{font-size:12px} #errors{color:#d62728}
+"""
+
+_SCRIPT = r"""
+(function(){
+  const DATA = JSON.parse(document.getElementById('ddpmon-data').textContent);
+  const palette = ['#1f77b4','#ff7f0e','#2ca02c','#d62728','#9467bd','#8c564b','#e377c2','#7f7f7f',
+                   '#bcbd22','#17becf','#393b79','#637939','#8c6d31','#843c39','#7b4173','#3182bd','#000','#555'];
+  const t0 = performance.now();
+  const INTEGER_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6];
+  const fmt = (unit) => (u, v) => v == null ? '-' : (unit === '%' || unit === 'ms' || unit === 'MiB')
+      ? v.toFixed(v < 10 ? 2 : 1) + ' ' + unit : unit === 'ratio' ? v.toFixed(3) : v + ' ' + unit;
+  function width(el){ return Math.max(320, el.clientWidth || 900); }
+  function render(c){
+    const box = document.getElementById('chart-' + c.id);
+    if (!c.series.length) { box.setAttribute('data-rendered', 'empty'); return; }
+    const xs = c.x.values, stack = c.kind === 'stack', bars = c.kind === 'bars' || stack;
+    const raw = c.series.map(s => s.values);
+    let ys = raw;
+    if (stack) {  // cumulative sums, drawn top layer first so each band shows
+      let acc = xs.map(() => 0);
+      ys = raw.map(vs => { acc = acc.map((a, i) => a + (vs[i] || 0)); return acc.slice(); });
+    }
+    const data = [xs].concat(stack ? ys.slice().reverse() : ys);
+    const order = stack ? c.series.map((s, i) => c.series.length - 1 - i) : c.series.map((s, i) => i);
+    const grouped = c.kind === 'bars' && c.series.length === 2;  // side by side: left, right
+    const barPath = (k) => !bars ? undefined : grouped
+        ? uPlot.paths.bars({size: [0.35, 40], align: k === 0 ? -1 : 1}) : uPlot.paths.bars({size: [0.7, 60]});
+    const series = [{label: c.x.label}].concat(order.map((si, k) => {
+      const s = c.series[si], col = s.colour || palette[si % palette.length];
+      return {
+        label: s.name, stroke: col, width: 1.5, dash: s.dash ? [6, 4] : undefined,
+        fill: bars ? col + (stack ? 'ff' : '99') : undefined, paths: barPath(k),
+        points: {show: false}, spanGaps: false,
+        value: (u, v, sIdx, i) => fmt(c.unit)(u, i == null ? null : raw[si][i]),
+      };
+    }));
+    const opts = {
+      width: width(box), height: 300, series: series,
+      scales: {x: {time: false, range: bars ? (u, lo, hi) => [lo - 0.5, hi + 0.5] : undefined},
+               y: {range: bars ? (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] : undefined}},
+      axes: [{label: c.x.label, labelSize: 20, incrs: INTEGER_STEPS,
+              values: (u, vals) => vals.map(v => !Number.isInteger(v) ? ''
+                  : c.x.labels ? (c.x.labels[v] || '') : v.toLocaleString('en'))},
+             {label: c.y_label + ' (' + c.unit + ')', labelSize: 20, size: 70}],
+      cursor: {drag: {x: true, y: false}},
+      legend: {live: true},
+    };
+    const u = new uPlot(opts, data, box);
+    let ymax = -Infinity, points = 0;
+    raw.forEach(vs => vs.forEach(v => { if (v != null) { points++; if (v > ymax) ymax = v; } }));
+    box.setAttribute('data-rendered', 'yes');
+    box.setAttribute('data-series', String(c.series.length));
+    box.setAttribute('data-points', String(points));
+    box.setAttribute('data-y-max', String(ymax));
+    box.setAttribute('data-x-max', String(Math.max.apply(null, xs)));
+    box.setAttribute('data-series-names', c.series.map(s => s.name).join('|'));
+    box._uplot = u;
+  }
+  try {
+    DATA.charts.forEach(render);
+  } catch (e) {
+    document.getElementById('errors').textContent = 'error while drawing: ' + e;
+    throw e;
+  }
+  document.body.setAttribute('data-render-ms', String(Math.round(performance.now() - t0)));
+  document.body.setAttribute('data-charts', String(DATA.charts.length));
+})();
+"""
+
+_BODY = """<h2>Summary</h2>
+<table class="summary">
+{summary}
+</table>
+<h2>Ranks</h2>
+<table class="ranks"><tr><th>rank</th><th>host</th><th>device</th><th>steps</th><th>median step</th>
+<th>compute</th><th>exposed comm</th><th>straggler score</th><th>how it ended</th></tr>
+{ranks}
+</table>
+<h2>Plots</h2>
+<p class="note">Drag across a plot to zoom, double-click to reset; the legend shows the values under the cursor.</p>
+<div id="charts"></div>
+<h2>Findings</h2>
+{findings}
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{css}</style><style>{style}</style></head>
+<body>
+<h1>{title}</h1>
+<div id="errors"></div>
+{body}
+<script id="ddpmon-data" type="application/json">{data}</script>
+<script>{uplot}</script>
+<script>
+(function(){{
+  const DATA = JSON.parse(document.getElementById('ddpmon-data').textContent);
+  const root = document.getElementById('charts');
+  DATA.charts.forEach(c => {{
+    const d = document.createElement('div'); d.className = 'chart';
+    d.innerHTML = '<h3></h3><div class="note"></div><div class="plot"></div>';
+    d.querySelector('h3').textContent = c.title;
+    d.querySelector('.note').textContent = c.note || '';
+    d.querySelector('.plot').id = 'chart-' + c.id;
+    root.appendChild(d);
+  }});
+}})();
+</script>
+<script>{script}</script>
+</body></html>
+"""

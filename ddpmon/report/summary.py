@@ -1,0 +1,256 @@
+"""The run's summary as data: what ``ddpmon report --json`` prints, what the HTML report
+shows first, what ``ddpmon compare`` compares, and what rank 0 logs when training ends.
+
+Times in seconds. Medians are over steps (a sample of up to 5,000 steps per rank, evenly
+spaced), then over ranks. A rank's *compute* is its step time minus its exposed
+communication: in DDP every rank's step takes as long as the slowest rank's, so the
+straggler is the rank that computes longest, and the others wait for it in the all-reduce.
+Its *straggler score* is its compute over the median compute of the other ranks (1 = typical).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .run import Run, load
+
+# The phases of a step, in the order they stack up to the step time.
+PHASES = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
+PHASE_LABELS = {
+    "data_wait": "data wait", "h2d": "host to device", "forward": "forward", "backward": "backward",
+    "exposed_comm": "exposed communication", "optimizer": "optimizer", "other": "other",
+}
+BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
+STRAGGLER_SCORE = 1.10  # compute 10% above the median of the ranks: worth naming
+
+
+def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
+    """Median seconds per phase; ``other`` is the step time the known phases leave."""
+    out: dict[str, float | None] = {}
+    for p in PHASES:
+        values = [v for v in sample.get(f"{p}_seconds", []) if v is not None]
+        out[p] = statistics.median(values) if values else None
+    if out["other"] is None:
+        measured = [sample[f"{p}_seconds"] for p in PHASES[:-1] if out[p] is not None]
+        others = [max(0.0, step - sum(v for v in parts if v is not None))
+                  for step, *parts in zip(sample.get("step_seconds", []), *measured)]
+        out["other"] = statistics.median(others) if others else None
+    return out
+
+
+def median_of_others(ordered: list[float], value: float) -> float | None:
+    """The median of ``ordered`` (sorted) without one occurrence of ``value``; with one rank
+    alone, its own value. The straggler score is a rank's compute over this."""
+    n = len(ordered) - 1
+    if n < 1:
+        return value
+    skip = bisect.bisect_left(ordered, value)
+
+    def at(i: int) -> float:
+        return ordered[i if i < skip else i + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def _median(values: Sequence[Any]) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(values) if values else None
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """Everything the report says in words and tables, as JSON-ready data."""
+    diag = run.diagnosis
+    views = {v.rank: v for v in diag.ranks} if diag is not None else {}
+    ranks_out = []
+    for rank in sorted(set(run.ranks) | set(views)):
+        h = run.ranks.get(rank)
+        v = views.get(rank)
+        ident = dict(h.identity) if h else {}
+        if v is not None:
+            for key in ("host", "device", "job", "world_size", "backend", "pid"):
+                ident.setdefault(key, v.data.get(key))
+        phases = phase_medians(h.sample) if h else {}
+        step = h.median("step_seconds") if h else None
+        if step is None and v is not None:
+            step = ((v.data.get("timings") or {}).get("step_seconds") or {}).get("median")
+        exposed = phases.get("exposed_comm")
+        steps_done = h.last_step if h else None
+        if v is not None and isinstance(v.data.get("step"), int):
+            steps_done = max(steps_done or 0, v.data["step"])
+        ranks_out.append({
+            "rank": rank, "host": ident.get("host"), "device": ident.get("device"),
+            "backend": ident.get("backend"), "steps": steps_done,
+            "median_step_seconds": step,
+            "median_compute_seconds": None if step is None else step - (exposed or 0.0),
+            "phases": phases,
+            "gpu_utilization_ratio": h.median("gpu_utilization_ratio") if h else None,
+            "max_memory_bytes": _max_memory(h.sample) if h else None,
+            "status": _status(h, v),
+            "history_rows": h.rows if h else 0,
+            "history": h.path if h else None,
+        })
+    computes = sorted(r["median_compute_seconds"] for r in ranks_out if r["median_compute_seconds"] is not None)
+    for r in ranks_out:
+        c = r["median_compute_seconds"]
+        mid = median_of_others(computes, c) if c is not None else None
+        r["straggler_score"] = round(c / mid, 4) if c is not None and mid else None
+    starts = [h.sample["start_unix"][0] for h in run.ranks.values() if h.sample["start_unix"]]
+    ends = [h.sample["end_unix"][-1] for h in run.ranks.values() if h.sample["end_unix"]]
+    step_median = _median([r["median_step_seconds"] for r in ranks_out])
+    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in PHASES}
+    exposed = phases.get("exposed_comm")
+    first = next(iter(run.ranks.values()), None)
+    world = (first.identity.get("world_size") if first else None) or (
+        views[min(views)].data.get("world_size") if views else None)
+    out: dict[str, Any] = {
+        "job": run.job,
+        "sources": run.sources,
+        "ranks": len(ranks_out),
+        "world_size": world,
+        "hosts": sorted({str(r["host"]) for r in ranks_out if r["host"]}),
+        "devices": sorted({str(r["device"]) for r in ranks_out if r["device"]}),
+        "backend": next((r["backend"] for r in ranks_out if r["backend"]), None),
+        "steps": max((r["steps"] or 0 for r in ranks_out), default=0),
+        "start_unix": min(starts) if starts else None,
+        "end_unix": max(ends) if ends else None,
+        "duration_seconds": (max(ends) - min(starts)) if starts and ends else None,
+        "median_step_seconds": step_median,
+        "steps_per_second": (1.0 / step_median) if step_median else None,
+        "phases": phases,
+        "exposed_comm_share": (exposed / step_median) if exposed is not None and step_median else None,
+        "gpu_utilization_ratio": _median([r["gpu_utilization_ratio"] for r in ranks_out]),
+        "slowest_rank": _slowest(ranks_out),
+        "buckets": bucket_summary(run),
+        "per_rank": ranks_out,
+        "verdict": diag.verdict if diag is not None else None,
+        "suspect_ranks": list(diag.suspect_ranks) if diag is not None else [],
+        "findings": [f.as_dict() for f in diag.findings] if diag is not None else [],
+        "recorded_findings": [dict(f, rank=h.rank) for h in run.ranks.values() for f in h.findings],
+        "step_bin": run.stride,
+        "problems": run.problems,
+        "generated_unix": time.time(),
+    }
+    return out
+
+
+def _status(h: Any, v: Any) -> dict[str, Any]:
+    """How the rank ended: the doctor's status where a state file exists, else the history's."""
+    ex = h.exit if h is not None else None
+    record = (ex or {}).get("record") or (v.data.get("exit") if v is not None else None) or {}
+    if v is not None:
+        status = v.status
+        if v.liveness.alive is False and status not in ("dead", "crashed", "exited", "silent"):
+            status = f"dead (was {status})"  # the doctor's view when it stopped: a hang, then killed
+    elif ex is not None:
+        status = ex["how"]
+    else:
+        status = "killed or running (no exit record)"
+    return {"status": status, "exit_code": record.get("exit_code", record.get("code")),
+            "exception": record.get("exception"), "unix": record.get("unix") or (ex or {}).get("unix")}
+
+
+def _max_memory(sample: dict[str, list[Any]]) -> float | None:
+    for column in ("gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes"):
+        values = [v for v in sample.get(column, []) if isinstance(v, (int, float))]
+        if values:
+            return max(values)
+    return None
+
+
+def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rank that computes longest, and the phase where it loses most time against the
+    median of the other ranks."""
+    known = [r for r in ranks if r["median_compute_seconds"] is not None]
+    if not known:
+        return None
+    worst = max(known, key=lambda r: r["median_compute_seconds"])
+    others = [r for r in known if r is not worst] or [worst]
+    excess = {}
+    for p in PHASES:
+        if p == "exposed_comm":
+            continue
+        mine = worst["phases"].get(p)
+        theirs = _median([r["phases"].get(p) for r in others])
+        if mine is not None:
+            excess[p] = mine - (theirs or 0.0)
+    phase = max(excess, key=lambda p: excess[p]) if excess else None
+    return {"rank": worst["rank"], "phase": phase, "excess_seconds": excess.get(phase) if phase else None,
+            "median_compute_seconds": worst["median_compute_seconds"],
+            "straggler_score": worst.get("straggler_score")}
+
+
+def bucket_summary(run: Run) -> list[dict[str, Any]]:
+    """Per bucket: its size, the median all-reduce time over steps and ranks, and the bus
+    bandwidth at that time (nccl-tests: bytes / time x 2(n-1)/n)."""
+    seconds: dict[int, list[float]] = {}
+    per_rank: dict[int, dict[int, list[float]]] = {}
+    sizes: dict[int, int] = {}
+    n = 1
+    per_rank_rows = max(10, BUCKET_ROWS // max(1, len(run.ranks)))
+    for h in run.ranks.values():
+        n = max(n, int(h.identity.get("ddp_world_size") or h.identity.get("world_size") or 1))
+        texts = [t for t in h.sample.get("buckets", []) if t]
+        texts = texts[:: max(1, -(-len(texts) // per_rank_rows))]
+        rows = json.loads("[" + ",".join(texts) + "]") if texts and isinstance(texts[0], str) else texts
+        for row in rows:
+            for index, secs, nbytes in row or ():
+                if isinstance(secs, (int, float)):
+                    seconds.setdefault(index, []).append(secs)
+                    per_rank.setdefault(index, {}).setdefault(h.rank, []).append(secs)
+                if isinstance(nbytes, int):
+                    sizes[index] = nbytes
+    factor = 2.0 * (n - 1) / n
+    out = []
+    for index in sorted(seconds):
+        med = statistics.median(seconds[index])
+        size = sizes.get(index)
+        out.append({
+            "index": index, "bytes": size, "median_seconds": med,
+            "max_rank_median_seconds": max(statistics.median(v) for v in per_rank[index].values()),
+            "busbw_bytes_per_second": (size / med * factor) if size and med > 0 else None,
+            "samples": len(seconds[index]),
+        })
+    return out
+
+
+# -- words --------------------------------------------------------------------------------
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def pct(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def end_of_run(state_dir: str) -> str:
+    """The few lines rank 0 logs when training ends: steps, median step time, the slowest
+    rank and its phase, the exposed-communication share, findings, and the report command."""
+    run = load([state_dir], max_points=200)
+    s = summarize(run)
+    lines = [f"ddpmon: run summary of job {s['job']!r}: {s['steps']} steps on {s['ranks']} ranks, "
+             f"median step {ms(s['median_step_seconds'])}, exposed communication "
+             f"{pct(s['exposed_comm_share'])} of the step"]
+    slow = s["slowest_rank"]
+    if slow and slow.get("phase") and (slow.get("straggler_score") or 0) >= STRAGGLER_SCORE:
+        score = slow["straggler_score"]
+        how = f"{score:.1f}x as long as" if score >= 2 else f"{pct(score - 1)} longer than"
+        lines.append(f"  slowest rank {slow['rank']}: computes {how} the other ranks (median), most of it in "
+                     f"{PHASE_LABELS[slow['phase']]} (+{ms(slow['excess_seconds'])} per step)")
+    elif slow:
+        lines.append(f"  no straggler: the slowest rank ({slow['rank']}) computes within "
+                     f"{pct(max(0.0, (slow['straggler_score'] or 1) - 1))} of the other ranks")
+    shown = [f for f in s["findings"] if f["severity"] in ("error", "warning")] + \
+            [f for f in s["findings"] if f["severity"] == "info"]
+    for f in shown[:3]:
+        lines.append(f"  {f['severity']}: {f['summary']}")
+    lines.append(f"  report: ddpmon report {state_dir} -o report.html")
+    return "\n".join(lines)

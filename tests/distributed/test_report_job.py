@@ -1,0 +1,154 @@
+"""History, report and compare on real 2-rank gloo jobs: finished, killed, live, and two
+runs that differ in a known way (rank 1 sleeps in forward)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpmon.state import history
+
+from . import harness
+
+pytestmark = pytest.mark.timeout(240)
+
+STEPS = 30
+DELAY = 0.03  # seconds rank 1 sleeps in every forward of the slow run
+
+
+def train(workdir: Path, delay: float, end: str = "detach", job: str = "report") -> list[harness.RankResult]:
+    """A 2-rank job of tests/distributed/report_worker.py, run to its end (bounded)."""
+    procs = harness.start_ranks("train", 2, workdir, env={"DDPMON_TEST_JOB": job},
+                                args=(str(STEPS), "1", str(delay), end), module="tests.distributed.report_worker")
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
+    finally:
+        harness.stop(procs)
+    results = harness.collect(procs, workdir)
+    assert all(r.returncode == 0 for r in results), harness.describe(results)
+    return results
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpmon", *args], capture_output=True, text=True, timeout=120,
+                          cwd=harness.ROOT, env=dict(os.environ, PYTHONPATH=str(harness.ROOT)))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("runs")
+    fast = train(base / "fast", 0.0, end="exit", job="fast")  # no detach: the interpreter's exit ends it
+    slow = train(base / "slow", DELAY, job="slow")
+    return {"fast": (base / "fast", fast), "slow": (base / "slow", slow)}
+
+
+def test_every_step_is_in_the_history_with_its_phases_and_buckets(runs):
+    workdir, _ = runs["slow"]
+    for rank in (0, 1):
+        h = history.read(history.path_for(str(workdir / "state"), rank))
+        cols = h["steps"]
+        assert cols["step"] == list(range(1, STEPS + 1)), cols["step"]
+        assert h["identity"]["rank"] == rank and h["identity"]["job"] == "slow"
+        assert all(s > 0 for s in cols["step_seconds"]) and all(f is not None for f in cols["forward_seconds"])
+        assert sum(e is not None for e in cols["exposed_comm_seconds"]) >= STEPS - 2
+        assert sum(bool(b) for b in cols["buckets"]) >= STEPS - 2
+        assert all(m and m > 10 * 2**20 for m in cols["process_resident_memory_bytes"])
+        assert h["exit"]["how"] == "detached"
+    forward = history.read(history.path_for(str(workdir / "state"), 1))["steps"]["forward_seconds"]
+    assert sorted(forward)[len(forward) // 2] >= DELAY  # rank 1's sleep is in its forward
+
+
+def test_rank_0_logs_the_run_summary_at_the_end(runs):
+    _, results = runs["slow"]
+    text = results[0].stderr
+    assert "ddpmon: run summary of job 'slow': 30 steps on 2 ranks" in text, text[-3000:]
+    assert "slowest rank 1" in text and "in forward" in text
+    assert "report: ddpmon report" in text
+    assert "run summary" not in results[1].stderr
+
+
+def test_a_job_that_exits_without_detach_keeps_its_history_and_summary(runs):
+    workdir, results = runs["fast"]
+    for rank in (0, 1):
+        h = history.read(history.path_for(str(workdir / "state"), rank))
+        assert h["exit"]["how"] == "exited" and h["exit"]["record"]["exception"] is None
+        assert h["steps"]["step"] == list(range(1, STEPS))  # the step in progress at exit is not counted
+    assert f"ddpmon: run summary of job 'fast': {STEPS - 1} steps on 2 ranks" in results[0].stderr
+
+
+def test_report_json_of_a_finished_job(runs):
+    workdir, _ = runs["slow"]
+    done = cli("report", str(workdir / "state"), "--json")
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)
+    assert s["steps"] == STEPS and s["ranks"] == 2 and s["devices"] == ["cpu"] and s["backend"] == "gloo"
+    assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
+    assert s["median_step_seconds"] >= DELAY
+    assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
+    assert s["exposed_comm_share"] > 0.3  # rank 0 waits for rank 1 in the all-reduce
+
+
+def test_compare_two_real_runs_explains_the_difference(runs):
+    fast, slow = runs["fast"][0] / "state", runs["slow"][0] / "state"
+    done = cli("compare", str(fast), str(slow), "--html", str(runs["slow"][0] / "compare.html"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "step time up" in out and "rank 1 explains it" in out and "most in forward" in out, out
+    result = json.loads(cli("compare", str(fast), str(slow), "--json").stdout)
+    step = result["rows"][0]
+    assert step["delta"] > DELAY / 2  # every step of B waits for rank 1's sleep (a busy machine adds noise)
+    rank1 = next(r for r in result["ranks"] if r["rank"] == 1)
+    assert rank1["phase"] == "forward" and rank1["phase_delta"] >= DELAY / 2
+
+
+def test_killed_and_live_jobs(tmp_path):
+    procs = harness.start_ranks("train", 2, tmp_path, env={"DDPMON_TEST_JOB": "held"},
+                                args=(str(STEPS), "1", "0.0", "hold"), module="tests.distributed.report_worker")
+    state = tmp_path / "state"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all((tmp_path / f"trained-{r}").exists() for r in (0, 1)):
+            assert all(p.poll() is None for p in procs), harness.describe(harness.collect(procs, tmp_path))
+            time.sleep(0.1)
+        time.sleep(3.5)  # training paused: the writer's next batches hold every step
+        live = json.loads(cli("report", str(state), "--json").stdout)
+        assert live["steps"] >= STEPS - 1
+        statuses = [r["status"]["status"] for r in live["per_rank"]]
+        assert all(st in ("running", "stuck", "frozen") for st in statuses), statuses  # alive, idle after training
+    finally:
+        harness.stop(procs)  # SIGKILL: no detach, no exit record
+    killed = cli("report", str(state), "-o", str(tmp_path / "killed.html"))
+    assert killed.returncode == 0, killed.stderr
+    s = json.loads(cli("report", str(state), "--json").stdout)
+    assert all(r["status"]["status"].startswith("dead") for r in s["per_rank"]), s["per_rank"]
+    for rank in (0, 1):
+        h = history.read(history.path_for(str(state), rank))
+        assert h["exit"] is None and h["steps"]["step"][-1] >= STEPS - 1
+
+
+def test_report_through_the_node_daemon(runs):
+    from ..unit.test_daemon_cli import start_daemon
+
+    workdir, _ = runs["slow"]
+    daemon, port = start_daemon("--state-dir", str(workdir / "state"), "--serve-state")
+    try:
+        done = cli("report", "--from", f"127.0.0.1:{port}", "--json")
+        page = cli("report", "--from", f"127.0.0.1:{port}", "-o", str(workdir / "remote.html"))
+    finally:
+        daemon.kill()
+        daemon.communicate()
+    assert done.returncode == 0 and page.returncode == 0, done.stderr + page.stderr
+    s = json.loads(done.stdout)
+    assert s["ranks"] == 2 and s["steps"] == STEPS and s["job"] == "slow"
+    assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
+    assert any("no step history" in p for p in s["problems"])

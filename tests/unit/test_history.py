@@ -1,0 +1,199 @@
+"""The per-step history store: schema, WAL batches, bounds, a killed writer, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpmon.recorder import BucketTiming, Recorder, StepTimings
+from ddpmon.state import history
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def steps(first: int, last: int, buckets: int = 4) -> list[dict]:
+    return [{
+        "step": s, "start_unix": 1000.0 + s, "end_unix": 1000.5 + s, "step_seconds": 0.5,
+        "forward_seconds": 0.1, "backward_seconds": 0.2, "exposed_comm_seconds": 0.05 if s % 2 else None,
+        "buckets": [{"index": i, "seconds": 0.01 * (i + 1), "bytes": 1 << 20} for i in range(buckets)],
+    } for s in range(first, last + 1)]
+
+
+def test_round_trip_keeps_every_column_and_the_identity(tmp_path):
+    path = history.path_for(str(tmp_path), 3)
+    store = history.HistoryStore(path, {"rank": 3, "job": "j", "world_size": 4})
+    store.add_steps(steps(1, 10), {"process_resident_memory_bytes": 123, "gpu_utilization_ratio": 0.5})
+    store.add_finding("note", "note:x", "x: something", 7)
+    store.set_exit("exited", 10, {"unix": 5.0, "exception": None})
+    store.close()
+    h = history.read(path)
+    assert h["rank"] == 3 and h["identity"]["job"] == "j" and h["rows"] == 10
+    cols = h["steps"]
+    assert cols["step"] == list(range(1, 11))
+    assert cols["exposed_comm_seconds"][:2] == [0.05, None]
+    assert cols["data_wait_seconds"] == [None] * 10 and cols["straggler_score"] == [None] * 10
+    assert cols["buckets"][0] == [[0, 0.01, 1 << 20], [1, 0.02, 1 << 20], [2, 0.03, 1 << 20], [3, 0.04, 1 << 20]]
+    assert cols["process_resident_memory_bytes"] == [123] * 10 and cols["gpu_utilization_ratio"] == [0.5] * 10
+    assert h["findings"][0]["text"] == "x: something" and h["findings"][0]["step"] == 7
+    assert h["exit"]["how"] == "exited" and h["exit"]["step"] == 10
+    assert h["meta"]["schema_version"] == str(history.SCHEMA_VERSION)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_bounded_older_half_thinned_recent_steps_whole(tmp_path):
+    path = str(tmp_path / "rank-0.history.sqlite")
+    store = history.HistoryStore(path, {"rank": 0}, max_rows=100)
+    for first in range(1, 1001, 50):
+        store.add_steps(steps(first, first + 49, buckets=0))
+    store.close()
+    h = history.read(path)
+    kept = h["steps"]["step"]
+    assert len(kept) <= 100
+    assert kept[-40:] == list(range(961, 1001))  # the newest steps are all there
+    assert kept[0] == 1  # the oldest step survives, sparser around it
+    assert int(h["meta"]["thinned_through_step"]) > 1
+
+
+def test_bytes_per_step_stays_small(tmp_path):
+    path = str(tmp_path / "rank-0.history.sqlite")
+    store = history.HistoryStore(path, {"rank": 0})
+    for first in range(1, 5001, 500):
+        store.add_steps(steps(first, first + 499, buckets=4), {"process_resident_memory_bytes": 1 << 30})
+    store.close()
+    per_step = history.bytes_per_step(path)
+    assert per_step is not None and 60 < per_step < 400, per_step  # docs/report.md: about 210 with 4 buckets
+
+
+def test_binned_reads_align_on_step_numbers(tmp_path):
+    path = str(tmp_path / "rank-0.history.sqlite")
+    store = history.HistoryStore(path, {"rank": 0})
+    store.add_steps(steps(1, 25))
+    store.close()
+    b = history.read_binned(path, 10)
+    assert b["bin"] == [0, 1, 2] and b["steps"] == [10, 10, 5]
+    assert b["step_seconds"] == [0.5, 0.5, 0.5] and b["exposed_comm_seconds"] == pytest.approx([0.05] * 3)
+    assert history.max_step(path) == 25
+
+
+def test_schema_of_another_version_is_refused_with_the_fix(tmp_path):
+    path = str(tmp_path / "rank-0.history.sqlite")
+    history.HistoryStore(path, {"rank": 0}).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(history.HistoryError, match="schema 99"):
+        history.read(path)
+    with pytest.raises(history.HistoryError, match="move the old file away"):
+        history.HistoryStore(path, {"rank": 0})
+
+
+def test_a_file_that_is_not_a_database_is_named(tmp_path):
+    path = tmp_path / "rank-0.history.sqlite"
+    path.write_text("not sqlite")
+    with pytest.raises(history.HistoryError, match="rank-0.history.sqlite"):
+        history.read(str(path))
+
+
+def test_writer_failure_is_logged_once_and_switches_history_off(tmp_path, caplog):
+    (tmp_path / "blocker").write_text("a file where the directory should be")
+    calls = []
+    writer = history.HistoryWriter(str(tmp_path / "blocker" / "rank-0.history.sqlite"),
+                                   lambda s: calls.append(s) or steps(1, 3), dict, {"rank": 0}, interval=0.05)
+    writer.start()
+    time.sleep(0.3)
+    writer.stop()
+    assert writer.failed
+    assert sum("step history" in r.getMessage() for r in caplog.records) == 1
+    assert len(calls) == 0  # never got as far as draining: the store could not open
+
+
+def test_recorder_history_since_has_phases_exposed_and_buckets():
+    rec = Recorder({"rank": 0}, world_size=2)
+    rec.set_bucket_layout(0, 4096, "float32", ["w"])
+    t = time.perf_counter()
+    rec.forward_started(t)
+    rec.forward_finished(t + 0.01)
+    rec.backward_started(t + 0.01)
+    rec.grad_ready(t + 0.03)
+    rec.close_step(t + 0.05)
+    rec.add_step_timings(StepTimings([BucketTiming(0, 0.03, 1.0, 1.004)], exposed=0.015, measured=True))
+    rec.forward_started(t + 0.05)
+    rec.close_step(t + 0.07)
+    got = rec.history_since(0)
+    assert [r["step"] for r in got] == [1, 2]
+    first = got[0]
+    assert first["step_seconds"] == pytest.approx(0.05) and first["forward_seconds"] == pytest.approx(0.01)
+    assert first["backward_seconds"] == pytest.approx(0.02) and first["exposed_comm_seconds"] == pytest.approx(0.015)
+    assert first["buckets"] == [{"index": 0, "seconds": pytest.approx(0.004), "bytes": 4096}]
+    assert first["end_unix"] - first["start_unix"] == pytest.approx(0.05)
+    assert got[1]["exposed_comm_seconds"] is None and "buckets" not in got[1]
+    assert [r["step"] for r in rec.history_since(1)] == [2]
+
+
+_KILLED = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    from ddpmon.state import history
+    made = []
+    def since(step):
+        now = time.time()
+        return [{"step": s, "start_unix": now, "end_unix": now - 60, "step_seconds": 0.01}
+                for s in made if s > step]
+    snap = lambda: {"step": len(made), "notes": {"advice": "seen"}}
+    w = history.HistoryWriter(sys.argv[1], since, snap, {"rank": 0, "job": "killed"}, interval=0.05)
+    w.start()
+    for s in range(1, 100001):
+        made.append(s)
+        if s == 200:
+            print("ready", flush=True)
+        time.sleep(0.001)
+""")
+
+
+def test_a_killed_writer_keeps_every_committed_batch(tmp_path):
+    path = str(tmp_path / "rank-0.history.sqlite")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, path, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not os.path.exists(path) or history.max_step(path) < 200):
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    h = history.read(path)
+    kept = h["steps"]["step"]
+    assert len(kept) >= 200 and kept == list(range(1, len(kept) + 1))  # whole batches, no gap
+    assert h["exit"] is None  # killed: no exit record
+    assert [f["text"] for f in h["findings"]] == ["advice: seen"]
+    assert json.loads(h["meta"]["identity"])["job"] == "killed"
+
+
+def test_events_from_a_state_body_name_notes_errors_and_hangs():
+    snap = {"notes": {"find_unused_parameters": "needless"}, "errors": {"comm_hook": "boom"},
+            "hang": {"detected_unix": 5.0, "silent_seconds": 61.0, "step": 7, "phase": "allreduce",
+                     "in_flight": [{"op": "all_reduce", "seq": 12}]}}
+    got = list(history.events(snap))
+    assert [k for k, _, _ in got] == ["note", "ddpmon_part_off", "hang"]
+    assert got[2][2] == "hang suspected: no progress for 61.0 s at step 7, phase allreduce, waiting in all_reduce #12"
+    assert list(history.events({"notes": {}, "hang": None})) == []
+
+
+def test_history_option_and_its_variable():
+    from ddpmon.config import Config
+    from ddpmon.errors import ConfigError
+
+    assert Config.from_env({}).history is True
+    assert Config.from_env({"DDPMON_HISTORY": "0"}).history is False
+    assert Config.from_env({"DDPMON_HISTORY": "0"}, history=True).history is True
+    with pytest.raises(ConfigError, match="history"):
+        Config.from_env({}, history="sometimes")

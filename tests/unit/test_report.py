@@ -1,0 +1,137 @@
+"""The report, its summary and the comparison, on synthetic history stores (no job)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from ddpmon.cli import main
+from ddpmon.report import compare, html, run, summary, synthetic
+from ddpmon.state import history
+
+
+def _cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slow")
+    synthetic.write_run(str(d), 4, 300, slow_rank=2, slow_seconds=0.03, job="slow")
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def even_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("even")
+    synthetic.write_run(str(d), 4, 300, slow_rank=None, job="even")
+    return str(d)
+
+
+def test_summary_names_the_straggler_and_its_phase(slow_run):
+    s = summary.summarize(run.load([slow_run], findings=False))
+    assert s["job"] == "slow" and s["ranks"] == 4 and s["steps"] == 300
+    assert s["slowest_rank"]["rank"] == 2 and s["slowest_rank"]["phase"] == "backward"
+    assert s["slowest_rank"]["excess_seconds"] == pytest.approx(0.03, rel=0.1)
+    scores = {r["rank"]: r["straggler_score"] for r in s["per_rank"]}
+    assert scores[2] > 1.3 and all(abs(scores[r] - 1) < 0.05 for r in (0, 1, 3))
+    phases = s["phases"]
+    assert sum(v for v in phases.values() if v) == pytest.approx(s["median_step_seconds"], rel=0.05)
+    assert [b["index"] for b in s["buckets"]] == [0, 1, 2, 3]
+    assert s["buckets"][0]["busbw_bytes_per_second"] > 0
+    assert s["per_rank"][0]["status"]["status"] == "exited"
+
+
+def test_html_is_self_contained_and_carries_the_runs_numbers(slow_run):
+    r = run.load([slow_run], findings=False)
+    s = summary.summarize(r)
+    page = html.render(r, s)
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)  # nothing fetched
+    data = json.loads(re.search(r'<script id="ddpmon-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    ids = [c["id"] for c in data["charts"]]
+    assert ids == ["step_time", "phases", "exposed_comm", "bucket_time", "bucket_busbw", "straggler", "gpu_util", "memory"]
+    step = data["charts"][0]
+    assert step["unit"] == "ms" and [x["name"] for x in step["series"]] == [f"rank {i}" for i in range(4)]
+    assert step["x"]["values"][-1] == 300
+    straggler = next(c for c in data["charts"] if c["id"] == "straggler")
+    rank2 = [v for v in straggler["series"][2]["values"] if v is not None]
+    assert min(rank2) > 1.2
+    assert "uPlot" in page and 'data-key="slowest rank"' in page
+
+
+def test_many_ranks_draw_the_slowest_lines_and_the_spread(tmp_path):
+    synthetic.write_run(str(tmp_path), 40, 50, slow_rank=33, buckets=1)
+    r = run.load([str(tmp_path)], findings=False)
+    charts = html.charts(r, summary.summarize(r))
+    names = [x["name"] for x in charts[0]["series"]]
+    assert len(names) == html.MAX_LINES + 2 and "rank 33" in names
+    assert names[-2:] == ["median of 40 ranks", "max of 40 ranks"]
+
+
+def test_several_state_dirs_make_one_run(slow_run, tmp_path):
+    a, b = tmp_path / "node-a", tmp_path / "node-b"
+    a.mkdir(), b.mkdir()
+    for rank in range(4):
+        shutil.copy(history.path_for(slow_run, rank), history.path_for(str(a if rank < 2 else b), rank))
+    s = summary.summarize(run.load([str(a), str(b)], findings=False))
+    assert [r["rank"] for r in s["per_rank"]] == [0, 1, 2, 3] and s["slowest_rank"]["rank"] == 2
+
+
+def test_compare_names_the_rank_and_phase_that_explain_the_change(slow_run, even_run):
+    a, _ = compare.load_side(even_run)
+    b, _ = compare.load_side(slow_run)
+    result = compare.compare(a, b)
+    step = result["rows"][0]
+    assert step["name"] == "median step time" and step["change"] == pytest.approx(0.03 / 0.1, rel=0.2)
+    text = "\n".join(result["explanation"])
+    assert "step time up" in text and "rank 2 explains it" in text and "backward" in text
+    same = compare.compare(a, a)
+    assert same["explanation"][0].startswith("step time unchanged")
+
+
+def test_cli_report_compare_and_their_errors(slow_run, even_run, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    code, _, err = _cli(["report", slow_run, "-o", str(out)], capsys)
+    assert code == 0 and out.stat().st_size > 50_000 and "4 ranks" in err
+    code, text, _ = _cli(["report", slow_run, "--json"], capsys)
+    assert code == 0 and json.loads(text)["slowest_rank"]["rank"] == 2
+    summary_file = tmp_path / "slow.json"
+    summary_file.write_text(text)
+    code, text, _ = _cli(["compare", even_run, str(summary_file), "--html", str(tmp_path / "c.html")], capsys)
+    assert code == 0 and "rank 2 explains it" in text and (tmp_path / "c.html").exists()
+    code, _, err = _cli(["report", str(tmp_path / "missing")], capsys)
+    assert code == 2 and "no such directory" in err
+    code, _, err = _cli(["report", str(tmp_path / "empty-does-not-exist"), "--json"], capsys)
+    assert code == 2
+    (tmp_path / "empty").mkdir()
+    code, _, err = _cli(["report", str(tmp_path / "empty")], capsys)
+    assert code == 2 and "no ddpmon history" in err
+    (tmp_path / "bad.json").write_text("{}")
+    code, _, err = _cli(["compare", even_run, str(tmp_path / "bad.json")], capsys)
+    assert code == 2 and "report --json" in err
+
+
+def test_report_and_compare_never_import_torch(slow_run, even_run, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any import of torch fails
+        "from ddpmon.cli import main\n"
+        f"try:\n    main(['report', {slow_run!r}, '-o', {str(tmp_path / 'r.html')!r}])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        f"try:\n    main(['compare', {even_run!r}, {slow_run!r}])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 2 explains it" in done.stdout
