@@ -7,7 +7,7 @@ what they say and ``report`` renders it. It never imports torch and works on a d
 its files alone.
 
     from ddpmon.doctor import examine
-    diagnosis = examine("/tmp/ddpmon/myjob")
+    diagnosis = examine("/tmp/ddpmon-1000/myjob")
     diagnosis.verdict, diagnosis.suspect_ranks
 """
 

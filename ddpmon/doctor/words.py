@@ -58,7 +58,7 @@ FIX_NEEDLESS_FIND_UNUSED = (
 FIX_PART_OFF = "Training is not affected; the rank's log has the traceback. Please report it."
 FIX_NO_STATE_FILES = (
     "Attach ddpmon in the training script (`ddpmon.attach(model)`) and point the "
-    "doctor at the job's state directory (DDPMON_STATE_DIR; by default <tmp>/ddpmon/<job>)."
+    "doctor at the job's state directory (DDPMON_STATE_DIR; by default <tmp>/ddpmon-<uid>/<job>)."
 )
 FIX_MISSING_RANKS = (
     "Those ranks have not attached yet, or write their state files on another host: "

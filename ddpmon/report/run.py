@@ -68,7 +68,7 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
     for d in state_dirs:
         if not os.path.isdir(d):
             raise StateFileError(d, "no such directory; pass the job's state directory (DDPMON_STATE_DIR; "
-                                    "by default <tmp>/ddpmon/<job>), once per node")
+                                    "by default <tmp>/ddpmon-<uid>/<job>), once per node")
         paths += history.list_files(d)
     ranks: dict[int, RankHistory] = {}
     last_steps: dict[str, int] = {}
