@@ -97,7 +97,7 @@ class Monitor:
                                 timelines=self._timing.timelines)
         steps = self._steps
         self._optimizer = OptimizerHooks(rec, self._on_boundary, self._backward_seen, lambda: steps.manual,
-                                         self._fuses["step_hooks"])
+                                         self._fuses["step_hooks"], [p for _, p in parameters])
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)

@@ -2,17 +2,19 @@
 
 torch's global optimizer step hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook``
 and ``..._post_hook``) run around ``step()`` of every ``torch.optim.Optimizer``, the user's
-own subclasses included, with no change to the training loop. The post hook ends the step in
-progress once its gradients were synchronised (or, where the module hooks cannot see them,
-under torch.compile, once a backward ran), so the last step of a loop is counted at its end
-and time after the loop never enters a step. A second optimizer stepping in the same
-iteration (two models, a GAN) adds its time to the optimizer part and ends no step.
+own subclasses included, with no change to the training loop. The post hook of an optimizer
+that holds the model's parameters ends the step in progress once its gradients were
+synchronised (or, where the module hooks cannot see that, under torch.compile, once the
+model's parameters hold gradients), so the last step of a loop is counted at its end and
+time after the loop never enters a step. Another optimizer (another model's, a GAN's
+second one) adds its time to the optimizer part and ends no step.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -32,7 +34,10 @@ class OptimizerHooks:
         backward_seen: Callable[[], bool],
         manual: Callable[[], bool],
         fuse: Fuse,
+        parameters: Sequence[Any] = (),
     ) -> None:
+        self._first = parameters[0] if parameters else None
+        self._ours: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._recorder = recorder
         self._on_boundary = on_boundary
         self._backward_seen = backward_seen
@@ -51,17 +56,29 @@ class OptimizerHooks:
         except Exception as exc:
             self._fuse.blow(exc)
 
-    def _after_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _after_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self._fuse.ok or is_compiling():
             return
         try:
             now = time.perf_counter()
             rec = self._recorder
             rec.optimizer_finished(now)
-            if not self._manual() and (rec.step_has_synced or self._backward_seen()):
+            if not self._manual() and self._holds_model(optimizer) and (
+                rec.step_has_synced or self._backward_seen()
+                or (self._first is not None and self._first.grad is not None)
+            ):
                 self._on_boundary(now, None)
         except Exception as exc:
             self._fuse.blow(exc)
+
+    def _holds_model(self, optimizer: Any) -> bool:
+        """The optimizer steps this model's parameters (found once per optimizer)."""
+        ours = self._ours.get(optimizer)
+        if ours is None:
+            first = self._first
+            ours = first is None or any(p is first for g in optimizer.param_groups for p in g["params"])
+            self._ours[optimizer] = ours
+        return ours
 
     def remove(self) -> None:
         for handle in self._handles:
