@@ -6,8 +6,8 @@ own subclasses included, with no change to the training loop. The post hook of a
 that holds the model's parameters ends the step in progress once its gradients were
 synchronised (or, where the module hooks cannot see that, under torch.compile, once the
 model's parameters hold gradients), so the last step of a loop is counted at its end and
-time after the loop never enters a step. Another optimizer (another model's, a GAN's
-second one) adds its time to the optimizer part and ends no step.
+time after the loop never enters a step. Optimizers of other models (a GAN's discriminator,
+a twin) are not this model's: their steps are neither timed nor a boundary here.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ class OptimizerHooks:
             register_optimizer_step_post_hook(self._after_step),
         ]
 
-    def _before_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _before_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self._fuse.ok or is_compiling():
             return
         try:
-            self._recorder.optimizer_started(time.perf_counter())
+            if self._holds_model(optimizer):
+                self._recorder.optimizer_started(time.perf_counter())
         except Exception as exc:
             self._fuse.blow(exc)
 
@@ -60,10 +61,12 @@ class OptimizerHooks:
         if not self._fuse.ok or is_compiling():
             return
         try:
+            if not self._holds_model(optimizer):
+                return
             now = time.perf_counter()
             rec = self._recorder
             rec.optimizer_finished(now)
-            if not self._manual() and self._holds_model(optimizer) and (
+            if not self._manual() and (
                 rec.step_has_synced or self._backward_seen()
                 or (self._first is not None and self._first.grad is not None)
             ):
