@@ -102,7 +102,6 @@ class StepBook:
         self.hist = {name: Histogram(STEP_BOUNDS) for name in (
             "step", "data_wait", "forward", "backward", "exposed_comm", "optimizer", "other")}
         self.phase_totals = dict.fromkeys(PHASES, 0.0)
-        self.micro_steps = 0
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_STEPS)
 
@@ -114,7 +113,6 @@ class StepBook:
             h["backward"].observe(record.backward_seconds)
         h["data_wait"].observe(record.data_wait_seconds)
         h["optimizer"].observe(record.optimizer_seconds)
-        self.micro_steps += record.micro_steps
         row = {
             "step": record.step, "start_unix": record.start_unix,
             "end_unix": record.start_unix + record.step_seconds, "step_seconds": record.step_seconds,
@@ -143,11 +141,6 @@ class StepBook:
                 self.phase_totals["exposed_comm"] += seconds - before[0]
                 self.phase_totals["other"] += row["other_seconds"] - before[1]
                 break
-
-    def phase_window(self, steps: int) -> list[dict[str, Any]]:
-        """The last ``steps`` rows."""
-        rows = list(self.recent)
-        return rows[-steps:]
 
 
 def _balance(row: dict[str, Any]) -> None:
