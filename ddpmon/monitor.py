@@ -140,7 +140,11 @@ class Monitor:
             first = not self._steps.manual
             self._steps.manual = True
             if first and self.recorder.steps > 0 and self.recorder.step_is_empty:
-                return  # its optimizer step has just ended this step: the same boundary
+                # Its optimizer step has just ended this step: the same boundary. Fold in
+                # what the bucket clock resolved since.
+                if self._timing:
+                    self._timing.collect(self.recorder.steps)
+                return
             self._on_boundary(time.perf_counter(), None)
         except Exception as exc:  # never into the training loop
             fuse.blow(exc)

@@ -188,16 +188,15 @@ class Recorder:
         cur.last_grad_ready = now
         cur.micro_steps += 1
 
-    def gradients_synced(self, now: float | None = None) -> None:
+    def gradients_synced(self) -> None:
         """DDP has waited for every bucket of this step (on a GPU: the stream waits); the
         host's wait since backward compute ended is the step's exposed communication until
         a bucket clock says better."""
         cur = self._cur
         cur.synced = True
-        if now is not None:
-            cur.synced_at = now
-            if cur.last_grad_ready is not None:
-                cur.comm_wait = max(0.0, now - cur.last_grad_ready)
+        cur.synced_at = now = time.perf_counter()
+        if cur.last_grad_ready is not None:
+            cur.comm_wait = max(0.0, now - cur.last_grad_ready)
         self.phase = "after_backward"
 
     def optimizer_started(self, now: float) -> None:

@@ -123,7 +123,7 @@ class StepHooks:
                 for timeline in self._timelines:
                     timeline.sync_done(self._sync_expected)
                 if self._sync_expected:
-                    self._recorder.gradients_synced(time.perf_counter())
+                    self._recorder.gradients_synced()
             except Exception as exc:
                 self._fuse.blow(exc)
 
