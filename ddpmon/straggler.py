@@ -29,7 +29,7 @@ SCORE_WARN = 0.10
 SCORE_CRITICAL = 0.20
 MIN_GAP_SECONDS = 0.001
 MIN_STEPS = 5
-NOISE_FACTOR = 3.0
+NOISE_FACTOR = 4.0
 CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
 
