@@ -113,7 +113,7 @@ class StepBook:
             h["backward"].observe(record.backward_seconds)
         h["data_wait"].observe(record.data_wait_seconds)
         h["optimizer"].observe(record.optimizer_seconds)
-        row = {
+        row: dict[str, Any] = {
             "step": record.step, "start_unix": record.start_unix,
             "end_unix": record.start_unix + record.step_seconds, "step_seconds": record.step_seconds,
             "data_wait_seconds": record.data_wait_seconds, "h2d_seconds": None,

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .aggregates import (
-    BUCKET_OP, BucketBook, BucketStats, CollectiveBook, Histogram, StepBook, busy_seconds, site_key_of,
+    BUCKET_OP,
+    BucketBook,
+    BucketStats,
+    CollectiveBook,
+    Histogram,
+    StepBook,
+    busy_seconds,
+    site_key_of,
 )
 from .state import schema
 

@@ -17,7 +17,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from .._safety import Fuse
 from ..recorder import Recorder

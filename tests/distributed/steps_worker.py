@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.distributed.worker import MLP, RANK, WORLD, batch, init
+from tests.distributed.worker import MLP, RANK, batch, init
 
 
 def readme_example() -> dict[str, Any]:
