@@ -89,12 +89,21 @@ class BucketStats:
         )
 
 
+PHASES = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
+"""The parts of a step, in order; they sum to its wall time (``h2d`` only where visible)."""
+WAITING_PHASES = frozenset({"exposed_comm"})
+"""Parts spent waiting for the other ranks; the rest of a step is the rank's busy time."""
+
+
 class StepBook:
-    """Step times: histograms, the recent window (medians), per-step history rows."""
+    """Step times: histograms, per-phase totals, the recent window (medians), per-step
+    history rows (``recent`` holds the same row dicts as ``history``)."""
 
     def __init__(self) -> None:
-        self.hist = {name: Histogram(STEP_BOUNDS) for name in ("step", "forward", "backward", "exposed_comm")}
-        self.recent: collections.deque[list[Any]] = collections.deque(maxlen=RECENT_STEPS)
+        self.hist = {name: Histogram(STEP_BOUNDS) for name in (
+            "step", "data_wait", "forward", "backward", "exposed_comm", "optimizer", "other")}
+        self.phase_totals = dict.fromkeys(PHASES, 0.0)
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_STEPS)
 
     def add(self, record: StepRecord) -> None:
@@ -103,13 +112,22 @@ class StepBook:
         h["forward"].observe(record.forward_seconds)
         if record.backward_seconds is not None:
             h["backward"].observe(record.backward_seconds)
-        self.recent.append([record, None])  # [record, exposed communication]
-        self.history.append({
+        h["data_wait"].observe(record.data_wait_seconds)
+        h["optimizer"].observe(record.optimizer_seconds)
+        row: dict[str, Any] = {
             "step": record.step, "start_unix": record.start_unix,
             "end_unix": record.start_unix + record.step_seconds, "step_seconds": record.step_seconds,
+            "data_wait_seconds": record.data_wait_seconds, "h2d_seconds": None,
             "forward_seconds": record.forward_seconds, "backward_seconds": record.backward_seconds,
-            "exposed_comm_seconds": None,
-        })
+            "exposed_comm_seconds": record.comm_wait_seconds, "optimizer_seconds": record.optimizer_seconds,
+            "other_seconds": 0.0, "micro_steps": record.micro_steps,
+        }
+        _balance(row)
+        for phase in PHASES:
+            self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
+        self.recent.append(row)
+        self.history.append(row)
+        h["other"].observe(row["other_seconds"])
 
     def buckets(self, step: int | None, timings: list[tuple[int, float, int | None]]) -> None:
         """Step ``step``'s bucket times for its history row: (index, seconds, bytes)."""
@@ -120,17 +138,29 @@ class StepBook:
                 break
 
     def exposed(self, step: int | None, seconds: float) -> None:
-        """Exposed communication of step ``step``, measured or derived (it may come late)."""
+        """Exposed communication of step ``step`` as a bucket clock measured or derived it
+        (it may come late): it replaces the host's wait in the step's parts, and ``other``
+        takes up the difference so that the parts still sum to the step."""
         self.hist["exposed_comm"].observe(seconds)
-        for entry in reversed(self.recent):
-            if entry[0].step == step:
-                if entry[1] is None:
-                    entry[1] = seconds
-                break
         for row in reversed(self.history):
             if row["step"] == step:
+                before = (row["exposed_comm_seconds"] or 0.0, row["other_seconds"])
                 row["exposed_comm_seconds"] = seconds
+                _balance(row)
+                self.phase_totals["exposed_comm"] += seconds - before[0]
+                self.phase_totals["other"] += row["other_seconds"] - before[1]
                 break
+
+
+def _balance(row: dict[str, Any]) -> None:
+    """``other`` is what the measured parts leave of the step's wall time."""
+    known = sum(row[p + "_seconds"] or 0.0 for p in PHASES if p != "other")
+    row["other_seconds"] = max(0.0, row["step_seconds"] - known)
+
+
+def busy_seconds(row: dict[str, Any]) -> float:
+    """The step's time minus its waiting for the other ranks."""
+    return max(0.0, row["step_seconds"] - sum(row[p + "_seconds"] or 0.0 for p in WAITING_PHASES))
 
 
 class BucketBook:

@@ -19,6 +19,7 @@ from .collectors import rank_sources
 from .config import Config
 from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
+from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
 from .metrics.exporter import Endpoint, RankCollector, start_endpoint
 from .recorder import Recorder
@@ -52,6 +53,7 @@ class Monitor:
         self._timing: Timing | None = None
         self._unused: UnusedParameterWatch | None = None
         self._steps: StepHooks | None = None
+        self._optimizer: OptimizerHooks | None = None
         self._endpoint: Endpoint | None = None
         self._writer: files.StateWriter | None = None
         self._collectives: CollectiveTracker | None = None
@@ -79,6 +81,9 @@ class Monitor:
                                             config.unused_parameters_advice_steps, self._notify)
         self._steps = StepHooks(ddp, rec, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
                                 timelines=self._timing.timelines)
+        steps = self._steps
+        self._optimizer = OptimizerHooks(rec, self._on_boundary, self._backward_seen, lambda: steps.manual,
+                                         self._fuses["step_hooks"], [p for _, p in parameters])
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
@@ -119,8 +124,15 @@ class Monitor:
         if self._detached or not fuse.ok or self._steps is None:
             return
         try:
+            first = not self._steps.manual
             self._steps.manual = True
-            self._on_boundary(time.perf_counter())
+            if first and self.recorder.steps > 0 and self.recorder.step_is_empty:
+                # Its optimizer step has just ended this step: the same boundary. Fold in
+                # what the bucket clock resolved since.
+                if self._timing:
+                    self._timing.collect(self.recorder.steps)
+                return
+            self._on_boundary(time.perf_counter(), None)
         except Exception as exc:  # never into the training loop
             fuse.blow(exc)
 
@@ -130,12 +142,12 @@ class Monitor:
         if self._detached:
             return
         if self._steps and not self._steps.manual and self.recorder.step_has_synced:
-            try:  # the step in progress synchronised its gradients: it is done, count it
-                self._on_boundary(time.perf_counter())
+            try:  # the step in progress synchronised its gradients: it ended there, count it
+                self._on_boundary(time.perf_counter(), self.recorder.step_end_mark)
             except Exception as exc:
                 self._fuses["step_hooks"].blow(exc)
         self._detached = True
-        for part in (self._timing, self._unused, self._steps, self._collectives):
+        for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives):
             if part is not None:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
@@ -170,9 +182,10 @@ class Monitor:
         if writer:
             writer.notify()
 
-    def _on_boundary(self, now: float) -> None:
+    def _on_boundary(self, now: float, end: float | None = None) -> None:
+        """The step in progress ended at ``end`` (None: ``now``)."""
         rec = self.recorder
-        rec.close_step(now)
+        rec.close_step(now, end)
         if rec.steps == 1:  # the first step is news: a rank that dies early is then not
             self._notify()   # seen "at step 0, phase init"
         if self._timing:

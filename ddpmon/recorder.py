@@ -24,12 +24,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .aggregates import BUCKET_OP, BucketBook, BucketStats, CollectiveBook, Histogram, StepBook, site_key_of
+from .aggregates import (
+    BUCKET_OP,
+    BucketBook,
+    BucketStats,
+    CollectiveBook,
+    Histogram,
+    StepBook,
+    busy_seconds,
+    site_key_of,
+)
 from .state import schema
 
 __all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats", "Histogram", "site_key_of"]
 
 MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
+PHASE_WINDOW = 20  # the steps the state file's ``timings.phases`` describe
 BUCKET_SITE = "all_reduce DDP backward (DDP bucket)"  # site_key_of() of every bucket entry
 
 
@@ -57,32 +67,48 @@ class StepTimings(NamedTuple):
 
 
 class StepRecord(NamedTuple):
-    """One finished step, as the training thread closed it."""
+    """One finished step, as the training thread closed it: its parts (see ``close_step``)."""
 
     step: int
     start_unix: float
     step_seconds: float
     forward_seconds: float
     backward_seconds: float | None
+    data_wait_seconds: float = 0.0
+    comm_wait_seconds: float | None = None
+    optimizer_seconds: float = 0.0
+    micro_steps: int = 0
 
 
 class _Step:
     """Scratch for the step in progress, owned by the training thread; reset, not rebuilt."""
 
-    __slots__ = ("start", "forward_seconds", "forward_start", "backward_start", "last_grad_ready",
-                 "buckets_launched", "synced")
+    __slots__ = ("start", "first_forward", "forward_seconds", "forward_start", "backward_start",
+                 "backward_seconds", "backward_open", "last_grad_ready", "buckets_launched", "synced",
+                 "synced_at", "comm_wait", "optimizer_seconds", "optimizer_start", "optimizer_early",
+                 "optimizer_end", "micro_steps")
 
     def __init__(self, start: float) -> None:
         self.reset(start)
 
     def reset(self, start: float) -> None:
         self.start = start
+        self.first_forward: float | None = None
         self.forward_seconds = 0.0
         self.forward_start: float | None = None
-        self.backward_start: float | None = None
+        self.backward_start: float | None = None  # the first backward of the step
+        self.backward_seconds = 0.0
+        self.backward_open: float | None = None  # the backward in progress
         self.last_grad_ready: float | None = None
         self.buckets_launched = 0
         self.synced = False
+        self.synced_at: float | None = None
+        self.comm_wait: float | None = None
+        self.optimizer_seconds = 0.0
+        self.optimizer_start: float | None = None
+        self.optimizer_early = 0.0  # optimizer time before the first forward
+        self.optimizer_end: float | None = None
+        self.micro_steps = 0
 
 
 # Event kinds in the log (first element of each tuple).
@@ -99,7 +125,9 @@ class Recorder:
         self.identity = dict(identity)
         self.world_size = max(1, int(world_size))
         self.steps = 0
-        # init, forward, after_forward, backward, allreduce, after_backward or detached
+        self.micro_steps = 0  # backward passes of the steps done (no_sync ones included)
+        # init, forward, after_forward, backward, allreduce, after_backward, optimizer,
+        # after_optimizer or detached
         self.phase = "init"
         self.started_unix = time.time()
         self.last_progress_unix = self.started_unix
@@ -131,8 +159,10 @@ class Recorder:
 
     def forward_started(self, now: float) -> None:
         cur = self._cur
-        if self.steps == 0 and cur.forward_seconds == 0.0 and cur.forward_start is None:
-            cur.start = now  # the first step starts at the first forward, not at attach
+        if cur.first_forward is None:
+            if self.steps == 0:
+                cur.start = now  # the first step starts at the first forward, not at attach
+            cur.first_forward = now
         cur.forward_start = now
         self.phase = "forward"
         self.last_progress_unix = time.time()
@@ -145,22 +175,71 @@ class Recorder:
         self.phase = "after_forward"
 
     def backward_started(self, now: float) -> None:
-        if self._cur.backward_start is None:
-            self._cur.backward_start = now
+        cur = self._cur
+        if cur.backward_start is None:
+            cur.backward_start = now
+        if cur.backward_open is None:
+            cur.backward_open = now
         self.phase = "backward"
         self.last_progress_unix = time.time()
 
     def grad_ready(self, now: float) -> None:
+        """Backward compute is done (one backward pass: a micro-step)."""
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
             self.phase = "backward"
+        if cur.backward_open is not None:
+            cur.backward_seconds += max(0.0, now - cur.backward_open)
+            cur.backward_open = None
         cur.last_grad_ready = now
+        cur.micro_steps += 1
 
     def gradients_synced(self) -> None:
-        """DDP has waited for every bucket of this step (on a GPU: the stream waits)."""
-        self._cur.synced = True
+        """DDP has waited for every bucket of this step (on a GPU: the stream waits); the
+        host's wait since backward compute ended is the step's exposed communication until
+        a bucket clock says better."""
+        cur = self._cur
+        cur.synced = True
+        cur.synced_at = now = time.perf_counter()
+        if cur.last_grad_ready is not None:
+            cur.comm_wait = max(0.0, now - cur.last_grad_ready)
         self.phase = "after_backward"
+
+    def optimizer_started(self, now: float) -> None:
+        self._cur.optimizer_start = now
+        self.phase = "optimizer"
+
+    def optimizer_finished(self, now: float) -> None:
+        cur = self._cur
+        if cur.optimizer_start is not None:
+            seconds = max(0.0, now - cur.optimizer_start)
+            cur.optimizer_seconds += seconds
+            if cur.first_forward is None:
+                cur.optimizer_early += seconds
+            cur.optimizer_start = None
+        cur.optimizer_end = now
+        self.phase = "after_optimizer"
+        self.last_progress_unix = time.time()
+
+    @property
+    def step_end_mark(self) -> float | None:
+        """Where the step in progress ended, when it ended before now: its last optimizer
+        step after the gradients synchronised, else the synchronisation (None: not yet)."""
+        cur = self._cur
+        if cur.synced_at is None:
+            return None
+        if cur.optimizer_end is not None and cur.optimizer_end >= cur.synced_at:
+            return cur.optimizer_end
+        return cur.synced_at
+
+    @property
+    def step_is_empty(self) -> bool:
+        """Nothing happened since the last step ended: no forward, backward, optimizer step
+        or bucket."""
+        cur = self._cur
+        return (cur.first_forward is None and cur.backward_start is None and cur.optimizer_end is None
+                and cur.buckets_launched == 0 and not cur.synced)
 
     @property
     def launched_bucket(self) -> int:
@@ -177,18 +256,28 @@ class Recorder:
         """True once the step in progress has launched its gradient all-reduce."""
         return self._cur.buckets_launched > 0 or self._cur.synced
 
-    def close_step(self, now: float) -> None:
-        """End the step in progress at ``now`` and start the next one."""
+    def close_step(self, now: float, end: float | None = None) -> None:
+        """End the step in progress at ``end`` (default ``now``: the caller's moment) and
+        start the next one there. Its parts: data wait (step start to its first forward,
+        less any optimizer step in between), forward, backward compute (summed over
+        micro-steps), the host's wait for the gradients (exposed communication), optimizer
+        and the rest (see ``aggregates.StepBook``)."""
         cur = self._cur
+        end = now if end is None else min(end, now)
         backward = None
         if cur.backward_start is not None and cur.last_grad_ready is not None:
-            backward = max(0.0, cur.last_grad_ready - cur.backward_start)
+            backward = cur.backward_seconds
+        data_wait = 0.0
+        if cur.first_forward is not None:
+            data_wait = max(0.0, cur.first_forward - cur.start - cur.optimizer_early)
         self.steps += 1
+        self.micro_steps += cur.micro_steps
         wall = time.time()
         self._events.append((_STEP, StepRecord(
-            self.steps, wall - (now - cur.start), now - cur.start, cur.forward_seconds, backward,
+            self.steps, wall - (now - cur.start), max(0.0, end - cur.start), cur.forward_seconds, backward,
+            data_wait, cur.comm_wait, cur.optimizer_seconds, cur.micro_steps,
         )))
-        cur.reset(now)
+        cur.reset(end)
         self.last_progress_unix = wall
         if len(self._events) > MAX_PENDING_EVENTS and self._fold_lock.acquire(blocking=False):
             try:  # nobody has read for a long while; never waits for a reader
@@ -352,7 +441,7 @@ class Recorder:
         """The longest step in the recent window, None before the first step ends."""
         with self._fold_lock:
             self._fold()
-            return max((r[0].step_seconds for r in self._steps_book.recent), default=None)
+            return max((r["step_seconds"] for r in self._steps_book.recent), default=None)
 
     def collectives_by_op(self) -> dict[str, tuple[int, int]]:
         """(issued, completed) per collective operation."""
@@ -361,10 +450,18 @@ class Recorder:
             return {op: (c[0], c[1]) for op, c in self._collectives.ops.items()}
 
     def histograms(self) -> dict[str, Histogram]:
-        """Copies of the step histograms: step, forward, backward, exposed_comm."""
+        """Copies of the step histograms: step, data_wait, forward, backward, exposed_comm,
+        optimizer, other."""
         with self._fold_lock:
             self._fold()
             return {name: h.copy() for name, h in self._steps_book.hist.items()}
+
+    def phase_totals(self) -> dict[str, float]:
+        """Seconds of every step done, per part (``aggregates.PHASES``); they sum to the
+        steps' wall time."""
+        with self._fold_lock:
+            self._fold()
+            return dict(self._steps_book.phase_totals)
 
     def bucket_stats(self) -> list[BucketStats]:
         with self._fold_lock:
@@ -373,8 +470,10 @@ class Recorder:
 
     def history_since(self, step: int) -> list[dict[str, Any]]:
         """Per-step rows of the steps after ``step``, oldest first (the last few thousand):
-        step, start_unix, end_unix, step_seconds, forward_seconds, backward_seconds,
-        exposed_comm_seconds (None while unknown), buckets (index, seconds, bytes; when timed)."""
+        step, start_unix, end_unix, step_seconds and its parts data_wait_seconds,
+        h2d_seconds (None: not visible), forward_seconds, backward_seconds,
+        exposed_comm_seconds (None while unknown), optimizer_seconds, other_seconds (they
+        sum to step_seconds), micro_steps (backward passes), and buckets (index, seconds, bytes; when timed)."""
         with self._fold_lock:
             self._fold()
             found = [dict(row) for row in self._steps_book.history if row["step"] > step]
@@ -387,7 +486,7 @@ class Recorder:
         """The latest view of this rank, a fresh record every call."""
         with self._fold_lock:
             self._fold()
-            recent = [(r[0], r[1]) for r in self._steps_book.recent]
+            recent = [dict(r) for r in self._steps_book.recent]
             c = self._collectives
             ident = self.identity
             state = schema.RankState(
@@ -399,7 +498,7 @@ class Recorder:
                 version=ident.get("version"), find_unused_parameters=ident.get("find_unused_parameters"),
                 num_parameters=ident.get("num_parameters"), bucket_timing=ident.get("bucket_timing"),
                 state_interval=ident.get("state_interval"), ddp=dict(ident.get("ddp") or {}),
-                step=self.steps, phase=self.phase, started_unix=self.started_unix,
+                step=self.steps, micro_steps=self.micro_steps, phase=self.phase, started_unix=self.started_unix,
                 last_progress_unix=self.last_progress_unix,
                 collectives=schema.Counts(c.issued, c.completed),
                 in_flight=[_collective(e) for e in c.in_flight],
@@ -429,18 +528,48 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
     return schema.Collective(**fields)
 
 
-def _summaries(recent: list[tuple[StepRecord, float | None]]) -> schema.Timings:
-    """Median, last and largest of each per-step time over the recent window."""
+def _summaries(recent: list[dict[str, Any]]) -> schema.Timings:
+    """Median, last and largest of each per-step time over the recent window, and where the
+    time of the last ``PHASE_WINDOW`` steps went (``schema.StepPhases``)."""
     def summary(values: list[float]) -> schema.Summary | None:
         return schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
 
-    backward = [r.backward_seconds or 0.0 for r, _ in recent]
-    forward = [r.forward_seconds for r, _ in recent]
+    def column(name: str) -> list[float]:
+        return [r[name] or 0.0 for r in recent]
+
+    forward, backward = column("forward_seconds"), column("backward_seconds")
     return schema.Timings(
         window_steps=len(recent),
-        step_seconds=summary([r.step_seconds for r, _ in recent]),
+        step_seconds=summary(column("step_seconds")),
         forward_seconds=summary(forward),
         backward_seconds=summary(backward),
         compute_seconds=summary([f + b for f, b in zip(forward, backward)]),
-        exposed_comm_seconds=summary([e for _, e in recent if e is not None]),
+        exposed_comm_seconds=summary([r["exposed_comm_seconds"] for r in recent if r["exposed_comm_seconds"] is not None]),
+        data_wait_seconds=summary(column("data_wait_seconds")),
+        optimizer_seconds=summary(column("optimizer_seconds")),
+        other_seconds=summary(column("other_seconds")),
+        busy_seconds=summary([busy_seconds(r) for r in recent]),
+        phases=_phases(recent[-PHASE_WINDOW:]),
+    )
+
+
+def _phases(rows: list[dict[str, Any]]) -> schema.StepPhases | None:
+    """Mean seconds per step of each part over ``rows`` (means, so that they sum to the mean
+    step), the median busy time and its spread (median absolute deviation)."""
+    if not rows:
+        return None
+    n = len(rows)
+
+    def mean(name: str) -> float:
+        return sum(r[name] or 0.0 for r in rows) / n
+
+    busy = [busy_seconds(r) for r in rows]
+    middle = statistics.median(busy)
+    return schema.StepPhases(
+        steps=n, step_seconds=mean("step_seconds"), data_wait_seconds=mean("data_wait_seconds"),
+        h2d_seconds=None, forward_seconds=mean("forward_seconds"), backward_seconds=mean("backward_seconds"),
+        exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
+        other_seconds=mean("other_seconds"), busy_seconds=middle,
+        busy_spread_seconds=statistics.median(abs(b - middle) for b in busy),
+        micro_steps=sum(r["micro_steps"] for r in rows) / n,
     )

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from .. import straggler
 from ..errors import StateFileError
 from ..state import files, schema
 from .common import add_state_dir_argument, default_state_dir, no_state_dir
@@ -77,6 +78,39 @@ def _bytes(n: float | None) -> str:
     return str(n)
 
 
+_PART_COLUMNS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"),
+                 ("exposed_comm", "comm"), ("optimizer", "optim"), ("other", "other"))
+
+
+def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
+    """Where each rank's time goes (mean ms per step over its last steps) and its straggler
+    score against the others (ddpmon/straggler.py)."""
+    phases = {}
+    for s in states:
+        p = (s.get("timings") or {}).get("phases")
+        if p:
+            phases[s.get("rank", 0)] = schema.StepPhases(**p)
+    if not phases:
+        return []
+    scores = straggler.scores(phases)
+    lines = [
+        f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in phases.values())} steps)",
+        f"{'rank':>4} " + " ".join(f"{label:>7}" for _, label in _PART_COLUMNS)
+        + f" {'step':>8} {'busy':>7} {'score':>6}  straggler",
+    ]
+    for rank in sorted(phases):
+        p, sc = phases[rank], scores.get(rank)
+        verdict = ""
+        if sc is not None and sc.straggler:
+            verdict = f"yes: {sc.cause.replace('_', ' ')}" if sc.cause else "yes"
+        lines.append(
+            f"{rank:>4} " + " ".join(f"{_ms(getattr(p, part + '_seconds')):>7}" for part, _ in _PART_COLUMNS)
+            + f" {_ms(p.step_seconds):>8} {_ms(p.busy_seconds):>7} "
+            + f"{(f'{sc.score:+.0%}' if sc else '-'):>6}  {verdict}"
+        )
+    return lines
+
+
 def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool = False) -> str:
     """The table; times are medians over each rank's recent steps, in milliseconds."""
     if not states:
@@ -97,6 +131,7 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
             f"{_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "
             f"{idle:>7.1f}  {status}"
         )
+    lines += _phase_lines(states)
     for s in states:
         if s.get("unused_parameters"):
             names = s["unused_parameters"]

@@ -117,49 +117,58 @@ def _progress() -> list[Panel]:
     ]
 
 
+def _busy_per_step(sel: str = SEL) -> str:
+    """Each rank's busy time per step: its step parts less the wait for the other ranks
+    (ddpmon/straggler.py), from the per-part seconds."""
+    busy_sel = sel[:-1] + ', phase!="exposed_comm"}'
+    return (f"sum by (rank) ({_rate('ddpmon_step_phase_seconds_total', busy_sel)}) / "
+            f"sum by (rank) ({_rate('ddpmon_steps_total', sel)})")
+
+
+STRAGGLER_SCORE = f"{_busy_per_step()} / scalar(quantile(0.5, {_busy_per_step(JOB)})) - 1"
+"""The straggler score per rank: busy time per step against the job's median rank, minus 1."""
+
+
 def _stragglers() -> list[Panel]:
-    """Which rank sets the pace: compute time against all-reduce wait, and against the median."""
-    straggler_median = f"scalar(quantile(0.5, {_per_step(COMPUTE, sel=JOB)}))"
+    """Which rank sets the pace: busy time against all-reduce wait, and the straggler score."""
     return [
-        Panel("bargauge", "Straggler: compute time per step",
-              "Forward plus backward compute time per step of each rank. The slowest rank has "
-              "the longest bar and every other rank waits for it. Bad: one rank clearly longer "
-              "than the rest (a throttling or shared GPU, a busier data loader, more work).",
+        Panel("bargauge", "Straggler: busy time per step",
+              "Each rank's own work per step: its step less the time it waits for the other "
+              "ranks (data wait, forward, backward, optimizer and the rest). The slowest rank "
+              "has the longest bar and every other rank waits for it. Bad: one rank clearly "
+              "longer than the rest; the step parts panel and `ddpmon doctor` name the part.",
               "s",
-              [Query(_per_step(COMPUTE), "rank {{rank}}", instant=True)], w=8),
+              [Query(_busy_per_step(), "rank {{rank}}", instant=True)], w=8),
         Panel("bargauge", "Straggler: all-reduce wait per step",
               "Exposed communication per step of each rank: time from the end of its backward "
               "compute until its all-reduces finished. Fast ranks wait longest for a straggler, "
-              "so the straggler is the rank with the shortest bar here and the longest compute "
+              "so the straggler is the rank with the shortest bar here and the longest busy "
               "bar. Bad: large waits on all ranks but one.",
               "s",
               [Query(_per_step(("ddpmon_exposed_comm_seconds_sum",), count="ddpmon_exposed_comm_seconds_count"),
                      "rank {{rank}}", instant=True)], w=8),
-        Panel("timeseries", "Compute time relative to the job median",
-              "Each rank's compute time per step divided by the median over all ranks of the "
-              "job (100% = the median). Bad: a rank persistently above about 120%: it is a "
-              "straggler and sets the pace of the whole job (the DDPStraggler alert).",
+        Panel("timeseries", "Straggler score",
+              "How much slower each rank's busy time per step is than the job's median rank "
+              "(0 = the median, 0.2 = 20% slower). Bad: a rank persistently at 10% or more "
+              "(orange) or 20% (red, the DDPStraggler alert after 10 minutes): it sets the pace "
+              "of the whole job. `ddpmon doctor` names the part of the step that explains it.",
               "percentunit",
-              [Query(f"{_per_step(COMPUTE)} / {straggler_median}", "rank {{rank}}")], w=8,
-              defaults={"thresholds": thresholds((None, "green"), (1.2, "red"))}),
+              [Query(STRAGGLER_SCORE, "rank {{rank}}")], w=8,
+              defaults={"thresholds": thresholds((None, "green"), (0.1, "orange"), (0.2, "red"))}),
     ]
 
 
 def _step_breakdown() -> list[Panel]:
-    """Where the step goes: time per phase, and the exposed communication share per rank."""
+    """Where the step goes: time per part, and the exposed communication share per rank."""
     return [
-        Panel("timeseries", "Step phases",
-              "Mean time per step in each phase over the selected ranks: forward, backward "
-              "compute, exposed communication, and the rest (optimizer, data loading, host "
-              "work). Bad: exposed communication or 'other' growing into a large share of the "
-              "step.",
+        Panel("timeseries", "Step parts",
+              "Mean time per step in each part of the step over the selected ranks: data wait "
+              "(the data loader), forward, backward compute, exposed communication, optimizer "
+              "and the rest (logging, host work); they add up to the step time. Bad: data "
+              "wait, exposed communication or other growing into a large share of the step.",
               "s",
-              [Query(_per_step(("ddpmon_forward_seconds_sum",), by=""), "forward"),
-               Query(_per_step(("ddpmon_backward_seconds_sum",), by=""), "backward"),
-               Query(_per_step(("ddpmon_exposed_comm_seconds_sum",), by=""), "exposed communication"),
-               Query(f"(sum({_rate('ddpmon_step_seconds_sum')}) - sum({_rate('ddpmon_forward_seconds_sum')})"
-                     f" - sum({_rate('ddpmon_backward_seconds_sum')}) - sum({_rate('ddpmon_exposed_comm_seconds_sum')}))"
-                     f" / sum({_rate('ddpmon_step_seconds_count')})", "other (optimizer, data, host)")],
+              [Query(f"sum by (phase) ({_rate('ddpmon_step_phase_seconds_total')}) / "
+                     f"scalar(sum({_rate('ddpmon_steps_total')}))", "{{phase}}")],
               defaults={"custom": {"stacking": {"mode": "normal"}, "fillOpacity": 40}}),
         Panel("timeseries", "Exposed communication ratio per rank",
               "Share of each rank's step time spent waiting for all-reduces after its backward "

@@ -42,6 +42,33 @@ FIX_STRAGGLER = (
     "or GPU (other processes, CPU contention, clocks or thermal throttling: `ddpmon top`, "
     "nvidia-smi), or work only that rank does (logging, evaluation, checkpointing)."
 )
+PHASE_NAMES = {
+    "data_wait": "data wait", "h2d": "host-to-device copies", "forward": "forward",
+    "backward": "backward compute", "optimizer": "the optimizer step", "other": "other work",
+}
+FIX_STRAGGLER_PHASE = {
+    "data_wait": "look at its data loader (num_workers, storage, decoding, augmentation, "
+                 "pin_memory) and at what the loop does before the forward",
+    "h2d": "look at its host-to-device copies (pin_memory=True and .to(device, non_blocking=True))",
+    "forward": "look at its forward: bigger or longer inputs on that rank, or a slower device "
+               "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
+    "backward": "look at its backward: bigger or longer inputs on that rank, or a slower device "
+                "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
+    "optimizer": "look at its optimizer step: a slower device or CPU, CPU offload, or "
+                 "rank-specific work in a custom optimizer",
+    "other": "look at work only that rank does between backward and the next step: logging, "
+             "metrics, .item() or other host syncs, checkpointing, evaluation",
+}
+
+
+def straggler_summary(rank: int, score: float, cause: str | None, share: float) -> str:
+    """``rank 1 is 41% slower, 95% of it in data wait: look at its data loader (...)``."""
+    text = f"rank {rank} is {score:.0%} slower than the others"
+    if cause is None:
+        return text + ", spread over several parts of the step"
+    return f"{text}, {share:.0%} of it in {PHASE_NAMES[cause]}: {FIX_STRAGGLER_PHASE[cause]}"
+
+
 FIX_PEERS_FAILED = (
     "Every rank that ended failed in communication, so the cause is not among them: "
     "look for the first error in the logs of all ranks (also those without a state "

@@ -1,12 +1,16 @@
 """Step boundaries and phases, found without any call from the training loop.
 
-Under torch.compile the module hooks step aside while Dynamo traces (they would add a graph
-break), so a compiled model's steps are counted only at ``Monitor.step()``.
-
 A forward pre-hook on the DDP module marks the start of a forward; a forward hook its end
-and, through a hook on the output tensor, the start of backward. A step ends at the first
-forward after a backward that synchronised gradients (forwards under ``no_sync`` or without
-grad belong to the step in progress), or at ``Monitor.step()`` once a loop calls it.
+and, through a hook on the output tensor, the start of backward. A step ends at its
+optimizer step once its gradients were synchronised (hooks/optimizer.py); a step without
+one ends where DDP finished synchronising its gradients, found at the next forward (or at
+detach), so time after the loop never enters a step. Forwards under ``no_sync`` belong to
+the step in progress (micro-steps); forwards without grad (evaluation) are a heartbeat and
+no step. Once a loop calls ``Monitor.step()``, steps end only there.
+
+Under torch.compile the module hooks step aside while Dynamo traces (they would add a graph
+break); a compiled model's steps are still counted at its optimizer steps, whose hooks run
+outside the compiled graph.
 
 Two autograd final callbacks bracket DDP's own: the first marks the end of backward
 compute, the second runs after DDP has waited for its buckets. The ``timelines`` (a bucket
@@ -35,7 +39,7 @@ class StepHooks:
         self,
         ddp: torch.nn.Module,
         recorder: Recorder,
-        on_boundary: Callable[[float], None],
+        on_boundary: Callable[[float, float | None], None],
         backward_seen: Callable[[], bool],
         fuse: Fuse,
         timelines: Sequence[Any] = (),
@@ -55,14 +59,16 @@ class StepHooks:
         ]
 
     def _before_forward(self, _module: torch.nn.Module, _args: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
+        if not self._fuse.ok or is_compiling():
+            return
+        if not torch.is_grad_enabled():
+            self._recorder.heartbeat()  # evaluation: alive, and no part of a step
             return
         try:
             now = time.perf_counter()
-            if not self.manual and (
-                self._recorder.step_has_synced or (self._sync_expected and self._backward_seen())
-            ):
-                self._on_boundary(now)
+            rec = self._recorder
+            if not self.manual and (rec.step_has_synced or (self._sync_expected and self._backward_seen())):
+                self._on_boundary(now, rec.step_end_mark)  # a step without an optimizer step
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
             self._in_backward = False  # (a backward that raised never ran its end callback)
             for timeline in self._timelines:

@@ -30,8 +30,26 @@ METRICS: tuple[Metric, ...] = (
            "where bucket timing comes from).",
            RANK + ("world_size", "local_rank", "host", "backend", "torch_version", "debug_level",
                    "version", "bucket_timing")),
-    Metric("ddpmon_steps_total", "counter", "Training steps completed (synchronised iterations)."),
-    Metric("ddpmon_step_seconds", "histogram", "Wall time of a training step, forward start to forward start."),
+    Metric("ddpmon_steps_total", "counter",
+           "Training steps completed: optimizer steps after synchronised gradients (without an "
+           "optimizer, synchronised backward passes)."),
+    Metric("ddpmon_micro_steps_total", "counter",
+           "Backward passes of the steps completed (gradient accumulation's no_sync passes included)."),
+    Metric("ddpmon_step_seconds", "histogram",
+           "Wall time of a training step, from the end of the previous one to its optimizer step "
+           "(or its synchronised backward)."),
+    Metric("ddpmon_step_phase_seconds_total", "counter",
+           "Seconds of the steps completed, by part of the step (data_wait, h2d, forward, "
+           "backward, exposed_comm, optimizer, other); the parts sum to the step time.",
+           RANK + ("phase",)),
+    Metric("ddpmon_data_wait_seconds", "histogram",
+           "Time per step from the end of the previous step to the first forward: the data "
+           "loader (and host-to-device copies)."),
+    Metric("ddpmon_optimizer_seconds", "histogram",
+           "Time per step in torch.optim optimizer steps (torch's global step hooks)."),
+    Metric("ddpmon_other_seconds", "histogram",
+           "The rest of a step's wall time: outside forward, backward, communication, optimizer "
+           "and data wait (logging, gradient clipping, the loop's own work)."),
     Metric("ddpmon_forward_seconds", "histogram", "Time in the DDP module's forward per step."),
     Metric("ddpmon_backward_seconds", "histogram",
            "Backward compute time per step: from backward start to the last gradient ready."),

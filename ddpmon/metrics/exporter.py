@@ -82,6 +82,7 @@ class RankCollector:
         samples: list[Sample] = [
             ("ddpmon_rank_info", info, 1.0),
             ("ddpmon_steps_total", base, float(r.steps)),
+            ("ddpmon_micro_steps_total", base, float(r.micro_steps)),
             ("ddpmon_unused_parameters", base, float(len(r.unused_parameters))),
             ("ddpmon_last_progress_timestamp_seconds", base, r.last_progress_unix),
             ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
@@ -92,6 +93,8 @@ class RankCollector:
         for op, (issued, completed) in sorted(r.collectives_by_op().items()):
             samples.append(("ddpmon_collectives_issued_total", {**base, "op": op}, float(issued)))
             samples.append(("ddpmon_collectives_completed_total", {**base, "op": op}, float(completed)))
+        for phase, seconds in r.phase_totals().items():
+            samples.append(("ddpmon_step_phase_seconds_total", {**base, "phase": phase}, seconds))
         for part in sorted(r.errors):
             samples.append(("ddpmon_internal_errors_total", {**base, "part": part}, 1.0))
         yield from families(samples)

@@ -129,6 +129,39 @@ class Timings:
     """Forward plus backward compute."""
     exposed_comm_seconds: Summary | None = None
     """End of backward compute to DDP having every bucket back."""
+    data_wait_seconds: Summary | None = None
+    """End of the previous step to the first forward: where a data loader's time goes."""
+    optimizer_seconds: Summary | None = None
+    """torch.optim optimizer steps (any optimizer, through torch's global step hooks)."""
+    other_seconds: Summary | None = None
+    """The rest of the step's wall time (the parts sum to the step)."""
+    busy_seconds: Summary | None = None
+    """The step less its waiting for other ranks (exposed communication)."""
+    phases: StepPhases | None = None
+    """Where the time of the last steps went, part by part."""
+
+
+@dataclass(slots=True)
+class StepPhases:
+    """Mean seconds per step of each part over the last ``steps`` steps (at most 20); the parts
+    sum to ``step_seconds``. ``busy_seconds`` is the median of step less waiting for the other
+    ranks, ``busy_spread_seconds`` its median absolute deviation: the straggler score compares
+    busy times across ranks."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    h2d_seconds: float | None = None
+    """Host-to-device copies, where visible (null: counted in data wait)."""
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+    exposed_comm_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
+    other_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    busy_spread_seconds: float = 0.0
+    micro_steps: float = 0.0
+    """Backward passes per step (more than 1 under gradient accumulation)."""
 
 
 @dataclass(slots=True)
@@ -230,9 +263,12 @@ class RankState:
     ddp: dict[str, Any] = field(default_factory=dict)
     """Facts from DDP's own logging data."""
     step: int = 0
-    """Training steps completed."""
+    """Steps done: optimizer steps after synchronised gradients (else synchronised backwards)."""
+    micro_steps: int = 0
+    """Backward passes of the steps done (gradient accumulation's no_sync passes included)."""
     phase: str = "init"
-    """init, forward, after_forward, backward, allreduce, after_backward or detached."""
+    """init, forward, after_forward, backward, allreduce, after_backward, optimizer,
+    after_optimizer or detached."""
     started_unix: float | None = None
     """When the rank attached (the writer's clock, seconds since the epoch)."""
     last_progress_unix: float | None = None

@@ -650,8 +650,8 @@ def dataclass_output() -> dict[str, Any]:
         opt.zero_grad()
         nn.functional.mse_loss(model(x).prediction, y).backward()
         opt.step()
-    steps_seen = mon.snapshot()["step"]  # four closed at the following forwards
-    mon.detach()  # the fifth synchronised its gradients: counted here
+    steps_seen = mon.snapshot()["step"]  # five, each closed at its optimizer step
+    mon.detach()  # nothing left to count
     snap = mon.snapshot()
     return {"before_detach": steps_seen, "steps": snap["step"], "backward": snap["timings"]["backward_seconds"]}
 

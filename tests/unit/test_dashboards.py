@@ -210,8 +210,8 @@ def test_titles_unique_within_each_board() -> None:
 
 def test_overview_covers_what_a_ddp_job_needs() -> None:
     exprs = " ".join(t["expr"] for p in _panels(BOARDS["ddp-job-overview.json"]) for t in p["targets"])
-    for name in ("ddpmon_step_seconds", "ddpmon_steps_total", "ddpmon_forward_seconds",
-                 "ddpmon_backward_seconds", "ddpmon_exposed_comm_seconds", "ddpmon_allreduce_seconds",
+    for name in ("ddpmon_step_seconds", "ddpmon_steps_total", "ddpmon_step_phase_seconds_total",
+                 "ddpmon_exposed_comm_seconds", "ddpmon_allreduce_seconds",
                  "ddpmon_allreduce_bus_bandwidth_bytes_per_second", "ddpmon_unused_parameters",
                  "ddpmon_hang_suspected", "ddpmon_rank_up"):
         assert name in exprs, name

@@ -53,11 +53,16 @@ def test_every_expression_uses_only_catalog_names(rule: dict[str, Any]) -> None:
     assert names and names <= catalog.series_names() | {"up"}
 
 
-def test_the_straggler_rule_compares_compute_time_with_the_median_for_10_minutes() -> None:
+def test_the_straggler_rule_scores_busy_time_against_the_median_for_10_minutes() -> None:
+    """The straggler score of the doctor and the dashboard: busy time per step (every part but
+    the wait for the other ranks) against the job's median rank."""
+    from ddpmon.dashboards.boards import STRAGGLER_SCORE
+
     rule = next(r for r in ALERTS if r["alert"] == "DDPStraggler")
     assert rule["for"] == "10m"
-    assert "quantile by (job) (0.5," in rule["expr"]
-    assert {"ddpmon_forward_seconds_sum", "ddpmon_backward_seconds_sum"} <= dashboards.metric_names(rule["expr"])
+    assert "quantile by (job) (0.5," in rule["expr"] and "- 1 >= 0.2" in rule["expr"]
+    assert rule["expr"].count('phase!="exposed_comm"') == 2 and STRAGGLER_SCORE.count('phase!="exposed_comm"') == 2
+    assert dashboards.metric_names(rule["expr"]) == {"ddpmon_step_phase_seconds_total", "ddpmon_steps_total"}
 
 
 def test_the_throttling_rules_match_nvml_reason_names() -> None:

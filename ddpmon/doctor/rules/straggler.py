@@ -1,15 +1,19 @@
-"""straggler (a warning): one or more ranks compute clearly slower than the others while the
+"""straggler (a warning): one or more ranks are consistently slower than the others while the
 job progresses; every step then runs at their speed.
 
-Step and backward wall times cannot show it: DDP evens them out, as the fast ranks wait in
-the gradient all-reduce for the slow one. Compute (forward plus backward compute) does, and
-the wait that follows confirms it: the slow rank waits least for communication.
+Step wall times cannot show it: DDP evens them out, as the fast ranks wait in the gradient
+all-reduce for the slow one. Busy time (the step less that wait) does: the straggler score
+(ddpmon/straggler.py) compares each rank's busy time with the median of the others over the
+last steps, and names the part of the step (data wait, forward, backward, optimizer, other)
+that explains the gap. State files without step parts (older ddpmon) are compared on compute
+(forward plus backward) as before.
 """
 
 from __future__ import annotations
 
 import statistics
 
+from ... import straggler as scoring
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
@@ -17,10 +21,51 @@ from ..view import RankView
 STRAGGLER_RATIO = 1.25
 STRAGGLER_MIN_SECONDS = 0.005
 STRAGGLER_MIN_STEPS = 5
-"""Slower by this ratio and this many seconds per step, over at least this many steps."""
+"""Without step parts: slower by this ratio and this many seconds per step, over at least
+this many steps."""
 
 
 def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
+    phases = {v.rank: v.state.timings.phases for v in views}
+    if len(views) >= 2 and all(p is not None for p in phases.values()):
+        return _by_busy_time(views, scoring.scores(phases))  # type: ignore[arg-type]
+    return _by_compute(views)
+
+
+def _by_busy_time(views: list[RankView], scores: dict[int, scoring.Score]) -> Verdict | None:
+    slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
+    if not slow or len(slow) == len(scores):
+        return None
+    exposed = {v.rank: v.state.timings.phases.exposed_comm_seconds for v in views if v.state.timings.phases}
+    suspects = sorted(s.rank for s in slow)
+    findings = []
+    for s in slow:
+        phases = next(v for v in views if v.rank == s.rank).state.timings.phases
+        assert phases is not None
+        cause = s.cause
+        evidence = [
+            f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step (median of the last "
+            f"{phases.steps} steps), straggler score {scores[r].score:+.0%}, waits "
+            f"{words.ms(exposed.get(r))} for communication"
+            for r in sorted(scores)
+        ]
+        parts = sorted(((p, e) for p, e in s.excess.items() if e > 0), key=lambda pe: -pe[1])
+        evidence.append("over the others' median: " + ", ".join(
+            f"{words.PHASE_NAMES[p]} +{words.ms(e)} ({s.shares[p]:.0%})" for p, e in parts))
+        others = [r for r in scores if r not in suspects]
+        if all(exposed.get(o, 0.0) >= exposed.get(s.rank, 0.0) for o in others):
+            evidence.append("confirmed: the slow rank waits least for communication (the others wait for it)")
+        findings.append(Finding(
+            "straggler", "warning", [s.rank],
+            words.straggler_summary(s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0)
+            + f" ({words.ms(s.busy_seconds)} against {words.ms(s.baseline_seconds)} of work per step); "
+            "the whole job runs at its speed",
+            evidence, words.FIX_STRAGGLER_PHASE[cause] if cause else words.FIX_STRAGGLER,
+        ))
+    return Verdict("straggler", suspects, findings)
+
+
+def _by_compute(views: list[RankView]) -> Verdict | None:
     compute = {
         v.rank: c for v in views
         if (c := v.timing("compute_seconds")) is not None

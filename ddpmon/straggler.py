@@ -1,0 +1,99 @@
+"""The straggler score: how much slower a rank is than its peers, and which part of the
+step explains it. Pure and torch-free: the doctor, ``ddpmon top`` and the benchmark share it.
+
+A rank's *busy* time is its step less the time it waits for the other ranks (exposed
+communication). DDP evens out step times (the fast ranks wait in the gradient all-reduce
+for the slow one), so the slow rank shows the longest busy time and its peers show the
+cost as waiting: comparing busy times blames the rank that is slow, not the ones that wait.
+
+Per rank: ``score = busy / median(busy of the other ranks) - 1`` over the last steps
+(``schema.StepPhases``: medians for busy, means per part). A rank is a straggler when its
+score is at least ``SCORE_WARN`` and the gap stands out of its step-to-step noise
+(``NOISE_FACTOR`` standard errors of the difference of two medians), so one noisy step or
+a jittery healthy job does not make one. The cause is the part whose excess over the
+peers' median explains most of the gap.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from .state.schema import StepPhases
+
+BUSY_PARTS = ("data_wait", "h2d", "forward", "backward", "optimizer", "other")
+"""The parts of a step that are the rank's own work (exposed communication is waiting)."""
+SCORE_WARN = 0.10
+"""A rank 10% slower than its peers' median is a straggler (when it stands out of noise)."""
+SCORE_CRITICAL = 0.20
+MIN_GAP_SECONDS = 0.001
+MIN_STEPS = 5
+NOISE_FACTOR = 4.0
+CAUSE_SHARE = 0.5
+"""A part explaining at least half of the gap is named the cause."""
+
+
+@dataclass
+class Score:
+    """One rank against the median of the others."""
+
+    rank: int
+    score: float
+    busy_seconds: float
+    baseline_seconds: float
+    noise_seconds: float
+    shares: dict[str, float] = field(default_factory=dict)
+    """Of the gap, the share each part explains (excess over the peers' median, 0..1)."""
+    excess: dict[str, float] = field(default_factory=dict)
+    """Seconds per step each part takes over the peers' median."""
+
+    @property
+    def gap_seconds(self) -> float:
+        return self.busy_seconds - self.baseline_seconds
+
+    @property
+    def straggler(self) -> bool:
+        return (self.score >= SCORE_WARN and self.gap_seconds >= MIN_GAP_SECONDS
+                and self.gap_seconds >= NOISE_FACTOR * self.noise_seconds)
+
+    @property
+    def cause(self) -> str | None:
+        """The part that explains at least ``CAUSE_SHARE`` of the gap, or None."""
+        if not self.shares:
+            return None
+        part = max(self.shares, key=lambda p: self.shares[p])
+        return part if self.shares[part] >= CAUSE_SHARE else None
+
+
+def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
+    """Each rank's score against the others; ranks with fewer than ``MIN_STEPS`` steps are
+    left out, and so is everything when fewer than two ranks remain."""
+    ranks = {r: p for r, p in phases.items() if p is not None and p.steps >= MIN_STEPS}
+    if len(ranks) < 2:
+        return {}
+    out = {}
+    for rank, mine in ranks.items():
+        others = [p for r, p in ranks.items() if r != rank]
+        baseline = statistics.median(p.busy_seconds for p in others)
+        spread = max(mine.busy_spread_seconds, statistics.median(p.busy_spread_seconds for p in others))
+        # Standard error of a difference of two medians of n steps, with sigma from the MAD.
+        n = min(mine.steps, min(p.steps for p in others))
+        noise = 1.2533 * 1.4826 * spread * math.sqrt(2.0 / n)
+        excess = {
+            part: _part(mine, part) - statistics.median(_part(p, part) for p in others)
+            for part in BUSY_PARTS
+        }
+        gap = sum(e for e in excess.values() if e > 0)
+        shares = {part: max(0.0, e) / gap for part, e in excess.items()} if gap > 0 else {}
+        out[rank] = Score(rank, busy_ratio(mine.busy_seconds, baseline), mine.busy_seconds, baseline,
+                          noise, shares, excess)
+    return out
+
+
+def busy_ratio(busy: float, baseline: float) -> float:
+    return busy / baseline - 1.0 if baseline > 0 else (0.0 if busy <= 0 else math.inf)
+
+
+def _part(p: StepPhases, part: str) -> float:
+    return getattr(p, part + "_seconds") or 0.0

@@ -1,0 +1,63 @@
+"""The straggler score (ddpmon/straggler.py) and the doctor's straggler rule on step parts."""
+
+from __future__ import annotations
+
+from ddpmon import straggler
+from ddpmon.doctor import words
+from ddpmon.state.schema import StepPhases
+
+
+def phases(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) -> StepPhases:
+    """A rank whose busy time is ``busy``: forward 0.01, backward 0.02, the rest in ``parts``
+    (seconds per step), exposed communication filling up to a 0.1 s step."""
+    p = {"data_wait_seconds": 0.0, "forward_seconds": 0.01, "backward_seconds": 0.02,
+         "optimizer_seconds": 0.002, "other_seconds": 0.0}
+    p.update({k + "_seconds": v for k, v in parts.items()})
+    own = sum(p.values())
+    p["other_seconds"] += busy - own
+    return StepPhases(steps=steps, step_seconds=0.1, exposed_comm_seconds=0.1 - busy, busy_seconds=busy,
+                      busy_spread_seconds=spread, **p)
+
+
+def test_a_slow_data_loader_is_named_and_not_its_waiting_peers() -> None:
+    scores = straggler.scores({
+        0: phases(0.032), 1: phases(0.072, data_wait=0.04), 2: phases(0.033),
+    })
+    named = {r: s for r, s in scores.items() if s.straggler}
+    assert list(named) == [1]
+    s = named[1]
+    assert s.cause == "data_wait" and s.shares["data_wait"] > 0.95
+    assert 1.1 < s.score < 1.3  # 0.072 against the others' median 0.0325
+    assert scores[0].score < 0 and scores[2].score < 0
+
+
+def test_each_part_is_named_as_the_cause() -> None:
+    for part in ("forward", "backward", "optimizer", "other"):
+        base = {"forward": 0.01, "backward": 0.02, "optimizer": 0.002, "other": 0.0}
+        slow = dict(base, **{part: base[part] + 0.01})
+        scores = straggler.scores({0: phases(0.032), 1: phases(0.042, **slow), 2: phases(0.032)})
+        assert [r for r, s in scores.items() if s.straggler] == [1], part
+        assert scores[1].cause == part
+
+
+def test_noise_and_small_gaps_are_no_straggler() -> None:
+    # 15% slower, but its steps jitter by 10 ms around a 40 ms busy time: not consistent
+    noisy = straggler.scores({0: phases(0.040, spread=0.01), 1: phases(0.046, spread=0.01)})
+    assert not any(s.straggler for s in noisy.values())
+    # 50% slower by 0.5 ms: below the 1 ms floor
+    tiny = straggler.scores({0: phases(0.001, spread=0.0), 1: phases(0.0015, spread=0.0)})
+    assert not any(s.straggler for s in tiny.values())
+    # 12% slower and quiet: a straggler
+    quiet = straggler.scores({0: phases(0.040, spread=0.0005), 1: phases(0.045, spread=0.0005)})
+    assert [r for r, s in quiet.items() if s.straggler] == [1]
+
+
+def test_too_few_steps_or_ranks_give_no_score() -> None:
+    assert straggler.scores({0: phases(0.03), 1: phases(0.06, steps=4)}) == {}
+    assert straggler.scores({0: phases(0.03)}) == {}
+
+
+def test_the_summary_names_rank_share_part_and_fix() -> None:
+    text = words.straggler_summary(1, 0.41, "data_wait", 0.95)
+    assert text.startswith("rank 1 is 41% slower than the others, 95% of it in data wait: look at its data loader")
+    assert words.straggler_summary(2, 0.3, None, 0.0) == "rank 2 is 30% slower than the others, spread over several parts of the step"
