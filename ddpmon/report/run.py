@@ -131,13 +131,14 @@ def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None,
     if len(results) == 1:
         return results[0]
     # Several nodes: one diagnosis over every node's files.
-    from ..doctor.diagnose import decide
+    from ..doctor.rules import decide
 
     first = results[0]
     views = sorted({v.rank: v for r in results for v in r.ranks}.values(), key=lambda v: v.rank)
-    world = max(int(v.data.get("world_size") or 0) for v in views) or len(views)
+    world = max(int(v.state.world_size or 0) for v in views) or len(views)
     missing = sorted(set(range(world)) - {v.rank for v in views})
     verdict, suspects, found = decide(views, missing)
+    found = list(found)
     seen = {(f.kind, tuple(f.ranks)) for f in found}
     for r in results:
         for f in r.findings:

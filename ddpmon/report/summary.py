@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..state import schema
 from .run import Run, load
 
 # The phases of a step, in the order they stack up to the step time.
@@ -73,15 +74,16 @@ def summarize(run: Run) -> dict[str, Any]:
         ident = dict(h.identity) if h else {}
         if v is not None:
             for key in ("host", "device", "job", "world_size", "backend", "pid"):
-                ident.setdefault(key, v.data.get(key))
+                ident.setdefault(key, getattr(v.state, key))
         phases = phase_medians(h.sample) if h else {}
         step = h.median("step_seconds") if h else None
         if step is None and v is not None:
-            step = ((v.data.get("timings") or {}).get("step_seconds") or {}).get("median")
+            summary = v.state.timings.step_seconds
+            step = summary.median if summary is not None else None
         exposed = phases.get("exposed_comm")
         steps_done = h.last_step if h else None
-        if v is not None and isinstance(v.data.get("step"), int):
-            steps_done = max(steps_done or 0, v.data["step"])
+        if v is not None:
+            steps_done = max(steps_done or 0, v.state.step)
         ranks_out.append({
             "rank": rank, "host": ident.get("host"), "device": ident.get("device"),
             "backend": ident.get("backend"), "steps": steps_done,
@@ -106,7 +108,7 @@ def summarize(run: Run) -> dict[str, Any]:
     exposed = phases.get("exposed_comm")
     first = next(iter(run.ranks.values()), None)
     world = (first.identity.get("world_size") if first else None) or (
-        views[min(views)].data.get("world_size") if views else None)
+        views[min(views)].state.world_size if views else None)
     out: dict[str, Any] = {
         "job": run.job,
         "sources": run.sources,
@@ -141,7 +143,8 @@ def summarize(run: Run) -> dict[str, Any]:
 def _status(h: Any, v: Any) -> dict[str, Any]:
     """How the rank ended: the doctor's status where a state file exists, else the history's."""
     ex = h.exit if h is not None else None
-    record = (ex or {}).get("record") or (v.data.get("exit") if v is not None else None) or {}
+    own_exit = v.state.exit if v is not None else None
+    record = (ex or {}).get("record") or (schema.to_json(own_exit) if own_exit is not None else None) or {}
     if v is not None:
         status = v.status
         if v.liveness.alive is False and status not in ("dead", "crashed", "exited", "silent"):

@@ -82,8 +82,8 @@ def test_a_job_that_exits_without_detach_keeps_its_history_and_summary(runs):
     for rank in (0, 1):
         h = history.read(history.path_for(str(workdir / "state"), rank))
         assert h["exit"]["how"] == "exited" and h["exit"]["record"]["exception"] is None
-        assert h["steps"]["step"] == list(range(1, STEPS))  # the step in progress at exit is not counted
-    assert f"ddpmon: run summary of job 'fast': {STEPS - 1} steps on 2 ranks" in results[0].stderr
+        assert h["steps"]["step"] == list(range(1, STEPS + 1))  # each closed at its optimizer step
+    assert f"ddpmon: run summary of job 'fast': {STEPS} steps on 2 ranks" in results[0].stderr
 
 
 def test_report_json_of_a_finished_job(runs):
