@@ -89,6 +89,8 @@ class RankCollector:
         for op, (issued, completed) in sorted(r.collectives_by_op().items()):
             samples.append(("ddpmon_collectives_issued_total", {**base, "op": op}, float(issued)))
             samples.append(("ddpmon_collectives_completed_total", {**base, "op": op}, float(completed)))
+        for advice in list(r.advice):
+            samples.append(("ddpmon_advice", {**base, "kind": advice.kind}, 1.0))
         for part in sorted(r.errors):
             samples.append(("ddpmon_internal_errors_total", {**base, "part": part}, 1.0))
         yield from families(samples)
