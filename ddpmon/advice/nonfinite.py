@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..hooks.step import is_compiling
 from .readback import Pending
 
 EVERY_STEP_UNTIL = 200
@@ -35,7 +36,7 @@ class GradCheck:
 
     def __call__(self, grad: torch.Tensor) -> None:
         owner = self._owner
-        if owner.armed:
+        if owner.armed and not is_compiling():
             try:
                 owner.flags.append((self._index, torch.isfinite(grad).all()))
             except Exception:

@@ -23,6 +23,7 @@ import torch
 
 from .. import transparent
 from .._safety import Fuse
+from ..hooks.step import is_compiling
 from ..recorder import Recorder
 from ..state import files, schema
 from ..state.schema import Advice as Finding
@@ -123,8 +124,8 @@ class Advice:
             self._fail(exc)
 
     def _before_ddp_forward(self, _module: Any, args: Any, kwargs: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled():
-            return
+        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
+            return  # (under torch.compile the hooks step aside, as hooks/step.py's do)
         self._in_ddp_forward = True
         try:
             step = self._rec.steps + 1
@@ -138,10 +139,11 @@ class Advice:
             self._fail(exc)
 
     def _after_ddp_forward(self, _module: Any, _args: Any, _output: Any) -> None:
-        self._in_ddp_forward = False
+        if not is_compiling():
+            self._in_ddp_forward = False
 
     def _before_inner_forward(self, module: torch.nn.Module, _args: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled():
+        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
             return
         try:
             if self._in_ddp_forward:
