@@ -2,8 +2,8 @@
 
 One rank's bad batch makes NaN gradients that DDP's all-reduce hands to every rank in the
 same step; afterwards every rank looks guilty. A hook on each parameter's gradient (it runs
-before the gradient reaches DDP's reducer) keeps ``isfinite(grad).all()`` as a flag on the
-gradient's device; the flags are read at the next step boundary (from the GPU without
+before the gradient reaches DDP's reducer) keeps ``isfinite(grad.sum())`` (one reduction: NaN
+and Inf survive a sum) as a flag on the gradient's device; the flags are read at the next step boundary (from the GPU without
 blocking, a step later). Every step is checked for the first ``EVERY_STEP_UNTIL`` steps,
 then every ``LATER_EVERY``-th. A non-finite step counts once the parameter is itself
 non-finite a step later: a mixed-precision GradScaler skips such steps and the parameters
@@ -13,13 +13,14 @@ stay finite, which is no finding.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ..hooks.step import is_compiling
 from .readback import Pending
 
-EVERY_STEP_UNTIL = 200
+EVERY_STEP_UNTIL = 50
 LATER_EVERY = 10
 
 
@@ -38,7 +39,7 @@ class GradCheck:
         owner = self._owner
         if owner.armed and not is_compiling():
             try:
-                owner.flags.append((self._index, torch.isfinite(grad).all()))
+                owner.flags.append((self._index, torch.isfinite(grad.sum())))
             except Exception:
                 owner.armed = False
 
@@ -55,7 +56,18 @@ class NonFiniteWatch:
         self.first: tuple[int, str] | None = None
         self._pending: list[tuple[int, list[int], Pending]] = []
         self._suspect: tuple[int, int, Pending] | None = None  # (step, index, is the parameter finite)
-        self._handles = [p.register_hook(GradCheck(self, i)) for i, p in enumerate(self._params)]
+        self._handles: list[Any] = []
+        self._hook(True)
+
+    def _hook(self, on: bool) -> None:
+        """Hooks only on checked steps: a Python hook on a gradient keeps autograd from
+        reusing the gradient's buffer (it copies), which other steps need not pay."""
+        if on and not self._handles:
+            self._handles = [p.register_hook(GradCheck(self, i)) for i, p in enumerate(self._params)]
+        elif not on and self._handles:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
     def step_ended(self, step: int) -> bool:
         """At a step boundary: step ``step`` (counted from 1) is done. True when ``first``
@@ -69,6 +81,7 @@ class NonFiniteWatch:
             self.flags = []
         following = step + 1
         self.armed = following <= EVERY_STEP_UNTIL or following % LATER_EVERY == 0
+        self._hook(self.armed)
         return self._confirm() or (self._read() and self._confirm())
 
     def _confirm(self) -> bool:
@@ -99,6 +112,4 @@ class NonFiniteWatch:
 
     def remove(self) -> None:
         self.armed = False
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._hook(False)
