@@ -55,6 +55,19 @@ class Advice:
         self._removed = False
         self._in_ddp_forward = False
         self._summary_logged = False
+        self._stop = threading.Event()
+        self._peers: threading.Thread | None = None
+        self._nonfinite: NonFiniteWatch | None = None
+        self._optimizer: OptimizerSteps | None = None
+        self._watching_data = False
+        self.comparisons = 0  # with the peers' files, so far
+        try:
+            self._install(ddp, parameters, state_dir)
+        except Exception as exc:  # advice is off then; attach and training go on
+            self._fail(exc)
+
+    def _install(self, ddp: torch.nn.Module, parameters: Sequence[tuple[str, torch.nn.Parameter]],
+                 state_dir: str | None) -> None:
         self._batches = data.BatchPrints()
         self._epochs = data.EpochWatch()
         self._sampler: tuple[str, bool | None, int | None] | None = None
@@ -70,10 +83,8 @@ class Advice:
         ]
         transparent.install(ddp.module)  # copies of the inner module leave its hook out
         data.watch(self._loader_iterated, self._sampler_iterated)
+        self._watching_data = True
         self._check_devices()
-        self._stop = threading.Event()
-        self.comparisons = 0  # with the peers' files, so far
-        self._peers: threading.Thread | None = None
         if state_dir:
             self._peers = threading.Thread(target=self._compare_peers, args=(state_dir,),
                                            name="ddpmon-advice", daemon=True)
@@ -289,9 +300,12 @@ class Advice:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._nonfinite.remove()
-        self._optimizer.remove()
-        data.unwatch(self._loader_iterated, self._sampler_iterated)
+        if self._nonfinite is not None:
+            self._nonfinite.remove()
+        if self._optimizer is not None:
+            self._optimizer.remove()
+        if self._watching_data:
+            data.unwatch(self._loader_iterated, self._sampler_iterated)
         transparent.remove(self._ddp.module)
         if self._peers is not None and self._peers is not threading.current_thread():
             self._peers.join(timeout=2.0)
