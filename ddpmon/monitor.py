@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import model, transparent
 from ._safety import Fuse
+from .advice.watch import Advice
 from .collectors import rank_sources
 from .config import Config
 from .hooks.autograd import UnusedParameterWatch
@@ -59,6 +60,7 @@ class Monitor:
         self._collectives: CollectiveTracker | None = None
         self._watchdog: Watchdog | None = None
         self._history: Any = None
+        self._advice: Advice | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
@@ -84,6 +86,8 @@ class Monitor:
         steps = self._steps
         self._optimizer = OptimizerHooks(rec, self._on_boundary, self._backward_seen, lambda: steps.manual,
                                          self._fuses["step_hooks"], [p for _, p in parameters])
+        self._advice = Advice(ddp, rec, parameters, config.resolved_state_dir(self.job), self._notify,
+                              Fuse("advice", self._part_failed))  # silent mistakes: ddpmon/advice/
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
@@ -147,7 +151,7 @@ class Monitor:
             except Exception as exc:
                 self._fuses["step_hooks"].blow(exc)
         self._detached = True
-        for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives):
+        for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives, self._advice):
             if part is not None:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
@@ -192,6 +196,8 @@ class Monitor:
             self._timing.collect(rec.steps)
         if self._unused:
             self._unused.step_ended()
+        if self._advice:
+            self._advice.step_ended(rec.steps)
 
     def _backward_seen(self) -> bool:
         """A backward ran in the step in progress (gradients or the output's grad hook)."""

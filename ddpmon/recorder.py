@@ -139,6 +139,10 @@ class Recorder:
         self.exit: schema.Exit | None = None
         self.unmatched_steps = 0  # steps the c10d bucket clock could not match to buckets
         self.ddp_group: tuple[str, int] = ("0", self.world_size)  # DDP's process group (name, size)
+        # ddpmon/advice/: findings appended; the other two replaced whole, never changed in place
+        self.advice: list[schema.Advice] = []
+        self.fingerprints = schema.Fingerprints()
+        self.data_info = schema.DataInfo()
         self._cur = _Step(time.perf_counter())
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._seq: dict[str, itertools.count[int]] = {}
@@ -508,6 +512,7 @@ class Recorder:
                 unused_parameters=list(self.unused_parameters),
                 buckets=[b.record() for b in self._buckets.sorted()],
                 notes=dict(self.notes), errors=dict(self.errors), hang=self.hang, exit=self.exit,
+                advice=list(self.advice), fingerprints=self.fingerprints, data=self.data_info,
             )
         state.timings = _summaries(recent)
         state.now_unix = time.time()

@@ -1,6 +1,6 @@
 """``ddpmon doctor [STATE_DIR] [--json]``: which rank stopped the job, doing what, what to do.
 
-Exit codes: 0 healthy, 1 a problem was found, 2 bad usage or input (a missing directory,
+Exit codes: 0 healthy (advice findings too, unless --fail-on-advice), 1 a problem was found, 2 bad usage or input (a missing directory,
 nothing to diagnose), 3 ddpmon itself failed.
 """
 
@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from ..advice import KINDS as ADVICE_KINDS
 from ..errors import StateFileError
 from .common import add_state_dir_argument, default_state_dir, no_state_dir
 
@@ -28,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max(5, 5 x the rank's slowest recent step); a rank's own hang report always counts)",
     )
     parser.add_argument("--no-stacks", action="store_true", help="do not read live stacks with py-spy")
+    parser.add_argument(
+        "--fail-on-advice", action="store_true",
+        help="exit 1 when a silent mistake was found (docs/advice.md), even if the job is healthy",
+    )
     parser.add_argument(
         "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
         help="read the state files from a node daemon started with --serve-state (repeat for "
@@ -59,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(report.render(diagnosis, colour=report.use_colour(sys.stdout)))
     if diagnosis.verdict == "healthy":
+        if args.fail_on_advice and any(f.kind in ADVICE_KINDS and f.severity == "warning" for f in diagnosis.findings):
+            return EXIT_PROBLEM
         return EXIT_OK
     return EXIT_USAGE if diagnosis.verdict == "no_data" else EXIT_PROBLEM
 

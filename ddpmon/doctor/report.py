@@ -10,6 +10,7 @@ import shutil
 import textwrap
 from typing import IO, Any
 
+from ..advice import KINDS as ADVICE_KINDS
 from .findings import Diagnosis, Finding
 from .view import GONE, RankView
 
@@ -66,6 +67,9 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
         lines.append(paint("also found:", "bold"))
         for f in rest:
             lines += _wrap(f"[{f.severity}] {f.summary}", width, "  ", "    ")
+            if f.kind in ADVICE_KINDS:  # the evidence a user checks before changing the script
+                for line in f.evidence:
+                    lines += _wrap(f"- {line}", width, "    ", "      ")
             if f.fix:
                 lines += _wrap(f"fix: {f.fix}", width, "    ", "      ")
     if d.ranks:

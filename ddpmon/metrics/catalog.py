@@ -81,6 +81,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),
     Metric("ddpmon_bucket_timing_unmatched_steps_total", "counter",
            "Steps whose all-reduces could not be matched to buckets (bucket_timing=c10d), so untimed."),
+    Metric("ddpmon_advice", "gauge",
+           "1 per silent DDP mistake this rank has seen, by kind (docs/advice.md): same data on "
+           "every rank, no set_epoch, diverged replicas, NaN/Inf origin, device mapping, costly options.",
+           RANK + ("kind",)),
     Metric("ddpmon_internal_errors_total", "counter",
            "Parts of ddpmon that failed and switched themselves off.", RANK + ("part",)),
     # -- the rank's GPU (NVML and torch's allocator) ----------------------------------------

@@ -95,6 +95,8 @@ class RankCollector:
             samples.append(("ddpmon_collectives_completed_total", {**base, "op": op}, float(completed)))
         for phase, seconds in r.phase_totals().items():
             samples.append(("ddpmon_step_phase_seconds_total", {**base, "phase": phase}, seconds))
+        for advice in list(r.advice):
+            samples.append(("ddpmon_advice", {**base, "kind": advice.kind}, 1.0))
         for part in sorted(r.errors):
             samples.append(("ddpmon_internal_errors_total", {**base, "part": part}, 1.0))
         yield from families(samples)

@@ -224,6 +224,76 @@ class Exit:
 
 
 @dataclass(slots=True)
+class Advice:
+    """A silent DDP mistake this rank saw (docs/advice.md lists every ``kind``)."""
+
+    kind: str
+    severity: str = "warning"
+    """``warning`` (the result or the cost is wrong) or ``info``."""
+    summary: str = ""
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+    step: int | None = None
+    """The step in which it was first seen."""
+    unix: float | None = None
+    ranks: list[int] = field(default_factory=list)
+    """The ranks it concerns, when it compares ranks (else this rank)."""
+
+
+@dataclass(slots=True)
+class ParamPrint:
+    """A sampled fingerprint of every parameter and buffer at the start of one step."""
+
+    step: int
+    digest: int
+    """CRC-32 over ``tensors``."""
+    tensors: list[int] = field(default_factory=list)
+    """CRC-32 of a few sampled elements of each tensor, in ``Fingerprints.names`` order."""
+
+
+@dataclass(slots=True)
+class NonFinite:
+    """The first step in which this rank's own gradients were not finite (before the all-reduce)."""
+
+    step: int
+    parameter: str = ""
+    """The first parameter (in DDP's order) whose gradient was not finite."""
+    unix: float | None = None
+
+
+@dataclass(slots=True)
+class Fingerprints:
+    """What the ranks compare (ddpmon/advice/compare.py): sampled, read a step late, no GPU sync."""
+
+    batch: list[list[int]] = field(default_factory=list)
+    """``[step, crc]`` of the input batch of the last steps (a few sampled elements)."""
+    params: list[ParamPrint] = field(default_factory=list)
+    """The last few parameter-and-buffer fingerprints."""
+    names: list[str] = field(default_factory=list)
+    """Parameter names, then buffers as ``buffer:<name>``."""
+    nonfinite: NonFinite | None = None
+    nonfinite_checked_step: int = 0
+    """The last step whose gradients were checked for NaN/Inf."""
+
+
+@dataclass(slots=True)
+class DataInfo:
+    """What this rank's data looked like, where ddpmon could see it."""
+
+    sampler: str | None = None
+    """Class name of the sampler of the DataLoader iterated last (``DistributedSampler``, ...)."""
+    shuffle: bool | None = None
+    batch_size: int | None = None
+    """Per-rank batch size: the first dimension of the model's first input."""
+    global_batch_size: int | None = None
+    """``batch_size`` x DDP's world size."""
+    epoch: int | None = None
+    gpu_uuid: str | None = None
+    """The UUID of this rank's GPU (``GPU-...``), to find ranks that share one."""
+    cuda_current_device: int | None = None
+
+
+@dataclass(slots=True)
 class RankState:
     """Everything one rank publishes: who it is, where it is, what it measured."""
 
@@ -298,6 +368,10 @@ class RankState:
     """The watchdog's report while it suspects a hang, else null."""
     exit: Exit | None = None
     """How the process ended, once it has."""
+    advice: list[Advice] = field(default_factory=list)
+    """Silent mistakes seen so far (ddpmon/advice/), each kind once."""
+    fingerprints: Fingerprints = field(default_factory=Fingerprints)
+    data: DataInfo = field(default_factory=DataInfo)
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None

@@ -19,7 +19,8 @@ desync               desync     the ranks wait in different collectives
 straggler            straggler  a rank computes clearly slower than the others
 ===================  =========  ===================================================
 
-No rule answering means healthy. A job whose ranks were all ended while hung is first put
+No rule answering means healthy. The advice rules (``advice``: same data on every rank,
+diverged replicas, NaN origin, device mapping, ...) are notes and never change the verdict. A job whose ranks were all ended while hung is first put
 back as it was at their last writes (``ended_while_hung``). The other rules add notes:
 ``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank, and those of ``files`` on the
 state directory (see ``ddpmon.doctor.examine``).
@@ -31,6 +32,7 @@ from collections.abc import Callable
 
 from ..findings import Finding, Verdict
 from ..view import RankView
+from . import advice as advice_rules
 from . import (
     comm_hang, dead_rank, desync, ended_while_hung, not_joining, rank_notes, straggler, stuck_rank,
     unused_parameters,
@@ -53,6 +55,8 @@ VERDICT_RULES: tuple[VerdictRule, ...] = (
 JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
     unused_parameters.unused_parameters,
     unused_parameters.needless_find_unused_parameters,
+    advice_rules.advice,  # silent mistakes (docs/advice.md): never a verdict
+    advice_rules.rank_as_device,
 )
 RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.no_stack,

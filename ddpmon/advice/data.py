@@ -1,0 +1,138 @@
+"""same_data, set_epoch_missing: what each rank trains on.
+
+A forward pre-hook on the DDP module samples a handful of elements of the first input tensor
+(positions that depend only on its shape) into a checksum per step; ``compare`` finds ranks
+whose checksums agree step after step: every rank got the same batches, as with a
+DataLoader that shuffles with one seed on every rank and no DistributedSampler. While
+attached, ``DataLoader.__iter__`` and ``DistributedSampler.__iter__`` pass through a light
+wrapper: the first says which sampler fed the model, the second notices a shuffling
+DistributedSampler iterated again with the epoch it had last time (``set_epoch`` never
+called: every epoch in the same order, pytorch#31771). The wrappers are removed when the
+last monitor of the process detaches.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .readback import Pending, crc, sample
+
+BATCH_SAMPLE = 8
+KEEP_STEPS = 32
+EVERY_STEP_UNTIL = 100
+LATER_EVERY = 10
+
+
+def first_tensor(args: Any, kwargs: Any) -> torch.Tensor | None:
+    """The first tensor among the forward's arguments (looked for shallowly)."""
+    for value in list(args) + list((kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)):
+            found = next((v for v in value[:8] if isinstance(v, torch.Tensor)), None)
+            if found is not None:
+                return found
+        if isinstance(value, dict):
+            found = next((v for v in list(value.values())[:8] if isinstance(v, torch.Tensor)), None)
+            if found is not None:
+                return found
+    return None
+
+
+class BatchPrints:
+    """Checksums of the first input of each training step (the first forward of the step)."""
+
+    def __init__(self) -> None:
+        self.prints: list[list[int]] = []
+        self.batch_size: int | None = None
+        self._pending: list[tuple[int, Pending]] = []
+        self._last_step = -1
+
+    def due(self, step: int) -> bool:
+        return step != self._last_step and (step < EVERY_STEP_UNTIL or step % LATER_EVERY == 0)
+
+    def take(self, step: int, x: torch.Tensor) -> None:
+        self._last_step = step
+        if self.batch_size is None and x.dim() > 0:
+            self.batch_size = int(x.shape[0])
+        self._pending.append((step, Pending(sample(x, BATCH_SAMPLE))))
+
+    def collect(self) -> bool:
+        """Move the checksums that arrived into ``prints``; True when any did."""
+        arrived = False
+        while self._pending and self._pending[0][1].ready():
+            step, pending = self._pending.pop(0)
+            self.prints.append([step, crc(pending.values())])
+            arrived = True
+        del self.prints[:-KEEP_STEPS]
+        return arrived
+
+
+# -- the sampler watch: class-level wrappers shared by the monitors of this process ---------------
+
+SamplerSeen = Callable[[Any], None]
+_loader_watchers: list[SamplerSeen] = []
+_sampler_watchers: list[SamplerSeen] = []
+_originals: dict[str, Any] = {}
+
+
+def _loader_iter(self: Any) -> Any:
+    for watcher in list(_loader_watchers):
+        watcher(self)
+    return _originals["loader"](self)
+
+
+def _sampler_iter(self: Any) -> Any:
+    for watcher in list(_sampler_watchers):
+        watcher(self)
+    return _originals["sampler"](self)
+
+
+def watch(on_loader: SamplerSeen, on_sampler: SamplerSeen) -> None:
+    if not _originals:
+        _originals["loader"] = DataLoader.__iter__
+        _originals["sampler"] = DistributedSampler.__iter__
+        DataLoader.__iter__ = _loader_iter  # type: ignore[method-assign]
+        DistributedSampler.__iter__ = _sampler_iter  # type: ignore[method-assign]
+    _loader_watchers.append(on_loader)
+    _sampler_watchers.append(on_sampler)
+
+
+def unwatch(on_loader: SamplerSeen, on_sampler: SamplerSeen) -> None:
+    if on_loader in _loader_watchers:
+        _loader_watchers.remove(on_loader)
+    if on_sampler in _sampler_watchers:
+        _sampler_watchers.remove(on_sampler)
+    if not _loader_watchers and not _sampler_watchers and _originals:
+        DataLoader.__iter__ = _originals.pop("loader")  # type: ignore[method-assign]
+        DistributedSampler.__iter__ = _originals.pop("sampler")  # type: ignore[method-assign]
+
+
+def sampler_of(loader: Any) -> Any:
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    if isinstance(inner, DistributedSampler) or sampler is None:
+        return inner
+    return sampler
+
+
+class EpochWatch:
+    """Epochs of the DistributedSamplers iterated: the same epoch twice is a missing set_epoch."""
+
+    def __init__(self) -> None:
+        self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    def iterated(self, sampler: Any) -> int | None:
+        """The epoch repeated, when this shuffling sampler runs again without set_epoch."""
+        if not getattr(sampler, "shuffle", False):
+            return None
+        epoch = int(getattr(sampler, "epoch", 0))
+        last = self._epochs.get(sampler)
+        self._epochs[sampler] = epoch
+        return epoch if last == epoch else None

@@ -1,0 +1,77 @@
+"""replicas_diverged, inner_module_forward: the model replicas must stay identical.
+
+DDP keeps replicas equal by broadcasting rank 0's parameters at construction and averaging
+gradients every step; anything that trains around it (``ddp.module(x)`` in a training
+step, a rank-dependent initialisation after wrapping, buffers with
+``broadcast_buffers=False``) makes them drift apart silently. Every few steps, at the start
+of the inner module's forward (after DDP has broadcast its buffers), a few elements of
+every parameter and buffer are sampled into per-tensor checksums; ``compare`` matches the
+ranks' checksums of the same step. A training forward on the inner module outside DDP's
+forward is reported at once, with its call site.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from .readback import Pending, crc, sample
+
+PARAM_SAMPLE = 4
+KEEP = 4
+EVERY_UNTIL_100 = 10
+LATER_EVERY = 50
+
+
+def due(step: int) -> bool:
+    return step % (EVERY_UNTIL_100 if step <= 100 else LATER_EVERY) == 0
+
+
+class ParamPrints:
+    """Per-tensor checksums of sampled elements of every parameter and buffer."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.tensors = [(name, p) for name, p in module.named_parameters()]
+        self.tensors += [(f"buffer:{name}", b) for name, b in module.named_buffers()]
+        self.names = [name for name, _ in self.tensors]
+        self.prints: list[tuple[int, int, list[int]]] = []
+        self._pending: list[tuple[int, Pending]] = []
+        self._last_step = -1
+
+    def take(self, step: int) -> None:
+        if step == self._last_step or not self.tensors:
+            return
+        self._last_step = step
+        with torch.no_grad():
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for _, t in self.tensors:
+                by_device.setdefault(t.device, []).append(sample(t, PARAM_SAMPLE))
+            first = next(iter(by_device))
+            parts = [torch.cat(v).to(first, non_blocking=True) for v in by_device.values()]
+            self._pending.append((step, Pending(torch.cat(parts) if len(parts) > 1 else parts[0])))
+
+    def collect(self) -> bool:
+        arrived = False
+        while self._pending and self._pending[0][1].ready():
+            step, pending = self._pending.pop(0)
+            values = pending.values()
+            per = [crc(values[i * PARAM_SAMPLE:(i + 1) * PARAM_SAMPLE]) for i in range(len(self.tensors))]
+            self.prints.append((step, crc(per), per))
+            arrived = True
+        del self.prints[:-KEEP]
+        return arrived
+
+
+def call_site() -> str:
+    """``file:line in function`` of the first frame outside torch and ddpmon."""
+    frame = sys._getframe(1)
+    torch_dir = os.path.dirname(torch.__file__)
+    ddpmon_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith((torch_dir, ddpmon_dir)) and "torch/nn/modules" not in path:
+            return f"{path}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"

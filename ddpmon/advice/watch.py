@@ -1,0 +1,311 @@
+"""The advice component of a monitor: builds the checks, hears of step boundaries, records
+each finding once (state file, log line, ``ddpmon_advice`` gauge) and removes it all at detach.
+
+Hooks it adds: a forward pre-hook and a forward hook on the DDP module (input fingerprint;
+whether a forward is DDP's), a forward pre-hook on the inner module (parameter fingerprint,
+a training forward that bypasses DDP), a hook on each parameter's gradient (NaN/Inf,
+sampled), torch's global optimizer step pre-hook, and wrappers of ``DataLoader.__iter__``
+and ``DistributedSampler.__iter__``. A thread compares this rank's fingerprints with its
+peers' state files when they share the state directory (no collective). A failure switches
+advice off, never training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import transparent
+from .._safety import Fuse
+from ..hooks.step import is_compiling
+from ..recorder import Recorder
+from ..state import files, schema
+from ..state.schema import Advice as Finding
+from . import compare, data, devices, replicas
+from .nonfinite import NonFiniteWatch
+from .training import OptimizerSteps, StaticGraph
+from .words import FIX
+
+log = logging.getLogger("ddpmon")
+
+PEER_INTERVAL = 2.0
+"""Seconds between comparisons with the peers' state files (at most; twice the state file's
+interval when that is shorter, at least half a second)."""
+CROSS_RANK = ("same_data", "replicas_diverged", "nonfinite_gradients", "shared_gpu")
+
+
+class Advice:
+    """Watches one DDP model for silent mistakes (ddpmon/advice/__init__.py lists them)."""
+
+    def __init__(self, ddp: torch.nn.Module, recorder: Recorder,
+                 parameters: Sequence[tuple[str, torch.nn.Parameter]], state_dir: str | None,
+                 notify: Callable[[], None], fuse: Fuse) -> None:
+        self._ddp = ddp
+        self._rec = recorder
+        self._notify = notify
+        self._fuse = fuse
+        self._rank = int(recorder.identity.get("rank", 0))
+        self._handles: list[Any] = []
+        self._removed = False
+        self._in_ddp_forward = False
+        self._summary_logged = False
+        self._stop = threading.Event()
+        self._peers: threading.Thread | None = None
+        self._nonfinite: NonFiniteWatch | None = None
+        self._optimizer: OptimizerSteps | None = None
+        self._watching_data = False
+        self.comparisons = 0  # with the peers' files, so far
+        try:
+            self._install(ddp, parameters, state_dir)
+        except Exception as exc:  # advice is off then; attach and training go on
+            self._fail(exc)
+
+    def _install(self, ddp: torch.nn.Module, parameters: Sequence[tuple[str, torch.nn.Parameter]],
+                 state_dir: str | None) -> None:
+        self._batches = data.BatchPrints()
+        self._epochs = data.EpochWatch()
+        self._sampler: tuple[str, bool | None, int | None] | None = None
+        self._params = replicas.ParamPrints(ddp.module)
+        self._nonfinite = NonFiniteWatch(parameters)
+        self._static = (StaticGraph() if getattr(ddp, "find_unused_parameters", False)
+                        and not getattr(ddp, "static_graph", False) else None)
+        self._optimizer = OptimizerSteps(self._synced_backwards, self._accumulating)
+        self._handles = [
+            ddp.register_forward_pre_hook(self._before_ddp_forward, with_kwargs=True),
+            ddp.register_forward_hook(self._after_ddp_forward, always_call=True),
+            ddp.module.register_forward_pre_hook(self._before_inner_forward),
+        ]
+        transparent.install(ddp.module)  # copies of the inner module leave its hook out
+        data.watch(self._loader_iterated, self._sampler_iterated)
+        self._watching_data = True
+        self._check_devices()
+        if state_dir:
+            self._peers = threading.Thread(target=self._compare_peers, args=(state_dir,),
+                                           name="ddpmon-advice", daemon=True)
+            self._peers.start()
+
+    # -- findings -----------------------------------------------------------------------------
+
+    def record(self, kind: str, summary: str, evidence: Sequence[str] = (), *, severity: str = "warning",
+               step: int | None = None, ranks: Sequence[int] = (), fix: str | None = None,
+               quiet: bool = False) -> None:
+        """Keep a finding (each kind once) and say it once in the log."""
+        if any(a.kind == kind for a in self._rec.advice):
+            return
+        finding = Finding(kind, severity, summary, list(evidence), FIX.get(kind, "") if fix is None else fix,
+                          self._rec.steps if step is None else step, time.time(), list(ranks) or [self._rank])
+        self._rec.advice.append(finding)
+        if not quiet:
+            log.warning("ddpmon: rank %d: %s [%s]. Fix: %s", self._rank, summary, kind, finding.fix)
+        self._notify()
+
+    # -- the training thread ----------------------------------------------------------------------
+
+    def step_ended(self, steps: int) -> None:
+        """At a step boundary: ``steps`` steps are done."""
+        if self._removed or not self._fuse.ok:
+            return
+        try:
+            changed = self._batches.collect() | self._params.collect()
+            if self._nonfinite.step_ended(steps):
+                step, name = self._nonfinite.first  # type: ignore[misc]
+                self.record("nonfinite_gradients",
+                            f"this rank's own gradients were not finite in step {step} before the "
+                            f"all-reduce, first in {name} (the origin, unless another rank's came earlier)",
+                            [f"step {step}: isfinite(grad) false for {name}"], step=step)
+                changed = True
+            if changed or self._nonfinite.checked_step != self._rec.fingerprints.nonfinite_checked_step:
+                self._publish()
+            rec = self._rec
+            if self._static is not None and self._static.step_ended(rec.unused_parameters):
+                shown = ", ".join(rec.unused_parameters[:5])
+                self.record("static_graph",
+                            f"the same {len(rec.unused_parameters)} parameter(s) were unused in each of the last "
+                            f"steps ({shown}): the graph is static", severity="info")
+            if "find_unused_parameters" in rec.notes:
+                self.record("needless_find_unused_parameters", rec.notes["find_unused_parameters"],
+                            severity="info", quiet=True)  # (hooks/autograd.py logged it)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _before_ddp_forward(self, _module: Any, args: Any, kwargs: Any) -> None:
+        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
+            return  # (under torch.compile the hooks step aside, as hooks/step.py's do)
+        self._in_ddp_forward = True
+        try:
+            step = self._rec.steps + 1
+            if self._batches.due(step):
+                x = data.first_tensor(args, kwargs)
+                if x is not None:
+                    self._batches.take(step, x)
+                    if not self._summary_logged:
+                        self._summarise()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _after_ddp_forward(self, _module: Any, _args: Any, _output: Any) -> None:
+        if not is_compiling():
+            self._in_ddp_forward = False
+
+    def _before_inner_forward(self, module: torch.nn.Module, _args: Any) -> None:
+        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
+            return
+        try:
+            if self._in_ddp_forward:
+                step = self._rec.steps + 1
+                if replicas.due(step):
+                    self._params.take(step)
+            elif module.training:
+                site = replicas.call_site()
+                self.record("inner_module_forward",
+                            f"a training forward on the inner module (ddp.module) at {site}: its gradients "
+                            "are not all-reduced, so this rank's replica drifts from the others",
+                            [f"called at {site}, step {self._rec.steps + 1}, with gradients enabled"])
+        except Exception as exc:
+            self._fail(exc)
+
+    def _synced_backwards(self) -> int:
+        rec = self._rec
+        return rec.steps + (1 if rec.step_has_synced else 0)
+
+    def _accumulating(self, per_step: int, synced: int) -> None:
+        self.record("accumulation_without_no_sync",
+                    f"{per_step} gradient all-reduces per optimizer step in each of the last steps: "
+                    "gradient accumulation without no_sync() all-reduces every micro-batch",
+                    [f"{synced} synchronised backwards so far; {per_step} in the last optimizer step"])
+
+    # -- data ----------------------------------------------------------------------------------------
+
+    def _loader_iterated(self, loader: Any) -> None:
+        try:
+            sampler = data.sampler_of(loader)
+            name = type(sampler).__name__ if sampler is not None else None
+            shuffle = getattr(sampler, "shuffle", None) if sampler is not None else None
+            if name in ("RandomSampler",):
+                shuffle = True
+            elif name == "SequentialSampler":
+                shuffle = False
+            self._sampler = (name or "?", shuffle, getattr(loader, "batch_size", None))
+            self._publish()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _sampler_iterated(self, sampler: Any) -> None:
+        try:
+            epoch = self._epochs.iterated(sampler)
+            if epoch is not None:
+                self.record("set_epoch_missing",
+                            f"a shuffling DistributedSampler is iterated again with epoch {epoch}: "
+                            "set_epoch() was not called, so every epoch sees the same order",
+                            [f"DistributedSampler(num_replicas={getattr(sampler, 'num_replicas', '?')}, "
+                             f"rank={getattr(sampler, 'rank', '?')}, shuffle=True, seed={getattr(sampler, 'seed', '?')}) "
+                             f"iterated twice with epoch {epoch}"])
+        except Exception as exc:
+            self._fail(exc)
+
+    def _summarise(self) -> None:
+        self._summary_logged = True
+        self._publish()
+        info = self._rec.data_info
+        if self._rank == 0:
+            ident = self._rec.identity
+            sampler = f", sampler {info.sampler}" if info.sampler else ""
+            log.warning("ddpmon: job: world size %s, backend %s, per-rank batch %s, global batch %s%s",
+                        ident.get("ddp_world_size"), ident.get("backend"), info.batch_size,
+                        info.global_batch_size, sampler)
+
+    # -- devices ---------------------------------------------------------------------------------
+
+    def _check_devices(self) -> None:
+        device = str(self._rec.identity.get("device") or "cpu")
+        cuda = device.startswith("cuda") and torch.cuda.is_available()
+        local = os.environ.get("LOCAL_RANK")
+        facts = devices.DeviceFacts(
+            device, self._rank, int(local) if local and local.isdigit() else None,
+            torch.cuda.device_count() if cuda else 0, torch.cuda.current_device() if cuda else None,
+        )
+        found = devices.check(facts)
+        if found:
+            self.record(found.kind, found.summary, found.evidence, fix=found.fix, step=0)
+        self._uuid = devices.gpu_uuid(device) if cuda else None
+        self._current = facts.current_device
+        self._publish()
+
+    # -- publication -----------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        rec = self._rec
+        batch = self._batches.batch_size
+        world = int(rec.identity.get("ddp_world_size") or rec.world_size)
+        name, shuffle, _ = self._sampler or (None, None, None)
+        rec.data_info = schema.DataInfo(
+            sampler=name, shuffle=shuffle, batch_size=batch, global_batch_size=batch * world if batch else None,
+            gpu_uuid=getattr(self, "_uuid", None), cuda_current_device=getattr(self, "_current", None),
+        )
+        first = self._nonfinite.first
+        rec.fingerprints = schema.Fingerprints(
+            batch=[list(p) for p in self._batches.prints],
+            params=[schema.ParamPrint(step, digest, list(per)) for step, digest, per in self._params.prints],
+            names=list(self._params.names),
+            nonfinite=schema.NonFinite(first[0], first[1], time.time()) if first else None,
+            nonfinite_checked_step=self._nonfinite.checked_step,
+        )
+
+    # -- peers ----------------------------------------------------------------------------------
+
+    def _compare_peers(self, state_dir: str) -> None:
+        """Compare with the other ranks' state files in a shared directory, every few seconds."""
+        job = self._rec.identity.get("job")
+        interval = min(PEER_INTERVAL, max(0.5, 2 * float(self._rec.identity.get("state_interval") or 1.0)))
+        while not self._stop.wait(interval):
+            try:
+                self.compare_now(state_dir, job)
+            except Exception as exc:
+                log.debug("ddpmon: advice: comparing with peers failed: %r", exc)
+
+    def compare_now(self, state_dir: str, job: Any) -> None:
+        states = [self._rec.state()]
+        for path in files.list_files(state_dir):
+            if files.rank_of(path) == self._rank:
+                continue
+            try:
+                peer = files.read(path)
+            except Exception:
+                continue
+            if peer.job == job:
+                states.append(peer)
+        for found in compare.compare(states):
+            if self._rank in found.ranks:
+                self.record(found.kind, found.summary, found.evidence, step=found.step, ranks=found.ranks,
+                            fix=found.fix, severity=found.severity)
+        self.comparisons += 1
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        self._fuse.blow(exc)
+        self.remove()
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        self._stop.set()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._nonfinite is not None:
+            self._nonfinite.remove()
+        if self._optimizer is not None:
+            self._optimizer.remove()
+        if self._watching_data:
+            data.unwatch(self._loader_iterated, self._sampler_iterated)
+        transparent.remove(self._ddp.module)
+        if self._peers is not None and self._peers is not threading.current_thread():
+            self._peers.join(timeout=2.0)
