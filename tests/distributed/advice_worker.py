@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from . import worker
-from .worker import MLP, RANK, WORLD, captured_logs, init, scenario, scrape
+from .worker import MLP, RANK, captured_logs, init, scenario, scrape
 
 STEPS = 30
 

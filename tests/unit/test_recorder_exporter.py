@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from ddpmon.metrics import catalog
 from ddpmon.metrics.exporter import RankCollector, serve
+from ddpmon.state import schema
 from ddpmon.recorder import BucketTiming, Histogram, Recorder
 
 IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", backend="gloo",
@@ -103,6 +104,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.identity["bucket_timing"] = "c10d"  # the one metric served only with c10d timing
     rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
     rec.record_error("watchdog", "boom")
+    rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
     served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
     for family in RankCollector(rec, "per_bucket").collect():
         name = family.name + "_total" if family.type == "counter" else family.name
