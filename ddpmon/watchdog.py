@@ -12,7 +12,7 @@ The thread runs while the main thread waits in C++ (torch releases the GIL there
 whose main thread holds the GIL stops this thread too: ``ddpmon doctor`` then reads the
 rank's stack with py-spy. The loop cannot die: each pass is guarded, and ``stop()`` joins
 with a bound. The watchdog also notes how the process ended (at interpreter exit), so the
-doctor can tell the first rank to die from those that failed after it.
+doctor can tell the first rank to die from those that failed after it (``ending.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .ending import Ending
 from .recorder import Recorder
 from .state import schema
 
@@ -55,6 +56,7 @@ class Watchdog:
         flush: Callable[[], Any] | None = None,
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
+        state_file: str | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
@@ -63,6 +65,7 @@ class Watchdog:
         self._floor = floor
         self._notify = notify
         self._flush = flush
+        self._ending = Ending(recorder, flush, state_file)
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -82,12 +85,14 @@ class Watchdog:
         if self._timeout != 0:
             self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
             self._thread.start()
+        self._ending.install()
         atexit.register(self._at_exit)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread, joined with a bound."""
         self._stop.set()
         atexit.unregister(self._at_exit)
+        self._ending.remove()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -195,7 +200,7 @@ class Watchdog:
     def _at_exit(self) -> None:
         """Note how this process ends, then write the state file one last time (bounded)."""
         try:
-            self._recorder.set_exit(exit_record())
+            self._ending.at_exit()
             if self._flush is not None:
                 self._flush()
         except Exception:
@@ -253,24 +258,6 @@ def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
         ))
     del frames
     return out
-
-
-def exit_record() -> schema.Exit:
-    """How the interpreter is ending: the uncaught exception (if any) and where it rose."""
-    record = schema.Exit(unix=time.time())
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if exc is None:
-        return record
-    record.exception = f"{type(exc).__name__}: {exc}"[:2000]
-    where = innermost = None
-    for fs in traceback.extract_tb(exc.__traceback__):
-        innermost = fs
-        if not _library(fs.filename):
-            where = fs
-    chosen = where or innermost
-    if chosen is not None:
-        record.where = f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
-    return record
 
 
 def _library(filename: str) -> bool:

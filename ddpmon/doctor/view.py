@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..state import records
-from ..state.schema import Collective, RankState, Thread
+from ..state.schema import Collective, Exit, RankState, Thread
+from . import fault
 from .load import StateFile
 from .procs import Liveness
 
@@ -55,6 +56,8 @@ class RankView:
     stack_error: str | None = None
     gone_at: float | None = None
     stalled_when_written: bool = False
+    ending: Exit | None = None
+    """How it ended: its exit record, or the fatal signal its faulthandler file names."""
 
     @property
     def state(self) -> RankState:
@@ -71,7 +74,7 @@ class RankView:
 
     @property
     def exception(self) -> str | None:
-        return self.state.exit.exception if self.state.exit else None
+        return self.ending.exception if self.ending else None
 
     def timing(self, name: str) -> float | None:
         """The median of one of its per-step timings (``compute_seconds``, ...)."""
@@ -97,7 +100,7 @@ class RankView:
             "in_flight": len(self.in_flight),
             "collectives_issued": s.collectives.issued,
             "hang_reported": s.hang is not None,
-            "exit": records.dump(s.exit),
+            "exit": records.dump(self.ending),
             "compute_seconds": self.timing("compute_seconds"),
             "exposed_comm_seconds": self.timing("exposed_comm_seconds"),
             "stack": {"source": self.stack_source, "frames": records.dump(main.frames[-20:])} if main else None,
@@ -131,9 +134,15 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.stack, v.stack_source = s.hang.threads, f"its hang report ({age:.0f} s old)"
     interval = state_interval(s)
     stale = age > max(STALE_MIN, STALE_FACTOR * interval)
-    if s.exit is not None:  # it ended (possibly still tearing down)
-        v.status = CRASHED if s.exit.exception else EXITED
-        v.gone_at = s.exit.unix + off
+    v.ending = s.exit
+    if v.ending is None or v.ending.how == "os._exit":  # a fatal signal leaves no record
+        signalled = fault.read(f.path, _local(f, s.started_unix) - 1.0 if s.started_unix else None)
+        if signalled is not None:
+            v.ending, off = signalled, 0.0  # the fault file's time is the file system's
+            v.stack, v.stack_source = signalled.threads, f"its faulthandler file ({signalled.signal})"
+    if v.ending is not None:  # it ended (possibly still tearing down)
+        v.status = CRASHED if failed(v.ending) else EXITED
+        v.gone_at = v.ending.unix + off
     elif liveness.alive is False:
         v.status = EXITED if s.phase == "detached" else DEAD
         v.gone_at = f.mtime + interval / 2
@@ -150,6 +159,15 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         for e in v.in_flight:
             e.age_seconds = round((s.now_unix or e.issued_unix) - e.issued_unix, 3)
     return v
+
+
+def failed(e: Exit) -> bool:
+    """An end that is a failure: an exception, a fatal signal or a non-zero exit status."""
+    return bool(e.exception or e.signal or (e.code not in (None, 0)))
+
+
+def _local(f: StateFile, t: float) -> float:
+    return t + f.offset
 
 
 def flight_recorder_waits(s: RankState) -> list[Collective]:

@@ -7,10 +7,12 @@ of logic, and lets the texts be read (and reviewed) together.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection, Iterable
 
 from ..state.schema import Collective
+from .fault import path_for as fault_path
 from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------
@@ -76,23 +78,47 @@ FIX_UNREACHABLE_DAEMON = (
 
 
 def fix_crashed(v: RankView) -> str:
-    """A rank that raised an error of its own: that error is the cause."""
-    where = v.state.exit.where if v.state.exit else None
+    """A rank that failed on its own (an error, a fatal signal, a non-zero exit): the cause."""
+    e = v.ending
+    where = e.where if e else None
+    at = f" at {where}" if where else ""
+    if e is not None and e.signal:
+        return (
+            f"Rank {v.rank} was killed by {e.signal}{at} (its Python stack is in "
+            f"{os.path.basename(fault_path(v.file.path))} beside its state file). "
+            + FIX_SIGNAL.get(e.signal, "") + " The other ranks failed or wait because of it."
+        )
+    if e is not None and not e.exception:
+        return (
+            f"Rank {v.rank} called {e.how or 'exit'}({e.code}){at}: find out why it chose to end "
+            "with that status (its log, the condition before that call). The other ranks failed "
+            "or wait because of it."
+        )
     return (
-        f"Rank {v.rank} raised {short_exception(v.exception or '?')}"
-        + (f" at {where}" if where else "")
+        f"Rank {v.rank} raised {short_exception(v.exception or '?')}{at}"
         + ": fix that error. The other ranks failed or wait because of it."
     )
 
 
+FIX_SIGNAL = {
+    "SIGABRT": "A backend abort is typical (gloo aborts when ranks all-reduce tensors of "
+               "different sizes or dtypes: see any desync finding), as is a failed C++ assertion.",
+    "SIGSEGV": "A crash in native code (an extension, a mismatched library build, a bad pointer "
+               "from a custom op).",
+    "SIGBUS": "Often shared memory exhausted (/dev/shm too small for DataLoader workers or NCCL).",
+    "SIGFPE": "An integer division by zero in native code.",
+    "SIGILL": "A binary built for another CPU (instruction set) than this one.",
+}
+
+
 def fix_died(v: RankView) -> str:
-    """A rank that ended without a Python exception: where to look for what ended it."""
+    """A rank that ended without any record: killed from outside."""
     pid = v.state.pid
     return (
-        f"Find out why rank {v.rank} (pid {pid} on {v.state.host}) ended "
-        "without a Python exception: its stderr or log for the first error; `dmesg` or "
-        f"`journalctl -k` for the kernel's OOM killer ('Killed process {pid}') or a "
-        "segfault; a call to os._exit or a signal (SIGKILL, SIGTERM from a scheduler). "
+        f"Rank {v.rank} (pid {pid} on {v.state.host}) vanished without a trace: no exception, "
+        "no exit status and no fatal signal were recorded, so it was most likely killed from "
+        f"outside with SIGKILL. Check `dmesg` or `journalctl -k` for the kernel's OOM killer "
+        f"('Killed process {pid}'), and the scheduler's log for a kill or preemption. "
         "The other ranks failed or wait because of it."
     )
 
@@ -155,13 +181,20 @@ def fix_comm(backend: str | None, debug_level: str | None = None) -> str:
 
 
 def ended(v: RankView, brief: bool = False) -> str:
+    e = v.ending
+    if v.status == CRASHED and e is not None:
+        if e.signal:
+            return f"was killed by {e.signal}" if brief else f"was killed by {e.exception}"
+        if not e.exception:
+            return f"exited with status {e.code}" + ("" if brief else f" ({e.how})")
+        return "crashed" if brief else f"crashed ({short_exception(e.exception)})"
     if v.status == CRASHED:
-        return "crashed" if brief or not v.exception else f"crashed ({short_exception(v.exception)})"
+        return "crashed"
     if v.status == SILENT:
         return "stopped writing its state file (on another host: dead or frozen)"
     if v.status == EXITED:
         return "exited"
-    return "died" if brief else "died without a Python exception (killed, os._exit, or a crash)"
+    return "died" if brief else "vanished without a trace (killed from outside: SIGKILL, the OOM killer)"
 
 
 _WRAPPED = re.compile(r"^(?:\w+(?:Error|Exception): )?Got the following error when running the callback: ")
@@ -180,7 +213,7 @@ def short_exception(text: str, limit: int = 160) -> str:
 
 def gone_line(v: RankView) -> str:
     s = v.state
-    where = s.exit.where if s.exit else None
+    where = v.ending.where if v.ending else None
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): {ended(v)}"
         + (f" at {where}" if where else "")

@@ -169,7 +169,18 @@ class Exit:
     exception: str | None = None
     """``Type: message`` of the uncaught exception, null for a clean exit."""
     where: str | None = None
-    """``file:line in function`` of the innermost user frame of that exception."""
+    """``file:line in function`` of the innermost user frame of that exception (for
+    ``sys.exit`` and ``os._exit``: of their caller)."""
+    code: int | None = None
+    """The exit status, where known: non-zero is a failure (``sys.exit(3)``: 3)."""
+    how: str | None = None
+    """``exception``, ``sys.exit``, ``os._exit``, ``end`` (the interpreter ended normally),
+    or ``signal`` (a reader's record from the rank's faulthandler file)."""
+    signal: str | None = None
+    """The fatal signal (``SIGSEGV``, ``SIGABRT``, ...): never written by the rank, which
+    cannot run Python then; readers fill it from ``rank-<R>.fault``."""
+    threads: list[Thread] = field(default_factory=list)
+    """With ``signal``: every thread's Python stack as faulthandler wrote it."""
 
 
 @dataclass(slots=True)
