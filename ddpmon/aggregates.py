@@ -24,7 +24,7 @@ RECENT_STEPS = 256
 HISTORY_STEPS = 4096  # per-step rows kept for the history writer
 MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
-COLLECTIVE_LOG = 16
+COLLECTIVE_LOG = 32
 MAX_CALL_SITES = 64
 BUCKET_OP = "all_reduce"  # torch's name, as for the collectives user code issues
 

@@ -111,6 +111,21 @@ FIX_SIGNAL = {
 }
 
 
+def fix_mismatch(field: str) -> str:
+    """The ranks issued different collectives under one sequence number."""
+    if field in ("op", "call"):
+        return FIX_DESYNC + (
+            " Collectives issued in a different order per rank are the same bug: iterate over a "
+            "sorted list, not a set or a dict filled differently per rank."
+        )
+    return (
+        "Every rank must pass tensors of the same shape and dtype to a collective: look at "
+        "how the tensor at that call site is built (a per-rank batch size or metric count, a "
+        "dtype that depends on the data or on autocast). Pad to a common size (all_gather the "
+        "sizes first) or cast before the call."
+    )
+
+
 def fix_died(v: RankView) -> str:
     """A rank that ended without any record: killed from outside."""
     pid = v.state.pid

@@ -69,6 +69,10 @@ class Collective:
     group_size: int = 0
     bytes: int | None = None
     """Bytes this rank sends, where known."""
+    dtype: str | None = None
+    """The tensor's dtype (``float32``; ``mixed`` for a list of several), where known."""
+    numel: int | None = None
+    """Elements this rank contributes (summed over a list of tensors), where known."""
     call_site: str = "?"
     """``file:line`` of the first frame outside torch and ddpmon (``DDP backward`` for a bucket)."""
     function: str = ""
@@ -225,7 +229,7 @@ class RankState:
     in_flight: list[Collective] = field(default_factory=list)
     last_collective: Collective | None = None
     collective_log: list[Collective] = field(default_factory=list)
-    """The last 16 completed collectives."""
+    """The last 32 completed collectives."""
     collective_seq: dict[str, int] = field(default_factory=dict)
     """Last sequence number per process group."""
     collective_sites: dict[str, int] = field(default_factory=dict)

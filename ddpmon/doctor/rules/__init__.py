@@ -8,6 +8,8 @@ order and the first rule that answers gives the verdict, so the order is the pre
 kind                 verdict    when
 ===================  =========  ===================================================
 finished             healthy    every rank exited without an error
+mismatch             desync     the ranks' collectives differ under one sequence
+                                number (op, order, dtype or element count)
 left_early           desync     the first rank to end exited cleanly while others
                                 still needed it
 dead_rank            dead_rank  a rank died, crashed or went silent first
@@ -32,8 +34,8 @@ from collections.abc import Callable
 from ..findings import Finding, Verdict
 from ..view import RankView
 from . import (
-    comm_hang, dead_rank, desync, ended_while_hung, not_joining, rank_notes, straggler, stuck_rank,
-    unused_parameters,
+    comm_hang, dead_rank, desync, ended_while_hung, fingerprint, not_joining, rank_notes, straggler,
+    stuck_rank, unused_parameters,
 )
 
 VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
@@ -41,6 +43,7 @@ VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
 
 VERDICT_RULES: tuple[VerdictRule, ...] = (
     dead_rank.finished,
+    fingerprint.mismatch,
     dead_rank.left_early,
     dead_rank.dead_rank,
     stuck_rank.stuck_rank,
