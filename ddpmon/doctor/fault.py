@@ -60,6 +60,12 @@ def parse(text: str, unix: float) -> Exit | None:
             threads[-1].frames.append(Frame(fr.group(1), lineno, fr.group(3)))
     for t in threads:
         t.frames.reverse()  # innermost last, as everywhere else
+    if not any(t.main for t in threads):
+        # the signal came from a thread without Python (a backend's own thread): the thread
+        # that runs the script is the one that matters
+        script = next((t for t in threads if any(f.function == "<module>" for f in t.frames[:3])), None)
+        if script is not None:
+            script.main = True
     threads.sort(key=lambda t: not t.main)  # the thread that took the signal first
     record = Exit(unix=unix, how="signal", signal=signal, threads=threads,
                   exception=f"{signal} ({what})")
@@ -72,4 +78,7 @@ def parse(text: str, unix: float) -> Exit | None:
 
 
 def _library(filename: str) -> bool:
-    return "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
+    return (
+        "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
+        or "/ddpmon/" in filename
+    )

@@ -74,7 +74,7 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     return "\n".join(lines) + "\n"
 
 
-_ROOT_KINDS = ("dead_rank", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
+_ROOT_KINDS = ("dead_rank", "mismatch", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
 
 
 def _block(f: Finding, width: int) -> list[str]:

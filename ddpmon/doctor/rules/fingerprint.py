@@ -74,11 +74,52 @@ def _fingerprint(e: Collective) -> tuple[object, ...]:
     return (e.op, e.bucket is None, e.dtype, e.numel)
 
 
+def aborted_in(v: RankView) -> str | None:
+    """The collective a rank was in when the backend aborted it (SIGABRT): ``op`` and the
+    user frame that called it, from its faulthandler file."""
+    if v.ending is None or v.ending.signal != "SIGABRT" or not v.stack:
+        return None
+    frames = v.stack[0].frames
+    for i in range(len(frames) - 1, -1, -1):
+        f = frames[i]
+        if str(f.file).endswith("distributed_c10d.py") and f.function in TRACKED_OPS:
+            user = next((u for u in reversed(frames[:i]) if not _library(str(u.file))), None)
+            return f"{f.function} {user.file}:{user.line}" if user else f.function
+    return None
+
+
+def _library(filename: str) -> bool:
+    return (
+        "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
+        or "/ddpmon/" in filename
+    )
+
+
+TRACKED_OPS = frozenset((
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+    "all_reduce_coalesced", "all_gather_object", "broadcast_object_list",
+))
+
+
+def _same_call(aborted: str, e: Collective) -> bool:
+    op, _, where = aborted.partition(" ")
+    return op == e.op and (not where or not e.call_site or where.endswith(e.call_site))
+
+
 def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
     found = first_mismatch(views)
+    aborted = {v.rank: a for v in views if (a := aborted_in(v))}
     if found is None:
-        return None
+        return _abort_only(views, aborted)
     (group, seq), field, there = found
+    inferred = []
+    for r, a in aborted.items():
+        if r not in there and any(_same_call(a, e) for e in there.values()) and field in ("numel", "dtype"):
+            # gloo aborts the rank that receives more than it expects: the smaller side
+            smallest = min(there.values(), key=lambda e: e.bytes or 0)
+            there[r] = smallest
+            inferred.append(r)
     sides: dict[tuple[object, ...], list[int]] = {}
     for r, e in sorted(there.items()):
         sides.setdefault(_fingerprint(e), []).append(r)
@@ -100,7 +141,12 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
         f"the ranks issued different collectives as #{seq} of group {group}: the {name} differs "
         f"({'; '.join(parts)})"
     )
-    evidence = [f"rank {r}: {words.entry_name(e)}{_shape(e)}" for r, e in sorted(there.items())]
+    evidence = [
+        f"rank {r}: " + (f"aborted by the backend in {e.op} at {e.call_site} (counted with the smaller side: "
+                         "gloo aborts the rank that receives more than it expects)" if r in inferred
+                         else f"{words.entry_name(e)}{_shape(e)}")
+        for r, e in sorted(there.items())
+    ]
     ended = [v for v in views if v.ending is not None and v.exception]
     if ended:
         evidence.append(
@@ -122,3 +168,32 @@ def describe(e: Collective) -> str:
 def _shape(e: Collective) -> str:
     bits = [b for b in (f"{e.numel} elements" if e.numel is not None else "", e.dtype or "") if b]
     return f" ({', '.join(bits)})" if bits else ""
+
+
+def _abort_only(views: list[RankView], aborted: dict[int, str]) -> Verdict | None:
+    """A rank aborted inside a collective (gloo's answer to mismatched sizes or dtypes) and
+    the ranks' records cannot line the call up (the aborted rank's file predates it)."""
+    if not aborted:
+        return None
+    first = min(aborted)
+    op, _, where = aborted[first].partition(" ")
+    peers = []
+    for v in views:
+        if v.rank in aborted:
+            continue
+        last = v.state.last_collective
+        if last is not None and _same_call(aborted[first], last):
+            peers.append((v.rank, last))
+    if not peers:
+        return None
+    suspects = sorted([r for r in aborted] + [r for r, _ in peers])
+    summary = (
+        f"the backend aborted {words.who(sorted(aborted))} (SIGABRT) inside {op} at {where}, a "
+        "collective the other ranks issued at the same place: the ranks' tensors differ in "
+        "size or dtype"
+    )
+    evidence = [f"rank {r}: {words.entry_name(e)}{_shape(e)}" for r, e in peers]
+    evidence.append("the aborted rank's own tensor is not in its state file (it died before the next write)")
+    state = views[0].state
+    fix = words.fix_mismatch("numel") + " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
+    return Verdict("desync", suspects, [Finding("mismatch", "error", suspects, summary, evidence, fix)])
