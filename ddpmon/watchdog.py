@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from . import liveness
 from .ending import Ending
 from .recorder import Recorder
 from .state import schema
@@ -57,6 +58,7 @@ class Watchdog:
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
         state_file: str | None = None,
+        sampler: liveness.Sampler | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
@@ -66,6 +68,10 @@ class Watchdog:
         self._notify = notify
         self._flush = flush
         self._ending = Ending(recorder, flush, state_file)
+        self._state_file = state_file
+        # Activity sampling reads the real main thread: off under an injected clock (tests)
+        # unless a sampler is given.
+        self._sampler = sampler if sampler is not None or clock is not time.time else liveness.Sampler()
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -160,7 +166,16 @@ class Watchdog:
                 return fresh
             return report
         timeout, source = self.timeout_now()
-        if timeout is None or self._idle(now, last) < timeout:
+        idle = self._idle(now, last)
+        activity = self.activity(idle, timeout, now)
+        if timeout is None or idle < timeout:
+            return None
+        holdouts = None
+        if activity.state == liveness.WAITING and self._state_file:
+            waiting = rec.in_flight()
+            if waiting:
+                holdouts = liveness.holdouts(self._state_file, waiting[0], now)
+        if not liveness.is_hang(activity.state, idle, timeout, holdouts):
             return None
         report = self.build_report(now, last, timeout, source)
         rec.set_hang(report)
@@ -169,6 +184,19 @@ class Watchdog:
         self._wake()
         log.warning("ddpmon: %s", describe(report, rec.identity.get("rank")))
         return report
+
+    def activity(self, idle: float, timeout: float | None, now: float) -> schema.Activity:
+        """Sample the main thread (at most about once a second) and publish what it does."""
+        rec = self._recorder
+        in_flight = rec.in_flight_count() > 0
+        if self._sampler is None:
+            state = liveness.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout)
+            act = schema.Activity(state=state, sampled_unix=now, hang_timeout_seconds=timeout)
+        else:
+            self._sampler.sample()
+            act = self._sampler.activity(idle, in_flight, timeout, now)
+        rec.activity = act  # the state writer publishes it with its next rewrite
+        return act
 
     def build_report(self, now: float, last: float, timeout: float, source: str) -> schema.Hang:
         rec = self._recorder

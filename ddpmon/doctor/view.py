@@ -3,7 +3,8 @@
 Each rank is put in one status: running (progress recently), waiting (no progress, a
 collective in flight), stuck (no progress, no collective in flight), frozen (its process
 is there but its state file is no longer rewritten: the main thread holds the GIL or the
-process is stopped), dead (the process is gone without a word), crashed (it ended with an
+process is stopped), busy (no progress, not in a collective, but its watchdog sees it
+working: ``ddpmon/liveness.py``), dead (the process is gone without a word), crashed (it ended with an
 uncaught exception), exited (it ended without one), silent (another host; its file stopped
 changing). The rules (``rules/``) then compare the ranks.
 
@@ -17,13 +18,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import liveness
 from ..state import records
 from ..state.schema import Collective, Exit, RankState, Thread
 from . import fault
 from .load import StateFile
 from .procs import Liveness
 
-RUNNING, WAITING, STUCK, FROZEN = "running", "waiting", "stuck", "frozen"
+RUNNING, WAITING, STUCK, FROZEN, BUSY = "running", "waiting", "stuck", "frozen", "busy"
 DEAD, CRASHED, EXITED, SILENT = "dead", "crashed", "exited", "silent"
 GONE = (DEAD, CRASHED, EXITED, SILENT)
 """The rank's process has ended (or, on another host, stopped writing)."""
@@ -97,6 +99,7 @@ class RankView:
             "silent_seconds": round(self.silent, 3),
             "file_age_seconds": round(self.age, 3),
             "waiting_in": brief_entry(waiting) if waiting else None,
+            "activity": records.dump(s.activity),
             "in_flight": len(self.in_flight),
             "collectives_issued": s.collectives.issued,
             "hang_reported": s.hang is not None,
@@ -153,6 +156,11 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.status = FROZEN
     elif s.hang is not None or silent > stall_after:
         v.status = WAITING if in_flight else STUCK
+        act = s.activity
+        if v.status == STUCK and act is not None and act.state == liveness.BUSY and s.hang is None:
+            timeout = act.hang_timeout_seconds
+            if not timeout or silent < liveness.busy_limit(timeout):
+                v.status = BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
     v.stalled_when_written = s.hang is not None or written_silent > stall_after
     if v.status in GONE:  # the ages that matter are those at its last write

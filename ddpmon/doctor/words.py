@@ -44,6 +44,11 @@ FIX_STRAGGLER = (
     "or GPU (other processes, CPU contention, clocks or thermal throttling: `ddpmon top`, "
     "nvidia-smi), or work only that rank does (logging, evaluation, checkpointing)."
 )
+FIX_BUSY = (
+    "Nothing to fix if this work is expected (evaluation, a checkpoint, logging). ddpmon "
+    "counts it as hung only after 5 x the hang timeout without progress; set hang_timeout "
+    "above the longest such pause if it can take longer."
+)
 FIX_PEERS_FAILED = (
     "Every rank that ended failed in communication, so the cause is not among them: "
     "look for the first error in the logs of all ranks (also those without a state "
@@ -254,6 +259,23 @@ def wait_line(v: RankView) -> str:
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}) has waited "
         f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}"
+    )
+
+
+def busy_line(v: RankView) -> str:
+    s = v.state
+    act = s.activity
+    how = []
+    if act is not None:
+        if act.cpu_share >= 0.05:
+            how.append(f"main thread at {act.cpu_share:.0%} CPU")
+        if act.io_bytes_per_second >= 1 << 20:
+            how.append(f"{act.io_bytes_per_second / 1e6:.0f} MB/s of I/O")
+        if act.still_seconds < 3:
+            how.append("its stack moves")
+    return (
+        f"rank {v.rank} (host {s.host}, pid {s.pid}): no step for {v.silent:.1f} s, busy at "
+        f"{act.where if act and act.where else '?'}" + (f" ({', '.join(how)})" if how else "")
     )
 
 

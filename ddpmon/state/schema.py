@@ -166,6 +166,26 @@ class Hang:
 
 
 @dataclass(slots=True)
+class Activity:
+    """What the rank's main thread does, sampled by its watchdog about once a second
+    (``ddpmon/liveness.py``)."""
+
+    state: str
+    """``stepping``, ``busy``, ``waiting`` or ``stuck``."""
+    sampled_unix: float = 0.0
+    still_seconds: float = 0.0
+    """Seconds the main thread's stack has not changed."""
+    cpu_share: float = 0.0
+    """Share of one core the main thread used over the last seconds (0..1)."""
+    io_bytes_per_second: float = 0.0
+    """Bytes the process read and wrote per second over the last seconds."""
+    where: str | None = None
+    """``file:line in function`` of the main thread's innermost user frame."""
+    hang_timeout_seconds: float | None = None
+    """The rank's hang timeout when sampled (null: off)."""
+
+
+@dataclass(slots=True)
 class Exit:
     """How the interpreter ended."""
 
@@ -243,6 +263,8 @@ class RankState:
     """Parts of ddpmon that failed and switched themselves off, with the error."""
     hang: Hang | None = None
     exit: Exit | None = None
+    activity: Activity | None = None
+    """What the main thread does (stepping, busy, waiting, stuck), from the watchdog."""
     format: int = FORMAT
     file_mtime_unix: float | None = None
     """Added by the node daemon's ``/state``: the file's modification time on its host."""

@@ -127,6 +127,8 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0) -> Outcome:
         else:
             _wait(lambda: all(p.poll() is not None for p in procs), deadline)
         answers.append(examine(str(workdir / "state")))
+    except TimeoutError as exc:
+        return Outcome(s, "timeout", [], False, time.monotonic() - started, str(exc))
     finally:
         _stop(procs)
     wrong = [d for d in answers if not right(s, d.verdict, list(d.suspect_ranks))]

@@ -99,6 +99,8 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
+    if kind == "uneven" and me:
+        mark(rank, "at")  # out of batches: it goes on to the barrier below
     mark(rank, "loop_done")
     if kind == "post_loop":
         save_checkpoint(HOLD)  # every rank: work after the training loop

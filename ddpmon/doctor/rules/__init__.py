@@ -13,6 +13,8 @@ mismatch             desync     the ranks' collectives differ under one sequence
 left_early           desync     the first rank to end exited cleanly while others
                                 still needed it
 dead_rank            dead_rank  a rank died, crashed or went silent first
+busy                 healthy    ranks work outside a step (evaluation, checkpoint);
+                                the others wait for them: not a hang
 stuck_rank           hang       a rank makes no progress outside any collective
 not_joining          hang       ranks wait in a collective another rank runs past
 missing_rank         hang       all wait in one collective; members have no file
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from ..findings import Finding, Verdict
 from ..view import RankView
 from . import (
-    comm_hang, dead_rank, desync, ended_while_hung, fingerprint, not_joining, rank_notes, straggler,
+    busy, comm_hang, dead_rank, desync, ended_while_hung, fingerprint, not_joining, rank_notes, straggler,
     stuck_rank, unused_parameters,
 )
 
@@ -46,6 +48,7 @@ VERDICT_RULES: tuple[VerdictRule, ...] = (
     fingerprint.mismatch,
     dead_rank.left_early,
     dead_rank.dead_rank,
+    busy.busy,
     stuck_rank.stuck_rank,
     not_joining.not_joining,
     comm_hang.missing_rank,
