@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "directory under <tmp>/ddpmon written last)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    parser.add_argument("--job", help="the job to diagnose when the directory holds several")
+    parser.add_argument(
+        "--job", help="the job to diagnose: picks its directory under <tmp>/ddpmon when no "
+        "STATE_DIR is given, and leaves every other job out of the report (--from included)",
+    )
     parser.add_argument(
         "--stall", type=_seconds, metavar="SECONDS",
         help="seconds without progress after which a rank counts as stalled (default: "
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.remote and args.state_dir:
         print("ddpmon doctor: give STATE_DIR or --from HOST:PORT, not both", file=sys.stderr)
         return EXIT_USAGE
-    state_dir = args.state_dir or ("" if args.remote else default_state_dir())
+    state_dir = args.state_dir or ("" if args.remote else default_state_dir(args.job))
     if state_dir is None:
         print(
             "ddpmon doctor: no state directory given, DDPMON_STATE_DIR is not set and "
@@ -72,12 +75,15 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_USAGE if diagnosis.verdict == "no_data" else EXIT_PROBLEM
 
 
-def default_state_dir() -> str | None:
-    """$DDPMON_STATE_DIR, else the most recently written job directory under <tmp>/ddpmon."""
+def default_state_dir(job: str | None = None) -> str | None:
+    """$DDPMON_STATE_DIR, else ``<tmp>/ddpmon/JOB`` for ``--job JOB`` (ddpmon's default
+    directory of that job), else the most recently written job directory under <tmp>/ddpmon."""
     env = os.environ.get("DDPMON_STATE_DIR", "")
     if env:
         return env
     root = os.path.join(tempfile.gettempdir(), "ddpmon")
+    if job:
+        return os.path.join(root, job)  # a missing one is named in the error
     try:
         candidates = [os.path.join(root, name) for name in os.listdir(root)]
     except OSError:

@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import liveness
+from .. import liveness as activity_rule
 from ..state import records
 from ..state.schema import Collective, Exit, RankState, Thread
 from . import fault
@@ -157,9 +157,9 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     elif s.hang is not None or silent > stall_after:
         v.status = WAITING if in_flight else STUCK
         act = s.activity
-        if v.status == STUCK and act is not None and act.state == liveness.BUSY and s.hang is None:
+        if v.status == STUCK and act is not None and act.state == activity_rule.BUSY and s.hang is None:
             timeout = act.hang_timeout_seconds
-            if not timeout or silent < liveness.busy_limit(timeout):
+            if not timeout or silent < activity_rule.busy_limit(timeout):
                 v.status = BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
     v.stalled_when_written = s.hang is not None or written_silent > stall_after

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 from ..state.schema import Collective
 from .fault import path_for as fault_path
@@ -333,7 +333,51 @@ def entry_name(e: Collective | None) -> str:
 
 
 def ranks(numbers: Iterable[int]) -> str:
-    return ", ".join(str(r) for r in sorted(numbers))
+    """Rank numbers, runs folded: ``0–1022, 1024``."""
+    numbers = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(numbers):
+        j = i
+        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{numbers[i]}\u2013{numbers[j]}")
+        else:
+            parts += [str(n) for n in numbers[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def fold_names(names: Sequence[str]) -> list[str]:
+    """Every name, with those that differ only in their numbers folded into one pattern:
+    ``layers.{0-31}.attn.weight``. Nothing is dropped; order of first appearance is kept."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(_DIGITS.sub("#", name), []).append(name)
+    out = []
+    for pattern, members in groups.items():
+        numbers = [_DIGITS.findall(m) for m in members]
+        if len(members) < 3 or len({len(n) for n in numbers}) != 1:
+            out += members
+            continue
+        varying = [k for k in range(len(numbers[0])) if len({n[k] for n in numbers}) > 1]
+        if len(varying) != 1:
+            out += members
+            continue
+        k = varying[0]
+        values = sorted({int(n[k]) for n in numbers})
+        folded = ranks(values).replace(", ", ",").replace("\u2013", "-")
+        pieces = _DIGITS.split(members[0])
+        digits = numbers[0]
+        text = pieces[0]
+        for index, value in enumerate(digits):
+            text += ("{" + folded + "}" if index == k else value) + pieces[index + 1]
+        out.append(text)
+    return out
 
 
 def who(numbers: Iterable[int]) -> str:
