@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddpmon.doctor import examine
 from tests.distributed.harness import ROOT, rank_env
@@ -79,6 +80,8 @@ class Outcome:
     right: bool
     seconds: float
     summary: str
+    diagnosis: Any = None
+    """The doctor's Diagnosis that decided (the first wrong one, else the last)."""
 
 
 def draw(rng: random.Random, kinds: list[str] | None = None) -> Scenario:
@@ -134,7 +137,7 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0) -> Outcome:
     wrong = [d for d in answers if not right(s, d.verdict, list(d.suspect_ranks))]
     d = wrong[0] if wrong else answers[-1]
     summary = d.findings[0].summary if d.findings else ""
-    return Outcome(s, d.verdict, list(d.suspect_ranks), not wrong, time.monotonic() - started, summary)
+    return Outcome(s, d.verdict, list(d.suspect_ranks), not wrong, time.monotonic() - started, summary, d)
 
 
 def _start(s: Scenario, workdir: Path) -> list[subprocess.Popen]:

@@ -1,0 +1,36 @@
+"""A fixed-seed sample of the randomized fault scenarios (tests/scenarios/runner.py): real
+gloo jobs that die under mp.spawn, all-reduce mismatched sizes, or wait in a barrier while
+one rank writes a checkpoint. ``benchmarks/doctor_accuracy.py N`` runs N random ones."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.scenarios.runner import draw, run
+
+SEED = 2026
+SAMPLE = [draw(random.Random(SEED + i), [kind]) for i, kind in
+          enumerate(("spawn_exception", "size_mismatch", "checkpoint_barrier"))]
+
+
+@pytest.mark.parametrize("scenario", SAMPLE, ids=[s.kind for s in SAMPLE])
+def test_the_doctor_is_right(scenario, tmp_path: Path) -> None:
+    outcome = run(scenario, tmp_path, timeout=90.0)
+    assert outcome.right, f"{scenario}: {outcome.verdict} {outcome.suspects}: {outcome.summary}"
+    d = outcome.diagnosis
+    first = d.findings[0]
+    if scenario.kind == "spawn_exception":
+        # torch's _wrap turns the exception into sys.exit(1): the record still names it
+        culprit = next(v for v in d.ranks if v.rank == scenario.culprit)
+        assert culprit.ending.exception == "RuntimeError: batch 17 has NaN labels"
+        assert culprit.ending.where.endswith("in misbehave") and culprit.ending.code == 1
+        assert first.kind == "dead_rank" and "RuntimeError: batch 17 has NaN labels" in first.fix
+    elif scenario.kind == "size_mismatch":
+        assert first.kind == "mismatch"
+        assert "1000 elements" in " ".join([first.summary, *first.evidence])
+        assert "worker.py" in first.summary
+    else:
+        assert d.verdict == "healthy"
