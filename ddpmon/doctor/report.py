@@ -165,9 +165,12 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
             bucket = f" (DDP bucket {e.bucket})" if e.bucket is not None else ""
             where = "" if e.call_site == "DDP backward" else f" at {e.call_site}"
             waiting = f"{e.op} #{e.seq}{bucket}{where}, {e.age_seconds or 0:.1f} s"
+        step = str(s.step)
+        if v.status in ("frozen", "silent"):
+            step += f" ({v.age:.0f} s old)"  # facts as of its last write, not now
         rows.append((
             str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
-            str(s.step), str(s.phase), f"{v.silent:.1f} s", waiting,
+            step, str(s.phase), f"{v.silent:.1f} s", waiting,
         ))
     if len(rows) > GROUP_FROM:
         rows, ranks = _group_rows(rows, ranks)

@@ -98,6 +98,7 @@ class RankView:
             "phase": s.phase,
             "silent_seconds": round(self.silent, 3),
             "file_age_seconds": round(self.age, 3),
+            "stale": self.status in ("frozen", "silent"),
             "waiting_in": brief_entry(waiting) if waiting else None,
             "activity": records.dump(s.activity),
             "in_flight": len(self.in_flight),

@@ -243,7 +243,12 @@ def gone_line(v: RankView) -> str:
 
 def stuck_line(v: RankView) -> str:
     s = v.state
-    what = "frozen: its state file is no longer rewritten" if v.status == FROZEN else "not in any collective"
+    if v.status == FROZEN:
+        what = (f"frozen: its state file was last written {v.age:.0f} s ago while its process "
+                "lives (step and phase are as of then; its live stack is below where py-spy could read it)")
+    else:
+        act = s.activity
+        what = "not in any collective" + (f", at {act.where}" if act is not None and act.where else "")
     after = f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
