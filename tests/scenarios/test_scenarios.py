@@ -4,16 +4,26 @@ one rank writes a checkpoint. ``benchmarks/doctor_accuracy.py N`` runs N random 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
 import pytest
 
-from tests.scenarios.runner import draw, run
+from tests.scenarios.runner import Scenario, draw, run
 
 SEED = 2026
-SAMPLE = [draw(random.Random(SEED + i), [kind]) for i, kind in
-          enumerate(("spawn_exception", "size_mismatch", "checkpoint_barrier"))]
+CI_WORLD = {"spawn_exception": 2, "size_mismatch": 3, "checkpoint_barrier": 2}
+"""World sizes kept small in CI (start-up dominates); the benchmark draws 2-4."""
+
+
+def _sample(i: int, kind: str) -> Scenario:
+    s = draw(random.Random(SEED + i), [kind])
+    world = CI_WORLD[kind]
+    return dataclasses.replace(s, world=world, culprit=s.culprit % world)
+
+
+SAMPLE = [_sample(i, kind) for i, kind in enumerate(CI_WORLD)]
 
 
 @pytest.mark.parametrize("scenario", SAMPLE, ids=[s.kind for s in SAMPLE])
