@@ -162,7 +162,9 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
 def describe(e: Collective) -> str:
     if e.bucket is not None:
         return f"{e.op} of DDP gradient bucket {e.bucket}"
-    return f"{e.op}{_shape(e)} at {e.call_site}"
+    func = f" in {e.function}" if e.function and e.function != "?" else ""
+    caller = f", called from {e.callers[0]}" if e.callers else ""
+    return f"{e.op}{_shape(e)} at {e.call_site}{func}{caller}"
 
 
 def _shape(e: Collective) -> str:
