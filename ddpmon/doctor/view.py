@@ -14,7 +14,6 @@ Times are compared on one clock: each file's writer times are shifted by its own
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,7 +131,9 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         # not completed. (gloo completes on the CPU, where ddpmon tracks it exactly, and its
         # flight-recorder completion states lag behind.)
         in_flight = flight_recorder_waits(s)
-    in_flight = [dataclasses.replace(e, age_seconds=round(now - (e.issued_unix + off), 3)) for e in in_flight]
+    in_flight = list(in_flight)
+    for e in in_flight:  # the doctor's own copy of the file's records: set in place (cheap)
+        e.age_seconds = round(now - (e.issued_unix + off), 3)
     v = RankView(f, liveness, age, silent=silent, stall_after=stall_after, in_flight=in_flight)
     if s.hang is not None and s.hang.threads:  # py-spy may replace it with a live one
         v.stack, v.stack_source = s.hang.threads, f"its hang report ({age:.0f} s old)"
