@@ -191,8 +191,8 @@ MAX_PEER_FILES = 64
 def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | None:
     """What the peers that have not joined ``entry`` (this rank's collective) are doing,
     from their state files beside ``state_file``: ``busy`` when every one of them is busy
-    (a checkpoint, an evaluation), else ``stuck`` (stuck, dead, gone, or running on
-    without joining), None when unknown."""
+    (a checkpoint, an evaluation) or stepping, else ``stuck`` (stuck, dead, gone), None
+    when unknown."""
     from .state import files  # the state file reader (no torch)
 
     state_dir = os.path.dirname(state_file)
@@ -221,7 +221,9 @@ def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | Non
         if peer.exit is not None or age > max(10.0, 5 * interval) or act is None:
             seen.append(STUCK)
         else:
-            seen.append(BUSY if act.state == BUSY else STUCK)
+            # stepping: it made progress moments ago and has not joined yet (it is starting
+            # its own pause, or runs on without joining: the busy limit bounds both)
+            seen.append(BUSY if act.state in (BUSY, STEPPING) else STUCK)
     if not seen:
         return None
     return BUSY if all(s == BUSY for s in seen) else STUCK

@@ -102,10 +102,10 @@ def right(s: Scenario, verdict: str, suspects: list[int]) -> bool:
     return KINDS[s.kind].symmetric and s.world == 2 and (verdict, suspects) == (want[0], [0, 1])
 
 
-def run(s: Scenario, workdir: Path, timeout: float = 60.0) -> Outcome:
+def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] | None = None) -> Outcome:
     """Run the scenario's job, ask the doctor at the kind's moment, end the job."""
     workdir.mkdir(parents=True, exist_ok=True)
-    procs = _start(s, workdir)
+    procs = _start(s, workdir, env)
     started = time.monotonic()
     answers = []
     try:
@@ -140,8 +140,8 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0) -> Outcome:
     return Outcome(s, d.verdict, list(d.suspect_ranks), not wrong, time.monotonic() - started, summary, d)
 
 
-def _start(s: Scenario, workdir: Path) -> list[subprocess.Popen]:
-    env_extra = {"DDPMON_SCENARIO_HOLD": str(HOLD)}
+def _start(s: Scenario, workdir: Path, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    env_extra = {"DDPMON_SCENARIO_HOLD": str(HOLD), **(env or {})}
     ranks = [0] if s.kind.startswith("spawn_") else list(range(s.world))
     procs = []
     for rank in ranks:

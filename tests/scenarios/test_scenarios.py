@@ -28,7 +28,9 @@ SAMPLE = [_sample(i, kind) for i, kind in enumerate(CI_WORLD)]
 
 @pytest.mark.parametrize("scenario", SAMPLE, ids=[s.kind for s in SAMPLE])
 def test_the_doctor_is_right(scenario, tmp_path: Path) -> None:
-    outcome = run(scenario, tmp_path, timeout=90.0)
+    # a 2 s hang timeout: the checkpoint's 9 s are past it, yet no watchdog may call it a hang
+    env = {"DDPMON_HANG_TIMEOUT": "2"} if scenario.kind == "checkpoint_barrier" else None
+    outcome = run(scenario, tmp_path, timeout=90.0, env=env)
     assert outcome.right, f"{scenario}: {outcome.verdict} {outcome.suspects}: {outcome.summary}"
     d = outcome.diagnosis
     first = d.findings[0]
@@ -44,3 +46,5 @@ def test_the_doctor_is_right(scenario, tmp_path: Path) -> None:
         assert "worker.py" in first.summary
     else:
         assert d.verdict == "healthy"
+        logs = " ".join(p.read_text() for p in tmp_path.glob("stderr-*.txt"))
+        assert "made no progress" not in logs, logs[-3000:]
