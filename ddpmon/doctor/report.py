@@ -18,7 +18,7 @@ from .view import GONE, RankView
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 _VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow"}
 _STATUS_COLOUR = {
-    "running": "green", "waiting": "yellow", "stuck": "red", "frozen": "red", "dead": "red",
+    "running": "green", "waiting": "yellow", "busy": "yellow", "stuck": "red", "frozen": "red", "dead": "red",
     "crashed": "red", "silent": "red", "exited": "dim",
 }
 _HEADLINE = {
