@@ -25,7 +25,7 @@ HISTORY_STEPS = 1024  # per-step rows kept for the history writer (ddpmon/state/
 HISTORY_BUCKETS = 256  # buckets per step kept in those rows
 MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
-COLLECTIVE_LOG = 16
+COLLECTIVE_LOG = 32
 MAX_CALL_SITES = 64
 BUCKET_OP = "all_reduce"  # torch's name, as for the collectives user code issues
 

@@ -304,7 +304,8 @@ class Daemon:
         views: dict[tuple[str, int], RankView] = {}
         seen = set()
         for path, state in self.files.read_all():
-            if state.phase == "detached" or (state.exit is not None and not state.exit.exception):
+            clean = state.exit is not None and not (state.exit.exception or state.exit.code)
+            if state.phase == "detached" or clean:
                 continue  # detached, or the process ended normally: nothing is down
             if state.pid is None or state.host is None or state.now_unix is None:
                 self.files.problem(path + "#keys", f"state file {path} has no pid, host or now_unix; "

@@ -99,7 +99,7 @@ class Monitor:
             self._collectives.install()
         self._watchdog = Watchdog(rec, config.hang_timeout, config.hang_timeout_floor, notify=self._notify,
                                   flush=self._writer.write_final if self._writer else None,
-                                  extras=_flight_recorder)
+                                  extras=_flight_recorder, state_file=self.state_file)
         self._watchdog.start()
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
 

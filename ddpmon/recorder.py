@@ -137,6 +137,7 @@ class Recorder:
         self.errors: dict[str, str] = {}
         self.hang: schema.Hang | None = None
         self.exit: schema.Exit | None = None
+        self.activity: schema.Activity | None = None
         self.unmatched_steps = 0  # steps the c10d bucket clock could not match to buckets
         self.ddp_group: tuple[str, int] = ("0", self.world_size)  # DDP's process group (name, size)
         # ddpmon/advice/: findings appended; the other two replaced whole, never changed in place
@@ -513,6 +514,7 @@ class Recorder:
                 buckets=[b.record() for b in self._buckets.sorted()],
                 notes=dict(self.notes), errors=dict(self.errors), hang=self.hang, exit=self.exit,
                 advice=list(self.advice), fingerprints=self.fingerprints, data=self.data_info,
+                activity=self.activity,
             )
         state.timings = _summaries(recent)
         state.now_unix = time.time()

@@ -12,7 +12,7 @@ The thread runs while the main thread waits in C++ (torch releases the GIL there
 whose main thread holds the GIL stops this thread too: ``ddpmon doctor`` then reads the
 rank's stack with py-spy. The loop cannot die: each pass is guarded, and ``stop()`` joins
 with a bound. The watchdog also notes how the process ended (at interpreter exit), so the
-doctor can tell the first rank to die from those that failed after it.
+doctor can tell the first rank to die from those that failed after it (``ending.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .frames import is_library
+from . import liveness
+from .ending import Ending
 from .recorder import Recorder
 from .state import schema
 
@@ -54,6 +56,8 @@ class Watchdog:
         flush: Callable[[], Any] | None = None,
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
+        state_file: str | None = None,
+        sampler: liveness.Sampler | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
@@ -62,6 +66,11 @@ class Watchdog:
         self._floor = floor
         self._notify = notify
         self._flush = flush
+        self._ending = Ending(recorder, flush, state_file)
+        self._state_file = state_file
+        # Activity sampling reads the real main thread: off under an injected clock (tests)
+        # unless a sampler is given.
+        self._sampler = sampler if sampler is not None or clock is not time.time else liveness.Sampler()
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -81,12 +90,14 @@ class Watchdog:
         if self._timeout != 0:
             self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
             self._thread.start()
+        self._ending.install()
         atexit.register(self._at_exit)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread, joined with a bound."""
         self._stop.set()
         atexit.unregister(self._at_exit)
+        self._ending.remove()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -154,7 +165,16 @@ class Watchdog:
                 return fresh
             return report
         timeout, source = self.timeout_now()
-        if timeout is None or self._idle(now, last) < timeout:
+        idle = self._idle(now, last)
+        activity = self.activity(idle, timeout, now)
+        if timeout is None or idle < timeout:
+            return None
+        holdouts = None
+        if activity.state == liveness.WAITING and self._state_file:
+            waiting = rec.in_flight()
+            if waiting:
+                holdouts = liveness.holdouts(self._state_file, waiting[0], now)
+        if not liveness.is_hang(activity.state, idle, timeout, holdouts):
             return None
         report = self.build_report(now, last, timeout, source)
         rec.set_hang(report)
@@ -163,6 +183,19 @@ class Watchdog:
         self._wake()
         log.warning("ddpmon: %s", describe(report, rec.identity.get("rank")))
         return report
+
+    def activity(self, idle: float, timeout: float | None, now: float) -> schema.Activity:
+        """Sample the main thread (at most about once a second) and publish what it does."""
+        rec = self._recorder
+        in_flight = rec.in_flight_count() > 0
+        if self._sampler is None:
+            state = liveness.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout)
+            act = schema.Activity(state=state, sampled_unix=now, hang_timeout_seconds=timeout)
+        else:
+            self._sampler.sample()
+            act = self._sampler.activity(idle, in_flight, timeout, now)
+        rec.activity = act  # the state writer publishes it with its next rewrite
+        return act
 
     def build_report(self, now: float, last: float, timeout: float, source: str) -> schema.Hang:
         rec = self._recorder
@@ -194,7 +227,7 @@ class Watchdog:
     def _at_exit(self) -> None:
         """Note how this process ends, then write the state file one last time (bounded)."""
         try:
-            self._recorder.set_exit(exit_record())
+            self._ending.at_exit()
             if self._flush is not None:
                 self._flush()
         except Exception:
@@ -250,19 +283,3 @@ def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
     return out
 
 
-def exit_record() -> schema.Exit:
-    """How the interpreter is ending: the uncaught exception (if any) and where it rose."""
-    record = schema.Exit(unix=time.time())
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if exc is None:
-        return record
-    record.exception = f"{type(exc).__name__}: {exc}"[:2000]
-    where = innermost = None
-    for fs in traceback.extract_tb(exc.__traceback__):
-        innermost = fs
-        if not is_library(fs.filename):
-            where = fs
-    chosen = where or innermost
-    if chosen is not None:
-        record.where = f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
-    return record

@@ -18,12 +18,17 @@ def add_state_dir_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def default_state_dir(command: str) -> str | None:
-    """$DDPMON_STATE_DIR, else the most recently written job directory under the default
-    root; None when there is none. Says on stderr which one it chose among several."""
+def default_state_dir(command: str, job: str | None = None) -> str | None:
+    """$DDPMON_STATE_DIR, else JOB's default directory for ``--job JOB``, else the most
+    recently written job directory under the default root; None when there is none. Says
+    on stderr which one it chose among several."""
     env = os.environ.get("DDPMON_STATE_DIR", "")
     if env:
         return env
+    if job:
+        from ..state.root import job_dir
+
+        return job_dir(job)  # a missing one is named in the error
     root = default_state_root()
     try:
         candidates = [os.path.join(root, name) for name in os.listdir(root)]

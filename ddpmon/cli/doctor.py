@@ -22,7 +22,10 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_state_dir_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    parser.add_argument("--job", help="the job to diagnose when the directory holds several")
+    parser.add_argument(
+        "--job", help="the job to diagnose: picks its directory under <tmp>/ddpmon when no "
+        "STATE_DIR is given, and leaves every other job out of the report (--from included)",
+    )
     parser.add_argument(
         "--stall", type=_seconds, metavar="SECONDS",
         help="seconds without progress after which a rank counts as stalled (default: "
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.remote and args.state_dir:
         print("ddpmon doctor: give STATE_DIR or --from HOST:PORT, not both", file=sys.stderr)
         return EXIT_USAGE
-    state_dir = args.state_dir or ("" if args.remote else default_state_dir("doctor"))
+    state_dir = args.state_dir or ("" if args.remote else default_state_dir("doctor", args.job))
     if state_dir is None:
         print(no_state_dir("doctor"), file=sys.stderr)
         return EXIT_USAGE

@@ -56,13 +56,17 @@ def examine(
     if not jobs:
         notes.append(file_rules.no_state_files(state_dir))
         return Diagnosis("no_data", [], notes, [], None, state_dir, job_ranks, now)
+    chosen = job is not None
     if job is None:
         job = max(jobs, key=lambda name: max(f.mtime for f in jobs[name]))
     elif job not in jobs:
         raise StateFileError(
             state_dir, f"holds no state files of job {job!r}; jobs there: {', '.join(sorted(jobs))}"
         )
-    notes += file_rules.other_job(job, job_ranks)
+    if chosen:  # the job asked for, and nothing of the others
+        job_ranks = {job: job_ranks[job]}
+    else:
+        notes += file_rules.other_job(job, job_ranks)
     files, world, missing, leftover = file_rules.membership(jobs[job])
     notes += leftover
 

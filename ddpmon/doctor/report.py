@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import textwrap
 from typing import IO, Any
 
 from ..advice import KINDS as ADVICE_KINDS
+from . import words
 from .findings import Diagnosis, Finding
 from .view import GONE, RankView
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 _VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow"}
 _STATUS_COLOUR = {
-    "running": "green", "waiting": "yellow", "stuck": "red", "frozen": "red", "dead": "red",
+    "running": "green", "waiting": "yellow", "busy": "yellow", "stuck": "red", "frozen": "red", "dead": "red",
     "crashed": "red", "silent": "red", "exited": "dim",
 }
 _HEADLINE = {
@@ -78,12 +80,45 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     return "\n".join(lines) + "\n"
 
 
-_ROOT_KINDS = ("dead_rank", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
+_ROOT_KINDS = ("dead_rank", "mismatch", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
+
+
+GROUP_FROM = 8
+"""More lines or rows than this that differ only in the rank are grouped into one."""
+_RANK_LINE = re.compile(r"^rank (\d+)(?: \(host [^,()]*, pid [^)]*\))?(.*)$")
+
+
+def group_lines(lines: list[str]) -> list[str]:
+    """Evidence lines that say the same of several ranks, as one line per group (``ranks
+    0–1022 have waited 12.0 s in all_reduce #14``), in order of first appearance."""
+    if len(lines) <= GROUP_FROM:
+        return lines
+    groups: dict[str, list[int]] = {}
+    order: list[str] = []
+    for line in lines:
+        m = _RANK_LINE.match(line)
+        key = m.group(2) if m else "\0" + line
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        if m:
+            groups[key].append(int(m.group(1)))
+    out = []
+    for key in order:
+        if key.startswith("\0"):
+            out.append(key[1:])
+            continue
+        ranks = groups[key]
+        rest = key
+        if len(ranks) > 1:
+            rest = rest.replace(" has ", " have ", 1).replace(" is ", " are ", 1)
+        out.append(f"{words.who(ranks)}{rest}")
+    return out
 
 
 def _block(f: Finding, width: int) -> list[str]:
     out = []
-    for line in f.evidence:
+    for line in group_lines(f.evidence):
         if line.startswith("  "):  # a stack frame: keep it on one line
             out.append("    " + line.strip())
         else:
@@ -97,6 +132,32 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [first]
 
 
+def _group_rows(rows: list[tuple[str, ...]], ranks: list[RankView]) -> tuple[list[tuple[str, ...]], list[RankView]]:
+    """Rows equal but for rank, host, pid and silence become one row (the first one's
+    silence shown)."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    first: dict[tuple[str, ...], RankView] = {}
+    for v, row in zip(ranks, rows):
+        key = (row[1], row[4], row[5], _waiting_key(row[7]))
+        groups.setdefault(key, []).append(v.rank)
+        first.setdefault(key, v)
+    out, views = [], []
+    for key, members in groups.items():
+        v = first[key]
+        row = next(r for w, r in zip(ranks, rows) if w is v)
+        hosts = {str(w.state.host) for w in ranks if w.rank in set(members)} if len(members) > 1 else {row[2]}
+        out.append((
+            words.ranks(members), row[1], row[2] if len(hosts) == 1 else f"{len(hosts)} hosts",
+            row[3] if len(members) == 1 else "-", row[4], row[5], row[6], row[7],
+        ))
+        views.append(v)
+    return out, views
+
+
+def _waiting_key(cell: str) -> str:
+    return cell.rsplit(",", 1)[0]
+
+
 def _table(ranks: list[RankView], paint: Any) -> list[str]:
     header = ("rank", "status", "host", "pid", "step", "phase", "silent", "in collective")
     rows = []
@@ -106,10 +167,15 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         waiting = "-"
         if e and v.status not in GONE:
             waiting = f"{e.describe(short=True)}, {e.age_seconds or 0:.1f} s"
+        step = str(s.step)
+        if v.status in ("frozen", "silent"):
+            step += f" ({v.age:.0f} s old)"  # facts as of its last write, not now
         rows.append((
             str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
-            str(s.step), str(s.phase), f"{v.silent:.1f} s", waiting,
+            step, str(s.phase), f"{v.silent:.1f} s", waiting,
         ))
+    if len(rows) > GROUP_FROM:
+        rows, ranks = _group_rows(rows, ranks)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(header)).rstrip()]
     for v, row in zip(ranks, rows):

@@ -3,7 +3,8 @@
 Each rank is put in one status: running (progress recently), waiting (no progress, a
 collective in flight), stuck (no progress, no collective in flight), frozen (its process
 is there but its state file is no longer rewritten: the main thread holds the GIL or the
-process is stopped), dead (the process is gone without a word), crashed (it ended with an
+process is stopped), busy (no progress, not in a collective, but its watchdog sees it
+working: ``ddpmon/liveness.py``), dead (the process is gone without a word), crashed (it ended with an
 uncaught exception), exited (it ended without one), silent (another host; its file stopped
 changing). The rules (``rules/``) then compare the ranks.
 
@@ -13,16 +14,17 @@ Times are compared on one clock: each file's writer times are shifted by its own
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import liveness as activity_rule
 from ..state import records
-from ..state.schema import Collective, RankState, Thread
+from ..state.schema import Collective, Exit, RankState, Thread
+from . import fault
 from .load import StateFile
 from .procs import Liveness
 
-RUNNING, WAITING, STUCK, FROZEN = "running", "waiting", "stuck", "frozen"
+RUNNING, WAITING, STUCK, FROZEN, BUSY = "running", "waiting", "stuck", "frozen", "busy"
 DEAD, CRASHED, EXITED, SILENT = "dead", "crashed", "exited", "silent"
 GONE = (DEAD, CRASHED, EXITED, SILENT)
 """The rank's process has ended (or, on another host, stopped writing)."""
@@ -55,6 +57,8 @@ class RankView:
     stack_error: str | None = None
     gone_at: float | None = None
     stalled_when_written: bool = False
+    ending: Exit | None = None
+    """How it ended: its exit record, or the fatal signal its faulthandler file names."""
 
     @property
     def state(self) -> RankState:
@@ -71,7 +75,7 @@ class RankView:
 
     @property
     def exception(self) -> str | None:
-        return self.state.exit.exception if self.state.exit else None
+        return self.ending.exception if self.ending else None
 
     def timing(self, name: str) -> float | None:
         """The median of one of its per-step timings (``compute_seconds``, ...)."""
@@ -93,11 +97,13 @@ class RankView:
             "phase": s.phase,
             "silent_seconds": round(self.silent, 3),
             "file_age_seconds": round(self.age, 3),
+            "stale": self.status in ("frozen", "silent"),
             "waiting_in": brief_entry(waiting) if waiting else None,
+            "activity": records.dump(s.activity),
             "in_flight": len(self.in_flight),
             "collectives_issued": s.collectives.issued,
             "hang_reported": s.hang is not None,
-            "exit": records.dump(s.exit),
+            "exit": records.dump(self.ending),
             "compute_seconds": self.timing("compute_seconds"),
             "exposed_comm_seconds": self.timing("exposed_comm_seconds"),
             "stack": {"source": self.stack_source, "frames": records.dump(main.frames[-20:])} if main else None,
@@ -125,15 +131,23 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         # not completed. (gloo completes on the CPU, where ddpmon tracks it exactly, and its
         # flight-recorder completion states lag behind.)
         in_flight = flight_recorder_waits(s)
-    in_flight = [dataclasses.replace(e, age_seconds=round(now - (e.issued_unix + off), 3)) for e in in_flight]
+    in_flight = list(in_flight)
+    for e in in_flight:  # the doctor's own copy of the file's records: set in place (cheap)
+        e.age_seconds = round(now - (e.issued_unix + off), 3)
     v = RankView(f, liveness, age, silent=silent, stall_after=stall_after, in_flight=in_flight)
     if s.hang is not None and s.hang.threads:  # py-spy may replace it with a live one
         v.stack, v.stack_source = s.hang.threads, f"its hang report ({age:.0f} s old)"
     interval = state_interval(s)
     stale = age > max(STALE_MIN, STALE_FACTOR * interval)
-    if s.exit is not None:  # it ended (possibly still tearing down)
-        v.status = CRASHED if s.exit.exception else EXITED
-        v.gone_at = s.exit.unix + off
+    v.ending = s.exit
+    if v.ending is None or v.ending.how == "os._exit":  # a fatal signal leaves no record
+        signalled = fault.read(f.path, _local(f, s.started_unix) - 1.0 if s.started_unix else None)
+        if signalled is not None:
+            v.ending, off = signalled, 0.0  # the fault file's time is the file system's
+            v.stack, v.stack_source = signalled.threads, f"its faulthandler file ({signalled.signal})"
+    if v.ending is not None:  # it ended (possibly still tearing down)
+        v.status = CRASHED if failed(v.ending) else EXITED
+        v.gone_at = v.ending.unix + off
     elif liveness.alive is False:
         v.status = EXITED if s.phase == "detached" else DEAD
         v.gone_at = f.mtime + interval / 2
@@ -144,12 +158,26 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.status = FROZEN
     elif s.hang is not None or silent > stall_after:
         v.status = WAITING if in_flight else STUCK
+        act = s.activity
+        if v.status == STUCK and act is not None and act.state == activity_rule.BUSY and s.hang is None:
+            timeout = act.hang_timeout_seconds
+            if not timeout or silent < activity_rule.busy_limit(timeout):
+                v.status = BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
     v.stalled_when_written = s.hang is not None or written_silent > stall_after
     if v.status in GONE:  # the ages that matter are those at its last write
         for e in v.in_flight:
             e.age_seconds = round((s.now_unix or e.issued_unix) - e.issued_unix, 3)
     return v
+
+
+def failed(e: Exit) -> bool:
+    """An end that is a failure: an exception, a fatal signal or a non-zero exit status."""
+    return bool(e.exception or e.signal or (e.code not in (None, 0)))
+
+
+def _local(f: StateFile, t: float) -> float:
+    return t + f.offset
 
 
 def flight_recorder_waits(s: RankState) -> list[Collective]:

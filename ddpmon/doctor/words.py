@@ -7,10 +7,12 @@ of logic, and lets the texts be read (and reviewed) together.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 from ..state.schema import Collective
+from .fault import path_for as fault_path
 from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------
@@ -69,6 +71,11 @@ def straggler_summary(rank: int, score: float, cause: str | None, share: float) 
     return f"{text}, {share:.0%} of it in {PHASE_NAMES[cause]}: {FIX_STRAGGLER_PHASE[cause]}"
 
 
+FIX_BUSY = (
+    "Nothing to fix if this work is expected (evaluation, a checkpoint, logging). ddpmon "
+    "counts it as hung only after 5 x the hang timeout without progress; set hang_timeout "
+    "above the longest such pause if it can take longer."
+)
 FIX_PEERS_FAILED = (
     "Every rank that ended failed in communication, so the cause is not among them: "
     "look for the first error in the logs of all ranks (also those without a state "
@@ -103,23 +110,62 @@ FIX_UNREACHABLE_DAEMON = (
 
 
 def fix_crashed(v: RankView) -> str:
-    """A rank that raised an error of its own: that error is the cause."""
-    where = v.state.exit.where if v.state.exit else None
+    """A rank that failed on its own (an error, a fatal signal, a non-zero exit): the cause."""
+    e = v.ending
+    where = e.where if e else None
+    at = f" at {where}" if where else ""
+    if e is not None and e.signal:
+        return (
+            f"Rank {v.rank} was killed by {e.signal}{at} (its Python stack is in "
+            f"{os.path.basename(fault_path(v.file.path))} beside its state file). "
+            + FIX_SIGNAL.get(e.signal, "") + " The other ranks failed or wait because of it."
+        )
+    if e is not None and not e.exception:
+        return (
+            f"Rank {v.rank} called {e.how or 'exit'}({e.code}){at}: find out why it chose to end "
+            "with that status (its log, the condition before that call). The other ranks failed "
+            "or wait because of it."
+        )
     return (
-        f"Rank {v.rank} raised {short_exception(v.exception or '?')}"
-        + (f" at {where}" if where else "")
+        f"Rank {v.rank} raised {short_exception(v.exception or '?')}{at}"
         + ": fix that error. The other ranks failed or wait because of it."
     )
 
 
+FIX_SIGNAL = {
+    "SIGABRT": "A backend abort is typical (gloo aborts when ranks all-reduce tensors of "
+               "different sizes or dtypes: see any desync finding), as is a failed C++ assertion.",
+    "SIGSEGV": "A crash in native code (an extension, a mismatched library build, a bad pointer "
+               "from a custom op).",
+    "SIGBUS": "Often shared memory exhausted (/dev/shm too small for DataLoader workers or NCCL).",
+    "SIGFPE": "An integer division by zero in native code.",
+    "SIGILL": "A binary built for another CPU (instruction set) than this one.",
+}
+
+
+def fix_mismatch(field: str) -> str:
+    """The ranks issued different collectives under one sequence number."""
+    if field in ("op", "call"):
+        return FIX_DESYNC + (
+            " Collectives issued in a different order per rank are the same bug: iterate over a "
+            "sorted list, not a set or a dict filled differently per rank."
+        )
+    return (
+        "Every rank must pass tensors of the same shape and dtype to a collective: look at "
+        "how the tensor at that call site is built (a per-rank batch size or metric count, a "
+        "dtype that depends on the data or on autocast). Pad to a common size (all_gather the "
+        "sizes first) or cast before the call."
+    )
+
+
 def fix_died(v: RankView) -> str:
-    """A rank that ended without a Python exception: where to look for what ended it."""
+    """A rank that ended without any record: killed from outside."""
     pid = v.state.pid
     return (
-        f"Find out why rank {v.rank} (pid {pid} on {v.state.host}) ended "
-        "without a Python exception: its stderr or log for the first error; `dmesg` or "
-        f"`journalctl -k` for the kernel's OOM killer ('Killed process {pid}') or a "
-        "segfault; a call to os._exit or a signal (SIGKILL, SIGTERM from a scheduler). "
+        f"Rank {v.rank} (pid {pid} on {v.state.host}) vanished without a trace: no exception, "
+        "no exit status and no fatal signal were recorded, so it was most likely killed from "
+        f"outside with SIGKILL. Check `dmesg` or `journalctl -k` for the kernel's OOM killer "
+        f"('Killed process {pid}'), and the scheduler's log for a kill or preemption. "
         "The other ranks failed or wait because of it."
     )
 
@@ -182,13 +228,20 @@ def fix_comm(backend: str | None, debug_level: str | None = None) -> str:
 
 
 def ended(v: RankView, brief: bool = False) -> str:
+    e = v.ending
+    if v.status == CRASHED and e is not None:
+        if e.signal:
+            return f"was killed by {e.signal}" if brief else f"was killed by {e.exception}"
+        if not e.exception:
+            return f"exited with status {e.code}" + ("" if brief else f" ({e.how})")
+        return "crashed" if brief else f"crashed ({short_exception(e.exception)})"
     if v.status == CRASHED:
-        return "crashed" if brief or not v.exception else f"crashed ({short_exception(v.exception)})"
+        return "crashed"
     if v.status == SILENT:
         return "stopped writing its state file (on another host: dead or frozen)"
     if v.status == EXITED:
         return "exited"
-    return "died" if brief else "died without a Python exception (killed, os._exit, or a crash)"
+    return "died" if brief else "vanished without a trace (killed from outside: SIGKILL, the OOM killer)"
 
 
 _WRAPPED = re.compile(r"^(?:\w+(?:Error|Exception): )?Got the following error when running the callback: ")
@@ -207,7 +260,7 @@ def short_exception(text: str, limit: int = 160) -> str:
 
 def gone_line(v: RankView) -> str:
     s = v.state
-    where = s.exit.where if s.exit else None
+    where = v.ending.where if v.ending else None
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): {ended(v)}"
         + (f" at {where}" if where else "")
@@ -217,7 +270,12 @@ def gone_line(v: RankView) -> str:
 
 def stuck_line(v: RankView) -> str:
     s = v.state
-    what = "frozen: its state file is no longer rewritten" if v.status == FROZEN else "not in any collective"
+    if v.status == FROZEN:
+        what = (f"frozen: its state file was last written {v.age:.0f} s ago while its process "
+                "lives (step and phase are as of then; its live stack is below where py-spy could read it)")
+    else:
+        act = s.activity
+        what = "not in any collective" + (f", at {act.where}" if act is not None and act.where else "")
     after = f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
@@ -233,6 +291,23 @@ def wait_line(v: RankView) -> str:
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}) has waited "
         f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}"
+    )
+
+
+def busy_line(v: RankView) -> str:
+    s = v.state
+    act = s.activity
+    how = []
+    if act is not None:
+        if act.cpu_share >= 0.05:
+            how.append(f"main thread at {act.cpu_share:.0%} CPU")
+        if act.io_bytes_per_second >= 1 << 20:
+            how.append(f"{act.io_bytes_per_second / 1e6:.0f} MB/s of I/O")
+        if act.still_seconds < 3:
+            how.append("its stack moves")
+    return (
+        f"rank {v.rank} (host {s.host}, pid {s.pid}): no step for {v.silent:.1f} s, busy at "
+        f"{act.where if act and act.where else '?'}" + (f" ({', '.join(how)})" if how else "")
     )
 
 
@@ -281,7 +356,51 @@ def entry_name(e: Collective | None) -> str:
 
 
 def ranks(numbers: Iterable[int]) -> str:
-    return ", ".join(str(r) for r in sorted(numbers))
+    """Rank numbers, runs folded: ``0–1022, 1024``."""
+    numbers = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(numbers):
+        j = i
+        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{numbers[i]}\u2013{numbers[j]}")
+        else:
+            parts += [str(n) for n in numbers[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def fold_names(names: Sequence[str]) -> list[str]:
+    """Every name, with those that differ only in their numbers folded into one pattern:
+    ``layers.{0-31}.attn.weight``. Nothing is dropped; order of first appearance is kept."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(_DIGITS.sub("#", name), []).append(name)
+    out = []
+    for pattern, members in groups.items():
+        numbers = [_DIGITS.findall(m) for m in members]
+        if len(members) < 3 or len({len(n) for n in numbers}) != 1:
+            out += members
+            continue
+        varying = [k for k in range(len(numbers[0])) if len({n[k] for n in numbers}) > 1]
+        if len(varying) != 1:
+            out += members
+            continue
+        k = varying[0]
+        values = sorted({int(n[k]) for n in numbers})
+        folded = ranks(values).replace(", ", ",").replace("\u2013", "-")
+        pieces = _DIGITS.split(members[0])
+        digits = numbers[0]
+        text = pieces[0]
+        for index, value in enumerate(digits):
+            text += ("{" + folded + "}" if index == k else value) + pieces[index + 1]
+        out.append(text)
+    return out
 
 
 def who(numbers: Iterable[int]) -> str:

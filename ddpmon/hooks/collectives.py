@@ -144,6 +144,7 @@ class CollectiveTracker:
     def _begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> tuple[dict[str, Any], bool]:
         site, function, in_hook, callers = _call_site(caller)
         bucket = self._recorder.launched_bucket if in_hook else None
+        tensor = None
         if name == "batch_isend_irecv":
             ops = list(args[0] if args else kwargs.get("p2p_op_list", ()))
             group = getattr(ops[0], "group", None) if ops else None
@@ -153,13 +154,16 @@ class CollectiveTracker:
             p2p = name in _P2P
             tpos, tkey, gpos, gkey = (_P2P if p2p else _SPECS)[name]
             group = _arg(args, kwargs, gpos, gkey)
-            nbytes = _nbytes(_arg(args, kwargs, tpos, tkey)) if tkey is not None else None
+            tensor = _arg(args, kwargs, tpos, tkey) if tkey is not None else None
+            nbytes = _nbytes(tensor) if tkey is not None else None
         gname, gsize = self._group(group)
         counted = bucket is None
         entry = self._recorder.collective_began(
             name, gname, gsize, nbytes, site, function, bucket=bucket, p2p=p2p, counted=counted,
             callers=callers,
         )
+        if name != "batch_isend_irecv" and tensor is not None:
+            entry["dtype"], entry["numel"] = _shape(tensor)
         return entry, counted
 
     def _completion(self, entry: dict[str, Any], counted: bool, result: Any) -> None:
@@ -239,6 +243,17 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int | None, key: st
     if pos is not None and pos < len(args):
         return args[pos]
     return None
+
+
+def _shape(value: Any) -> tuple[str | None, int | None]:
+    """(dtype, element count) of a collective's tensor or tensors: its fingerprint, which
+    the doctor compares across ranks (a size or dtype mismatch aborts or hangs the backend)."""
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", ""), value.numel()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        dtypes = {str(v.dtype).replace("torch.", "") for v in value}
+        return (dtypes.pop() if len(dtypes) == 1 else "mixed"), sum(v.numel() for v in value)
+    return None, None
 
 
 def _nbytes(value: Any) -> int | None:

@@ -69,6 +69,10 @@ class Collective:
     group_size: int = 0
     bytes: int | None = None
     """Bytes this rank sends, where known."""
+    dtype: str | None = None
+    """The tensor's dtype (``float32``; ``mixed`` for a list of several), where known."""
+    numel: int | None = None
+    """Elements this rank contributes (summed over a list of tensors), where known."""
     call_site: str = "?"
     """``file:line`` of the first frame outside torch and ddpmon (``DDP backward`` for a bucket)."""
     function: str = ""
@@ -213,6 +217,26 @@ class Hang:
 
 
 @dataclass(slots=True)
+class Activity:
+    """What the rank's main thread does, sampled by its watchdog about once a second
+    (``ddpmon/liveness.py``)."""
+
+    state: str
+    """``stepping``, ``busy``, ``waiting`` or ``stuck``."""
+    sampled_unix: float = 0.0
+    still_seconds: float = 0.0
+    """Seconds the main thread's stack has not changed."""
+    cpu_share: float = 0.0
+    """Share of one core the main thread used over the last seconds (0..1)."""
+    io_bytes_per_second: float = 0.0
+    """Bytes the process read and wrote per second over the last seconds."""
+    where: str | None = None
+    """``file:line in function`` of the main thread's innermost user frame."""
+    hang_timeout_seconds: float | None = None
+    """The rank's hang timeout when sampled (null: off)."""
+
+
+@dataclass(slots=True)
 class Exit:
     """How the interpreter ended."""
 
@@ -220,7 +244,18 @@ class Exit:
     exception: str | None = None
     """``Type: message`` of the uncaught exception, null for a clean exit."""
     where: str | None = None
-    """``file:line in function`` of the innermost user frame of that exception."""
+    """``file:line in function`` of the innermost user frame of that exception (for
+    ``sys.exit`` and ``os._exit``: of their caller)."""
+    code: int | None = None
+    """The exit status, where known: non-zero is a failure (``sys.exit(3)``: 3)."""
+    how: str | None = None
+    """``exception``, ``sys.exit``, ``os._exit``, ``end`` (the interpreter ended normally),
+    or ``signal`` (a reader's record from the rank's faulthandler file)."""
+    signal: str | None = None
+    """The fatal signal (``SIGSEGV``, ``SIGABRT``, ...): never written by the rank, which
+    cannot run Python then; readers fill it from ``rank-<R>.fault``."""
+    threads: list[Thread] = field(default_factory=list)
+    """With ``signal``: every thread's Python stack as faulthandler wrote it."""
 
 
 @dataclass(slots=True)
@@ -351,7 +386,7 @@ class RankState:
     """Collectives issued and not yet completed, oldest first."""
     last_collective: Collective | None = None
     collective_log: list[Collective] = field(default_factory=list)
-    """The last 16 completed collectives."""
+    """The last 32 completed collectives."""
     collective_seq: dict[str, int] = field(default_factory=dict)
     """Last sequence number per process group."""
     collective_sites: dict[str, int] = field(default_factory=dict)
@@ -372,6 +407,8 @@ class RankState:
     """Silent mistakes seen so far (ddpmon/advice/), each kind once."""
     fingerprints: Fingerprints = field(default_factory=Fingerprints)
     data: DataInfo = field(default_factory=DataInfo)
+    activity: Activity | None = None
+    """What the main thread does (stepping, busy, waiting, stuck), from the watchdog."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None

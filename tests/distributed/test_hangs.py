@@ -152,12 +152,14 @@ def test_dead_rank_first_to_die(tmp_path: Path) -> None:
         assert code == 1
         assert report["verdict"] == "dead_rank" and report["suspect_ranks"] == [1]
         ranks = {r["rank"]: r for r in report["ranks"]}
-        assert ranks[1]["status"] == "dead" and ranks[1]["alive"] is False
+        assert ranks[1]["status"] == "crashed" and ranks[1]["alive"] is False
+        assert (ranks[1]["exit"]["code"], ranks[1]["exit"]["how"]) == (3, "os._exit")
+        assert ranks[1]["exit"]["where"].endswith("in die")
         assert ranks[0]["status"] == ranks[2]["status"] == "crashed"
         assert "Connection" in ranks[0]["exit"]["exception"]
         f = finding(report, "dead_rank")
-        assert f["summary"].startswith("rank 1 died first")
-        assert "OOM" in f["fix"] or "Killed process" in f["fix"]
+        assert f["summary"].startswith("rank 1 exited with status 3 first")
+        assert "os._exit(3)" in f["fix"]
     finally:
         harness.stop(procs)
 
@@ -177,7 +179,8 @@ def test_desync_rank_conditional_barrier(tmp_path: Path) -> None:
         assert ranks[1]["waiting_in"]["function"] == "report_progress"
         assert ranks[0]["waiting_in"]["op"] == "all_reduce" and ranks[0]["waiting_in"]["bucket"] == 0
         assert ranks[0]["waiting_in"]["seq"] == ranks[1]["waiting_in"]["seq"]
-        f = finding(report, "desync")
+        f = finding(report, "mismatch")  # the first collective where the ranks differ
+        assert "the operation differs" in f["summary"]
         assert f"called from {site('report_progress(step)')} in desync" in f["summary"]
         assert "DistributedSampler(dataset, drop_last=True)" in f["fix"]
         assert "torch.distributed.algorithms.Join" in f["fix"]

@@ -254,8 +254,9 @@ def test_desync_odd_rank_is_the_one_with_an_unseen_call_site(tmp_path: Path) -> 
     write(tmp_path, state(1, world=3, silent=9.0, collective_sites=dict(sites, **{"barrier eval.py:12": 1}),
                           in_flight=[waiting_in("barrier", 81, 9.0, site="eval.py:12", size=3)]))
     d = examine(str(tmp_path), live_stacks=False)
-    assert (d.verdict, d.suspect_ranks) == ("desync", [1])
-    assert "rank 1 in barrier #81" in d.findings[0].summary and "eval.py:12" in d.findings[0].summary
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch")
+    assert "as #81 of group 0: the operation differs" in d.findings[0].summary
+    assert "rank 1: barrier at eval.py:12" in d.findings[0].summary
     assert "monitored_barrier" in d.findings[0].fix
 
 

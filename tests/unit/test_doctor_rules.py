@@ -128,7 +128,7 @@ def test_dead_rank() -> None:
     f = found.findings[0]
     assert (f.kind, f.ranks, f.severity) == ("dead_rank", [1], "error")
     assert f.summary == "rank 1 died first; ranks 0, 2 ended after it"
-    assert f.evidence[0].startswith("rank 1 (host ") and "died without a Python exception" in f.evidence[0]
+    assert f.evidence[0].startswith("rank 1 (host ") and "vanished without a trace" in f.evidence[0]
     assert "Killed process" in f.fix
     # on another host the same rank is only seen to stop writing
     found = dead_rank.dead_rank(views("dead_rank", later=60.0, alive={1: None}), [])

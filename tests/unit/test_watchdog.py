@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ddpmon import ending
 from ddpmon import watchdog as wd
 from ddpmon.recorder import Recorder
 
@@ -156,22 +157,15 @@ def test_the_loop_survives_failures_and_stop_is_bounded(caplog: pytest.LogCaptur
     assert any("works again" in r.getMessage() for r in caplog.records)
 
 
-def test_exit_record_names_the_uncaught_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(sys, "last_exc", raising=False)
-    monkeypatch.delattr(sys, "last_value", raising=False)
-    clean = wd.exit_record()
-    assert clean.exception is None and clean.where is None
-
+def test_exit_record_names_the_uncaught_exception() -> None:
     def load() -> None:
         raise ValueError("sample 17 is corrupt")
 
     try:
         load()
     except ValueError as exc:
-        monkeypatch.setattr(sys, "last_value", exc, raising=False)
-        monkeypatch.setattr(sys, "last_exc", exc, raising=False)
-    record = wd.exit_record()
-    assert record.exception == "ValueError: sample 17 is corrupt"
+        record = ending.exception_record(exc, "exception", 1)
+    assert record.exception == "ValueError: sample 17 is corrupt" and record.code == 1
     assert record.where.endswith(f"test_watchdog.py:{load.__code__.co_firstlineno + 1} in load")
 
 

@@ -8,9 +8,13 @@ order and the first rule that answers gives the verdict, so the order is the pre
 kind                 verdict    when
 ===================  =========  ===================================================
 finished             healthy    every rank exited without an error
+mismatch             desync     the ranks' collectives differ under one sequence
+                                number (op, order, dtype or element count)
 left_early           desync     the first rank to end exited cleanly while others
                                 still needed it
 dead_rank            dead_rank  a rank died, crashed or went silent first
+busy                 healthy    ranks work outside a step (evaluation, checkpoint);
+                                the others wait for them: not a hang
 stuck_rank           hang       a rank makes no progress outside any collective
 not_joining          hang       ranks wait in a collective another rank runs past
 missing_rank         hang       all wait in one collective; members have no file
@@ -34,8 +38,8 @@ from ..findings import Finding, Verdict
 from ..view import RankView
 from . import advice as advice_rules
 from . import (
-    comm_hang, dead_rank, desync, ended_while_hung, not_joining, rank_notes, straggler, stuck_rank,
-    unused_parameters,
+    busy, comm_hang, dead_rank, desync, ended_while_hung, fingerprint, not_joining, rank_notes, straggler,
+    stuck_rank, unused_parameters,
 )
 
 VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
@@ -43,8 +47,10 @@ VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
 
 VERDICT_RULES: tuple[VerdictRule, ...] = (
     dead_rank.finished,
+    fingerprint.mismatch,
     dead_rank.left_early,
     dead_rank.dead_rank,
+    busy.busy,
     stuck_rank.stuck_rank,
     not_joining.not_joining,
     comm_hang.missing_rank,

@@ -62,7 +62,7 @@ def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
     first = _first_to_end(views)
     if first is None or first.status == EXITED:
         return None
-    if first.exception and not PEER_FAILURE.search(first.exception):
+    if first.status == CRASHED and not PEER_FAILURE.search(first.exception or ""):
         fix = words.fix_crashed(first)
     elif first.exception:
         fix = words.FIX_PEERS_FAILED
@@ -75,8 +75,11 @@ def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
         summary += f"; {words.who([v.rank for v in others])} ended after it"
     if stalled_:
         summary += f"; {words.who([v.rank for v in stalled_])} {words.verb(stalled_, 'waits', 'wait')} for it"
+    evidence = _evidence(views, first)
+    if first.ending is not None and first.ending.signal and first.stack:
+        evidence[1:1] = words.stack_lines(first)
     return Verdict("dead_rank", [first.rank], [Finding(
-        "dead_rank", "error", [first.rank], summary, _evidence(views, first), fix,
+        "dead_rank", "error", [first.rank], summary, evidence, fix,
     )])
 
 

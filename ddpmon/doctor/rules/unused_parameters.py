@@ -15,17 +15,24 @@ from ..view import RankView
 
 
 def unused_parameters(views: list[RankView]) -> list[Finding]:
-    """unused_parameters: per rank, the parameters that received no gradient in its last step."""
-    out = []
+    """unused_parameters: the parameters that received no gradient in a rank's last step.
+    Ranks with the same list share one finding; long lists are folded, never cut: every name
+    is in the evidence."""
+    by_names: dict[tuple[str, ...], list[int]] = {}
     for v in sorted(views, key=lambda v: v.rank):
-        names = v.state.unused_parameters
-        if names:
-            shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
-            out.append(Finding(
-                "unused_parameters", "info", [v.rank],
-                f"rank {v.rank}: {len(names)} parameter(s) received no gradient in its last step: {shown}",
-                fix=words.FIX_UNUSED,
-            ))
+        if v.state.unused_parameters:
+            by_names.setdefault(tuple(v.state.unused_parameters), []).append(v.rank)
+    out = []
+    for names, ranks in by_names.items():
+        folded = words.fold_names(names)
+        shown = ", ".join(folded[:8]) + (f" (+{len(folded) - 8} more below)" if len(folded) > 8 else "")
+        out.append(Finding(
+            "unused_parameters", "info", ranks,
+            f"{words.who(ranks)}: {len(names)} parameter(s) received no gradient in "
+            f"{'its' if len(ranks) == 1 else 'their'} last step: {shown}",
+            evidence=[f"unused: {name}" for name in folded] if len(folded) > 8 else [],
+            fix=words.FIX_UNUSED,
+        ))
     return out
 
 

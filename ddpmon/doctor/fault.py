@@ -1,0 +1,84 @@
+"""A rank's faulthandler file (``rank-<R>.fault``): the fatal signal that killed it and
+every thread's Python stack at that moment, as an exit record (``Exit.signal``)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..state.schema import Exit, Frame, Thread
+
+SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+MAX_BYTES = 1 << 20
+_HEADER = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
+
+
+def path_for(state_file: str) -> str:
+    base = state_file[:-5] if state_file.endswith(".json") else state_file
+    return base + ".fault"
+
+
+def read(state_file: str, since: float | None = None) -> Exit | None:
+    """The fault record beside ``state_file``; None when there is none (or it is older than
+    ``since``, an earlier run's)."""
+    path = path_for(state_file)
+    try:
+        st = os.stat(path)
+        if st.st_size == 0 or (since is not None and st.st_mtime < since):
+            return None
+        with open(path, "rb") as f:
+            text = f.read(MAX_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    return parse(text, st.st_mtime)
+
+
+def parse(text: str, unix: float) -> Exit | None:
+    m = _HEADER.search(text)
+    if m is None:
+        return None
+    what = m.group(1).strip()
+    signal = SIGNALS.get(what, what)
+    threads: list[Thread] = []
+    for line in text.splitlines():
+        t = _THREAD.match(line)
+        if t:
+            threads.append(Thread(name=("current thread " if t.group(1) == "Current thread" else "thread ")
+                                  + t.group(2), main=t.group(1) == "Current thread"))
+            continue
+        fr = _FRAME.match(line)
+        if fr and threads:
+            lineno = int(fr.group(2)) if fr.group(2).isdigit() else None
+            threads[-1].frames.append(Frame(fr.group(1), lineno, fr.group(3)))
+    for t in threads:
+        t.frames.reverse()  # innermost last, as everywhere else
+    if not any(t.main for t in threads):
+        # the signal came from a thread without Python (a backend's own thread): the thread
+        # that runs the script is the one that matters
+        script = next((t for t in threads if any(f.function == "<module>" for f in t.frames[:3])), None)
+        if script is not None:
+            script.main = True
+    threads.sort(key=lambda t: not t.main)  # the thread that took the signal first
+    record = Exit(unix=unix, how="signal", signal=signal, threads=threads,
+                  exception=f"{signal} ({what})")
+    top = next((f for t in threads[:1] for f in reversed(t.frames) if not _library(f.file or "")), None)
+    if top is None and threads and threads[0].frames:
+        top = threads[0].frames[-1]
+    if top is not None:
+        record.where = f"{top.file}:{top.line} in {top.function}"
+    return record
+
+
+def _library(filename: str) -> bool:
+    return (
+        "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
+        or "/ddpmon/" in filename
+    )

@@ -1,0 +1,42 @@
+"""busy (verdict healthy): ranks make no progress but are working outside the training step.
+
+An evaluation under ``no_grad``, a checkpoint on rank 0 while the others wait in a barrier,
+work after the training loop: no step ends, yet nothing is hung. Each rank's watchdog
+samples its main thread (``ddpmon/liveness.py``): a stack that moves, CPU or I/O is work.
+The waiting ranks wait for the busy ones, which is reported as such; a rank busy for
+longer than ``BUSY_FACTOR`` hang timeouts counts as stuck (see ``view.py``), and a stuck,
+frozen or failed rank anywhere leaves the verdict to the rules after this one.
+"""
+
+from __future__ import annotations
+
+from .. import words
+from ..findings import Finding, Verdict
+from ..view import BUSY, CRASHED, DEAD, FROZEN, SILENT, STUCK, WAITING, RankView
+
+
+def busy(views: list[RankView], missing: list[int]) -> Verdict | None:
+    working = [v for v in views if v.status == BUSY]
+    if not working or any(v.status in (STUCK, FROZEN, DEAD, CRASHED, SILENT) for v in views):
+        return None
+    waiting = [v for v in views if v.status == WAITING]
+    where = "; ".join(f"rank {v.rank} in {_where(v)}" for v in working[:4])
+    if len(working) > 4:
+        where += f"; {len(working) - 4} more"
+    if waiting:
+        oldest = max(waiting, key=lambda v: v.waiting.age_seconds or 0.0 if v.waiting else 0.0)
+        summary = (
+            f"{words.who([v.rank for v in waiting])} {words.verb(waiting, 'has', 'have')} waited "
+            f"{(oldest.waiting.age_seconds or 0.0) if oldest.waiting else oldest.silent:.0f} s in "
+            f"{words.entry_name(oldest.waiting)} for {words.who([v.rank for v in working])}, busy "
+            f"outside the training step ({where}): not a hang"
+        )
+    else:
+        summary = f"{words.who([v.rank for v in working])} {words.verb(working, 'is', 'are')} busy outside the training step ({where}): not a hang"
+    evidence = [words.busy_line(v) for v in working] + [words.wait_line(v) for v in waiting]
+    return Verdict("healthy", [], [Finding("busy", "info", [v.rank for v in working], summary, evidence, words.FIX_BUSY)])
+
+
+def _where(v: RankView) -> str:
+    act = v.state.activity
+    return act.where if act is not None and act.where else "code outside any step"

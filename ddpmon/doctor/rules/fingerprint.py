@@ -1,0 +1,201 @@
+"""mismatch (verdict desync): the ranks issued different collectives under one sequence number.
+
+Every rank numbers the collectives of a process group in order, so ``all_reduce #14`` must
+be the same call on every rank: same op, same dtype, same element count. Each rank keeps
+its recent collectives (``collective_log`` and ``in_flight``: op, dtype, element count, call
+site) and this rule lines them up by (group, seq): the first number where they differ is
+where the ranks went apart. A size or dtype mismatch makes gloo abort (SIGABRT) or raise,
+or NCCL hang or corrupt memory; an order mismatch (a barrier on one rank where the others
+all-reduce) deadlocks. So the death or the hang that follows is a consequence, and this
+rule comes before ``dead_rank`` and the hang rules.
+
+The odd ranks are the minority side; on a tie, those whose call site no other rank used;
+else every rank (two ranks that disagree cannot say which one is wrong).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ...state.schema import Collective
+from .. import words
+from ..findings import Finding, Verdict
+from ..view import RankView
+from .desync import site_key
+
+
+def entries(v: RankView) -> dict[tuple[str, int], Collective]:
+    """The rank's recent collectives by (group, seq), point-to-point left out (their
+    sequence is per pair of ranks)."""
+    s = v.state
+    out = {}
+    for e in list(s.collective_log) + list(s.in_flight) + ([s.last_collective] if s.last_collective else []):
+        if not e.p2p and e.source is None:
+            out.setdefault((e.group, e.seq), e)
+    return out
+
+
+def difference(a: Collective, b: Collective) -> str | None:
+    """The first field in which two ranks' collectives of one sequence number differ."""
+    if a.op != b.op:
+        return "op"
+    if (a.bucket is None) != (b.bucket is None):
+        return "call"  # a DDP gradient bucket on one rank, a call of the user's on the other
+    if a.dtype and b.dtype and a.dtype != b.dtype:
+        return "dtype"
+    if a.numel is not None and b.numel is not None and a.numel != b.numel:
+        return "numel"
+    if a.bucket is not None and a.bytes is not None and b.bytes is not None and a.bytes != b.bytes:
+        return "bytes"
+    return None
+
+
+FIELD_NAMES = {"op": "operation", "call": "call", "dtype": "dtype", "numel": "element count", "bytes": "size"}
+
+
+def first_mismatch(views: list[RankView]) -> tuple[tuple[str, int], str, dict[int, Collective]] | None:
+    """((group, seq), field, each rank's collective there) at the earliest sequence number,
+    over every group, where the ranks that recorded it disagree."""
+    by_rank = {v.rank: entries(v) for v in views}
+    keys = sorted({k for e in by_rank.values() for k in e}, key=lambda k: (k[1], k[0]))
+    for key in keys:
+        there = {r: e[key] for r, e in by_rank.items() if key in e}
+        if len(there) < 2:
+            continue
+        ref = Counter(_fingerprint(e) for e in there.values()).most_common(1)[0][0]
+        base = next(e for e in there.values() if _fingerprint(e) == ref)
+        fields = [f for e in there.values() if (f := difference(base, e)) is not None]
+        if fields:
+            return key, fields[0], there
+    return None
+
+
+def _fingerprint(e: Collective) -> tuple[object, ...]:
+    return (e.op, e.bucket is None, e.dtype, e.numel)
+
+
+def aborted_in(v: RankView) -> str | None:
+    """The collective a rank was in when the backend aborted it (SIGABRT): ``op`` and the
+    user frame that called it, from its faulthandler file."""
+    if v.ending is None or v.ending.signal != "SIGABRT" or not v.stack:
+        return None
+    frames = v.stack[0].frames
+    for i in range(len(frames) - 1, -1, -1):
+        f = frames[i]
+        if str(f.file).endswith("distributed_c10d.py") and f.function in TRACKED_OPS:
+            user = next((u for u in reversed(frames[:i]) if not _library(str(u.file))), None)
+            return f"{f.function} {user.file}:{user.line}" if user else f.function
+    return None
+
+
+def _library(filename: str) -> bool:
+    return (
+        "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
+        or "/ddpmon/" in filename
+    )
+
+
+TRACKED_OPS = frozenset((
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+    "all_reduce_coalesced", "all_gather_object", "broadcast_object_list",
+))
+
+
+def _same_call(aborted: str, e: Collective) -> bool:
+    op, _, where = aborted.partition(" ")
+    return op == e.op and (not where or not e.call_site or where.endswith(e.call_site))
+
+
+def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
+    found = first_mismatch(views)
+    aborted = {v.rank: a for v in views if (a := aborted_in(v))}
+    if found is None:
+        return _abort_only(views, aborted)
+    (group, seq), field, there = found
+    inferred = []
+    for r, a in aborted.items():
+        if r not in there and any(_same_call(a, e) for e in there.values()) and field in ("numel", "dtype"):
+            # gloo aborts the rank that receives more than it expects: the smaller side
+            smallest = min(there.values(), key=lambda e: e.bytes or 0)
+            there[r] = smallest
+            inferred.append(r)
+    sides: dict[tuple[object, ...], list[int]] = {}
+    for r, e in sorted(there.items()):
+        sides.setdefault(_fingerprint(e), []).append(r)
+    ordered = sorted(sides.values(), key=len, reverse=True)
+    if len(ordered[0]) > len(ordered[-1]):
+        odd = sorted(r for side in ordered[1:] for r in side)
+    else:
+        by_rank = {v.rank: v for v in views}
+        never = [r for r, e in there.items() if all(
+            not by_rank[o].state.collective_sites.get(site_key(e)) for o in there if o != r
+        )]
+        odd = sorted(never) if 0 < len(never) < len(there) else sorted(there)
+    name = FIELD_NAMES[field]
+    parts = []
+    for side in sorted(sides.values(), key=lambda rs: (rs[0] in odd, rs)):
+        e = there[side[0]]
+        parts.append(f"{words.who(side)}: {describe(e)}")
+    summary = (
+        f"the ranks issued different collectives as #{seq} of group {group}: the {name} differs "
+        f"({'; '.join(parts)})"
+    )
+    evidence = [
+        f"rank {r}: " + (f"aborted by the backend in {e.op} at {e.call_site} (counted with the smaller side: "
+                         "gloo aborts the rank that receives more than it expects)" if r in inferred
+                         else f"{words.entry_name(e)}{_shape(e)}")
+        for r, e in sorted(there.items())
+    ]
+    ended = [v for v in views if v.ending is not None and v.exception]
+    if ended:
+        evidence.append(
+            "the ranks that ended did so because of it: " + ", ".join(
+                f"rank {v.rank} ({words.short_exception(v.exception or '', 80)})" for v in ended
+            )
+        )
+    state = next(iter(views)).state
+    fix = words.fix_mismatch(field) + " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
+    return Verdict("desync", odd, [Finding("mismatch", "error", odd, summary, evidence, fix)])
+
+
+def describe(e: Collective) -> str:
+    if e.bucket is not None:
+        return f"{e.op} of DDP gradient bucket {e.bucket}"
+    func = f" in {e.function}" if e.function and e.function != "?" else ""
+    caller = f", called from {e.callers[0]}" if e.callers else ""
+    return f"{e.op}{_shape(e)} at {e.call_site}{func}{caller}"
+
+
+def _shape(e: Collective) -> str:
+    bits = [b for b in (f"{e.numel} elements" if e.numel is not None else "", e.dtype or "") if b]
+    return f" ({', '.join(bits)})" if bits else ""
+
+
+def _abort_only(views: list[RankView], aborted: dict[int, str]) -> Verdict | None:
+    """A rank aborted inside a collective (gloo's answer to mismatched sizes or dtypes) and
+    the ranks' records cannot line the call up (the aborted rank's file predates it)."""
+    if not aborted:
+        return None
+    first = min(aborted)
+    op, _, where = aborted[first].partition(" ")
+    peers = []
+    for v in views:
+        if v.rank in aborted:
+            continue
+        last = v.state.last_collective
+        if last is not None and _same_call(aborted[first], last):
+            peers.append((v.rank, last))
+    if not peers:
+        return None
+    suspects = sorted([r for r in aborted] + [r for r, _ in peers])
+    summary = (
+        f"the backend aborted {words.who(sorted(aborted))} (SIGABRT) inside {op} at {where}, a "
+        "collective the other ranks issued at the same place: the ranks' tensors differ in "
+        "size or dtype"
+    )
+    evidence = [f"rank {r}: {words.entry_name(e)}{_shape(e)}" for r, e in peers]
+    evidence.append("the aborted rank's own tensor is not in its state file (it died before the next write)")
+    state = views[0].state
+    fix = words.fix_mismatch("numel") + " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
+    return Verdict("desync", suspects, [Finding("mismatch", "error", suspects, summary, evidence, fix)])

@@ -1,0 +1,223 @@
+"""What a rank does while it makes no progress: one rule for the watchdog and the doctor.
+
+The step counter alone cannot tell a hang from an evaluation under ``no_grad``, a
+checkpoint or work after the training loop: none of them touches the DDP model. So the
+watchdog samples the main thread about once a second (``sys._current_frames``: cheap, no
+signal, no ptrace), the CPU time of that thread and the bytes the process reads and
+writes, and classifies the rank:
+
+==========  =======================================================================
+stepping    progress (a heartbeat) within the last ``STILL_SECONDS``
+waiting     no progress, a collective in flight: waiting for its peers
+busy        no progress, not in a collective, but working: its stack moves, or its
+            main thread uses CPU, or the process reads or writes (evaluation,
+            checkpoint, logging, post-loop work)
+stuck       no progress, not in a collective, the stack unchanged for
+            ``STILL_SECONDS`` with neither CPU nor I/O (a lock, a dead socket, a sleep)
+==========  =======================================================================
+
+A hang needs evidence (``is_hang``): a rank stuck past the hang timeout; a rank waiting in
+a collective past it while a peer that has not joined is stuck, dead or busy for too long
+(``BUSY_FACTOR`` timeouts); a rank busy for too long. A rank that others wait for while it
+is busy is reported as such, not as a hang. The record (``schema.Activity``) is in the
+state file, so the doctor applies the same rule to every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .frames import is_library
+from .state import schema
+
+STEPPING, BUSY, WAITING, STUCK = "stepping", "busy", "waiting", "stuck"
+SAMPLE_SECONDS = 1.0
+"""Seconds between samples of the main thread."""
+STILL_SECONDS = 3.0
+"""No progress, stack unchanged, no CPU and no I/O for this long: stuck."""
+CPU_BUSY = 0.05
+"""Share of one core the main thread uses that counts as working."""
+IO_BUSY = 1 << 20
+"""Bytes per second read or written by the process that count as working (the state file
+itself is a few kB a second)."""
+BUSY_FACTOR = 5.0
+"""Busy (no progress, working) for this many hang timeouts counts as hung."""
+_FRAMES = 16
+
+
+def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, io_rate: float,
+             timeout: float | None = None) -> str:
+    """The rank's activity from its samples (see the module's table). A hang timeout
+    shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
+    still = min(STILL_SECONDS, timeout) if timeout else STILL_SECONDS
+    if idle < still:
+        return STEPPING
+    if in_flight:
+        return WAITING
+    if still_for >= still and cpu_share < CPU_BUSY and io_rate < IO_BUSY:
+        return STUCK
+    return BUSY
+
+
+def busy_limit(timeout: float) -> float:
+    """Seconds a rank may stay busy without progress before it counts as hung."""
+    return BUSY_FACTOR * timeout
+
+
+def is_hang(activity: str, idle: float, timeout: float, peers_hold_out: str | None = None) -> bool:
+    """The shared rule: does this rank's silence count as a hang?
+
+    ``peers_hold_out`` is what the peers that have not joined its collective are doing
+    (``busy``, ``stuck``, ``dead``; None when unknown): a rank that waits only for busy
+    peers is not hung until they have been busy for too long."""
+    if idle < timeout:
+        return False
+    if activity == BUSY:
+        return idle >= busy_limit(timeout)
+    if activity == WAITING and peers_hold_out == BUSY:
+        return idle >= busy_limit(timeout)
+    return activity in (WAITING, STUCK)
+
+
+class Sampler:
+    """Samples the main thread's stack, its CPU time and the process's I/O; ``activity()``
+    classifies. Called from the watchdog thread; ``sample()`` is rate-limited."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        main = threading.main_thread()
+        self._ident = main.ident
+        try:
+            self._cpu_clock: int | None = time.pthread_getcpuclockid(main.ident)  # type: ignore[arg-type]
+        except Exception:
+            self._cpu_clock = None
+        self._signature: tuple[Any, ...] | None = None
+        self._changed = clock()
+        self._where: str | None = None
+        self._samples: deque[tuple[float, float, int]] = deque(maxlen=8)  # (t, cpu, io bytes)
+        self._last = -1e18
+
+    def sample(self) -> None:
+        now = self._clock()
+        if now - self._last < SAMPLE_SECONDS * 0.9:
+            return
+        self._last = now
+        frame = sys._current_frames().get(self._ident)  # type: ignore[arg-type]
+        signature = []
+        where = None
+        depth = 0
+        while frame is not None and depth < 256:
+            code = frame.f_code
+            if depth < _FRAMES:
+                signature.append((code, frame.f_lineno))
+            if where is None and not (is_library(code.co_filename) or code.co_filename.startswith("<")):
+                where = f"{_short(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+            frame = frame.f_back
+            depth += 1
+        del frame
+        sig = tuple(signature)
+        if sig != self._signature:
+            self._signature, self._changed = sig, now
+        self._where = where
+        self._samples.append((now, self._cpu(), _io_bytes()))
+
+    def _cpu(self) -> float:
+        if self._cpu_clock is not None:
+            try:
+                return time.clock_gettime(self._cpu_clock)
+            except OSError:
+                self._cpu_clock = None
+        return time.process_time()
+
+    def activity(self, idle: float, in_flight: bool, timeout: float | None, now_unix: float) -> schema.Activity:
+        now = self._clock()
+        cpu_share = io_rate = 0.0
+        if len(self._samples) >= 2:
+            t0, c0, b0 = self._samples[0]
+            t1, c1, b1 = self._samples[-1]
+            if t1 > t0:
+                cpu_share = max(0.0, (c1 - c0) / (t1 - t0))
+                io_rate = max(0.0, (b1 - b0) / (t1 - t0))
+        still_for = now - self._changed
+        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout)
+        return schema.Activity(
+            state=state, sampled_unix=now_unix, still_seconds=round(still_for, 3),
+            cpu_share=round(cpu_share, 3), io_bytes_per_second=round(io_rate),
+            where=self._where, hang_timeout_seconds=timeout,
+        )
+
+
+def _io_bytes() -> int:
+    """Bytes the process has read and written (Linux ``/proc/self/io``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            total = 0
+            for line in f:
+                if line.startswith((b"rchar:", b"wchar:")):
+                    total += int(line.split()[1])
+            return total
+    except (OSError, ValueError):
+        return 0
+
+
+
+
+def _short(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+
+
+MAX_PEER_FILES = 64
+"""Beyond this many ranks the watchdog does not read its peers' files (the doctor does)."""
+
+
+def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | None:
+    """What the peers that have not joined ``entry`` (this rank's collective) are doing,
+    from their state files beside ``state_file``: ``busy`` when every one of them is busy
+    (a checkpoint, an evaluation) or stepping, else ``stuck`` (stuck, dead, gone), None
+    when unknown."""
+    from .state import files  # the state file reader (no torch)
+
+    state_dir = os.path.dirname(state_file)
+    try:
+        paths = files.list_files(state_dir)
+    except OSError:
+        return None
+    if len(paths) > MAX_PEER_FILES:
+        return None
+    mine = os.path.abspath(state_file)
+    seen = []
+    for path in paths:
+        if os.path.abspath(path) == mine:
+            continue
+        try:
+            peer = files.read(path)
+            age = now - os.stat(path).st_mtime
+        except Exception:
+            continue
+        if entry.group_size and peer.world_size and peer.world_size < entry.group_size:
+            continue
+        if peer.collective_seq.get(entry.group, 0) >= entry.seq:
+            continue  # it joined (or is past it)
+        interval = peer.state_interval or 1.0
+        act = peer.activity
+        if peer.exit is not None or age > max(10.0, 5 * interval) or act is None:
+            seen.append(STUCK)
+        else:
+            # stepping: it made progress moments ago and has not joined yet (it is starting
+            # its own pause, or runs on without joining: the busy limit bounds both)
+            seen.append(BUSY if act.state in (BUSY, STEPPING) else STUCK)
+    if not seen:
+        return None
+    return BUSY if all(s == BUSY for s in seen) else STUCK

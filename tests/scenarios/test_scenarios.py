@@ -1,0 +1,50 @@
+"""A fixed-seed sample of the randomized fault scenarios (tests/scenarios/runner.py): real
+gloo jobs that die under mp.spawn, all-reduce mismatched sizes, or wait in a barrier while
+one rank writes a checkpoint. ``benchmarks/doctor_accuracy.py N`` runs N random ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.scenarios.runner import Scenario, draw, run
+
+SEED = 2026
+CI_WORLD = {"spawn_exception": 2, "size_mismatch": 3, "checkpoint_barrier": 2}
+"""World sizes kept small in CI (start-up dominates); the benchmark draws 2-4."""
+
+
+def _sample(i: int, kind: str) -> Scenario:
+    s = draw(random.Random(SEED + i), [kind])
+    world = CI_WORLD[kind]
+    return dataclasses.replace(s, world=world, culprit=s.culprit % world)
+
+
+SAMPLE = [_sample(i, kind) for i, kind in enumerate(CI_WORLD)]
+
+
+@pytest.mark.parametrize("scenario", SAMPLE, ids=[s.kind for s in SAMPLE])
+def test_the_doctor_is_right(scenario, tmp_path: Path) -> None:
+    # a 2 s hang timeout: the checkpoint's 9 s are past it, yet no watchdog may call it a hang
+    env = {"DDPMON_HANG_TIMEOUT": "2"} if scenario.kind == "checkpoint_barrier" else None
+    outcome = run(scenario, tmp_path, timeout=90.0, env=env)
+    assert outcome.right, f"{scenario}: {outcome.verdict} {outcome.suspects}: {outcome.summary}"
+    d = outcome.diagnosis
+    first = d.findings[0]
+    if scenario.kind == "spawn_exception":
+        # torch's _wrap turns the exception into sys.exit(1): the record still names it
+        culprit = next(v for v in d.ranks if v.rank == scenario.culprit)
+        assert culprit.ending.exception == "RuntimeError: batch 17 has NaN labels"
+        assert culprit.ending.where.endswith("in misbehave") and culprit.ending.code == 1
+        assert first.kind == "dead_rank" and "RuntimeError: batch 17 has NaN labels" in first.fix
+    elif scenario.kind == "size_mismatch":
+        assert first.kind == "mismatch"
+        assert "1000 elements" in " ".join([first.summary, *first.evidence])
+        assert "worker.py" in first.summary
+    else:
+        assert d.verdict == "healthy"
+        logs = " ".join(p.read_text() for p in tmp_path.glob("stderr-*.txt"))
+        assert "made no progress" not in logs, logs[-3000:]

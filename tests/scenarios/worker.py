@@ -1,0 +1,159 @@
+"""One rank of a randomized fault scenario: ``python -m tests.scenarios.worker KIND CULPRIT STEP``.
+
+Environment as ``tests/distributed/harness.rank_env`` (RANK, WORLD_SIZE, DDPMON_TEST_STORE,
+DDPMON_TEST_OUT, DDPMON_STATE_DIR). Every rank trains a small DDP MLP with ddpmon attached
+(its default hang timeout logic, state written every 0.2 s); rank CULPRIT misbehaves at step
+STEP as KIND says (``KINDS`` in ``tests/scenarios/kinds.py``). A rank writes
+``mark-<rank>-<name>`` into DDPMON_TEST_OUT when it reaches a moment the runner waits for.
+``spawn`` runs the job under ``torch.multiprocessing.spawn`` instead (one process here).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddpmon
+
+OUT = os.environ.get("DDPMON_TEST_OUT", ".")
+EXTRA_STEPS = 8
+HOLD = float(os.environ.get("DDPMON_SCENARIO_HOLD", "9"))
+"""Seconds a long healthy pause (evaluation, checkpoint, post-loop work) lasts."""
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def mark(rank: int, name: str) -> None:
+    open(os.path.join(OUT, f"mark-{rank}-{name}"), "w").close()
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+
+
+def load_data(rank: int, step: int, stall: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    while stall:
+        time.sleep(0.05)  # a data loader that never returns
+    return batch(rank, step)
+
+
+def save_checkpoint(seconds: float) -> None:
+    end = time.time() + seconds
+    while time.time() < end:  # busy: serialising, writing
+        sum(i * i for i in range(20000))
+
+
+def evaluate(ddp: DDP, seconds: float) -> None:
+    end = time.time() + seconds
+    with torch.no_grad():
+        while time.time() < end:
+            ddp(torch.randn(64, 32))
+
+
+def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
+    store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    ddp = DDP(MLP())
+    ddpmon.attach(ddp, job="scenario", state_interval=0.2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    me = rank == culprit
+    steps = at + EXTRA_STEPS
+    if kind == "uneven" and me:
+        steps = at  # fewer batches on this rank
+    for step in range(steps):
+        if step == at:
+            mark(rank, "at")
+            if me:
+                misbehave(kind, ddp)
+            if kind in ("size_mismatch", "dtype_mismatch", "order_swap"):
+                collectives(kind, me)
+            if kind == "evaluation":
+                evaluate(ddp, HOLD)
+            elif kind == "checkpoint_barrier":
+                if rank == culprit:
+                    save_checkpoint(HOLD)
+                dist.barrier()
+        x, y = load_data(rank, step, me and kind == "stall" and step >= at)
+        if me and kind == "jitter":
+            time.sleep(0.05 * (step % 3))
+        opt.zero_grad()
+        if me and kind == "slow_forward" and step >= at:
+            time.sleep(0.08)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+    if kind == "uneven" and me:
+        mark(rank, "at")  # out of batches: it goes on to the barrier below
+    mark(rank, "loop_done")
+    if kind == "post_loop":
+        save_checkpoint(HOLD)  # every rank: work after the training loop
+    dist.barrier()
+    mark(rank, "done")
+    dist.destroy_process_group()
+
+
+def misbehave(kind: str, ddp: DDP) -> None:
+    if kind == "exception" or kind == "spawn_exception":
+        raise RuntimeError("batch 17 has NaN labels")
+    if kind == "sys_exit":
+        sys.exit(3)
+    if kind == "os_exit":
+        os._exit(5)
+    if kind == "sigsegv":
+        ctypes.string_at(0)
+    if kind == "extra_barrier":
+        dist.barrier()
+    if kind == "checkpoint_hang":
+        while True:
+            time.sleep(0.05)  # a save to a file system that never answers
+
+
+def collectives(kind: str, me: bool) -> None:
+    """Every rank all-reduces a metric; the culprit's differs in size, dtype or order."""
+    if kind == "size_mismatch":
+        dist.all_reduce(torch.zeros(1000 if me else 10))  # sum a metric
+    elif kind == "dtype_mismatch":
+        dist.all_reduce(torch.zeros(10, dtype=torch.float64 if me else torch.float32))
+    elif me:
+        dist.broadcast(torch.zeros(4), src=0)  # order: broadcast, then all-reduce
+        dist.all_reduce(torch.zeros(4))
+    else:
+        dist.all_reduce(torch.zeros(4))
+        dist.broadcast(torch.zeros(4), src=0)
+
+
+def spawned(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    run(rank, world, kind, culprit, at)
+
+
+def main() -> None:
+    kind, culprit, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if kind.startswith("spawn_"):
+        import torch.multiprocessing as mp
+
+        mp.spawn(spawned, args=(world, kind, culprit, at), nprocs=world, join=True)
+        return
+    run(int(os.environ.get("RANK", "0")), world, kind, culprit, at)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The doctor's newer rules on state files built from the schema's records: collectives
+that differ under one sequence number, ranks busy outside a step, exit statuses, names and
+ranks folded, --job choosing its directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpmon.doctor import examine, words
+from ddpmon.doctor.report import group_lines, render
+from tests.unit.test_doctor import NOW, kinds, run_cli, state, waiting_in, write
+
+
+def test_the_first_mismatched_collective_is_named_with_its_field_ranks_and_sites(tmp_path: Path) -> None:
+    done = [dict(waiting_in("all_reduce", s, 0.0, bucket=0), completed_unix=NOW) for s in (1, 2, 3)]
+    for r in range(3):
+        numel = 1000 if r == 1 else 10
+        metric = waiting_in("all_reduce", 4, 9.0, site="train.py:40", size=3, dtype="float32", numel=numel)
+        write(tmp_path, state(r, world=3, silent=9.0, collective_log=done, in_flight=[metric]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch")
+    f = d.findings[0]
+    assert "as #4 of group 0: the element count differs" in f.summary
+    assert "ranks 0, 2: all_reduce (10 elements, float32) at train.py:40" in f.summary
+    assert "rank 1: all_reduce (1000 elements, float32) at train.py:40" in f.summary
+    assert "Pad to a common size" in f.fix
+
+
+def test_ranks_waiting_for_a_busy_rank_are_not_hung(tmp_path: Path) -> None:
+    busy = {"state": "busy", "sampled_unix": NOW, "still_seconds": 0.5, "cpu_share": 0.98,
+            "where": "train.py:88 in save_checkpoint", "hang_timeout_seconds": 60.0}
+    write(tmp_path, state(0, world=3, silent=12.0, activity=busy))
+    for r in (1, 2):
+        write(tmp_path, state(r, world=3, silent=12.0, in_flight=[waiting_in("barrier", 9, 12.0, size=3)],
+                              activity=dict(busy, state="waiting", where="train.py:90 in main")))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
+    assert d.findings[0].summary.startswith("ranks 1, 2 have waited ")
+    assert " s in barrier #9 (group 0, issued at train.py:88 in train_step)" in d.findings[0].summary
+    assert "for rank 0, busy outside the training step (rank 0 in train.py:88 in save_checkpoint)" in d.findings[0].summary
+    # busy for longer than 5 hang timeouts: stuck, a hang
+    write(tmp_path, state(0, world=3, silent=400.0, activity=busy))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [0])
+
+
+def test_a_non_zero_exit_status_is_a_failure(tmp_path: Path) -> None:
+    write(tmp_path, state(0, silent=5.0, exit={"unix": NOW - 5, "code": 3, "how": "sys.exit",
+                                                "where": "train.py:12 in main"}))
+    write(tmp_path, state(1, silent=9.0, in_flight=[waiting_in("all_reduce", 7, 9.0)]))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("dead_rank", [0])
+    assert d.findings[0].summary.startswith("rank 0 exited with status 3 first")
+    assert "called sys.exit(3) at train.py:12 in main" in d.findings[0].fix
+
+
+def test_names_and_ranks_are_folded_never_dropped(tmp_path: Path) -> None:
+    names = [f"layers.{i}.attn.weight" for i in range(32)] + [f"head{i}.bias" for i in "abcdefghij"]
+    for r in range(2):
+        write(tmp_path, state(r, unused_parameters=names))
+    d = examine(str(tmp_path), live_stacks=False)
+    unused = [f for f in d.findings if f.kind == "unused_parameters"]
+    assert len(unused) == 1 and unused[0].ranks == [0, 1]
+    assert "ranks 0, 1: 42 parameter(s)" in unused[0].summary
+    assert "layers.{0-31}.attn.weight" in unused[0].summary
+    assert len(unused[0].evidence) == 11 and "unused: headj.bias" in unused[0].evidence
+    assert words.ranks([0, 1, 2, 3, 5, 7, 8, 9]) == "0\u20133, 5, 7\u20139"
+
+
+def test_a_thousand_ranks_fit_one_screen(tmp_path: Path) -> None:
+    lines = [f"rank {r} (host node-{r // 8}, pid {4000 + r}) has waited 9.0 s in all_reduce #14, step 3"
+             for r in range(1024) if r != 341]
+    assert group_lines(lines) == ["ranks 0\u2013340, 342\u20131023 have waited 9.0 s in all_reduce #14, step 3"]
+    for r in range(40):
+        write(tmp_path, state(r, world=40, host=f"node-{r // 8}", silent=9.0,
+                              in_flight=[waiting_in("all_reduce", 14, 9.0, size=40)] if r != 7 else []))
+    text = render(examine(str(tmp_path), live_stacks=False), width=100)
+    assert len(text.splitlines()) < 40
+    assert "0\u20136, 8\u201339" in text
+
+
+def test_job_picks_its_directory_and_leaves_other_jobs_out(tmp_path: Path) -> None:
+    root = tmp_path / "ddpmon"
+    write(root / "big", state(0, job="big"))
+    write(root / "big", state(1, job="big"))
+    write(root / "small", state(0, job="small"))
+    write(root / "small", state(1, job="small"))
+    out = run_cli("--job", "big", "--json", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
+    assert out.returncode in (0, 1), out.stderr  # (the files age as the test runs)
+    assert f'"state_dir": "{root / "big"}"' in out.stdout and '"small"' not in out.stdout
+    out = run_cli("--job", "nope", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
+    assert out.returncode == 2 and "nope" in out.stderr and "Traceback" not in out.stderr
