@@ -4,6 +4,8 @@ ranks folded, --job choosing its directory."""
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 from ddpmon.doctor import examine, words
@@ -80,7 +82,7 @@ def test_a_thousand_ranks_fit_one_screen(tmp_path: Path) -> None:
 
 
 def test_job_picks_its_directory_and_leaves_other_jobs_out(tmp_path: Path) -> None:
-    root = tmp_path / "ddpmon"
+    root = tmp_path / f"ddpmon-{os.geteuid()}"  # this user's default root
     write(root / "big", state(0, job="big"))
     write(root / "big", state(1, job="big"))
     write(root / "small", state(0, job="small"))
