@@ -77,6 +77,7 @@ def examine(
     }
     lives = _guard_pid_namespace(files, lives, now)
     views = [view(f, lives[f.rank], now, stall) for f in files]
+    notes += _read_only(state_dir if not remote else None, views)
     if live_stacks:
         _live_stacks(views, stack_timeout)
 
@@ -139,3 +140,29 @@ def _live_stacks(views: list[RankView], timeout: float) -> None:
 def _local(f: StateFile, t: float | None) -> float:
     """A time of the file's writer on the file system's clock (its mtime when absent)."""
     return t + f.offset if t is not None else f.mtime
+
+
+def _read_only(state_dir: str | None, views: list[RankView]) -> list[Finding]:
+    """A state directory on a read-only file system: live ranks cannot rewrite their files,
+    so a stale file says nothing about them. Such ranks are not taken for frozen (a hang);
+    the finding says what is known and what is not."""
+    if not state_dir:
+        return []
+    try:
+        read_only = bool(os.statvfs(state_dir).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return []
+    if not read_only:
+        return []
+    unknown = [v for v in views if v.status == "frozen" and v.liveness.alive and not v.liveness.stopped]
+    for v in unknown:
+        v.status = "unknown"
+    ranks = sorted(v.rank for v in unknown)
+    return [Finding(
+        "state_dir_read_only", "warning", ranks,
+        f"the state directory {state_dir} is on a read-only file system: the ranks cannot rewrite "
+        "their state files, so their files show what they did when the file system turned "
+        "read-only" + (f"; ranks {', '.join(map(str, ranks))} are alive, doing what is unknown" if ranks else ""),
+        fix="Remount it read-write (or point DDPMON_STATE_DIR at a writable directory for the next "
+        "run); for what the ranks do now, run `py-spy dump --pid PID` on them.",
+    )]

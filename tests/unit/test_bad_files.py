@@ -158,8 +158,6 @@ def test_doctor_from_a_hostile_state_endpoint_says_why(body: bytes) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only state directory needs root")
-@pytest.mark.xfail(strict=True, reason="the doctor reads stale files of live ranks as a hang; it "
-                   "should see that the directory is on a read-only file system")
 def test_doctor_on_a_read_only_state_dir_of_a_live_job_does_not_call_it_hung(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
