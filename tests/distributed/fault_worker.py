@@ -122,6 +122,12 @@ def run(mode: str, steps: str = "60") -> dict[str, Any]:
     if mode != "plain":
         if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
             use_unbounded_server()
+        if mode == "attacked":
+            # The program's own faulthandler (to stderr): ddpmon then keeps no .fault file
+            # open in the state directory, which `mount -o remount,ro` would refuse as busy.
+            import faulthandler
+
+            faulthandler.enable()
         import ddpmon
 
         mon = ddpmon.attach(model)
