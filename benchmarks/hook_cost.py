@@ -10,7 +10,7 @@ Variants: ``plain`` (DDP as is; listed twice it is the A/A noise floor), ``passt
 only), ``scaled`` (the same after scaling by 1/world size: what DDP's default computes),
 ``scaled_after`` (scaling inside the callback instead), ``builtin`` (DDP's C++ ALLREDUCE hook),
 ``ddpmon`` (ddpmon attached with ``bucket_timing="hook"``, no endpoint or state file) and
-``ddpmon_read`` (the same while, during its blocks, another thread reads its snapshot and
+``ddpmon-read`` (the same while, during its blocks, another thread reads its snapshot and
 metrics every millisecond: whether readers hold up the hooks).
 """
 
@@ -59,12 +59,12 @@ def worker(args: argparse.Namespace) -> None:
     readers = []
     for name in variants:
         model = build()
-        if name in ("ddpmon", "ddpmon_read"):
+        if name in ("ddpmon", "ddpmon-read"):
             import ddpmon
 
             monitor = ddpmon.attach(model, bucket_timing="hook", port=-1, state_dir="",
                                     job=f"hook-cost-{len(models)}", hang_timeout=0)
-            if name == "ddpmon_read":
+            if name == "ddpmon-read":
                 readers.append(monitor)
         elif name in hooks:
             model.register_comm_hook(None, hooks[name])
@@ -93,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def block(i: int, steps: int) -> float:
         model, opt = models[i]
-        if variants[i] == "ddpmon_read":
+        if variants[i] == "ddpmon-read":
             reading.set()
         start = time.perf_counter()
         for _ in range(steps):

@@ -34,3 +34,13 @@ def is_library(filename: str) -> bool:
     if "site-packages" in filename or "dist-packages" in filename:
         return True
     return filename.startswith(_library_roots())
+
+
+@functools.lru_cache(maxsize=1024)
+def short_path(filename: str) -> str:
+    """A path relative to the working directory when below it, else as given."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .frames import is_library
+from .frames import is_library, short_path
 from .state import schema
 
 STEPPING, BUSY, WAITING, STUCK = "stepping", "busy", "waiting", "stuck"
@@ -117,7 +117,7 @@ class Sampler:
             if depth < _FRAMES:
                 signature.append((code, frame.f_lineno))
             if where is None and not (is_library(code.co_filename) or code.co_filename.startswith("<")):
-                where = f"{_short(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+                where = f"{short_path(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
             frame = frame.f_back
             depth += 1
         del frame
@@ -168,12 +168,6 @@ def _io_bytes() -> int:
 
 
 
-def _short(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
 
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .._safety import Fuse
-from ..frames import DDPMON_DIR, is_library
+from ..frames import DDPMON_DIR, is_library, short_path
 from ..recorder import Recorder
 
 # op -> (position, keyword) of the tensor(s) this rank sends, (position, keyword) of the group.
@@ -315,14 +315,6 @@ def _call_site(frame: Any) -> tuple[str, str, bool, list[str]]:
 
 
 def _site(frame: Any) -> str:
-    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-@functools.lru_cache(maxsize=1024)
-def _short(filename: str) -> str:
-    """A path relative to the working directory when below it, else as given."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel

@@ -134,11 +134,12 @@ def read(path: str) -> schema.RankState:
     return state
 
 
-def list_files(state_dir: str) -> list[str]:
-    """The rank state files in ``state_dir``, ordered by rank."""
+def list_files(state_dir: str, pattern: re.Pattern[str] = NAME_PATTERN) -> list[str]:
+    """The files of ``state_dir`` whose names ``pattern`` matches (its group 1 the rank; by
+    default the rank state files), ordered by rank."""
     found = []
     for name in os.listdir(state_dir):
-        m = NAME_PATTERN.match(name)
+        m = pattern.match(name)
         if m:
             found.append((int(m.group(1)), os.path.join(state_dir, name)))
     return [path for _, path in sorted(found)]

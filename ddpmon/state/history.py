@@ -78,12 +78,9 @@ def path_for(state_dir: str, rank: int) -> str:
 
 def list_files(state_dir: str) -> list[str]:
     """The history databases in ``state_dir``, ordered by rank."""
-    found = []
-    for name in os.listdir(state_dir):
-        m = NAME_PATTERN.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(state_dir, name)))
-    return [p for _, p in sorted(found)]
+    from . import files
+
+    return files.list_files(state_dir, NAME_PATTERN)
 
 
 class HistoryError(Exception):
