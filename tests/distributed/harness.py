@@ -71,6 +71,19 @@ def stop(procs: list[subprocess.Popen], sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def states(workdir: Path) -> dict[int, dict[str, Any]]:
+    """The ranks' state files under ``workdir/state`` as read now, by rank (a file being
+    replaced or not yet there is left out)."""
+    out = {}
+    for path in sorted((workdir / "state").glob("rank-*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[data["rank"]] = data
+    return out
+
+
 def collect(procs: list[subprocess.Popen], workdir: Path) -> list[RankResult]:
     results = []
     for rank, p in enumerate(procs):

@@ -52,17 +52,6 @@ def site(fragment: str) -> str:
     raise AssertionError(f"{fragment!r} is not in {WORKER}")
 
 
-def states(workdir: Path) -> dict[int, dict[str, Any]]:
-    out = {}
-    for path in sorted((workdir / "state").glob("rank-*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        out[data["rank"]] = data
-    return out
-
-
 def wait_for(what: str, check: Callable[[], bool], procs: list[subprocess.Popen], workdir: Path,
              timeout: float = 45.0) -> None:
     deadline = time.monotonic() + timeout
@@ -92,7 +81,7 @@ def finding(report: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def all_hung(workdir: Path, world: int) -> Callable[[], bool]:
     def check() -> bool:
-        s = states(workdir)
+        s = harness.states(workdir)
         return len(s) == world and all(d.get("hang") for d in s.values())
     return check
 
@@ -103,7 +92,7 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
     procs = launch("stuck", 3, tmp_path, ("2", "4"))
     try:
         wait_for("every rank's hang report", all_hung(tmp_path, 3), procs, tmp_path)
-        s = states(tmp_path)
+        s = harness.states(tmp_path)
         for rank in (0, 1):
             hang = s[rank]["hang"]
             assert hang["threads"][0]["main"] and hang["threads"][0]["name"] == "MainThread"
@@ -196,7 +185,7 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
     procs = launch("straggle", 2, tmp_path, ("1", "0.03"))
     try:
         def enough_steps() -> bool:
-            s = states(tmp_path)
+            s = harness.states(tmp_path)
             return len(s) == 2 and all((d.get("timings") or {}).get("window_steps", 0) >= 12 for d in s.values())
 
         wait_for("12 steps on each rank", enough_steps, procs, tmp_path)
@@ -287,7 +276,7 @@ def test_comm_layer_hang_nobody_behind(tmp_path: Path) -> None:
         procs = launch("train_until_frozen", 2, tmp_path, prefix=("nsenter", netns), env={"GLOO_SOCKET_IFNAME": "lo"})
 
         def training() -> bool:
-            s = states(tmp_path)
+            s = harness.states(tmp_path)
             return len(s) == 2 and all(d.get("step", 0) >= 5 for d in s.values())
 
         wait_for("training", training, procs, tmp_path)

@@ -10,9 +10,7 @@ right. Used by ``tests/scenarios/test_scenarios.py`` (a fixed-seed sample) and
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpmon.doctor import examine
-from tests.distributed.harness import ROOT, rank_env
+from tests.distributed.harness import ROOT, rank_env, stop
 
 HOLD = 9.0
 ASK_DURING_HOLD = 6.5
@@ -133,7 +131,7 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] |
     except TimeoutError as exc:
         return Outcome(s, "timeout", [], False, time.monotonic() - started, str(exc))
     finally:
-        _stop(procs)
+        stop(procs)
     wrong = [d for d in answers if not right(s, d.verdict, list(d.suspect_ranks))]
     d = wrong[0] if wrong else answers[-1]
     summary = d.findings[0].summary if d.findings else ""
@@ -159,17 +157,3 @@ def _wait(done, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the scenario did not reach its moment in time")
         time.sleep(0.05)
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
