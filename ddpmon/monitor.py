@@ -212,7 +212,7 @@ class Monitor:
         if state_dir is None:
             return None
         self._writer = files.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)
-        return self._writer.path if self._writer else None
+        return self._writer.path
 
 
 def _flight_recorder() -> dict[str, Any] | None:

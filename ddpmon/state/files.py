@@ -230,17 +230,10 @@ def check_unclaimed(path: str) -> None:
 
 
 def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any]],
-                 interval: float) -> StateWriter | None:
-    """A running writer of ``<state_dir>/rank-<rank>.json``, or None (and one warning that
-    says what to do) when the directory cannot be made or written."""
-    try:
-        os.makedirs(state_dir, exist_ok=True)
-        if not os.access(state_dir, os.W_OK):
-            raise PermissionError(f"{state_dir} is not writable")
-    except OSError as exc:
-        log.warning("ddpmon: rank %d: state files are off: cannot write to %s (%s). Set "
-                    "DDPMON_STATE_DIR (or state_dir=) to a writable directory.", rank, state_dir, exc)
-        return None
+                 interval: float) -> StateWriter:
+    """A running writer of ``<state_dir>/rank-<rank>.json``, in a directory that
+    ``state.root.claim`` has prepared and checked (within its time bound, off the training
+    thread's way); the writer's own thread makes the first write."""
     writer = StateWriter(path_for(state_dir, rank), snapshot, interval)
     writer.start()
     _CLAIMED.add(writer.path)
