@@ -40,7 +40,6 @@ __all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats
 
 MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
 PHASE_WINDOW = 20  # the steps the state file's ``timings.phases`` describe
-BUCKET_SITE = "all_reduce DDP backward (DDP bucket)"  # site_key_of() of every bucket entry
 
 
 @dataclass(frozen=True)

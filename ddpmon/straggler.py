@@ -26,7 +26,6 @@ BUSY_PARTS = ("data_wait", "h2d", "forward", "backward", "optimizer", "other")
 """The parts of a step that are the rank's own work (exposed communication is waiting)."""
 SCORE_WARN = 0.10
 """A rank 10% slower than its peers' median is a straggler (when it stands out of noise)."""
-SCORE_CRITICAL = 0.20
 MIN_GAP_SECONDS = 0.001
 MIN_STEPS = 5
 NOISE_FACTOR = 4.0

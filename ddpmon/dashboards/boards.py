@@ -19,7 +19,6 @@ RATE = "$__rate_interval"
 
 ZERO_TO_ONE = {"min": 0, "max": 1}
 RATIO_THRESHOLDS = thresholds((None, "green"), (0.2, "orange"), (0.3, "red"))
-COMPUTE = ("ddpmon_forward_seconds_sum", "ddpmon_backward_seconds_sum")
 
 
 def _rate(name: str, sel: str = SEL) -> str:
