@@ -57,8 +57,14 @@ def main() -> None:
     for world in args.ranks:
         directory = tempfile.mkdtemp(prefix=f"ddpmon-doctor-{world}-")
         now = time.time()
-        for r in range(world):
-            statefile.write_atomic(statefile.path_for(directory, r), rank_state(r, world, now))
+        states = [rank_state(r, world, now) for r in range(world)]
+        now = time.time()  # every file as if written just now, so that none is stale
+        for state in states:
+            state.update(now_unix=now, last_progress_unix=now - 120, started_unix=now - 3600)
+            state["hang"].update(detected_unix=now - 60, last_progress_unix=now - 120)
+            path = statefile.path_for(directory, state["rank"])
+            statefile.write_atomic(path, state)
+            os.utime(path, (now, now))
         size = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory))
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", directory, "--json"],

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from typing import Any
 PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
 BASE = {"data_wait": 0.004, "forward": 0.004, "backward": 0.004, "optimizer": 0.002, "other": 0.001}
 """Seconds of work (sleep) per part on every rank: about 15 ms busy per step, plus compute."""
+CALIBRATION_STEPS = 30
 
 
 def plan(world: int, segments: int, seed: int) -> list[dict[str, Any]]:
@@ -50,6 +52,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddpmon
+    from ddpmon.recorder import busy_seconds
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", store=dist.FileStore(args.store, world), rank=rank, world_size=world)
@@ -87,7 +90,23 @@ def worker(args: argparse.Namespace) -> None:
     monitor = ddpmon.attach(model, job="stragglers-bench", port=-1, state_dir=None)
     opt = SGD(model.parameters(), lr=1e-3)
     rng = random.Random(1000 + rank)
-    busy = sum(BASE.values())
+
+    def step() -> None:
+        x, y = torch.randn(16, 32), torch.randn(16, 8)
+        sleep("data_wait")
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        sleep("other")
+        opt.step()
+
+    # "10% slower" is 10% of the busy time ddpmon measures (sleeps, compute and overheads),
+    # taken from a warm-up every rank agrees on: the slowest rank's median.
+    for _ in range(CALIBRATION_STEPS):
+        step()
+    measured = torch.tensor([statistics.median(
+        busy_seconds(r) for r in monitor.recorder.history_since(0)[-CALIBRATION_STEPS // 2:])])
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+    busy = float(measured)
     marks = []
     for segment in plan(world, args.segments, args.seed):
         jitter = (args.healthy_jitter if segment["kind"] == "healthy" else args.jitter) * busy
@@ -97,15 +116,10 @@ def worker(args: argparse.Namespace) -> None:
             extra[rng.choice(PARTS)] = rng.uniform(0.0, jitter)
             if segment["slow"] == rank:
                 extra[segment["kind"]] += args.slowdown * busy
-            x, y = torch.randn(16, 32), torch.randn(16, 8)
-            sleep("data_wait")
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            sleep("other")
-            opt.step()
+            step()
     monitor.detach()
     with open(os.path.join(args.out, f"rows-{rank}.json"), "w") as f:
-        json.dump({"marks": marks, "rows": monitor.recorder.history_since(0)}, f)
+        json.dump({"marks": marks, "busy": busy, "rows": monitor.recorder.history_since(0)}, f)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -90,17 +90,18 @@ def load_dir(state_dir: str) -> Loaded:
         raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc}; {owner}): run the "
                              "doctor as the job's user, or ask them to share it with your group") from None
     loaded = Loaded(state_dir)
-    for path in paths:
-        try:
-            mtime = os.lstat(path).st_mtime
-            state = files.read(path)
-        except StateFileError as exc:
-            loaded.bad.append((path, exc.reason))
-            continue
-        except OSError as exc:
-            loaded.bad.append((path, f"cannot be read ({exc.strerror or exc})"))
-            continue
-        loaded.files.append(StateFile(path, state, mtime))
+    with files.cycle_collection_paused():
+        for path in paths:
+            try:
+                mtime = os.lstat(path).st_mtime
+                state = files.read(path)
+            except StateFileError as exc:
+                loaded.bad.append((path, exc.reason))
+                continue
+            except OSError as exc:
+                loaded.bad.append((path, f"cannot be read ({exc.strerror or exc})"))
+                continue
+            loaded.files.append(StateFile(path, state, mtime))
     return loaded
 
 

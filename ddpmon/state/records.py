@@ -53,13 +53,23 @@ class _Bad(Exception):
 
 def dump(record: object) -> Any:
     """A record (or a list/dict of them) as plain JSON data; ``None`` fields are kept."""
+    if record is None or type(record) in _PLAIN:
+        return record
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {f.name: dump(getattr(record, f.name)) for f in dataclasses.fields(record)}
+        return {name: dump(getattr(record, name)) for name in _field_names(type(record))}
     if isinstance(record, list):
         return [dump(v) for v in record]
     if isinstance(record, dict):
         return {k: dump(v) for k, v in record.items()}
     return record
+
+
+_PLAIN = frozenset((str, int, float, bool))
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def json_schema(cls: type) -> dict[str, Any]:
@@ -117,14 +127,16 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
         def array(value: Any) -> list[Any]:
             if not isinstance(value, list):
                 raise _Bad("a list", value)
-            out = []
-            for i, v in enumerate(value):
-                try:
-                    out.append(item(v))
-                except _Bad as bad:
-                    bad.path.append(i)
-                    raise
-            return out
+            try:
+                return [item(v) for v in value]
+            except _Bad:
+                for i, v in enumerate(value):  # only on failure: which item
+                    try:
+                        item(v)
+                    except _Bad as bad:
+                        bad.path.append(i)
+                        raise
+                raise
         return array
     if origin is dict:
         key_type, value_type = typing.get_args(tp)
@@ -156,55 +168,53 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
 
 
 _INLINE = {  # checks generated inline for the commonest field types (no call per field)
-    int: "type(v) is int",
-    str: "type(v) is str",
-    float: "type(v) is float",
-    bool: "v is True or v is False",
+    int: "type({v}) is int",
+    str: "type({v}) is str",
+    float: "type({v}) is float",
+    bool: "{v} is True or {v} is False",
 }
 
 
 def _record_converter(cls: type) -> Callable[[Any], Any]:
     """A converter for one record class, generated as Python source so that a field of a
-    plain type costs one inline check rather than a call (a state file holds a few hundred
-    records: a hang report's stack frames, its collectives)."""
+    plain type costs one inline check rather than a call, and the record is built with
+    positional arguments (a state file holds a few hundred records: a hang report's stack
+    frames, its collectives; the doctor reads a thousand files)."""
     hints = typing.get_type_hints(cls)
-    names: dict[str, Any] = {"cls": cls, "_Bad": _Bad, "_MISSING": _MISSING, "_lazy": _lazy}
+    names: dict[str, Any] = {"cls": cls, "_Bad": _Bad, "_MISSING": _MISSING}
     lines = ["def record(value):",
              "    if not isinstance(value, dict):",
              f"        raise _Bad('an object ({cls.__name__})', value)",
-             "    kw = {}"]
-    for f in dataclasses.fields(cls):
+             "    get = value.get"]
+    args = []
+    for i, f in enumerate(dataclasses.fields(cls)):
         tp = hints[f.name]
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        var = f"f{i}"
+        args.append(var)
         nullable = typing.get_origin(tp) in (typing.Union, types.UnionType) and _NONE in typing.get_args(tp)
         inner = [o for o in typing.get_args(tp) if o is not _NONE][0] if nullable else tp
-        names[f"conv_{f.name}"] = _lazy(tp)
-        check = _INLINE.get(inner)
-        lines.append(f"    v = value.get({f.name!r}, _MISSING)")
-        lines.append("    if v is not _MISSING:")
-        fast = []
-        if nullable:
-            fast.append("v is None")
-        if check:
-            fast.append(f"({check})")
-        if fast:
-            lines.append(f"        if {' or '.join(fast)}:")
-            lines.append(f"            kw[{f.name!r}] = v")
-            lines.append("        else:")
-            indent = "            "
+        names[f"conv{i}"] = _resolve_at_first_use(names, f"conv{i}", tp)
+        lines.append(f"    {var} = get({f.name!r}, _MISSING)")
+        lines.append(f"    if {var} is _MISSING:")
+        if f.default is not dataclasses.MISSING:
+            names[f"default{i}"] = f.default
+            lines.append(f"        {var} = default{i}")
+        elif f.default_factory is not dataclasses.MISSING:
+            names[f"factory{i}"] = f.default_factory
+            lines.append(f"        {var} = factory{i}()")
         else:
-            indent = "        "
-        lines.append(f"{indent}try:")
-        lines.append(f"{indent}    kw[{f.name!r}] = conv_{f.name}(v)")
-        lines.append(f"{indent}except _Bad as bad:")
-        lines.append(f"{indent}    bad.path.append({f.name!r})")
-        lines.append(f"{indent}    raise")
-        if required:
-            lines.append("    else:")
             lines.append("        bad = _Bad('a value', None, missing=True)")
             lines.append(f"        bad.path.append({f.name!r})")
             lines.append("        raise bad")
-    lines.append("    return cls(**kw)")
+        fast = (["{v} is None"] if nullable else []) + ([_INLINE[inner]] if inner in _INLINE else [])
+        condition = " or ".join(f"({c.format(v=var)})" for c in fast)
+        lines.append(f"    elif not ({condition}):" if condition else "    else:")
+        lines.append("        try:")
+        lines.append(f"            {var} = conv{i}({var})")
+        lines.append("        except _Bad as bad:")
+        lines.append(f"            bad.path.append({f.name!r})")
+        lines.append("            raise")
+    lines.append(f"    return cls({', '.join(args)})")
     exec("\n".join(lines), names)  # noqa: S102 - source built above from the class's own fields
     return names["record"]
 
@@ -212,14 +222,12 @@ def _record_converter(cls: type) -> Callable[[Any], Any]:
 _MISSING = object()
 
 
-def _lazy(tp: Any) -> Callable[[Any], Any]:
-    """The converter of ``tp``, looked up at first use (record classes may refer to later ones)."""
-    cache: list[Callable[[Any], Any]] = []
-
+def _resolve_at_first_use(names: dict[str, Any], name: str, tp: Any) -> Callable[[Any], Any]:
+    """A stand-in for the converter of ``tp`` that, on first use, puts the real one in its
+    place in the generated code's globals (record classes may refer to later ones)."""
     def convert(value: Any) -> Any:
-        if not cache:
-            cache.append(_converter(tp))
-        return cache[0](value)
+        names[name] = real = _converter(tp)
+        return real(value)
     return convert
 
 

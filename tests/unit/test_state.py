@@ -53,6 +53,8 @@ def test_atomic_rewrites_never_show_a_partial_file(tmp_path: Path) -> None:
     (b'{"rank": 1, "buckets": {"x": 1}}', "invalid buckets"),
     (b'{"rank": 1, "in_flight": [3]}', "invalid in_flight[0] 3"),
     (b'{"rank": 1, "in_flight": [{"seq": "a", "op": "barrier"}]}', "invalid in_flight[0].seq 'a'"),
+    (b'{"rank": 1, "in_flight": [{"seq": 1, "op": "barrier"}, {"seq": 2, "op": "barrier"}, {"seq": 3, "op": 4}]}',
+     "invalid in_flight[2].op 4"),
     (b'{"rank": 99999999}', "invalid rank 99999999"),
     (b'{"rank": 1, "world_size": 4000000000}', "invalid world_size"),
     (b'{"rank": 1, "format": 7}', "written by a newer ddpmon"),
