@@ -33,7 +33,7 @@ from . import __version__
 from .collectors import host, nvml
 from .errors import StateFileError
 from .metrics.exporter import Sample, Unhealthy, families
-from .state import files, schema
+from .state import fault, files, records, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -284,6 +284,10 @@ class Daemon:
             except OSError:
                 continue
             data = schema.to_json(state)
+            if state.exit is None or state.exit.how == "os._exit":  # a fatal signal leaves no record
+                signalled = fault.read(path, state.started_unix - 1.0 if state.started_unix else None)
+                if signalled is not None:  # carried to a doctor elsewhere (--from), which cannot read it
+                    data["exit"] = records.dump(signalled)
             data["file_mtime_unix"] = mtime
             data["served_unix"] = served
             out.append(data)

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import liveness as activity_rule
-from ..state import records
+from ..state import fault, records
 from ..state.schema import Collective, Exit, RankState, Thread
-from . import fault
 from .load import StateFile
 from .procs import Liveness
 
@@ -144,7 +143,9 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         signalled = fault.read(f.path, _local(f, s.started_unix) - 1.0 if s.started_unix else None)
         if signalled is not None:
             v.ending, off = signalled, 0.0  # the fault file's time is the file system's
-            v.stack, v.stack_source = signalled.threads, f"its faulthandler file ({signalled.signal})"
+    if v.ending is not None and v.ending.how == "signal" and v.ending.threads:
+        # read here, or by the node daemon that served the file (--from)
+        v.stack, v.stack_source = v.ending.threads, f"its faulthandler file ({v.ending.signal})"
     if v.ending is not None:  # it ended (possibly still tearing down)
         v.status = CRASHED if failed(v.ending) else EXITED
         v.gone_at = v.ending.unix + off

@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 
 from ..state.schema import Collective
-from .fault import path_for as fault_path
+from ..state.fault import path_for as fault_path
 from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------

@@ -260,6 +260,40 @@ def test_serves_metrics_and_state(tmp_path: Path, sleeper: subprocess.Popen) -> 
         daemon.stop()
 
 
+FAULT = """Fatal Python error: Aborted
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/job/train.py", line 51 in reduce_metrics
+  File "/job/train.py", line 88 in <module>
+"""
+
+
+def test_a_fatal_signal_travels_to_a_doctor_on_another_node(tmp_path: Path) -> None:
+    """``doctor --from`` cannot read a rank's faulthandler file: the daemon that serves the
+    state file carries the signal and the stacks in its exit record."""
+    from ddpmon.doctor import examine
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    path = write(tmp_path, state(0, gone.pid, started_unix=time.time() - 30))
+    Path(str(path)[:-5] + ".fault").write_text(FAULT)
+    daemon = Daemon(str(tmp_path), gpus=False, interval=0.2)
+    daemon.start()
+    endpoint = serve(daemon, 0, "127.0.0.1", {"/state": daemon.state_route})
+    try:
+        d = examine("", remote=[f"127.0.0.1:{endpoint.port}"], live_stacks=False)
+    finally:
+        endpoint.close()
+        daemon.stop()
+    (rank0,) = d.ranks
+    assert rank0.ending.signal == "SIGABRT" and rank0.ending.where == "/job/train.py:51 in reduce_metrics"
+    assert rank0.status == "crashed" and rank0.stack_source == "its faulthandler file (SIGABRT)"
+    assert rank0.stack[0].frames[-1].function == "reduce_metrics"
+
+
 # -- GPUs (fake driver) ------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from ddpmon import ending
-from ddpmon.doctor import fault
+from ddpmon.state import fault
 
 
 def test_exit_status_as_the_interpreter_computes_it() -> None:

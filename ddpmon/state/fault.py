@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..state.schema import Exit, Frame, Thread
+from .schema import Exit, Frame, Thread
 
 SIGNALS = {
     "Segmentation fault": "SIGSEGV",
