@@ -6,7 +6,9 @@ One job per world size (2, 3 and 4 ranks, one process each); each job runs segme
 ``--steps`` steps. In a straggler segment one random rank is slower by ``--slowdown`` of the
 step's busy time in one random part (data wait, forward, backward, optimizer, other), on
 top of random jitter on every rank; in a healthy segment every rank only jitters (up to
-``--healthy-jitter`` of the busy time per step, in a random part). Every rank's per-step rows
+``--healthy-jitter`` of the busy time per step, in a random part). The busy time these
+shares are of is measured first: the slowest rank's median over a 30-step warm-up (sleeps,
+compute and overheads; about 19 ms here). Every rank's per-step rows
 (``Recorder.history_since``) are scored afterwards exactly as the doctor would have scored
 the state files after each step (ddpmon/straggler.py over the last 20 steps of the segment).
 

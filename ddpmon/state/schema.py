@@ -148,9 +148,8 @@ class Timings:
 @dataclass(slots=True)
 class StepPhases:
     """Mean seconds per step of each part over the last ``steps`` steps (at most 20); the parts
-    sum to ``step_seconds``. ``busy_seconds`` is the median of step less waiting for the other
-    ranks, ``busy_spread_seconds`` its median absolute deviation: the straggler score compares
-    busy times across ranks."""
+    sum to ``step_seconds``. The straggler score compares ranks on ``busy_seconds``, the step
+    less waiting for the other ranks."""
 
     steps: int = 0
     step_seconds: float = 0.0
@@ -163,7 +162,10 @@ class StepPhases:
     optimizer_seconds: float = 0.0
     other_seconds: float = 0.0
     busy_seconds: float = 0.0
+    """Step less waiting for the other ranks: the 20%-trimmed mean over the steps."""
     busy_spread_seconds: float = 0.0
+    """Its step-to-step spread: the winsorized standard deviation over 0.6, so that
+    ``busy_spread_seconds / sqrt(steps)`` is the standard error of ``busy_seconds``."""
     micro_steps: float = 0.0
     """Backward passes per step (more than 1 under gradient accumulation)."""
 
