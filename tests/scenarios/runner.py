@@ -32,7 +32,8 @@ class Kind:
     culprit_is_suspect: bool
     moment: str
     """death: the culprit ended; hang: the culprit misbehaves for a while; hold: inside a
-    long healthy pause; post: inside work after the loop; end: every rank ended."""
+    long healthy pause; post: inside work after the loop; paced: 24 steps into a straggler
+    (or every rank's jitter), the job running; end: every rank ended."""
     symmetric: bool = False
     """Two ranks that disagree (size, dtype, order) cannot say which one is wrong: in a
     2-rank job naming both is right too."""
@@ -40,7 +41,7 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "healthy": Kind("healthy", False, "end"),
-    "jitter": Kind("healthy", False, "end"),
+    "jitter": Kind("healthy", False, "paced"),
     "evaluation": Kind("healthy", False, "hold"),
     "checkpoint_barrier": Kind("healthy", False, "hold"),
     "post_loop": Kind("healthy", False, "post"),
@@ -56,6 +57,9 @@ KINDS: dict[str, Kind] = {
     "uneven": Kind("desync", True, "hang"),
     "stall": Kind("hang", True, "hang"),
     "checkpoint_hang": Kind("hang", True, "hang"),
+    "slow_data": Kind("straggler", True, "paced"),
+    "slow_forward": Kind("straggler", True, "paced"),
+    "slow_backward": Kind("straggler", True, "paced"),
 }
 
 
@@ -93,8 +97,15 @@ def expected(s: Scenario) -> tuple[str, list[int]]:
     return k.verdict, [s.culprit] if k.culprit_is_suspect else []
 
 
-def right(s: Scenario, verdict: str, suspects: list[int]) -> bool:
+CAUSE_WORDS = {"slow_data": "in data wait", "slow_forward": "in forward", "slow_backward": "in backward compute"}
+"""How the straggler finding names each straggler kind's part: a right rank with the wrong
+cause is wrong."""
+
+
+def right(s: Scenario, verdict: str, suspects: list[int], summary: str = "") -> bool:
     want = expected(s)
+    if s.kind in CAUSE_WORDS and CAUSE_WORDS[s.kind] not in summary:
+        return False
     if (verdict, suspects) == want:
         return True
     return KINDS[s.kind].symmetric and s.world == 2 and (verdict, suspects) == (want[0], [0, 1])
@@ -119,6 +130,10 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] |
         elif k.moment == "hang":
             _wait(lambda: (workdir / f"mark-{s.culprit}-at").exists(), deadline)
             time.sleep(8.0)
+        elif k.moment == "paced":
+            _wait(lambda: all((workdir / f"mark-{r}-paced").exists() for r in range(s.world)), deadline)
+            answers.append(examine(str(workdir / "state")))
+            _wait(lambda: all(p.poll() is not None for p in procs), deadline)
         elif k.moment in ("hold", "post"):
             name = "at" if k.moment == "hold" else "loop_done"
             _wait(lambda: all((workdir / f"mark-{r}-{name}").exists() for r in range(s.world)), deadline)
@@ -127,12 +142,14 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] |
             _wait(lambda: all(p.poll() is not None for p in procs), deadline)
         else:
             _wait(lambda: all(p.poll() is not None for p in procs), deadline)
-        answers.append(examine(str(workdir / "state")))
+        if k.moment != "paced":  # asked while it ran: the job's end is not the question
+            answers.append(examine(str(workdir / "state")))
     except TimeoutError as exc:
         return Outcome(s, "timeout", [], False, time.monotonic() - started, str(exc))
     finally:
         stop(procs)
-    wrong = [d for d in answers if not right(s, d.verdict, list(d.suspect_ranks))]
+    wrong = [d for d in answers
+             if not right(s, d.verdict, list(d.suspect_ranks), d.findings[0].summary if d.findings else "")]
     d = wrong[0] if wrong else answers[-1]
     summary = d.findings[0].summary if d.findings else ""
     return Outcome(s, d.verdict, list(d.suspect_ranks), not wrong, time.monotonic() - started, summary, d)

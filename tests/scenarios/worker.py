@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import sys
 import time
 from datetime import timedelta
@@ -25,6 +26,15 @@ import ddpmon
 
 OUT = os.environ.get("DDPMON_TEST_OUT", ".")
 EXTRA_STEPS = 8
+PACED_STEPS = 40
+"""Steps after STEP in the straggler and jitter kinds; every rank marks ``paced`` at
+``PACED_AT`` of them, when the doctor is asked (the last 20 steps all paced)."""
+PACED_AT = 24
+PACE = 0.005
+"""Seconds every rank spends in each of data loading, forward and backward per paced step."""
+SLOW = 0.006
+"""Seconds a straggler's part takes longer per step (its busy time about 35% longer)."""
+SLOW_PART = {"slow_data": "data_wait", "slow_forward": "forward", "slow_backward": "backward"}
 HOLD = float(os.environ.get("DDPMON_SCENARIO_HOLD", "9"))
 """Seconds a long healthy pause (evaluation, checkpoint, post-loop work) lasts."""
 
@@ -33,9 +43,24 @@ class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 8)
+        self.extra = {"forward": 0.0, "backward": 0.0}
+        """Seconds to sleep in the forward and in the backward of this step."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)))
+        time.sleep(self.extra["forward"])
+        return SleepInBackward.apply(self.b(torch.relu(self.a(x))), self.extra)
+
+
+class SleepInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, extra: dict[str, float]) -> torch.Tensor:  # type: ignore[override]
+        ctx.seconds = extra["backward"]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        time.sleep(ctx.seconds)
+        return grad, None
 
 
 def mark(rank: int, name: str) -> None:
@@ -70,14 +95,27 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
     store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.manual_seed(0)
-    ddp = DDP(MLP())
+    model = MLP()
+    ddp = DDP(model)
     ddpmon.attach(ddp, job="scenario", state_interval=0.2)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     me = rank == culprit
-    steps = at + EXTRA_STEPS
+    paced = kind in SLOW_PART or kind == "jitter"
+    steps = at + (PACED_STEPS if paced else EXTRA_STEPS)
     if kind == "uneven" and me:
         steps = at  # fewer batches on this rank
+    jitter = random.Random(rank)
     for step in range(steps):
+        if paced and step >= at:
+            extra = dict.fromkeys(("data_wait", "forward", "backward"), PACE)
+            if kind == "jitter":  # every rank, a random part, up to the straggler's slowdown
+                extra[jitter.choice(list(extra))] += jitter.uniform(0.0, SLOW)
+            elif me:
+                extra[SLOW_PART[kind]] += SLOW
+            time.sleep(extra["data_wait"])
+            model.extra.update(forward=extra["forward"], backward=extra["backward"])
+            if step == at + PACED_AT:
+                mark(rank, "paced")
         if step == at:
             mark(rank, "at")
             if me:
@@ -91,11 +129,7 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
                     save_checkpoint(HOLD)
                 dist.barrier()
         x, y = load_data(rank, step, me and kind == "stall" and step >= at)
-        if me and kind == "jitter":
-            time.sleep(0.05 * (step % 3))
         opt.zero_grad()
-        if me and kind == "slow_forward" and step >= at:
-            time.sleep(0.08)
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
