@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ddpmon import straggler
 from ddpmon.doctor import words
 from ddpmon.state.schema import StepPhases
@@ -61,3 +63,21 @@ def test_the_summary_names_rank_share_part_and_fix() -> None:
     text = words.straggler_summary(1, 0.41, "data_wait", 0.95)
     assert text.startswith("rank 1 is 41% slower than the others, 95% of it in data wait: look at its data loader")
     assert words.straggler_summary(2, 0.3, None, 0.0) == "rank 2 is 30% slower than the others, spread over several parts of the step"
+
+
+def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> None:
+    import random
+    import statistics
+
+    from ddpmon.recorder import typical
+
+    # two slow steps of twenty (a checkpoint, a GC pause) move neither value
+    middle, spread = typical([0.010] * 18 + [0.5, 0.9])
+    assert middle == pytest.approx(0.010) and spread == pytest.approx(0.0, abs=1e-12)
+    # spread / sqrt(n) is the standard error of the trimmed mean: check it on samples
+    rng = random.Random(0)
+    samples = [[rng.gauss(0.020, 0.002) for _ in range(20)] for _ in range(400)]
+    means = [typical(s)[0] for s in samples]
+    predicted = statistics.mean(typical(s)[1] for s in samples) / 20 ** 0.5
+    assert statistics.stdev(means) == pytest.approx(predicted, rel=0.2)
+    assert statistics.mean(means) == pytest.approx(0.020, rel=0.01)
