@@ -37,6 +37,10 @@ log = logging.getLogger("ddpmon")
 PEER_INTERVAL = 2.0
 """Seconds between comparisons with the peers' state files (at most; twice the state file's
 interval when that is shorter, at least half a second)."""
+MAX_PEERS = 8
+"""Peers each rank compares with: the next ranks, cyclically (mostly its own node's, where a
+shared GPU shows). A job of thousands of ranks sharing one state directory must not have
+every rank read every file; ``ddpmon doctor`` compares them all."""
 CROSS_RANK = ("same_data", "replicas_diverged", "nonfinite_gradients", "shared_gpu")
 
 
@@ -271,13 +275,12 @@ class Advice:
 
     def compare_now(self, state_dir: str, job: Any) -> None:
         states = [self._rec.state()]
-        for path in files.list_files(state_dir):
-            if files.rank_of(path) == self._rank:
-                continue
+        world = int(self._rec.identity.get("world_size") or 1)
+        for peer_rank in sorted({(self._rank + i) % world for i in range(1, MAX_PEERS + 1)} - {self._rank}):
             try:
-                peer = files.read(path)
+                peer = files.read(files.path_for(state_dir, peer_rank))
             except Exception:
-                continue
+                continue  # not written yet, gone, or not ddpmon's
             if peer.job == job:
                 states.append(peer)
         for found in compare.compare(states):
