@@ -285,7 +285,10 @@ class Daemon:
                 continue
             data = schema.to_json(state)
             if state.exit is None or state.exit.how == "os._exit":  # a fatal signal leaves no record
-                signalled = fault.read(path, state.started_unix - 1.0 if state.started_unix else None)
+                since = None  # the run's start on the file system's clock, as the doctor reads it
+                if state.started_unix:
+                    since = state.started_unix + (mtime - state.now_unix if state.now_unix else 0.0) - 1.0
+                signalled = fault.read(path, since)
                 if signalled is not None:  # carried to a doctor elsewhere (--from), which cannot read it
                     data["exit"] = records.dump(signalled)
             data["file_mtime_unix"] = mtime

@@ -562,7 +562,7 @@ def _summaries(recent: list[dict[str, Any]]) -> schema.Timings:
 
 def _phases(rows: list[dict[str, Any]]) -> schema.StepPhases | None:
     """Mean seconds per step of each part over ``rows`` (means, so that they sum to the mean
-    step), and the typical busy time with its spread (``typical``)."""
+    step), and the typical busy time with its standard error (``typical``)."""
     if not rows:
         return None
     n = len(rows)
@@ -570,12 +570,15 @@ def _phases(rows: list[dict[str, Any]]) -> schema.StepPhases | None:
     def mean(name: str) -> float:
         return sum(r[name] or 0.0 for r in rows) / n
 
-    busy, spread = typical([busy_seconds(r) for r in rows])
+    busy = [busy_seconds(r) for r in rows]
+    middle = statistics.median(busy)
+    typical_busy, error = typical(busy)
     return schema.StepPhases(
         steps=n, step_seconds=mean("step_seconds"), data_wait_seconds=mean("data_wait_seconds"),
         h2d_seconds=None, forward_seconds=mean("forward_seconds"), backward_seconds=mean("backward_seconds"),
         exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
-        other_seconds=mean("other_seconds"), busy_seconds=busy, busy_spread_seconds=spread,
+        other_seconds=mean("other_seconds"), busy_seconds=typical_busy,
+        busy_spread_seconds=statistics.median(abs(b - middle) for b in busy), busy_error_seconds=error,
         micro_steps=sum(r["micro_steps"] for r in rows) / n,
     )
 
@@ -584,9 +587,9 @@ TRIM = 0.2
 
 
 def typical(values: list[float]) -> tuple[float, float]:
-    """The 20%-trimmed mean of ``values`` and its spread (the winsorized standard deviation
-    over 1 - 2 x 20%, so that its standard error is ``spread / sqrt(n)``). As robust to a
-    few slow steps as a median, and as precise as a mean on ordinary jitter: on
+    """The 20%-trimmed mean of ``values`` and its standard error (Tukey and McLaughlin: the
+    winsorized standard deviation over (1 - 2 x the share trimmed) x sqrt(n)). As robust to
+    a few slow steps as a median, and as precise as a mean on ordinary jitter: on
     benchmarks/stragglers.py it named more stragglers, and fewer healthy ranks, than the
     median and its absolute deviation."""
     ordered = sorted(values)
@@ -597,4 +600,4 @@ def typical(values: list[float]) -> tuple[float, float]:
     winsorized = [min(max(v, low), high) for v in ordered]
     middle = sum(winsorized) / n
     deviation = math.sqrt(sum((v - middle) ** 2 for v in winsorized) / (n - 1)) if n > 1 else 0.0
-    return sum(trimmed) / len(trimmed), deviation / (1 - 2 * TRIM)
+    return sum(trimmed) / len(trimmed), deviation / (len(trimmed) / n * math.sqrt(n))

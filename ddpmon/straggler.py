@@ -78,10 +78,8 @@ def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
     for rank, mine in ranks.items():
         others = [p for r, p in ranks.items() if r != rank]
         baseline = statistics.median(p.busy_seconds for p in others)
-        spread = max(mine.busy_spread_seconds, statistics.median(p.busy_spread_seconds for p in others))
-        # Standard error of a difference of two trimmed means of n steps (recorder.typical).
-        n = min(mine.steps, min(p.steps for p in others))
-        noise = spread * math.sqrt(2.0 / n)
+        # Standard error of the difference of two typical busy times (recorder.typical).
+        noise = math.sqrt(2.0) * max(_error(mine), statistics.median(_error(p) for p in others))
         excess = {
             part: _part(mine, part) - statistics.median(_part(p, part) for p in others)
             for part in BUSY_PARTS
@@ -95,6 +93,14 @@ def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
 
 def busy_ratio(busy: float, baseline: float) -> float:
     return busy / baseline - 1.0 if baseline > 0 else (0.0 if busy <= 0 else math.inf)
+
+
+def _error(p: StepPhases) -> float:
+    """The standard error of a rank's busy time; from an older ddpmon, which wrote a median
+    and its absolute deviation, that of a median."""
+    if p.busy_error_seconds is not None:
+        return p.busy_error_seconds
+    return 1.2533 * 1.4826 * p.busy_spread_seconds / math.sqrt(p.steps)
 
 
 def _part(p: StepPhases, part: str) -> float:

@@ -188,6 +188,9 @@ def _record_converter(cls: type) -> Callable[[Any], Any]:
              "    get = value.get"]
     args = []
     for i, f in enumerate(dataclasses.fields(cls)):
+        if not f.init or f.kw_only:
+            raise TypeError(f"record {cls.__name__}.{f.name}: records are built positionally "
+                            "(no init=False or kw_only fields)")
         tp = hints[f.name]
         var = f"f{i}"
         args.append(var)

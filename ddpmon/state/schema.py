@@ -162,10 +162,13 @@ class StepPhases:
     optimizer_seconds: float = 0.0
     other_seconds: float = 0.0
     busy_seconds: float = 0.0
-    """Step less waiting for the other ranks: the 20%-trimmed mean over the steps."""
+    """Step less waiting for the other ranks: the 20%-trimmed mean over the steps (the
+    median in files of an older ddpmon, those without ``busy_error_seconds``)."""
     busy_spread_seconds: float = 0.0
-    """Its step-to-step spread: the winsorized standard deviation over 0.6, so that
-    ``busy_spread_seconds / sqrt(steps)`` is the standard error of ``busy_seconds``."""
+    """The median absolute deviation of the busy times from their median."""
+    busy_error_seconds: float | None = None
+    """The standard error of ``busy_seconds``: the straggler score's noise (null from an
+    older ddpmon, whose readers estimated it from ``busy_spread_seconds``)."""
     micro_steps: float = 0.0
     """Backward passes per step (more than 1 under gradient accumulation)."""
 

@@ -44,7 +44,7 @@ def _by_busy_time(views: list[RankView], scores: dict[int, scoring.Score]) -> Ve
         assert phases is not None
         cause = s.cause
         evidence = [
-            f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step (median of the last "
+            f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step (trimmed mean of the last "
             f"{phases.steps} steps), straggler score {scores[r].score:+.0%}, waits "
             f"{words.ms(exposed.get(r))} for communication"
             for r in sorted(scores)
