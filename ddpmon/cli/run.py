@@ -225,7 +225,8 @@ def _job_and_state_dir(env: dict[str, str], plan: Plan) -> tuple[str, str | None
     """Fix the job and state directory for every rank now, so the end can say where they are."""
     if not env.get("DDPMON_JOB"):
         stem = os.path.splitext(os.path.basename(plan.script.rstrip("/")))[0] or "job"
-        env["DDPMON_JOB"] = plan.rdzv_id or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        # the launcher's pid: two runs of one script started in the same second differ
+        env["DDPMON_JOB"] = plan.rdzv_id or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     config = Config.from_env(env)  # bad values stop here, before any rank starts
     job = config.resolved_job(env)
     state_dir = config.resolved_state_dir(job)

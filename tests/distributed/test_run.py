@@ -105,7 +105,7 @@ def test_python_form_spawns_its_own_ranks(tmp_path: Path) -> None:
         sitedir = seen["pythonpath"].split(os.pathsep)[0]
         assert os.path.basename(sitedir).startswith("ddpmon-run-")
         assert not os.path.exists(sitedir), "the run's sitecustomize outlived the run"
-    assert "job 'plain_train-" in proc.stderr
+    assert re.search(r"job 'plain_train-\d{8}-\d{6}-\d+'", proc.stderr), proc.stderr
     assert installed_hooks() == before
 
 
