@@ -1,6 +1,6 @@
 """How often `ddpmon doctor` is right on real faulty gloo jobs: N random scenarios
-(tests/scenarios: 17 kinds of fault or healthy pause, world size 2-4, random culprit rank
-and step), each diagnosed at a new user's moment; prints accuracy, the verdicts' macro-F1
+(tests/scenarios: 20 kinds of fault, straggler or healthy pause, world size 2-4, random
+culprit rank and step), each diagnosed at a new user's moment; prints accuracy, the verdicts' macro-F1
 and every wrong answer.
 
     python benchmarks/doctor_accuracy.py 100 [--seed S] [--kinds a,b]
