@@ -32,7 +32,7 @@ from typing import Any
 
 from .frames import is_library
 from .recorder import Recorder
-from .state import schema
+from .state import files, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -101,7 +101,8 @@ class Ending:
                                 "fatal signals go where it writes, not to the rank's .fault file")
             return
         try:
-            self._fault_file = open(self._fault_path, "w")  # truncates an earlier run's
+            # truncates an earlier run's; as private as the state file (it holds stacks)
+            self._fault_file = os.fdopen(files.open_private(self._fault_path), "w")
             faulthandler.enable(file=self._fault_file, all_threads=True)
             if not _FORK_HOOKED:
                 os.register_at_fork(after_in_child=_forked)

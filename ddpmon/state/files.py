@@ -44,15 +44,31 @@ def path_for(state_dir: str, rank: int) -> str:
     return os.path.join(state_dir, f"rank-{rank}.json")
 
 
+def file_mode(directory: str) -> int:
+    """The mode of every file ddpmon writes in a state directory: 0600, or 0640 when the
+    directory is group-readable (a shared directory whose group may run the doctor); never
+    readable by others (stacks and paths are in them)."""
+    return 0o640 if os.stat(directory).st_mode & stat.S_IRGRP else 0o600
+
+
+def open_private(path: str) -> int:
+    """A file descriptor of ``path`` created or truncated for writing, with ``file_mode``
+    (an existing file's mode is set too); never through a symlink."""
+    mode = file_mode(os.path.dirname(path) or ".")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, mode)
+    os.fchmod(fd, mode)
+    return fd
+
+
 def write_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON so that readers see the old or the new file, never a mix.
-    The file is 0600, or 0640 when its directory is group-readable (a shared directory
-    whose group may run the doctor); never readable by others."""
+    """Write ``data`` as JSON so that readers see the old or the new file, never a mix,
+    with ``file_mode``."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=directory)
     try:
-        if os.stat(directory).st_mode & stat.S_IRGRP:
-            os.fchmod(fd, 0o640)
+        if file_mode(directory) != 0o600:
+            os.fchmod(fd, file_mode(directory))
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, separators=(",", ":"), default=str)
         os.replace(tmp, path)

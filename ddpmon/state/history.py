@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import files
+
 log = logging.getLogger("ddpmon")
 
 SCHEMA_VERSION = 1
@@ -97,6 +99,8 @@ class HistoryStore:
         self.path = path
         self.max_rows = max(16, int(max_rows))
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if not os.path.exists(path):  # as private as the state file; SQLite gives its WAL the same mode
+            os.close(files.open_private(path))
         self._db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch

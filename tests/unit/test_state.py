@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -185,3 +186,24 @@ def test_docs_state_md_holds_the_generated_field_tables() -> None:
     end = text.index("<!-- end of generated fields -->")
     assert text[start:end].strip() == schema.markdown().strip(), \
         "regenerate docs/state.md's tables: python -m ddpmon.state.schema --markdown"
+
+
+def test_every_file_in_a_state_directory_is_as_private_as_the_state_file(tmp_path: Path) -> None:
+    """The fault file and the history hold stacks and paths: never readable by others."""
+    from ddpmon.state.history import HistoryStore
+
+    for dir_mode, want in ((0o755, 0o640), (0o700, 0o600)):
+        d = tmp_path / f"{dir_mode:o}"
+        d.mkdir()
+        d.chmod(dir_mode)
+        fault = d / "rank-0.fault"
+        fault.write_text("an earlier run's")
+        fault.chmod(0o666)
+        os.close(files.open_private(str(fault)))
+        assert fault.read_text() == "" and stat.S_IMODE(fault.stat().st_mode) == want
+        store = HistoryStore(str(d / "rank-0.history.sqlite"), {"rank": 0})
+        store.close()
+        for p in d.iterdir():
+            assert stat.S_IMODE(p.stat().st_mode) & 0o007 == 0, p
+        files.write_atomic(str(d / "rank-0.json"), {"rank": 0})
+        assert stat.S_IMODE((d / "rank-0.json").stat().st_mode) == want
