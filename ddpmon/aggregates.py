@@ -109,12 +109,11 @@ class StepBook:
     def add(self, record: StepRecord) -> None:
         h = self.hist
         h["step"].observe(record.step_seconds)
-        if not record.gpu_parts_later:  # else observed when the GPU's parts come
-            h["forward"].observe(record.forward_seconds)
-            if record.backward_seconds is not None:
-                h["backward"].observe(record.backward_seconds)
-            h["data_wait"].observe(record.data_wait_seconds)
-            h["optimizer"].observe(record.optimizer_seconds)
+        h["forward"].observe(record.forward_seconds)
+        if record.backward_seconds is not None:
+            h["backward"].observe(record.backward_seconds)
+        h["data_wait"].observe(record.data_wait_seconds)
+        h["optimizer"].observe(record.optimizer_seconds)
         row: dict[str, Any] = {
             "step": record.step, "start_unix": record.start_unix,
             "end_unix": record.start_unix + record.step_seconds, "step_seconds": record.step_seconds,
@@ -128,8 +127,7 @@ class StepBook:
             self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
         self.recent.append(row)
         self.history.append(row)
-        if not record.gpu_parts_later:
-            h["other"].observe(row["other_seconds"])
+        h["other"].observe(row["other_seconds"])
 
     def buckets(self, step: int | None, timings: list[tuple[int, float, int | None]]) -> None:
         """Step ``step``'s bucket times for its history row: (index, seconds, bytes)."""
@@ -143,40 +141,14 @@ class StepBook:
         """Exposed communication of step ``step`` as a bucket clock measured or derived it
         (it may come late): it replaces the host's wait in the step's parts, and ``other``
         takes up the difference so that the parts still sum to the step."""
+        self.hist["exposed_comm"].observe(seconds)
         for row in reversed(self.history):
             if row["step"] == step:
-                if row.get("gpu_parts"):
-                    return  # the GPU's own measure of this step stands
-                self.hist["exposed_comm"].observe(seconds)
-                row["exposed_timed"] = True
                 before = (row["exposed_comm_seconds"] or 0.0, row["other_seconds"])
                 row["exposed_comm_seconds"] = seconds
                 _balance(row)
                 self.phase_totals["exposed_comm"] += seconds - before[0]
                 self.phase_totals["other"] += row["other_seconds"] - before[1]
-                break
-
-
-    def gpu_parts(self, step: int, parts: dict[str, float]) -> None:
-        """Step ``step``'s parts as the GPU ran them (``gpu_steps.py``): they replace the
-        host's, and ``other`` takes what they leave of the step's wall time."""
-        for row in reversed(self.history):
-            if row["step"] == step:
-                before = {p: row[p + "_seconds"] or 0.0 for p in PHASES}
-                for part in ("data_wait", "forward", "exposed_comm", "optimizer"):
-                    row[part + "_seconds"] = parts[part]
-                if row["backward_seconds"] is not None:
-                    row["backward_seconds"] = parts["backward"]
-                row["gpu_parts"] = True
-                _balance(row)
-                for p in PHASES:
-                    self.phase_totals[p] += (row[p + "_seconds"] or 0.0) - before[p]
-                for name in ("data_wait", "forward", "optimizer", "other"):
-                    self.hist[name].observe(row[name + "_seconds"])
-                if not row.get("exposed_timed"):  # (observed once per step)
-                    self.hist["exposed_comm"].observe(row["exposed_comm_seconds"])
-                if row["backward_seconds"] is not None:
-                    self.hist["backward"].observe(row["backward_seconds"])
                 break
 
 

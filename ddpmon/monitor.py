@@ -18,7 +18,6 @@ from ._safety import Fuse
 from .advice.watch import Advice
 from .collectors import rank_sources
 from .config import Config
-from .gpu_steps import GpuStepClock
 from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
@@ -82,8 +81,6 @@ class Monitor:
                               parameters, device, self._fuses["bucket_timing"])
         self._unused = UnusedParameterWatch(ddp, parameters, rec, self._fuses["grad_hooks"],
                                             config.unused_parameters_advice_steps, self._notify)
-        if device.startswith("cuda"):  # the step's parts as the GPU ran them
-            rec.gpu_steps = GpuStepClock(device, Fuse("gpu_step_parts", self._part_failed))
         self._steps = StepHooks(ddp, rec, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
                                 timelines=self._timing.timelines)
         steps = self._steps
@@ -197,9 +194,6 @@ class Monitor:
             self._notify()   # seen "at step 0, phase init"
         if self._timing:
             self._timing.collect(rec.steps)
-        if rec.gpu_steps is not None:
-            for step, parts in rec.gpu_steps.collect():
-                rec.add_gpu_parts(step, parts)
         if self._unused:
             self._unused.step_ended()
         if self._advice:
