@@ -140,7 +140,7 @@ def run_job(world: int, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
 def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Score each segment after each of its steps, as the doctor would have."""
     from ddpmon import straggler
-    from ddpmon.recorder import PHASE_WINDOW, _phases
+    from ddpmon.recorder import PHASE_WINDOW
 
     results = []
     for i, segment in enumerate(plan(world, args.segments, args.seed)):
@@ -148,7 +148,7 @@ def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespa
                 for r, d in data.items()}
         named_at, cause_at_naming, ever_named, final = None, None, set(), {}
         for k in range(straggler.MIN_STEPS, args.steps + 1):
-            scores = straggler.scores({r: _phases(rs[:k][-PHASE_WINDOW:]) for r, rs in rows.items()})
+            scores = straggler.scores({r: straggler.phases(rs[:k][-PHASE_WINDOW:]) for r, rs in rows.items()})
             named = {r: s.cause for r, s in scores.items() if s.straggler}
             ever_named |= set(named)
             if named_at is None and segment["slow"] in named and len(named) == 1:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 import statistics
 import threading
 import time
@@ -25,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import straggler
 from .aggregates import (
     BUCKET_OP,
     BucketBook,
@@ -556,48 +556,5 @@ def _summaries(recent: list[dict[str, Any]]) -> schema.Timings:
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
         busy_seconds=summary([busy_seconds(r) for r in recent]),
-        phases=_phases(recent[-PHASE_WINDOW:]),
+        phases=straggler.phases(recent[-PHASE_WINDOW:]),
     )
-
-
-def _phases(rows: list[dict[str, Any]]) -> schema.StepPhases | None:
-    """Mean seconds per step of each part over ``rows`` (means, so that they sum to the mean
-    step), and the typical busy time with its standard error (``typical``)."""
-    if not rows:
-        return None
-    n = len(rows)
-
-    def mean(name: str) -> float:
-        return sum(r[name] or 0.0 for r in rows) / n
-
-    busy = [busy_seconds(r) for r in rows]
-    middle = statistics.median(busy)
-    typical_busy, error = typical(busy)
-    return schema.StepPhases(
-        steps=n, step_seconds=mean("step_seconds"), data_wait_seconds=mean("data_wait_seconds"),
-        h2d_seconds=None, forward_seconds=mean("forward_seconds"), backward_seconds=mean("backward_seconds"),
-        exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
-        other_seconds=mean("other_seconds"), busy_seconds=typical_busy,
-        busy_spread_seconds=statistics.median(abs(b - middle) for b in busy), busy_error_seconds=error,
-        micro_steps=sum(r["micro_steps"] for r in rows) / n,
-    )
-
-
-TRIM = 0.2
-
-
-def typical(values: list[float]) -> tuple[float, float]:
-    """The 20%-trimmed mean of ``values`` and its standard error (Tukey and McLaughlin: the
-    winsorized standard deviation over (1 - 2 x the share trimmed) x sqrt(n)). As robust to
-    a few slow steps as a median, and as precise as a mean on ordinary jitter: on
-    benchmarks/stragglers.py it named more stragglers, and fewer healthy ranks, than the
-    median and its absolute deviation."""
-    ordered = sorted(values)
-    n = len(ordered)
-    cut = int(TRIM * n)
-    low, high = ordered[cut], ordered[n - 1 - cut]
-    trimmed = ordered[cut:n - cut]
-    winsorized = [min(max(v, low), high) for v in ordered]
-    middle = sum(winsorized) / n
-    deviation = math.sqrt(sum((v - middle) ** 2 for v in winsorized) / (n - 1)) if n > 1 else 0.0
-    return sum(trimmed) / len(trimmed), deviation / (len(trimmed) / n * math.sqrt(n))

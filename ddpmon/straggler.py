@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
+from .aggregates import busy_seconds
+from .state import schema
 from .state.schema import StepPhases
 
 BUSY_PARTS = ("data_wait", "h2d", "forward", "backward", "optimizer", "other")
@@ -78,7 +81,7 @@ def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
     for rank, mine in ranks.items():
         others = [p for r, p in ranks.items() if r != rank]
         baseline = statistics.median(p.busy_seconds for p in others)
-        # Standard error of the difference of two typical busy times (recorder.typical).
+        # Standard error of the difference of two typical busy times (``typical``).
         noise = math.sqrt(2.0) * max(_error(mine), statistics.median(_error(p) for p in others))
         excess = {
             part: _part(mine, part) - statistics.median(_part(p, part) for p in others)
@@ -105,3 +108,47 @@ def _error(p: StepPhases) -> float:
 
 def _part(p: StepPhases, part: str) -> float:
     return getattr(p, part + "_seconds") or 0.0
+
+
+def phases(rows: list[dict[str, Any]]) -> schema.StepPhases | None:
+    """What a rank's steps (``Recorder.history_since`` rows) say for its score: mean seconds
+    per step of each part (means, so that they sum to the mean step), and the typical busy
+    time with its standard error (``typical``)."""
+    if not rows:
+        return None
+    n = len(rows)
+
+    def mean(name: str) -> float:
+        return sum(r[name] or 0.0 for r in rows) / n
+
+    busy = [busy_seconds(r) for r in rows]
+    middle = statistics.median(busy)
+    typical_busy, error = typical(busy)
+    return schema.StepPhases(
+        steps=n, step_seconds=mean("step_seconds"), data_wait_seconds=mean("data_wait_seconds"),
+        h2d_seconds=None, forward_seconds=mean("forward_seconds"), backward_seconds=mean("backward_seconds"),
+        exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
+        other_seconds=mean("other_seconds"), busy_seconds=typical_busy,
+        busy_spread_seconds=statistics.median(abs(b - middle) for b in busy), busy_error_seconds=error,
+        micro_steps=sum(r["micro_steps"] for r in rows) / n,
+    )
+
+
+TRIM = 0.2
+
+
+def typical(values: list[float]) -> tuple[float, float]:
+    """The 20%-trimmed mean of ``values`` and its standard error (Tukey and McLaughlin: the
+    winsorized standard deviation over (1 - 2 x the share trimmed) x sqrt(n)). As robust to
+    a few slow steps as a median, and as precise as a mean on ordinary jitter: on
+    benchmarks/stragglers.py it named more stragglers, and fewer healthy ranks, than the
+    median and its absolute deviation."""
+    ordered = sorted(values)
+    n = len(ordered)
+    cut = int(TRIM * n)
+    low, high = ordered[cut], ordered[n - 1 - cut]
+    trimmed = ordered[cut:n - cut]
+    winsorized = [min(max(v, low), high) for v in ordered]
+    middle = sum(winsorized) / n
+    deviation = math.sqrt(sum((v - middle) ** 2 for v in winsorized) / (n - 1)) if n > 1 else 0.0
+    return sum(trimmed) / len(trimmed), deviation / (len(trimmed) / n * math.sqrt(n))

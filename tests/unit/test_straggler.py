@@ -71,7 +71,7 @@ def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> Non
     import random
     import statistics
 
-    from ddpmon.recorder import typical
+    from ddpmon.straggler import typical
 
     # two slow steps of twenty (a checkpoint, a GC pause) move neither value
     middle, spread = typical([0.010] * 18 + [0.5, 0.9])
