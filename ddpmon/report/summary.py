@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .. import straggler
+from ..doctor import words
 from ..state import schema
 from .run import Run, load
 
@@ -27,7 +29,6 @@ PHASE_LABELS = {
     "exposed_comm": "exposed communication", "optimizer": "optimizer", "other": "other",
 }
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
-STRAGGLER_SCORE = 1.10  # compute 10% above the median of the ranks: worth naming
 
 
 def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
@@ -127,6 +128,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "exposed_comm_share": (exposed / step_median) if exposed is not None and step_median else None,
         "gpu_utilization_ratio": _median([r["gpu_utilization_ratio"] for r in ranks_out]),
         "slowest_rank": _slowest(ranks_out),
+        "straggler": _straggler(run),
         "buckets": bucket_summary(run),
         "per_rank": ranks_out,
         "verdict": diag.verdict if diag is not None else None,
@@ -187,6 +189,28 @@ def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
             "straggler_score": worst.get("straggler_score")}
 
 
+_SCORED = ("step_seconds", "data_wait_seconds", "forward_seconds", "backward_seconds",
+           "exposed_comm_seconds", "optimizer_seconds", "other_seconds")
+
+
+def _straggler(run: Run) -> dict[str, Any] | None:
+    """The doctor's straggler rule (ddpmon/straggler.py) over each rank's whole run: the
+    slowest rank by busy time, whether it is a straggler, and the part that explains it."""
+    phases = {}
+    for rank, h in run.ranks.items():
+        columns = {c: h.sample.get(c) or [] for c in _SCORED}
+        rows = [dict({c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED}, micro_steps=1)
+                for i, step in enumerate(columns["step_seconds"]) if step is not None]
+        phases[rank] = straggler.phases(rows)
+    scores = straggler.scores(phases)
+    if not scores:
+        return None
+    top = max(scores.values(), key=lambda sc: sc.score)
+    return {"rank": top.rank, "score": round(top.score, 4), "named": top.straggler, "cause": top.cause,
+            "share": round(top.shares.get(top.cause, 0.0), 4) if top.cause else None,
+            "busy_seconds": top.busy_seconds, "baseline_seconds": top.baseline_seconds}
+
+
 def bucket_summary(run: Run) -> list[dict[str, Any]]:
     """Per bucket: its size, the median all-reduce time over steps and ranks, and the bus
     bandwidth at that time (nccl-tests: bytes / time x 2(n-1)/n)."""
@@ -242,15 +266,13 @@ def end_of_run(state_dir: str) -> str:
     lines = [f"ddpmon: run summary of job {s['job']!r}: {s['steps']} steps on {s['ranks']} ranks, "
              f"median step {ms(s['median_step_seconds'])}, exposed communication "
              f"{pct(s['exposed_comm_share'])} of the step"]
-    slow = s["slowest_rank"]
-    if slow and slow.get("phase") and (slow.get("straggler_score") or 0) >= STRAGGLER_SCORE:
-        score = slow["straggler_score"]
-        how = f"{score:.1f}x as long as" if score >= 2 else f"{pct(score - 1)} longer than"
-        lines.append(f"  slowest rank {slow['rank']}: computes {how} the other ranks (median), most of it in "
-                     f"{PHASE_LABELS[slow['phase']]} (+{ms(slow['excess_seconds'])} per step)")
+    slow = s["straggler"]  # the doctor's rule, over the whole run
+    if slow and slow["named"]:
+        lines.append(f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"
+                     f" ({ms(slow['busy_seconds'])} against {ms(slow['baseline_seconds'])} of work per step)")
     elif slow:
-        lines.append(f"  no straggler: the slowest rank ({slow['rank']}) computes within "
-                     f"{pct(max(0.0, (slow['straggler_score'] or 1) - 1))} of the other ranks")
+        lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {pct(max(0.0, slow['score']))} slower "
+                     "than the others, within their step-to-step noise")
     shown = [f for f in s["findings"] if f["severity"] in ("error", "warning")] + \
             [f for f in s["findings"] if f["severity"] == "info"]
     for f in shown[:3]:

@@ -72,7 +72,7 @@ def test_rank_0_logs_the_run_summary_at_the_end(runs):
     _, results = runs["slow"]
     text = results[0].stderr
     assert "ddpmon: run summary of job 'slow': 30 steps on 2 ranks" in text, text[-3000:]
-    assert "slowest rank 1" in text and "in forward" in text
+    assert "straggler: rank 1 is" in text and "in forward" in text
     assert "report: ddpmon report" in text
     assert "run summary" not in results[1].stderr
 

@@ -48,6 +48,16 @@ def test_summary_names_the_straggler_and_its_phase(slow_run):
     assert s["per_rank"][0]["status"]["status"] == "exited"
 
 
+def test_the_end_of_run_summary_applies_the_doctors_straggler_rule(slow_run, even_run):
+    s = summary.summarize(run.load([slow_run], findings=False))["straggler"]
+    assert (s["rank"], s["named"], s["cause"]) == (2, True, "backward") and s["score"] > 0.3
+    text = summary.end_of_run(slow_run)
+    assert "  straggler: rank 2 is" in text and "in backward compute" in text, text
+    even = summary.summarize(run.load([even_run], findings=False))["straggler"]
+    assert not even["named"]
+    assert "no straggler: the slowest rank" in summary.end_of_run(even_run)
+
+
 def test_html_is_self_contained_and_carries_the_runs_numbers(slow_run):
     r = run.load([slow_run], findings=False)
     s = summary.summarize(r)
