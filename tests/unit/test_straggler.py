@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,23 @@ def test_files_of_an_older_ddpmon_are_scored_from_their_median_absolute_deviatio
     })
     assert new[1].noise_seconds == pytest.approx(2 ** 0.5 * 0.0004)
     assert new[0].noise_seconds == pytest.approx(2 ** 0.5 * 0.0004)  # the larger of the two
+
+
+def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() -> None:
+    from types import SimpleNamespace
+
+    from ddpmon.doctor.rules import straggler as rule
+
+    def view(rank: int, p: StepPhases, status: str = "running") -> Any:
+        return SimpleNamespace(rank=rank, status=status, state=SimpleNamespace(timings=SimpleNamespace(phases=p)))
+
+    noisy = [view(0, phases(0.040, spread=0.01)), view(1, phases(0.046, spread=0.01, data_wait=0.006))]
+    assert rule.straggler(noisy, []) is None
+    (note,) = rule.slowest_within_noise(noisy)
+    assert (note.kind, note.severity, note.ranks) == ("slowest_rank", "info", [1])
+    assert note.summary.startswith("rank 1 is 15% slower than the others, most of it in data wait, but within")
+    # named, or not running, or not slower by 5%: no note
+    quiet = [view(0, phases(0.040, spread=0.0005)), view(1, phases(0.045, spread=0.0005))]
+    assert rule.slowest_within_noise(quiet) == [] and rule.straggler(quiet, []) is not None
+    assert rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.phases, "stuck")]) == []
+    assert rule.slowest_within_noise([view(0, phases(0.040, spread=0.01)), view(1, phases(0.041, spread=0.01))]) == []

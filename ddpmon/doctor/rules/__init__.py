@@ -23,6 +23,9 @@ desync               desync     the ranks wait in different collectives
 straggler            straggler  a rank computes clearly slower than the others
 ===================  =========  ===================================================
 
+(``slowest_rank``, an info note, says how far the slowest rank is when it is at least 5%
+slower but not yet out of its noise.)
+
 No rule answering means healthy. The advice rules (``advice``: same data on every rank,
 diverged replicas, NaN origin, device mapping, ...) are notes and never change the verdict. A job whose ranks were all ended while hung is first put
 back as it was at their last writes (``ended_while_hung``). The other rules add notes:
@@ -63,6 +66,7 @@ JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
     unused_parameters.needless_find_unused_parameters,
     advice_rules.advice,  # silent mistakes (docs/advice.md): never a verdict
     advice_rules.rank_as_device,
+    straggler.slowest_within_noise,
 )
 RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.no_stack,

@@ -16,7 +16,7 @@ import statistics
 from ... import straggler as scoring
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import RankView
+from ..view import RUNNING, RankView
 
 STRAGGLER_RATIO = 1.25
 STRAGGLER_MIN_SECONDS = 0.005
@@ -30,6 +30,30 @@ def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
     if len(views) >= 2 and all(p is not None for p in phases.values()):
         return _by_busy_time(views, scoring.scores(phases))  # type: ignore[arg-type]
     return _by_compute(views)
+
+
+def slowest_within_noise(views: list[RankView]) -> list[Finding]:
+    """An info note when the slowest rank is at least ``SCORE_WARN`` slower but its gap is
+    still within its step-to-step noise: a rank near the line is named in some polls and
+    not in others, and this says where it stands whichever way the verdict went."""
+    phases = {v.rank: v.state.timings.phases for v in views}
+    if len(views) < 2 or any(p is None for p in phases.values()) or any(v.status != RUNNING for v in views):
+        return []
+    scores = scoring.scores(phases)  # type: ignore[arg-type]
+    if not scores or any(s.straggler for s in scores.values()):
+        return []
+    top = max(scores.values(), key=lambda s: s.score)
+    if top.score < scoring.SCORE_WARN or top.gap_seconds < scoring.MIN_GAP_SECONDS:
+        return []
+    part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
+    return [Finding(
+        "slowest_rank", "info", [top.rank],
+        f"rank {top.rank} is {top.score:.0%} slower than the others{part}, but within its "
+        f"step-to-step noise ({words.ms(top.gap_seconds)} against {words.ms(top.noise_seconds)} of noise "
+        f"per step): not named a straggler yet",
+        [], "Ask again in a few steps (the score is over the last 20), or watch the Straggler "
+            "score panel, which the DDPStraggler alert reads over 10 minutes.",
+    )]
 
 
 def _by_busy_time(views: list[RankView], scores: dict[int, scoring.Score]) -> Verdict | None:
