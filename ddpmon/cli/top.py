@@ -144,6 +144,11 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
             lines.append(f"\nrank {s.get('rank')} buckets:")
             lines.append(f"  {'bucket':>6} {'size':>10} {'dtype':<9} {'params':>6} {'ready ms':>9} "
                          f"{'mean ms':>8} {'last ms':>8} {'last busbw':>12}  count")
+            if not s.get("buckets"):
+                why = ("bucket timing is off (the default on gloo, where a Python comm hook costs "
+                       "step time): attach(model, bucket_timing='hook') times them"
+                       if s.get("bucket_timing") == "off" else "none seen yet (DDP builds them after its first step)")
+                lines.append(f"  {why}")
             for b in s.get("buckets") or []:
                 bw = b.get("busbw_bytes_per_second")
                 lines.append(
