@@ -107,13 +107,6 @@ class StepBook:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_STEPS)
 
     def add(self, record: StepRecord) -> None:
-        h = self.hist
-        h["step"].observe(record.step_seconds)
-        h["forward"].observe(record.forward_seconds)
-        if record.backward_seconds is not None:
-            h["backward"].observe(record.backward_seconds)
-        h["data_wait"].observe(record.data_wait_seconds)
-        h["optimizer"].observe(record.optimizer_seconds)
         row: dict[str, Any] = {
             "step": record.step, "start_unix": record.start_unix,
             "end_unix": record.start_unix + record.step_seconds, "step_seconds": record.step_seconds,
@@ -123,11 +116,46 @@ class StepBook:
             "other_seconds": 0.0, "micro_steps": record.micro_steps,
         }
         _balance(row)
-        for phase in PHASES:
-            self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
         self.recent.append(row)
         self.history.append(row)
-        h["other"].observe(row["other_seconds"])
+        if record.gpu_parts_later:
+            row["gpu_pending"] = True  # counted once its GPU parts come (``gpu_parts``)
+        else:
+            self._count(row)
+
+    def _count(self, row: dict[str, Any]) -> None:
+        """Add a settled step to the histograms and the per-part totals (counters: a step is
+        counted once, when its parts are final)."""
+        h = self.hist
+        h["step"].observe(row["step_seconds"])
+        for part in ("data_wait", "forward", "optimizer", "other"):
+            h[part].observe(row[part + "_seconds"])
+        if row["backward_seconds"] is not None:
+            h["backward"].observe(row["backward_seconds"])
+        if row.get("exposed_timed") or row.get("gpu_parts"):
+            h["exposed_comm"].observe(row["exposed_comm_seconds"] or 0.0)
+        for phase in PHASES:
+            self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
+
+    def gpu_parts(self, step: int, parts: dict[str, float] | None) -> None:
+        """Step ``step``'s parts as the GPU ran them (``gpu_steps.py``), with its span as the
+        step's time; None: the host's parts stand. Either way the step is counted now."""
+        for row in reversed(self.history):
+            if row["step"] == step:
+                if not row.pop("gpu_pending", False):
+                    return
+                if parts is not None:
+                    row["step_seconds"] = parts["step"]
+                    for part in ("data_wait", "forward", "optimizer"):
+                        row[part + "_seconds"] = parts[part]
+                    if row["backward_seconds"] is not None:
+                        row["backward_seconds"] = parts["backward"]
+                    if parts["exposed_measured"] or not row.get("exposed_timed"):
+                        row["exposed_comm_seconds"] = parts["exposed_comm"]
+                    row["gpu_parts"] = True
+                    _balance(row)
+                self._count(row)
+                return
 
     def buckets(self, step: int | None, timings: list[tuple[int, float, int | None]]) -> None:
         """Step ``step``'s bucket times for its history row: (index, seconds, bytes)."""
@@ -141,15 +169,21 @@ class StepBook:
         """Exposed communication of step ``step`` as a bucket clock measured or derived it
         (it may come late): it replaces the host's wait in the step's parts, and ``other``
         takes up the difference so that the parts still sum to the step."""
-        self.hist["exposed_comm"].observe(seconds)
         for row in reversed(self.history):
             if row["step"] == step:
+                if row.get("gpu_parts"):
+                    return  # the GPU's own measure of this step stands
                 before = (row["exposed_comm_seconds"] or 0.0, row["other_seconds"])
                 row["exposed_comm_seconds"] = seconds
+                row["exposed_timed"] = True
                 _balance(row)
+                if row.get("gpu_pending"):
+                    return  # counted when it settles
+                self.hist["exposed_comm"].observe(seconds)
                 self.phase_totals["exposed_comm"] += seconds - before[0]
                 self.phase_totals["other"] += row["other_seconds"] - before[1]
-                break
+                return
+        self.hist["exposed_comm"].observe(seconds)  # (a step no longer in the history)
 
 
 def _balance(row: dict[str, Any]) -> None:

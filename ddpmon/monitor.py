@@ -18,6 +18,7 @@ from ._safety import Fuse
 from .advice.watch import Advice
 from .collectors import rank_sources
 from .config import Config
+from .gpu_steps import GpuStepClock
 from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
@@ -81,6 +82,8 @@ class Monitor:
                               parameters, device, self._fuses["bucket_timing"])
         self._unused = UnusedParameterWatch(ddp, parameters, rec, self._fuses["grad_hooks"],
                                             config.unused_parameters_advice_steps, self._notify)
+        if device.startswith("cuda"):  # the step's parts as the GPU ran them
+            rec.gpu_steps = GpuStepClock(device, Fuse("gpu_step_parts", self._part_failed))
         self._steps = StepHooks(ddp, rec, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
                                 timelines=self._timing.timelines)
         steps = self._steps
@@ -135,6 +138,7 @@ class Monitor:
                 # what the bucket clock resolved since.
                 if self._timing:
                     self._timing.collect(self.recorder.steps)
+                self._collect_gpu_parts()
                 return
             self._on_boundary(time.perf_counter(), None)
         except Exception as exc:  # never into the training loop
@@ -150,6 +154,7 @@ class Monitor:
                 self._on_boundary(time.perf_counter(), self.recorder.step_end_mark)
             except Exception as exc:
                 self._fuses["step_hooks"].blow(exc)
+        self._collect_gpu_parts(final=True)  # what the GPU has not passed keeps its host parts
         self._detached = True
         for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives, self._advice):
             if part is not None:
@@ -194,10 +199,17 @@ class Monitor:
             self._notify()   # seen "at step 0, phase init"
         if self._timing:
             self._timing.collect(rec.steps)
+        self._collect_gpu_parts()
         if self._unused:
             self._unused.step_ended()
         if self._advice:
             self._advice.step_ended(rec.steps)
+
+    def _collect_gpu_parts(self, final: bool = False) -> None:
+        clock = self.recorder.gpu_steps
+        if clock is not None:
+            for step, parts in clock.collect(final):
+                self.recorder.add_gpu_parts(step, parts)
 
     def _backward_seen(self) -> bool:
         """A backward ran in the step in progress (gradients or the output's grad hook)."""

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import straggler
+from . import gpu_steps, straggler
 from .aggregates import (
     BUCKET_OP,
     BucketBook,
@@ -35,6 +35,7 @@ from .aggregates import (
     busy_seconds,
     site_key_of,
 )
+from .gpu_steps import GpuStepClock
 from .state import schema
 
 __all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats", "Histogram", "site_key_of"]
@@ -78,6 +79,8 @@ class StepRecord(NamedTuple):
     comm_wait_seconds: float | None = None
     optimizer_seconds: float = 0.0
     micro_steps: int = 0
+    gpu_parts_later: bool = False
+    """The GPU's own parts of this step will follow (``add_gpu_parts``)."""
 
 
 class _Step:
@@ -112,7 +115,7 @@ class _Step:
 
 
 # Event kinds in the log (first element of each tuple).
-_STEP, _TIMINGS, _LAYOUT, _DROP, _BEGAN, _ENDED, _BUCKET_DONE = range(7)
+_STEP, _TIMINGS, _LAYOUT, _DROP, _BEGAN, _ENDED, _BUCKET_DONE, _GPU_PARTS = range(8)
 
 
 class Recorder:
@@ -144,6 +147,8 @@ class Recorder:
         self.advice: list[schema.Advice] = []
         self.fingerprints = schema.Fingerprints()
         self.data_info = schema.DataInfo()
+        self.gpu_steps: GpuStepClock | None = None
+        """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
         self._cur = _Step(time.perf_counter())
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._seq: dict[str, itertools.count[int]] = {}
@@ -171,12 +176,16 @@ class Recorder:
         cur.forward_start = now
         self.phase = "forward"
         self.last_progress_unix = time.time()
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.FORWARD_START)
 
     def forward_finished(self, now: float) -> None:
         cur = self._cur
         if cur.forward_start is not None:
             cur.forward_seconds += now - cur.forward_start
             cur.forward_start = None
+            if self.gpu_steps is not None:
+                self.gpu_steps.mark(gpu_steps.FORWARD_END)
         self.phase = "after_forward"
 
     def backward_started(self, now: float) -> None:
@@ -185,6 +194,8 @@ class Recorder:
             cur.backward_start = now
         if cur.backward_open is None:
             cur.backward_open = now
+            if self.gpu_steps is not None:
+                self.gpu_steps.mark(gpu_steps.BACKWARD_START)
         self.phase = "backward"
         self.last_progress_unix = time.time()
 
@@ -199,6 +210,8 @@ class Recorder:
             cur.backward_open = None
         cur.last_grad_ready = now
         cur.micro_steps += 1
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.GRAD_READY)
 
     def gradients_synced(self) -> None:
         """DDP has waited for every bucket of this step (on a GPU: the stream waits); the
@@ -210,10 +223,14 @@ class Recorder:
         if cur.last_grad_ready is not None:
             cur.comm_wait = max(0.0, now - cur.last_grad_ready)
         self.phase = "after_backward"
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.SYNCED)
 
     def optimizer_started(self, now: float) -> None:
         self._cur.optimizer_start = now
         self.phase = "optimizer"
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
     def optimizer_finished(self, now: float) -> None:
         cur = self._cur
@@ -223,6 +240,8 @@ class Recorder:
             if cur.first_forward is None:
                 cur.optimizer_early += seconds
             cur.optimizer_start = None
+            if self.gpu_steps is not None:
+                self.gpu_steps.mark(gpu_steps.OPTIMIZER_END)
         cur.optimizer_end = now
         self.phase = "after_optimizer"
         self.last_progress_unix = time.time()
@@ -278,10 +297,14 @@ class Recorder:
         self.steps += 1
         self.micro_steps += cur.micro_steps
         wall = time.time()
+        clock = self.gpu_steps
         self._events.append((_STEP, StepRecord(
             self.steps, wall - (now - cur.start), max(0.0, end - cur.start), cur.forward_seconds, backward,
             data_wait, cur.comm_wait, cur.optimizer_seconds, cur.micro_steps,
+            gpu_parts_later=clock is not None and clock.ok,
         )))
+        if clock is not None:
+            clock.close(self.steps, late=end < now)
         cur.reset(end)
         self.last_progress_unix = wall
         if len(self._events) > MAX_PENDING_EVENTS and self._fold_lock.acquire(blocking=False):
@@ -289,6 +312,11 @@ class Recorder:
                 self._fold()
             finally:
                 self._fold_lock.release()
+
+    def add_gpu_parts(self, step: int, parts: dict[str, float] | None) -> None:
+        """Step ``step``'s parts as the GPU ran them (``gpu_steps.py``): they replace the
+        host's; None: the host's stand."""
+        self._events.append((_GPU_PARTS, step, parts))
 
     def set_unused_parameters(self, names: list[str]) -> bool:
         """Record this step's unused parameters; True when the set changed."""
@@ -420,6 +448,8 @@ class Recorder:
                 exposed = buckets.timings(event[1])
                 if exposed is not None:
                     steps.exposed(event[1].step, exposed)
+            elif kind == _GPU_PARTS:
+                steps.gpu_parts(event[1], event[2])
             elif kind == _LAYOUT:
                 buckets.layout(*event[1:])
             elif kind == _DROP:

@@ -1,7 +1,7 @@
 """ddpmon attached never synchronizes the GPU while the job trains: DDP's steps, ddpmon's
 step boundaries and the scrapes meanwhile run under ``torch.cuda.set_sync_debug_mode``
 (sync_worker.py), for each bucket-timing source on NCCL (one rank) and on gloo with CUDA
-tensors (two ranks on one GPU)."""
+tensors (two ranks on one GPU); the steps' parts come from CUDA events all the same."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def test_an_attached_job_never_synchronizes_the_gpu(tmp_path: Path, backend: str
         assert out["errors"] == {}, "no part of ddpmon failed (a failure is caught and recorded there)"
         assert out["bucket_timing"] == source and "bucket_timing" not in out["notes"], out["notes"]
         assert out["steps"] >= 30
+        # the step's parts as the GPU ran them (ddpmon/gpu_steps.py), resolved without a sync
+        assert out["gpu_parts_steps"] >= 30, out["gpu_parts_steps"]
+        for row in out["gpu_rows"]:
+            assert row["forward_seconds"] > 0 and row["backward_seconds"] > 0, row
+            parts = sum(row[p + "_seconds"] or 0.0 for p in ("data_wait", "forward", "backward", "exposed_comm",
+                                                             "optimizer", "other"))
+            assert parts == pytest.approx(row["step_seconds"], abs=1e-6), row
         if source != "off":
             assert out["timed_buckets"] and min(out["timed_buckets"]) >= 10, out["timed_buckets"]
     if backend == "nccl" and results[0].result["mode"] != "error":
