@@ -28,7 +28,7 @@ def rank_state(rank: int, world: int, now: float) -> dict:
     for s in range(300):
         rec.forward_started(s * 0.1)
         rec.forward_finished(s * 0.1 + 0.02)
-        rec.grad_ready(s * 0.1 + 0.07)
+        rec.backward_done(s * 0.1 + 0.07)
         rec.close_step(s * 0.1 + 0.1)
         rec.add_bucket_timings([BucketTiming(b, 0.03 + b * 1e-3, b * 1e-3, b * 1e-3 + 0.004) for b in range(24)])
     snap = rec.snapshot()

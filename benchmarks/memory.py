@@ -50,7 +50,7 @@ def main() -> None:
         rec.forward_finished(t + 0.001)
         rec.backward_started(t + 0.002)
         for _ in range(args.params):
-            rec.grad_ready(t + 0.003)
+            rec.backward_done(t + 0.003)
         if isinstance(clock, CompletionClock):  # what c10d's thread sends, one per bucket
             clock.backward_started(time.perf_counter())
             started = datetime.datetime.now()

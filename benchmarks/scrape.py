@@ -25,7 +25,7 @@ def recorder(buckets: int, steps: int = 20) -> Recorder:
     for s in range(steps):
         rec.forward_started(s * 1.0)
         rec.forward_finished(s * 1.0 + 0.1)
-        rec.grad_ready(s * 1.0 + 0.5)
+        rec.backward_done(s * 1.0 + 0.5)
         rec.close_step(s * 1.0 + 0.9)
         rec.add_bucket_timings([BucketTiming(i, 0.2 + i * 1e-4, i * 1e-3, i * 1e-3 + 0.004) for i in range(buckets)])
     return rec

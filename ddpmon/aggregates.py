@@ -132,7 +132,7 @@ class StepBook:
             h[part].observe(row[part + "_seconds"])
         if row["backward_seconds"] is not None:
             h["backward"].observe(row["backward_seconds"])
-        if row.get("exposed_timed") or row.get("gpu_parts"):
+        if row.get("exposed_timed") or row.get("gpu_exposed"):
             h["exposed_comm"].observe(row["exposed_comm_seconds"] or 0.0)
         for phase in PHASES:
             self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
@@ -146,6 +146,7 @@ class StepBook:
                     return
                 if parts is not None:
                     row["step_seconds"] = parts["step"]
+                    row["end_unix"] = row["start_unix"] + parts["step"]
                     for part in ("data_wait", "forward", "optimizer"):
                         row[part + "_seconds"] = parts[part]
                     if row["backward_seconds"] is not None:
@@ -153,6 +154,7 @@ class StepBook:
                     if parts["exposed_measured"] or not row.get("exposed_timed"):
                         row["exposed_comm_seconds"] = parts["exposed_comm"]
                     row["gpu_parts"] = True
+                    row["gpu_exposed"] = bool(parts["exposed_measured"])
                     _balance(row)
                 self._count(row)
                 return
@@ -171,7 +173,7 @@ class StepBook:
         takes up the difference so that the parts still sum to the step."""
         for row in reversed(self.history):
             if row["step"] == step:
-                if row.get("gpu_parts"):
+                if row.get("gpu_exposed"):
                     return  # the GPU's own measure of this step stands
                 before = (row["exposed_comm_seconds"] or 0.0, row["other_seconds"])
                 row["exposed_comm_seconds"] = seconds

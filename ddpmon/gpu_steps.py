@@ -113,11 +113,13 @@ class GpuStepClock:
             self._dropped.append(number)
             self._release(old)
         self._step = _Step()
-        if late and closed.marks:
+        if not late:
+            self.mark(START)
+        elif closed.usable and closed.marks and closed.marks[-1][0] in (SYNCED, OPTIMIZER_END):
             closed.marks[-1][2] = False  # released with the next step, which starts there
             self._step.marks.append([START, closed.marks[-1][1], True])
         else:
-            self.mark(START)
+            self._step.usable = False  # where the closed step ended is not marked
 
     def collect(self, final: bool = False) -> list[tuple[int, dict[str, float] | None]]:
         """(step, its GPU parts with ``step``, its span) for every step the GPU has passed,
@@ -126,13 +128,15 @@ class GpuStepClock:
         out: list[tuple[int, dict[str, float] | None]] = [(s, None) for s in self._dropped]
         self._dropped = []
         try:
-            while self._pending and self._fuse.ok:
+            # (a query while a CUDA graph is captured would invalidate the capture)
+            while self._pending and self._fuse.ok and not self._capturing():
                 number, step = self._pending[0]
                 if not all(event.query() for _, event, _ in step.marks):
                     break
-                self._pending.popleft()
                 names = {name for name, _, _ in step.marks}
-                out.append((number, parts(step.marks) if step.usable and SEEN_WHOLE <= names else None))
+                got = parts(step.marks) if step.usable and SEEN_WHOLE <= names else None
+                self._pending.popleft()
+                out.append((number, got))
                 self._release(step)
         except Exception as exc:
             self._fuse.blow(exc)

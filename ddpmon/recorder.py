@@ -200,6 +200,15 @@ class Recorder:
         self.last_progress_unix = time.time()
 
     def grad_ready(self, now: float) -> None:
+        """A gradient (a parameter's, or a bucket's) is ready: backward runs. Called once per
+        parameter under ``find_unused_parameters``; ``backward_done`` ends the pass."""
+        cur = self._cur
+        if cur.backward_start is None:
+            cur.backward_start = now
+            self.phase = "backward"
+        cur.last_grad_ready = now
+
+    def backward_done(self, now: float) -> None:
         """Backward compute is done (one backward pass: a micro-step)."""
         cur = self._cur
         if cur.backward_start is None:

@@ -107,7 +107,7 @@ class StepHooks:
         if self._fuse.ok:
             try:
                 rec = self._recorder
-                rec.grad_ready(time.perf_counter())
+                rec.backward_done(time.perf_counter())
                 if self._sync_expected and rec.phase == "backward":
                     rec.phase = "allreduce"  # (a comm hook has said so already)
                 for timeline in self._timelines:

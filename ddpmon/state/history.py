@@ -240,7 +240,7 @@ class HistoryWriter:
                     recent = time.time() - 2 * self._interval
                     held = sum(1 for s in steps[-self._hold_back:] if s["end_unix"] > recent)
                     steps = steps[: len(steps) - held]
-                    # and on a GPU, steps whose parts the GPU has not given yet (gpu_steps.py)
+                if not final:  # on a GPU, steps whose parts the GPU has not given yet (gpu_steps.py)
                     pending = next((i for i, s in enumerate(steps) if s.get("gpu_pending")), None)
                     steps = steps if pending is None else steps[:pending]
                 if steps:

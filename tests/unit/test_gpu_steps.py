@@ -6,7 +6,6 @@ host's clock (tests/gpu runs the real one)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,11 +87,16 @@ def test_steps_wait_for_the_gpu_and_what_it_did_not_see_whole_keeps_the_hosts_pa
     c.mark("optimizer_end")
     c.close(2)
     assert c.collect() == [(2, None)]
-    # marks during CUDA graph capture would be replayed, not recorded now
-    captured = clock(capturing=True)
+    # marks during CUDA graph capture would be replayed, not recorded now; and nothing is
+    # queried while a capture runs (it would invalidate the capture)
+    capturing = [True]
+    captured = GpuStepClock("cuda:0", Fuse("gpu_step_parts"), event=HostEvent, stream=lambda: None,
+                            capturing=lambda: capturing[0])
     for name in WHOLE:
         captured.mark(name)
     captured.close(1)
+    assert captured.collect() == []
+    capturing[0] = False
     assert captured.collect() == [(1, None)]
 
 
@@ -109,6 +113,15 @@ def test_a_late_close_shares_its_last_event_with_the_next_steps_start() -> None:
     assert first is not None and second is not None
     assert second["data_wait"] >= 0.02  # from the end of step 1's synchronisation
     assert first["other"] < 0.005  # and not in step 1
+    # a step that ended unmarked (too many marks) gives the next one no start: host parts
+    c = clock()
+    for _ in range(gpu_steps.MAX_MARKS + 1):
+        c.mark("forward_start")
+    c.close(1, late=True)
+    for name in WHOLE:
+        c.mark(name)
+    c.close(2, late=True)
+    assert c.collect() == [(1, None), (2, None)]
 
 
 def test_steps_dropped_or_pending_at_detach_or_after_a_failure_keep_the_hosts_parts() -> None:
@@ -172,9 +185,36 @@ def test_the_book_counts_each_step_once_with_its_final_parts() -> None:
     assert book.history[-1]["exposed_comm_seconds"] == 0.007
 
 
-@pytest.mark.timeout(120)
-def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path) -> None:
-    """The hooks mark every boundary: the clock's parts replace the host's in the rows."""
+class SleepInBackward:
+    """A module whose backward takes ``seconds`` longer (an autograd Function)."""
+
+    @staticmethod
+    def build(seconds: float) -> Any:
+        import torch
+
+        class Slow(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+                time.sleep(seconds)
+                return grad
+
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(40)])
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return Slow.apply(self.layers(x))
+        return Net()
+
+
+def train(tmp_path: Path, with_clock: bool, **ddp_options: Any) -> tuple[list[dict[str, Any]], int]:
+    """12 steps of a real one-rank DDP job (a 4 ms data loader, a 10 ms backward): its rows
+    and how many steps its step histogram counted."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -182,31 +222,48 @@ def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path) -> None:
 
     import ddpmon
 
-    os.environ.setdefault("DDPMON_STATE_DIR", str(tmp_path / "state"))
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)))
+        model = DDP(SleepInBackward.build(0.010), **ddp_options)
         mon = ddpmon.attach(model, job="gpu-steps", port=-1, state_dir=None)
         rec = mon.recorder
-        rec.gpu_steps = clock()
+        if with_clock:
+            rec.gpu_steps = clock()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for _ in range(12):
             time.sleep(0.004)  # the data loader
             opt.zero_grad()
-            nn.functional.mse_loss(model(torch.randn(32, 64)), torch.randn(32, 8)).backward()
+            nn.functional.mse_loss(model(torch.randn(32, 64)), torch.randn(32, 64)).backward()
             opt.step()
         mon.detach()
-        rows = rec.history_since(0)
-        counted = rec.histograms()["step"].count
+        return rec.history_since(0), rec.histograms()["step"].count
     finally:
         dist.destroy_process_group()
-    assert [r["step"] for r in rows] == list(range(1, 13))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("options", [{}, {"find_unused_parameters": True}], ids=["default", "find_unused"])
+def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path, options: dict[str, Any]) -> None:
+    """The hooks mark every boundary, once per backward even when every parameter's
+    gradient is watched (find_unused_parameters): the clock's parts replace the host's."""
+    rows, counted = train(tmp_path, True, **options)
+    assert [r["step"] for r in rows] == list(range(1, 13)) and counted == 12  # each step once
     assert not any(r.get("gpu_pending") for r in rows)
     timed = [r for r in rows if r.get("gpu_parts")]
     assert len(timed) == 12, rows
     for r in timed[1:]:  # the first step starts at its forward: no data wait
         assert 0.004 <= r["data_wait_seconds"] < r["step_seconds"], r
-        assert r["forward_seconds"] > 0 and r["backward_seconds"] > 0 and r["optimizer_seconds"] > 0, r
+        assert r["backward_seconds"] >= 0.010 and r["micro_steps"] == 1, r
+        assert r["forward_seconds"] > 0 and r["optimizer_seconds"] > 0, r
         total = sum(r[p + "_seconds"] or 0.0 for p in PHASES)
         assert total == pytest.approx(r["step_seconds"], abs=1e-6)
-    assert counted == 12  # each step once, with its final parts
+
+
+@pytest.mark.timeout(120)
+def test_watching_every_gradient_neither_cuts_backward_nor_counts_micro_steps_per_parameter(
+        tmp_path: Path) -> None:
+    """With find_unused_parameters each parameter's gradient calls the recorder: backward
+    compute still runs to its end, and one backward is one micro-step (host parts)."""
+    rows, _ = train(tmp_path, False, find_unused_parameters=True)
+    for r in rows[1:]:
+        assert r["backward_seconds"] >= 0.010 and r["micro_steps"] == 1, r

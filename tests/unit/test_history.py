@@ -123,7 +123,7 @@ def test_recorder_history_since_has_phases_exposed_and_buckets():
     rec.forward_started(t)
     rec.forward_finished(t + 0.01)
     rec.backward_started(t + 0.01)
-    rec.grad_ready(t + 0.03)
+    rec.backward_done(t + 0.03)
     rec.close_step(t + 0.05)
     rec.add_step_timings(StepTimings([BucketTiming(0, 0.03, 1.0, 1.004)], exposed=0.015, measured=True))
     rec.forward_started(t + 0.05)

@@ -25,7 +25,7 @@ def recorder_with_steps() -> Recorder:
         rec.forward_started(t)
         rec.forward_finished(t + 0.01)
         rec.backward_started(t + 0.02)
-        rec.grad_ready(t + 0.05)
+        rec.backward_done(t + 0.05)
         rec.bucket_launched(False)
         rec.bucket_launched(True)
         rec.close_step(t + 0.1)
