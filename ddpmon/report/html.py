@@ -18,7 +18,8 @@ from importlib import resources
 from typing import Any
 
 from .run import Run
-from .summary import PHASE_LABELS, PHASES, median_of_others, ms, pct
+from ..straggler import median_of_others
+from .summary import PHASE_LABELS, PHASES, ms, pct
 
 MAX_LINES = 16
 PHASE_COLOURS = {

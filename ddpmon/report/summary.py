@@ -10,7 +10,6 @@ Its *straggler score* is its compute over the median compute of the other ranks 
 
 from __future__ import annotations
 
-import bisect
 import json
 import statistics
 import time
@@ -18,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import straggler
+from ..straggler import median_of_others
 from ..doctor import words
 from ..state import schema
 from .run import Run, load
@@ -43,20 +43,6 @@ def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
                   for step, *parts in zip(sample.get("step_seconds", []), *measured)]
         out["other"] = statistics.median(others) if others else None
     return out
-
-
-def median_of_others(ordered: list[float], value: float) -> float | None:
-    """The median of ``ordered`` (sorted) without one occurrence of ``value``; with one rank
-    alone, its own value. The straggler score is a rank's compute over this."""
-    n = len(ordered) - 1
-    if n < 1:
-        return value
-    skip = bisect.bisect_left(ordered, value)
-
-    def at(i: int) -> float:
-        return ordered[i if i < skip else i + 1]
-
-    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _median(values: Sequence[Any]) -> float | None:
