@@ -284,13 +284,9 @@ class Daemon:
             except OSError:
                 continue
             data = schema.to_json(state)
-            if state.exit is None or state.exit.how == "os._exit":  # a fatal signal leaves no record
-                since = None  # the run's start on the file system's clock, as the doctor reads it
-                if state.started_unix:
-                    since = state.started_unix + (mtime - state.now_unix if state.now_unix else 0.0) - 1.0
-                signalled = fault.read(path, since)
-                if signalled is not None:  # carried to a doctor elsewhere (--from), which cannot read it
-                    data["exit"] = records.dump(signalled)
+            signalled = fault.of_run(path, state, mtime - state.now_unix if state.now_unix is not None else 0.0)
+            if signalled is not None:  # carried to a doctor elsewhere (--from), which cannot read it
+                data["exit"] = records.dump(signalled)
             data["file_mtime_unix"] = mtime
             data["served_unix"] = served
             out.append(data)

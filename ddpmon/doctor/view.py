@@ -139,10 +139,9 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     interval = state_interval(s)
     stale = age > max(STALE_MIN, STALE_FACTOR * interval)
     v.ending = s.exit
-    if v.ending is None or v.ending.how == "os._exit":  # a fatal signal leaves no record
-        signalled = fault.read(f.path, _local(f, s.started_unix) - 1.0 if s.started_unix else None)
-        if signalled is not None:
-            v.ending, off = signalled, 0.0  # the fault file's time is the file system's
+    signalled = fault.of_run(f.path, s, f.offset)
+    if signalled is not None:
+        v.ending, off = signalled, 0.0  # the fault file's time is the file system's
     if v.ending is not None and v.ending.how == "signal" and v.ending.threads:
         # read here, or by the node daemon that served the file (--from)
         v.stack, v.stack_source = v.ending.threads, f"its faulthandler file ({v.ending.signal})"
@@ -175,10 +174,6 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
 def failed(e: Exit) -> bool:
     """An end that is a failure: an exception, a fatal signal or a non-zero exit status."""
     return bool(e.exception or e.signal or (e.code not in (None, 0)))
-
-
-def _local(f: StateFile, t: float) -> float:
-    return t + f.offset
 
 
 def flight_recorder_waits(s: RankState) -> list[Collective]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from .schema import Exit, Frame, Thread
+from .schema import Exit, Frame, RankState, Thread
 
 SIGNALS = {
     "Segmentation fault": "SIGSEGV",
@@ -39,6 +39,16 @@ def read(state_file: str, since: float | None = None) -> Exit | None:
     except OSError:
         return None
     return parse(text, st.st_mtime)
+
+
+def of_run(state_file: str, state: RankState, offset: float) -> Exit | None:
+    """The fatal signal that ended this run of the rank, when its state file records no
+    other end (a signal leaves none; an ``os._exit`` record is superseded): None without a
+    fault file, or with an earlier run's. ``offset`` maps the writer's clock onto the file
+    system's (the state file's mtime less its ``now_unix``)."""
+    if state.exit is not None and state.exit.how != "os._exit":
+        return None
+    return read(state_file, state.started_unix + offset - 1.0 if state.started_unix else None)
 
 
 def parse(text: str, unix: float) -> Exit | None:
