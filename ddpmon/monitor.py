@@ -135,10 +135,8 @@ class Monitor:
             self._steps.manual = True
             if first and self.recorder.steps > 0 and self.recorder.step_is_empty:
                 # Its optimizer step has just ended this step: the same boundary. Fold in
-                # what the bucket clock resolved since.
-                if self._timing:
-                    self._timing.collect(self.recorder.steps)
-                self._collect_gpu_parts()
+                # what the clocks resolved since.
+                self._collect_resolved()
                 return
             self._on_boundary(time.perf_counter(), None)
         except Exception as exc:  # never into the training loop
@@ -154,7 +152,7 @@ class Monitor:
                 self._on_boundary(time.perf_counter(), self.recorder.step_end_mark)
             except Exception as exc:
                 self._fuses["step_hooks"].blow(exc)
-        self._collect_gpu_parts(final=True)  # what the GPU has not passed keeps its host parts
+        self._collect_resolved(final=True)  # what the GPU has not passed keeps its host parts
         self._detached = True
         for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives, self._advice):
             if part is not None:
@@ -197,15 +195,16 @@ class Monitor:
         rec.close_step(now, end)
         if rec.steps == 1:  # the first step is news: a rank that dies early is then not
             self._notify()   # seen "at step 0, phase init"
-        if self._timing:
-            self._timing.collect(rec.steps)
-        self._collect_gpu_parts()
+        self._collect_resolved()
         if self._unused:
             self._unused.step_ended()
         if self._advice:
             self._advice.step_ended(rec.steps)
 
-    def _collect_gpu_parts(self, final: bool = False) -> None:
+    def _collect_resolved(self, final: bool = False) -> None:
+        """Fold in what the clocks resolved since (buckets; a step's GPU parts)."""
+        if self._timing and not final:
+            self._timing.collect(self.recorder.steps)
         clock = self.recorder.gpu_steps
         if clock is not None:
             for step, parts in clock.collect(final):
