@@ -17,7 +17,6 @@ ddpmon changes training. Modes:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.distributed.worker import finish
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
@@ -223,15 +224,7 @@ def bench(pairs: str = "8", block: str = "60") -> dict[str, Any]:
 
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
-    result = bench(*args) if mode == "bench" else run(mode, *args)
-    with open(os.path.join(OUT, f"result-{RANK}.json"), "w") as f:
-        json.dump(result, f, default=str)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    os._exit(0)
+    finish(bench(*args) if mode == "bench" else run(mode, *args))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.distributed.worker import MLP, RANK, batch, init
+from tests.distributed.worker import MLP, RANK, accumulate, batch, init
 
 
 def readme_example() -> dict[str, Any]:
@@ -66,17 +66,7 @@ def readme_example() -> dict[str, Any]:
     # Gradient accumulation: 3 micro-steps (2 under no_sync) per optimizer step.
     model = DDP(MLP())
     monitor = ddpmon.attach(model, job="accumulation")
-    opt = torch.optim.Adam(model.parameters(), lr=0.001)
-    for step in range(5):
-        for micro in range(3):
-            x, y = batch(10 * step + micro)
-            if micro < 2:
-                with model.no_sync():
-                    nn.functional.mse_loss(model(x), y).backward()
-            else:
-                nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    accumulate(model, torch.optim.Adam(model.parameters(), lr=0.001), 5)
     out["accumulation"] = monitor.snapshot()
     monitor.detach()
 

@@ -389,17 +389,9 @@ def detach_and_reattach() -> dict[str, Any]:
     return out
 
 
-@scenario
-def no_sync_accumulation() -> dict[str, Any]:
-    """Gradient accumulation: microbatches under no_sync fold into one step."""
-    import ddpmon
-
-    init()
-    torch.manual_seed(0)
-    model = DDP(MLP())
-    mon = ddpmon.attach(model, job="accum")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(4):
+def accumulate(model: DDP, opt: torch.optim.Optimizer, steps: int) -> None:
+    """``steps`` optimizer steps of 3 micro-steps each, the first 2 under no_sync."""
+    for step in range(steps):
         for micro in range(3):
             x, y = batch(10 * step + micro)
             if micro < 2:
@@ -409,6 +401,18 @@ def no_sync_accumulation() -> dict[str, Any]:
                 nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+@scenario
+def no_sync_accumulation() -> dict[str, Any]:
+    """Gradient accumulation: microbatches under no_sync fold into one step."""
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    mon = ddpmon.attach(model, job="accum")
+    accumulate(model, torch.optim.SGD(model.parameters(), lr=0.01), 4)
     mon.step()
     return {"snapshot": mon.snapshot()}
 
@@ -659,7 +663,11 @@ def dataclass_output() -> dict[str, Any]:
 def main() -> None:
     name, args = sys.argv[1], sys.argv[2:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(RANK) + " %(message)s")
-    result = SCENARIOS[name](*args)
+    finish(SCENARIOS[name](*args))
+
+
+def finish(result: dict[str, Any]) -> None:
+    """Write this rank's result for the harness, leave the group with the others, exit."""
     with open(os.path.join(os.environ["DDPMON_TEST_OUT"], f"result-{RANK}.json"), "w") as f:
         json.dump(result, f, default=str)
     sys.stdout.flush()
