@@ -117,3 +117,14 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
     assert rule.slowest_within_noise(quiet) == [] and rule.straggler(quiet, []) is not None
     assert rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.phases, "stuck")]) == []
     assert rule.slowest_within_noise([view(0, phases(0.040, spread=0.01)), view(1, phases(0.041, spread=0.01))]) == []
+
+
+def test_a_rank_slower_by_5_to_10_percent_and_out_of_its_noise_is_named() -> None:
+    # 10% slower measures 10% give or take its noise: naming from 5% names it every time
+    eight = straggler.scores({0: phases(0.040, spread=0.0002), 1: phases(0.0432, spread=0.0002),
+                              2: phases(0.040, spread=0.0002)})
+    assert [r for r, s in eight.items() if s.straggler] == [1]
+    # below 5%, however quiet, it is within what ranks differ by
+    four = straggler.scores({0: phases(0.040, spread=0.0001), 1: phases(0.0416, spread=0.0001),
+                             2: phases(0.040, spread=0.0001)})
+    assert not any(s.straggler for s in four.values())
