@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 
+from ddpmon.rank.recorder import BucketTiming, Recorder
 from ddpmon.state import files as statefile
-from ddpmon.recorder import BucketTiming, Recorder
 
 
 def rank_state(rank: int, world: int, now: float) -> dict:

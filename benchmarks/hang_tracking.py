@@ -101,8 +101,8 @@ def job() -> None:
 
 
 def doctor() -> None:
-    from ddpmon.state import files as statefile
     from ddpmon.doctor import examine
+    from ddpmon.state import files as statefile
 
     now = time.time()
     frames = [{"file": "train.py", "line": i, "function": f"f{i}", "code": ""} for i in range(40)]

@@ -79,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
     reading = threading.Event()
 
     def read_forever(monitor) -> None:  # type: ignore[no-untyped-def]
-        from ddpmon.metrics.exporter import RankCollector
+        from ddpmon.rank.exporter import RankCollector
 
         collector = RankCollector(monitor.recorder)
         while not stop_reading.is_set():

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import psutil
 import torch._C._distributed_c10d as c10d
 
-from ddpmon._safety import Fuse
-from ddpmon.timing.hook import WallClock
-from ddpmon.timing.c10d import CompletionClock
-from ddpmon.recorder import Recorder
+from ddpmon.fuses import Fuse
+from ddpmon.rank.recorder import Recorder
+from ddpmon.rank.timing.c10d import CompletionClock
+from ddpmon.rank.timing.hook import WallClock
 
 IDENTITY = dict(rank=0, local_rank=0, world_size=8, host="node0", pid=1, job="bench",
                 backend="gloo", torch_version="2.13.0", debug_level="OFF")

@@ -83,7 +83,9 @@ def worker(args: argparse.Namespace) -> None:
         options.pop(key, None)
         os.environ["DDPMON_" + key.upper()] = value
     if args.baseline == "python-hook":  # the plain model runs torch's own Python all-reduce hook
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+            allreduce_hook,
+        )
 
         plain.register_comm_hook(None, allreduce_hook)
     monitor = ddpmon.attach(watched if not args.no_attach else DDP(build_model(8, 1).to(device), **kwargs), **options)

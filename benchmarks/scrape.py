@@ -11,8 +11,8 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ddpmon.metrics.exporter import RankCollector
-from ddpmon.recorder import BucketTiming, Recorder
+from ddpmon.rank.exporter import RankCollector
+from ddpmon.rank.recorder import BucketTiming, Recorder
 
 IDENTITY = dict(rank=0, local_rank=0, world_size=1024, host="node0", pid=1, job="bench",
                 backend="nccl", torch_version="2.13.0", debug_level="OFF")

@@ -10,7 +10,7 @@ top of random jitter on every rank; in a healthy segment every rank only jitters
 shares are of is measured first: the slowest rank's median over a 30-step warm-up (sleeps,
 compute and overheads; about 19 ms here). Every rank's per-step rows
 (``Recorder.history_since``) are scored afterwards exactly as the doctor would have scored
-the state files after each step (ddpmon/straggler.py over the last 20 steps of the segment).
+the state files after each step (ddpmon/steps.py over the last 20 steps of the segment).
 
     python benchmarks/stragglers.py                    # 16 segments per world size
     python benchmarks/stragglers.py --segments 4 --steps 30
@@ -54,7 +54,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddpmon
-    from ddpmon.recorder import busy_seconds
+    from ddpmon.steps import busy_seconds
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", store=dist.FileStore(args.store, world), rank=rank, world_size=world)
@@ -139,16 +139,16 @@ def run_job(world: int, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
 
 def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Score each segment after each of its steps, as the doctor would have."""
-    from ddpmon import straggler
-    from ddpmon.recorder import PHASE_WINDOW
+    from ddpmon import steps
+    from ddpmon.rank.recorder import PHASE_WINDOW
 
     results = []
     for i, segment in enumerate(plan(world, args.segments, args.seed)):
         rows = {r: [row for row in d["rows"] if d["marks"][i] < row["step"] <= d["marks"][i] + args.steps]
                 for r, d in data.items()}
         named_at, cause_at_naming, ever_named, final = None, None, set(), {}
-        for k in range(straggler.MIN_STEPS, args.steps + 1):
-            scores = straggler.scores({r: straggler.phases(rs[:k][-PHASE_WINDOW:]) for r, rs in rows.items()})
+        for k in range(steps.MIN_STEPS, args.steps + 1):
+            scores = steps.scores({r: steps.phases(rs[:k][-PHASE_WINDOW:]) for r, rs in rows.items()})
             named = {r: s.cause for r, s in scores.items() if s.straggler}
             ever_named |= set(named)
             if named_at is None and segment["slow"] in named and len(named) == 1:

@@ -9,15 +9,14 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-from .config import Config  # noqa: E402
-from .errors import AttachError, ConfigError, DdpmonError, StateFileError  # noqa: E402
+from .config import Config
+from .errors import AttachError, ConfigError, DdpmonError, StateFileError
+from .version import __version__
 
 if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
-    from .monitor import Monitor
+    from .rank.monitor import Monitor
 
 __all__ = [
     "attach", "Monitor", "Config", "DdpmonError", "AttachError", "ConfigError",
@@ -40,7 +39,7 @@ def _monitor_class() -> type[Monitor]:
     install (the training environment brings its own build; the doctor and daemon run
     without it)."""
     try:
-        from .monitor import Monitor
+        from .rank.monitor import Monitor
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] != "torch":
             raise

@@ -32,7 +32,7 @@ import psutil
 from . import __version__
 from .collectors import host, nvml
 from .errors import StateFileError
-from .metrics.exporter import Sample, Unhealthy, families
+from .metrics.exposition import Sample, Unhealthy, families
 from .state import fault, files, records, schema
 
 log = logging.getLogger("ddpmon")

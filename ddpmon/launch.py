@@ -244,6 +244,8 @@ def _run_as_main(run: Any, filename: str | None) -> None:
 
 
 if __name__ == "__main__":
-    from ddpmon.launch import main as _main  # the module's one copy, not this __main__ one
+    from ddpmon.launch import (
+        main as _main,  # the module's one copy, not this __main__ one
+    )
 
     _main()

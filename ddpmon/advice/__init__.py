@@ -21,9 +21,11 @@ needless_find_unused_parameters training         find_unused_parameters=True, ne
 static_graph                    training         the graph is static: static_graph=True helps
 ==============================  ===============  =============================================
 
-Nothing here issues a collective or synchronises the GPU: values on a GPU are copied
-without blocking and read a step later. ``watch.Advice`` is the component the monitor
-builds; ``compare`` (no torch) compares the ranks' state files.
+The checks run inside the training process (``ddpmon/rank/advice/``; ``watch.Advice`` is
+the component the monitor builds). They issue no collective and never synchronise the GPU:
+values on a GPU are copied without blocking and read a step later. This package holds what
+the ranks and the doctor share, torch-free: the fixes (``words``) and ``compare``, which
+compares the ranks' state files.
 """
 
 from .words import FIX

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     from ..daemon import Daemon
-    from ..metrics.exporter import serve
+    from ..metrics.exposition import serve
 
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)

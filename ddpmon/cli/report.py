@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import html, run as run_mod, summary
+    from ..report import html, summary
+    from ..report import run as run_mod
     from .doctor import default_state_dir
 
     dirs = list(args.state_dirs)

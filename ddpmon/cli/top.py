@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .. import straggler
+from .. import steps
 from ..errors import StateFileError
 from ..state import files, schema
 from .common import add_state_dir_argument, default_state_dir, no_state_dir
@@ -84,7 +84,7 @@ _PART_COLUMNS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"),
 
 def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
     """Where each rank's time goes (mean ms per step over its last steps) and its straggler
-    score against the others (ddpmon/straggler.py)."""
+    score against the others (ddpmon/steps.py)."""
     phases = {}
     for s in states:
         p = (s.get("timings") or {}).get("phases")
@@ -92,7 +92,7 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
             phases[s.get("rank", 0)] = schema.StepPhases(**p)
     if not phases:
         return []
-    scores = straggler.scores(phases)
+    scores = steps.scores(phases)
     lines = [
         f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in phases.values())} steps)",
         f"{'rank':>4} " + " ".join(f"{label:>7}" for _, label in _PART_COLUMNS)

@@ -14,7 +14,7 @@ import sys
 
 import psutil
 
-from .._safety import Fuse
+from ..fuses import Fuse
 
 Sample = tuple[str, dict[str, str], float]
 

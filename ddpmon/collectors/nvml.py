@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._safety import Fuse
+from ..fuses import Fuse
 
 log = logging.getLogger("ddpmon")
 

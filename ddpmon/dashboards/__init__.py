@@ -23,7 +23,15 @@ from __future__ import annotations
 from .boards import BOARDS, build, gpus, overview
 from .files import export, generated_files, source_root, stale_files, write_generated
 from .kubernetes import configmap, prometheus_rule
-from .model import DATASOURCE, GRAFANA_VERSIONS, SCHEMA_VERSION, Panel, Query, panels, render
+from .model import (
+    DATASOURCE,
+    GRAFANA_VERSIONS,
+    SCHEMA_VERSION,
+    Panel,
+    Query,
+    panels,
+    render,
+)
 from .promql import PROMETHEUS_OWN, check_expr, metric_names, source_of
 
 __all__ = [

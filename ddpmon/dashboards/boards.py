@@ -118,7 +118,7 @@ def _progress() -> list[Panel]:
 
 def _busy_per_step(sel: str = SEL) -> str:
     """Each rank's busy time per step: its step parts less the wait for the other ranks
-    (ddpmon/straggler.py), from the per-part seconds."""
+    (ddpmon/steps.py), from the per-part seconds."""
     busy_sel = sel[:-1] + ', phase!="exposed_comm"}'
     return (f"sum by (rank) ({_rate('ddpmon_step_phase_seconds_total', busy_sel)}) / "
             f"sum by (rank) ({_rate('ddpmon_steps_total', sel)})")

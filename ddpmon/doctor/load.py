@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import StateFileError
 from ..state import files, schema
 
+
 @dataclass
 class StateFile:
     """One rank's state file as read (checked against the schema), with its modification

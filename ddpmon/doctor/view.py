@@ -4,7 +4,7 @@ Each rank is put in one status: running (progress recently), waiting (no progres
 collective in flight), stuck (no progress, no collective in flight), frozen (its process
 is there but its state file is no longer rewritten: the main thread holds the GIL or the
 process is stopped), busy (no progress, not in a collective, but its watchdog sees it
-working: ``ddpmon/liveness.py``), dead (the process is gone without a word), crashed (it ended with an
+working: ``ddpmon/activity.py``), dead (the process is gone without a word), crashed (it ended with an
 uncaught exception), exited (it ended without one), silent (another host; its file stopped
 changing). The rules (``rules/``) then compare the ranks.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import liveness as activity_rule
+from .. import activity
 from ..state import fault, records
 from ..state.schema import Collective, Exit, RankState, Thread
 from .load import StateFile
@@ -159,9 +159,9 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     elif s.hang is not None or silent > stall_after:
         v.status = WAITING if in_flight else STUCK
         act = s.activity
-        if v.status == STUCK and act is not None and act.state == activity_rule.BUSY and s.hang is None:
+        if v.status == STUCK and act is not None and act.state == activity.BUSY and s.hang is None:
             timeout = act.hang_timeout_seconds
-            if not timeout or silent < activity_rule.busy_limit(timeout):
+            if not timeout or silent < activity.busy_limit(timeout):
                 v.status = BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
     v.stalled_when_written = s.hang is not None or written_silent > stall_after

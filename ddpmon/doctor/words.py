@@ -11,8 +11,8 @@ import os
 import re
 from collections.abc import Collection, Iterable, Sequence
 
-from ..state.schema import Collective
 from ..state.fault import path_for as fault_path
+from ..state.schema import Collective
 from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------

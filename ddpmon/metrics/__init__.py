@@ -1,1 +1,1 @@
-"""Prometheus metrics: the catalog of names and the exporter."""
+"""Prometheus metrics: the catalog of names, the exposition (families, the HTTP endpoint)."""

@@ -14,9 +14,10 @@ import os
 import statistics
 from typing import Any
 
+from ..steps import PART_LABELS, PARTS
 from . import html as html_page
 from .run import Run, load
-from .summary import PHASE_LABELS, PHASES, ms, pct, summarize
+from .summary import ms, pct, summarize
 
 NOISE = 0.02  # changes under 2% are shown but not called out
 
@@ -57,10 +58,10 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     row("exposed communication share", a.get("exposed_comm_share"), b.get("exposed_comm_share"), "ratio")
     if a.get("gpu_utilization_ratio") is not None or b.get("gpu_utilization_ratio") is not None:
         row("GPU utilisation", a.get("gpu_utilization_ratio"), b.get("gpu_utilization_ratio"), "ratio")
-    for p in PHASES:
+    for p in PARTS:
         va, vb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
         if va is not None or vb is not None:
-            row(PHASE_LABELS[p], va, vb, group="phase")
+            row(PART_LABELS[p], va, vb, group="phase")
     ba = {x["index"]: x for x in a.get("buckets") or []}
     bb = {x["index"]: x for x in b.get("buckets") or []}
     for index in sorted(set(ba) | set(bb)):
@@ -72,7 +73,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for rank in sorted(set(ra) & set(rb)):
         x, y = ra[rank], rb[rank]
         deltas = {p: (y["phases"].get(p) or 0.0) - (x["phases"].get(p) or 0.0)
-                  for p in PHASES if x["phases"].get(p) is not None or y["phases"].get(p) is not None}
+                  for p in PARTS if x["phases"].get(p) is not None or y["phases"].get(p) is not None}
         phase = max(deltas, key=lambda p: abs(deltas[p])) if deltas else None
         ranks.append({
             "rank": rank, "a_step": x.get("median_step_seconds"), "b_step": y.get("median_step_seconds"),
@@ -104,14 +105,14 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
     lines = [f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% ({ms(sa)} -> {ms(sb)}, "
              f"{delta * 1e3:+.1f} ms per step)"]
     phases = []
-    for p in PHASES:
+    for p in PARTS:
         pa, pb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
         if pa is not None and pb is not None:
             phases.append((pb - pa, p))
     phases.sort(key=lambda t: -abs(t[0]) if (t[0] > 0) == (delta > 0) else 0)
     for d, p in phases[:2]:
         if (d > 0) == (delta > 0) and abs(d) >= NOISE * sa:
-            lines.append(f"  {PHASE_LABELS[p]}: {d * 1e3:+.1f} ms per step ({abs(d / delta) * 100:.0f}% of the change)")
+            lines.append(f"  {PART_LABELS[p]}: {d * 1e3:+.1f} ms per step ({abs(d / delta) * 100:.0f}% of the change)")
     moved = [r for r in ranks if r["compute_delta"] is not None]
     if moved:
         top = max(moved, key=lambda r: r["compute_delta"] * (1 if delta > 0 else -1))
@@ -120,7 +121,7 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
         if abs(top["compute_delta"] - typical) >= NOISE * sa and len(moved) > 1:
             lines.append(
                 f"  rank {top['rank']} explains it: its compute changed {top['compute_delta'] * 1e3:+.1f} ms "
-                f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PHASE_LABELS.get(top['phase'], top['phase'])} "
+                f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PART_LABELS.get(top['phase'], top['phase'])} "
                 f"({(top['phase_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication")
         else:
             lines.append(f"  every rank changed alike (compute {typical * 1e3:+.1f} ms per rank): "
@@ -163,7 +164,7 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
         for r in result["ranks"]:
             out.append(f"  rank {r['rank']:<25} {ms(r['a_compute']):>14} {ms(r['b_compute']):>14} "
                        f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
-                       f"{PHASE_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)")
+                       f"{PART_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)")
     out.append("")
     out += result["explanation"]
     return "\n".join(out) + "\n"
@@ -179,7 +180,7 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
     ranks = "\n".join(
         f'<tr><td>{r["rank"]}</td><td>{e(ms(r["a_compute"]))}</td><td>{e(ms(r["b_compute"]))}</td>'
         f'<td>{e(_pct(change(r["a_compute"], r["b_compute"])))}</td>'
-        f'<td>{e(PHASE_LABELS.get(r["phase"], "-"))} ({(r["phase_delta"] or 0) * 1e3:+.1f} ms)</td></tr>'
+        f'<td>{e(PART_LABELS.get(r["phase"], "-"))} ({(r["phase_delta"] or 0) * 1e3:+.1f} ms)</td></tr>'
         for r in result["ranks"])
     a, b = result["a"], result["b"]
     body = (f"<p>A: {e(str(a['job']))} ({e(', '.join(a['sources'] or []))})<br>"

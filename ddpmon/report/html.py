@@ -17,9 +17,9 @@ import statistics
 from importlib import resources
 from typing import Any
 
+from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
-from ..straggler import median_of_others
-from .summary import PHASE_LABELS, PHASES, ms, pct
+from .summary import ms, pct
 
 MAX_LINES = 16
 PHASE_COLOURS = {
@@ -108,11 +108,11 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
 
     # Phase breakdown: stacked medians per rank.
     rows = summary["per_rank"]
-    phases = [p for p in PHASES if any(r["phases"].get(p) for r in rows)]
+    phases = [p for p in PARTS if any(r["phases"].get(p) for r in rows)]
     out.append({
         "id": "phases", "title": "Phase breakdown per rank (median step)", "kind": "stack",
         "x": {"label": "rank", "values": [r["rank"] for r in rows]}, "y_label": "time per step", "unit": "ms",
-        "series": [{"name": PHASE_LABELS[p], "colour": PHASE_COLOURS[p],
+        "series": [{"name": PART_LABELS[p], "colour": PHASE_COLOURS[p],
                     "values": [_r(r["phases"].get(p), 1e3) for r in rows]} for p in phases],
         "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
     })
@@ -198,7 +198,7 @@ def _summary_html(s: dict[str, Any]) -> str:
         if slow.get("straggler_score"):
             slow_text += f", straggler score {slow['straggler_score']:.2f}"
         if slow.get("phase"):
-            slow_text += f", most of it in {PHASE_LABELS[slow['phase']]} (+{ms(slow.get('excess_seconds'))})"
+            slow_text += f", most of it in {PART_LABELS[slow['phase']]} (+{ms(slow.get('excess_seconds'))})"
     verdict = s.get("verdict") or "-"
     rows = [
         ("job", s["job"]), ("verdict (ddpmon doctor)", verdict),

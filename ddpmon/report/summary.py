@@ -16,29 +16,23 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import straggler
-from ..straggler import median_of_others
+from .. import steps
 from ..doctor import words
 from ..state import schema
+from ..steps import PARTS, median_of_others
 from .run import Run, load
 
-# The phases of a step, in the order they stack up to the step time.
-PHASES = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
-PHASE_LABELS = {
-    "data_wait": "data wait", "h2d": "host to device", "forward": "forward", "backward": "backward",
-    "exposed_comm": "exposed communication", "optimizer": "optimizer", "other": "other",
-}
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
 
 
 def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
     """Median seconds per phase; ``other`` is the step time the known phases leave."""
     out: dict[str, float | None] = {}
-    for p in PHASES:
+    for p in PARTS:
         values = [v for v in sample.get(f"{p}_seconds", []) if v is not None]
         out[p] = statistics.median(values) if values else None
     if out["other"] is None:
-        measured = [sample[f"{p}_seconds"] for p in PHASES[:-1] if out[p] is not None]
+        measured = [sample[f"{p}_seconds"] for p in PARTS[:-1] if out[p] is not None]
         others = [max(0.0, step - sum(v for v in parts if v is not None))
                   for step, *parts in zip(sample.get("step_seconds", []), *measured)]
         out["other"] = statistics.median(others) if others else None
@@ -91,7 +85,7 @@ def summarize(run: Run) -> dict[str, Any]:
     starts = [h.sample["start_unix"][0] for h in run.ranks.values() if h.sample["start_unix"]]
     ends = [h.sample["end_unix"][-1] for h in run.ranks.values() if h.sample["end_unix"]]
     step_median = _median([r["median_step_seconds"] for r in ranks_out])
-    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in PHASES}
+    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in PARTS}
     exposed = phases.get("exposed_comm")
     first = next(iter(run.ranks.values()), None)
     world = (first.identity.get("world_size") if first else None) or (
@@ -162,7 +156,7 @@ def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     worst = max(known, key=lambda r: r["median_compute_seconds"])
     others = [r for r in known if r is not worst] or [worst]
     excess = {}
-    for p in PHASES:
+    for p in PARTS:
         if p == "exposed_comm":
             continue
         mine = worst["phases"].get(p)
@@ -180,15 +174,15 @@ _SCORED = ("step_seconds", "data_wait_seconds", "forward_seconds", "backward_sec
 
 
 def _straggler(run: Run) -> dict[str, Any] | None:
-    """The doctor's straggler rule (ddpmon/straggler.py) over each rank's whole run: the
+    """The doctor's straggler rule (ddpmon/steps.py) over each rank's whole run: the
     slowest rank by busy time, whether it is a straggler, and the part that explains it."""
     phases = {}
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
         rows = [dict({c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED}, micro_steps=1)
                 for i, step in enumerate(columns["step_seconds"]) if step is not None]
-        phases[rank] = straggler.phases(rows)
-    scores = straggler.scores(phases)
+        phases[rank] = steps.phases(rows)
+    scores = steps.scores(phases)
     if not scores:
         return None
     top = max(scores.values(), key=lambda sc: sc.score)

@@ -1,9 +1,8 @@
 """Per-rank state files, ``<state_dir>/rank-<R>.json``: written atomically, read as untrusted.
 
-The writer is a daemon thread that rewrites the file about once a second and at once when
-``notify()`` is called (a notable event). Its loop cannot die: each pass is guarded, a
-failure is logged once and retried quietly. Readers never see a half-written file: the
-writer writes a temporary file in the same directory and renames it over the old one.
+The rank's writer (``rank/writers.py``) rewrites the file with ``write_atomic``: readers
+never see a half-written file, since it writes a temporary file in the same directory and
+renames it over the old one.
 
 A reader treats every file as untrusted input: it opens it without following a symlink,
 refuses anything that is not a regular file (a FIFO would block, ``/dev/zero`` never
@@ -22,11 +21,9 @@ import os
 import re
 import stat
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from .._safety import bounded
 from ..errors import StateFileError
 from . import schema
 from .records import SchemaError
@@ -181,92 +178,3 @@ def rank_of(path: str) -> int | None:
     """The rank a state file's name says, or None."""
     m = NAME_PATTERN.match(os.path.basename(path))
     return int(m.group(1)) if m else None
-
-
-class StateWriter:
-    """Rewrites one rank's state file from ``snapshot()`` every ``interval`` seconds."""
-
-    def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]], interval: float = 1.0) -> None:
-        self.path = path
-        self._snapshot = snapshot
-        self._interval = interval
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._write_lock = threading.Lock()  # one writer at a time: the thread, exit, detach
-        self._failed = False
-        self._thread = threading.Thread(target=self._run, name="ddpmon-state-writer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()  # its first pass writes the file at once, off the caller's thread
-
-    def notify(self) -> None:
-        """Ask for a rewrite soon (cheap, never blocks)."""
-        self._wake.set()
-
-    def write_now(self) -> bool:
-        with self._write_lock:
-            try:
-                data = self._snapshot()
-                data["format"] = schema.FORMAT
-                write_atomic(self.path, data)
-                if self._failed:
-                    log.warning("ddpmon: writing %s works again", self.path)
-                    self._failed = False
-                return True
-            except Exception as exc:
-                if not self._failed:
-                    log.warning("ddpmon: cannot write the state file %s (%s); retrying quietly", self.path, exc)
-                    self._failed = True
-                return False
-
-    def write_final(self, timeout: float = FINAL_WRITE_SECONDS) -> bool:
-        """One last write from the calling thread's point of view, waited for at most
-        ``timeout`` seconds: a hung file system never holds up detach or exit."""
-        return bool(bounded(self.write_now, timeout, f"the last write of {self.path}"))
-
-    def _run(self) -> None:
-        first = True
-        while not self._stop.is_set():
-            if not first:
-                self._wake.wait(self._interval)
-                self._wake.clear()
-                if self._stop.is_set():
-                    break
-            first = False
-            self.write_now()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        """Stop the thread (joined with a bound) and write one last time (bounded too)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        self.write_final()
-        _CLAIMED.discard(self.path)
-
-
-_CLAIMED: set[str] = set()  # state files written by a writer of this process
-
-
-def check_unclaimed(path: str) -> None:
-    """AttachError when a writer of this process writes ``path`` already (two monitored
-    models in one process must not share a state file)."""
-    if path in _CLAIMED:
-        from ..errors import AttachError
-
-        raise AttachError(
-            f"another model of this process is monitored already, and both would write {path}: "
-            "give this one a state directory of its own (ddpmon.attach(model, state_dir=...), or "
-            "with the default directory a job=... of its own)"
-        )
-
-
-def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any]],
-                 interval: float) -> StateWriter:
-    """A running writer of ``<state_dir>/rank-<rank>.json``, in a directory that
-    ``state.root.claim`` has prepared and checked (within its time bound, off the training
-    thread's way); the writer's own thread makes the first write."""
-    writer = StateWriter(path_for(state_dir, rank), snapshot, interval)
-    writer.start()
-    _CLAIMED.add(writer.path)
-    return writer

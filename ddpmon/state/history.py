@@ -2,11 +2,10 @@
 
 Every rank keeps ``<state_dir>/rank-<R>.history.sqlite``: one row per step (phase times,
 exposed communication, a bucket summary, memory and GPU utilisation when known), the rank's
-identity, the findings it logged as they appeared, and how it ended. The writer is a
-background thread that drains ``recorder.history_since(step)`` about once a second and commits
-one batch per pass (WAL journal, so a job killed with SIGKILL keeps every committed batch and
-readers never block it). Nothing here runs on the training thread, and nothing imports torch:
-``ddpmon report`` and ``ddpmon compare`` read these files on any machine.
+identity, the findings it logged as they appeared, and how it ended. The rank's writer
+(``rank/writers.py``) commits one batch per pass through ``HistoryStore`` (WAL journal, so
+a job killed with SIGKILL keeps every committed batch and readers never block it). Nothing
+here imports torch: ``ddpmon report`` and ``ddpmon compare`` read these files on any machine.
 
 Bounded: all steps are kept up to ``max_rows``; past that the older half is thinned to every
 other row until under the bound (old history gets sparser, recent history stays whole).
@@ -20,9 +19,7 @@ import logging
 import os
 import re
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import files
@@ -190,125 +187,6 @@ def _round(v: Any) -> Any:
     return float(f"{v:.6g}") if isinstance(v, float) else v
 
 
-class HistoryWriter:
-    """The thread that drains ``history_since`` into a ``HistoryStore`` every ``interval``.
-
-    ``snapshot`` (the state file's body) supplies the notes, errors and hang report that
-    become findings, and the exit record; ``sample`` returns the memory and GPU columns for
-    the batch. A failure is logged once and switches history off; the training never sees it.
-    """
-
-    def __init__(self, path: str, history_since: Callable[[int], list[dict[str, Any]]],
-                 snapshot: Callable[[], dict[str, Any]], identity: dict[str, Any], *,
-                 interval: float = 1.0, sample: Callable[[], dict[str, Any]] | None = None,
-                 hold_back: int = 2, max_rows: int = MAX_ROWS) -> None:
-        self.path = path
-        self._history_since = history_since
-        self._snapshot = snapshot
-        self._sample = sample or process_sample()
-        self._identity = identity
-        self._interval = interval
-        self._hold_back = hold_back  # the newest steps may still get their bucket timings
-        self._max_rows = max_rows
-        self._store: HistoryStore | None = None
-        self._written = 0
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.failed = False
-        self._thread = threading.Thread(target=self._run, name="ddpmon-history", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.flush(final=False)
-
-    def flush(self, final: bool) -> None:
-        """One batch: new steps (all of them when ``final``), new findings."""
-        if self.failed:
-            return
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = HistoryStore(self.path, self._identity, self._max_rows)
-                steps = self._history_since(self._written)
-                if not final and self._hold_back and steps:
-                    # The newest steps may still get their bucket timings (resolved a step
-                    # or two later on a GPU); once training pauses they are final.
-                    recent = time.time() - 2 * self._interval
-                    held = sum(1 for s in steps[-self._hold_back:] if s["end_unix"] > recent)
-                    steps = steps[: len(steps) - held]
-                if not final:  # on a GPU, steps whose parts the GPU has not given yet (gpu_steps.py)
-                    pending = next((i for i, s in enumerate(steps) if s.get("gpu_pending")), None)
-                    steps = steps if pending is None else steps[:pending]
-                if steps:
-                    self._store.add_steps(steps, self._sample())
-                    self._written = int(steps[-1]["step"])
-                snap = self._snapshot()
-                for kind, key, text in events(snap):
-                    if key not in self._seen:
-                        self._seen.add(key)
-                        self._store.add_finding(kind, key, text, snap.get("step"))
-                if final:
-                    exit_record = snap.get("exit")
-                    how = ("crashed" if exit_record.get("exception") else "exited") if exit_record else "detached"
-                    self._store.set_exit(how, snap.get("step"), exit_record)
-            except Exception as exc:
-                self.failed = True
-                log.warning("ddpmon: the step history (%s) is off after a failure: %r", self.path, exc)
-
-    def stop(self, timeout: float = 3.0) -> None:
-        """Write the last batch and the exit record, within ``timeout`` seconds."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self._lock.acquire(timeout=timeout):
-            self._lock.release()
-            self.flush(final=True)
-        with self._lock:
-            if self._store is not None:
-                try:
-                    self._store.close()
-                except Exception:
-                    pass
-                self._store = None
-
-
-def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
-    """(kind, key, text) of what a rank noticed, from its state file's body: its notes
-    (advice), parts of ddpmon that switched off, and a hang report."""
-    for key, text in sorted((snap.get("notes") or {}).items()):
-        yield "note", f"note:{key}:{text}", f"{key}: {text}"
-    for key, text in sorted((snap.get("errors") or {}).items()):
-        yield "ddpmon_part_off", f"error:{key}", f"{key} switched off: {text}"
-    hang = snap.get("hang")
-    if isinstance(hang, dict):
-        text = (f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
-                f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}")
-        waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
-        if waits:
-            text += f", waiting in {waits[0].get('op')} #{waits[0].get('seq')}"
-        yield "hang", f"hang:{hang.get('detected_unix', '')}", text
-
-
-def process_sample() -> Callable[[], dict[str, Any]]:
-    """The resident memory of this process (psutil), once per batch."""
-    try:
-        import psutil
-
-        proc = psutil.Process()
-    except Exception:
-        return dict
-    def sample() -> dict[str, Any]:
-        try:
-            return {"process_resident_memory_bytes": proc.memory_info().rss}
-        except Exception:
-            return {}
-    return sample
-
-
 # -- reading ----------------------------------------------------------------------------------
 
 
@@ -409,57 +287,3 @@ def max_step(path: str) -> int:
     except sqlite3.Error as exc:
         raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
     return int(last)
-
-
-class RunHistory:
-    """The history of one monitored rank: a writer started at attach, stopped (its last
-    batch bounded in time) at detach or at exit, after which rank 0 logs the run's summary."""
-
-    def __init__(self, state_file: str, rank: int, recorder: Any,
-                 sample: Callable[[], dict[str, Any]] | None = None) -> None:
-        import atexit
-
-        self._rank = rank
-        self._writer: HistoryWriter | None = HistoryWriter(
-            path_for(os.path.dirname(state_file), rank), recorder.history_since, recorder.snapshot,
-            recorder.identity, sample=sample or process_sample(),
-        )
-        self._writer.start()
-        atexit.register(self.stop)  # registered before the watchdog's: its exit record comes first
-
-    def stop(self) -> None:
-        import atexit
-
-        writer, self._writer = self._writer, None
-        if writer is None:
-            return
-        atexit.unregister(self.stop)
-        writer.stop()
-        if self._rank == 0 and not writer.failed:
-            try:
-                from ..report.summary import end_of_run
-
-                log.warning("%s", end_of_run(os.path.dirname(writer.path)))
-            except Exception as exc:
-                log.info("ddpmon: no end-of-run summary: %r", exc)
-
-
-def start(state_file: str | None, rank: int, recorder: Any, device: str) -> RunHistory | None:
-    """The history of a rank whose state file is ``state_file`` (None: no state files, so no
-    history), with GPU columns on a CUDA device; None, with one warning, when it cannot start."""
-    if not state_file:
-        return None
-    sample = process_sample()
-    if device.startswith("cuda"):  # only a training rank gets here: torch is loaded there
-        import functools
-
-        import torch
-
-        from ..collectors.torch_memory import history_sample
-
-        sample = functools.partial(history_sample, torch.device(device), sample)
-    try:
-        return RunHistory(state_file, rank, recorder, sample)  # before the watchdog's exit hook
-    except Exception as exc:  # the run goes on without its history
-        log.warning("ddpmon: rank %d: no step history: %r", rank, exc)
-        return None

@@ -81,7 +81,7 @@ def launch_id() -> str:
     process (the parent every rank of one torchrun or mp.spawn shares)."""
     global _launch_id
     if _launch_id is None:
-        from .._safety import bounded
+        from ..fuses import bounded
 
         agreed = bounded(_launch_id_from_store, ATTACH_FS_SECONDS, "agreeing on a launch id")
         _launch_id = str(agreed) if agreed else _launch_id_from_parent()
@@ -213,7 +213,7 @@ def claim(state_dir: str, rank: int, explicit: bool) -> str | None:
     or ``<state_dir>-<launch id>`` when a live process of another launch owns this rank's
     file there. None (with one warning saying why and the fix) when state files must stay
     off. Bounded in time: a hung file system never stalls the caller."""
-    from .._safety import bounded
+    from ..fuses import bounded
     from . import files
 
     def work() -> str:

@@ -93,6 +93,11 @@ class Collective:
     source: str | None = None
     """Where a reader found it, when not the rank's own record (``flight recorder``)."""
 
+    @property
+    def site_key(self) -> str:
+        """The key of ``RankState.collective_sites`` this collective counts under."""
+        return site_key(self.op, self.call_site, self.callers, self.bucket)
+
     def describe(self, short: bool = False) -> str:
         """The collective as a reader finds it in the code: op, sequence number, group and
         where it was issued. The one wording for hang lines, the doctor and its report;
@@ -110,6 +115,15 @@ class Collective:
         func = f" in {self.function}" if self.function else ""
         caller = f", called from {self.callers[0]}" if self.callers else ""
         return f"{head}{bucket}, issued at {self.call_site}{func}{caller})"
+
+
+def site_key(op: str | None, call_site: str | None, callers: list[str] | None, bucket: int | None) -> str:
+    """The key of ``RankState.collective_sites``: op, call site and its first caller; all
+    DDP buckets issued from one place share a key."""
+    key = f"{op} {call_site}"
+    if callers:
+        key += f" < {callers[0]}"
+    return key + (" (DDP bucket)" if bucket is not None else "")
 
 
 @dataclass(slots=True)
@@ -224,7 +238,7 @@ class Hang:
 @dataclass(slots=True)
 class Activity:
     """What the rank's main thread does, sampled by its watchdog about once a second
-    (``ddpmon/liveness.py``)."""
+    (``ddpmon/activity.py``)."""
 
     state: str
     """``stepping``, ``busy``, ``waiting`` or ``stuck``."""

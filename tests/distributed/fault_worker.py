@@ -87,7 +87,7 @@ def use_unbounded_server() -> None:
     """Serve with prometheus_client's thread-per-connection server (for comparison)."""
     from prometheus_client import start_http_server
 
-    from ddpmon.metrics import exporter
+    from ddpmon.metrics import exposition as exporter
 
     def unbounded(app: Any, port: int, bind: str) -> Any:
         server, thread = start_http_server(port, bind, registry=None)

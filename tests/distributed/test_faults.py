@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpmon.metrics.exporter import MAX_CONNECTION_THREADS
+from ddpmon.metrics.exposition import MAX_CONNECTION_THREADS
 from tests.distributed.harness import collect, describe, start_ranks, stop
 
 MODULE = "tests.distributed.fault_worker"

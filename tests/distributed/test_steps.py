@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ddpmon import straggler as scoring
+from ddpmon import steps as scoring
 from ddpmon.state.schema import StepPhases
 from tests.distributed import harness
 

@@ -3,7 +3,6 @@ each thing to a plain DDP model and to a watched twin, and the outcomes must be 
 
 from __future__ import annotations
 
-
 import pytest
 
 from .harness import run_ranks

@@ -124,8 +124,8 @@ def train_basic(steps: str = "8") -> dict[str, Any]:
     sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
     # The layout the c10d clock reads from DDP's logging data, for the test to compare
     # with what the comm hook saw in each GradBucket.
-    from ddpmon.timing.layout import BucketLayout
-    from ddpmon.recorder import Recorder
+    from ddpmon.rank.recorder import Recorder
+    from ddpmon.rank.timing.layout import BucketLayout
 
     logged = Recorder({}, WORLD)
     named = list(model.module.named_parameters())
@@ -142,8 +142,9 @@ def _grads(model: nn.Module) -> dict[str, list[float]]:
 @scenario
 def grads_equal(hook: str = "default", how: str = "option") -> dict[str, Any]:
     """The same model trained with and without ddpmon: gradients must be bit-identical."""
-    import ddpmon
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    import ddpmon
 
     init()
     torch.manual_seed(0)
@@ -289,7 +290,7 @@ def bad_inputs() -> dict[str, Any]:
         out["later_modes"].append(later.snapshot()["bucket_timing"])
         out["later_counts"] = [b["count"] for b in later.snapshot()["buckets"]]
     # bucket_timing=off where buckets complete on the GPU (NCCL, stood in for): no comm hook
-    from ddpmon.timing import c10d as completion
+    from ddpmon.rank.timing import c10d as completion
 
     real_backend_name = completion.backend_name
     completion.backend_name = lambda group, device="cpu": "nccl"  # type: ignore[assignment]
@@ -311,20 +312,20 @@ def bad_inputs() -> dict[str, Any]:
     out["second_state_file"] = second_monitor.state_file == os.path.join(other_dir, f"rank-{RANK}.json")
     second_monitor.detach()
     first.detach()
-    import ddpmon.monitor
+    import ddpmon.rank.monitor
 
     def failing(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("injected: attach fails part-way")
 
     fresh = DDP(MLP())
-    real = ddpmon.monitor.StepHooks
-    ddpmon.monitor.StepHooks = failing  # after the comm hook is in place, before the rest
+    real = ddpmon.rank.monitor.StepHooks
+    ddpmon.rank.monitor.StepHooks = failing  # after the comm hook is in place, before the rest
     try:
         ddpmon.attach(fresh, job="rollback", bucket_timing="hook")
     except RuntimeError as exc:
         out["partway"] = str(exc)
     finally:
-        ddpmon.monitor.StepHooks = real
+        ddpmon.rank.monitor.StepHooks = real
     # ddpmon's comm hook stays registered with DDP (it cannot be removed), as a pass-through
     out["partway_clean"] = (fresh._ddpmon_comm_hook.timing, len(fresh._forward_pre_hooks),
                             "forward" in fresh.__dict__, getattr(fresh, "_ddpmon_monitor", None))
@@ -479,8 +480,9 @@ def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
     """bucket_timing off (and auto on gloo, which has no cheap timing source): DDP's own
     all-reduce stays in place; steps, phases and exposed communication still work, and a
     hook registered after detach is DDP's own."""
-    import ddpmon
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    import ddpmon
 
     init()
     torch.manual_seed(0)
@@ -533,7 +535,7 @@ def c10d_wiring() -> dict[str, Any]:
     import types
 
     import ddpmon
-    from ddpmon.timing import c10d as completion
+    from ddpmon.rank.timing import c10d as completion
 
     init()
     listeners: list[Any] = []

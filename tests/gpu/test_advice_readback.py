@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from ddpmon.advice.nonfinite import NonFiniteWatch
-from ddpmon.advice.readback import Pending, crc, sample
+from ddpmon.rank.advice.nonfinite import NonFiniteWatch
+from ddpmon.rank.advice.readback import Pending, crc, sample
 
 
 def wait(pending: Pending, seconds: float = 10.0) -> None:

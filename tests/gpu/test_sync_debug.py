@@ -31,7 +31,7 @@ def test_an_attached_job_never_synchronizes_the_gpu(tmp_path: Path, backend: str
         assert out["errors"] == {}, "no part of ddpmon failed (a failure is caught and recorded there)"
         assert out["bucket_timing"] == source and "bucket_timing" not in out["notes"], out["notes"]
         assert out["steps"] >= 30
-        # the step's parts as the GPU ran them (ddpmon/gpu_steps.py), resolved without a sync
+        # the step's parts as the GPU ran them (ddpmon/rank/gpu_steps.py), resolved without a sync
         assert out["gpu_parts_steps"] >= 30, out["gpu_parts_steps"]
         for row in out["gpu_rows"]:
             assert row["forward_seconds"] > 0 and row["backward_seconds"] > 0, row

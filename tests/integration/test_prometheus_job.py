@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from ddpmon import dashboards
-from ddpmon.state import files as statefile
 from ddpmon.metrics import catalog
+from ddpmon.state import files as statefile
 from tests.distributed import harness
 from tests.integration import promserver
 from tests.integration.promserver import Prometheus

@@ -209,7 +209,7 @@ def fingerprint(info: Path) -> str:
 
 
 def read_version() -> str:
-    for line in (ROOT / "ddpmon" / "__init__.py").read_text().splitlines():
+    for line in (ROOT / "ddpmon" / "version.py").read_text().splitlines():
         if line.startswith("__version__"):
             return line.split("=")[1].strip().strip("\"'")
-    raise AssertionError("no __version__ in ddpmon/__init__.py")
+    raise AssertionError("no __version__ in ddpmon/version.py")

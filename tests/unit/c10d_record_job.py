@@ -35,7 +35,7 @@ ACCUMULATE = range(10, 14)  # steps of two microbatches
 
 def main() -> None:
     import ddpmon
-    from ddpmon.timing import c10d as completion
+    from ddpmon.rank.timing import c10d as completion
     from tests.distributed.worker import MLP
 
     backend = sys.argv[-1]

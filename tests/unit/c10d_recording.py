@@ -14,9 +14,9 @@ import time
 import types
 from typing import Any
 
-from ddpmon._safety import Fuse
-from ddpmon.timing import c10d as completion
-from ddpmon.timing.c10d import CompletionClock
+from ddpmon.fuses import Fuse
+from ddpmon.rank.timing import c10d as completion
+from ddpmon.rank.timing.c10d import CompletionClock
 
 
 def durations(steps: list[Any]) -> list[list[float]]:

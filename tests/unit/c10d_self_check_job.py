@@ -64,7 +64,7 @@ def run(kind: str, listeners: list[Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    from ddpmon.timing import c10d as completion
+    from ddpmon.rank.timing import c10d as completion
 
     init()
     listeners: list[Any] = []

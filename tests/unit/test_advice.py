@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddpmon.advice import KINDS, compare
-from ddpmon.advice.devices import DeviceFacts, check
 from ddpmon.doctor import examine
+from ddpmon.rank.advice.devices import DeviceFacts, check
 from ddpmon.state import schema
 from tests.unit import test_doctor as doc
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from ddpmon._safety import Fuse
-from ddpmon.recorder import StepTimings
-from ddpmon.timing import c10d as completion
-from ddpmon.timing.c10d import CompletionClock
+from ddpmon.fuses import Fuse
+from ddpmon.rank.recorder import StepTimings
+from ddpmon.rank.timing import c10d as completion
+from ddpmon.rank.timing.c10d import CompletionClock
 from tests.unit.test_completion import info
 
 GAP = 0.0005  # seconds between two moments of the sequence

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch._C._distributed_c10d as c10d
 
-from ddpmon._safety import Fuse
-from ddpmon.timing import c10d as completion
-from ddpmon.timing.c10d import CompletionClock
-from ddpmon.timing.layout import _numbers
-from ddpmon.recorder import BucketTiming, Recorder, StepTimings
+from ddpmon.fuses import Fuse
+from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
+from ddpmon.rank.timing import c10d as completion
+from ddpmon.rank.timing.c10d import CompletionClock
+from ddpmon.rank.timing.layout import _numbers
 
 
 def info(op: str, seq: int, started_unix: float, ms: float) -> SimpleNamespace:
@@ -235,7 +235,7 @@ def _exit_script(tmp_path, destroy: str = "") -> str:  # type: ignore[no-untyped
     return f"""
 import atexit, time
 import torch.distributed as dist
-from ddpmon.timing import c10d
+from ddpmon.rank.timing import c10d
 dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
 atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))  # runs last
 dist.ProcessGroup._register_on_completion_hook = lambda self, hook: None

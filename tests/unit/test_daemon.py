@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddpmon.state import files as statefile
 from ddpmon.daemon import Daemon
-from ddpmon.metrics.exporter import serve
+from ddpmon.metrics.exposition import serve
+from ddpmon.state import files as statefile
 from tests.unit.nvml_fake import FakeDriver, two_gpus
 
 HOST = socket.gethostname()

@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from ddpmon import cli
-from ddpmon.state import files as statefile
 from ddpmon.doctor import VERDICTS, Diagnosis, examine, report, stacks
+from ddpmon.state import files as statefile
 from ddpmon.state import schema
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,6 @@ ranks folded, --job choosing its directory."""
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 from ddpmon.doctor import examine, words

@@ -21,8 +21,16 @@ from ddpmon.doctor import rules, words
 from ddpmon.doctor.load import StateFile, load_dir
 from ddpmon.doctor.procs import Liveness
 from ddpmon.doctor.rules import (
-    comm_hang, dead_rank, desync, ended_while_hung, files, not_joining, rank_notes, straggler,
-    stuck_rank, unused_parameters,
+    comm_hang,
+    dead_rank,
+    desync,
+    ended_while_hung,
+    files,
+    not_joining,
+    rank_notes,
+    straggler,
+    stuck_rank,
+    unused_parameters,
 )
 from ddpmon.doctor.view import RankView, view
 from ddpmon.state import files as state_files

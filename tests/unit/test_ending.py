@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ddpmon import ending
+from ddpmon.rank import ending
 from ddpmon.state import fault
 
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from ddpmon.daemon import Daemon
-from ddpmon.metrics import exporter
+from ddpmon.metrics import exposition as exporter
 
 
 class Empty:

@@ -1,4 +1,4 @@
-"""The GPU's own step parts (ddpmon/gpu_steps.py): the intervals between CUDA events turned
+"""The GPU's own step parts (ddpmon/rank/gpu_steps.py): the intervals between CUDA events turned
 into parts, steps resolved only once every event passed, what falls back to the host's
 parts, the step book counting each step once, and the clock wired into a real DDP job's
 hooks. There is no GPU here: ``HostEvent`` stands in for ``torch.cuda.Event`` with the
@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from ddpmon import gpu_steps
-from ddpmon._safety import Fuse
-from ddpmon.aggregates import PHASES, StepBook
-from ddpmon.gpu_steps import GpuStepClock, parts
-from ddpmon.recorder import StepRecord
+from ddpmon.fuses import Fuse
+from ddpmon.rank import gpu_steps
+from ddpmon.rank.books import StepBook
+from ddpmon.rank.gpu_steps import GpuStepClock, parts
+from ddpmon.rank.recorder import StepRecord
+from ddpmon.steps import PARTS
 
 
 class HostEvent:
@@ -168,7 +169,7 @@ def test_the_book_counts_each_step_once_with_its_final_parts() -> None:
     assert row["gpu_parts"] and "gpu_pending" not in row
     assert row["step_seconds"] == 0.100 and row["forward_seconds"] == 0.030
     assert row["exposed_comm_seconds"] == 0.004  # the GPU measured it
-    assert sum(row[p + "_seconds"] or 0.0 for p in PHASES) == pytest.approx(0.100)
+    assert sum(row[p + "_seconds"] or 0.0 for p in PARTS) == pytest.approx(0.100)
     assert book.hist["step"].count == 1 and book.hist["exposed_comm"].count == 1
     assert book.phase_totals["forward"] == pytest.approx(0.030)
     book.exposed(1, 0.009)  # late: the GPU's stands, nothing counted twice
@@ -255,7 +256,7 @@ def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path, options: d
         assert 0.004 <= r["data_wait_seconds"] < r["step_seconds"], r
         assert r["backward_seconds"] >= 0.010 and r["micro_steps"] == 1, r
         assert r["forward_seconds"] > 0 and r["optimizer_seconds"] > 0, r
-        total = sum(r[p + "_seconds"] or 0.0 for p in PHASES)
+        total = sum(r[p + "_seconds"] or 0.0 for p in PARTS)
         assert total == pytest.approx(r["step_seconds"], abs=1e-6)
 
 

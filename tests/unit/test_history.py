@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpmon.recorder import BucketTiming, Recorder, StepTimings
+from ddpmon.rank import writers
+from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.state import history
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def test_a_file_that_is_not_a_database_is_named(tmp_path):
 def test_writer_failure_is_logged_once_and_switches_history_off(tmp_path, caplog):
     (tmp_path / "blocker").write_text("a file where the directory should be")
     calls = []
-    writer = history.HistoryWriter(str(tmp_path / "blocker" / "rank-0.history.sqlite"),
+    writer = writers.HistoryWriter(str(tmp_path / "blocker" / "rank-0.history.sqlite"),
                                    lambda s: calls.append(s) or steps(1, 3), dict, {"rank": 0}, interval=0.05)
     writer.start()
     time.sleep(0.3)
@@ -142,14 +143,14 @@ def test_recorder_history_since_has_phases_exposed_and_buckets():
 _KILLED = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, sys.argv[2])
-    from ddpmon.state import history
+    from ddpmon.rank import writers
     made = []
     def since(step):
         now = time.time()
         return [{"step": s, "start_unix": now, "end_unix": now - 60, "step_seconds": 0.01}
                 for s in made if s > step]
     snap = lambda: {"step": len(made), "notes": {"advice": "seen"}}
-    w = history.HistoryWriter(sys.argv[1], since, snap, {"rank": 0, "job": "killed"}, interval=0.05)
+    w = writers.HistoryWriter(sys.argv[1], since, snap, {"rank": 0, "job": "killed"}, interval=0.05)
     w.start()
     for s in range(1, 100001):
         made.append(s)
@@ -182,10 +183,10 @@ def test_events_from_a_state_body_name_notes_errors_and_hangs():
     snap = {"notes": {"find_unused_parameters": "needless"}, "errors": {"comm_hook": "boom"},
             "hang": {"detected_unix": 5.0, "silent_seconds": 61.0, "step": 7, "phase": "allreduce",
                      "in_flight": [{"op": "all_reduce", "seq": 12}]}}
-    got = list(history.events(snap))
+    got = list(writers.events(snap))
     assert [k for k, _, _ in got] == ["note", "ddpmon_part_off", "hang"]
     assert got[2][2] == "hang suspected: no progress for 61.0 s at step 7, phase allreduce, waiting in all_reduce #12"
-    assert list(history.events({"notes": {}, "hang": None})) == []
+    assert list(writers.events({"notes": {}, "hang": None})) == []
 
 
 def test_history_option_and_its_variable():

@@ -8,9 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddpmon.metrics import catalog
-from ddpmon.metrics.exporter import RankCollector, serve
+from ddpmon.metrics.exposition import serve
+from ddpmon.rank.exporter import RankCollector
+from ddpmon.rank.recorder import BucketTiming, Histogram, Recorder
 from ddpmon.state import schema
-from ddpmon.recorder import BucketTiming, Histogram, Recorder
 
 IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", backend="gloo",
                 torch_version="2.13.0", debug_level="OFF")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpmon.errors import StateFileError
+from ddpmon.rank import writers
 from ddpmon.state import files, records, schema
 
 
@@ -146,7 +147,7 @@ def test_writer_rewrites_on_notify_and_survives_failures(tmp_path: Path) -> None
         return {"rank": 0, "step": calls["n"]}
 
     (tmp_path / "s").mkdir()
-    w = files.StateWriter(str(tmp_path / "s" / "rank-0.json"), snapshot, interval=60)
+    w = writers.StateWriter(str(tmp_path / "s" / "rank-0.json"), snapshot, interval=60)
     w.start()
     for wanted in (2, 3, 4):
         w.notify()
@@ -166,7 +167,7 @@ def test_a_final_write_that_hangs_is_not_waited_for(tmp_path: Path) -> None:
         release.wait(30)
         return {"rank": 0}
 
-    w = files.StateWriter(str(tmp_path / "rank-0.json"), stuck_snapshot, interval=60)
+    w = writers.StateWriter(str(tmp_path / "rank-0.json"), stuck_snapshot, interval=60)
     started = time.monotonic()
     assert w.write_final(timeout=0.3) is False
     assert time.monotonic() - started < 5

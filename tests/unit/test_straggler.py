@@ -1,4 +1,4 @@
-"""The straggler score (ddpmon/straggler.py) and the doctor's straggler rule on step parts."""
+"""The straggler score (ddpmon/steps.py) and the doctor's straggler rule on step parts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ddpmon import straggler
+from ddpmon import steps
 from ddpmon.doctor import words
 from ddpmon.state.schema import StepPhases
 
@@ -25,7 +25,7 @@ def phases(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) 
 
 
 def test_a_slow_data_loader_is_named_and_not_its_waiting_peers() -> None:
-    scores = straggler.scores({
+    scores = steps.scores({
         0: phases(0.032), 1: phases(0.072, data_wait=0.04), 2: phases(0.033),
     })
     named = {r: s for r, s in scores.items() if s.straggler}
@@ -40,26 +40,26 @@ def test_each_part_is_named_as_the_cause() -> None:
     for part in ("forward", "backward", "optimizer", "other"):
         base = {"forward": 0.01, "backward": 0.02, "optimizer": 0.002, "other": 0.0}
         slow = dict(base, **{part: base[part] + 0.01})
-        scores = straggler.scores({0: phases(0.032), 1: phases(0.042, **slow), 2: phases(0.032)})
+        scores = steps.scores({0: phases(0.032), 1: phases(0.042, **slow), 2: phases(0.032)})
         assert [r for r, s in scores.items() if s.straggler] == [1], part
         assert scores[1].cause == part
 
 
 def test_noise_and_small_gaps_are_no_straggler() -> None:
     # 15% slower, but its steps jitter by 10 ms around a 40 ms busy time: not consistent
-    noisy = straggler.scores({0: phases(0.040, spread=0.01), 1: phases(0.046, spread=0.01)})
+    noisy = steps.scores({0: phases(0.040, spread=0.01), 1: phases(0.046, spread=0.01)})
     assert not any(s.straggler for s in noisy.values())
     # 50% slower by 0.5 ms: below the 1 ms floor
-    tiny = straggler.scores({0: phases(0.001, spread=0.0), 1: phases(0.0015, spread=0.0)})
+    tiny = steps.scores({0: phases(0.001, spread=0.0), 1: phases(0.0015, spread=0.0)})
     assert not any(s.straggler for s in tiny.values())
     # 12% slower and quiet: a straggler
-    quiet = straggler.scores({0: phases(0.040, spread=0.0005), 1: phases(0.045, spread=0.0005)})
+    quiet = steps.scores({0: phases(0.040, spread=0.0005), 1: phases(0.045, spread=0.0005)})
     assert [r for r, s in quiet.items() if s.straggler] == [1]
 
 
 def test_too_few_steps_or_ranks_give_no_score() -> None:
-    assert straggler.scores({0: phases(0.03), 1: phases(0.06, steps=4)}) == {}
-    assert straggler.scores({0: phases(0.03)}) == {}
+    assert steps.scores({0: phases(0.03), 1: phases(0.06, steps=4)}) == {}
+    assert steps.scores({0: phases(0.03)}) == {}
 
 
 def test_the_summary_names_rank_share_part_and_fix() -> None:
@@ -72,7 +72,7 @@ def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> Non
     import random
     import statistics
 
-    from ddpmon.straggler import typical
+    from ddpmon.steps import typical
 
     # two slow steps of twenty (a checkpoint, a GC pause) move neither value
     middle, spread = typical([0.010] * 18 + [0.5, 0.9])
@@ -89,9 +89,9 @@ def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> Non
 
 def test_files_of_an_older_ddpmon_are_scored_from_their_median_absolute_deviation() -> None:
     # no busy_error_seconds: the noise of a median, from the MAD (0.5 ms over 20 steps)
-    old = straggler.scores({0: phases(0.040, spread=0.0005), 1: phases(0.043, spread=0.0005)})
+    old = steps.scores({0: phases(0.040, spread=0.0005), 1: phases(0.043, spread=0.0005)})
     assert old[1].noise_seconds == pytest.approx(2 ** 0.5 * 1.2533 * 1.4826 * 0.0005 / 20 ** 0.5)
-    new = straggler.scores({
+    new = steps.scores({
         0: dataclasses.replace(phases(0.040), busy_error_seconds=0.0002),
         1: dataclasses.replace(phases(0.043), busy_error_seconds=0.0004),
     })
@@ -121,10 +121,10 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
 
 def test_a_rank_slower_by_5_to_10_percent_and_out_of_its_noise_is_named() -> None:
     # 10% slower measures 10% give or take its noise: naming from 5% names it every time
-    eight = straggler.scores({0: phases(0.040, spread=0.0002), 1: phases(0.0432, spread=0.0002),
+    eight = steps.scores({0: phases(0.040, spread=0.0002), 1: phases(0.0432, spread=0.0002),
                               2: phases(0.040, spread=0.0002)})
     assert [r for r, s in eight.items() if s.straggler] == [1]
     # below 5%, however quiet, it is within what ranks differ by
-    four = straggler.scores({0: phases(0.040, spread=0.0001), 1: phases(0.0416, spread=0.0001),
+    four = steps.scores({0: phases(0.040, spread=0.0001), 1: phases(0.0416, spread=0.0001),
                              2: phases(0.040, spread=0.0001)})
     assert not any(s.straggler for s in four.values())

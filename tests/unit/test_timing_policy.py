@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ddpmon.timing.policy import ERROR, RULES, plan
+from ddpmon.rank.timing.policy import ERROR, RULES, plan
 
 OPTIONS = ("auto", "hook", "c10d", "off")
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ddpmon import ending
-from ddpmon import watchdog as wd
-from ddpmon.recorder import Recorder
+from ddpmon.rank import ending
+from ddpmon.rank import watchdog as wd
+from ddpmon.rank.recorder import Recorder
 
 
 def recorder(steps: list[float] | None = None) -> Recorder:
@@ -183,7 +183,7 @@ def test_at_exit_writes_the_record_through_flush(monkeypatch: pytest.MonkeyPatch
 
 
 def test_flight_recorder_summary_and_failures(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddpmon import flight_recorder as fr
+    from ddpmon.rank import flight_recorder as fr
 
     entries = [{"record_id": i, "collective_seq_id": i + 1, "profiling_name": "nccl:all_reduce",
                 "state": "scheduled", "frames": ["dropped"]} for i in range(50)]
@@ -217,7 +217,7 @@ def test_flight_recorder_summary_and_failures(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_ddp_facts_keeps_known_facts_only() -> None:
-    from ddpmon.timing.layout import ddp_facts
+    from ddpmon.rank.timing.layout import ddp_facts
 
     class FakeDDP:
         def _get_ddp_logging_data(self) -> dict[str, Any]:

@@ -41,8 +41,17 @@ from ..findings import Finding, Verdict
 from ..view import RankView
 from . import advice as advice_rules
 from . import (
-    busy, comm_hang, dead_rank, desync, ended_while_hung, fingerprint, not_joining, rank_notes, straggler,
-    stuck_rank, unused_parameters,
+    busy,
+    comm_hang,
+    dead_rank,
+    desync,
+    ended_while_hung,
+    fingerprint,
+    not_joining,
+    rank_notes,
+    straggler,
+    stuck_rank,
+    unused_parameters,
 )
 
 VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]

@@ -2,7 +2,7 @@
 
 An evaluation under ``no_grad``, a checkpoint on rank 0 while the others wait in a barrier,
 work after the training loop: no step ends, yet nothing is hung. Each rank's watchdog
-samples its main thread (``ddpmon/liveness.py``): a stack that moves, CPU or I/O is work.
+samples its main thread (``ddpmon/activity.py``): a stack that moves, CPU or I/O is work.
 The waiting ranks wait for the busy ones, which is reported as such; a rank busy for
 longer than ``BUSY_FACTOR`` hang timeouts counts as stuck (see ``view.py``), and a stuck,
 frozen or failed rank anywhere leaves the verdict to the rules after this one.

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...recorder import site_key_of
-from ...state.schema import Collective
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
@@ -46,20 +44,13 @@ def desync(views: list[RankView], missing: list[int]) -> Verdict | None:
 def odd_ranks(waiting: list[RankView]) -> list[int]:
     """The ranks that issued what the others did not: a call site no other rank ever used,
     else the minority collective."""
-    keys = {v.rank: site_key(v.waiting) for v in waiting if v.waiting}
+    keys = {v.rank: v.waiting.site_key for v in waiting if v.waiting}
     sites = {v.rank: v.state.collective_sites for v in waiting}
     never = [r for r, k in keys.items() if all(not sites[o].get(k) for o in keys if o != r)]
     if 0 < len(never) < len(keys):
         return sorted(never)
-    sig = {v.rank: (v.waiting.group, v.waiting.op, site_key(v.waiting)) for v in waiting if v.waiting}
+    sig = {v.rank: (v.waiting.group, v.waiting.op, v.waiting.site_key) for v in waiting if v.waiting}
     counts = Counter(sig.values()).most_common()
     if len(counts) > 1 and counts[0][1] > counts[1][1]:
         return sorted(r for r, s in sig.items() if s != counts[0][0])
     return sorted(sig)
-
-
-def site_key(e: Collective | None) -> str:
-    """The key of ``collective_sites`` this collective counts under."""
-    if e is None:
-        return ""
-    return site_key_of({"op": e.op, "call_site": e.call_site, "callers": e.callers, "bucket": e.bucket})

@@ -21,7 +21,6 @@ from ...state.schema import Collective
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
-from .desync import site_key
 
 
 def entries(v: RankView) -> dict[tuple[str, int], Collective]:
@@ -129,7 +128,7 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
     else:
         by_rank = {v.rank: v for v in views}
         never = [r for r, e in there.items() if all(
-            not by_rank[o].state.collective_sites.get(site_key(e)) for o in there if o != r
+            not by_rank[o].state.collective_sites.get(e.site_key) for o in there if o != r
         )]
         odd = sorted(never) if 0 < len(never) < len(there) else sorted(there)
     name = FIELD_NAMES[field]

@@ -3,7 +3,7 @@ job progresses; every step then runs at their speed.
 
 Step wall times cannot show it: DDP evens them out, as the fast ranks wait in the gradient
 all-reduce for the slow one. Busy time (the step less that wait) does: the straggler score
-(ddpmon/straggler.py) compares each rank's busy time with the median of the others over the
+(ddpmon/steps.py) compares each rank's busy time with the median of the others over the
 last steps, and names the part of the step (data wait, forward, backward, optimizer, other)
 that explains the gap. State files without step parts (older ddpmon) are compared on compute
 (forward plus backward) as before.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from ... import straggler as scoring
+from ... import steps
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RUNNING, RankView
@@ -28,7 +28,7 @@ this many steps."""
 def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
     phases = {v.rank: v.state.timings.phases for v in views}
     if len(views) >= 2 and all(p is not None for p in phases.values()):
-        return _by_busy_time(views, scoring.scores(phases))  # type: ignore[arg-type]
+        return _by_busy_time(views, steps.scores(phases))  # type: ignore[arg-type]
     return _by_compute(views)
 
 
@@ -39,11 +39,11 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     phases = {v.rank: v.state.timings.phases for v in views}
     if len(views) < 2 or any(p is None for p in phases.values()) or any(v.status != RUNNING for v in views):
         return []
-    scores = scoring.scores(phases)  # type: ignore[arg-type]
+    scores = steps.scores(phases)  # type: ignore[arg-type]
     if not scores or any(s.straggler for s in scores.values()):
         return []
     top = max(scores.values(), key=lambda s: s.score)
-    if top.score < scoring.SCORE_WARN or top.gap_seconds < scoring.MIN_GAP_SECONDS:
+    if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
     part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
     return [Finding(
@@ -56,7 +56,7 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     )]
 
 
-def _by_busy_time(views: list[RankView], scores: dict[int, scoring.Score]) -> Verdict | None:
+def _by_busy_time(views: list[RankView], scores: dict[int, steps.Score]) -> Verdict | None:
     slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
     if not slow or len(slow) == len(scores):
         return None

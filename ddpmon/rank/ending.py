@@ -30,9 +30,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .frames import is_library
+from ..frames import is_library
+from ..state import files, schema
 from .recorder import Recorder
-from .state import files, schema
 
 log = logging.getLogger("ddpmon")
 

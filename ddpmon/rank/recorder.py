@@ -21,66 +21,28 @@ import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from . import gpu_steps, straggler
-from .aggregates import (
+from .. import steps
+from ..state import schema
+from . import gpu_steps
+from .books import (
     BUCKET_OP,
     BucketBook,
     BucketStats,
+    BucketTiming,
     CollectiveBook,
     Histogram,
     StepBook,
-    busy_seconds,
-    site_key_of,
+    StepRecord,
+    StepTimings,
 )
 from .gpu_steps import GpuStepClock
-from .state import schema
 
-__all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats", "Histogram", "site_key_of"]
+__all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats", "Histogram"]
 
 MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
 PHASE_WINDOW = 20  # the steps the state file's ``timings.phases`` describe
-
-
-@dataclass(frozen=True)
-class BucketTiming:
-    """One bucket's collective in one step. ``start``/``end`` share a timeline within the
-    step (wall clock on CPU, CUDA events on GPU); ``ready`` is the CPU moment the bucket
-    became ready, seconds after the step began."""
-
-    index: int
-    ready: float
-    start: float
-    end: float
-
-
-class StepTimings(NamedTuple):
-    """One step's buckets as a clock resolved them. ``exposed`` measured by the clock when
-    ``measured`` (None: unknown), else derived from the buckets; ``step`` is the step count
-    they belong to (None: the step that ended last)."""
-
-    buckets: list[BucketTiming]
-    exposed: float | None = None
-    measured: bool = False
-    step: int | None = None
-
-
-class StepRecord(NamedTuple):
-    """One finished step, as the training thread closed it: its parts (see ``close_step``)."""
-
-    step: int
-    start_unix: float
-    step_seconds: float
-    forward_seconds: float
-    backward_seconds: float | None
-    data_wait_seconds: float = 0.0
-    comm_wait_seconds: float | None = None
-    optimizer_seconds: float = 0.0
-    micro_steps: int = 0
-    gpu_parts_later: bool = False
-    """The GPU's own parts of this step will follow (``add_gpu_parts``)."""
 
 
 class _Step:
@@ -294,7 +256,7 @@ class Recorder:
         start the next one there. Its parts: data wait (step start to its first forward,
         less any optimizer step in between), forward, backward compute (summed over
         micro-steps), the host's wait for the gradients (exposed communication), optimizer
-        and the rest (see ``aggregates.StepBook``)."""
+        and the rest (see ``books.StepBook``)."""
         cur = self._cur
         end = now if end is None else min(end, now)
         backward = None
@@ -501,7 +463,7 @@ class Recorder:
             return {name: h.copy() for name, h in self._steps_book.hist.items()}
 
     def phase_totals(self) -> dict[str, float]:
-        """Seconds of every step done, per part (``aggregates.PHASES``); they sum to the
+        """Seconds of every step done, per part (``steps.PARTS``); they sum to the
         steps' wall time."""
         with self._fold_lock:
             self._fold()
@@ -594,6 +556,6 @@ def _summaries(recent: list[dict[str, Any]]) -> schema.Timings:
         data_wait_seconds=summary(column("data_wait_seconds")),
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
-        busy_seconds=summary([busy_seconds(r) for r in recent]),
-        phases=straggler.phases(recent[-PHASE_WINDOW:]),
+        busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
+        phases=steps.phases(recent[-PHASE_WINDOW:]),
     )

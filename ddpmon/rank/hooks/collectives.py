@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._safety import Fuse
-from ..frames import DDPMON_DIR, is_library, short_path
+from ...frames import DDPMON_DIR, is_library, short_path
+from ...fuses import Fuse
 from ..recorder import Recorder
 
 # op -> (position, keyword) of the tensor(s) this rank sends, (position, keyword) of the group.

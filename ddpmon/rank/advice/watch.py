@@ -21,16 +21,17 @@ from typing import Any
 
 import torch
 
+from ...advice import compare
+from ...advice.words import FIX
+from ...fuses import Fuse
+from ...state import files, schema
+from ...state.schema import Advice as Finding
 from .. import transparent
-from .._safety import Fuse
 from ..hooks.step import is_compiling
 from ..recorder import Recorder
-from ..state import files, schema
-from ..state.schema import Advice as Finding
-from . import compare, data, devices, replicas
+from . import data, devices, replicas
 from .nonfinite import NonFiniteWatch
 from .training import OptimizerSteps, StaticGraph
-from .words import FIX
 
 log = logging.getLogger("ddpmon")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .._safety import Fuse
+from ..fuses import Fuse
 
 Sample = tuple[str, dict[str, str], float]
 

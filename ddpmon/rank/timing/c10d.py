@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._safety import Fuse, bounded
+from ...fuses import Fuse, bounded
 from ..recorder import BucketTiming, StepTimings
 
 log = logging.getLogger("ddpmon")

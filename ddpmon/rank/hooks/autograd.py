@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .._safety import Fuse
+from ...fuses import Fuse
 from ..recorder import Recorder
 from .step import is_compiling
 

@@ -1,4 +1,4 @@
-"""The shared liveness rule (ddpmon/liveness.py): classification, the hang decision, and a
+"""The shared liveness rule (ddpmon/activity.py): classification, the hang decision, and a
 waiting rank's view of its peers from their state files."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ddpmon import liveness as lv
+from ddpmon import activity as lv
 from ddpmon.state import files, schema
 
 
@@ -59,4 +59,4 @@ def test_sampler_sees_the_main_thread(tmp_path: Path) -> None:
     sampler = lv.Sampler()
     sampler.sample()
     act = sampler.activity(0.0, False, 60.0, time.time())
-    assert act.state == lv.STEPPING and act.where and "test_liveness.py" in act.where
+    assert act.state == lv.STEPPING and act.where and "test_activity.py" in act.where

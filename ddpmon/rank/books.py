@@ -1,6 +1,7 @@
-"""What readers build from a rank's events: step times, buckets, collectives.
+"""What readers build from a rank's events (step times, buckets, collectives), and the
+records those events carry.
 
-The recorder (ddpmon/recorder.py) appends events from the hooks; a reader holding the fold
+The recorder (ddpmon/rank/recorder.py) appends events from the hooks; a reader holding the fold
 lock hands each event to one of these books. They are plain single-threaded objects: only
 the fold lock's holder touches them.
 """
@@ -11,12 +12,10 @@ import bisect
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
-from .state import schema
-
-if TYPE_CHECKING:
-    from .recorder import StepRecord, StepTimings
+from .. import steps
+from ..state import schema
 
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -28,6 +27,45 @@ MAX_IN_FLIGHT = 256
 COLLECTIVE_LOG = 32
 MAX_CALL_SITES = 64
 BUCKET_OP = "all_reduce"  # torch's name, as for the collectives user code issues
+
+
+@dataclass(frozen=True)
+class BucketTiming:
+    """One bucket's collective in one step. ``start``/``end`` share a timeline within the
+    step (wall clock on CPU, CUDA events on GPU); ``ready`` is the CPU moment the bucket
+    became ready, seconds after the step began."""
+
+    index: int
+    ready: float
+    start: float
+    end: float
+
+
+class StepTimings(NamedTuple):
+    """One step's buckets as a clock resolved them. ``exposed`` measured by the clock when
+    ``measured`` (None: unknown), else derived from the buckets; ``step`` is the step count
+    they belong to (None: the step that ended last)."""
+
+    buckets: list[BucketTiming]
+    exposed: float | None = None
+    measured: bool = False
+    step: int | None = None
+
+
+class StepRecord(NamedTuple):
+    """One finished step, as the training thread closed it: its parts (see ``close_step``)."""
+
+    step: int
+    start_unix: float
+    step_seconds: float
+    forward_seconds: float
+    backward_seconds: float | None
+    data_wait_seconds: float = 0.0
+    comm_wait_seconds: float | None = None
+    optimizer_seconds: float = 0.0
+    micro_steps: int = 0
+    gpu_parts_later: bool = False
+    """The GPU's own parts of this step will follow (``add_gpu_parts``)."""
 
 
 class Histogram:
@@ -89,12 +127,6 @@ class BucketStats:
         )
 
 
-PHASES = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
-"""The parts of a step, in order; they sum to its wall time (``h2d`` only where visible)."""
-WAITING_PHASES = frozenset({"exposed_comm"})
-"""Parts spent waiting for the other ranks; the rest of a step is the rank's busy time."""
-
-
 class StepBook:
     """Step times: histograms, per-phase totals, the recent window (medians), per-step
     history rows (``recent`` holds the same row dicts as ``history``)."""
@@ -102,7 +134,7 @@ class StepBook:
     def __init__(self) -> None:
         self.hist = {name: Histogram(STEP_BOUNDS) for name in (
             "step", "data_wait", "forward", "backward", "exposed_comm", "optimizer", "other")}
-        self.phase_totals = dict.fromkeys(PHASES, 0.0)
+        self.phase_totals = dict.fromkeys(steps.PARTS, 0.0)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_STEPS)
 
@@ -115,7 +147,7 @@ class StepBook:
             "exposed_comm_seconds": record.comm_wait_seconds, "optimizer_seconds": record.optimizer_seconds,
             "other_seconds": 0.0, "micro_steps": record.micro_steps,
         }
-        _balance(row)
+        steps.balance(row)
         self.recent.append(row)
         self.history.append(row)
         if record.gpu_parts_later:
@@ -134,7 +166,7 @@ class StepBook:
             h["backward"].observe(row["backward_seconds"])
         if row.get("exposed_timed") or row.get("gpu_exposed"):
             h["exposed_comm"].observe(row["exposed_comm_seconds"] or 0.0)
-        for phase in PHASES:
+        for phase in steps.PARTS:
             self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
 
     def gpu_parts(self, step: int, parts: dict[str, float] | None) -> None:
@@ -155,7 +187,7 @@ class StepBook:
                         row["exposed_comm_seconds"] = parts["exposed_comm"]
                     row["gpu_parts"] = True
                     row["gpu_exposed"] = bool(parts["exposed_measured"])
-                    _balance(row)
+                    steps.balance(row)
                 self._count(row)
                 return
 
@@ -178,7 +210,7 @@ class StepBook:
                 before = (row["exposed_comm_seconds"] or 0.0, row["other_seconds"])
                 row["exposed_comm_seconds"] = seconds
                 row["exposed_timed"] = True
-                _balance(row)
+                steps.balance(row)
                 if row.get("gpu_pending"):
                     return  # counted when it settles
                 self.hist["exposed_comm"].observe(seconds)
@@ -186,17 +218,6 @@ class StepBook:
                 self.phase_totals["other"] += row["other_seconds"] - before[1]
                 return
         self.hist["exposed_comm"].observe(seconds)  # (a step no longer in the history)
-
-
-def _balance(row: dict[str, Any]) -> None:
-    """``other`` is what the measured parts leave of the step's wall time."""
-    known = sum(row[p + "_seconds"] or 0.0 for p in PHASES if p != "other")
-    row["other_seconds"] = max(0.0, row["step_seconds"] - known)
-
-
-def busy_seconds(row: dict[str, Any]) -> float:
-    """The step's time minus its waiting for the other ranks."""
-    return max(0.0, row["step_seconds"] - sum(row[p + "_seconds"] or 0.0 for p in WAITING_PHASES))
 
 
 class BucketBook:
@@ -282,7 +303,7 @@ class CollectiveBook:
         in_flight.append(entry)
         if len(in_flight) > MAX_IN_FLIGHT:
             del in_flight[0]
-        site = site_key_of(entry)
+        site = schema.site_key(entry.get("op"), entry.get("call_site"), entry.get("callers"), entry.get("bucket"))
         if site in self.sites or len(self.sites) < MAX_CALL_SITES:
             self.sites[site] = self.sites.get(site, 0) + 1
 
@@ -313,16 +334,3 @@ class CollectiveBook:
         done = dict(entry, completed_unix=now, seconds=now - entry["issued_unix"])
         self.last = done
         self.log.append(done)
-
-
-def site_key_of(entry: dict[str, Any] | schema.Collective) -> str:
-    """The key of ``collective_sites``: op, call site and its first caller; all DDP buckets
-    issued from one place share a key."""
-    if isinstance(entry, schema.Collective):
-        op, site, callers, bucket = entry.op, entry.call_site, entry.callers, entry.bucket
-    else:
-        op, site, callers, bucket = entry.get("op"), entry.get("call_site"), entry.get("callers"), entry.get("bucket")
-    key = f"{op} {site}"
-    if callers:
-        key += f" < {callers[0]}"
-    return key + (" (DDP bucket)" if bucket is not None else "")

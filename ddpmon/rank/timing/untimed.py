@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._safety import Fuse
+from ...fuses import Fuse
 from ..recorder import Recorder
 from .layout import BucketLayout
 
 
 class UntimedBuckets:
-    """A step timeline (see ddpmon/hooks/step.py) that marks DDP's buckets in flight.
+    """A step timeline (see ddpmon/rank/hooks/step.py) that marks DDP's buckets in flight.
     ``active()`` turns False once a comm hook reports the buckets itself."""
 
     def __init__(self, layout: BucketLayout, recorder: Recorder, fuse: Fuse,

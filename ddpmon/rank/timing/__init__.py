@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .._safety import Fuse
-from ..errors import AttachError, ConfigError
+from ...errors import AttachError, ConfigError
+from ...fuses import Fuse
 from ..recorder import Recorder
 from . import c10d
 from .c10d import CompletionClock

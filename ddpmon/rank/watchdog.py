@@ -26,11 +26,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .frames import is_library
-from . import liveness
+from .. import activity
+from ..frames import is_library
+from ..state import schema
 from .ending import Ending
 from .recorder import Recorder
-from .state import schema
 
 log = logging.getLogger("ddpmon")
 
@@ -57,7 +57,7 @@ class Watchdog:
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
         state_file: str | None = None,
-        sampler: liveness.Sampler | None = None,
+        sampler: activity.Sampler | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
@@ -70,7 +70,7 @@ class Watchdog:
         self._state_file = state_file
         # Activity sampling reads the real main thread: off under an injected clock (tests)
         # unless a sampler is given.
-        self._sampler = sampler if sampler is not None or clock is not time.time else liveness.Sampler()
+        self._sampler = sampler if sampler is not None or clock is not time.time else activity.Sampler()
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -166,15 +166,15 @@ class Watchdog:
             return report
         timeout, source = self.timeout_now()
         idle = self._idle(now, last)
-        activity = self.activity(idle, timeout, now)
+        seen = self.activity(idle, timeout, now)
         if timeout is None or idle < timeout:
             return None
         holdouts = None
-        if activity.state == liveness.WAITING and self._state_file:
+        if seen.state == activity.WAITING and self._state_file:
             waiting = rec.in_flight()
             if waiting:
-                holdouts = liveness.holdouts(self._state_file, waiting[0], now)
-        if not liveness.is_hang(activity.state, idle, timeout, holdouts):
+                holdouts = activity.holdouts(self._state_file, waiting[0], now)
+        if not activity.is_hang(seen.state, idle, timeout, holdouts):
             return None
         report = self.build_report(now, last, timeout, source)
         rec.set_hang(report)
@@ -189,7 +189,7 @@ class Watchdog:
         rec = self._recorder
         in_flight = rec.in_flight_count() > 0
         if self._sampler is None:
-            state = liveness.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout)
+            state = activity.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout)
             act = schema.Activity(state=state, sampled_unix=now, hang_timeout_seconds=timeout)
         else:
             self._sampler.sample()

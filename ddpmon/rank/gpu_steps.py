@@ -33,13 +33,14 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from ._safety import Fuse
+from .. import steps
+from ..fuses import Fuse
 
 FORWARD_START, FORWARD_END, BACKWARD_START = "forward_start", "forward_end", "backward_start"
 GRAD_READY, SYNCED = "grad_ready", "synced"
 OPTIMIZER_START, OPTIMIZER_END = "optimizer_start", "optimizer_end"
 START, END = "start", "end"
-PARTS = ("data_wait", "forward", "backward", "exposed_comm", "optimizer", "other")
+PARTS = tuple(p for p in steps.PARTS if p != "h2d")  # the GPU sees copies as data wait
 SEEN_WHOLE = frozenset({FORWARD_START, FORWARD_END, BACKWARD_START, GRAD_READY})
 """The marks a step needs for its GPU parts to replace the host's."""
 MAX_PENDING = 16

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from .._safety import Fuse
+from ...fuses import Fuse
 from ..recorder import BucketTiming, Recorder, StepTimings
 
 CommHook = Callable[[Any, "dist.GradBucket"], "torch.futures.Future[torch.Tensor]"]

@@ -22,7 +22,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from .._safety import Fuse
+from ...fuses import Fuse
 from ..recorder import Recorder
 from .step import is_compiling
 

@@ -1,17 +1,20 @@
-"""The straggler score: how much slower a rank is than its peers, and which part of the
-step explains it. Pure and torch-free: the doctor, ``ddpmon top`` and the benchmark share it.
+"""A step's parts and who is slow: one home, pure and torch-free, for the rank, the doctor,
+``top``, the end-of-run summary, the report and ``compare``.
 
-A rank's *busy* time is its step less the time it waits for the other ranks (exposed
-communication). DDP evens out step times (the fast ranks wait in the gradient all-reduce
-for the slow one), so the slow rank shows the longest busy time and its peers show the
-cost as waiting: comparing busy times blames the rank that is slow, not the ones that wait.
+A step's wall time splits into parts (``PARTS``) that sum to it: ``other`` is what the
+measured parts leave (``balance``). A rank's *busy* time is its step less the time it waits
+for the other ranks (exposed communication). DDP evens out step times (the fast ranks wait in
+the gradient all-reduce for the slow one), so the slow rank shows the longest busy time and
+its peers show the cost as waiting: comparing busy times blames the rank that is slow, not
+the ones that wait.
 
 Per rank: ``score = busy / median(busy of the other ranks) - 1`` over the last steps
-(``schema.StepPhases``: a trimmed mean for busy, means per part). A rank is a straggler when
-its score is at least ``SCORE_WARN`` and the gap stands out of its step-to-step noise
-(``NOISE_FACTOR`` standard errors of the difference of two trimmed means), so one noisy
-step or a jittery healthy job does not make one. The cause is the part whose excess over the
-peers' median explains most of the gap.
+(``schema.StepPhases``: a trimmed mean for busy, means per part), said as "N% slower"
+(``slower``) wherever a user reads it. A rank is a straggler when its score is at least
+``SCORE_WARN`` and the gap stands out of its step-to-step noise (``NOISE_FACTOR`` standard
+errors of the difference of two trimmed means), so one noisy step or a jittery healthy job
+does not make one. The cause is the part whose excess over the peers' median explains most
+of the gap.
 """
 
 from __future__ import annotations
@@ -22,11 +25,19 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .aggregates import busy_seconds
 from .state.schema import StepPhases
 
-BUSY_PARTS = ("data_wait", "h2d", "forward", "backward", "optimizer", "other")
-"""The parts of a step that are the rank's own work (exposed communication is waiting)."""
+PARTS = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
+"""The parts of a step, in the order they stack up to its wall time (``h2d`` only where
+visible)."""
+PART_LABELS = {
+    "data_wait": "data wait", "h2d": "host to device", "forward": "forward", "backward": "backward",
+    "exposed_comm": "exposed communication", "optimizer": "optimizer", "other": "other",
+}
+WAITING_PARTS = frozenset({"exposed_comm"})
+"""Parts spent waiting for the other ranks; the rest of a step is the rank's busy time."""
+BUSY_PARTS = tuple(p for p in PARTS if p not in WAITING_PARTS)
+"""The parts of a step that are the rank's own work."""
 SCORE_WARN = 0.05
 """A rank 5% slower than its peers' median is a straggler when the gap also stands out of
 its noise: below the 10% that matters, so that a rank 10% slower is named whatever the
@@ -37,6 +48,22 @@ MIN_STEPS = 10
 NOISE_FACTOR = 3.5
 CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
+
+
+def balance(row: dict[str, Any]) -> None:
+    """Set ``other`` to what the measured parts leave of the step's wall time."""
+    known = sum(row[p + "_seconds"] or 0.0 for p in PARTS if p != "other")
+    row["other_seconds"] = max(0.0, row["step_seconds"] - known)
+
+
+def busy_seconds(row: dict[str, Any]) -> float:
+    """The step's time minus its waiting for the other ranks."""
+    return max(0.0, row["step_seconds"] - sum(row[p + "_seconds"] or 0.0 for p in WAITING_PARTS))
+
+
+def slower(score: float) -> str:
+    """A score as users read it everywhere: "37% slower"."""
+    return f"{max(0.0, score) * 100:.0f}% slower"
 
 
 @dataclass

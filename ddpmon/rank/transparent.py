@@ -30,7 +30,7 @@ class StateWithoutDdpmon:
     which pickle and deepcopy look up before the class's)."""
 
     __slots__ = ("_ddp",)
-    __module__ = "ddpmon.transparent"
+    __module__ = "ddpmon.rank.transparent"
 
     def __init__(self, ddp: Any) -> None:
         self._ddp = weakref.ref(ddp)

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import __version__
-from .errors import AttachError, ConfigError
+from ..errors import AttachError, ConfigError
+from ..version import __version__
 
 _HOW_TO_WRAP = (
     "wrap the model first:\n"

@@ -1,6 +1,6 @@
 """The composition root: wires the parts that watch one DDP model on this rank.
 
-Each part lives in a module of its own (ddpmon/timing/, hooks/, watchdog.py, state/,
+Each part lives in a module of its own (ddpmon/rank/timing/, hooks/, watchdog.py, state/,
 metrics/, collectors/); this module only builds them in order, hands each what it needs and
 undoes them at detach. docs/ARCHITECTURE.md shows the data path.
 """
@@ -13,20 +13,21 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
-from . import model, transparent
-from ._safety import Fuse
+from ..config import Config
+from ..fuses import Fuse
+from ..metrics.exposition import Endpoint, start_endpoint
+from ..state import files
+from ..state import root as stateroot
+from . import model, transparent, writers
 from .advice.watch import Advice
-from .collectors import rank_sources
-from .config import Config
+from .exporter import RankCollector
 from .gpu_steps import GpuStepClock
 from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
-from .metrics.exporter import Endpoint, RankCollector, start_endpoint
 from .recorder import Recorder
-from .state import files, history
-from .state import root as stateroot
+from .sources import rank_sources
 from .timing import Timing
 from .timing.layout import ddp_facts
 from .watchdog import Watchdog
@@ -49,7 +50,7 @@ class Monitor:
         model.check_options(ddp, config, self.local_rank)
         state_dir = config.resolved_state_dir(self.job)
         if state_dir is not None:
-            files.check_unclaimed(files.path_for(state_dir, self.rank))
+            writers.check_unclaimed(files.path_for(state_dir, self.rank))
         # What detach() undoes; set before anything is installed, so that a failure part-way
         # through attach undoes what was done.
         self._timing: Timing | None = None
@@ -57,7 +58,7 @@ class Monitor:
         self._steps: StepHooks | None = None
         self._optimizer: OptimizerHooks | None = None
         self._endpoint: Endpoint | None = None
-        self._writer: files.StateWriter | None = None
+        self._writer: writers.StateWriter | None = None
         self._collectives: CollectiveTracker | None = None
         self._watchdog: Watchdog | None = None
         self._history: Any = None
@@ -96,7 +97,7 @@ class Monitor:
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
         rec.identity["port"] = self.port
         self.state_file = self._start_state_writer(config)
-        self._history = history.start(self.state_file, self.rank, rec, device) if config.history else None
+        self._history = writers.start_history(self.state_file, self.rank, rec, device) if config.history else None
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
             self._collectives.install()
@@ -222,7 +223,7 @@ class Monitor:
         state_dir = stateroot.claim(state_dir, self.rank, explicit=config.state_dir is not None)
         if state_dir is None:
             return None
-        self._writer = files.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)
+        self._writer = writers.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)
         return self._writer.path
 
 

@@ -14,7 +14,7 @@ outside the compiled graph.
 
 Two autograd final callbacks bracket DDP's own: the first marks the end of backward
 compute, the second runs after DDP has waited for its buckets. The ``timelines`` (a bucket
-clock, the untimed bucket marks: see ddpmon/timing/) hear of each forward, the start of
+clock, the untimed bucket marks: see ddpmon/rank/timing/) hear of each forward, the start of
 backward and of both callbacks.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.autograd import Variable
 
-from .._safety import Fuse
+from ...fuses import Fuse
 from ..recorder import Recorder
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .words import FIX
+from ...advice.words import FIX
 
 
 class DeviceFacts(NamedTuple):

@@ -1,0 +1,117 @@
+"""The rank's metrics: its Recorder (and the GPU and host samplers) as metric families,
+read at scrape time. Names come from ``metrics/catalog.py``; ``metrics/exposition.py`` serves
+them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from ..config import AUTO_PER_BUCKET_LIMIT
+from ..metrics.exposition import (
+    Family,
+    Sample,
+    SampleSource,
+    families,
+    histogram,
+    histogram_family,
+)
+from ..version import __version__
+from .books import Histogram
+from .recorder import Recorder
+
+
+class RankCollector:
+    """Turns one rank's Recorder (and extra sample sources: GPU, host) into families."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        bucket_metrics: str = "auto",
+        sources: Iterable[SampleSource] = (),
+    ) -> None:
+        self._recorder = recorder
+        self._bucket_metrics = bucket_metrics
+        self._sources = list(sources)
+
+    def collect(self) -> Iterator[Family]:
+        r = self._recorder
+        ident = r.identity
+        base = {"job": str(ident["job"]), "rank": str(ident["rank"])}
+        names, values = list(base), list(base.values())
+        info = dict(base)
+        info.update(
+            world_size=str(ident["world_size"]), local_rank=str(ident["local_rank"]),
+            host=str(ident["host"]), backend=str(ident["backend"]),
+            torch_version=str(ident["torch_version"]), debug_level=str(ident["debug_level"]),
+            version=__version__, bucket_timing=str(ident.get("bucket_timing", "")),
+        )
+        samples: list[Sample] = [
+            ("ddpmon_rank_info", info, 1.0),
+            ("ddpmon_steps_total", base, float(r.steps)),
+            ("ddpmon_micro_steps_total", base, float(r.micro_steps)),
+            ("ddpmon_unused_parameters", base, float(len(r.unused_parameters))),
+            ("ddpmon_last_progress_timestamp_seconds", base, r.last_progress_unix),
+            ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
+            ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
+        ]
+        if ident.get("bucket_timing") == "c10d":
+            samples.append(("ddpmon_bucket_timing_unmatched_steps_total", base, float(r.unmatched_steps)))
+        for op, (issued, completed) in sorted(r.collectives_by_op().items()):
+            samples.append(("ddpmon_collectives_issued_total", {**base, "op": op}, float(issued)))
+            samples.append(("ddpmon_collectives_completed_total", {**base, "op": op}, float(completed)))
+        for phase, seconds in r.phase_totals().items():
+            samples.append(("ddpmon_step_phase_seconds_total", {**base, "phase": phase}, seconds))
+        for advice in list(r.advice):
+            samples.append(("ddpmon_advice", {**base, "kind": advice.kind}, 1.0))
+        for part in sorted(r.errors):
+            samples.append(("ddpmon_internal_errors_total", {**base, "part": part}, 1.0))
+        yield from families(samples)
+
+        for key, h in r.histograms().items():
+            yield histogram(f"ddpmon_{key}_seconds", names, values, h)
+
+        if self._bucket_metrics != "off":
+            yield from self._bucket_families(base)
+
+        extra: list[Sample] = []
+        for source in self._sources:
+            try:
+                extra.extend(source())
+            except Exception:  # a failing source must not break the scrape; it logs itself
+                continue
+        yield from families(extra)
+
+    def _bucket_families(self, base: dict[str, str]) -> Iterator[Family]:
+        stats = self._recorder.bucket_stats()
+        if not stats:
+            return
+        label_names = list(base) + ["bucket"]
+        mode = self._bucket_metrics
+        if mode == "auto":
+            mode = "per_bucket" if len(stats) <= AUTO_PER_BUCKET_LIMIT else "aggregate"
+        if mode == "aggregate":
+            total = Histogram(stats[0].seconds.bounds)
+            for b in stats:
+                total.counts = [x + y for x, y in zip(total.counts, b.seconds.counts)]
+                total.sum += b.seconds.sum
+                total.count += b.seconds.count
+            labels = {**base, "bucket": "all"}
+            yield histogram("ddpmon_allreduce_seconds", label_names, list(labels.values()), total)
+            yield from families(
+                [("ddpmon_allreduce_bytes_total", labels, float(sum(b.bytes_total for b in stats)))]
+            )
+            return
+        per_bucket = histogram_family("ddpmon_allreduce_seconds", label_names)
+        samples: list[Sample] = []
+        for b in stats:
+            labels = {**base, "bucket": str(b.index)}
+            per_bucket.add_metric(list(labels.values()), b.seconds.cumulative(), b.seconds.sum)
+            samples.append(("ddpmon_allreduce_bytes_total", labels, float(b.bytes_total)))
+            samples.append(("ddpmon_bucket_size_bytes", labels, float(b.bytes)))
+            samples.append(("ddpmon_bucket_parameters", labels, float(len(b.parameters))))
+            if b.last_busbw is not None:
+                samples.append(("ddpmon_allreduce_bus_bandwidth_bytes_per_second", labels, b.last_busbw))
+            if b.last_ready_seconds is not None:
+                samples.append(("ddpmon_bucket_ready_seconds", labels, b.last_ready_seconds))
+        yield per_bucket
+        yield from families(samples)

@@ -1,0 +1,286 @@
+"""The threads that write a rank's files: its state file (``rank-<R>.json``, rewritten about
+once a second and at every notable event) and its step history (``rank-<R>.history.sqlite``,
+drained from ``recorder.history_since`` about once a second). The formats and their readers
+are in ``state/``; these run only inside the training process, never on the training thread,
+and a failure is logged once and switches that writer off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..errors import AttachError
+from ..fuses import bounded
+from ..state import files, history, schema
+
+log = logging.getLogger("ddpmon")
+
+# -- the state file -----------------------------------------------------------------------------
+
+
+class StateWriter:
+    """Rewrites one rank's state file from ``snapshot()`` every ``interval`` seconds."""
+
+    def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]], interval: float = 1.0) -> None:
+        self.path = path
+        self._snapshot = snapshot
+        self._interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()  # one writer at a time: the thread, exit, detach
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="ddpmon-state-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()  # its first pass writes the file at once, off the caller's thread
+
+    def notify(self) -> None:
+        """Ask for a rewrite soon (cheap, never blocks)."""
+        self._wake.set()
+
+    def write_now(self) -> bool:
+        with self._write_lock:
+            try:
+                data = self._snapshot()
+                data["format"] = schema.FORMAT
+                files.write_atomic(self.path, data)
+                if self._failed:
+                    log.warning("ddpmon: writing %s works again", self.path)
+                    self._failed = False
+                return True
+            except Exception as exc:
+                if not self._failed:
+                    log.warning("ddpmon: cannot write the state file %s (%s); retrying quietly", self.path, exc)
+                    self._failed = True
+                return False
+
+    def write_final(self, timeout: float = files.FINAL_WRITE_SECONDS) -> bool:
+        """One last write from the calling thread's point of view, waited for at most
+        ``timeout`` seconds: a hung file system never holds up detach or exit."""
+        return bool(bounded(self.write_now, timeout, f"the last write of {self.path}"))
+
+    def _run(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            if not first:
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+            first = False
+            self.write_now()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (joined with a bound) and write one last time (bounded too)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self.write_final()
+        _CLAIMED.discard(self.path)
+
+
+_CLAIMED: set[str] = set()  # state files written by a writer of this process
+
+
+def check_unclaimed(path: str) -> None:
+    """AttachError when a writer of this process writes ``path`` already (two monitored
+    models in one process must not share a state file)."""
+    if path in _CLAIMED:
+        raise AttachError(
+            f"another model of this process is monitored already, and both would write {path}: "
+            "give this one a state directory of its own (ddpmon.attach(model, state_dir=...), or "
+            "with the default directory a job=... of its own)"
+        )
+
+
+def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any]],
+                 interval: float) -> StateWriter:
+    """A running writer of ``<state_dir>/rank-<rank>.json``, in a directory that
+    ``state.root.claim`` has prepared and checked (within its time bound, off the training
+    thread's way); the writer's own thread makes the first write."""
+    writer = StateWriter(files.path_for(state_dir, rank), snapshot, interval)
+    writer.start()
+    _CLAIMED.add(writer.path)
+    return writer
+
+
+# -- the step history ---------------------------------------------------------------------------
+
+
+class HistoryWriter:
+    """The thread that drains ``history_since`` into a ``HistoryStore`` every ``interval``.
+
+    ``snapshot`` (the state file's body) supplies the notes, errors and hang report that
+    become findings, and the exit record; ``sample`` returns the memory and GPU columns for
+    the batch. A failure is logged once and switches history off; the training never sees it.
+    """
+
+    def __init__(self, path: str, history_since: Callable[[int], list[dict[str, Any]]],
+                 snapshot: Callable[[], dict[str, Any]], identity: dict[str, Any], *,
+                 interval: float = 1.0, sample: Callable[[], dict[str, Any]] | None = None,
+                 hold_back: int = 2, max_rows: int = history.MAX_ROWS) -> None:
+        self.path = path
+        self._history_since = history_since
+        self._snapshot = snapshot
+        self._sample = sample or process_sample()
+        self._identity = identity
+        self._interval = interval
+        self._hold_back = hold_back  # the newest steps may still get their bucket timings
+        self._max_rows = max_rows
+        self._store: history.HistoryStore | None = None
+        self._written = 0
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.failed = False
+        self._thread = threading.Thread(target=self._run, name="ddpmon-history", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush(final=False)
+
+    def flush(self, final: bool) -> None:
+        """One batch: new steps (all of them when ``final``), new findings."""
+        if self.failed:
+            return
+        with self._lock:
+            try:
+                if self._store is None:
+                    self._store = history.HistoryStore(self.path, self._identity, self._max_rows)
+                steps = self._history_since(self._written)
+                if not final and self._hold_back and steps:
+                    # The newest steps may still get their bucket timings (resolved a step
+                    # or two later on a GPU); once training pauses they are final.
+                    recent = time.time() - 2 * self._interval
+                    held = sum(1 for s in steps[-self._hold_back:] if s["end_unix"] > recent)
+                    steps = steps[: len(steps) - held]
+                if not final:  # on a GPU, steps whose parts the GPU has not given yet (gpu_steps.py)
+                    pending = next((i for i, s in enumerate(steps) if s.get("gpu_pending")), None)
+                    steps = steps if pending is None else steps[:pending]
+                if steps:
+                    self._store.add_steps(steps, self._sample())
+                    self._written = int(steps[-1]["step"])
+                snap = self._snapshot()
+                for kind, key, text in events(snap):
+                    if key not in self._seen:
+                        self._seen.add(key)
+                        self._store.add_finding(kind, key, text, snap.get("step"))
+                if final:
+                    exit_record = snap.get("exit")
+                    how = ("crashed" if exit_record.get("exception") else "exited") if exit_record else "detached"
+                    self._store.set_exit(how, snap.get("step"), exit_record)
+            except Exception as exc:
+                self.failed = True
+                log.warning("ddpmon: the step history (%s) is off after a failure: %r", self.path, exc)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Write the last batch and the exit record, within ``timeout`` seconds."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._lock.acquire(timeout=timeout):
+            self._lock.release()
+            self.flush(final=True)
+        with self._lock:
+            if self._store is not None:
+                try:
+                    self._store.close()
+                except Exception:
+                    pass
+                self._store = None
+
+
+def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(kind, key, text) of what a rank noticed, from its state file's body: its notes
+    (advice), parts of ddpmon that switched off, and a hang report."""
+    for key, text in sorted((snap.get("notes") or {}).items()):
+        yield "note", f"note:{key}:{text}", f"{key}: {text}"
+    for key, text in sorted((snap.get("errors") or {}).items()):
+        yield "ddpmon_part_off", f"error:{key}", f"{key} switched off: {text}"
+    hang = snap.get("hang")
+    if isinstance(hang, dict):
+        text = (f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
+                f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}")
+        waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
+        if waits:
+            text += f", waiting in {waits[0].get('op')} #{waits[0].get('seq')}"
+        yield "hang", f"hang:{hang.get('detected_unix', '')}", text
+
+
+def process_sample() -> Callable[[], dict[str, Any]]:
+    """The resident memory of this process (psutil), once per batch."""
+    try:
+        import psutil
+
+        proc = psutil.Process()
+    except Exception:
+        return dict
+    def sample() -> dict[str, Any]:
+        try:
+            return {"process_resident_memory_bytes": proc.memory_info().rss}
+        except Exception:
+            return {}
+    return sample
+
+
+class RunHistory:
+    """The history of one monitored rank: a writer started at attach, stopped (its last
+    batch bounded in time) at detach or at exit, after which rank 0 logs the run's summary."""
+
+    def __init__(self, state_file: str, rank: int, recorder: Any,
+                 sample: Callable[[], dict[str, Any]] | None = None) -> None:
+        import atexit
+
+        self._rank = rank
+        self._writer: HistoryWriter | None = HistoryWriter(
+            history.path_for(os.path.dirname(state_file), rank), recorder.history_since, recorder.snapshot,
+            recorder.identity, sample=sample or process_sample(),
+        )
+        self._writer.start()
+        atexit.register(self.stop)  # registered before the watchdog's: its exit record comes first
+
+    def stop(self) -> None:
+        import atexit
+
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        atexit.unregister(self.stop)
+        writer.stop()
+        if self._rank == 0 and not writer.failed:
+            try:
+                from ..report.summary import end_of_run
+
+                log.warning("%s", end_of_run(os.path.dirname(writer.path)))
+            except Exception as exc:
+                log.info("ddpmon: no end-of-run summary: %r", exc)
+
+
+def start_history(state_file: str | None, rank: int, recorder: Any, device: str) -> RunHistory | None:
+    """The history of a rank whose state file is ``state_file`` (None: no state files, so no
+    history), with GPU columns on a CUDA device; None, with one warning, when it cannot start."""
+    if not state_file:
+        return None
+    sample = process_sample()
+    if device.startswith("cuda"):  # only a training rank gets here: torch is loaded there
+        import functools
+
+        import torch
+
+        from ..rank.torch_memory import history_sample
+
+        sample = functools.partial(history_sample, torch.device(device), sample)
+    try:
+        return RunHistory(state_file, rank, recorder, sample)  # before the watchdog's exit hook
+    except Exception as exc:  # the run goes on without its history
+        log.warning("ddpmon: rank %d: no step history: %r", rank, exc)
+        return None
