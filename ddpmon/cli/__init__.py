@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         common.add_verbose_argument(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _name=name)  # `run` has a `command` argument of its own
     return parser
 
 
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         sys.exit(EXIT_USAGE)
-    logging.getLogger("ddpmon").info("ddpmon %s: %s (Python %s, from %s)", __version__, args.command,
+    logging.getLogger("ddpmon").info("ddpmon %s: %s (Python %s, from %s)", __version__, args._name,
                                      platform.python_version(), os.path.dirname(os.path.dirname(__file__)))
     try:
         code = args._run(args)
@@ -66,6 +66,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_OK
     except Exception as exc:  # ddpmon's own failure: say so, exit 3
-        logging.getLogger("ddpmon").exception("ddpmon %s failed: %s", args.command, exc)
+        logging.getLogger("ddpmon").exception("ddpmon %s failed: %s", args._name, exc)
         code = EXIT_FAILED
     sys.exit(code)

@@ -66,7 +66,7 @@ def add_unavailable(subparsers: argparse._SubParsersAction, command: str, exc: B
 
     def parse_known_args(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         namespace = argparse.Namespace() if namespace is None else namespace
-        namespace.arguments, namespace._run = list(args or []), run
+        namespace.arguments, namespace._run, namespace._name = list(args or []), run, command
         return namespace, []
 
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]

@@ -77,7 +77,8 @@ def _ddpmon(*args: str, env: dict[str, str] | None = None, before: str = "") -> 
 
 
 def test_verbose_after_the_command_logs(tmp_path: Path) -> None:
-    for argv in (["doctor", str(tmp_path), "-v"], ["-v", "doctor", str(tmp_path)], ["top", "--once", "--verbose"]):
+    for argv in (["doctor", str(tmp_path), "-v"], ["-v", "doctor", str(tmp_path)], ["top", "--once", "--verbose"],
+                 ["run", "-v", "--port", "x", "train.py"]):  # run's own `command` argument is not its name
         out = _ddpmon(*argv, env={"DDPMON_STATE_DIR": str(tmp_path)})
         assert "unrecognized arguments" not in out.stderr, argv
         assert f"INFO ddpmon {__version__}: {argv[argv[0] == '-v']}" in out.stderr, (argv, out.stderr)
