@@ -1,6 +1,6 @@
 """The docs name what the code has, and the code has nothing the docs leave out: metric
-names (README's table is generated from the catalog), options and their DDPMON_* variables,
-and every command's flags."""
+names (docs/metrics.md's table is generated from the catalog), options and their DDPMON_*
+variables (docs/configuration.md), and every command's flags."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from ddpmon.metrics import catalog, table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+METRICS_DOC = ROOT / table.DEFAULT  # docs/metrics.md
+CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 # where each command's flags are documented; the top-level ones and top's are in README
 DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daemon": "docs/daemon.md",
@@ -25,13 +27,16 @@ DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daem
 PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
 
 
-def test_readme_metric_table_is_the_catalog() -> None:
-    assert table.replace(README) == README, "regenerate it: python -m ddpmon.metrics.table README.md"
+def test_the_metric_table_is_the_catalog() -> None:
+    text = METRICS_DOC.read_text()
+    assert table.replace(text) == text, "regenerate it: make metrics-table (python -m ddpmon.metrics.table)"
 
 
-def test_a_readme_without_the_markers_is_refused_not_rewritten() -> None:
+def test_a_file_without_the_markers_is_refused_not_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="expected one"):
-        table.replace(README.replace(table.END, ""))
+        table.replace(METRICS_DOC.read_text().replace(table.END, ""))
+    monkeypatch.chdir(tmp_path)  # the default file is docs/metrics.md, from where it runs
+    assert table.main([]) == 2 and table.main(["README.md"]) == 2
 
 
 def test_every_metric_name_the_docs_use_exists() -> None:
@@ -46,7 +51,7 @@ def test_every_metric_name_the_docs_use_exists() -> None:
 
 
 def _options_table() -> list[str]:
-    section = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    section = CONFIGURATION_DOC.read_text().split("## Options", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
 
 
@@ -104,3 +109,4 @@ def test_every_flag_the_docs_give_a_command_exists() -> None:
 def test_quickstart_shows_the_two_commands() -> None:
     quickstart = README.split("## Quickstart", 1)[1].split("##", 1)[0]
     assert "make demo" in quickstart and "make test" in quickstart
+
