@@ -1,12 +1,14 @@
 """The docs name what the code has, and the code has nothing the docs leave out: metric
 names (docs/metrics.md's table is generated from the catalog), options and their DDPMON_*
-variables (docs/configuration.md), and every command's flags."""
+variables (docs/configuration.md), every command's flags; README's command examples parse,
+and every relative link in README and docs/ leads to a file and heading that exist."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,47 @@ def test_quickstart_shows_the_two_commands() -> None:
     quickstart = README.split("## Quickstart", 1)[1].split("##", 1)[0]
     assert "make demo" in quickstart and "make test" in quickstart
 
+
+def _code_lines(text: str) -> list[str]:
+    """The lines of the fenced code blocks of a Markdown text."""
+    return [line for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S) for line in block.splitlines()]
+
+
+def test_every_command_example_in_readme_parses() -> None:
+    examples = [line.split(" #", 1)[0].strip() for line in _code_lines(README) if line.startswith("ddpmon ")]
+    assert {e.split()[1] for e in examples} >= set(FLAGS) - {""}, "README gives every command an example"
+    for example in examples:
+        argv = shlex.split(re.sub(r"<[a-z]+>", "job", example.replace("$(id -u)", "1000")))[1:]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"README: `{example}` does not parse")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # a `# comment` in a block is no heading
+    out: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", prose, re.M):
+        slug, n = _slug(heading), 1
+        while slug in out:  # a repeated heading gets -1, -2, ...
+            slug, n = f"{_slug(heading)}-{n}", n + 1
+        out.add(slug)
+    return out
+
+
+def test_every_relative_link_leads_somewhere() -> None:
+    for doc, text in DOCS.items():
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (ROOT / doc).parent / path if path else ROOT / doc
+            assert file.exists(), f"{doc}: the link {target} leads to no file"
+            if anchor:
+                assert anchor in _anchors(file.read_text()), f"{doc}: the link {target} leads to no heading"
