@@ -72,7 +72,7 @@ def test_every_command_takes_verbose(command: str) -> None:
 def _ddpmon(*args: str, env: dict[str, str] | None = None, before: str = "") -> subprocess.CompletedProcess:
     """``python -m ddpmon ARGS`` in a process of its own (``before``: Python run first)."""
     code = f"import runpy, sys\n{before}\nsys.argv = ['ddpmon', *{list(args)!r}]\nrunpy.run_module('ddpmon', run_name='__main__')"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
