@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: all setup demo test test-unit test-fast bench prometheus chromium dashboards readme clean
+.PHONY: all setup demo test test-unit test-fast bench prometheus chromium dashboards metrics-table clean
 
 all: test
 
@@ -54,9 +54,10 @@ bench: setup
 dashboards: setup
 	$(PY) -m ddpmon.dashboards --write-repo $(CURDIR)
 
-# Regenerate README's metric table from ddpmon/metrics/catalog.py after changing the catalog.
-readme: setup
-	$(PY) -m ddpmon.metrics.table README.md
+# Regenerate the metric table in docs/metrics.md from ddpmon/metrics/catalog.py after changing
+# the catalog.
+metrics-table: setup
+	$(PY) -m ddpmon.metrics.table docs/metrics.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

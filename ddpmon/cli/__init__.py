@@ -11,10 +11,12 @@ import argparse
 import importlib
 import logging
 import os
+import platform
 import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from . import common
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 
@@ -31,11 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SUBCOMMANDS:
         try:
             module = importlib.import_module(f"{__name__}.{name}")
-        except ImportError:
+        except Exception as exc:  # said when the command runs: never an "invalid choice"
+            common.add_unavailable(sub, name, exc)
             continue
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        common.add_verbose_argument(p)
+        p.set_defaults(_run=module.run, _name=name)  # `run` has a `command` argument of its own
     return parser
 
 
@@ -52,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         sys.exit(EXIT_USAGE)
+    logging.getLogger("ddpmon").info("ddpmon %s: %s (Python %s, from %s)", __version__, args._name,
+                                     platform.python_version(), os.path.dirname(os.path.dirname(__file__)))
     try:
         code = args._run(args)
     except KeyboardInterrupt:
@@ -60,6 +66,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_OK
     except Exception as exc:  # ddpmon's own failure: say so, exit 3
-        logging.getLogger("ddpmon").exception("ddpmon %s failed: %s", args.command, exc)
+        logging.getLogger("ddpmon").exception("ddpmon %s failed: %s", args._name, exc)
         code = EXIT_FAILED
     sys.exit(code)

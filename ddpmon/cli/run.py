@@ -95,7 +95,7 @@ def _stop_at_command(parser: argparse.ArgumentParser) -> None:
             if arg == "--":
                 head, rest = args[:i], args[i + 1:]
                 break
-            if arg in ("-h", "--help") or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--")):
+            if arg in ("-h", "--help", "-v", "--verbose") or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--")):
                 i += 1
             elif arg.split("=", 1)[0] in _OWN_FLAGS_WITH_VALUE:
                 i += 1 if "=" in arg else 2

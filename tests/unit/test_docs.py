@@ -1,12 +1,14 @@
 """The docs name what the code has, and the code has nothing the docs leave out: metric
-names (README's table is generated from the catalog), options and their DDPMON_* variables,
-and every command's flags."""
+names (docs/metrics.md's table is generated from the catalog), options and their DDPMON_*
+variables (docs/configuration.md), every command's flags; README's command examples parse,
+and every relative link in README and docs/ leads to a file and heading that exist."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from ddpmon.metrics import catalog, table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+METRICS_DOC = ROOT / table.DEFAULT  # docs/metrics.md
+CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 # where each command's flags are documented; the top-level ones and top's are in README
 DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daemon": "docs/daemon.md",
@@ -25,13 +29,16 @@ DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daem
 PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
 
 
-def test_readme_metric_table_is_the_catalog() -> None:
-    assert table.replace(README) == README, "regenerate it: python -m ddpmon.metrics.table README.md"
+def test_the_metric_table_is_the_catalog() -> None:
+    text = METRICS_DOC.read_text()
+    assert table.replace(text) == text, "regenerate it: make metrics-table (python -m ddpmon.metrics.table)"
 
 
-def test_a_readme_without_the_markers_is_refused_not_rewritten() -> None:
+def test_a_file_without_the_markers_is_refused_not_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="expected one"):
-        table.replace(README.replace(table.END, ""))
+        table.replace(METRICS_DOC.read_text().replace(table.END, ""))
+    monkeypatch.chdir(tmp_path)  # the default file is docs/metrics.md, from where it runs
+    assert table.main([]) == 2 and table.main(["README.md"]) == 2
 
 
 def test_every_metric_name_the_docs_use_exists() -> None:
@@ -46,7 +53,7 @@ def test_every_metric_name_the_docs_use_exists() -> None:
 
 
 def _options_table() -> list[str]:
-    section = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    section = CONFIGURATION_DOC.read_text().split("## Options", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
 
 
@@ -77,10 +84,16 @@ def _flags(parser: argparse.ArgumentParser, command: str = "") -> dict[str, set[
 FLAGS = _flags(build_parser())
 
 
+# the flags every command takes (-v/--verbose) are documented once, with the top-level ones
+SHARED = set.intersection(*FLAGS.values())
+
+
 def test_every_flag_is_documented_where_its_command_is() -> None:
     assert set(FLAGS) == set(DOC_OF)
+    assert SHARED >= {"-v", "--verbose"}
     for command, flags in FLAGS.items():
         text = DOCS[DOC_OF[command]]
+        flags = flags - SHARED if command else flags
         missing = sorted(f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", text))
         assert missing == [], f"`ddpmon {command}` flags missing from {DOC_OF[command]}"
 
@@ -98,3 +111,48 @@ def test_every_flag_the_docs_give_a_command_exists() -> None:
 def test_quickstart_shows_the_two_commands() -> None:
     quickstart = README.split("## Quickstart", 1)[1].split("##", 1)[0]
     assert "make demo" in quickstart and "make test" in quickstart
+
+
+def _code_lines(text: str) -> list[str]:
+    """The lines of the fenced code blocks of a Markdown text."""
+    return [line for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S) for line in block.splitlines()]
+
+
+def test_every_command_example_in_readme_parses() -> None:
+    examples = [line.split(" #", 1)[0].strip() for line in _code_lines(README) if line.startswith("ddpmon ")]
+    assert {e.split()[1] for e in examples} >= set(FLAGS) - {""}, "README gives every command an example"
+    for example in examples:
+        argv = shlex.split(re.sub(r"<[a-z]+>", "job", example.replace("$(id -u)", "1000")))[1:]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"README: `{example}` does not parse")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # a `# comment` in a block is no heading
+    out: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", prose, re.M):
+        slug, n = _slug(heading), 1
+        while slug in out:  # a repeated heading gets -1, -2, ...
+            slug, n = f"{_slug(heading)}-{n}", n + 1
+        out.add(slug)
+    return out
+
+
+def test_every_relative_link_leads_somewhere() -> None:
+    for doc, text in DOCS.items():
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (ROOT / doc).parent / path if path else ROOT / doc
+            assert file.exists(), f"{doc}: the link {target} leads to no file"
+            if anchor:
+                assert anchor in _anchors(file.read_text()), f"{doc}: the link {target} leads to no heading"
