@@ -58,7 +58,7 @@ def main() -> None:
             clock.sync_done()
             t += 0.01
             rec.close_step(t)
-            clock.new_step(args.buckets, rec.steps)
+            clock.new_step(rec.steps, args.buckets)
             for b in range(args.buckets):
                 seq += 1
                 clock.on_completion(SimpleNamespace(
@@ -71,7 +71,7 @@ def main() -> None:
                 rec.bucket_completed(b == args.buckets - 1)
             t += 0.01
             rec.close_step(t)
-            clock.new_step()
+            clock.new_step(rec.steps)
         for resolved in clock.collect():
             rec.add_step_timings(resolved)
         rec.set_unused_parameters(["layer3.weight"] if step % 1000 == 0 else [])

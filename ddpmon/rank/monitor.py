@@ -8,7 +8,6 @@ undoes them at detach. docs/ARCHITECTURE.md shows the data path.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
@@ -20,6 +19,7 @@ from ..state import files
 from ..state import root as stateroot
 from . import model, transparent, writers
 from .advice.watch import Advice
+from .boundary import StepBoundary
 from .exporter import RankCollector
 from .gpu_steps import GpuStepClock
 from .hooks.autograd import UnusedParameterWatch
@@ -47,6 +47,7 @@ class Monitor:
         self.rank, self.world_size, self.local_rank = identity["rank"], identity["world_size"], identity["local_rank"]
         self.recorder = Recorder(identity, identity["ddp_world_size"])  # bus bandwidth: DDP's group
         self._fuses = {name: Fuse(name, self._part_failed) for name in ("bucket_timing", "grad_hooks", "step_hooks")}
+        self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
         model.check_options(ddp, config, self.local_rank)
         state_dir = config.resolved_state_dir(self.job)
         if state_dir is not None:
@@ -85,13 +86,12 @@ class Monitor:
                                             config.unused_parameters_advice_steps, self._notify)
         if device.startswith("cuda"):  # the step's parts as the GPU ran them
             rec.gpu_steps = GpuStepClock(device, Fuse("gpu_step_parts", self._part_failed))
-        self._steps = StepHooks(ddp, rec, self._on_boundary, self._backward_seen, self._fuses["step_hooks"],
-                                timelines=self._timing.timelines)
-        steps = self._steps
-        self._optimizer = OptimizerHooks(rec, self._on_boundary, self._backward_seen, lambda: steps.manual,
-                                         self._fuses["step_hooks"], [p for _, p in parameters])
-        self._advice = Advice(ddp, rec, parameters, config.resolved_state_dir(self.job), self._notify,
-                              Fuse("advice", self._part_failed))  # silent mistakes: ddpmon/advice/
+        boundary = self._boundary
+        boundary.timing, boundary.unused = self._timing, self._unused
+        self._steps = StepHooks(ddp, rec, boundary, self._fuses["step_hooks"], timelines=self._timing.timelines)
+        self._optimizer = OptimizerHooks(rec, boundary, self._fuses["step_hooks"], [p for _, p in parameters])
+        self._advice = boundary.advice = Advice(ddp, rec, parameters, config.resolved_state_dir(self.job),
+                                                self._notify, Fuse("advice", self._part_failed))
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
@@ -128,32 +128,15 @@ class Monitor:
     def step(self) -> None:
         """Mark the end of a training step explicitly. Optional; once called, step
         boundaries come only from here (for loops the automatic detection misreads)."""
-        fuse = self._fuses["step_hooks"]
-        if self._detached or not fuse.ok or self._steps is None:
-            return
-        try:
-            first = not self._steps.manual
-            self._steps.manual = True
-            if first and self.recorder.steps > 0 and self.recorder.step_is_empty:
-                # Its optimizer step has just ended this step: the same boundary. Fold in
-                # what the clocks resolved since.
-                self._collect_resolved()
-                return
-            self._on_boundary(time.perf_counter(), None)
-        except Exception as exc:  # never into the training loop
-            fuse.blow(exc)
+        if not self._detached and self._steps is not None:
+            self._boundary.step_called()
 
     def detach(self) -> None:
         """Remove every hook and stop the endpoint and the state writer. The registered comm
         hook cannot be unregistered from DDP, so it becomes a pure pass-through."""
         if self._detached:
             return
-        if self._steps and not self._steps.manual and self.recorder.step_has_synced:
-            try:  # the step in progress synchronised its gradients: it ended there, count it
-                self._on_boundary(time.perf_counter(), self.recorder.step_end_mark)
-            except Exception as exc:
-                self._fuses["step_hooks"].blow(exc)
-        self._collect_resolved(final=True)  # what the GPU has not passed keeps its host parts
+        self._boundary.detach()  # the step in progress, if it synchronised, counts
         self._detached = True
         for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives, self._advice):
             if part is not None:
@@ -189,31 +172,6 @@ class Monitor:
         writer = getattr(self, "_writer", None)
         if writer:
             writer.notify()
-
-    def _on_boundary(self, now: float, end: float | None = None) -> None:
-        """The step in progress ended at ``end`` (None: ``now``)."""
-        rec = self.recorder
-        rec.close_step(now, end)
-        if rec.steps == 1:  # the first step is news: a rank that dies early is then not
-            self._notify()   # seen "at step 0, phase init"
-        self._collect_resolved()
-        if self._unused:
-            self._unused.step_ended()
-        if self._advice:
-            self._advice.step_ended(rec.steps)
-
-    def _collect_resolved(self, final: bool = False) -> None:
-        """Fold in what the clocks resolved since (buckets; a step's GPU parts)."""
-        if self._timing and not final:
-            self._timing.collect(self.recorder.steps)
-        clock = self.recorder.gpu_steps
-        if clock is not None:
-            for step, parts in clock.collect(final):
-                self.recorder.add_gpu_parts(step, parts)
-
-    def _backward_seen(self) -> bool:
-        """A backward ran in the step in progress (gradients or the output's grad hook)."""
-        return bool(self._unused and self._unused.any_ready) or self.recorder.backward_seen
 
     def _start_state_writer(self, config: Config) -> str | None:
         state_dir = config.resolved_state_dir(self.job)

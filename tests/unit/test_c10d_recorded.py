@@ -38,7 +38,7 @@ def test_the_gloo_recording_is_what_its_loop_did(monkeypatch: pytest.MonkeyPatch
     rec = load(FIXTURES[0].with_name("gloo-standin.json"))
     names = [e[1] for e in rec["events"]]
     assert names.count("new_step") == 24 and names.count("backward_started") == 28  # 4 steps of 2 microbatches
-    buckets = {e[2] for e in rec["events"] if e[1] == "new_step"}
+    buckets = {e[3] for e in rec["events"] if e[1] == "new_step"}  # new_step(step, buckets, generation)
     assert buckets == {1, 4}, "one bucket first, four once DDP rebuilt them"
 
 

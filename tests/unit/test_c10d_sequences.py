@@ -54,7 +54,7 @@ class Job:
 
     def end_step(self, clock: CompletionClock, buckets: int, generation: int = 0) -> None:
         self.steps += 1
-        clock.new_step(buckets, self.steps, generation)
+        clock.new_step(self.steps, buckets, generation)
 
     def report(self) -> None:
         for record in self.reported:
@@ -276,9 +276,9 @@ def test_steps_whose_completions_never_come_count_for_the_check(monkeypatch: pyt
     up on before any settles; the check counts those."""
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 3600.0)
     clock = fresh()
-    for _ in range(completion.MAX_WINDOWS + completion.SELF_CHECK_STEPS):
+    for i in range(completion.MAX_WINDOWS + completion.SELF_CHECK_STEPS):
         clock.backward_started(time.perf_counter())
         clock.backward_done()
-        clock.new_step(2)
+        clock.new_step(i + 1, 2)
         clock.collect()
     assert clock.off_reason == "c10d's completion hook gave no WorkInfo in the first 20 steps"

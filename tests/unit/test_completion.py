@@ -43,7 +43,7 @@ def run_step(clock: CompletionClock, buckets: int, collectives: list[tuple[str, 
     time.sleep(0.002)
     clock.backward_done()
     clock.sync_done()
-    clock.new_step(buckets, step, generation)
+    clock.new_step(step, buckets, generation)
     for i in infos:
         clock.on_completion(i)
     return seq0 + len(collectives)
@@ -133,7 +133,7 @@ def test_memory_stays_bounded_when_nothing_ever_matches() -> None:
     for i in range(completion.MAX_WINDOWS * 3):
         clock.backward_started(time.perf_counter())
         clock.backward_done()
-        clock.new_step(2)
+        clock.new_step(i + 1, 2)
     assert len(clock._windows) == completion.MAX_WINDOWS
     for i in range(completion.MAX_COLLECTIVES * 2):
         clock.on_completion(info("ALLREDUCE", i + 1, 0.0, 1.0))
@@ -219,7 +219,7 @@ def test_a_completion_reported_out_of_order_waits_for_the_margin(monkeypatch: py
     t0 = time.time()
     time.sleep(0.002)
     clock.backward_done()
-    clock.new_step(2)
+    clock.new_step(1, 2)
     clock.on_completion(info("ALLREDUCE", 1, t0, 1.0))
     clock.on_completion(info("ALLREDUCE", 3, time.time() + 0.001, 1.0))  # the next step's
     assert clock.collect() == []  # bucket 1 (seq 2) may still be on its way

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch.optim.optimizer import (
@@ -23,6 +23,7 @@ from torch.optim.optimizer import (
 )
 
 from ...fuses import Fuse
+from ..boundary import StepBoundary
 from ..recorder import Recorder
 from .step import is_compiling
 
@@ -33,18 +34,14 @@ class OptimizerHooks:
     def __init__(
         self,
         recorder: Recorder,
-        on_boundary: Callable[[float, float | None], None],
-        backward_seen: Callable[[], bool],
-        manual: Callable[[], bool],
+        boundary: StepBoundary,
         fuse: Fuse,
         parameters: Sequence[Any] = (),
     ) -> None:
         self._first = parameters[0] if parameters else None
         self._ours: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._recorder = recorder
-        self._on_boundary = on_boundary
-        self._backward_seen = backward_seen
-        self._manual = manual
+        self._boundary = boundary
         self._fuse = fuse
         self._handles = [
             register_optimizer_step_pre_hook(self._before_step),
@@ -69,11 +66,12 @@ class OptimizerHooks:
             now = time.perf_counter()
             rec = self._recorder
             rec.optimizer_finished(now)
-            if not self._manual() and (
-                rec.step_has_synced or self._backward_seen()
+            boundary = self._boundary
+            if not boundary.manual and (
+                rec.step_has_synced or boundary.backward_seen()
                 or (self._first is not None and self._first.grad is not None)
             ):
-                self._on_boundary(now, None)
+                boundary.end(now, None)
         except Exception as exc:
             self._fuse.blow(exc)
 

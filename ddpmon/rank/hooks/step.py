@@ -4,7 +4,8 @@ A forward pre-hook on the DDP module marks the start of a forward; a forward hoo
 and, through a hook on the output tensor, the start of backward. A step ends at its
 optimizer step once its gradients were synchronised (hooks/optimizer.py); a step without
 one ends where DDP finished synchronising its gradients, found at the next forward (or at
-detach), so time after the loop never enters a step. Forwards under ``no_sync`` belong to
+detach), so time after the loop never enters a step. Both ask ``rank/boundary.py``, the one
+owner of a step's end. Forwards under ``no_sync`` belong to
 the step in progress (micro-steps); forwards without grad (evaluation) are a heartbeat and
 no step. Once a loop calls ``Monitor.step()``, steps end only there.
 
@@ -22,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.autograd import Variable
 
 from ...fuses import Fuse
+from ..boundary import StepBoundary
 from ..recorder import Recorder
 
 
@@ -39,17 +41,14 @@ class StepHooks:
         self,
         ddp: torch.nn.Module,
         recorder: Recorder,
-        on_boundary: Callable[[float, float | None], None],
-        backward_seen: Callable[[], bool],
+        boundary: StepBoundary,
         fuse: Fuse,
         timelines: Sequence[Any] = (),
     ) -> None:
-        self.manual = False
         self._timelines = tuple(timelines)
         self._ddp = ddp
         self._recorder = recorder
-        self._on_boundary = on_boundary
-        self._backward_seen = backward_seen
+        self._boundary = boundary
         self._fuse = fuse
         self._sync_expected = False
         self._in_backward = False  # a backward started and its end callback is queued
@@ -67,8 +66,9 @@ class StepHooks:
         try:
             now = time.perf_counter()
             rec = self._recorder
-            if not self.manual and (rec.step_has_synced or (self._sync_expected and self._backward_seen())):
-                self._on_boundary(now, rec.step_end_mark)  # a step without an optimizer step
+            boundary = self._boundary
+            if not boundary.manual and (rec.step_has_synced or (self._sync_expected and boundary.backward_seen())):
+                boundary.end(now, rec.step_end_mark)  # a step without an optimizer step
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
             self._in_backward = False  # (a backward that raised never ran its end callback)
             for timeline in self._timelines:

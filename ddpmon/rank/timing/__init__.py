@@ -99,27 +99,29 @@ class Timing:
         """At a step boundary: fold every step the clock has resolved into the recorder.
         A failing clock switches bucket timing off, never the step hooks."""
         fuse, rec, clock = self._fuse, self._recorder, self.clock
-        if not fuse.ok:
+        if not fuse.ok or clock is None:
             return
-        if isinstance(clock, CompletionClock) and self.mode != "c10d":
-            return  # turned itself off
         try:
-            if isinstance(clock, CompletionClock):
-                layout = self._layout
-                buckets = layout.refresh(rec) if layout else 0
-                clock.new_step(buckets, step, layout.generation if layout else 0)
-            else:
-                clock.new_step()
+            c10d_source = self.mode == "c10d"  # matches collectives to DDP's bucket layout
+            layout = self._layout if c10d_source else None
+            buckets = layout.refresh(rec) if layout else 0
+            clock.new_step(step, buckets, layout.generation if layout else 0)
             for timings in clock.collect():
                 rec.add_step_timings(timings)
-            if isinstance(clock, CompletionClock):
-                rec.unmatched_steps = clock.unmatched_steps
-                if rec.notes.get("bucket_timing") != clock.warning:
-                    rec.note("bucket_timing", clock.warning)
-                if clock.off_reason is not None and self.mode == "c10d":
-                    self._turn_off(clock.off_reason)
+            if c10d_source:
+                self._check_c10d(clock)
         except Exception as exc:
             fuse.blow(exc)
+
+    def _check_c10d(self, clock: CompletionClock) -> None:
+        """What the c10d clock found of itself: steps it could not match, a warning while
+        they keep failing, and whether the source times anything at all."""
+        rec = self._recorder
+        rec.unmatched_steps = clock.unmatched_steps
+        if rec.notes.get("bucket_timing") != clock.warning:
+            rec.note("bucket_timing", clock.warning)
+        if clock.off_reason is not None:
+            self._turn_off(clock.off_reason)
 
     def remove(self) -> None:
         """Detach: DDP cannot unregister a comm hook, so ddpmon's becomes a pass-through."""
@@ -179,6 +181,7 @@ class Timing:
         """The c10d source checked itself and found nothing to time: say so once, in the
         log, the state file and ``ddpmon_rank_info``, and stop listening."""
         self.mode = self._recorder.identity["bucket_timing"] = "off"
+        self.clock = None  # nothing left to collect
         text = f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets instead"
         self._recorder.note("bucket_timing", text)
         log.warning("ddpmon: rank %s: %s", self._recorder.identity.get("rank"), text)

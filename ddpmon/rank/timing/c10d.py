@@ -135,7 +135,7 @@ class CompletionClock:
 
     ``on_completion`` is the listener (``listen(group, clock.on_completion)``). The step
     hooks call ``backward_started``, ``backward_done`` and ``sync_done``; the monitor calls
-    ``new_step(buckets, step, generation)`` at each boundary and ``collect()`` after it.
+    ``new_step(step, buckets, generation)`` at each boundary and ``collect()`` after it.
     ``used_map_allreduce``: DDP all-reduces its used-parameter map after the last bucket
     (find_unused_parameters without static_graph).
     """
@@ -207,7 +207,7 @@ class CompletionClock:
         if window is not None and self._cuda and len(window.events) == 1:
             window.events.append(self._record())
 
-    def new_step(self, buckets: int, step: int | None = None, generation: int = 0) -> None:
+    def new_step(self, step: int, buckets: int = 0, generation: int = 0) -> None:
         """The step ``step`` (a count) ended; DDP's layout (``generation``) has ``buckets``."""
         window, self._open = self._open, None
         self._buckets_now, self._generation_now = buckets, generation

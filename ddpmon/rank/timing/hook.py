@@ -27,9 +27,13 @@ class BucketClock(Protocol):
     """Where a bucket's timing comes from. ``start`` runs in the comm hook, ``finish`` in
     the collective's completion callback, ``collect`` at a step boundary and returns the
     steps resolved so far (steps still pending on the device stay for a later call).
-    ``timing/c10d.py`` has a clock that needs no comm hook."""
+    ``timing/c10d.py`` has a clock that needs no comm hook and the same ``new_step`` and
+    ``collect``."""
 
-    def new_step(self) -> None: ...
+    def new_step(self, step: int, buckets: int = 0, generation: int = 0) -> None:
+        """Step ``step`` (a count) ended; DDP's layout (its ``generation``) has ``buckets``,
+        where a clock needs the layout (0 where it was not read)."""
+
 
     def start(self, index: int, ready: float) -> Any: ...
 
@@ -66,7 +70,7 @@ class WallClock:
             self._exposed = time.perf_counter() - self._compute_done
         self._compute_done = None
 
-    def new_step(self) -> None:
+    def new_step(self, step: int, buckets: int = 0, generation: int = 0) -> None:
         pass
 
     def start(self, index: int, ready: float) -> Any:
@@ -104,7 +108,7 @@ class CudaEventClock:
     def _event(self) -> torch.cuda.Event:
         return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
 
-    def new_step(self) -> None:
+    def new_step(self, step: int, buckets: int = 0, generation: int = 0) -> None:
         self._current = None
 
     def start(self, index: int, ready: float) -> Any:
