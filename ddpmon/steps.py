@@ -62,8 +62,8 @@ def busy_seconds(row: dict[str, Any]) -> float:
 
 
 def slower(score: float) -> str:
-    """A score as users read it everywhere: "37% slower"."""
-    return f"{max(0.0, score) * 100:.0f}% slower"
+    """A score as users read it everywhere: "37% slower" (or "4% faster")."""
+    return f"{score * 100:.0f}% slower" if score >= 0 else f"{-score * 100:.0f}% faster"
 
 
 @dataclass

@@ -59,7 +59,7 @@ def load(state_dir: str) -> tuple[list[dict[str, Any]], list[str]]:
     return states, problems
 
 
-def _ms(value: float | None) -> str:
+def _cell_ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
 
@@ -83,8 +83,8 @@ _PART_COLUMNS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"),
 
 
 def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
-    """Where each rank's time goes (mean ms per step over its last steps) and its straggler
-    score against the others (ddpmon/steps.py)."""
+    """Where each rank's time goes (mean ms per step over its last steps) and how much
+    slower it is than the others, with the doctor's straggler rule (ddpmon/steps.py)."""
     phases = {}
     for s in states:
         p = (s.get("timings") or {}).get("phases")
@@ -96,7 +96,7 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
     lines = [
         f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in phases.values())} steps)",
         f"{'rank':>4} " + " ".join(f"{label:>7}" for _, label in _PART_COLUMNS)
-        + f" {'step':>8} {'busy':>7} {'score':>6}  straggler",
+        + f" {'step':>8} {'busy':>7} {'slower':>6}  straggler",
     ]
     for rank in sorted(phases):
         p, sc = phases[rank], scores.get(rank)
@@ -104,8 +104,8 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
         if sc is not None and sc.straggler:
             verdict = f"yes: {sc.cause.replace('_', ' ')}" if sc.cause else "yes"
         lines.append(
-            f"{rank:>4} " + " ".join(f"{_ms(getattr(p, part + '_seconds')):>7}" for part, _ in _PART_COLUMNS)
-            + f" {_ms(p.step_seconds):>8} {_ms(p.busy_seconds):>7} "
+            f"{rank:>4} " + " ".join(f"{_cell_ms(getattr(p, part + '_seconds')):>7}" for part, _ in _PART_COLUMNS)
+            + f" {_cell_ms(p.step_seconds):>8} {_cell_ms(p.busy_seconds):>7} "
             + f"{(f'{sc.score:+.0%}' if sc else '-'):>6}  {verdict}"
         )
     return lines
@@ -126,9 +126,9 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
         status = "HANG suspected" if s.get("hang") else ("detached" if s.get("phase") == "detached" else "ok")
         lines.append(
             f"{s.get('rank', '?'):>4} {str(s.get('host') or '?')[:12]:<12} {s.get('pid') or '?':>7} "
-            f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_ms(_median(s, 'step_seconds')):>8} "
-            f"{_ms(_median(s, 'forward_seconds')):>7} {_ms(_median(s, 'backward_seconds')):>7} "
-            f"{_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "
+            f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_cell_ms(_median(s, 'step_seconds')):>8} "
+            f"{_cell_ms(_median(s, 'forward_seconds')):>7} {_cell_ms(_median(s, 'backward_seconds')):>7} "
+            f"{_cell_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "
             f"{idle:>7.1f}  {status}"
         )
     lines += _phase_lines(states)
@@ -153,8 +153,8 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
                 bw = b.get("busbw_bytes_per_second")
                 lines.append(
                     f"  {b.get('index', '?'):>6} {_bytes(b.get('bytes')):>10} {str(b.get('dtype', '?')):<9} "
-                    f"{b.get('num_parameters', '?'):>6} {_ms(b.get('ready_seconds')):>9} "
-                    f"{_ms(b.get('mean_seconds')):>8} {_ms(b.get('last_seconds')):>8} "
+                    f"{b.get('num_parameters', '?'):>6} {_cell_ms(b.get('ready_seconds')):>9} "
+                    f"{_cell_ms(b.get('mean_seconds')):>8} {_cell_ms(b.get('last_seconds')):>8} "
                     f"{(_bytes(bw) + '/s') if bw else '-':>12}  {b.get('count', 0)}"
                 )
     lines.extend(f"unreadable: {p}" for p in problems)

@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Collection, Iterable, Sequence
 
+from .. import steps
 from ..state.fault import path_for as fault_path
 from ..state.schema import Collective
 from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
@@ -65,7 +66,7 @@ FIX_STRAGGLER_PHASE = {
 
 def straggler_summary(rank: int, score: float, cause: str | None, share: float) -> str:
     """``rank 1 is 41% slower, 95% of it in data wait: look at its data loader (...)``."""
-    text = f"rank {rank} is {score:.0%} slower than the others"
+    text = f"rank {rank} is {steps.slower(score)} than the others"
     if cause is None:
         return text + ", spread over several parts of the step"
     return f"{text}, {share:.0%} of it in {PHASE_NAMES[cause]}: {FIX_STRAGGLER_PHASE[cause]}"
@@ -413,4 +414,7 @@ def verb(items: Collection[object], one: str, many: str) -> str:
 
 
 def ms(seconds: float | None) -> str:
-    return "?" if seconds is None else f"{seconds * 1000:.1f} ms"
+    """A duration as every command writes it: "12.3 ms", from 10 s on "42.0 s", "-" unknown."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"

@@ -14,10 +14,11 @@ import os
 import statistics
 from typing import Any
 
+from ..doctor.words import ms
 from ..steps import PART_LABELS, PARTS
 from . import html as html_page
 from .run import Run, load
-from .summary import ms, pct, summarize
+from .summary import pct, summarize
 
 NOISE = 0.02  # changes under 2% are shown but not called out
 
@@ -80,7 +81,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             "a_compute": x.get("median_compute_seconds"), "b_compute": y.get("median_compute_seconds"),
             "compute_delta": _minus(y.get("median_compute_seconds"), x.get("median_compute_seconds")),
             "phase": phase, "phase_delta": deltas.get(phase) if phase else None,
-            "a_score": x.get("straggler_score"), "b_score": y.get("straggler_score"),
+            "a_slower": x.get("slower"), "b_slower": y.get("slower"),
         })
     return {"a": _label(a), "b": _label(b), "rows": rows, "ranks": ranks,
             "explanation": explain(a, b, ranks)}
@@ -204,12 +205,12 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
         xs = sorted(set(steps[0]) | set(steps[1]))
         charts.append({"id": "step_time", "title": "Step time, median of the ranks", "kind": "line",
                        "x": {"label": "step", "values": xs}, "y_label": "step time", "unit": "ms", "note": "",
-                       "series": [{"name": name, "values": [_ms(s.get(x)) for x in xs]}
+                       "series": [{"name": name, "values": [_to_ms(s.get(x)) for x in xs]}
                                   for name, s in zip(("A", "B"), steps)]})
     return html_page.page("ddpmon compare", body, charts)
 
 
-def _ms(v: float | None) -> float | None:
+def _to_ms(v: float | None) -> float | None:
     return None if v is None else float(f"{v * 1e3:.4g}")
 
 

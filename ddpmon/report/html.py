@@ -4,7 +4,7 @@ uPlot (MIT, about 50 KB minified, ``vendor/``) and the data are inlined; the pag
 nothing but a browser. Every plot has axes with units, a legend with the values under the
 cursor, and zoom (drag across it; double-click resets). Per-step series are averaged into
 at most ``run.MAX_POINTS`` bins per rank, and at most ``MAX_LINES`` ranks are drawn one by
-one (the ones with the highest straggler score) next to the median and the maximum of all
+one (the slowest, by how much slower they are) next to the median and the maximum of all
 ranks, so a report of 1,024 ranks stays small and fast (docs/report.md).
 """
 
@@ -17,9 +17,11 @@ import statistics
 from importlib import resources
 from typing import Any
 
+from .. import steps
+from ..doctor.words import ms
 from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
-from .summary import ms, pct
+from .summary import pct
 
 MAX_LINES = 16
 PHASE_COLOURS = {
@@ -75,28 +77,25 @@ def _lines(per_rank: dict[int, list[Any]], chosen: list[int], scale: float) -> l
     return series
 
 
-def _straggler_scores(compute: dict[int, list[Any]], stored: dict[int, list[Any]]) -> dict[int, list[Any]]:
-    """Per bin, each rank's compute over the median compute of the other ranks (a score the
-    rank stored itself wins)."""
-    ranks = list(compute)
-    score: dict[int, list[Any]] = {r: [] for r in ranks}
-    for i, column in enumerate(zip(*(compute[r] for r in ranks))):
+def _slower(busy: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """Per bin, how much slower each rank is than the median of the other ranks: the busy
+    time (step less exposed communication) on the scale of ``steps.busy_ratio``."""
+    ranks = list(busy)
+    out: dict[int, list[Any]] = {r: [] for r in ranks}
+    for column in zip(*(busy[r] for r in ranks)):
         values = sorted(v for v in column if v is not None)
         for r, v in zip(ranks, column):
-            own = stored[r][i]
-            if own is None and v is not None and len(values) > 1:
-                mid = median_of_others(values, v)
-                own = v / mid if mid else None
-            score[r].append(own)
-    return score
+            mid = median_of_others(values, v) if v is not None and len(values) > 1 else None
+            out[r].append(steps.busy_ratio(v, mid) if mid else None)
+    return out
 
 
 def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The plots, as data for the page's script."""
     bins, where = _aligned(run)
     x = _x_steps(run, bins)
-    per_rank_score = {r["rank"]: r.get("straggler_score") or 0.0 for r in summary["per_rank"]}
-    chosen = sorted(run.ranks, key=lambda r: -per_rank_score.get(r, 0.0))[:MAX_LINES]
+    slower = {r["rank"]: r.get("slower") or 0.0 for r in summary["per_rank"]}
+    chosen = sorted(run.ranks, key=lambda r: -slower.get(r, 0.0))[:MAX_LINES]
     chosen.sort()
     bin_note = (f"each point is the mean of {run.stride} steps" if run.stride > 1 else "one point per step")
     step_x = {"label": "step", "values": x}
@@ -138,13 +137,12 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
                          "values": [_r(b["busbw_bytes_per_second"], 1e-9) for b in buckets]},
                     ], "note": "nccl-tests' bus bandwidth: bytes / time x 2(n-1)/n"})
 
-    compute = {r: [None if s is None else max(0.0, s - (e or 0.0)) for s, e in zip(step[r], exposed[r])]
-               for r in step}
-    score = _straggler_scores(compute, _series(run, bins, where, "straggler_score"))
-    out.append({"id": "straggler", "title": "Straggler score per rank", "kind": "line", "x": step_x,
-                "y_label": "straggler score", "unit": "ratio", "series": _lines(score, chosen, 1.0),
-                "note": "the rank's compute (step time minus exposed communication) over the median of "
-                        "the other ranks; 1 = typical, 1.25 = 25% slower; " + bin_note})
+    busy = {r: [None if s is None else max(0.0, s - (e or 0.0)) for s, e in zip(step[r], exposed[r])]
+            for r in step}
+    out.append({"id": "straggler", "title": "How much slower each rank is", "kind": "line", "x": step_x,
+                "y_label": "slower than the others", "unit": "%", "series": _lines(_slower(busy), chosen, 100.0),
+                "note": "the rank's busy time (step time minus exposed communication) against the median "
+                        "of the other ranks: 0 = typical, 25 = 25% slower; " + bin_note})
 
     util = _series(run, bins, where, "gpu_utilization_ratio")
     has_util = any(v is not None for vs in util.values() for v in vs)
@@ -195,11 +193,16 @@ def _summary_html(s: dict[str, Any]) -> str:
     slow_text = "-"
     if slow:
         slow_text = f"rank {slow['rank']}"
-        if slow.get("straggler_score"):
-            slow_text += f", straggler score {slow['straggler_score']:.2f}"
+        if slow.get("score") is not None:
+            slow_text += f", {steps.slower(slow['score'])} than the others"
         if slow.get("phase"):
             slow_text += f", most of it in {PART_LABELS[slow['phase']]} (+{ms(slow.get('excess_seconds'))})"
     verdict = s.get("verdict") or "-"
+    run_slow = s.get("straggler")
+    if run_slow and run_slow["named"] and verdict != "straggler":  # the doctor reads the last steps
+        cause = f", most of it in {PART_LABELS[run_slow['cause']]}" if run_slow["cause"] else ""
+        verdict += (f"; over the whole run rank {run_slow['rank']} was a straggler, "
+                    f"{steps.slower(run_slow['score'])} than the others{cause}")
     rows = [
         ("job", s["job"]), ("verdict (ddpmon doctor)", verdict),
         ("ranks", f"{s['ranks']}" + (f" of {s['world_size']}" if s.get("world_size") else "")),
@@ -221,7 +224,7 @@ def _ranks_html(s: dict[str, Any]) -> str:
     for r in s["per_rank"]:
         st = r["status"]
         how = st["status"] + (f": {st['exception']}" if st.get("exception") else "")
-        score = "-" if r.get("straggler_score") is None else f"{r['straggler_score']:.2f}"
+        score = "-" if r.get("slower") is None else steps.slower(r["slower"])
         out.append(
             f'<tr data-rank="{r["rank"]}"><td>{r["rank"]}</td><td>{e(str(r["host"] or "-"))}</td>'
             f'<td>{e(str(r["device"] or "-"))}</td><td>{r["steps"] if r["steps"] is not None else "-"}</td>'
@@ -336,7 +339,7 @@ _BODY = """<h2>Summary</h2>
 </table>
 <h2>Ranks</h2>
 <table class="ranks"><tr><th>rank</th><th>host</th><th>device</th><th>steps</th><th>median step</th>
-<th>compute</th><th>exposed comm</th><th>straggler score</th><th>how it ended</th></tr>
+<th>compute</th><th>exposed comm</th><th>slower than the others</th><th>how it ended</th></tr>
 {ranks}
 </table>
 <h2>Plots</h2>

@@ -18,8 +18,8 @@ from typing import Any
 
 from .. import steps
 from ..doctor import words
+from ..doctor.words import ms
 from ..state import schema
-from ..steps import PARTS, median_of_others
 from .run import Run, load
 
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
@@ -28,11 +28,11 @@ BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ra
 def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
     """Median seconds per phase; ``other`` is the step time the known phases leave."""
     out: dict[str, float | None] = {}
-    for p in PARTS:
+    for p in steps.PARTS:
         values = [v for v in sample.get(f"{p}_seconds", []) if v is not None]
         out[p] = statistics.median(values) if values else None
     if out["other"] is None:
-        measured = [sample[f"{p}_seconds"] for p in PARTS[:-1] if out[p] is not None]
+        measured = [sample[f"{p}_seconds"] for p in steps.PARTS[:-1] if out[p] is not None]
         others = [max(0.0, step - sum(v for v in parts if v is not None))
                   for step, *parts in zip(sample.get("step_seconds", []), *measured)]
         out["other"] = statistics.median(others) if others else None
@@ -77,15 +77,14 @@ def summarize(run: Run) -> dict[str, Any]:
             "history_rows": h.rows if h else 0,
             "history": h.path if h else None,
         })
-    computes = sorted(r["median_compute_seconds"] for r in ranks_out if r["median_compute_seconds"] is not None)
+    scores = run_scores(run)
     for r in ranks_out:
-        c = r["median_compute_seconds"]
-        mid = median_of_others(computes, c) if c is not None else None
-        r["straggler_score"] = round(c / mid, 4) if c is not None and mid else None
+        score = scores.get(r["rank"])
+        r["slower"] = round(score.score, 4) if score is not None else None
     starts = [h.sample["start_unix"][0] for h in run.ranks.values() if h.sample["start_unix"]]
     ends = [h.sample["end_unix"][-1] for h in run.ranks.values() if h.sample["end_unix"]]
     step_median = _median([r["median_step_seconds"] for r in ranks_out])
-    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in PARTS}
+    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in steps.PARTS}
     exposed = phases.get("exposed_comm")
     first = next(iter(run.ranks.values()), None)
     world = (first.identity.get("world_size") if first else None) or (
@@ -107,8 +106,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "phases": phases,
         "exposed_comm_share": (exposed / step_median) if exposed is not None and step_median else None,
         "gpu_utilization_ratio": _median([r["gpu_utilization_ratio"] for r in ranks_out]),
-        "slowest_rank": _slowest(ranks_out),
-        "straggler": _straggler(run),
+        "slowest_rank": _slowest(scores),
+        "straggler": _straggler(scores),
         "buckets": bucket_summary(run),
         "per_rank": ranks_out,
         "verdict": diag.verdict if diag is not None else None,
@@ -147,42 +146,36 @@ def _max_memory(sample: dict[str, list[Any]]) -> float | None:
     return None
 
 
-def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The rank that computes longest, and the phase where it loses most time against the
-    median of the other ranks."""
-    known = [r for r in ranks if r["median_compute_seconds"] is not None]
-    if not known:
-        return None
-    worst = max(known, key=lambda r: r["median_compute_seconds"])
-    others = [r for r in known if r is not worst] or [worst]
-    excess = {}
-    for p in PARTS:
-        if p == "exposed_comm":
-            continue
-        mine = worst["phases"].get(p)
-        theirs = _median([r["phases"].get(p) for r in others])
-        if mine is not None:
-            excess[p] = mine - (theirs or 0.0)
-    phase = max(excess, key=lambda p: excess[p]) if excess else None
-    return {"rank": worst["rank"], "phase": phase, "excess_seconds": excess.get(phase) if phase else None,
-            "median_compute_seconds": worst["median_compute_seconds"],
-            "straggler_score": worst.get("straggler_score")}
-
-
 _SCORED = ("step_seconds", "data_wait_seconds", "forward_seconds", "backward_seconds",
            "exposed_comm_seconds", "optimizer_seconds", "other_seconds")
 
 
-def _straggler(run: Run) -> dict[str, Any] | None:
-    """The doctor's straggler rule (ddpmon/steps.py) over each rank's whole run: the
-    slowest rank by busy time, whether it is a straggler, and the part that explains it."""
+def run_scores(run: Run) -> dict[int, steps.Score]:
+    """Who is slow over the whole run: ``steps.scores`` over each rank's sampled history,
+    the same rule the doctor applies to the last steps of a running job."""
     phases = {}
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
         rows = [dict({c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED}, micro_steps=1)
                 for i, step in enumerate(columns["step_seconds"]) if step is not None]
         phases[rank] = steps.phases(rows)
-    scores = steps.scores(phases)
+    return steps.scores(phases)
+
+
+def _slowest(scores: dict[int, steps.Score]) -> dict[str, Any] | None:
+    """The slowest rank by busy time, how much slower (``score``: 0.37 = 37% slower), and the
+    part of its step where it loses most against the other ranks' median."""
+    if not scores:
+        return None
+    top = max(scores.values(), key=lambda sc: sc.score)
+    phase = top.cause or max(top.excess, key=lambda p: top.excess[p])
+    return {"rank": top.rank, "score": round(top.score, 4), "phase": phase,
+            "excess_seconds": top.excess[phase]}
+
+
+def _straggler(scores: dict[int, steps.Score]) -> dict[str, Any] | None:
+    """The doctor's straggler rule over the whole run: the slowest rank, whether it is a
+    straggler (out of its noise), and the part that explains it."""
     if not scores:
         return None
     top = max(scores.values(), key=lambda sc: sc.score)
@@ -228,12 +221,6 @@ def bucket_summary(run: Run) -> list[dict[str, Any]]:
 # -- words --------------------------------------------------------------------------------
 
 
-def ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
 def pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio * 100:.0f}%"
 
@@ -251,7 +238,7 @@ def end_of_run(state_dir: str) -> str:
         lines.append(f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"
                      f" ({ms(slow['busy_seconds'])} against {ms(slow['baseline_seconds'])} of work per step)")
     elif slow:
-        lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {pct(max(0.0, slow['score']))} slower "
+        lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
                      "than the others, within their step-to-step noise")
     shown = [f for f in s["findings"] if f["severity"] in ("error", "warning")] + \
             [f for f in s["findings"] if f["severity"] == "info"]

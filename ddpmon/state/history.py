@@ -35,11 +35,11 @@ NAME_PATTERN = re.compile(r"^rank-(\d+)\.history\.sqlite$")
 STEP_COLUMNS = (
     "step", "start_unix", "end_unix", "step_seconds", "forward_seconds", "backward_seconds",
     "exposed_comm_seconds", "data_wait_seconds", "h2d_seconds", "optimizer_seconds",
-    "other_seconds", "straggler_score", "buckets", "gpu_utilization_ratio",
+    "other_seconds", "buckets", "gpu_utilization_ratio",
     "gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes",
 )
-_FLOAT_COLUMNS = STEP_COLUMNS[1:12]
-SAMPLE_KEYS = STEP_COLUMNS[13:]  # sampled by the writer, once per batch
+_FLOAT_COLUMNS = STEP_COLUMNS[1:11]
+SAMPLE_KEYS = STEP_COLUMNS[12:]  # sampled by the writer, once per batch
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -55,7 +55,6 @@ CREATE TABLE IF NOT EXISTS steps (
     h2d_seconds REAL,
     optimizer_seconds REAL,
     other_seconds REAL,
-    straggler_score REAL,
     buckets TEXT,                       -- JSON [[index, seconds, bytes], ...] or NULL
     gpu_utilization_ratio REAL,         -- 0..1, sampled once per batch
     gpu_memory_used_bytes INTEGER,
@@ -125,8 +124,8 @@ class HistoryStore:
         rows = [_row(s, sample) for s in steps]
         marks = ",".join("?" * len(STEP_COLUMNS))
         with self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(f"INSERT OR REPLACE INTO steps VALUES ({marks})", rows)
+            self._db.execute("BEGIN")  # columns named: a file of an older ddpmon has more
+            self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})", rows)
         self.rows += len(rows)
         if self.rows > self.max_rows:
             self._thin()
@@ -249,7 +248,7 @@ def bytes_per_step(path: str) -> float | None:
 
 BINNED_MEANS = ("step_seconds", "forward_seconds", "backward_seconds", "exposed_comm_seconds",
                 "data_wait_seconds", "h2d_seconds", "optimizer_seconds", "other_seconds",
-                "straggler_score", "gpu_utilization_ratio")
+                "gpu_utilization_ratio")
 BINNED_MAXES = ("gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes")
 
 

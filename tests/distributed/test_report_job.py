@@ -93,9 +93,25 @@ def test_report_json_of_a_finished_job(runs):
     s = json.loads(done.stdout)
     assert s["steps"] == STEPS and s["ranks"] == 2 and s["devices"] == ["cpu"] and s["backend"] == "gloo"
     assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
+    # one scale ("N% slower") from one rule in the summary, the per-rank table and the verdict
+    slower = {r["rank"]: r["slower"] for r in s["per_rank"]}
+    assert slower[1] == s["slowest_rank"]["score"] == s["straggler"]["score"] > 0.5 and slower[0] < 0
+    assert s["verdict"] == "straggler" and s["suspect_ranks"] == [1]  # the finished job keeps it
     assert s["median_step_seconds"] >= DELAY
     assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
     assert s["exposed_comm_share"] > 0.3  # rank 0 waits for rank 1 in the all-reduce
+
+
+def test_the_doctor_on_a_finished_job_says_what_happened_in_the_run(runs):
+    workdir, _ = runs["slow"]
+    done = cli("doctor", str(workdir / "state"), "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["verdict"] == "straggler" and report["suspect_ranks"] == [1]
+    kinds = [f["kind"] for f in report["findings"]]
+    assert kinds[:2] == ["straggler", "finished"], kinds
+    assert "rank 1 is" in report["findings"][0]["summary"] and "in forward" in report["findings"][0]["summary"]
+    fast = json.loads(cli("doctor", str(runs["fast"][0] / "state"), "--json").stdout)
+    assert fast["verdict"] == "healthy" and [f["kind"] for f in fast["findings"]][:1] == ["finished"]
 
 
 def test_compare_two_real_runs_explains_the_difference(runs):

@@ -29,6 +29,21 @@ def steps(first: int, last: int, buckets: int = 4) -> list[dict]:
     } for s in range(first, last + 1)]
 
 
+def test_a_file_of_an_older_ddpmon_with_a_straggler_column_is_read_and_written(tmp_path):
+    """Histories once had a ``straggler_score`` column, never written (who is slow needs
+    every rank: readers compute it). Such a file is read, and a new run writes into it."""
+    path = history.path_for(str(tmp_path), 0)
+    with sqlite3.connect(path) as db:
+        db.executescript(history._SCHEMA.replace("other_seconds REAL,", "other_seconds REAL, straggler_score REAL,"))
+        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(history.SCHEMA_VERSION),))
+        db.execute("INSERT INTO steps (step, start_unix, end_unix, step_seconds) VALUES (1, 0, 1, 1)")
+    assert history.read(path)["steps"]["step_seconds"] == [1.0]
+    store = history.HistoryStore(path, {"rank": 0, "job": "again"})
+    store.add_steps(steps(1, 3))
+    store.close()
+    assert history.read(path)["steps"]["step"] == [1, 2, 3]
+
+
 def test_round_trip_keeps_every_column_and_the_identity(tmp_path):
     path = history.path_for(str(tmp_path), 3)
     store = history.HistoryStore(path, {"rank": 3, "job": "j", "world_size": 4})
@@ -41,7 +56,7 @@ def test_round_trip_keeps_every_column_and_the_identity(tmp_path):
     cols = h["steps"]
     assert cols["step"] == list(range(1, 11))
     assert cols["exposed_comm_seconds"][:2] == [0.05, None]
-    assert cols["data_wait_seconds"] == [None] * 10 and cols["straggler_score"] == [None] * 10
+    assert cols["data_wait_seconds"] == [None] * 10 and "straggler_score" not in cols
     assert cols["buckets"][0] == [[0, 0.01, 1 << 20], [1, 0.02, 1 << 20], [2, 0.03, 1 << 20], [3, 0.04, 1 << 20]]
     assert cols["process_resident_memory_bytes"] == [123] * 10 and cols["gpu_utilization_ratio"] == [0.5] * 10
     assert h["findings"][0]["text"] == "x: something" and h["findings"][0]["step"] == 7

@@ -39,8 +39,9 @@ def test_summary_names_the_straggler_and_its_phase(slow_run):
     assert s["job"] == "slow" and s["ranks"] == 4 and s["steps"] == 300
     assert s["slowest_rank"]["rank"] == 2 and s["slowest_rank"]["phase"] == "backward"
     assert s["slowest_rank"]["excess_seconds"] == pytest.approx(0.03, rel=0.1)
-    scores = {r["rank"]: r["straggler_score"] for r in s["per_rank"]}
-    assert scores[2] > 1.3 and all(abs(scores[r] - 1) < 0.05 for r in (0, 1, 3))
+    slower = {r["rank"]: r["slower"] for r in s["per_rank"]}  # the doctor's scale: 0.3 = 30% slower
+    assert slower[2] > 0.3 and all(abs(slower[r]) < 0.05 for r in (0, 1, 3))
+    assert s["slowest_rank"]["score"] == s["straggler"]["score"] == slower[2]
     phases = s["phases"]
     assert sum(v for v in phases.values() if v) == pytest.approx(s["median_step_seconds"], rel=0.05)
     assert [b["index"] for b in s["buckets"]] == [0, 1, 2, 3]

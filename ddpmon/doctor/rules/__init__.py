@@ -7,7 +7,8 @@ order and the first rule that answers gives the verdict, so the order is the pre
 ===================  =========  ===================================================
 kind                 verdict    when
 ===================  =========  ===================================================
-finished             healthy    every rank exited without an error
+finished             healthy    every rank exited without an error (straggler when
+                                a rank straggled over its last steps)
 mismatch             desync     the ranks' collectives differ under one sequence
                                 number (op, order, dtype or element count)
 left_early           desync     the first rank to end exited cleanly while others

@@ -15,6 +15,7 @@ from .. import words
 from ..findings import Finding, Verdict
 from ..view import CRASHED, EXITED, RankView
 from .common import gone, stalled
+from .straggler import finished_straggler
 
 PEER_FAILURE = re.compile(
     r"connection (closed|reset|refused)|closed by peer|broken pipe|timed out|timeout|"
@@ -26,13 +27,17 @@ PEER_FAILURE = re.compile(
 
 
 def finished(views: list[RankView], missing: list[int]) -> Verdict | None:
-    """finished: every rank exited without an error. The job is over, and healthy."""
+    """finished: every rank exited without an error. The job is over: healthy, unless a
+    rank straggled over its last steps, which a finished job keeps as its verdict (what
+    happened in the run, not only that it ended)."""
     ended = gone(views)
     if views and len(ended) == len(views) and all(v.status == EXITED for v in ended):
-        return Verdict("healthy", [], [Finding(
-            "finished", "info", [v.rank for v in views],
-            f"the job has ended: all {len(views)} ranks exited without an error",
-        )])
+        done = Finding("finished", "info", [v.rank for v in views],
+                       f"the job has ended: all {len(views)} ranks exited without an error")
+        slow = finished_straggler(views)
+        if slow is not None:
+            return Verdict(slow.verdict, slow.suspects, [*slow.findings, done])
+        return Verdict("healthy", [], [done])
     return None
 
 

@@ -26,10 +26,17 @@ this many steps."""
 
 
 def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
-    phases = {v.rank: v.state.timings.phases for v in views}
-    if len(views) >= 2 and all(p is not None for p in phases.values()):
-        return _by_busy_time(views, steps.scores(phases))  # type: ignore[arg-type]
-    return _by_compute(views)
+    return _by_busy_time(views) if _parts_known(views) else _by_compute(views)
+
+
+def finished_straggler(views: list[RankView]) -> Verdict | None:
+    """A finished job's straggler over the last steps each rank published. Only by busy
+    time: the compute medians of older files mix in the warm-up steps of a short job."""
+    return _by_busy_time(views) if _parts_known(views) else None
+
+
+def _parts_known(views: list[RankView]) -> bool:
+    return len(views) >= 2 and all(v.state.timings.phases is not None for v in views)
 
 
 def slowest_within_noise(views: list[RankView]) -> list[Finding]:
@@ -48,7 +55,7 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
     return [Finding(
         "slowest_rank", "info", [top.rank],
-        f"rank {top.rank} is {top.score:.0%} slower than the others{part}, but within its "
+        f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
         f"step-to-step noise ({words.ms(top.gap_seconds)} against {words.ms(top.noise_seconds)} of noise "
         f"per step): not named a straggler yet",
         [], "Ask again in a few steps (the score is over the last 20), or watch the Straggler "
@@ -56,7 +63,8 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     )]
 
 
-def _by_busy_time(views: list[RankView], scores: dict[int, steps.Score]) -> Verdict | None:
+def _by_busy_time(views: list[RankView]) -> Verdict | None:
+    scores = steps.scores({v.rank: v.state.timings.phases for v in views})  # type: ignore[misc]
     slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
     if not slow or len(slow) == len(scores):
         return None
@@ -69,7 +77,7 @@ def _by_busy_time(views: list[RankView], scores: dict[int, steps.Score]) -> Verd
         cause = s.cause
         evidence = [
             f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step (trimmed mean of the last "
-            f"{phases.steps} steps), straggler score {scores[r].score:+.0%}, waits "
+            f"{phases.steps} steps), {steps.slower(scores[r].score)} than the others' median, waits "
             f"{words.ms(exposed.get(r))} for communication"
             for r in sorted(scores)
         ]
