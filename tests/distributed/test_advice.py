@@ -12,7 +12,7 @@ import pytest
 
 from ddpmon.doctor import examine
 
-from .harness import ROOT, run_ranks
+from tests.support.harness import ROOT, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import run_ranks
+from tests.support.harness import run_ranks
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,7 +14,7 @@ import pytest
 
 from ddpmon.state import history
 
-from . import harness
+from tests.support import harness
 
 pytestmark = pytest.mark.timeout(240)
 

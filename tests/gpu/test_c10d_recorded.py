@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.harness import run_ranks
-from tests.unit.c10d_recording import replay
+from tests.support.c10d import replay
+from tests.support.harness import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 

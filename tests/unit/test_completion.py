@@ -4,7 +4,6 @@ tests/gpu; here the matching rules are pinned down, including the steps it must 
 
 from __future__ import annotations
 
-import datetime
 import time
 from types import SimpleNamespace
 
@@ -16,16 +15,7 @@ from ddpmon.timing import c10d as completion
 from ddpmon.timing.c10d import CompletionClock
 from ddpmon.timing.layout import _numbers
 from ddpmon.recorder import BucketTiming, Recorder, StepTimings
-
-
-def info(op: str, seq: int, started_unix: float, ms: float) -> SimpleNamespace:
-    """What ProcessGroupNCCL hands the hook: naive local datetimes, a timedelta."""
-    started = datetime.datetime.fromtimestamp(started_unix)
-    return SimpleNamespace(
-        op_type=getattr(c10d.OpType, op), seq=seq, time_started=started,
-        time_finished=started + datetime.timedelta(milliseconds=ms),
-        active_duration=datetime.timedelta(milliseconds=ms),
-    )
+from tests.support.c10d import info
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,6 @@
-"""The doctor on crafted state files: each rule, each bad input, the output contract, speed.
-
-State files are built from the state schema's records, then get the times and fields a
-scenario needs. Ranks on another host are not checked with psutil, so those files stand
-for ranks anywhere; ranks on this host use real processes started by the test.
+"""The doctor on crafted state files (tests/support/states.py): each rule, each bad input,
+the output contract, speed. Ranks on another host are not checked with psutil, so those
+files stand for ranks anywhere; ranks on this host use real processes started by the test.
 """
 
 from __future__ import annotations
@@ -22,88 +20,13 @@ import psutil
 import pytest
 
 from ddpmon import cli
-from ddpmon.state import files as statefile
-from ddpmon.doctor import VERDICTS, Diagnosis, examine, report, stacks
-from ddpmon.state import schema
+from ddpmon.doctor import VERDICTS, examine, report, stacks
+from tests.support import states
+from tests.support.commands import run_doctor
+from tests.support.states import hang_report, kinds, state, waiting_in, write
 
 ROOT = Path(__file__).resolve().parents[2]
-NOW = time.time()
 HERE = socket.gethostname()
-
-
-@pytest.fixture(autouse=True)
-def fresh_now() -> None:
-    """Each test's "now": files are written as of this moment (minus their age)."""
-    global NOW
-    NOW = time.time()
-
-
-def state(rank: int, world: int = 2, job: str = "job", host: str = "node-b", *, steps: int = 20,
-          step_s: float = 0.05, forward_s: float = 0.01, backward_s: float = 0.02,
-          exposed_s: float | None = 0.01, silent: float = 0.1, skew: float = 0.0,
-          backend: str = "gloo", **fields: Any) -> dict[str, Any]:
-    """A rank's state file body: ``silent`` seconds since its last progress at writing,
-    its writer's clock ``skew`` seconds off."""
-    def summary(value: float | None) -> schema.Summary | None:
-        return None if value is None else schema.Summary(value, value, value)
-
-    snap = schema.to_json(schema.RankState(
-        rank=rank, local_rank=rank, world_size=world, host=host, pid=4000 + rank, port=None, job=job,
-        backend=backend, debug_level="OFF", state_interval=1.0, step=steps,
-        timings=schema.Timings(
-            window_steps=steps, step_seconds=summary(step_s), forward_seconds=summary(forward_s),
-            backward_seconds=summary(backward_s), compute_seconds=summary(forward_s + backward_s),
-            exposed_comm_seconds=summary(exposed_s),
-        ),
-    ))
-    now = NOW + skew
-    snap.update(now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, phase="forward")
-    snap.update(fields)
-    return snap
-
-
-def hang_report(**fields: Any) -> dict[str, Any]:
-    """A watchdog's hang report, as the schema has it."""
-    report = {"detected_unix": NOW, "last_progress_unix": NOW - 60, "silent_seconds": 60.0,
-              "timeout_seconds": 60.0, "timeout_source": "learned", "threads": [], "in_flight": []}
-    report.update(fields)
-    return report
-
-
-def waiting_in(op: str, seq: int, age: float, site: str = "train.py:88", group: str = "0",
-               size: int = 2, skew: float = 0.0, **extra: Any) -> dict[str, Any]:
-    entry = {"seq": seq, "op": op, "group": group, "group_size": size, "bytes": 4096,
-             "call_site": site, "function": "train_step", "issued_unix": NOW + skew - age}
-    entry.update(extra)
-    return entry
-
-
-def write(directory: Path, data: dict[str, Any], age: float = 0.2) -> Path:
-    """Write a state file as its rank would have ``age`` seconds ago: the times in ``data``
-    are as of its writing, and move back by ``age`` with it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = Path(statefile.path_for(str(directory), data["rank"]))
-    data = json.loads(json.dumps(data))
-    for key in ("now_unix", "last_progress_unix", "started_unix"):
-        data[key] -= age
-    for entry in data.get("in_flight") or []:
-        entry["issued_unix"] -= age
-    if isinstance(data.get("exit"), dict):
-        data["exit"]["unix"] -= age
-    statefile.write_atomic(str(path), data)
-    os.utime(path, (NOW - age, NOW - age))
-    return path
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ddpmon", "doctor", *args], cwd=ROOT, capture_output=True, text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), timeout=30,
-    )
-
-
-def kinds(d: Diagnosis) -> list[str]:
-    return [f.kind for f in d.findings]
 
 
 # -- bad input ----------------------------------------------------------------------------------
@@ -111,30 +34,30 @@ def kinds(d: Diagnosis) -> list[str]:
 
 def test_missing_directory_exits_2_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
-    out = run_cli(str(missing))
+    out = run_doctor(str(missing))
     assert out.returncode == 2
     assert str(missing) in out.stderr and "no such directory" in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    out = run_cli(str(a_file), "--json")
+    out = run_doctor(str(a_file), "--json")
     assert out.returncode == 2 and "is not a directory" in out.stderr
 
 
 def test_bad_usage_exits_2() -> None:
-    out = run_cli("/tmp", "--stall", "-3")
+    out = run_doctor("/tmp", "--stall", "-3")
     assert out.returncode == 2 and "positive number of seconds" in out.stderr
-    out = run_cli("/tmp", "--no-such-option")
+    out = run_doctor("/tmp", "--no-such-option")
     assert out.returncode == 2
 
 
 def test_empty_directory_is_no_data(tmp_path: Path) -> None:
-    out = run_cli(str(tmp_path), "--json")
+    out = run_doctor(str(tmp_path), "--json")
     assert out.returncode == 2
     body = json.loads(out.stdout)
     assert body["verdict"] == "no_data" and body["suspect_ranks"] == [] and body["ranks"] == []
     assert body["findings"][0]["kind"] == "no_state_files"
-    human = run_cli(str(tmp_path))
+    human = run_doctor(str(tmp_path))
     assert human.returncode == 2 and "NO DATA" in human.stdout and "ddpmon.attach(model)" in human.stdout
 
 
@@ -148,7 +71,7 @@ def test_corrupt_and_truncated_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "rank-4.json").write_text(json.dumps({"hello": "world"}))
     (tmp_path / "rank-5.json").write_text(json.dumps(dict(state(1, world=4), rank="five")))
     (tmp_path / "rank-6.json").write_text("")
-    out = run_cli(str(tmp_path), "--json")
+    out = run_doctor(str(tmp_path), "--json")
     assert "Traceback" not in out.stderr
     body = json.loads(out.stdout)
     bad = {f["summary"].split(" ", 1)[0]: f["summary"] for f in body["findings"] if f["kind"] == "bad_state_file"}
@@ -161,7 +84,7 @@ def test_corrupt_and_truncated_files_are_named(tmp_path: Path) -> None:
     assert body["verdict"] == "healthy" and out.returncode == 0
     # ranks 2 and 3 have files, unreadable ones (named above): not "no state file"
     assert [f for f in body["findings"] if f["kind"] == "missing_ranks"] == []
-    human = run_cli(str(tmp_path))
+    human = run_doctor(str(tmp_path))
     assert "rank-3.json is not valid JSON" in " ".join(human.stdout.split())
 
 
@@ -179,7 +102,7 @@ def test_two_jobs_in_one_directory_are_kept_apart(tmp_path: Path) -> None:
     big = examine(str(tmp_path), job="big", live_stacks=False)
     assert [v.rank for v in big.ranks] == [2, 3] and "missing_ranks" in kinds(big)
     assert [f.ranks for f in big.findings if f.kind == "missing_ranks"] == [[0, 1]]
-    out = run_cli(str(tmp_path), "--job", "nope")
+    out = run_doctor(str(tmp_path), "--job", "nope")
     assert out.returncode == 2 and "no state files of job 'nope'" in out.stderr and "big, small" in out.stderr
 
 
@@ -234,7 +157,7 @@ def test_comm_hang_same_collective_nobody_behind(tmp_path: Path) -> None:
 def test_comm_hang_one_rank_one_collective_ahead(tmp_path: Path) -> None:
     """Rank 0 completed all_reduce #17 and waits in #18; rank 1 still waits in #17: what
     rank 1 waits for has been delivered to rank 0, so nobody is behind."""
-    done = dict(waiting_in("all_reduce", 17, 12.0), completed_unix=NOW - 11.0, seconds=1.0)
+    done = dict(waiting_in("all_reduce", 17, 12.0), completed_unix=states.NOW - 11.0, seconds=1.0)
     write(tmp_path, state(0, silent=11.0, in_flight=[waiting_in("all_reduce", 18, 11.0)],
                           collective_log=[done], last_collective=done))
     write(tmp_path, state(1, silent=12.0, in_flight=[waiting_in("all_reduce", 17, 12.0)]))
@@ -302,8 +225,8 @@ def test_stuck_rank_stack_from_its_hang_report(tmp_path: Path) -> None:
 
 
 def test_dead_rank_with_its_own_exception_first(tmp_path: Path) -> None:
-    exit_bad = {"unix": NOW, "exception": "ValueError: bad sample 17", "where": "data.py:33 in load"}
-    exit_peer = {"unix": NOW, "exception": "RuntimeError: Got the following error when running the "
+    exit_bad = {"unix": states.NOW, "exception": "ValueError: bad sample 17", "where": "data.py:33 in load"}
+    exit_peer = {"unix": states.NOW, "exception": "RuntimeError: Got the following error when running the "
                  "callback: RuntimeError: [pair.cc:537] Read error: Connection reset by peer"}
     write(tmp_path, state(0, world=3, exit=exit_peer), age=19.0)
     write(tmp_path, state(1, world=3, exit=exit_bad), age=20.0)
@@ -325,7 +248,7 @@ def test_dead_rank_on_another_host_stops_writing(tmp_path: Path) -> None:
 
 
 def test_rank_that_left_early_is_a_desync(tmp_path: Path) -> None:
-    write(tmp_path, state(0, steps=10, exit={"unix": NOW, "exception": None}), age=10.0)
+    write(tmp_path, state(0, steps=10, exit={"unix": states.NOW, "exception": None}), age=10.0)
     write(tmp_path, state(1, steps=11, silent=10.0, in_flight=[waiting_in("all_reduce", 60, 10.0, bucket=0)]))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [0], "left_early")
@@ -365,7 +288,7 @@ def test_small_differences_are_healthy(tmp_path: Path) -> None:
 
 def test_finished_job_is_healthy(tmp_path: Path) -> None:
     for r in range(2):
-        write(tmp_path, state(r, exit={"unix": NOW, "exception": None}), age=5.0)
+        write(tmp_path, state(r, exit={"unix": states.NOW, "exception": None}), age=5.0)
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, kinds(d)) == ("healthy", ["finished"])
 
@@ -409,7 +332,7 @@ def test_stopped_and_dead_local_processes(tmp_path: Path, python_sleeper: subpro
     while psutil.Process(python_sleeper.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
         time.sleep(0.01)
     try:
-        write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=NOW))
+        write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=states.NOW))
         write(tmp_path, state(1))
         d = examine(str(tmp_path), live_stacks=False)
         assert d.ranks[0].status == "frozen" and "stopped" in d.ranks[0].liveness.detail
@@ -418,7 +341,7 @@ def test_stopped_and_dead_local_processes(tmp_path: Path, python_sleeper: subpro
         os.kill(python_sleeper.pid, signal.SIGCONT)
     python_sleeper.kill()
     python_sleeper.wait(10)
-    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=NOW), age=3.0)
+    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=states.NOW), age=3.0)
     write(tmp_path, state(1, silent=3.0, in_flight=[waiting_in("all_reduce", 5, 3.0)]))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("dead_rank", [0])
@@ -426,7 +349,7 @@ def test_stopped_and_dead_local_processes(tmp_path: Path, python_sleeper: subpro
 
 
 def test_pid_reused_by_a_later_process_is_not_the_rank(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
-    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=NOW - 3600.0), age=3.0)
+    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=states.NOW - 3600.0), age=3.0)
     write(tmp_path, state(1, silent=3.0))
     d = examine(str(tmp_path), live_stacks=False)
     assert d.ranks[0].status == "dead" and "later process" in d.ranks[0].liveness.detail
@@ -467,7 +390,7 @@ def test_pids_of_another_pid_namespace_are_not_trusted(tmp_path: Path) -> None:
 def test_json_contract_and_exit_code(tmp_path: Path) -> None:
     write(tmp_path, state(0, silent=30.0, hang=hang_report()))
     write(tmp_path, state(1, silent=30.0, in_flight=[waiting_in("all_reduce", 5, 30.0)]))
-    out = run_cli(str(tmp_path), "--json", "--no-stacks")
+    out = run_doctor(str(tmp_path), "--json", "--no-stacks")
     assert out.returncode == 1, out.stderr
     body = json.loads(out.stdout)
     assert {"verdict", "suspect_ranks", "findings", "ranks"} <= set(body)
@@ -492,7 +415,7 @@ def test_human_output_culprit_first_then_a_row_per_rank(tmp_path: Path) -> None:
     assert "\033[" not in text
     coloured = report.render(d, colour=True)
     assert "\033[31mHANG\033[0m" in coloured
-    out = run_cli(str(tmp_path), "--no-stacks")  # a pipe, not a terminal: no colour
+    out = run_doctor(str(tmp_path), "--no-stacks")  # a pipe, not a terminal: no colour
     assert out.returncode == 1 and "\033[" not in out.stdout and "root cause" in out.stdout
 
 
@@ -511,7 +434,7 @@ def test_ddpmon_failure_exits_3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 def test_default_directory_from_the_environment(tmp_path: Path) -> None:
     write(tmp_path, state(0))
     write(tmp_path, state(1))
-    out = run_cli("--json", "--no-stacks", env={"DDPMON_STATE_DIR": str(tmp_path)})
+    out = run_doctor("--json", "--no-stacks", env={"DDPMON_STATE_DIR": str(tmp_path)})
     assert out.returncode == 0 and json.loads(out.stdout)["state_dir"] == str(tmp_path)
 
 
@@ -550,7 +473,7 @@ def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(tmp_path: Path,
     d = examine(str(tmp_path))
     assert (d.verdict, d.suspect_ranks) == ("hang", [37])
     assert calls == []
-    out = run_cli(str(tmp_path), "--json")
+    out = run_doctor(str(tmp_path), "--json")
     assert out.returncode == 1 and json.loads(out.stdout)["suspect_ranks"] == [37]
 
 
@@ -560,7 +483,7 @@ def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, si
     entries = [{"record_id": s, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
                 "profiling_name": f"nccl:{op if s == completed + 1 else 'all_reduce'}", "is_p2p": False,
                 "state": "scheduled" if s > completed else "completed",
-                "time_created_ns": int((NOW - silent) * 1e9)} for s in range(completed - 3, enqueued + 1)]
+                "time_created_ns": int((states.NOW - silent) * 1e9)} for s in range(completed - 3, enqueued + 1)]
     fr = {"pg_status": {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": str(completed + 1),
                               "last_completed_collective": str(completed)}}, "entries": entries}
     return state(rank, world=world, backend="nccl", silent=silent,
