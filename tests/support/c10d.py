@@ -6,7 +6,7 @@ the step hooks' calls, the boundaries (``new_step``, ``collect``, with how many 
 live clock resolved there and their bucket durations) and c10d's WorkInfo records as they
 arrived (op, seq, enqueue time, GPU duration). ``replay`` runs it through a new clock with
 time stood in for, so a sequence recorded in a real job (tests/fixtures/workinfo/) pins
-down the matching as unit tests do. Recorded by tests/unit/c10d_record_job.py.
+down the matching as unit tests do. Recorded by tests/gpu/c10d_record_job.py.
 """
 
 from __future__ import annotations

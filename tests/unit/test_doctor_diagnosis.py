@@ -1,17 +1,15 @@
 """The doctor's newer rules on state files built from the schema's records: collectives
 that differ under one sequence number, ranks busy outside a step, exit statuses, names and
-ranks folded, --job choosing its directory."""
+ranks folded. (--job choosing its directory: tests/processes/test_doctor_cli.py.)"""
 
 from __future__ import annotations
 
-import os
 
 from pathlib import Path
 
 from ddpmon.doctor import examine, words
 from ddpmon.doctor.report import group_lines, render
 from tests.support import states
-from tests.support.commands import run_doctor
 from tests.support.states import kinds, state, waiting_in, write
 
 
@@ -81,16 +79,3 @@ def test_a_thousand_ranks_fit_one_screen(tmp_path: Path) -> None:
     text = render(examine(str(tmp_path), live_stacks=False), width=100)
     assert len(text.splitlines()) < 40
     assert "0\u20136, 8\u201339" in text
-
-
-def test_job_picks_its_directory_and_leaves_other_jobs_out(tmp_path: Path) -> None:
-    root = tmp_path / f"ddpmon-{os.geteuid()}"  # this user's default root
-    write(root / "big", state(0, job="big"))
-    write(root / "big", state(1, job="big"))
-    write(root / "small", state(0, job="small"))
-    write(root / "small", state(1, job="small"))
-    out = run_doctor("--job", "big", "--json", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
-    assert out.returncode in (0, 1), out.stderr  # (the files age as the test runs)
-    assert f'"state_dir": "{root / "big"}"' in out.stdout and '"small"' not in out.stdout
-    out = run_doctor("--job", "nope", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
-    assert out.returncode == 2 and "nope" in out.stderr and "Traceback" not in out.stderr

@@ -1,4 +1,5 @@
-"""The report, its summary and the comparison, on synthetic history stores (no job)."""
+"""The report, its summary and the comparison, on synthetic history stores (no job). (The
+commands in an interpreter without torch: tests/processes/test_report_command.py.)"""
 
 from __future__ import annotations
 
@@ -125,23 +126,3 @@ def test_cli_report_compare_and_their_errors(slow_run, even_run, tmp_path, capsy
     (tmp_path / "bad.json").write_text("{}")
     code, _, err = _cli(["compare", even_run, str(tmp_path / "bad.json")], capsys)
     assert code == 2 and "report --json" in err
-
-
-def test_report_and_compare_never_import_torch(slow_run, even_run, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = (
-        "import sys; sys.modules['torch'] = None\n"  # any import of torch fails
-        "from ddpmon.cli import main\n"
-        f"try:\n    main(['report', {slow_run!r}, '-o', {str(tmp_path / 'r.html')!r}])\n"
-        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
-        f"try:\n    main(['compare', {even_run!r}, {slow_run!r}])\n"
-        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "rank 2 explains it" in done.stdout

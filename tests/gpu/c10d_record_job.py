@@ -1,5 +1,5 @@
 """Record what the c10d clock is told in a real DDP job:
-``python -m tests.unit.c10d_record_job BACKEND`` under tests/support/harness.py; the
+``python -m tests.gpu.c10d_record_job BACKEND`` under tests/support/harness.py; the
 recording (tests/support/c10d.py) goes to result-<rank>.json.
 
 ``nccl``: c10d's own completion hook on a GPU (tests/gpu/test_c10d_recorded.py). ``gloo``:
