@@ -16,6 +16,7 @@ import pytest
 
 from ddpmon.state import files, root
 
+ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulating another user needs root")
 
@@ -30,24 +31,39 @@ def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return shared
 
 
-def other_user_can_run_python() -> bool:
+def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    """ARGV run by user nobody, with this checkout first on the import path."""
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+                          capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def why_nobody_cannot_run_this_checkout() -> str | None:
+    """None when user nobody can run this Python and import this checkout's ddpmon; else why
+    not. A checkout (or a virtualenv) inside a directory only its owner may enter, such as a
+    clone under ``mktemp -d``, is out of nobody's reach: nobody would get "No module named
+    'ddpmon'", or the ddpmon of another checkout that an editable install points to."""
     if shutil.which("setpriv") is None:
-        return False
-    r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                        sys.executable, "-c", "import typing"], capture_output=True, timeout=30)
-    return r.returncode == 0
+        return "setpriv (util-linux) is not installed"
+    r = as_nobody(sys.executable, "-c", "import typing")
+    if r.returncode != 0:
+        return f"user nobody cannot run this Python ({sys.executable}): {r.stderr.strip()[-200:]}"
+    r = as_nobody(sys.executable, "-c", "import os, ddpmon; print(os.path.realpath(ddpmon.__file__))")
+    mine = os.path.realpath(ROOT / "ddpmon" / "__init__.py")
+    if r.returncode != 0 or r.stdout.strip() != mine:
+        got = r.stderr.strip().splitlines()[-1] if r.returncode else f"it imports {r.stdout.strip()} instead"
+        return (f"user nobody cannot read this checkout ({ROOT}): {got}; "
+                "is a directory above it private to its owner, as mktemp -d makes it?")
+    return None
 
 
 @as_root
 def test_another_user_reading_a_private_job_gets_the_real_reason(tmp_root: Path) -> None:
-    if not other_user_can_run_python():
-        pytest.skip("this Python is not readable by another user")
+    why_not = why_nobody_cannot_run_this_checkout()
+    if why_not:
+        pytest.skip(why_not)
     state_dir = root.claim(root.job_dir("j"), 0, explicit=False)
     files.write_atomic(files.path_for(state_dir, 0), {"rank": 0})
-    r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                        sys.executable, "-m", "ddpmon", "doctor", state_dir, "--no-stacks"],
-                       capture_output=True, text=True, timeout=30,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+    r = as_nobody(sys.executable, "-m", "ddpmon", "doctor", state_dir, "--no-stacks")
     assert r.returncode == 2 and "Permission denied" in r.stderr and state_dir in r.stderr, r.stderr
 
 
