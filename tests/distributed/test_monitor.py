@@ -3,10 +3,10 @@ error with names, endpoints, state files, gradients unchanged, and the bad input
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.harness import run_ranks
 
@@ -14,16 +14,13 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
-    """The value of one series in a Prometheus text exposition, or None."""
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            return float(m.group(3))
+    """The value of the first series NAME with (at least) LABELS in a Prometheus text
+    exposition, or None. Parsed by prometheus_client's own parser, which also refuses a
+    malformed exposition."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
     return None
 
 
