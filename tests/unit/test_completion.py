@@ -155,7 +155,7 @@ def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> Non
         rec.add_step_timings(resolved._replace(exposed=0.0005, measured=True))
     (b,) = rec.bucket_stats()
     assert b.last_seconds == pytest.approx(0.002)
-    assert b.last_busbw == pytest.approx(1000 / 0.002)  # 2(n-1)/n = 1 for n = 2
+    assert b.last_busbw == pytest.approx(500_000)  # 1000 bytes in 2 ms; 2(n-1)/n = 1 for n = 2
     assert rec.histograms()["exposed_comm"].sum == pytest.approx(0.0005)
 
 
