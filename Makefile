@@ -43,8 +43,21 @@ chromium:
 demo: setup
 	$(PY) -m ddpmon.demo
 
+# Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
+# integration (Prometheus, promtool, chromium, a torch-free venv) and gpu (skipped without one).
 test: setup prometheus chromium
 	$(PY) -m pytest -q tests
+
+# The quick loop: tests/unit only, no process started (a unit test that starts one fails);
+# under a minute.
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+# Unit, and the quick tests that start ordinary processes of their own (tests/processes: the
+# commands as a user runs them, processes standing in for ranks); no DDP job, nothing to
+# install. About a minute, well under the full run.
+test-fast: setup
+	$(PY) -m pytest -q tests/unit tests/processes
 
 bench: setup
 	$(PY) benchmarks/overhead.py

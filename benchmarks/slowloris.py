@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.distributed.harness import collect, describe, start_ranks, stop
+from tests.support.harness import collect, describe, start_ranks, stop
 
 
 def interval(values: list[float], resamples: int = 2000) -> tuple[float, float]:

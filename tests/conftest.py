@@ -1,4 +1,5 @@
-"""Every state file a test leaves behind must fit the shipped schema."""
+"""Every state file a test leaves behind must fit the shipped schema; every test gets its own
+"now" for the state files it builds (tests/support/states.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from pathlib import Path
 import pytest
 
 from ddpmon.state import files, schema
+from tests.support import states
+
+
+@pytest.fixture(autouse=True)
+def state_clock() -> None:
+    """Files built with tests/support/states.py are written as of this test's start (minus
+    their age), whatever ran before it and for how long."""
+    states.restart_clock()
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """One rank of a job for the report's tests: ``python -m tests.distributed.report_worker
-SCENARIO [ARGS]`` under tests/distributed/harness.py (FileStore rendezvous, gloo)."""
+SCENARIO [ARGS]`` under tests/support/harness.py (FileStore rendezvous, gloo)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from ddpmon.doctor import examine
-
-from .harness import ROOT, run_ranks
+from tests.support.harness import ROOT, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 

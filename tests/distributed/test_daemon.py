@@ -16,8 +16,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.distributed import harness
-from tests.unit.test_daemon_cli import scrape, start_daemon, terminate
+from tests.support import harness
+from tests.support.commands import scrape, start_daemon, terminate
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpmon.metrics.exposition import MAX_CONNECTION_THREADS
-from tests.distributed.harness import collect, describe, start_ranks, stop
+from tests.support.harness import collect, describe, start_ranks, stop
 
 MODULE = "tests.distributed.fault_worker"
 STEPS = "60"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.distributed import harness
+from tests.support import harness
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddpmon.state import history
-
-from . import harness
+from tests.support import harness
+from tests.support.commands import start_daemon
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -153,8 +153,6 @@ def test_killed_and_live_jobs(tmp_path):
 
 
 def test_report_through_the_node_daemon(runs):
-    from ..unit.test_daemon_cli import start_daemon
-
     workdir, _ = runs["slow"]
     daemon, port = start_daemon("--state-dir", str(workdir / "state"), "--serve-state")
     try:

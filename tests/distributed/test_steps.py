@@ -16,7 +16,7 @@ import pytest
 
 from ddpmon import steps as scoring
 from ddpmon.state.schema import StepPhases
-from tests.distributed import harness
+from tests.support import harness
 
 PARTS = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
 

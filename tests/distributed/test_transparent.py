@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import run_ranks
+from tests.support.harness import run_ranks
 
 CHECKS = ("pickle", "deepcopy", "deepcopy_find_unused", "torch_save", "torch_save_find_unused",
           "state_dict", "no_sync", "join", "static_graph", "comm_hook_after_attach", "detach", "compile")

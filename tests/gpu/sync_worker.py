@@ -1,5 +1,5 @@
 """One rank of a job that checks ddpmon never synchronizes the GPU while it trains:
-``python -m tests.gpu.sync_worker BACKEND BUCKET_TIMING`` under tests/distributed/harness.py
+``python -m tests.gpu.sync_worker BACKEND BUCKET_TIMING`` under tests/support/harness.py
 (the harness sets RANK, WORLD_SIZE, DDPMON_TEST_STORE, DDPMON_TEST_OUT).
 
 torch's sync debug mode makes every synchronizing CUDA call that torch knows of (a stream

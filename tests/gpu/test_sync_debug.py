@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.harness import run_ranks
+from tests.support.harness import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 

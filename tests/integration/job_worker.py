@@ -4,7 +4,7 @@
 The job trains until the test creates ``<DDPMON_TEST_OUT>/stop`` (or MAX_SECONDS pass), with
 two traits the dashboards and alerts must show: rank 1 is a straggler (it sleeps in its
 forward) and rank 1 never uses the ``spare`` head (unused parameters on rank 1 only).
-Started by tests.distributed.harness.start_ranks(..., module=__name__).
+Started by tests.support.harness.start_ranks(..., module=__name__).
 """
 
 from __future__ import annotations

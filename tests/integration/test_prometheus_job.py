@@ -23,9 +23,9 @@ import yaml
 from ddpmon import dashboards
 from ddpmon.metrics import catalog
 from ddpmon.state import files as statefile
-from tests.distributed import harness
 from tests.integration import promserver
 from tests.integration.promserver import Prometheus
+from tests.support import harness
 
 pytestmark = [
     pytest.mark.integration,

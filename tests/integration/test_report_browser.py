@@ -19,8 +19,7 @@ import pytest
 
 from ddpmon.report import synthetic
 from ddpmon.state import history
-
-from ..distributed import harness
+from tests.support import harness
 
 pytestmark = pytest.mark.timeout(240)
 

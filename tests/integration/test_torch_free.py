@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import torch_free
-from tests.unit.test_no_torch import serving_port
+from tests.support.commands import serving_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "daemon.Dockerfile"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpmon.doctor import examine
-from tests.distributed.harness import ROOT, rank_env, stop
+from tests.support.harness import ROOT, rank_env, stop
 
 HOLD = 9.0
 ASK_DURING_HOLD = 6.5

@@ -1,6 +1,6 @@
 """One rank of a randomized fault scenario: ``python -m tests.scenarios.worker KIND CULPRIT STEP``.
 
-Environment as ``tests/distributed/harness.rank_env`` (RANK, WORLD_SIZE, DDPMON_TEST_STORE,
+Environment as ``tests/support/harness.rank_env`` (RANK, WORLD_SIZE, DDPMON_TEST_STORE,
 DDPMON_TEST_OUT, DDPMON_STATE_DIR). Every rank trains a small DDP MLP with ddpmon attached
 (its default hang timeout logic, state written every 0.2 s); rank CULPRIT misbehaves at step
 STEP as KIND says (``KINDS`` in ``tests/scenarios/kinds.py``). A rank writes

@@ -4,7 +4,6 @@ comparisons over hand-made states, and the doctor's rank_as_device rule over sta
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from ddpmon.advice import KINDS, compare
 from ddpmon.doctor import examine
 from ddpmon.rank.advice.devices import DeviceFacts, check
 from ddpmon.state import schema
-from tests.unit import test_doctor as doc
+from tests.support import states
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,11 +116,10 @@ def test_every_kind_has_a_fix_and_is_documented() -> None:
 
 
 def test_invalid_device_ordinal_is_explained(tmp_path: Path) -> None:
-    doc.NOW = time.time()
-    crash = {"unix": doc.NOW, "exception": "RuntimeError: CUDA error: invalid device ordinal",
+    crash = {"unix": states.NOW, "exception": "RuntimeError: CUDA error: invalid device ordinal",
              "where": "train.py:12 in main"}
-    doc.write(tmp_path, doc.state(0, local_rank=0, exit={"unix": doc.NOW, "exception": None, "where": None}))
-    doc.write(tmp_path, doc.state(1, local_rank=0, host="node-c", exit=crash))
+    states.write(tmp_path, states.state(0, local_rank=0, exit={"unix": states.NOW, "exception": None, "where": None}))
+    states.write(tmp_path, states.state(1, local_rank=0, host="node-c", exit=crash))
     d = examine(str(tmp_path), live_stacks=False)
     found = [f for f in d.findings if f.kind == "rank_as_device"]
     assert len(found) == 1 and found[0].ranks == [1]
@@ -129,12 +127,11 @@ def test_invalid_device_ordinal_is_explained(tmp_path: Path) -> None:
 
 
 def test_advice_keeps_a_healthy_verdict(tmp_path: Path) -> None:
-    doc.NOW = time.time()
     for rank in (0, 1):
-        body = doc.state(rank)
+        body = states.state(rank)
         body["advice"] = [schema.to_json(schema.Advice("static_graph", "info", "the graph is static",
                                                        fix="static_graph=True", step=50))]
-        doc.write(tmp_path, body)
+        states.write(tmp_path, body)
     d = examine(str(tmp_path), live_stacks=False)
     assert d.verdict == "healthy"
     found = [f for f in d.findings if f.kind == "static_graph"]

@@ -1,5 +1,5 @@
 """The c10d clock replaying sequences recorded in real DDP jobs (tests/fixtures/workinfo/,
-made by c10d_record_job.py): DDP's first layout, its rebuild after iteration 0, a loss
+made by tests/gpu/c10d_record_job.py): DDP's first layout, its rebuild after iteration 0, a loss
 all-reduce after every backward and gradient accumulation under no_sync, as DDP really
 ordered them. The replay must resolve exactly the steps, with exactly the bucket
 durations, that the live clock did; an all-reduce slipped into one recorded backward
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.c10d_recording import replay
+from tests.support.c10d import replay
 
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "workinfo").glob("*.json"))
 

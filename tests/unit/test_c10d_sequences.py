@@ -14,7 +14,7 @@ from ddpmon.fuses import Fuse
 from ddpmon.rank.recorder import StepTimings
 from ddpmon.rank.timing import c10d as completion
 from ddpmon.rank.timing.c10d import CompletionClock
-from tests.unit.test_completion import info
+from tests.support.c10d import info
 
 GAP = 0.0005  # seconds between two moments of the sequence
 

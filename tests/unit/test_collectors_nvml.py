@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from ddpmon.collectors import nvml
-from tests.unit.nvml_fake import FakeDriver, FakeGpu, real_nvml_works, two_gpus
+from tests.support.nvml_fake import FakeDriver, FakeGpu, real_nvml_works, two_gpus
 
 
 def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:

@@ -1,10 +1,10 @@
 """The c10d bucket clock: completions shaped as torch's WorkInfo (its real OpType, datetimes and
 timedeltas as pybind hands them over) matched to steps and buckets. NCCL itself runs in
-tests/gpu; here the matching rules are pinned down, including the steps it must refuse."""
+tests/gpu; here the matching rules are pinned down, including the steps it must refuse. (The
+group destroyed at the interpreter's exit: tests/processes/test_exits.py.)"""
 
 from __future__ import annotations
 
-import datetime
 import time
 from types import SimpleNamespace
 
@@ -16,16 +16,7 @@ from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.rank.timing import c10d as completion
 from ddpmon.rank.timing.c10d import CompletionClock
 from ddpmon.rank.timing.layout import _numbers
-
-
-def info(op: str, seq: int, started_unix: float, ms: float) -> SimpleNamespace:
-    """What ProcessGroupNCCL hands the hook: naive local datetimes, a timedelta."""
-    started = datetime.datetime.fromtimestamp(started_unix)
-    return SimpleNamespace(
-        op_type=getattr(c10d.OpType, op), seq=seq, time_started=started,
-        time_finished=started + datetime.timedelta(milliseconds=ms),
-        active_duration=datetime.timedelta(milliseconds=ms),
-    )
+from tests.support.c10d import info
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +155,7 @@ def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> Non
         rec.add_step_timings(resolved._replace(exposed=0.0005, measured=True))
     (b,) = rec.bucket_stats()
     assert b.last_seconds == pytest.approx(0.002)
-    assert b.last_busbw == pytest.approx(1000 / 0.002)  # 2(n-1)/n = 1 for n = 2
+    assert b.last_busbw == pytest.approx(500_000)  # 1000 bytes in 2 ms; 2(n-1)/n = 1 for n = 2
     assert rec.histograms()["exposed_comm"].sum == pytest.approx(0.0005)
 
 
@@ -227,45 +218,3 @@ def test_a_completion_reported_out_of_order_waits_for_the_margin(monkeypatch: py
     time.sleep(0.35)
     (resolved,) = clock.collect()
     assert len(resolved.buckets) == 2
-
-
-def _exit_script(tmp_path, destroy: str = "") -> str:  # type: ignore[no-untyped-def]
-    """A program that hooks WORLD through listen() (gloo refuses the real completion hook,
-    so the class's registration is stood in for) and never destroys its group."""
-    return f"""
-import atexit, time
-import torch.distributed as dist
-from ddpmon.rank.timing import c10d
-dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
-atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))  # runs last
-dist.ProcessGroup._register_on_completion_hook = lambda self, hook: None
-dist.ProcessGroup._enable_collectives_timing = lambda self: None
-{destroy}
-c10d.listen(dist.group.WORLD, lambda info: None)
-print("listening", flush=True)
-"""
-
-
-def test_groups_with_a_completion_hook_are_destroyed_at_exit(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """torch asks for destroy_process_group before exit once a completion hook is in; a
-    program that skips it gets it from ddpmon's exit handler, run by the interpreter's
-    own exit (a real gloo group)."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _exit_script(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["listening", "initialized at the end: False"]
-
-
-def test_a_destroy_that_hangs_at_exit_is_not_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A crashed peer can keep destroy_process_group from returning: the exit goes on."""
-    import subprocess
-    import sys
-
-    hang = "dist.destroy_process_group = lambda group=None: time.sleep(120)"
-    started = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", _exit_script(tmp_path, hang)], capture_output=True, text=True, timeout=90)
-    assert out.returncode == 0, out.stderr
-    assert time.monotonic() - started < completion.DESTROY_AT_EXIT_SECONDS + 30
-    assert "did not finish within" in out.stderr

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import configparser
 import shlex
-import shutil
-import subprocess
 from pathlib import Path
 
 import yaml
@@ -16,7 +14,8 @@ from ddpmon.cli.daemon import DEFAULT_PORT
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_systemd_unit_runs_a_valid_daemon_command(tmp_path: Path) -> None:
+def test_systemd_unit_runs_a_valid_daemon_command() -> None:
+    """(systemd's own check of the unit: tests/integration/test_systemd_unit.py.)"""
     unit = ROOT / "deploy/systemd/ddpmon-daemon.service"
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment]
@@ -27,11 +26,6 @@ def test_systemd_unit_runs_a_valid_daemon_command(tmp_path: Path) -> None:
     args = build_parser().parse_args(argv[1:])
     assert args.port == DEFAULT_PORT and args.state_dir == "/tmp/ddpmon-*"
     assert service["KillSignal"] == "SIGTERM" and service["PrivateTmp"] == "no"
-    if shutil.which("systemd-analyze"):
-        checked = tmp_path / "ddpmon-daemon.service"  # the real binary may not be installed here
-        checked.write_text(unit.read_text().replace(argv[0], shutil.which("true") or "/bin/true", 1))
-        r = subprocess.run(["systemd-analyze", "verify", str(checked)], capture_output=True, text=True)
-        assert r.returncode == 0 and not r.stderr.strip(), r.stderr
 
 
 def test_daemonset_and_service() -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,73 +45,6 @@ def test_checked_in_files_match_the_generator() -> None:
 
 def test_dashboards_dir_holds_exactly_the_generated_boards() -> None:
     assert sorted(p.name for p in (ROOT / "dashboards").glob("*.json")) == sorted(BOARDS)
-
-
-def test_generator_does_not_import_torch_or_grafana_client() -> None:
-    code = ("import sys, ddpmon.dashboards, ddpmon.cli.dashboards; ddpmon.dashboards.build(); "
-            "print(sorted(m for m in ('torch', 'grafana_client', 'prometheus_client') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-
-
-def _source_tree(root: Path) -> Path:
-    """The two inputs of a source checkout the generator needs, copied under ``root``."""
-    for rel in ("pyproject.toml", "deploy/prometheus/ddpmon-rules.yml"):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes((ROOT / rel).read_bytes())
-    return root
-
-
-def _dev_command(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ddpmon.dashboards", *argv], capture_output=True, text=True,
-                          cwd=cwd, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
-
-
-def test_write_repo_regenerates_the_files_of_the_named_checkout(tmp_path: Path) -> None:
-    tree = _source_tree(tmp_path / "checkout")
-    done = _dev_command("--write-repo", str(tree), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    written = sorted(Path(line).relative_to(tree) for line in done.stdout.split())
-    assert [str(p) for p in written] == [
-        "dashboards/ddp-gpus.json", "dashboards/ddp-job-overview.json",
-        "deploy/kubernetes/dashboards-configmap.yaml", "deploy/kubernetes/prometheusrule.yaml",
-    ]
-    for rel in written:  # the same bytes as the checked-in files
-        assert (tree / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkout"]  # nothing next to it
-
-
-def test_check_tells_a_stale_checkout_from_a_current_one(tmp_path: Path) -> None:
-    tree = _source_tree(tmp_path)
-    dashboards.write_generated(tree)
-    assert _dev_command("--check", str(tree)).returncode == 0
-    board = tree / "dashboards" / "ddp-gpus.json"
-    board.write_text(board.read_text().replace("DDP GPUs", "GPUs"))
-    done = _dev_command("--check", str(tree))
-    assert done.returncode == 1
-    assert done.stdout.split() == ["stale:", str(board)]
-    assert f"--write-repo {tree}" in done.stderr
-
-
-@pytest.mark.parametrize("argv", [[], ["--write-repo"], ["--write-repo", "a", "--check", "b"]])
-def test_the_dev_command_needs_exactly_one_explicit_root(argv: list[str], tmp_path: Path) -> None:
-    done = _dev_command(*argv, cwd=tmp_path)
-    assert done.returncode == 2 and "--write-repo" in done.stderr
-    assert not list(tmp_path.iterdir())
-
-
-def test_write_repo_refuses_a_directory_that_is_not_a_checkout(tmp_path: Path) -> None:
-    package = ROOT / "ddpmon"
-    before = sorted(p.name for p in package.iterdir())
-    for target in (package, tmp_path):
-        done = _dev_command("--write-repo", str(target))
-        assert done.returncode == 2
-        assert f"{str(target)!r} is not a ddpmon source checkout" in done.stderr
-        assert "deploy/prometheus/ddpmon-rules.yml" in done.stderr
-    assert sorted(p.name for p in package.iterdir()) == before
-    assert not list(tmp_path.iterdir())
 
 
 # -- Grafana's JSON model ----------------------------------------------------------------------

@@ -5,9 +5,6 @@ calls push makes (folders, create folder, save dashboard) the way Grafana docume
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -123,58 +120,6 @@ def test_export_into_a_path_under_a_file_is_bad_usage(tmp_path: Path, capsys: py
     assert (tmp_path / "a-file").read_text() == "x"
 
 
-@pytest.fixture
-def unwritable_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory this process cannot write into: read-only permissions, and for root (whom
-    permissions do not stop) the immutable attribute as well."""
-    target = tmp_path / "read-only"
-    target.mkdir()
-    target.chmod(0o555)
-    immutable = os.geteuid() == 0
-    if immutable and subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
-        target.chmod(0o755)
-        pytest.skip("running as root without chattr +i: no directory here is unwritable for root")
-    try:
-        yield target
-    finally:
-        if immutable:
-            subprocess.run(["chattr", "-i", str(target)], check=True)
-        target.chmod(0o755)
-
-
-def test_export_into_an_unwritable_directory_is_bad_usage(
-    unwritable_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert run_cli("dashboards", "export", str(unwritable_dir)) == 2
-    err = capsys.readouterr().err
-    assert f"DIR={str(unwritable_dir)!r} is not writable" in err
-    assert not list(unwritable_dir.iterdir())
-
-
-def _files(*roots: Path) -> dict[str, tuple[int, int]]:
-    """Size and modification time of every file under ``roots``, bytecode caches left out."""
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
-            for root in roots for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-
-
-def test_export_without_dir_writes_into_the_current_directory_only(tmp_path: Path) -> None:
-    """The real command in a fresh process: the boards land in its working directory, and
-    nothing under the ddpmon package (nor the checkout's generated files) is touched."""
-    watched = (Path(dashboards.__file__).resolve().parents[1], ROOT / "dashboards", ROOT / "deploy")
-    before = _files(*watched)
-    assert before
-    done = subprocess.run([sys.executable, "-m", "ddpmon", "dashboards", "export"], capture_output=True,
-                          text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                          timeout=60)
-    assert done.returncode == 0, done.stderr
-    after = _files(*watched)
-    assert after == before, f"written outside the current directory: {sorted(set(after) - set(before))}"
-    assert done.stdout.split() == list(dashboards.BOARDS)  # relative to the current directory
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(dashboards.BOARDS)
-    for name in dashboards.BOARDS:
-        assert (tmp_path / name).read_bytes() == (ROOT / "dashboards" / name).read_bytes()
-
-
 def test_no_action_is_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli("dashboards") == 2
     assert "`ddpmon dashboards export [DIR]`" in capsys.readouterr().err
@@ -260,15 +205,3 @@ def test_push_bad_usage(argv: list[str], message: str, monkeypatch: pytest.Monke
     monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
     assert run_cli("dashboards", "push", *argv) == 2
     assert message in capsys.readouterr().err
-
-
-def test_push_without_grafana_client_names_the_package() -> None:
-    """In a fresh interpreter where grafana_client cannot be imported (as without the extra)."""
-    code = ("import sys; sys.modules['grafana_client'] = None\n"
-            "from ddpmon.cli import main\n"
-            "main(['dashboards', 'push', '--url', 'http://127.0.0.1:9', '--token', 't'])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert "needs the grafana-client package" in done.stderr
-    assert "pip install 'ddpmon[grafana]'" in done.stderr

@@ -1,19 +1,19 @@
 """The doctor's newer rules on state files built from the schema's records: collectives
 that differ under one sequence number, ranks busy outside a step, exit statuses, names and
-ranks folded, --job choosing its directory."""
+ranks folded. (--job choosing its directory: tests/processes/test_doctor_cli.py.)"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ddpmon.doctor import examine, words
 from ddpmon.doctor.report import group_lines, render
-from tests.unit.test_doctor import NOW, kinds, run_cli, state, waiting_in, write
+from tests.support import states
+from tests.support.states import kinds, state, waiting_in, write
 
 
 def test_the_first_mismatched_collective_is_named_with_its_field_ranks_and_sites(tmp_path: Path) -> None:
-    done = [dict(waiting_in("all_reduce", s, 0.0, bucket=0), completed_unix=NOW) for s in (1, 2, 3)]
+    done = [dict(waiting_in("all_reduce", s, 0.0, bucket=0), completed_unix=states.NOW) for s in (1, 2, 3)]
     for r in range(3):
         numel = 1000 if r == 1 else 10
         metric = waiting_in("all_reduce", 4, 9.0, site="train.py:40", size=3, dtype="float32", numel=numel)
@@ -28,7 +28,7 @@ def test_the_first_mismatched_collective_is_named_with_its_field_ranks_and_sites
 
 
 def test_ranks_waiting_for_a_busy_rank_are_not_hung(tmp_path: Path) -> None:
-    busy = {"state": "busy", "sampled_unix": NOW, "still_seconds": 0.5, "cpu_share": 0.98,
+    busy = {"state": "busy", "sampled_unix": states.NOW, "still_seconds": 0.5, "cpu_share": 0.98,
             "where": "train.py:88 in save_checkpoint", "hang_timeout_seconds": 60.0}
     write(tmp_path, state(0, world=3, silent=12.0, activity=busy))
     for r in (1, 2):
@@ -46,7 +46,7 @@ def test_ranks_waiting_for_a_busy_rank_are_not_hung(tmp_path: Path) -> None:
 
 
 def test_a_non_zero_exit_status_is_a_failure(tmp_path: Path) -> None:
-    write(tmp_path, state(0, silent=5.0, exit={"unix": NOW - 5, "code": 3, "how": "sys.exit",
+    write(tmp_path, state(0, silent=5.0, exit={"unix": states.NOW - 5, "code": 3, "how": "sys.exit",
                                                 "where": "train.py:12 in main"}))
     write(tmp_path, state(1, silent=9.0, in_flight=[waiting_in("all_reduce", 7, 9.0)]))
     d = examine(str(tmp_path), live_stacks=False)
@@ -78,16 +78,3 @@ def test_a_thousand_ranks_fit_one_screen(tmp_path: Path) -> None:
     text = render(examine(str(tmp_path), live_stacks=False), width=100)
     assert len(text.splitlines()) < 40
     assert "0\u20136, 8\u201339" in text
-
-
-def test_job_picks_its_directory_and_leaves_other_jobs_out(tmp_path: Path) -> None:
-    root = tmp_path / f"ddpmon-{os.geteuid()}"  # this user's default root
-    write(root / "big", state(0, job="big"))
-    write(root / "big", state(1, job="big"))
-    write(root / "small", state(0, job="small"))
-    write(root / "small", state(1, job="small"))
-    out = run_cli("--job", "big", "--json", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
-    assert out.returncode in (0, 1), out.stderr  # (the files age as the test runs)
-    assert f'"state_dir": "{root / "big"}"' in out.stdout and '"small"' not in out.stdout
-    out = run_cli("--job", "nope", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
-    assert out.returncode == 2 and "nope" in out.stderr and "Traceback" not in out.stderr

@@ -1,24 +1,16 @@
-"""The per-step history store: schema, WAL batches, bounds, a killed writer, failures."""
+"""The per-step history store: schema, WAL batches, bounds, failures. (A writer killed
+mid-run: tests/processes/test_exits.py.)"""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from ddpmon.rank import writers
 from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.state import history
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def steps(first: int, last: int, buckets: int = 4) -> list[dict]:
@@ -153,45 +145,6 @@ def test_recorder_history_since_has_phases_exposed_and_buckets():
     assert first["end_unix"] - first["start_unix"] == pytest.approx(0.05)
     assert got[1]["exposed_comm_seconds"] is None and "buckets" not in got[1]
     assert [r["step"] for r in rec.history_since(1)] == [2]
-
-
-_KILLED = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, sys.argv[2])
-    from ddpmon.rank import writers
-    made = []
-    def since(step):
-        now = time.time()
-        return [{"step": s, "start_unix": now, "end_unix": now - 60, "step_seconds": 0.01}
-                for s in made if s > step]
-    snap = lambda: {"step": len(made), "notes": {"advice": "seen"}}
-    w = writers.HistoryWriter(sys.argv[1], since, snap, {"rank": 0, "job": "killed"}, interval=0.05)
-    w.start()
-    for s in range(1, 100001):
-        made.append(s)
-        if s == 200:
-            print("ready", flush=True)
-        time.sleep(0.001)
-""")
-
-
-def test_a_killed_writer_keeps_every_committed_batch(tmp_path):
-    path = str(tmp_path / "rank-0.history.sqlite")
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, path, str(ROOT)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (not os.path.exists(path) or history.max_step(path) < 200):
-            time.sleep(0.05)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    h = history.read(path)
-    kept = h["steps"]["step"]
-    assert len(kept) >= 200 and kept == list(range(1, len(kept) + 1))  # whole batches, no gap
-    assert h["exit"] is None  # killed: no exit record
-    assert [f["text"] for f in h["findings"]] == ["advice: seen"]
-    assert json.loads(h["meta"]["identity"])["job"] == "killed"
 
 
 def test_events_from_a_state_body_name_notes_errors_and_hangs():

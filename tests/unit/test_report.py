@@ -1,4 +1,5 @@
-"""The report, its summary and the comparison, on synthetic history stores (no job)."""
+"""The report, its summary and the comparison, on synthetic history stores (no job). (The
+commands in an interpreter without torch: tests/processes/test_report_command.py.)"""
 
 from __future__ import annotations
 
@@ -39,19 +40,23 @@ def test_summary_names_the_straggler_and_its_phase(slow_run):
     assert s["job"] == "slow" and s["ranks"] == 4 and s["steps"] == 300
     assert s["slowest_rank"]["rank"] == 2 and s["slowest_rank"]["phase"] == "backward"
     assert s["slowest_rank"]["excess_seconds"] == pytest.approx(0.03, rel=0.1)
-    slower = {r["rank"]: r["slower"] for r in s["per_rank"]}  # the doctor's scale: 0.3 = 30% slower
-    assert slower[2] > 0.3 and all(abs(slower[r]) < 0.05 for r in (0, 1, 3))
+    slower = {r["rank"]: r["slower"] for r in s["per_rank"]}  # the doctor's scale: 0.33 = 33% slower
+    assert slower[2] == pytest.approx(0.33, abs=0.01) and all(abs(slower[r]) < 0.05 for r in (0, 1, 3))
     assert s["slowest_rank"]["score"] == s["straggler"]["score"] == slower[2]
     phases = s["phases"]
     assert sum(v for v in phases.values() if v) == pytest.approx(s["median_step_seconds"], rel=0.05)
     assert [b["index"] for b in s["buckets"]] == [0, 1, 2, 3]
-    assert s["buckets"][0]["busbw_bytes_per_second"] > 0
+    # 25 MiB in 4.2 ms (the median of 4 ms times 1.0 to 1.1), times 2(n-1)/n = 1.5 for 4 ranks
+    assert s["buckets"][0]["bytes"] == 25 * 2**20
+    assert s["buckets"][0]["median_seconds"] == pytest.approx(0.0042, rel=0.01)
+    assert s["buckets"][0]["busbw_bytes_per_second"] == pytest.approx(9.36e9, rel=0.01)
     assert s["per_rank"][0]["status"]["status"] == "exited"
 
 
 def test_the_end_of_run_summary_applies_the_doctors_straggler_rule(slow_run, even_run):
     s = summary.summarize(run.load([slow_run], findings=False))["straggler"]
-    assert (s["rank"], s["named"], s["cause"]) == (2, True, "backward") and s["score"] > 0.3
+    assert (s["rank"], s["named"], s["cause"]) == (2, True, "backward")
+    assert s["score"] == pytest.approx(0.33, abs=0.01)  # 30 ms more than the others' 92 ms
     text = summary.end_of_run(slow_run)
     assert "  straggler: rank 2 is" in text and "in backward compute" in text, text
     even = summary.summarize(run.load([even_run], findings=False))["straggler"]
@@ -126,23 +131,3 @@ def test_cli_report_compare_and_their_errors(slow_run, even_run, tmp_path, capsy
     (tmp_path / "bad.json").write_text("{}")
     code, _, err = _cli(["compare", even_run, str(tmp_path / "bad.json")], capsys)
     assert code == 2 and "report --json" in err
-
-
-def test_report_and_compare_never_import_torch(slow_run, even_run, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = (
-        "import sys; sys.modules['torch'] = None\n"  # any import of torch fails
-        "from ddpmon.cli import main\n"
-        f"try:\n    main(['report', {slow_run!r}, '-o', {str(tmp_path / 'r.html')!r}])\n"
-        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
-        f"try:\n    main(['compare', {even_run!r}, {slow_run!r}])\n"
-        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "rank 2 explains it" in done.stdout

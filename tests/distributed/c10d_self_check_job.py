@@ -1,5 +1,5 @@
 """A world of one (gloo) whose c10d bucket timing finds nothing to time: run by
-test_c10d_self_check.py as ``python -m tests.unit.c10d_self_check_job`` under the
+test_c10d_self_check.py as ``python -m tests.distributed.c10d_self_check_job`` under the
 distributed harness.
 
 gloo has no completion hook, so c10d's is stood in for as in tests/distributed/worker.py's

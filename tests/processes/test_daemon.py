@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ddpmon.daemon import Daemon
 from ddpmon.metrics.exposition import serve
 from ddpmon.state import files as statefile
-from tests.unit.nvml_fake import FakeDriver, two_gpus
+from tests.support.nvml_fake import FakeDriver, two_gpus
 
 HOST = socket.gethostname()
 

@@ -1,22 +1,36 @@
-"""Recording what a live c10d clock is told, and replaying it into a fresh clock.
+"""c10d's WorkInfo for the c10d clock's tests: made by hand (``info``), or recorded from a
+live clock and replayed into a fresh one.
 
 A recording is the clock's input in order, each with the wall-clock moment it happened:
 the step hooks' calls, the boundaries (``new_step``, ``collect``, with how many steps the
 live clock resolved there and their bucket durations) and c10d's WorkInfo records as they
 arrived (op, seq, enqueue time, GPU duration). ``replay`` runs it through a new clock with
 time stood in for, so a sequence recorded in a real job (tests/fixtures/workinfo/) pins
-down the matching as unit tests do. Recorded by c10d_record_job.py.
+down the matching as unit tests do. Recorded by tests/gpu/c10d_record_job.py.
 """
 
 from __future__ import annotations
 
+import datetime
 import time
 import types
 from typing import Any
 
+import torch._C._distributed_c10d as torch_c10d
+
 from ddpmon.fuses import Fuse
 from ddpmon.rank.timing import c10d as completion
 from ddpmon.rank.timing.c10d import CompletionClock
+
+
+def info(op: str, seq: int, started_unix: float, ms: float) -> types.SimpleNamespace:
+    """What ProcessGroupNCCL hands the hook: naive local datetimes, a timedelta."""
+    started = datetime.datetime.fromtimestamp(started_unix)
+    return types.SimpleNamespace(
+        op_type=getattr(torch_c10d.OpType, op), seq=seq, time_started=started,
+        time_finished=started + datetime.timedelta(milliseconds=ms),
+        active_duration=datetime.timedelta(milliseconds=ms),
+    )
 
 
 def durations(steps: list[Any]) -> list[list[float]]:

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from tests.fixtures import torch_free
+from tests.support.commands import serving_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTEMPTED = "ddpmon test: torch import attempted"
@@ -127,23 +124,6 @@ def test_daemon_serves_the_recorded_ranks(tmp_path: Path) -> None:
             _, err = proc.communicate()
     assert proc.returncode == 0, err
     no_torch(err)
-
-
-def serving_port(proc: subprocess.Popen, timeout: float = 30.0) -> int:
-    """The port from the daemon's "serving http://HOST:PORT/metrics" line."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(0.1):
-            line = proc.stdout.readline()
-            if "serving http://" in line:
-                return int(line.split("serving http://")[1].split("/")[0].rsplit(":", 1)[1])
-            if not line and proc.poll() is not None:
-                break
-    proc.kill()
-    out, err = proc.communicate()
-    pytest.fail(f"the daemon did not start:\nstdout: {out}\nstderr: {err}")
 
 
 def test_attach_says_torch_is_needed_and_how_to_get_it() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.harness import run_ranks
+from tests.support.harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,7 +21,7 @@ REASONS = {
 
 
 def test_c10d_timing_that_times_nothing_turns_itself_off(tmp_path: Path) -> None:
-    (rank,) = run_ranks("", 1, tmp_path, module="tests.unit.c10d_self_check_job", timeout=100)
+    (rank,) = run_ranks("", 1, tmp_path, module="tests.distributed.c10d_self_check_job", timeout=100)
     for kind, reason in REASONS.items():
         out = rank.result[kind]
         note = (f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets "

@@ -1,6 +1,6 @@
 """Record what the c10d clock is told in a real DDP job:
-``python -m tests.unit.c10d_record_job BACKEND`` under tests/distributed/harness.py; the
-recording (c10d_recording.py) goes to result-<rank>.json.
+``python -m tests.gpu.c10d_record_job BACKEND`` under tests/support/harness.py; the
+recording (tests/support/c10d.py) goes to result-<rank>.json.
 
 ``nccl``: c10d's own completion hook on a GPU (tests/gpu/test_c10d_recorded.py). ``gloo``:
 gloo has no completion hook, so it is stood in for as in worker.py's c10d_wiring, a
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.unit.c10d_recording import record
+from tests.support.c10d import record
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))

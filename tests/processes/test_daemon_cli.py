@@ -3,66 +3,17 @@ arguments, SIGTERM, and no torch import."""
 
 from __future__ import annotations
 
-import os
-import selectors
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.unit.nvml_fake import real_nvml_works
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "PYTHONUNBUFFERED": "1"}
-
-
-def start_daemon(*args: str, timeout: float = 20.0) -> tuple[subprocess.Popen, int]:
-    """Start ``ddpmon daemon --port 0 ARGS``; returns the process and its bound port."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpmon", "daemon", "--port", "0", "--bind", "127.0.0.1", *args],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(0.1):
-            line = proc.stdout.readline()
-            if "serving http://" in line:
-                return proc, int(line.split("serving http://")[1].split("/")[0].rsplit(":", 1)[1])
-            if not line and proc.poll() is not None:
-                break
-    proc.kill()
-    out, err = proc.communicate()
-    raise AssertionError(f"the daemon did not start:\nstdout: {out}\nstderr: {err}")
-
-
-def scrape(port: int, path: str = "/metrics") -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-        return r.read().decode()
-
-
-def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> tuple[int, str, str, float]:
-    """SIGTERM; (exit code, stdout, stderr, seconds it took to exit)."""
-    t = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"the daemon ignored SIGTERM:\n{out}\n{err}") from None
-    return proc.returncode, out, err, time.monotonic() - t
+from tests.support.commands import ROOT, env, scrape, start_daemon, terminate
+from tests.support.nvml_fake import real_nvml_works
 
 
 def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -97,7 +48,7 @@ def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
 ])
 def test_bad_arguments_exit_2(args: tuple[str, ...], words: str, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(tmp_path), *args],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
     assert words in r.stderr
 
@@ -106,7 +57,7 @@ def test_state_dir_is_a_file_and_port_in_use(tmp_path: Path) -> None:
     afile = tmp_path / "file"
     afile.write_text("x")
     r = subprocess.run([sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(afile)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "it is a file, expected a directory" in r.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -114,7 +65,7 @@ def test_state_dir_is_a_file_and_port_in_use(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         r = subprocess.run([sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(tmp_path),
                             "--no-gpu", "--bind", "127.0.0.1", "--port", str(port)],
-                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
     assert f"cannot serve on 127.0.0.1:{port}" in r.stderr and "choose another --port" in r.stderr
 
@@ -128,6 +79,6 @@ def test_daemon_never_imports_torch(tmp_path: Path) -> None:
         "d.start(); d.refresh(); d.stop()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True,
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,42 @@
+"""``ddpmon report`` and ``ddpmon compare`` in a fresh interpreter where torch cannot be
+imported, on synthetic history stores (no job)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpmon.report import synthetic
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slow")
+    synthetic.write_run(str(d), 4, 300, slow_rank=2, slow_seconds=0.03, job="slow")
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def even_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("even")
+    synthetic.write_run(str(d), 4, 300, slow_rank=None, job="even")
+    return str(d)
+
+
+def test_report_and_compare_never_import_torch(slow_run, even_run, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any import of torch fails
+        "from ddpmon.cli import main\n"
+        f"try:\n    main(['report', {slow_run!r}, '-o', {str(tmp_path / 'r.html')!r}])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        f"try:\n    main(['compare', {even_run!r}, {slow_run!r}])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 2 explains it" in done.stdout

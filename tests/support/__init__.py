@@ -1,0 +1,9 @@
+"""Helpers the test folders share. A test module imports its helpers from here (or from a
+helper module of its own folder), never from another test module.
+
+- states.py: state files as ranks write them, built from the schema's records
+- commands.py: ddpmon's commands in a process of their own (the doctor, the daemon)
+- harness.py: a real multi-process gloo job, one OS process per rank
+- c10d.py: c10d's WorkInfo, made by hand, recorded from a live clock, replayed
+- nvml_fake.py: a stand-in NVML driver for the collectors and the daemon
+"""
