@@ -181,7 +181,7 @@ def test_desync_rank_conditional_barrier(tmp_path: Path) -> None:
 
 def test_straggler_then_clean_end(tmp_path: Path) -> None:
     """Rank 1's forward takes 30 ms longer while the job progresses: straggler. Then the
-    job ends cleanly: healthy."""
+    job ends cleanly, and the doctor says both: it finished, and rank 1 straggled."""
     procs = launch("straggle", 2, tmp_path, ("1", "0.03"))
     try:
         def enough_steps() -> bool:
@@ -204,8 +204,9 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
         wait_for("a clean end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
         assert [p.returncode for p in procs] == [0, 0], harness.describe(harness.collect(procs, tmp_path))
         code, report, _ = doctor(tmp_path / "state")
-        assert code == 0
-        assert report["verdict"] == "healthy" and report["suspect_ranks"] == []
+        assert code == 1
+        assert report["verdict"] == "straggler" and report["suspect_ranks"] == [1]
+        assert [f["kind"] for f in report["findings"]][:2] == ["straggler", "finished"]
         assert finding(report, "finished")["severity"] == "info"
         assert [r["status"] for r in report["ranks"]] == ["exited", "exited"]
     finally:
