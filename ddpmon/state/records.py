@@ -4,16 +4,43 @@ A record class is a dataclass whose fields are ``int``, ``float``, ``str``, ``bo
 ``X | None``, ``list[X]``, ``dict[str, X]`` or another record. ``load`` checks a parsed JSON
 value against the class and builds it (naming the first bad field and what was expected);
 ``dump`` turns a record back into plain JSON data; ``json_schema`` describes the class as
-JSON Schema. Converters are built once per class, so loading a thousand files stays cheap.
+JSON Schema.
+
+How loading is written, and why. The doctor reads a state file per rank, a thousand of them,
+each a few hundred records (a hang report's stack frames and collectives, the buckets), and
+building the records is most of its time after the JSON parsing. So each record class gets,
+once, its fields as data (name, the types a value is taken as it is, converter, default) and
+a few closures over them. Nothing is generated as source and ``exec``'d: tracebacks, coverage
+and a debugger see ordinary code, at the speed the generated converters had, by doing the
+per-field work in C (``map``, ``operator.itemgetter``, set lookups) instead:
+
+* ``careful`` is what loading means: field by field, in order, a value of a type taken as it
+  is kept (an exact ``int`` for ``int``, ``None`` for ``X | None``), any other through the
+  field's converter (which makes an ``int`` a ``float`` or says what was expected), a missing
+  key from its default. It names the first bad field. It is the slow path.
+* ``record`` reads one value: every field at once (a dict that leaves keys out is read merged
+  over the defaults), lists, dicts and nested records through their converters, then the
+  tuple of the values' types looked up among those seen to need nothing more, and the record
+  built positionally. A plain field of another type is put through its converter alone
+  (``mend``); anything odder goes to ``careful``.
+* ``many`` reads a list of records (frames, collectives, buckets) a field at a time: a column
+  of values checked with one ``issuperset`` of their types, the records built by ``map``.
+
+The fast paths decide nothing that ``careful`` would not: they build the same record or hand
+the value to it, so every error names the same field with the same words (path, expected type,
+value). ``tests/unit/test_records.py`` holds ``load`` to a plain reading of the type hints on
+a thousand altered state files; ``benchmarks/doctor_scale.py`` times it (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Container
+from operator import contains
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -123,11 +150,17 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
     if origin is list:
         (item_type,) = typing.get_args(tp)
         item = _converter(item_type)
+        many = _record_converters(item_type)[1] if dataclasses.is_dataclass(item_type) else None
+        as_is = _taken_as_is(item_type)
 
         def array(value: Any) -> list[Any]:
             if not isinstance(value, list):
                 raise _Bad("a list", value)
             try:
+                if many is not None:
+                    return many(value)
+                if as_is and as_is.issuperset(map(type, value)):
+                    return list(value)
                 return [item(v) for v in value]
             except _Bad:
                 for i, v in enumerate(value):  # only on failure: which item
@@ -149,10 +182,14 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
                     raise _Bad("an object", value)
                 return value
             return anything
+        as_is = _taken_as_is(value_type)
 
         def mapping(value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise _Bad("an object", value)
+            if (as_is and type(value) is dict and _STR.issuperset(map(type, value))
+                    and as_is.issuperset(map(type, value.values()))):
+                return dict(value)
             out = {}
             for k, v in value.items():
                 try:
@@ -163,73 +200,217 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
             return out
         return mapping
     if dataclasses.is_dataclass(tp):
-        return _record_converter(tp)
+        return _record_converters(tp)[0]
     raise TypeError(f"records cannot hold {tp!r}")
 
 
-_INLINE = {  # checks generated inline for the commonest field types (no call per field)
-    int: "type({v}) is int",
-    str: "type({v}) is str",
-    float: "type({v}) is float",
-    bool: "{v} is True or {v} is False",
-}
+_STR = frozenset((str,))
+_DICT = frozenset((dict,))
 
 
-def _record_converter(cls: type) -> Callable[[Any], Any]:
-    """A converter for one record class, generated as Python source so that a field of a
-    plain type costs one inline check rather than a call, and the record is built with
-    positional arguments (a state file holds a few hundred records: a hang report's stack
-    frames, its collectives; the doctor reads a thousand files)."""
+def _split(tp: Any) -> tuple[bool, Any]:
+    """Whether ``tp`` is ``X | None``, and X."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and _NONE in typing.get_args(tp):
+        return True, next(o for o in typing.get_args(tp) if o is not _NONE)
+    return False, tp
+
+
+def _taken_as_is(tp: Any) -> frozenset[type]:
+    """The types of a value that ``_converter(tp)`` returns as it is without a call: ``int``
+    for ``int``, also ``None`` for ``int | None``; none of a list, dict or record."""
+    nullable, inner = _split(tp)
+    return frozenset(([_NONE] if nullable else []) + ([inner] if inner in _PLAIN else []))
+
+
+@functools.lru_cache(maxsize=None)
+def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[Any]], list[Any]]]:
+    """The converter of one ``cls`` value and that of a list of them: ``record`` and ``many``,
+    over the fields' data below (the module's docstring says how and why)."""
     hints = typing.get_type_hints(cls)
-    names: dict[str, Any] = {"cls": cls, "_Bad": _Bad, "_MISSING": _MISSING}
-    lines = ["def record(value):",
-             "    if not isinstance(value, dict):",
-             f"        raise _Bad('an object ({cls.__name__})', value)",
-             "    get = value.get"]
-    args = []
+    names: list[str] = []
+    fields: list[tuple[str, frozenset[type], int, Any, Callable[[], Any] | None]] = []
+    convert_of: list[Callable[[Any], Any]] = []  # the converter of the field's type
+    built_of: list[Callable[[Any], Any]] = []  # the same without ``| None``, for a value not None
+    finish: list[Callable[[Any], Any]] = []  # ``many``'s step for a converted field
+    accepts: list[Container[type]] = []  # the types of a finished value that need nothing more
+    prefilled: list[Any] = []  # what a missing key reads as in the fast paths
+    converted: list[tuple[int, Callable[[], Any] | None]] = []  # always converted: (field, factory)
+    mendable: list[bool] = []  # a value of another type goes through the field's converter alone
     for i, f in enumerate(dataclasses.fields(cls)):
         if not f.init or f.kw_only:
             raise TypeError(f"record {cls.__name__}.{f.name}: records are built positionally "
                             "(no init=False or kw_only fields)")
         tp = hints[f.name]
-        var = f"f{i}"
-        args.append(var)
-        nullable = typing.get_origin(tp) in (typing.Union, types.UnionType) and _NONE in typing.get_args(tp)
-        inner = [o for o in typing.get_args(tp) if o is not _NONE][0] if nullable else tp
-        names[f"conv{i}"] = _resolve_at_first_use(names, f"conv{i}", tp)
-        lines.append(f"    {var} = get({f.name!r}, _MISSING)")
-        lines.append(f"    if {var} is _MISSING:")
-        if f.default is not dataclasses.MISSING:
-            names[f"default{i}"] = f.default
-            lines.append(f"        {var} = default{i}")
-        elif f.default_factory is not dataclasses.MISSING:
-            names[f"factory{i}"] = f.default_factory
-            lines.append(f"        {var} = factory{i}()")
+        nullable, inner = _split(tp)
+        as_is = _taken_as_is(tp)
+        default = _MISSING if f.default is dataclasses.MISSING else f.default
+        factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+        built = inner is not Any and inner not in _PLAIN  # a list, dict or record
+        names.append(f.name)
+        fields.append((f.name, as_is, i, default, factory))
+        convert_of.append(_resolve_at_first_use(convert_of, i, tp))
+        built_of.append(_resolve_at_first_use(built_of, i, inner))
+        finish.append(_finisher(built_of, i, factory))
+        if inner is Any:
+            accepts.append(_ANYTHING)
+        elif built:
+            accepts.append(frozenset(([_NONE] if nullable else []) + [typing.get_origin(inner) or inner]))
         else:
-            lines.append("        bad = _Bad('a value', None, missing=True)")
-            lines.append(f"        bad.path.append({f.name!r})")
-            lines.append("        raise bad")
-        fast = (["{v} is None"] if nullable else []) + ([_INLINE[inner]] if inner in _INLINE else [])
-        condition = " or ".join(f"({c.format(v=var)})" for c in fast)
-        lines.append(f"    elif not ({condition}):" if condition else "    else:")
-        lines.append("        try:")
-        lines.append(f"            {var} = conv{i}({var})")
-        lines.append("        except _Bad as bad:")
-        lines.append(f"            bad.path.append({f.name!r})")
-        lines.append("            raise")
-    lines.append(f"    return cls({', '.join(args)})")
-    exec("\n".join(lines), names)  # noqa: S102 - source built above from the class's own fields
-    return names["record"]
+            accepts.append(as_is)
+        if built or factory is not None:
+            converted.append((i, factory))
+        mendable.append(not built and factory is None)
+        taken = default is not _MISSING and type(default) in accepts[i] and (default is None or not built)
+        prefilled.append(default if taken else _MISSING)
+    not_an_object = f"an object ({cls.__name__})"
+    count = len(names)
+    take = _taker(names)
+    blank = dict(zip(names, prefilled))
+    settled: set[tuple[type, ...]] = set()  # tuples of the values' types that need nothing more
+
+    def careful(value: dict[str, Any]) -> Any:
+        """The definition, and the only path that finds a value bad."""
+        get = value.get
+        values = []
+        for name, as_is, i, default, factory in fields:
+            v = get(name, _MISSING)
+            if v is _MISSING:
+                if factory is not None:
+                    v = factory()
+                elif default is not _MISSING:
+                    v = default
+                else:
+                    bad = _Bad("a value", None, missing=True)
+                    bad.path.append(name)
+                    raise bad
+            elif type(v) not in as_is:
+                try:
+                    v = convert_of[i](v)
+                except _Bad as bad:
+                    bad.path.append(name)
+                    raise
+            values.append(v)
+        return cls(*values)
+
+    def record(value: Any) -> Any:
+        values: Any
+        if type(value) is dict:
+            if len(value) >= count:
+                try:
+                    values = take(value)
+                except KeyError:
+                    values = take({**blank, **value})
+            else:
+                values = take({**blank, **value})
+        elif isinstance(value, dict):
+            values = tuple(map(value.get, names, prefilled))
+        else:
+            raise _Bad(not_an_object, value)
+        if converted:
+            values = list(values)
+            try:
+                for i, factory in converted:
+                    v = values[i]
+                    if v is _MISSING:
+                        if factory is not None:
+                            values[i] = factory()
+                    elif v is not None:
+                        values[i] = built_of[i](v)
+            except _Bad:
+                return careful(value)  # names the first bad field, in the fields' order
+        kinds = tuple(map(type, values))
+        if kinds not in settled:
+            if not all(map(contains, accepts, kinds)):
+                return mend(value, values, kinds)
+            if len(settled) < 64:
+                settled.add(kinds)
+        return cls(*values)
+
+    def mend(value: Any, values: Any, kinds: tuple[type, ...]) -> Any:
+        """``record``'s values with a plain field of another type (an int for a float) put
+        through that field's converter; anything else to ``careful``."""
+        values = list(values)
+        try:
+            for i, kind in enumerate(kinds):
+                if kind not in accepts[i]:
+                    if kind is _Missing or not mendable[i]:
+                        return careful(value)
+                    values[i] = convert_of[i](values[i])
+        except _Bad:
+            return careful(value)
+        return cls(*values)
+
+    def many(items: list[Any]) -> list[Any]:
+        """``[record(v) for v in items]``, a column at a time for a list of plain dicts."""
+        if not items or not count or not _DICT.issuperset(map(type, items)):
+            return [record(v) for v in items]
+        try:
+            rows = list(map(take, items))
+        except KeyError:
+            rows = [take({**blank, **v}) for v in items]
+        columns = list(zip(*rows))
+        for i, _ in converted:  # a bad value raises: the list's converter names the first bad item
+            columns[i] = list(map(finish[i], columns[i]))
+        if all(map(_takes_all, accepts, columns)):
+            return list(map(cls, *columns))
+        return [record(v) for v in items]
+    return record, many
 
 
-_MISSING = object()
+def _takes_all(accept: Container[type], column: list[Any]) -> bool:
+    return accept.issuperset(map(type, column))  # type: ignore[attr-defined]
 
 
-def _resolve_at_first_use(names: dict[str, Any], name: str, tp: Any) -> Callable[[Any], Any]:
+class _Missing:
+    """The type of a key left out, in the fast paths (no field takes it as it is)."""
+
+    __slots__ = ()
+
+
+class _Anything:
+    """What an ``Any`` field takes as it is: every type but ``_Missing``."""
+
+    __slots__ = ()
+
+    def __contains__(self, kind: object) -> bool:
+        return kind is not _Missing
+
+    def issuperset(self, kinds: Any) -> bool:
+        return _Missing not in kinds
+
+
+_MISSING = _Missing()
+_ANYTHING = _Anything()
+
+
+def _taker(names: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """The values of ``names`` in a dict as a tuple, in C (KeyError if one is missing)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda value: (value[name],)
+    return lambda value: ()
+
+
+def _finisher(built_of: list[Callable[[Any], Any]], i: int,
+              factory: Callable[[], Any] | None) -> Callable[[Any], Any]:
+    """``many``'s step for field ``i`` if it is always converted: a missing value from its
+    factory, ``None`` as it is (the type check decides), any other through its converter."""
+    def finish(value: Any) -> Any:
+        if value is None:
+            return value
+        if value is _MISSING:
+            return value if factory is None else factory()
+        return built_of[i](value)
+    return finish
+
+
+def _resolve_at_first_use(converters: list[Callable[[Any], Any]], i: int, tp: Any) -> Callable[[Any], Any]:
     """A stand-in for the converter of ``tp`` that, on first use, puts the real one in its
-    place in the generated code's globals (record classes may refer to later ones)."""
+    place (record classes may refer to later ones, or to themselves)."""
     def convert(value: Any) -> Any:
-        names[name] = real = _converter(tp)
+        converters[i] = real = _converter(tp)
         return real(value)
     return convert
 
