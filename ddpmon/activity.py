@@ -31,12 +31,38 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from .frames import is_library, short_path
 from .state import schema
 
-STEPPING, BUSY, WAITING, STUCK = "stepping", "busy", "waiting", "stuck"
+
+class Status(str, Enum):
+    """What a rank is doing: one vocabulary for the watchdog, the state file (``activity``)
+    and the doctor. The rank itself is stepping, busy, waiting or stuck (this module's
+    rule); the doctor adds how a rank is stopped or gone, which only another process sees."""
+
+    STEPPING = "stepping"
+    """Progress (a heartbeat) within the last ``STILL_SECONDS``."""
+    BUSY = "busy"
+    WAITING = "waiting"
+    STUCK = "stuck"
+    FROZEN = "frozen"
+    """The process is there and stopped (SIGSTOP, a debugger), or its file went stale."""
+    SILENT = "silent"
+    """On another host, its file is no longer rewritten: gone, as far as anyone can tell."""
+    DEAD = "dead"
+    CRASHED = "crashed"
+    EXITED = "exited"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 SAMPLE_SECONDS = 1.0
 """Seconds between samples of the main thread."""
 STILL_SECONDS = 3.0
@@ -57,12 +83,12 @@ def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, i
     shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
     still = min(STILL_SECONDS, timeout) if timeout else STILL_SECONDS
     if idle < still:
-        return STEPPING
+        return Status.STEPPING
     if in_flight:
-        return WAITING
+        return Status.WAITING
     if still_for >= still and cpu_share < CPU_BUSY and io_rate < IO_BUSY:
-        return STUCK
-    return BUSY
+        return Status.STUCK
+    return Status.BUSY
 
 
 def busy_limit(timeout: float) -> float:
@@ -78,11 +104,11 @@ def is_hang(activity: str, idle: float, timeout: float, peers_hold_out: str | No
     peers is not hung until they have been busy for too long."""
     if idle < timeout:
         return False
-    if activity == BUSY:
+    if activity == Status.BUSY:
         return idle >= busy_limit(timeout)
-    if activity == WAITING and peers_hold_out == BUSY:
+    if activity == Status.WAITING and peers_hold_out == Status.BUSY:
         return idle >= busy_limit(timeout)
-    return activity in (WAITING, STUCK)
+    return activity in (Status.WAITING, Status.STUCK)
 
 
 class Sampler:
@@ -207,11 +233,11 @@ def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | Non
         interval = peer.state_interval or 1.0
         act = peer.activity
         if peer.exit is not None or age > max(10.0, 5 * interval) or act is None:
-            seen.append(STUCK)
+            seen.append(Status.STUCK)
         else:
             # stepping: it made progress moments ago and has not joined yet (it is starting
             # its own pause, or runs on without joining: the busy limit bounds both)
-            seen.append(BUSY if act.state in (BUSY, STEPPING) else STUCK)
+            seen.append(Status.BUSY if act.state in (Status.BUSY, Status.STEPPING) else Status.STUCK)
     if not seen:
         return None
-    return BUSY if all(s == BUSY for s in seen) else STUCK
+    return Status.BUSY if all(s == Status.BUSY for s in seen) else Status.STUCK

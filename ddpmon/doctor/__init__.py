@@ -17,13 +17,14 @@ import os
 import time
 from collections.abc import Sequence
 
+from ..activity import Status
 from ..errors import StateFileError
 from ..state import files as state_files
 from . import procs, rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, load_dir, load_remote
 from .rules import files as file_rules
-from .view import RUNNING, STALLED, RankView, state_interval, view
+from .view import STALLED, RankView, state_interval, view
 
 __all__ = ["examine", "Diagnosis", "Finding", "RankView", "VERDICTS"]
 
@@ -122,7 +123,7 @@ def _live_stacks(views: list[RankView], timeout: float) -> None:
     wanted = [
         (v, v.state.pid) for v in views
         if v.liveness.alive and v.state.pid is not None
-        and (v.status in STALLED or (anyone_stalled and v.status == RUNNING))
+        and (v.status in STALLED or (anyone_stalled and v.status == Status.STEPPING))
     ]
     if not wanted:
         return
@@ -154,7 +155,7 @@ def _read_only(state_dir: str | None, views: list[RankView]) -> list[Finding]:
         return []
     if not read_only:
         return []
-    unknown = [v for v in views if v.status == "frozen" and v.liveness.alive and not v.liveness.stopped]
+    unknown = [v for v in views if v.status == Status.FROZEN and v.liveness.alive and not v.liveness.stopped]
     for v in unknown:
         v.status = "unknown"
     ranks = sorted(v.rank for v in unknown)

@@ -11,6 +11,7 @@ import shutil
 import textwrap
 from typing import IO, Any
 
+from ..activity import Status
 from ..advice import KINDS as ADVICE_KINDS
 from . import words
 from .findings import Diagnosis, Finding
@@ -19,8 +20,8 @@ from .view import GONE, RankView
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 _VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow"}
 _STATUS_COLOUR = {
-    "running": "green", "waiting": "yellow", "busy": "yellow", "stuck": "red", "frozen": "red", "dead": "red",
-    "crashed": "red", "silent": "red", "exited": "dim",
+    Status.STEPPING: "green", Status.WAITING: "yellow", Status.BUSY: "yellow", Status.STUCK: "red",
+    Status.FROZEN: "red", Status.DEAD: "red", Status.CRASHED: "red", Status.SILENT: "red", Status.EXITED: "dim",
 }
 _HEADLINE = {
     "healthy": "no problem found",
@@ -174,7 +175,7 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         if e and v.status not in GONE:
             waiting = f"{e.describe(short=True)}, {e.age_seconds or 0:.1f} s"
         step = str(s.step)
-        if v.status in ("frozen", "silent"):
+        if v.status in (Status.FROZEN, Status.SILENT):
             step += f" ({v.age:.0f} s old)"  # facts as of its last write, not now
         rows.append((
             str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),

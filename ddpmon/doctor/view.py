@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import activity
+from ..activity import Status
 from ..state import fault, records
 from ..state.schema import Collective, Exit, RankState, Thread
 from .load import StateFile
 from .procs import Liveness
 
-RUNNING, WAITING, STUCK, FROZEN, BUSY = "running", "waiting", "stuck", "frozen", "busy"
-DEAD, CRASHED, EXITED, SILENT = "dead", "crashed", "exited", "silent"
-GONE = (DEAD, CRASHED, EXITED, SILENT)
+GONE = (Status.DEAD, Status.CRASHED, Status.EXITED, Status.SILENT)
 """The rank's process has ended (or, on another host, stopped writing)."""
-STALLED = (WAITING, STUCK, FROZEN)
+STALLED = (Status.WAITING, Status.STUCK, Status.FROZEN)
 """The rank's process is there and makes no progress."""
 
 STALE_MIN = 10.0
@@ -46,7 +45,7 @@ class RankView:
     file: StateFile
     liveness: Liveness
     age: float
-    status: str = RUNNING
+    status: Status = Status.STEPPING
     silent: float = 0.0
     stall_after: float = STALL_MIN
     in_flight: list[Collective] = field(default_factory=list)
@@ -96,7 +95,7 @@ class RankView:
             "phase": s.phase,
             "silent_seconds": round(self.silent, 3),
             "file_age_seconds": round(self.age, 3),
-            "stale": self.status in ("frozen", "silent"),
+            "stale": self.status in (Status.FROZEN, Status.SILENT),
             "waiting_in": brief_entry(waiting) if waiting else None,
             "activity": records.dump(s.activity),
             "in_flight": len(self.in_flight),
@@ -146,23 +145,23 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         # read here, or by the node daemon that served the file (--from)
         v.stack, v.stack_source = v.ending.threads, f"its faulthandler file ({v.ending.signal})"
     if v.ending is not None:  # it ended (possibly still tearing down)
-        v.status = CRASHED if failed(v.ending) else EXITED
+        v.status = Status.CRASHED if failed(v.ending) else Status.EXITED
         v.gone_at = v.ending.unix + off
     elif liveness.alive is False:
-        v.status = EXITED if s.phase == "detached" else DEAD
+        v.status = Status.EXITED if s.phase == "detached" else Status.DEAD
         v.gone_at = f.mtime + interval / 2
     elif liveness.alive is None and stale:
-        v.status = SILENT
+        v.status = Status.SILENT
         v.gone_at = f.mtime + interval / 2
     elif liveness.stopped or (liveness.alive and stale):
-        v.status = FROZEN
+        v.status = Status.FROZEN
     elif s.hang is not None or silent > stall_after:
-        v.status = WAITING if in_flight else STUCK
+        v.status = Status.WAITING if in_flight else Status.STUCK
         act = s.activity
-        if v.status == STUCK and act is not None and act.state == activity.BUSY and s.hang is None:
+        if v.status == Status.STUCK and act is not None and act.state == Status.BUSY and s.hang is None:
             timeout = act.hang_timeout_seconds
             if not timeout or silent < activity.busy_limit(timeout):
-                v.status = BUSY  # working outside a step: evaluation, checkpoint, post-loop
+                v.status = Status.BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
     v.stalled_when_written = s.hang is not None or written_silent > stall_after
     if v.status in GONE:  # the ages that matter are those at its last write

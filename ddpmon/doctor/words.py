@@ -12,9 +12,10 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 
 from .. import steps
+from ..activity import Status
 from ..state.fault import path_for as fault_path
 from ..state.schema import Collective
-from .view import CRASHED, EXITED, FROZEN, SILENT, RankView, main_thread
+from .view import RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------
 
@@ -230,17 +231,17 @@ def fix_comm(backend: str | None, debug_level: str | None = None) -> str:
 
 def ended(v: RankView, brief: bool = False) -> str:
     e = v.ending
-    if v.status == CRASHED and e is not None:
+    if v.status == Status.CRASHED and e is not None:
         if e.signal:
             return f"was killed by {e.signal}" if brief else f"was killed by {e.exception}"
         if not e.exception:
             return f"exited with status {e.code}" + ("" if brief else f" ({e.how})")
         return "crashed" if brief else f"crashed ({short_exception(e.exception)})"
-    if v.status == CRASHED:
+    if v.status == Status.CRASHED:
         return "crashed"
-    if v.status == SILENT:
+    if v.status == Status.SILENT:
         return "stopped writing its state file (on another host: dead or frozen)"
-    if v.status == EXITED:
+    if v.status == Status.EXITED:
         return "exited"
     return "died" if brief else "vanished without a trace (killed from outside: SIGKILL, the OOM killer)"
 
@@ -271,7 +272,7 @@ def gone_line(v: RankView) -> str:
 
 def stuck_line(v: RankView) -> str:
     s = v.state
-    if v.status == FROZEN:
+    if v.status == Status.FROZEN:
         what = (f"frozen: its state file was last written {v.age:.0f} s ago while its process "
                 "lives (step and phase are as of then; its live stack is below where py-spy could read it)")
     else:

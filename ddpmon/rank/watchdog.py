@@ -170,7 +170,7 @@ class Watchdog:
         if timeout is None or idle < timeout:
             return None
         holdouts = None
-        if seen.state == activity.WAITING and self._state_file:
+        if seen.state == activity.Status.WAITING and self._state_file:
             waiting = rec.in_flight()
             if waiting:
                 holdouts = activity.holdouts(self._state_file, waiting[0], now)

@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import steps
 from ..doctor import words
+from ..doctor.view import GONE
 from ..doctor.words import ms
 from ..state import schema
 from .run import Run, load
@@ -128,12 +129,12 @@ def _status(h: Any, v: Any) -> dict[str, Any]:
     record = (ex or {}).get("record") or (schema.to_json(own_exit) if own_exit is not None else None) or {}
     if v is not None:
         status = v.status
-        if v.liveness.alive is False and status not in ("dead", "crashed", "exited", "silent"):
+        if v.liveness.alive is False and status not in GONE:
             status = f"dead (was {status})"  # the doctor's view when it stopped: a hang, then killed
     elif ex is not None:
         status = ex["how"]
     else:
-        status = "killed or running (no exit record)"
+        status = "killed or still running (no exit record)"
     return {"status": status, "exit_code": record.get("exit_code", record.get("code")),
             "exception": record.get("exception"), "unix": record.get("unix") or (ex or {}).get("unix")}
 

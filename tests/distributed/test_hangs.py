@@ -198,7 +198,7 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
         ranks = {r["rank"]: r for r in report["ranks"]}
         assert ranks[1]["compute_seconds"] > ranks[0]["compute_seconds"] + 0.02
         assert ranks[1]["exposed_comm_seconds"] < ranks[0]["exposed_comm_seconds"]
-        assert {r["status"] for r in report["ranks"]} == {"running"}
+        assert {r["status"] for r in report["ranks"]} == {"stepping"}
 
         (tmp_path / "stop").touch()
         wait_for("a clean end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)

@@ -140,7 +140,7 @@ def test_killed_and_live_jobs(tmp_path):
         live = json.loads(cli("report", str(state), "--json").stdout)
         assert live["steps"] >= STEPS - 1
         statuses = [r["status"]["status"] for r in live["per_rank"]]
-        assert all(st in ("running", "stuck", "frozen") for st in statuses), statuses  # alive, idle after training
+        assert all(st in ("stepping", "stuck", "frozen") for st in statuses), statuses  # alive, idle after training
     finally:
         harness.stop(procs)  # SIGKILL: no detach, no exit record
     killed = cli("report", str(state), "-o", str(tmp_path / "killed.html"))

@@ -80,7 +80,7 @@ def test_views_of_recorded_jobs() -> None:
     assert statuses(views("stuck_rank")) == ["waiting", "waiting", "stuck"]
     assert statuses(views("stuck_rank", stopped=(2,))) == ["waiting", "waiting", "frozen"]
     assert statuses(views("dead_rank")) == ["crashed", "dead", "crashed"]
-    assert statuses(views("straggler")) == ["running", "running"]
+    assert statuses(views("straggler")) == ["stepping", "stepping"]
     assert statuses(views("finished")) == ["exited", "exited"]
     # another host (liveness unknown): a file no longer rewritten is silent
     assert statuses(views("straggler", later=60.0, alive={0: None, 1: None})) == ["silent", "silent"]
@@ -167,7 +167,7 @@ def test_stuck_rank() -> None:
 def test_not_joining() -> None:
     """Rank 0 waits in a barrier of the whole job; rank 1 trains on (DDP over its own group)."""
     vs = views("not_joining")
-    assert statuses(vs) == ["waiting", "running"]
+    assert statuses(vs) == ["waiting", "stepping"]
     found = not_joining.not_joining(vs, [])
     assert found is not None and (found.verdict, found.suspects) == ("hang", [1])
     f = found.findings[0]

@@ -104,7 +104,7 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
 
     from ddpmon.doctor.rules import straggler as rule
 
-    def view(rank: int, p: StepPhases, status: str = "running") -> Any:
+    def view(rank: int, p: StepPhases, status: str = "stepping") -> Any:
         return SimpleNamespace(rank=rank, status=status, state=SimpleNamespace(timings=SimpleNamespace(phases=p)))
 
     noisy = [view(0, phases(0.040, spread=0.01)), view(1, phases(0.046, spread=0.01, data_wait=0.006))]

@@ -10,16 +10,17 @@ frozen or failed rank anywhere leaves the verdict to the rules after this one.
 
 from __future__ import annotations
 
+from ...activity import Status
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import BUSY, CRASHED, DEAD, FROZEN, SILENT, STUCK, WAITING, RankView
+from ..view import RankView
 
 
 def busy(views: list[RankView], missing: list[int]) -> Verdict | None:
-    working = [v for v in views if v.status == BUSY]
-    if not working or any(v.status in (STUCK, FROZEN, DEAD, CRASHED, SILENT) for v in views):
+    working = [v for v in views if v.status == Status.BUSY]
+    if not working or any(v.status in (Status.STUCK, Status.FROZEN, Status.DEAD, Status.CRASHED, Status.SILENT) for v in views):
         return None
-    waiting = [v for v in views if v.status == WAITING]
+    waiting = [v for v in views if v.status == Status.WAITING]
     where = "; ".join(f"rank {v.rank} in {_where(v)}" for v in working[:4])
     if len(working) > 4:
         where += f"; {len(working) - 4} more"

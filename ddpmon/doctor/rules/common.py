@@ -3,8 +3,9 @@ whether they wait in one collective."""
 
 from __future__ import annotations
 
+from ...activity import Status
 from ...state.schema import Collective
-from ..view import GONE, RUNNING, STALLED, WAITING, RankView
+from ..view import GONE, STALLED, RankView
 
 
 def gone(views: list[RankView]) -> list[RankView]:
@@ -17,7 +18,7 @@ def stalled(views: list[RankView]) -> list[RankView]:
 
 def in_collectives(views: list[RankView]) -> list[RankView]:
     """The ranks that wait in a collective, then those that run (and so join it)."""
-    return [v for v in views if v.status == WAITING] + [v for v in views if v.status == RUNNING]
+    return [v for v in views if v.status == Status.WAITING] + [v for v in views if v.status == Status.STEPPING]
 
 
 def key(e: Collective) -> tuple[str, int, str]:

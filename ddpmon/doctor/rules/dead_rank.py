@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 
+from ...activity import Status
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import CRASHED, EXITED, RankView
+from ..view import RankView
 from .common import gone, stalled
 from .straggler import finished_straggler
 
@@ -31,7 +32,7 @@ def finished(views: list[RankView], missing: list[int]) -> Verdict | None:
     rank straggled over its last steps, which a finished job keeps as its verdict (what
     happened in the run, not only that it ended)."""
     ended = gone(views)
-    if views and len(ended) == len(views) and all(v.status == EXITED for v in ended):
+    if views and len(ended) == len(views) and all(v.status == Status.EXITED for v in ended):
         done = Finding("finished", "info", [v.rank for v in views],
                        f"the job has ended: all {len(views)} ranks exited without an error")
         slow = finished_straggler(views)
@@ -46,10 +47,10 @@ def left_early(views: list[RankView], missing: list[int]) -> Verdict | None:
     needed it in their collectives: the ranks did not run the same number of steps (uneven
     inputs, or a collective after the loop that not every rank reaches)."""
     first = _first_to_end(views)
-    if first is None or first.status != EXITED:
+    if first is None or first.status != Status.EXITED:
         return None
     stalled_ = stalled(views)
-    waiting = [v.rank for v in stalled_] + [v.rank for v in gone(views) if v.status != EXITED]
+    waiting = [v.rank for v in stalled_] + [v.rank for v in gone(views) if v.status != Status.EXITED]
     return Verdict("desync", [first.rank], [Finding(
         "left_early", "error", [first.rank],
         f"rank {first.rank} left the job (exited without an error at step "
@@ -65,9 +66,9 @@ def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
     exception) or went silent (another host, its file no longer rewritten) while the others
     needed it. The first to end is the suspect; the others ended or wait because of it."""
     first = _first_to_end(views)
-    if first is None or first.status == EXITED:
+    if first is None or first.status == Status.EXITED:
         return None
-    if first.status == CRASHED and not PEER_FAILURE.search(first.exception or ""):
+    if first.status == Status.CRASHED and not PEER_FAILURE.search(first.exception or ""):
         fix = words.fix_crashed(first)
     elif first.exception:
         fix = words.FIX_PEERS_FAILED
@@ -89,7 +90,7 @@ def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
 
 
 def _order(v: RankView) -> tuple[bool, float]:
-    secondary = v.status == CRASHED and bool(PEER_FAILURE.search(v.exception or ""))
+    secondary = v.status == Status.CRASHED and bool(PEER_FAILURE.search(v.exception or ""))
     return (secondary, v.gone_at if v.gone_at is not None else v.file.mtime)
 
 
@@ -97,7 +98,7 @@ def _first_to_end(views: list[RankView]) -> RankView | None:
     """The rank that ended first, when a rank's end matters: one failed, or one left while
     others are stalled. None when no rank ended, or some finished and the rest progress."""
     ended = gone(views)
-    failed = [v for v in ended if v.status != EXITED]
+    failed = [v for v in ended if v.status != Status.EXITED]
     if not ended or (not failed and (len(ended) == len(views) or not stalled(views))):
         return None
     return min(ended, key=_order)

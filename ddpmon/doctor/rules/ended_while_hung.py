@@ -9,18 +9,19 @@ back in its stall (waiting or stuck) and lets the hang rules decide, adding this
 
 from __future__ import annotations
 
+from ...activity import Status
 from ..findings import Finding
-from ..view import DEAD, SILENT, STUCK, WAITING, RankView
+from ..view import RankView
 
 
 def applies(views: list[RankView]) -> bool:
-    return bool(views) and all(v.status in (DEAD, SILENT) and v.stalled_when_written for v in views)
+    return bool(views) and all(v.status in (Status.DEAD, Status.SILENT) and v.stalled_when_written for v in views)
 
 
 def replay(views: list[RankView]) -> None:
     """Each rank back in the stall it reported at its last write."""
     for v in views:
-        v.status = WAITING if v.in_flight else STUCK
+        v.status = Status.WAITING if v.in_flight else Status.STUCK
 
 
 def ended_while_hung(views: list[RankView]) -> Finding:

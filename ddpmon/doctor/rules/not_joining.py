@@ -8,19 +8,20 @@ live stack, where py-spy can read it, shows what it runs instead.
 
 from __future__ import annotations
 
+from ...activity import Status
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import RUNNING, WAITING, RankView
+from ..view import RankView
 
 
 def not_joining(views: list[RankView], missing: list[int]) -> Verdict | None:
-    waiting = [v for v in views if v.status == WAITING]
+    waiting = [v for v in views if v.status == Status.WAITING]
     if not waiting:
         return None
     joined = {(e.group, e.seq) for v in waiting for e in [v.waiting] if e}
     absent = [
         v for v in views
-        if v.status == RUNNING and not any((e.group, e.seq) in joined for e in v.in_flight)
+        if v.status == Status.STEPPING and not any((e.group, e.seq) in joined for e in v.in_flight)
     ]
     if not absent:
         return None

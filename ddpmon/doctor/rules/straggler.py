@@ -14,9 +14,10 @@ from __future__ import annotations
 import statistics
 
 from ... import steps
+from ...activity import Status
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import RUNNING, RankView
+from ..view import RankView
 
 STRAGGLER_RATIO = 1.25
 STRAGGLER_MIN_SECONDS = 0.005
@@ -44,7 +45,7 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     still within its step-to-step noise: a rank near the line is named in some polls and
     not in others, and this says where it stands whichever way the verdict went."""
     phases = {v.rank: v.state.timings.phases for v in views}
-    if len(views) < 2 or any(p is None for p in phases.values()) or any(v.status != RUNNING for v in views):
+    if len(views) < 2 or any(p is None for p in phases.values()) or any(v.status != Status.STEPPING for v in views):
         return []
     scores = steps.scores(phases)  # type: ignore[arg-type]
     if not scores or any(s.straggler for s in scores.values()):

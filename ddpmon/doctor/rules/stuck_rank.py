@@ -8,16 +8,17 @@ its own code blocks (a data loader, I/O, a deadlock) or it skipped a collective.
 
 from __future__ import annotations
 
+from ...activity import Status
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import FROZEN, STUCK, WAITING, RankView
+from ..view import RankView
 
 
 def stuck_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
-    stuck = [v for v in views if v.status in (STUCK, FROZEN)]
+    stuck = [v for v in views if v.status in (Status.STUCK, Status.FROZEN)]
     if not stuck:
         return None
-    waiting = [v for v in views if v.status == WAITING]
+    waiting = [v for v in views if v.status == Status.WAITING]
     evidence = []
     for v in stuck:
         evidence.append(words.stuck_line(v))
@@ -30,7 +31,7 @@ def stuck_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
             f"{words.verb(stuck, 'it', 'them')} in {words.entry_name(waiting[0].waiting)}"
         )
     fix = words.FIX_STUCK
-    if any(v.status == FROZEN for v in stuck):
+    if any(v.status == Status.FROZEN for v in stuck):
         fix = words.FIX_FROZEN + " " + fix
     suspects = [v.rank for v in stuck]
     return Verdict("hang", suspects, [Finding("stuck_rank", "error", suspects, summary, evidence, fix)])
