@@ -15,14 +15,14 @@ import sys
 import tempfile
 import time
 
-from ddpmon.rank.recorder import BucketTiming, Recorder
+from ddpmon.rank.recorder import BucketTiming, Identity, Recorder
 from ddpmon.state import files as statefile
 
 
 def rank_state(rank: int, world: int, now: float) -> dict:
-    rec = Recorder({"rank": rank, "local_rank": rank % 8, "world_size": world, "host": f"node-{rank // 8}",
-                    "pid": 10000 + rank, "port": 9500 + rank % 8, "job": "scale", "backend": "nccl",
-                    "debug_level": "OFF", "state_interval": 1.0}, world)
+    rec = Recorder(Identity(rank=rank, local_rank=rank % 8, world_size=world, host=f"node-{rank // 8}",
+                            pid=10000 + rank, port=9500 + rank % 8, job="scale", backend="nccl",
+                            debug_level="OFF", state_interval=1.0), world)
     for b in range(24):
         rec.set_bucket_layout(b, 25 << 20, "bfloat16", [f"layers.{b}.{p}" for p in ("q", "k", "v", "o", "mlp")])
     for s in range(300):

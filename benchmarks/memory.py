@@ -18,7 +18,7 @@ import psutil
 import torch._C._distributed_c10d as c10d
 
 from ddpmon.fuses import Fuse
-from ddpmon.rank.recorder import Recorder
+from ddpmon.rank.recorder import Identity, Recorder
 from ddpmon.rank.timing.c10d import CompletionClock
 from ddpmon.rank.timing.hook import WallClock
 
@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--params", type=int, default=64)
     p.add_argument("--clock", choices=("hook", "c10d"), default="hook")
     args = p.parse_args()
-    rec = Recorder(IDENTITY, world_size=8)
+    rec = Recorder(Identity(**IDENTITY), world_size=8)
     clock = WallClock() if args.clock == "hook" else CompletionClock("cpu", False, Fuse("comm_hook"))
     seq = 0
     names = [f"layer{i}.weight" for i in range(args.params)]

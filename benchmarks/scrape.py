@@ -12,14 +12,14 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ddpmon.rank.exporter import RankCollector
-from ddpmon.rank.recorder import BucketTiming, Recorder
+from ddpmon.rank.recorder import BucketTiming, Identity, Recorder
 
 IDENTITY = dict(rank=0, local_rank=0, world_size=1024, host="node0", pid=1, job="bench",
                 backend="nccl", torch_version="2.13.0", debug_level="OFF")
 
 
 def recorder(buckets: int, steps: int = 20) -> Recorder:
-    rec = Recorder(IDENTITY, world_size=1024)
+    rec = Recorder(Identity(**IDENTITY), world_size=1024)
     for i in range(buckets):
         rec.set_bucket_layout(i, 25 * 2**20, "bfloat16", [f"layers.{i}.weight", f"layers.{i}.bias"])
     for s in range(steps):

@@ -36,14 +36,14 @@ class RankCollector:
     def collect(self) -> Iterator[Family]:
         r = self._recorder
         ident = r.identity
-        base = {"job": str(ident["job"]), "rank": str(ident["rank"])}
+        base = {"job": str(ident.job), "rank": str(ident.rank)}
         names, values = list(base), list(base.values())
         info = dict(base)
         info.update(
-            world_size=str(ident["world_size"]), local_rank=str(ident["local_rank"]),
-            host=str(ident["host"]), backend=str(ident["backend"]),
-            torch_version=str(ident["torch_version"]), debug_level=str(ident["debug_level"]),
-            version=__version__, bucket_timing=str(ident.get("bucket_timing", "")),
+            world_size=str(ident.world_size), local_rank=str(ident.local_rank),
+            host=str(ident.host), backend=str(ident.backend),
+            torch_version=str(ident.torch_version), debug_level=str(ident.debug_level),
+            version=__version__, bucket_timing=ident.bucket_timing or "",
         )
         samples: list[Sample] = [
             ("ddpmon_rank_info", info, 1.0),
@@ -54,7 +54,7 @@ class RankCollector:
             ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
-        if ident.get("bucket_timing") == "c10d":
+        if ident.bucket_timing == "c10d":
             samples.append(("ddpmon_bucket_timing_unmatched_steps_total", base, float(r.unmatched_steps)))
         for op, (issued, completed) in sorted(r.collectives_by_op().items()):
             samples.append(("ddpmon_collectives_issued_total", {**base, "op": op}, float(issued)))

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import AttachError, ConfigError
 from ..version import __version__
+from .recorder import Identity
 
 _HOW_TO_WRAP = (
     "wrap the model first:\n"
@@ -67,29 +68,28 @@ def trainable_parameters(ddp: DistributedDataParallel) -> list[tuple[str, torch.
     return [(name, p) for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
 
 
-def identity(ddp: DistributedDataParallel, job: str) -> dict[str, Any]:
+def identity(ddp: DistributedDataParallel, job: str) -> Identity:
     """Who this rank is: the identity fields of its state file and ``ddpmon_rank_info``."""
     rank = dist.get_rank()
     params = list(ddp.module.parameters())
     level = dist.get_debug_level()
-    return {
-        "rank": rank,
-        "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
-        "world_size": dist.get_world_size(),  # the job's; DDP may run on a subgroup
-        "ddp_world_size": dist.get_world_size(ddp.process_group),
-        "group_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "port": None,
-        "job": job,
-        "backend": str(dist.get_backend(ddp.process_group)),
-        "device": str(params[0].device) if params else "cpu",
-        "torch_version": torch.__version__,
-        "debug_level": getattr(level, "name", str(level)),
-        "version": __version__,
-        "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
-        "num_parameters": sum(1 for p in params if p.requires_grad),
-    }
+    return Identity(
+        rank=rank,
+        local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+        world_size=dist.get_world_size(),  # the job's; DDP may run on a subgroup
+        ddp_world_size=dist.get_world_size(ddp.process_group),
+        group_rank=int(os.environ.get("GROUP_RANK", "0") or 0),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        job=job,
+        backend=str(dist.get_backend(ddp.process_group)),
+        device=str(params[0].device) if params else "cpu",
+        torch_version=torch.__version__,
+        debug_level=getattr(level, "name", str(level)),
+        version=__version__,
+        find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
+        num_parameters=sum(1 for p in params if p.requires_grad),
+    )
 
 
 def _builtin_hook_name(ddp: DistributedDataParallel) -> str:

@@ -44,8 +44,8 @@ class Monitor:
         self._detached = False
         self.job = config.resolved_job()
         identity = model.identity(ddp, self.job)
-        self.rank, self.world_size, self.local_rank = identity["rank"], identity["world_size"], identity["local_rank"]
-        self.recorder = Recorder(identity, identity["ddp_world_size"])  # bus bandwidth: DDP's group
+        self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
+        self.recorder = Recorder(identity, identity.ddp_world_size)  # bus bandwidth: DDP's group
         self._fuses = {name: Fuse(name, self._part_failed) for name in ("bucket_timing", "grad_hooks", "step_hooks")}
         self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
         model.check_options(ddp, config, self.local_rank)
@@ -67,7 +67,7 @@ class Monitor:
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
-            self._install(ddp, config, identity["device"])
+            self._install(ddp, config, identity.device)
         except BaseException:
             self.detach()
             raise
@@ -78,7 +78,7 @@ class Monitor:
         rec = self.recorder
         parameters = model.trainable_parameters(ddp)
         rec.ddp_group = group_identity(ddp.process_group)
-        rec.identity.update(ddp=ddp_facts(ddp), state_interval=config.state_interval)
+        rec.identity.ddp, rec.identity.state_interval = ddp_facts(ddp), config.state_interval
         transparent.install(ddp)
         self._timing = Timing(ddp, config.bucket_timing, config.comm_hook, config.comm_state, rec,
                               parameters, device, self._fuses["bucket_timing"])
@@ -95,7 +95,7 @@ class Monitor:
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
-        rec.identity["port"] = self.port
+        rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
         self._history = writers.start_history(self.state_file, self.rank, rec, device) if config.history else None
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))

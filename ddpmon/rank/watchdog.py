@@ -151,7 +151,7 @@ class Watchdog:
             if last > report.last_progress_unix:
                 rec.set_hang(None)
                 log.warning(
-                    "ddpmon: rank %s makes progress again after %.1f s without", rec.identity.get("rank"),
+                    "ddpmon: rank %s makes progress again after %.1f s without", rec.identity.rank,
                     last - report.last_progress_unix,
                 )
                 self._wake()
@@ -181,7 +181,7 @@ class Watchdog:
         self._reported_at = now
         self.reports += 1
         self._wake()
-        log.warning("ddpmon: %s", describe(report, rec.identity.get("rank")))
+        log.warning("ddpmon: %s", describe(report, rec.identity.rank))
         return report
 
     def activity(self, idle: float, timeout: float | None, now: float) -> schema.Activity:

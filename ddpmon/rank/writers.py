@@ -7,6 +7,7 @@ and a failure is logged once and switches that writer off.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -243,7 +244,7 @@ class RunHistory:
         self._rank = rank
         self._writer: HistoryWriter | None = HistoryWriter(
             history.path_for(os.path.dirname(state_file), rank), recorder.history_since, recorder.snapshot,
-            recorder.identity, sample=sample or process_sample(),
+            dataclasses.asdict(recorder.identity), sample=sample or process_sample(),
         )
         self._writer.start()
         atexit.register(self.stop)  # registered before the watchdog's: its exit record comes first

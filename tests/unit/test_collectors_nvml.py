@@ -301,20 +301,20 @@ def test_a_lost_gpu_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_rank_sources_notes_the_gpu_in_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the rank's collectors into the recorder, whose notes the state file holds."""
     from ddpmon.rank import torch_memory
-    from ddpmon.rank.recorder import Recorder
+    from ddpmon.rank.recorder import Identity, Recorder
     from ddpmon.rank.sources import rank_sources
 
     FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH).install(monkeypatch)
     monkeypatch.setattr(torch_memory, "device_identity", lambda index: ("GPU-1f1e0c3a-0000-4000-8000-000000000000", None))
-    rec = Recorder({"rank": 0}, world_size=1)
+    rec = Recorder(Identity(rank=0), world_size=1)
     sources, closers = rank_sources("j", 0, "cuda:0", True, rec.note)
     assert len(sources) == 2 and closers == [], "host metrics and torch's allocator go on"
     assert "different versions" in rec.state().notes["gpu_metrics"]
 
-    rec = Recorder({"rank": 0}, world_size=1)
+    rec = Recorder(Identity(rank=0), world_size=1)
     monkeypatch.setattr(torch_memory, "device_identity", lambda index: 1 / 0)
     rank_sources("j", 0, "cuda:0", True, rec.note)
     assert rec.state().notes["gpu_metrics"] == "GPU metrics are off: ZeroDivisionError('division by zero')"
-    rec = Recorder({"rank": 0}, world_size=1)
+    rec = Recorder(Identity(rank=0), world_size=1)
     rank_sources("j", 0, "cpu", True, rec.note)
     assert rec.state().notes == {}

@@ -12,7 +12,7 @@ import pytest
 import torch._C._distributed_c10d as c10d
 
 from ddpmon.fuses import Fuse
-from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
+from ddpmon.rank.recorder import BucketTiming, Identity, Recorder, StepTimings
 from ddpmon.rank.timing import c10d as completion
 from ddpmon.rank.timing.c10d import CompletionClock
 from ddpmon.rank.timing.layout import _numbers
@@ -145,7 +145,7 @@ def test_logging_data_lists_are_read_in_both_spellings() -> None:
 
 
 def test_matched_timings_feed_the_recorder_with_the_clocks_exposed_time() -> None:
-    rec = Recorder({"rank": 0}, world_size=2)
+    rec = Recorder(Identity(rank=0), world_size=2)
     rec.set_bucket_layout(0, 1000, "float32", ["w"])
     rec.close_step(1.0)
     clock = fresh()
@@ -174,7 +174,7 @@ def test_a_step_may_match_the_layout_known_by_the_time_it_settles() -> None:
 
 
 def test_exposed_time_goes_to_the_step_it_was_measured_in() -> None:
-    rec = Recorder({"rank": 0}, world_size=2)
+    rec = Recorder(Identity(rank=0), world_size=2)
     for _ in range(3):
         rec.close_step(1.0)
     rec.add_step_timings(StepTimings([], 0.25, measured=True, step=2))
@@ -184,7 +184,7 @@ def test_exposed_time_goes_to_the_step_it_was_measured_in() -> None:
 
 
 def test_timings_of_a_bucket_no_longer_in_the_layout_are_dropped() -> None:
-    rec = Recorder({"rank": 0}, world_size=2)
+    rec = Recorder(Identity(rank=0), world_size=2)
     rec.set_bucket_layout(0, 1000, "float32", ["w"])
     rec.close_step(1.0)
     rec.add_bucket_timings([BucketTiming(0, 0.1, 0.1, 0.2), BucketTiming(3, 0.1, 0.1, 0.2)])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ddpmon.rank import writers
-from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
+from ddpmon.rank.recorder import BucketTiming, Identity, Recorder, StepTimings
 from ddpmon.state import history
 
 
@@ -125,7 +125,7 @@ def test_writer_failure_is_logged_once_and_switches_history_off(tmp_path, caplog
 
 
 def test_recorder_history_since_has_phases_exposed_and_buckets():
-    rec = Recorder({"rank": 0}, world_size=2)
+    rec = Recorder(Identity(rank=0), world_size=2)
     rec.set_bucket_layout(0, 4096, "float32", ["w"])
     t = time.perf_counter()
     rec.forward_started(t)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from ddpmon.metrics import catalog
 from ddpmon.metrics.exposition import serve
 from ddpmon.rank.exporter import RankCollector
-from ddpmon.rank.recorder import BucketTiming, Histogram, Recorder
+from ddpmon.rank.recorder import BucketTiming, Histogram, Identity, Recorder
 from ddpmon.state import schema
 
 IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", backend="gloo",
@@ -18,7 +18,7 @@ IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", ba
 
 
 def recorder_with_steps() -> Recorder:
-    rec = Recorder(IDENTITY, world_size=4)
+    rec = Recorder(Identity(**IDENTITY), world_size=4)
     rec.set_bucket_layout(0, 4000, "float32", ["a.weight"])
     rec.set_bucket_layout(1, 8000, "float32", ["b.weight", "b.bias"])
     t = 0.0
@@ -102,7 +102,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     """What a rank's endpoint serves and what the catalog (and so README and the dashboards)
     promises are the same names, kinds and label names, both ways."""
     rec = recorder_with_steps()
-    rec.identity["bucket_timing"] = "c10d"  # the one metric served only with c10d timing
+    rec.identity.bucket_timing = "c10d"  # the one metric served only with c10d timing
     rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
     rec.record_error("watchdog", "boom")
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
@@ -143,12 +143,12 @@ def test_auto_mode_aggregates_above_the_limit() -> None:
 
 
 def test_rank_info_says_where_bucket_timing_comes_from_and_c10d_counts_unmatched_steps() -> None:
-    rec = Recorder(dict(IDENTITY, bucket_timing="c10d"), world_size=4)
+    rec = Recorder(Identity(**IDENTITY, bucket_timing="c10d"), world_size=4)
     rec.unmatched_steps = 3
     families = {f.name: f for f in RankCollector(rec).collect()}
     (info,) = families["ddpmon_rank_info"].samples
     assert info.labels["bucket_timing"] == "c10d"
     (unmatched,) = families["ddpmon_bucket_timing_unmatched_steps"].samples
     assert unmatched.value == 3 and unmatched.labels == {"job": "j", "rank": "1"}
-    hooked = {f.name for f in RankCollector(Recorder(dict(IDENTITY, bucket_timing="hook"), 4)).collect()}
+    hooked = {f.name for f in RankCollector(Recorder(Identity(**IDENTITY, bucket_timing="hook"), 4)).collect()}
     assert "ddpmon_bucket_timing_unmatched_steps" not in hooked

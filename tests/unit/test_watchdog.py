@@ -14,11 +14,11 @@ import pytest
 
 from ddpmon.rank import ending
 from ddpmon.rank import watchdog as wd
-from ddpmon.rank.recorder import Recorder
+from ddpmon.rank.recorder import Identity, Recorder
 
 
 def recorder(steps: list[float] | None = None) -> Recorder:
-    rec = Recorder({"rank": 3, "job": "t"}, world_size=4)
+    rec = Recorder(Identity(rank=3, job="t"), world_size=4)
     t = time.perf_counter()
     for seconds in steps or []:
         rec.forward_started(t)

@@ -55,7 +55,7 @@ class Advice:
         self._rec = recorder
         self._notify = notify
         self._fuse = fuse
-        self._rank = int(recorder.identity.get("rank", 0))
+        self._rank = int(recorder.identity.rank)
         self._handles: list[Any] = []
         self._removed = False
         self._in_ddp_forward = False
@@ -222,13 +222,13 @@ class Advice:
             ident = self._rec.identity
             sampler = f", sampler {info.sampler}" if info.sampler else ""
             log.warning("ddpmon: job: world size %s, backend %s, per-rank batch %s, global batch %s%s",
-                        ident.get("ddp_world_size"), ident.get("backend"), info.batch_size,
+                        ident.ddp_world_size, ident.backend, info.batch_size,
                         info.global_batch_size, sampler)
 
     # -- devices ---------------------------------------------------------------------------------
 
     def _check_devices(self) -> None:
-        device = str(self._rec.identity.get("device") or "cpu")
+        device = str(self._rec.identity.device or "cpu")
         cuda = device.startswith("cuda") and torch.cuda.is_available()
         local = os.environ.get("LOCAL_RANK")
         facts = devices.DeviceFacts(
@@ -247,7 +247,7 @@ class Advice:
     def _publish(self) -> None:
         rec = self._rec
         batch = self._batches.batch_size
-        world = int(rec.identity.get("ddp_world_size") or rec.world_size)
+        world = int(rec.identity.ddp_world_size or rec.world_size)
         name, shuffle, _ = self._sampler or (None, None, None)
         rec.data_info = schema.DataInfo(
             sampler=name, shuffle=shuffle, batch_size=batch, global_batch_size=batch * world if batch else None,
@@ -266,8 +266,8 @@ class Advice:
 
     def _compare_peers(self, state_dir: str) -> None:
         """Compare with the other ranks' state files in a shared directory, every few seconds."""
-        job = self._rec.identity.get("job")
-        interval = min(PEER_INTERVAL, max(0.5, 2 * float(self._rec.identity.get("state_interval") or 1.0)))
+        job = self._rec.identity.job
+        interval = min(PEER_INTERVAL, max(0.5, 2 * float(self._rec.identity.state_interval or 1.0)))
         while not self._stop.wait(interval):
             try:
                 self.compare_now(state_dir, job)
@@ -276,7 +276,7 @@ class Advice:
 
     def compare_now(self, state_dir: str, job: Any) -> None:
         states = [self._rec.state()]
-        world = int(self._rec.identity.get("world_size") or 1)
+        world = int(self._rec.identity.world_size or 1)
         for peer_rank in sorted({(self._rank + i) % world for i in range(1, MAX_PEERS + 1)} - {self._rank}):
             try:
                 peer = files.read(files.path_for(state_dir, peer_rank))

@@ -155,7 +155,7 @@ class UnusedParameterWatch:
         rec = self._recorder
         unused = self._grads.take_unused() if self._grads else None
         if unused is not None and rec.set_unused_parameters(unused):
-            rank = rec.identity.get("rank")
+            rank = rec.identity.rank
             if unused:
                 shown = ", ".join(unused[:10]) + (f" (+{len(unused) - 10} more)" if len(unused) > 10 else "")
                 log.warning("ddpmon: rank %s: %d parameter(s) received no gradient in step %d: %s",
@@ -177,7 +177,7 @@ class UnusedParameterWatch:
                 "pass find_unused_parameters=False (or static_graph=True)"
             )
             rec.note("find_unused_parameters", text)
-            log.warning("ddpmon: rank %s: %s", rec.identity.get("rank"), text)
+            log.warning("ddpmon: rank %s: %s", rec.identity.rank, text)
 
     def _after_forward(self, _module: Any, _args: Any, _output: Any) -> None:
         if is_compiling():
@@ -187,7 +187,7 @@ class UnusedParameterWatch:
             return
         try:
             rec = self._recorder
-            names = explain_reduction_error(exc, self._names, rec.unused_parameters, rec.identity.get("rank", 0))
+            names = explain_reduction_error(exc, self._names, rec.unused_parameters, rec.identity.rank)
             if names:  # every name, kept in the state: they matter most now
                 rec.set_unused_parameters(names)
                 self._notify()

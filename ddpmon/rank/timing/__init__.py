@@ -80,7 +80,7 @@ class Timing:
         if chosen.mark_untimed and self._layout is not None:
             self._untimed = UntimedBuckets(self._layout, recorder, fuse, active=self._untimed_active)
         self.mode = chosen.source
-        recorder.identity["bucket_timing"] = self.mode
+        recorder.identity.bucket_timing = self.mode
 
     # -- for the step hooks ------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class Timing:
             if option == "c10d":
                 raise AttachError(f"bucket_timing='c10d': c10d refused a completion hook: {exc}") from exc
             log.warning("ddpmon: rank %s: c10d refused a completion hook (%s); timing buckets through "
-                        "a Python comm hook instead", self._recorder.identity.get("rank"), exc)
+                        "a Python comm hook instead", self._recorder.identity.rank, exc)
             return None
 
     def _install(self, comm: TimedCommHook) -> None:
@@ -170,9 +170,9 @@ class Timing:
         except BaseException:  # refused: the user's next try is timed all the same
             ddp.register_comm_hook = self._register_later  # type: ignore[method-assign]
             raise
-        self.mode = self._recorder.identity["bucket_timing"] = "hook"
+        self.mode = self._recorder.identity.bucket_timing = "hook"
         log.info("ddpmon: rank %s: comm hook %s registered inside ddpmon's timing hook: buckets are "
-                 "timed from now on", self._recorder.identity.get("rank"), getattr(hook, "__qualname__", hook))
+                 "timed from now on", self._recorder.identity.rank, getattr(hook, "__qualname__", hook))
 
     def _untimed_active(self) -> bool:
         return self.comm is None or not self.comm.timing
@@ -180,11 +180,11 @@ class Timing:
     def _turn_off(self, reason: str) -> None:
         """The c10d source checked itself and found nothing to time: say so once, in the
         log, the state file and ``ddpmon_rank_info``, and stop listening."""
-        self.mode = self._recorder.identity["bucket_timing"] = "off"
+        self.mode = self._recorder.identity.bucket_timing = "off"
         self.clock = None  # nothing left to collect
         text = f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets instead"
         self._recorder.note("bucket_timing", text)
-        log.warning("ddpmon: rank %s: %s", self._recorder.identity.get("rank"), text)
+        log.warning("ddpmon: rank %s: %s", self._recorder.identity.rank, text)
         for close in self._closers:
             close()
         self._closers.clear()
