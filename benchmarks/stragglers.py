@@ -19,6 +19,7 @@ the state files after each step (ddpmon/steps.py over the last 20 steps of the s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -121,7 +122,8 @@ def worker(args: argparse.Namespace) -> None:
             step()
     monitor.detach()
     with open(os.path.join(args.out, f"rows-{rank}.json"), "w") as f:
-        json.dump({"marks": marks, "busy": busy, "rows": monitor.recorder.history_since(0)}, f)
+        json.dump({"marks": marks, "busy": busy,
+                   "rows": [dataclasses.asdict(r) for r in monitor.recorder.history_since(0)]}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -144,7 +146,7 @@ def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespa
 
     results = []
     for i, segment in enumerate(plan(world, args.segments, args.seed)):
-        rows = {r: [row for row in d["rows"] if d["marks"][i] < row["step"] <= d["marks"][i] + args.steps]
+        rows = {r: [steps.StepRow(**row) for row in d["rows"] if d["marks"][i] < row["step"] <= d["marks"][i] + args.steps]
                 for r, d in data.items()}
         named_at, cause_at_naming, ever_named, final = None, None, set(), {}
         for k in range(steps.MIN_STEPS, args.steps + 1):

@@ -50,15 +50,64 @@ CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
 
 
-def balance(row: dict[str, Any]) -> None:
+@dataclass(slots=True)
+class StepRow:
+    """One finished step of a rank: when, how long, and its parts in seconds (``PARTS``:
+    they sum to ``step_seconds``, ``other`` taking up what the measured parts leave). The
+    rank keeps its recent rows; its history file stores them; ``phases`` scores them."""
+
+    step: int
+    start_unix: float
+    end_unix: float
+    step_seconds: float
+    data_wait_seconds: float | None = 0.0
+    h2d_seconds: float | None = None
+    forward_seconds: float | None = 0.0
+    backward_seconds: float | None = None
+    """None: no backward seen in the step."""
+    exposed_comm_seconds: float | None = None
+    """None: not measured (no bucket clock, and the host saw no wait)."""
+    optimizer_seconds: float | None = 0.0
+    other_seconds: float | None = 0.0
+    micro_steps: int = 1
+    buckets: list[tuple[int, float, int | None]] | None = None
+    """(index, seconds, bytes) of each bucket's all-reduce, once a bucket clock resolved them."""
+    gpu_pending: bool = False
+    """Its parts will come from the GPU (``rank/gpu_steps.py``); it is counted when they do."""
+    gpu_parts: bool = False
+    """Its parts are the GPU's."""
+    exposed_timed: bool = False
+    """A bucket clock measured its exposed communication."""
+    gpu_exposed: bool = False
+    """The GPU measured its exposed communication (it wins over a bucket clock's)."""
+
+    def part(self, name: str) -> float | None:
+        """Seconds of the part ``name`` (one of ``PARTS``)."""
+        return getattr(self, name + "_seconds")
+
+    def set_part(self, name: str, seconds: float | None) -> None:
+        setattr(self, name + "_seconds", seconds)
+
+    def history(self) -> dict[str, Any]:
+        """The row as the history file stores it (``state/history.HistoryStore.add_steps``)."""
+        out = {name: getattr(self, name) for name in _HISTORY_FIELDS}
+        if self.buckets is not None:
+            out["buckets"] = [{"index": i, "seconds": s, "bytes": b} for i, s, b in self.buckets]
+        return out
+
+
+_HISTORY_FIELDS = ("step", "start_unix", "end_unix", "step_seconds", *(p + "_seconds" for p in PARTS), "micro_steps")
+
+
+def balance(row: StepRow) -> None:
     """Set ``other`` to what the measured parts leave of the step's wall time."""
-    known = sum(row[p + "_seconds"] or 0.0 for p in PARTS if p != "other")
-    row["other_seconds"] = max(0.0, row["step_seconds"] - known)
+    known = sum(row.part(p) or 0.0 for p in PARTS if p != "other")
+    row.other_seconds = max(0.0, row.step_seconds - known)
 
 
-def busy_seconds(row: dict[str, Any]) -> float:
+def busy_seconds(row: StepRow) -> float:
     """The step's time minus its waiting for the other ranks."""
-    return max(0.0, row["step_seconds"] - sum(row[p + "_seconds"] or 0.0 for p in WAITING_PARTS))
+    return max(0.0, row.step_seconds - sum(row.part(p) or 0.0 for p in WAITING_PARTS))
 
 
 def slower(score: float) -> str:
@@ -157,7 +206,7 @@ def _part(p: StepPhases, part: str) -> float:
     return getattr(p, part + "_seconds") or 0.0
 
 
-def phases(rows: list[dict[str, Any]]) -> StepPhases | None:
+def phases(rows: list[StepRow]) -> StepPhases | None:
     """What a rank's steps (``Recorder.history_since`` rows) say for its score: mean seconds
     per step of each part (means, so that they sum to the mean step), and the typical busy
     time with its standard error (``typical``)."""
@@ -166,7 +215,7 @@ def phases(rows: list[dict[str, Any]]) -> StepPhases | None:
     n = len(rows)
 
     def mean(name: str) -> float:
-        return sum(r[name] or 0.0 for r in rows) / n
+        return sum(getattr(r, name) or 0.0 for r in rows) / n
 
     busy = [busy_seconds(r) for r in rows]
     middle = statistics.median(busy)
@@ -177,7 +226,7 @@ def phases(rows: list[dict[str, Any]]) -> StepPhases | None:
         exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
         other_seconds=mean("other_seconds"), busy_seconds=typical_busy,
         busy_spread_seconds=statistics.median(abs(b - middle) for b in busy), busy_error_seconds=error,
-        micro_steps=sum(r["micro_steps"] for r in rows) / n,
+        micro_steps=sum(r.micro_steps for r in rows) / n,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from .. import steps
 from ..state import schema
+from ..steps import StepRow
 
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -129,64 +130,62 @@ class BucketStats:
 
 class StepBook:
     """Step times: histograms, per-phase totals, the recent window (medians), per-step
-    history rows (``recent`` holds the same row dicts as ``history``)."""
+    history rows (``recent`` holds the same rows as ``history``)."""
 
     def __init__(self) -> None:
         self.hist = {name: Histogram(STEP_BOUNDS) for name in (
             "step", "data_wait", "forward", "backward", "exposed_comm", "optimizer", "other")}
         self.phase_totals = dict.fromkeys(steps.PARTS, 0.0)
-        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
-        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_STEPS)
+        self.recent: collections.deque[StepRow] = collections.deque(maxlen=RECENT_STEPS)
+        self.history: collections.deque[StepRow] = collections.deque(maxlen=HISTORY_STEPS)
 
     def add(self, record: StepRecord) -> None:
-        row: dict[str, Any] = {
-            "step": record.step, "start_unix": record.start_unix,
-            "end_unix": record.start_unix + record.step_seconds, "step_seconds": record.step_seconds,
-            "data_wait_seconds": record.data_wait_seconds, "h2d_seconds": None,
-            "forward_seconds": record.forward_seconds, "backward_seconds": record.backward_seconds,
-            "exposed_comm_seconds": record.comm_wait_seconds, "optimizer_seconds": record.optimizer_seconds,
-            "other_seconds": 0.0, "micro_steps": record.micro_steps,
-        }
+        row = StepRow(
+            step=record.step, start_unix=record.start_unix, end_unix=record.start_unix + record.step_seconds,
+            step_seconds=record.step_seconds, data_wait_seconds=record.data_wait_seconds,
+            forward_seconds=record.forward_seconds, backward_seconds=record.backward_seconds,
+            exposed_comm_seconds=record.comm_wait_seconds, optimizer_seconds=record.optimizer_seconds,
+            micro_steps=record.micro_steps, gpu_pending=record.gpu_parts_later,
+        )
         steps.balance(row)
         self.recent.append(row)
         self.history.append(row)
-        if record.gpu_parts_later:
-            row["gpu_pending"] = True  # counted once its GPU parts come (``gpu_parts``)
-        else:
+        if not row.gpu_pending:  # else counted once its GPU parts come (``gpu_parts``)
             self._count(row)
 
-    def _count(self, row: dict[str, Any]) -> None:
+    def _count(self, row: StepRow) -> None:
         """Add a settled step to the histograms and the per-part totals (counters: a step is
         counted once, when its parts are final)."""
         h = self.hist
-        h["step"].observe(row["step_seconds"])
+        h["step"].observe(row.step_seconds)
         for part in ("data_wait", "forward", "optimizer", "other"):
-            h[part].observe(row[part + "_seconds"])
-        if row["backward_seconds"] is not None:
-            h["backward"].observe(row["backward_seconds"])
-        if row.get("exposed_timed") or row.get("gpu_exposed"):
-            h["exposed_comm"].observe(row["exposed_comm_seconds"] or 0.0)
+            h[part].observe(row.part(part))
+        if row.backward_seconds is not None:
+            h["backward"].observe(row.backward_seconds)
+        if row.exposed_timed or row.gpu_exposed:
+            h["exposed_comm"].observe(row.exposed_comm_seconds or 0.0)
         for phase in steps.PARTS:
-            self.phase_totals[phase] += row[phase + "_seconds"] or 0.0
+            self.phase_totals[phase] += row.part(phase) or 0.0
 
     def gpu_parts(self, step: int, parts: dict[str, float] | None) -> None:
         """Step ``step``'s parts as the GPU ran them (``gpu_steps.py``), with its span as the
         step's time; None: the host's parts stand. Either way the step is counted now."""
         for row in reversed(self.history):
-            if row["step"] == step:
-                if not row.pop("gpu_pending", False):
+            if row.step == step:
+                if not row.gpu_pending:
                     return
+                row.gpu_pending = False
                 if parts is not None:
-                    row["step_seconds"] = parts["step"]
-                    row["end_unix"] = row["start_unix"] + parts["step"]
+                    row.step_seconds = parts["step"]
+                    row.end_unix = row.start_unix + parts["step"]
                     for part in ("data_wait", "forward", "optimizer"):
-                        row[part + "_seconds"] = parts[part]
-                    if row["backward_seconds"] is not None:
-                        row["backward_seconds"] = parts["backward"]
-                    if parts["exposed_measured"] or not row.get("exposed_timed"):
-                        row["exposed_comm_seconds"] = parts["exposed_comm"]
-                    row["gpu_parts"] = True
-                    row["gpu_exposed"] = bool(parts["exposed_measured"])
+                        row.set_part(part, parts[part])
+                    if row.backward_seconds is not None:
+                        row.backward_seconds = parts["backward"]
+                    if parts["exposed_measured"] or not row.exposed_timed:
+                        row.exposed_comm_seconds = parts["exposed_comm"]
+                    row.gpu_parts = True
+                    row.gpu_exposed = bool(parts["exposed_measured"])
                     steps.balance(row)
                 self._count(row)
                 return
@@ -194,9 +193,9 @@ class StepBook:
     def buckets(self, step: int | None, timings: list[tuple[int, float, int | None]]) -> None:
         """Step ``step``'s bucket times for its history row: (index, seconds, bytes)."""
         for row in reversed(self.history):
-            if row["step"] == step:
-                if "buckets" not in row:
-                    row["buckets"] = timings[:HISTORY_BUCKETS]
+            if row.step == step:
+                if row.buckets is None:
+                    row.buckets = timings[:HISTORY_BUCKETS]
                 break
 
     def exposed(self, step: int | None, seconds: float) -> None:
@@ -204,18 +203,18 @@ class StepBook:
         (it may come late): it replaces the host's wait in the step's parts, and ``other``
         takes up the difference so that the parts still sum to the step."""
         for row in reversed(self.history):
-            if row["step"] == step:
-                if row.get("gpu_exposed"):
+            if row.step == step:
+                if row.gpu_exposed:
                     return  # the GPU's own measure of this step stands
-                before = (row["exposed_comm_seconds"] or 0.0, row["other_seconds"])
-                row["exposed_comm_seconds"] = seconds
-                row["exposed_timed"] = True
+                before = (row.exposed_comm_seconds or 0.0, row.other_seconds or 0.0)
+                row.exposed_comm_seconds = seconds
+                row.exposed_timed = True
                 steps.balance(row)
-                if row.get("gpu_pending"):
+                if row.gpu_pending:
                     return  # counted when it settles
                 self.hist["exposed_comm"].observe(seconds)
                 self.phase_totals["exposed_comm"] += seconds - before[0]
-                self.phase_totals["other"] += row["other_seconds"] - before[1]
+                self.phase_totals["other"] += (row.other_seconds or 0.0) - before[1]
                 return
         self.hist["exposed_comm"].observe(seconds)  # (a step no longer in the history)
 

@@ -16,6 +16,7 @@ Nothing here imports torch, so readers stay cheap and the doctor can share the s
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import statistics
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 
 from .. import steps
 from ..state import schema
+from ..steps import StepRow
 from . import gpu_steps
 from .books import (
     BUCKET_OP,
@@ -475,7 +477,7 @@ class Recorder:
         """The longest step in the recent window, None before the first step ends."""
         with self._fold_lock:
             self._fold()
-            return max((r["step_seconds"] for r in self._steps_book.recent), default=None)
+            return max((r.step_seconds for r in self._steps_book.recent), default=None)
 
     def collectives_by_op(self) -> dict[str, tuple[int, int]]:
         """(issued, completed) per collective operation."""
@@ -502,25 +504,18 @@ class Recorder:
             self._fold()
             return [b.copy() for b in self._buckets.sorted()]
 
-    def history_since(self, step: int) -> list[dict[str, Any]]:
-        """Per-step rows of the steps after ``step``, oldest first (the last few thousand):
-        step, start_unix, end_unix, step_seconds and its parts data_wait_seconds,
-        h2d_seconds (None: not visible), forward_seconds, backward_seconds,
-        exposed_comm_seconds (None while unknown), optimizer_seconds, other_seconds (they
-        sum to step_seconds), micro_steps (backward passes), and buckets (index, seconds, bytes; when timed)."""
+    def history_since(self, step: int) -> list[StepRow]:
+        """Copies of the rows (``steps.StepRow``) of the steps after ``step``, oldest first
+        (the last few thousand)."""
         with self._fold_lock:
             self._fold()
-            found = [dict(row) for row in self._steps_book.history if row["step"] > step]
-        for row in found:
-            if "buckets" in row:
-                row["buckets"] = [{"index": i, "seconds": s, "bytes": b} for i, s, b in row["buckets"]]
-        return found
+            return [copy.copy(row) for row in self._steps_book.history if row.step > step]
 
     def state(self) -> schema.RankState:
         """The latest view of this rank, a fresh record every call."""
         with self._fold_lock:
             self._fold()
-            recent = [dict(r) for r in self._steps_book.recent]
+            recent = [copy.copy(r) for r in self._steps_book.recent]
             c = self._collectives
             i = self.identity
             state = schema.RankState(
@@ -561,14 +556,14 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
     return schema.Collective(**fields)
 
 
-def _summaries(recent: list[dict[str, Any]]) -> schema.Timings:
+def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
     time of the last ``PHASE_WINDOW`` steps went (``schema.StepPhases``)."""
     def summary(values: list[float]) -> schema.Summary | None:
         return schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
 
     def column(name: str) -> list[float]:
-        return [r[name] or 0.0 for r in recent]
+        return [getattr(r, name) or 0.0 for r in recent]
 
     forward, backward = column("forward_seconds"), column("backward_seconds")
     return schema.Timings(
@@ -577,7 +572,7 @@ def _summaries(recent: list[dict[str, Any]]) -> schema.Timings:
         forward_seconds=summary(forward),
         backward_seconds=summary(backward),
         compute_seconds=summary([f + b for f, b in zip(forward, backward)]),
-        exposed_comm_seconds=summary([r["exposed_comm_seconds"] for r in recent if r["exposed_comm_seconds"] is not None]),
+        exposed_comm_seconds=summary([r.exposed_comm_seconds for r in recent if r.exposed_comm_seconds is not None]),
         data_wait_seconds=summary(column("data_wait_seconds")),
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),

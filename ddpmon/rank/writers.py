@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import AttachError
 from ..fuses import bounded
 from ..state import files, history, schema
+from ..steps import StepRow
 
 log = logging.getLogger("ddpmon")
 
@@ -122,7 +123,7 @@ class HistoryWriter:
     the batch. A failure is logged once and switches history off; the training never sees it.
     """
 
-    def __init__(self, path: str, history_since: Callable[[int], list[dict[str, Any]]],
+    def __init__(self, path: str, history_since: Callable[[int], list[StepRow]],
                  snapshot: Callable[[], dict[str, Any]], identity: dict[str, Any], *,
                  interval: float = 1.0, sample: Callable[[], dict[str, Any]] | None = None,
                  hold_back: int = 2, max_rows: int = history.MAX_ROWS) -> None:
@@ -162,14 +163,14 @@ class HistoryWriter:
                     # The newest steps may still get their bucket timings (resolved a step
                     # or two later on a GPU); once training pauses they are final.
                     recent = time.time() - 2 * self._interval
-                    held = sum(1 for s in steps[-self._hold_back:] if s["end_unix"] > recent)
+                    held = sum(1 for s in steps[-self._hold_back:] if s.end_unix > recent)
                     steps = steps[: len(steps) - held]
                 if not final:  # on a GPU, steps whose parts the GPU has not given yet (gpu_steps.py)
-                    pending = next((i for i, s in enumerate(steps) if s.get("gpu_pending")), None)
+                    pending = next((i for i, s in enumerate(steps) if s.gpu_pending), None)
                     steps = steps if pending is None else steps[:pending]
                 if steps:
-                    self._store.add_steps(steps, self._sample())
-                    self._written = int(steps[-1]["step"])
+                    self._store.add_steps([s.history() for s in steps], self._sample())
+                    self._written = steps[-1].step
                 snap = self._snapshot()
                 for kind, key, text in events(snap):
                     if key not in self._seen:

@@ -157,7 +157,7 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
     phases = {}
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
-        rows = [dict({c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED}, micro_steps=1)
+        rows = [steps.StepRow(i, 0.0, 0.0, **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED})
                 for i, step in enumerate(columns["step_seconds"]) if step is not None]
         phases[rank] = steps.phases(rows)
     return steps.scores(phases)

@@ -4,6 +4,7 @@ SCENARIO ARGS``; each scenario writes result-<rank>.json into DDPMON_TEST_OUT.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -46,7 +47,7 @@ def readme_example() -> dict[str, Any]:
     out["after_eval"] = monitor.snapshot()["step"]
     monitor.detach()
     out["after_detach"] = monitor.snapshot()
-    out["rows"] = monitor.recorder.history_since(0)
+    out["rows"] = [dataclasses.asdict(r) for r in monitor.recorder.history_since(0)]
 
     # Without an optimizer: the synchronised end of backward ends a step.
     model = DDP(MLP())
@@ -61,7 +62,7 @@ def readme_example() -> dict[str, Any]:
     time.sleep(0.5)
     monitor.detach()
     out["manual_sgd"] = monitor.snapshot()
-    out["manual_sgd_rows"] = monitor.recorder.history_since(0)
+    out["manual_sgd_rows"] = [dataclasses.asdict(r) for r in monitor.recorder.history_since(0)]
 
     # Gradient accumulation: 3 micro-steps (2 under no_sync) per optimizer step.
     model = DDP(MLP())

@@ -16,6 +16,7 @@ in synchronizes by itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -104,8 +105,8 @@ def main() -> None:
     mon.detach()
     rows = mon.recorder.history_since(0)
     result = {
-        "gpu_parts_steps": sum(1 for r in rows if r.get("gpu_parts")),
-        "gpu_rows": [r for r in rows if r.get("gpu_parts")][-5:],
+        "gpu_parts_steps": sum(1 for r in rows if r.gpu_parts),
+        "gpu_rows": [dataclasses.asdict(r) for r in rows if r.gpu_parts][-5:],
         "mode": mode, "baseline_error": baseline_error, "error": error,
         "extra_warnings": [w for w in watched_warnings if w not in baseline_warnings],
         "bucket_timing": snap["bucket_timing"], "notes": snap["notes"], "errors": snap["errors"],

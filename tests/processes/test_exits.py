@@ -94,11 +94,11 @@ _KILLED = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, sys.argv[2])
     from ddpmon.rank import writers
+    from ddpmon.steps import StepRow
     made = []
     def since(step):
         now = time.time()
-        return [{"step": s, "start_unix": now, "end_unix": now - 60, "step_seconds": 0.01}
-                for s in made if s > step]
+        return [StepRow(s, now, now - 60, 0.01) for s in made if s > step]
     snap = lambda: {"step": len(made), "notes": {"advice": "seen"}}
     w = writers.HistoryWriter(sys.argv[1], since, snap, {"rank": 0, "job": "killed"}, interval=0.05)
     w.start()

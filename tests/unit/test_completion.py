@@ -178,7 +178,7 @@ def test_exposed_time_goes_to_the_step_it_was_measured_in() -> None:
     for _ in range(3):
         rec.close_step(1.0)
     rec.add_step_timings(StepTimings([], 0.25, measured=True, step=2))
-    assert [r["exposed_comm_seconds"] for r in rec.history_since(0)] == [None, 0.25, None]
+    assert [r.exposed_comm_seconds for r in rec.history_since(0)] == [None, 0.25, None]
     rec.add_step_timings(StepTimings([], None, measured=True, step=3))  # unknown: nothing made up
     assert rec.histograms()["exposed_comm"].count == 1
 

@@ -166,15 +166,15 @@ def test_the_book_counts_each_step_once_with_its_final_parts() -> None:
     book.exposed(1, 0.008)  # the bucket clock came first: held with the row
     book.gpu_parts(1, dict(GPU))
     row = book.history[-1]
-    assert row["gpu_parts"] and "gpu_pending" not in row
-    assert row["step_seconds"] == 0.100 and row["forward_seconds"] == 0.030
-    assert row["exposed_comm_seconds"] == 0.004  # the GPU measured it
-    assert sum(row[p + "_seconds"] or 0.0 for p in PARTS) == pytest.approx(0.100)
+    assert row.gpu_parts and not row.gpu_pending
+    assert row.step_seconds == 0.100 and row.forward_seconds == 0.030
+    assert row.exposed_comm_seconds == 0.004  # the GPU measured it
+    assert sum(row.part(p) or 0.0 for p in PARTS) == pytest.approx(0.100)
     assert book.hist["step"].count == 1 and book.hist["exposed_comm"].count == 1
     assert book.phase_totals["forward"] == pytest.approx(0.030)
     book.exposed(1, 0.009)  # late: the GPU's stands, nothing counted twice
     book.gpu_parts(1, dict(GPU))
-    assert row["exposed_comm_seconds"] == 0.004 and book.hist["step"].count == 1
+    assert row.exposed_comm_seconds == 0.004 and book.hist["step"].count == 1
     # a step whose host parts stand is counted with them, once
     book.add(record(2, pending=True))
     book.gpu_parts(2, None)
@@ -183,7 +183,7 @@ def test_the_book_counts_each_step_once_with_its_final_parts() -> None:
     book.add(record(3, pending=True))
     book.exposed(3, 0.007)
     book.gpu_parts(3, dict(GPU, exposed_measured=0.0))
-    assert book.history[-1]["exposed_comm_seconds"] == 0.007
+    assert book.history[-1].exposed_comm_seconds == 0.007
 
 
 class SleepInBackward:
@@ -248,16 +248,16 @@ def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path, options: d
     """The hooks mark every boundary, once per backward even when every parameter's
     gradient is watched (find_unused_parameters): the clock's parts replace the host's."""
     rows, counted = train(tmp_path, True, **options)
-    assert [r["step"] for r in rows] == list(range(1, 13)) and counted == 12  # each step once
-    assert not any(r.get("gpu_pending") for r in rows)
-    timed = [r for r in rows if r.get("gpu_parts")]
+    assert [r.step for r in rows] == list(range(1, 13)) and counted == 12  # each step once
+    assert not any(r.gpu_pending for r in rows)
+    timed = [r for r in rows if r.gpu_parts]
     assert len(timed) == 12, rows
     for r in timed[1:]:  # the first step starts at its forward: no data wait
-        assert 0.004 <= r["data_wait_seconds"] < r["step_seconds"], r
-        assert r["backward_seconds"] >= 0.010 and r["micro_steps"] == 1, r
-        assert r["forward_seconds"] > 0 and r["optimizer_seconds"] > 0, r
-        total = sum(r[p + "_seconds"] or 0.0 for p in PARTS)
-        assert total == pytest.approx(r["step_seconds"], abs=1e-6)
+        assert 0.004 <= r.data_wait_seconds < r.step_seconds, r
+        assert r.backward_seconds >= 0.010 and r.micro_steps == 1, r
+        assert r.forward_seconds > 0 and r.optimizer_seconds > 0, r
+        total = sum(r.part(p) or 0.0 for p in PARTS)
+        assert total == pytest.approx(r.step_seconds, abs=1e-6)
 
 
 @pytest.mark.timeout(120)
@@ -267,4 +267,4 @@ def test_watching_every_gradient_neither_cuts_backward_nor_counts_micro_steps_pe
     compute still runs to its end, and one backward is one micro-step (host parts)."""
     rows, _ = train(tmp_path, False, find_unused_parameters=True)
     for r in rows[1:]:
-        assert r["backward_seconds"] >= 0.010 and r["micro_steps"] == 1, r
+        assert r.backward_seconds >= 0.010 and r.micro_steps == 1, r

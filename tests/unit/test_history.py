@@ -137,14 +137,15 @@ def test_recorder_history_since_has_phases_exposed_and_buckets():
     rec.forward_started(t + 0.05)
     rec.close_step(t + 0.07)
     got = rec.history_since(0)
-    assert [r["step"] for r in got] == [1, 2]
+    assert [r.step for r in got] == [1, 2]
     first = got[0]
-    assert first["step_seconds"] == pytest.approx(0.05) and first["forward_seconds"] == pytest.approx(0.01)
-    assert first["backward_seconds"] == pytest.approx(0.02) and first["exposed_comm_seconds"] == pytest.approx(0.015)
-    assert first["buckets"] == [{"index": 0, "seconds": pytest.approx(0.004), "bytes": 4096}]
-    assert first["end_unix"] - first["start_unix"] == pytest.approx(0.05)
-    assert got[1]["exposed_comm_seconds"] is None and "buckets" not in got[1]
-    assert [r["step"] for r in rec.history_since(1)] == [2]
+    assert first.step_seconds == pytest.approx(0.05) and first.forward_seconds == pytest.approx(0.01)
+    assert first.backward_seconds == pytest.approx(0.02) and first.exposed_comm_seconds == pytest.approx(0.015)
+    assert first.buckets == [(0, pytest.approx(0.004), 4096)]
+    assert first.history()["buckets"] == [{"index": 0, "seconds": pytest.approx(0.004), "bytes": 4096}]
+    assert first.end_unix - first.start_unix == pytest.approx(0.05)
+    assert got[1].exposed_comm_seconds is None and got[1].buckets is None and "buckets" not in got[1].history()
+    assert [r.step for r in rec.history_since(1)] == [2]
 
 
 def test_events_from_a_state_body_name_notes_errors_and_hangs():
