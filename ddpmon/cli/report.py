@@ -41,11 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..report import html, summary
     from ..report import run as run_mod
-    from .doctor import default_state_dir
+    from .common import default_state_dir
 
     dirs = list(args.state_dirs)
     if not dirs and not args.remote:
-        found = default_state_dir()
+        found = default_state_dir("report", args.job)
         if found is None:
             print("ddpmon report: no state directory given and none found: pass STATE_DIR", file=sys.stderr)
             return EXIT_USAGE

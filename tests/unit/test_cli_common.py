@@ -3,13 +3,14 @@ the doctor and top), -v/--verbose, and what a command that cannot load says."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from ddpmon.cli import SUBCOMMANDS, build_parser, common
+from ddpmon.cli import EXIT_USAGE, SUBCOMMANDS, build_parser, common
 from ddpmon.config import Config, default_state_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,19 @@ def test_the_job_directory_written_last_is_chosen_and_named(tmp_root: Path, caps
     (tmp_root / "stray-file").write_text("")
     assert common.default_state_dir("top") == str(tmp_root / "new")
     assert f"ddpmon top: reading {tmp_root / 'new'}" in capsys.readouterr().err
+
+
+def test_report_without_a_directory_reads_the_latest_job(tmp_root: Path, capsys: pytest.CaptureFixture) -> None:
+    from ddpmon.cli import main
+    from ddpmon.report import synthetic
+
+    synthetic.write_run(str(tmp_root / "latest"), 2, 20, job="latest")
+    with pytest.raises(SystemExit) as done:
+        main(["report", "--json"])
+    assert done.value.code == 0 and json.loads(capsys.readouterr().out)["job"] == "latest"
+    with pytest.raises(SystemExit) as done:  # --job: that job's default directory, not there
+        main(["report", "--job", "elsewhere", "--json"])
+    assert done.value.code == EXIT_USAGE and "elsewhere" in capsys.readouterr().err
 
 
 def test_the_variable_wins(tmp_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
