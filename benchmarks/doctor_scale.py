@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 
-from ddpmon.rank.recorder import BucketTiming, Identity, Recorder
+from ddpmon.rank.recorder import BucketTiming, Recorder
 from ddpmon.state import files as statefile
+from ddpmon.state.schema import Identity
 
 
 def rank_state(rank: int, world: int, now: float) -> dict:

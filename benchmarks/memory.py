@@ -18,9 +18,10 @@ import psutil
 import torch._C._distributed_c10d as c10d
 
 from ddpmon.fuses import Fuse
-from ddpmon.rank.recorder import Identity, Recorder
+from ddpmon.rank.recorder import Recorder
 from ddpmon.rank.timing.c10d import CompletionClock
 from ddpmon.rank.timing.hook import WallClock
+from ddpmon.state.schema import Identity
 
 IDENTITY = dict(rank=0, local_rank=0, world_size=8, host="node0", pid=1, job="bench",
                 backend="gloo", torch_version="2.13.0", debug_level="OFF")

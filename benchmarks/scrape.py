@@ -12,7 +12,8 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ddpmon.rank.exporter import RankCollector
-from ddpmon.rank.recorder import BucketTiming, Identity, Recorder
+from ddpmon.rank.recorder import BucketTiming, Recorder
+from ddpmon.state.schema import Identity
 
 IDENTITY = dict(rank=0, local_rank=0, world_size=1024, host="node0", pid=1, job="bench",
                 backend="nccl", torch_version="2.13.0", debug_level="OFF")

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import AttachError, ConfigError
+from ..state.schema import Identity
 from ..version import __version__
-from .recorder import Identity
 
 _HOW_TO_WRAP = (
     "wrap the model first:\n"

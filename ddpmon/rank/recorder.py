@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import itertools
 import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import steps
@@ -44,35 +44,9 @@ from .gpu_steps import GpuStepClock
 
 __all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats", "Histogram"]
 
+_IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(schema.Identity))
 MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
 PHASE_WINDOW = 20  # the steps the state file's ``timings.phases`` describe
-
-
-@dataclass
-class Identity:
-    """Who this rank is: the identity fields of its state file (``schema.RankState``) and of
-    ``ddpmon_rank_info``. Set at attach (``model.identity``); ``port``, ``bucket_timing``,
-    ``ddp`` and ``state_interval`` once the parts that know them are installed."""
-
-    rank: int = 0
-    local_rank: int | None = None
-    world_size: int | None = None
-    ddp_world_size: int | None = None
-    group_rank: int | None = None
-    host: str | None = None
-    pid: int | None = None
-    port: int | None = None
-    job: str | None = None
-    backend: str | None = None
-    device: str | None = None
-    torch_version: str | None = None
-    debug_level: str | None = None
-    version: str | None = None
-    find_unused_parameters: bool | None = None
-    num_parameters: int | None = None
-    bucket_timing: str | None = None
-    state_interval: float | None = None
-    ddp: dict[str, Any] = field(default_factory=dict)
 
 
 class _Step:
@@ -116,7 +90,7 @@ class Recorder:
     Written by hooks without locks (see the module docstring); read through ``state()``,
     ``snapshot()``, ``histograms()``, ``bucket_stats()`` and the other readers below."""
 
-    def __init__(self, identity: Identity, world_size: int) -> None:
+    def __init__(self, identity: schema.Identity, world_size: int) -> None:
         self.identity = identity
         self.world_size = max(1, int(world_size))
         self.steps = 0
@@ -517,13 +491,10 @@ class Recorder:
             self._fold()
             recent = [copy.copy(r) for r in self._steps_book.recent]
             c = self._collectives
-            i = self.identity
+            identity = {name: getattr(self.identity, name) for name in _IDENTITY_FIELDS}
+            identity["ddp"] = dict(identity["ddp"])
             state = schema.RankState(
-                rank=i.rank, local_rank=i.local_rank, world_size=i.world_size, ddp_world_size=i.ddp_world_size,
-                group_rank=i.group_rank, host=i.host, pid=i.pid, port=i.port, job=i.job, backend=i.backend,
-                device=i.device, torch_version=i.torch_version, debug_level=i.debug_level, version=i.version,
-                find_unused_parameters=i.find_unused_parameters, num_parameters=i.num_parameters,
-                bucket_timing=i.bucket_timing, state_interval=i.state_interval, ddp=dict(i.ddp),
+                **identity,
                 step=self.steps, micro_steps=self.micro_steps, phase=self.phase, started_unix=self.started_unix,
                 last_progress_unix=self.last_progress_unix,
                 collectives=schema.Counts(c.issued, c.completed),

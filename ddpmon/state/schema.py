@@ -348,8 +348,10 @@ class DataInfo:
 
 
 @dataclass(slots=True)
-class RankState:
-    """Everything one rank publishes: who it is, where it is, what it measured."""
+class Identity:
+    """Who a rank is and where: the first fields of its state file and the labels of
+    ``ddpmon_rank_info``. Set at attach; ``port``, ``bucket_timing``, ``ddp`` and
+    ``state_interval`` once the parts that know them are installed."""
 
     rank: int
     """This rank in the job (torch.distributed's global rank)."""
@@ -386,6 +388,12 @@ class RankState:
     """Seconds between rewrites of this file."""
     ddp: dict[str, Any] = field(default_factory=dict)
     """Facts from DDP's own logging data."""
+
+
+@dataclass(slots=True)
+class RankState(Identity):
+    """Everything one rank publishes: who it is, where it is, what it measured."""
+
     step: int = 0
     """Steps done: optimizer steps after synchronised gradients (else synchronised backwards)."""
     micro_steps: int = 0

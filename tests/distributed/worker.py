@@ -124,10 +124,11 @@ def train_basic(steps: str = "8") -> dict[str, Any]:
     sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
     # The layout the c10d clock reads from DDP's logging data, for the test to compare
     # with what the comm hook saw in each GradBucket.
-    from ddpmon.rank.recorder import Identity, Recorder
+    from ddpmon.rank.recorder import Recorder
     from ddpmon.rank.timing.layout import BucketLayout
+    from ddpmon.state.schema import Identity
 
-    logged = Recorder(Identity(), WORLD)
+    logged = Recorder(Identity(rank=0), WORLD)
     named = list(model.module.named_parameters())
     count = BucketLayout(model, [p for _, p in named], [n for n, _ in named]).refresh(logged)
     layout = [[b["index"], b["bytes"], b["dtype"], b["parameters"]] for b in logged.snapshot()["buckets"]]

@@ -301,8 +301,9 @@ def test_a_lost_gpu_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_rank_sources_notes_the_gpu_in_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the rank's collectors into the recorder, whose notes the state file holds."""
     from ddpmon.rank import torch_memory
-    from ddpmon.rank.recorder import Identity, Recorder
+    from ddpmon.rank.recorder import Recorder
     from ddpmon.rank.sources import rank_sources
+    from ddpmon.state.schema import Identity
 
     FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH).install(monkeypatch)
     monkeypatch.setattr(torch_memory, "device_identity", lambda index: ("GPU-1f1e0c3a-0000-4000-8000-000000000000", None))

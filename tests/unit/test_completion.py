@@ -12,10 +12,11 @@ import pytest
 import torch._C._distributed_c10d as c10d
 
 from ddpmon.fuses import Fuse
-from ddpmon.rank.recorder import BucketTiming, Identity, Recorder, StepTimings
+from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.rank.timing import c10d as completion
 from ddpmon.rank.timing.c10d import CompletionClock
 from ddpmon.rank.timing.layout import _numbers
+from ddpmon.state.schema import Identity
 from tests.support.c10d import info
 
 

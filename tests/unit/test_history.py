@@ -9,8 +9,9 @@ import time
 import pytest
 
 from ddpmon.rank import writers
-from ddpmon.rank.recorder import BucketTiming, Identity, Recorder, StepTimings
+from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.state import history
+from ddpmon.state.schema import Identity
 
 
 def steps(first: int, last: int, buckets: int = 4) -> list[dict]:

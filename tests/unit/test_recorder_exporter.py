@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 from ddpmon.metrics import catalog
 from ddpmon.metrics.exposition import serve
 from ddpmon.rank.exporter import RankCollector
-from ddpmon.rank.recorder import BucketTiming, Histogram, Identity, Recorder
+from ddpmon.rank.recorder import BucketTiming, Histogram, Recorder
 from ddpmon.state import schema
+from ddpmon.state.schema import Identity
 
 IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", backend="gloo",
                 torch_version="2.13.0", debug_level="OFF")

@@ -14,7 +14,8 @@ import pytest
 
 from ddpmon.rank import ending
 from ddpmon.rank import watchdog as wd
-from ddpmon.rank.recorder import Identity, Recorder
+from ddpmon.rank.recorder import Recorder
+from ddpmon.state.schema import Identity
 
 
 def recorder(steps: list[float] | None = None) -> Recorder:
