@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddpmon.state import files, schema
+
+pytest_plugins = ["tests.support.runs", "tests.support.roots"]  # fixtures shared by several folders
 from tests.support import states
 
 

@@ -3,24 +3,6 @@ imported, on synthetic history stores (no job)."""
 
 from __future__ import annotations
 
-import pytest
-
-from ddpmon.report import synthetic
-
-
-@pytest.fixture(scope="module")
-def slow_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("slow")
-    synthetic.write_run(str(d), 4, 300, slow_rank=2, slow_seconds=0.03, job="slow")
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def even_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("even")
-    synthetic.write_run(str(d), 4, 300, slow_rank=None, job="even")
-    return str(d)
-
 
 def test_report_and_compare_never_import_torch(slow_run, even_run, tmp_path):
     import subprocess

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,20 +14,9 @@ import psutil
 import pytest
 
 from ddpmon.state import files, root
+from tests.support.roots import NOBODY, as_root
 
 ROOT = Path(__file__).resolve().parents[2]
-NOBODY = 65534
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulating another user needs root")
-
-
-@pytest.fixture
-def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private stand-in for the system temp dir: sticky and world-writable like /tmp."""
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    return shared
 
 
 def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:

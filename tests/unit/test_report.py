@@ -21,18 +21,6 @@ def _cli(args, capsys):
     return exc.value.code, out.out, out.err
 
 
-@pytest.fixture(scope="module")
-def slow_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("slow")
-    synthetic.write_run(str(d), 4, 300, slow_rank=2, slow_seconds=0.03, job="slow")
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def even_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("even")
-    synthetic.write_run(str(d), 4, 300, slow_rank=None, job="even")
-    return str(d)
 
 
 def test_summary_names_the_straggler_and_its_phase(slow_run):

@@ -6,26 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from ddpmon.state import files, root
-
-NOBODY = 65534
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulating another user needs root")
-
-
-@pytest.fixture
-def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private stand-in for the system temp dir: sticky and world-writable like /tmp."""
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    return shared
+from tests.support.roots import NOBODY, as_root
 
 
 @pytest.mark.parametrize("job,safe", [("run-1", "run-1"), ("..", "_."), ("../../etc", "_._.._etc"),
