@@ -151,10 +151,10 @@ class Monitor:
             self._endpoint.close()
         for close in self._closers:
             close()
+        if self._writer:  # its last write first: rank 0's end-of-run summary reads it
+            self._writer.stop()
         if self._history:
             self._history.stop()
-        if self._writer:
-            self._writer.stop()
 
     def __enter__(self) -> Monitor:
         return self

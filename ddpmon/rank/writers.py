@@ -243,6 +243,7 @@ class RunHistory:
         import atexit
 
         self._rank = rank
+        self._world = int(recorder.identity.world_size or 1)
         self._writer: HistoryWriter | None = HistoryWriter(
             history.path_for(os.path.dirname(state_file), rank), recorder.history_since, recorder.snapshot,
             dataclasses.asdict(recorder.identity), sample=sample or process_sample(),
@@ -260,6 +261,7 @@ class RunHistory:
         writer.stop()
         if self._rank == 0 and not writer.failed:
             try:
+                _wait_for_peers(os.path.dirname(writer.path), self._world)
                 from ..report.summary import end_of_run
 
                 log.warning("%s", end_of_run(os.path.dirname(writer.path)))
@@ -286,3 +288,25 @@ def start_history(state_file: str | None, rank: int, recorder: Any, device: str)
     except Exception as exc:  # the run goes on without its history
         log.warning("ddpmon: rank %d: no step history: %r", rank, exc)
         return None
+
+
+PEERS_WAIT_SECONDS = 2.0
+"""At most this long, at the end of the run, rank 0 waits for the other ranks' last state
+files before it sums up the run (their last fingerprints and how they ended)."""
+
+
+def _wait_for_peers(state_dir: str, world: int, timeout: float = PEERS_WAIT_SECONDS) -> None:
+    """Until every rank's state file says it ended (detached, or an exit record), bounded:
+    a rank that died or still works is summed up as its file last said."""
+    deadline = time.monotonic() + timeout
+    waiting = set(range(world))
+    while waiting and time.monotonic() < deadline:
+        for rank in sorted(waiting):
+            try:
+                state = files.read(files.path_for(state_dir, rank))
+            except Exception:
+                continue
+            if state.phase == "detached" or state.exit is not None:
+                waiting.discard(rank)
+        if waiting:
+            time.sleep(0.05)

@@ -243,7 +243,8 @@ def end_of_run(state_dir: str) -> str:
                      "than the others, within their step-to-step noise")
     shown = [f for f in s["findings"] if f["severity"] in ("error", "warning")] + \
             [f for f in s["findings"] if f["severity"] == "info"]
-    for f in shown[:3]:
-        lines.append(f"  {f['severity']}: {f['summary']}")
+    for f in shown[:3]:  # a finding the doctor makes only now must reach a log, with what to do
+        fix = f" Fix: {f['fix']}" if f["severity"] != "info" and f.get("fix") else ""
+        lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")
     lines.append(f"  report: ddpmon report {state_dir} -o report.html")
     return "\n".join(lines)

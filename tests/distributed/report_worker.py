@@ -42,8 +42,9 @@ def train(steps: int, slow_rank: int, delay: float, end: str) -> dict[str, Any]:
     model = DDP(SlowForward(delay if RANK == slow_rank else 0.0), bucket_cap_mb=0.01)
     mon = ddpmon.attach(model, job=os.environ.get("DDPMON_TEST_JOB", "report"), bucket_timing="hook")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    same = os.environ.get("DDPMON_TEST_SAME_DATA") == "1"  # every rank trains on rank 0's batches
     for step in range(steps):
-        x, y = batch(step)
+        x, y = batch(step, rank=0) if same else batch(step)
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()

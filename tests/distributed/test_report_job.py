@@ -22,9 +22,10 @@ STEPS = 30
 DELAY = 0.03  # seconds rank 1 sleeps in every forward of the slow run
 
 
-def train(workdir: Path, delay: float, end: str = "detach", job: str = "report") -> list[harness.RankResult]:
+def train(workdir: Path, delay: float, end: str = "detach", job: str = "report",
+          env: dict[str, str] | None = None) -> list[harness.RankResult]:
     """A 2-rank job of tests/distributed/report_worker.py, run to its end (bounded)."""
-    procs = harness.start_ranks("train", 2, workdir, env={"DDPMON_TEST_JOB": job},
+    procs = harness.start_ranks("train", 2, workdir, env={"DDPMON_TEST_JOB": job, **(env or {})},
                                 args=(str(STEPS), "1", str(delay), end), module="tests.distributed.report_worker")
     deadline = time.monotonic() + 120
     try:
@@ -75,6 +76,18 @@ def test_rank_0_logs_the_run_summary_at_the_end(runs):
     assert "straggler: rank 1 is" in text and "in forward" in text
     assert "report: ddpmon report" in text
     assert "run summary" not in results[1].stderr
+
+
+def test_a_finding_first_made_at_the_end_reaches_the_log_with_its_fix(tmp_path):
+    """Same data on every rank in a short job: rank 0's end-of-run summary is where the
+    doctor first sees it, and it says what to do."""
+    from ddpmon.advice import FIX
+
+    results = train(tmp_path, 0.0, job="same", env={"DDPMON_TEST_SAME_DATA": "1"})
+    logs = "\n".join(r.stderr for r in results)
+    line = next((ln for ln in logs.splitlines() if "[same_data]" in ln), None)
+    assert line is not None, logs[-3000:]
+    assert FIX["same_data"] in line, line
 
 
 def test_a_job_that_exits_without_detach_keeps_its_history_and_summary(runs):

@@ -65,8 +65,8 @@ class TwoHeads(nn.Module):
         return self.head_a(h) if use_a else self.head_b(h)
 
 
-def batch(step: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * RANK + step)
+def batch(step: int, n: int = 16, rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * (RANK if rank is None else rank) + step)
     return torch.randn(n, 32, generator=g), torch.randn(n, 8, generator=g)
 
 
