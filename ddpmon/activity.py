@@ -55,6 +55,8 @@ class Status(str, Enum):
     DEAD = "dead"
     CRASHED = "crashed"
     EXITED = "exited"
+    UNKNOWN = "unknown"
+    """Alive, its file no longer rewritten, and no way to see what it does (the doctor)."""
 
     def __str__(self) -> str:
         return self.value
@@ -190,12 +192,6 @@ def _io_bytes() -> int:
             return total
     except (OSError, ValueError):
         return 0
-
-
-
-
-
-
 
 
 MAX_PEER_FILES = 64

@@ -157,7 +157,7 @@ def _read_only(state_dir: str | None, views: list[RankView]) -> list[Finding]:
         return []
     unknown = [v for v in views if v.status == Status.FROZEN and v.liveness.alive and not v.liveness.stopped]
     for v in unknown:
-        v.status = "unknown"
+        v.status = Status.UNKNOWN
     ranks = sorted(v.rank for v in unknown)
     return [Finding(
         "state_dir_read_only", "warning", ranks,

@@ -22,6 +22,7 @@ _VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow
 _STATUS_COLOUR = {
     Status.STEPPING: "green", Status.WAITING: "yellow", Status.BUSY: "yellow", Status.STUCK: "red",
     Status.FROZEN: "red", Status.DEAD: "red", Status.CRASHED: "red", Status.SILENT: "red", Status.EXITED: "dim",
+    Status.UNKNOWN: "yellow",
 }
 _HEADLINE = {
     "healthy": "no problem found",

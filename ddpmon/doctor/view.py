@@ -1,6 +1,6 @@
 """The facts of one rank, as the doctor sees them: its state file and its process.
 
-Each rank is put in one status: running (progress recently), waiting (no progress, a
+Each rank is put in one status: stepping (progress recently), waiting (no progress, a
 collective in flight), stuck (no progress, no collective in flight), frozen (its process
 is there but its state file is no longer rewritten: the main thread holds the GIL or the
 process is stopped), busy (no progress, not in a collective, but its watchdog sees it
@@ -88,7 +88,7 @@ class RankView:
             "rank": self.rank,
             "host": s.host,
             "pid": s.pid,
-            "status": self.status,
+            "status": str(self.status),
             "alive": self.liveness.alive,
             "liveness": self.liveness.detail,
             "step": s.step,

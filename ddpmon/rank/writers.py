@@ -120,11 +120,12 @@ class HistoryWriter:
 
     ``snapshot`` (the state file's body) supplies the notes, errors and hang report that
     become findings, and the exit record; ``sample`` returns the memory and GPU columns for
-    the batch. A failure is logged once and switches history off; the training never sees it.
+    the batch; ``identity`` is read when the file is created, at the first pass (after the
+    parts installed at attach have said what they know). A failure is logged once and switches history off; the training never sees it.
     """
 
     def __init__(self, path: str, history_since: Callable[[int], list[StepRow]],
-                 snapshot: Callable[[], dict[str, Any]], identity: dict[str, Any], *,
+                 snapshot: Callable[[], dict[str, Any]], identity: Callable[[], dict[str, Any]], *,
                  interval: float = 1.0, sample: Callable[[], dict[str, Any]] | None = None,
                  hold_back: int = 2, max_rows: int = history.MAX_ROWS) -> None:
         self.path = path
@@ -157,7 +158,7 @@ class HistoryWriter:
         with self._lock:
             try:
                 if self._store is None:
-                    self._store = history.HistoryStore(self.path, self._identity, self._max_rows)
+                    self._store = history.HistoryStore(self.path, self._identity(), self._max_rows)
                 steps = self._history_since(self._written)
                 if not final and self._hold_back and steps:
                     # The newest steps may still get their bucket timings (resolved a step
@@ -243,10 +244,9 @@ class RunHistory:
         import atexit
 
         self._rank = rank
-        self._world = int(recorder.identity.world_size or 1)
         self._writer: HistoryWriter | None = HistoryWriter(
             history.path_for(os.path.dirname(state_file), rank), recorder.history_since, recorder.snapshot,
-            dataclasses.asdict(recorder.identity), sample=sample or process_sample(),
+            lambda: dataclasses.asdict(recorder.identity), sample=sample or process_sample(),
         )
         self._writer.start()
         atexit.register(self.stop)  # registered before the watchdog's: its exit record comes first
@@ -261,7 +261,7 @@ class RunHistory:
         writer.stop()
         if self._rank == 0 and not writer.failed:
             try:
-                _wait_for_peers(os.path.dirname(writer.path), self._world)
+                _wait_for_peers(os.path.dirname(writer.path))
                 from ..report.summary import end_of_run
 
                 log.warning("%s", end_of_run(os.path.dirname(writer.path)))
@@ -280,7 +280,7 @@ def start_history(state_file: str | None, rank: int, recorder: Any, device: str)
 
         import torch
 
-        from ..rank.torch_memory import history_sample
+        from .torch_memory import history_sample
 
         sample = functools.partial(history_sample, torch.device(device), sample)
     try:
@@ -295,18 +295,24 @@ PEERS_WAIT_SECONDS = 2.0
 files before it sums up the run (their last fingerprints and how they ended)."""
 
 
-def _wait_for_peers(state_dir: str, world: int, timeout: float = PEERS_WAIT_SECONDS) -> None:
-    """Until every rank's state file says it ended (detached, or an exit record), bounded:
-    a rank that died or still works is summed up as its file last said."""
+def _wait_for_peers(state_dir: str, timeout: float = PEERS_WAIT_SECONDS) -> None:
+    """Until the state file of every rank in ``state_dir`` says it ended (detached, or an
+    exit record), bounded: a rank that died or still works is summed up as its file last
+    said. Only the files there count (other nodes' ranks write elsewhere), and a file is
+    read again only once it has changed."""
     deadline = time.monotonic() + timeout
-    waiting = set(range(world))
+    waiting = {path: -1.0 for path in files.list_files(state_dir)}
     while waiting and time.monotonic() < deadline:
-        for rank in sorted(waiting):
+        for path, seen in list(waiting.items()):
             try:
-                state = files.read(files.path_for(state_dir, rank))
+                mtime = os.stat(path).st_mtime
+                if mtime == seen:
+                    continue
+                waiting[path] = mtime
+                state = files.read(path)
             except Exception:
                 continue
             if state.phase == "detached" or state.exit is not None:
-                waiting.discard(rank)
+                del waiting[path]
         if waiting:
             time.sleep(0.05)

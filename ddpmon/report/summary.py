@@ -2,10 +2,11 @@
 shows first, what ``ddpmon compare`` compares, and what rank 0 logs when training ends.
 
 Times in seconds. Medians are over steps (a sample of up to 5,000 steps per rank, evenly
-spaced), then over ranks. A rank's *compute* is its step time minus its exposed
-communication: in DDP every rank's step takes as long as the slowest rank's, so the
-straggler is the rank that computes longest, and the others wait for it in the all-reduce.
-Its *straggler score* is its compute over the median compute of the other ranks (1 = typical).
+spaced), then over ranks. A rank's *compute* here is its busy time, its step time minus its
+exposed communication: in DDP every rank's step takes as long as the slowest rank's, so the
+straggler is the rank that is busy longest, and the others wait for it in the all-reduce.
+How much *slower* a rank is comes from the doctor's rule (``steps.scores``) over the whole
+run: 0.37 = 37% slower.
 """
 
 from __future__ import annotations
@@ -241,8 +242,9 @@ def end_of_run(state_dir: str) -> str:
     elif slow:
         lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
                      "than the others, within their step-to-step noise")
-    shown = [f for f in s["findings"] if f["severity"] in ("error", "warning")] + \
-            [f for f in s["findings"] if f["severity"] == "info"]
+    findings = [f for f in s["findings"] if not (slow and f["kind"] == "straggler")]  # said above, over the run
+    shown = [f for f in findings if f["severity"] in ("error", "warning")] + \
+            [f for f in findings if f["severity"] == "info"]
     for f in shown[:3]:  # a finding the doctor makes only now must reach a log, with what to do
         fix = f" Fix: {f['fix']}" if f["severity"] != "info" and f.get("fix") else ""
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")

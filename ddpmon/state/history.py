@@ -55,6 +55,8 @@ CREATE TABLE IF NOT EXISTS steps (
     h2d_seconds REAL,
     optimizer_seconds REAL,
     other_seconds REAL,
+    straggler_score REAL,               -- never written (who is slow needs every rank: readers
+                                        -- compute it); kept so that an older ddpmon reads the file
     buckets TEXT,                       -- JSON [[index, seconds, bytes], ...] or NULL
     gpu_utilization_ratio REAL,         -- 0..1, sampled once per batch
     gpu_memory_used_bytes INTEGER,

@@ -35,6 +35,7 @@ a thousand altered state files; ``benchmarks/doctor_scale.py`` times it (docs/pe
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import operator
 import types
@@ -88,6 +89,8 @@ def dump(record: object) -> Any:
         return [dump(v) for v in record]
     if isinstance(record, dict):
         return {k: dump(v) for k, v in record.items()}
+    if isinstance(record, enum.Enum):  # a str-valued enum (``activity.Status``) as its string
+        return record.value
     return record
 
 

@@ -100,7 +100,7 @@ _KILLED = textwrap.dedent("""
         now = time.time()
         return [StepRow(s, now, now - 60, 0.01) for s in made if s > step]
     snap = lambda: {"step": len(made), "notes": {"advice": "seen"}}
-    w = writers.HistoryWriter(sys.argv[1], since, snap, {"rank": 0, "job": "killed"}, interval=0.05)
+    w = writers.HistoryWriter(sys.argv[1], since, snap, lambda: {"rank": 0, "job": "killed"}, interval=0.05)
     w.start()
     for s in range(1, 100001):
         made.append(s)

@@ -22,19 +22,16 @@ def steps(first: int, last: int, buckets: int = 4) -> list[dict]:
     } for s in range(first, last + 1)]
 
 
-def test_a_file_of_an_older_ddpmon_with_a_straggler_column_is_read_and_written(tmp_path):
-    """Histories once had a ``straggler_score`` column, never written (who is slow needs
-    every rank: readers compute it). Such a file is read, and a new run writes into it."""
+def test_an_older_ddpmon_still_reads_the_file(tmp_path):
+    """Histories keep a ``straggler_score`` column that nothing writes (who is slow needs
+    every rank: readers compute it), because an older ddpmon's reader selects it."""
     path = history.path_for(str(tmp_path), 0)
-    with sqlite3.connect(path) as db:
-        db.executescript(history._SCHEMA.replace("other_seconds REAL,", "other_seconds REAL, straggler_score REAL,"))
-        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(history.SCHEMA_VERSION),))
-        db.execute("INSERT INTO steps (step, start_unix, end_unix, step_seconds) VALUES (1, 0, 1, 1)")
-    assert history.read(path)["steps"]["step_seconds"] == [1.0]
-    store = history.HistoryStore(path, {"rank": 0, "job": "again"})
+    store = history.HistoryStore(path, {"rank": 0, "job": "j"})
     store.add_steps(steps(1, 3))
     store.close()
-    assert history.read(path)["steps"]["step"] == [1, 2, 3]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT step, straggler_score FROM steps").fetchall() == [(1, None), (2, None), (3, None)]
+    assert "straggler_score" not in history.read(path)["steps"]
 
 
 def test_round_trip_keeps_every_column_and_the_identity(tmp_path):
@@ -116,7 +113,7 @@ def test_writer_failure_is_logged_once_and_switches_history_off(tmp_path, caplog
     (tmp_path / "blocker").write_text("a file where the directory should be")
     calls = []
     writer = writers.HistoryWriter(str(tmp_path / "blocker" / "rank-0.history.sqlite"),
-                                   lambda s: calls.append(s) or steps(1, 3), dict, {"rank": 0}, interval=0.05)
+                                   lambda s: calls.append(s) or steps(1, 3), dict, lambda: {"rank": 0}, interval=0.05)
     writer.start()
     time.sleep(0.3)
     writer.stop()
@@ -168,3 +165,26 @@ def test_history_option_and_its_variable():
     assert Config.from_env({"DDPMON_HISTORY": "0"}, history=True).history is True
     with pytest.raises(ConfigError, match="history"):
         Config.from_env({}, history="sometimes")
+
+
+def test_rank_0_waits_for_the_other_ranks_last_files_bounded(tmp_path):
+    """Before it sums up the run, rank 0 waits for the files in its directory to say their
+    rank ended; a rank that never does costs at most the bound."""
+    import threading
+
+    from ddpmon.state import files, schema
+
+    def write(rank, phase):
+        rec = Recorder(Identity(rank=rank, world_size=2), world_size=2)
+        rec.phase = phase
+        files.write_atomic(files.path_for(str(tmp_path), rank), dict(rec.snapshot(), format=schema.FORMAT))
+
+    write(0, "detached")
+    write(1, "forward")
+    started = time.monotonic()
+    writers._wait_for_peers(str(tmp_path), timeout=0.5)
+    assert 0.5 <= time.monotonic() - started < 1.5  # rank 1 never ended: the bound
+    threading.Timer(0.2, write, (1, "detached")).start()
+    started = time.monotonic()
+    writers._wait_for_peers(str(tmp_path), timeout=5.0)
+    assert time.monotonic() - started < 2.0  # its last file came
