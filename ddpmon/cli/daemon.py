@@ -71,10 +71,9 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)
     daemon.start()
-    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served,
-              "/healthz": daemon.health_route}
-    try:
-        endpoint = serve(daemon, args.port, args.bind, routes)
+    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served}
+    try:  # /healthz reads two numbers: answered at once, even while a /state read is slow
+        endpoint = serve(daemon, args.port, args.bind, routes, quick_routes={"/healthz": daemon.health_route})
     except OSError as exc:
         daemon.stop()
         print(f"ddpmon daemon: cannot serve on {args.bind}:{args.port} ({exc.strerror or exc}): "

@@ -85,16 +85,22 @@ def attack(port: int, seconds: float, n: int = 250) -> subprocess.Popen:
 
 def use_unbounded_server() -> None:
     """Serve with prometheus_client's thread-per-connection server (for comparison)."""
-    from prometheus_client import start_http_server
+    from prometheus_client import CollectorRegistry, start_http_server
 
-    from ddpmon.metrics import exposition as exporter
+    from ddpmon.metrics import exposition
 
-    def unbounded(app: Any, port: int, bind: str) -> Any:
-        server, thread = start_http_server(port, bind, registry=None)
-        server.set_app(app)
-        return server, thread
+    class Unbounded:
+        def __init__(self, collector: Any, port: int, bind: str, *_: Any, **__: Any) -> None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(collector)
+            self._server, _ = start_http_server(port, bind, registry=registry)
+            self.port, self.bind = self._server.server_port, bind
 
-    exporter.start_bounded_server = unbounded
+        def close(self) -> None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    exposition.serve = Unbounded
 
 
 def model_and_data(steps: int) -> tuple[DDP, list[tuple[torch.Tensor, torch.Tensor]]]:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ddpmon.metrics.exposition import MAX_CONNECTION_THREADS
 from tests.distributed.harness import collect, describe, start_ranks, stop
 
 MODULE = "tests.distributed.fault_worker"
@@ -92,10 +91,10 @@ def test_slowloris_sigstop_and_a_read_only_state_dir_leave_training_alone(tmp_pa
     attacked, reference = results[0], reference_of(results[1])
     rank0 = attacked[0].result
     assert rank0["attack_opened"] >= 200, rank0
-    # 250 half-open connections (reopened as the server drops them) add at most the
-    # endpoint's connection threads to the training process (+1: the timer that wakes rank 1)
+    # 250 half-open connections (reopened as the server drops them) add no thread to the
+    # training process (+1: the timer that wakes rank 1; +2 of noise)
     added = rank0["threads_peak"] - rank0["threads_before"]
-    assert added <= MAX_CONNECTION_THREADS + 1, (added, rank0["threads_before"])
+    assert added <= 1 + 2, (added, rank0["threads_before"])
     assert {r.result["digest"] for rs in results for r in rs} == {reference}
     assert "Read-only file system" in attacked[0].stderr + attacked[1].stderr  # said, once per rank
     if full_ok:
