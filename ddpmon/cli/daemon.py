@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import sys
 import threading
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ..daemon import Daemon
     from ..metrics.exposition import serve
 
+    _raise_fd_limit()
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)
     daemon.start()
@@ -97,6 +99,18 @@ def run(args: argparse.Namespace) -> int:
     daemon.stop()
     print("ddpmon daemon: stopped", flush=True)
     return EXIT_OK
+
+
+def _raise_fd_limit() -> None:
+    """Up to the hard limit, as Go's exporters do at start: the endpoint then holds up to
+    4,096 connections (a quarter of the limit) before it drops the oldest idle one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 16384 if hard == resource.RLIM_INFINITY else min(hard, 16384)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (OSError, ValueError):
+            pass  # a smaller cap, that is all
 
 
 def _state_not_served() -> tuple[str, bytes]:

@@ -130,11 +130,11 @@ GZIP_LEVEL = 6
 
 def connection_cap() -> int:
     """Open connections at most: a quarter of this process's file-descriptor limit (the job
-    needs the rest: data loaders, NCCL, checkpoints), between 64 and 1,024."""
+    needs the rest: data loaders, NCCL, checkpoints), between 64 and 4,096."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return 1024
-    return max(64, min(1024, soft // 4))
+        return 4096
+    return max(64, min(4096, soft // 4))
 
 
 def _listen(bind: str, port: int) -> socket.socket:
@@ -161,6 +161,7 @@ class _Connection:
     inbox: bytearray = field(default_factory=bytearray)
     outbox: bytes | memoryview = b""
     keep_alive: bool = False
+    served: int = 0  # requests answered
 
 
 @dataclass
@@ -310,12 +311,15 @@ class _Server:
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _evict(self) -> bool:
-        """Close the connection that has waited on its client the longest."""
-        for conn in self._conns:
-            if conn.state != "working":
-                self._close(conn)
-                return True
-        return False
+        """Close the connection that has waited on its client the longest, one that never
+        sent a whole request first (a kept-alive scraper outlives a slowloris)."""
+        waiting = (c for c in self._conns if c.state != "working")
+        victim = next((c for c in waiting if not c.served), None) or next(
+            (c for c in self._conns if c.state != "working"), None)
+        if victim is None:
+            return False
+        self._close(victim)
+        return True
 
     def _close(self, conn: _Connection) -> None:
         if conn not in self._conns:
@@ -358,6 +362,7 @@ class _Server:
             return
         del conn.inbox[: end + 4 + length]  # (a pipelined request stays for after the response)
         conn.keep_alive = request.keep_alive
+        conn.served += 1
         quick = self._quick.get(request.path)
         if quick is not None:
             self._start_response(conn, _route_response(request, quick))

@@ -136,19 +136,26 @@ def test_at_the_cap_the_connection_that_waited_longest_makes_room(monkeypatch: p
     monkeypatch.setattr(exposition, "connection_cap", lambda: 8)
     endpoint = exposition.serve(One(), 0, "127.0.0.1")
     try:
+        scraper = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+        scraper.request("GET", "/metrics")  # served, then idle: the oldest connection
+        assert scraper.getresponse().read()
         held = []
-        for _ in range(8):
+        for _ in range(7):
             held.append(silent(endpoint.port, b"GET /metr"))
             time.sleep(0.02)  # accepted in this order
         status, seconds = timed_get(endpoint.port)
         assert status == 200 and seconds < 1.0
-        assert closed_by_server(held[0], 2.0) is not None, "the oldest waiting connection is closed first"
+        assert closed_by_server(held[0], 2.0) is not None, "the oldest never-served connection is closed first"
         for s in held[1:]:
             s.setblocking(False)
             with pytest.raises(BlockingIOError):  # still open: nothing to read, no EOF
                 s.recv(1)
+        sock = scraper.sock
+        scraper.request("GET", "/metrics")  # the kept-alive scraper outlived them
+        assert scraper.getresponse().status == 200 and scraper.sock is sock
         for s in held:
             s.close()
+        scraper.close()
     finally:
         endpoint.close()
 
@@ -300,3 +307,14 @@ def test_daemon_healthz_fails_when_the_sampling_pass_is_stale(tmp_path) -> None:
     finally:
         endpoint.close()
         daemon.stop()
+
+
+def test_the_daemon_raises_its_descriptor_limit_to_hold_more_connections(tmp_path) -> None:
+    from tests.unit.test_daemon_cli import start_daemon, terminate
+
+    proc, _ = start_daemon("--state-dir", str(tmp_path), "--no-gpu")
+    try:
+        soft, hard = psutil.Process(proc.pid).rlimit(psutil.RLIMIT_NOFILE)
+    finally:
+        terminate(proc)
+    assert soft >= min(hard, 16384), (soft, hard)
