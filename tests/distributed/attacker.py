@@ -142,7 +142,7 @@ def scrape(port: int, path: str, seconds: float) -> dict[str, float]:
                 answer = b""
                 while chunk := s.recv(65536):
                     answer += chunk
-            failed += not answer.startswith(b"HTTP/1.1 200")
+            failed += answer[:12] not in (b"HTTP/1.1 200", b"HTTP/1.0 200")
         except OSError:
             failed += 1
         times.append(time.monotonic() - started)

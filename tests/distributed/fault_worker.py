@@ -15,7 +15,8 @@ ddpmon changes training. Modes:
 - ``bench``: step times in alternating blocks, quiet and under that attack, /metrics
   scraped every second throughout (for benchmarks/slowloris.py);
   DDPMON_BENCH_SERVER=prometheus_client uses the library's thread-per-connection server
-  instead of ddpmon's, for comparison.
+  instead of ddpmon's, for comparison; DDPMON_BENCH_DECOY=1 attacks a decoy endpoint in a
+  process of its own instead of rank 0's (the attack's cost to the machine alone).
 """
 
 from __future__ import annotations
@@ -65,6 +66,32 @@ def attack(port: int, seconds: float) -> subprocess.Popen:
                              "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
     proc.opened = int(proc.stdout.readline().split()[1])  # every connection is open
     return proc
+
+
+DECOY = """
+import os, time
+from ddpmon.metrics.exposition import serve
+class Nothing:
+    def collect(self):
+        return iter(())
+parent = os.getppid()
+print(serve(Nothing(), 0, "127.0.0.1").port, flush=True)
+while os.getppid() == parent:  # gone with the rank that started it
+    time.sleep(0.5)
+"""
+
+
+def decoy() -> tuple[subprocess.Popen, int]:
+    """ddpmon's endpoint in a process of its own (this one's descriptor limit): attacked
+    instead of the rank's, it shows what the attack costs the machine rather than the rank."""
+    proc = subprocess.Popen([sys.executable, "-c", DECOY], stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def stop_attack(attacker: subprocess.Popen) -> int:
+    """End the attack; the connections it opened."""
+    attacker.terminate()
+    return json.loads(attacker.communicate()[0] or "{}").get("opened", 0)
 
 
 def scraper(port: int, seconds: float) -> subprocess.Popen:
@@ -221,6 +248,7 @@ def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
     out: dict[str, Any] = {"pairs": [], "threads_peak": {"quiet": 0, "slowloris": 0}, "attack_opened": 0,
                            "endpoint_cpu": {"quiet": [0.0, 0.0], "slowloris": [0.0, 0.0]}}  # CPU s, wall s
     client = scraper(mon.port, 3600) if RANK == 0 else None
+    elsewhere, target = decoy() if RANK == 0 and os.environ.get("DDPMON_BENCH_DECOY") else (None, mon.port)
     attacker = None
     step = 0
     for pair in order:
@@ -230,10 +258,9 @@ def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
             if RANK == 0:
                 if phase == "slowloris":
                     if attacker is None:  # (ABBA: two attacked blocks in a row share one)
-                        attacker = attack(mon.port, 3600)
+                        attacker = attack(target, 3600)
                 elif attacker is not None:
-                    attacker.terminate()
-                    out["attack_opened"] = max(out["attack_opened"], json.loads(attacker.communicate()[0] or "{}").get("opened", 0))
+                    out["attack_opened"] = max(out["attack_opened"], stop_attack(attacker))
                     attacker = None
                     time.sleep(3.0)  # the server closes what the attacker held (a 2 s deadline)
             dist.barrier()
@@ -253,8 +280,10 @@ def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
             out["endpoint_cpu"][phase][1] += time.monotonic() - wall
         out["pairs"].append((times["quiet"], times["slowloris"]))
     if attacker is not None:
-        attacker.kill()
-        attacker.wait()
+        out["attack_opened"] = max(out["attack_opened"], stop_attack(attacker))
+    if elsewhere is not None:
+        elsewhere.kill()
+        elsewhere.wait()
     if client is not None:
         client.terminate()
         out["scrapes"] = json.loads(client.communicate()[0])
