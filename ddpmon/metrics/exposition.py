@@ -195,7 +195,8 @@ class _Server:
         self._next_sweep = math.inf
         self._accepting_at = 0.0  # accept() paused until then (out of file descriptors)
         self._stopping = False
-        self._failed: str | None = None
+        self._failed: str | None = None  # the last scrape failure logged (worker)
+        self._dropped: str | None = None  # the last connection failure logged (loop)
         self._sel.register(listener, selectors.EVENT_READ)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._loop = threading.Thread(target=self._run, name="ddpmon-endpoint", daemon=True)
@@ -241,8 +242,8 @@ class _Server:
             else:
                 self._send(conn)
         except Exception as exc:  # a bug must cost one connection, not the endpoint
-            if self._failed != repr(exc):
-                self._failed = repr(exc)
+            if self._dropped != repr(exc):
+                self._dropped = repr(exc)
                 log.warning("ddpmon: the metrics endpoint dropped a connection: %r", exc, exc_info=exc)
             self._close(conn)
 
@@ -419,7 +420,11 @@ class _Server:
                 return
             conn, request = job
             route = self._routes.get(request.path)
-            response = _route_response(request, route) if route else self._metrics(request)
+            try:
+                response = _route_response(request, route) if route else self._metrics(request)
+            except Exception as exc:  # (gzip out of memory, ...): never lose the worker
+                log.warning("ddpmon: answering %s failed: %r", request.path, exc, exc_info=exc)
+                response = _response("500 Internal Server Error", "text/plain", f"{exc!r}\n".encode(), False)
             self._done.append((conn, response))
             self._wake()
 
@@ -436,7 +441,7 @@ class _Server:
                 self._failed = repr(exc)
                 log.warning("ddpmon: a metrics scrape failed: %r", exc, exc_info=exc)
             return _response("500 Internal Server Error", "text/plain", f"collecting failed: {exc!r}\n".encode(),
-                             request.keep_alive)
+                             request.keep_alive, request)
         return _response("200 OK", content_type, body, request.keep_alive, request)
 
 
@@ -480,7 +485,7 @@ def _route_response(request: _Request, route: Route) -> bytes:
         return _response(status, "text/plain", message.encode(), request.keep_alive, request)
     except Exception as exc:  # a bug in a route: answer, and say it where it can be fixed
         log.warning("ddpmon: %s failed: %r", request.path, exc, exc_info=exc)
-        return _response("500 Internal Server Error", "text/plain", f"{exc!r}\n".encode(), request.keep_alive)
+        return _response("500 Internal Server Error", "text/plain", f"{exc!r}\n".encode(), request.keep_alive, request)
     return _response("200 OK", content_type, body, request.keep_alive, request)
 
 

@@ -245,6 +245,29 @@ def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.Monk
         endpoint.close()
 
 
+def test_a_failing_collector_or_route_answers_500_and_the_endpoint_goes_on() -> None:
+    class Flaky(One):
+        calls = 0
+
+        def collect(self):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("the GPU went away")
+            yield from super().collect()
+
+    def broken() -> tuple[str, bytes]:
+        raise ValueError("a bug")
+
+    endpoint = exposition.serve(Flaky(), 0, "127.0.0.1", {"/state": broken})
+    try:
+        status, body = get(f"http://127.0.0.1:{endpoint.port}/metrics")
+        assert status == 500 and b"the GPU went away" in body
+        assert get(f"http://127.0.0.1:{endpoint.port}/state")[0] == 500
+        assert get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200
+    finally:
+        endpoint.close()
+
+
 OUT_OF_DESCRIPTORS = r"""
 import os, resource, sys, time
 from prometheus_client.core import GaugeMetricFamily
