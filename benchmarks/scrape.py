@@ -1,4 +1,6 @@
-"""Scrape cost against the number of buckets, and series counts per bucket_metrics mode.
+"""Scrape cost against the number of buckets, and series counts per bucket_metrics mode;
+then the same scrapes over HTTP, through the rank's endpoint, as a client and as Prometheus
+asks (its Accept header, gzip, the connection kept alive).
 
     python benchmarks/scrape.py            # 1, 100, 1000 buckets; prints ms per scrape and series
 """
@@ -6,11 +8,13 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import statistics
 import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ddpmon.metrics.exposition import serve
 from ddpmon.rank.exporter import RankCollector
 from ddpmon.rank.recorder import BucketTiming, Recorder
 from ddpmon.state.schema import Identity
@@ -44,6 +48,37 @@ def measure(buckets: int, mode: str, repeats: int) -> tuple[float, int, int]:
     return statistics.median(times), series, len(body)
 
 
+PROMETHEUS = {  # what Prometheus sends with every scrape
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
+def measure_http(buckets: int, repeats: int) -> tuple[float, float, int]:
+    """Median ms of GET /metrics: a new connection per scrape (plain text), and as
+    Prometheus scrapes (one connection reused when the server keeps it, gzip); its bytes."""
+    endpoint = serve(RankCollector(recorder(buckets), "auto"), 0, "127.0.0.1")
+    try:
+        fresh, kept, size = [], [], 0
+        reused = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+            conn.request("GET", "/metrics")
+            conn.getresponse().read()
+            conn.close()
+            fresh.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            reused.request("GET", "/metrics", headers=PROMETHEUS)
+            size = len(reused.getresponse().read())  # (reconnects by itself after a close)
+            kept.append(time.perf_counter() - start)
+        reused.close()
+        return statistics.median(fresh), statistics.median(kept), size
+    finally:
+        endpoint.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--buckets", type=int, nargs="*", default=[1, 100, 1000])
@@ -54,6 +89,10 @@ def main() -> None:
         for mode in ("auto", "per_bucket", "aggregate", "off"):
             seconds, series, size = measure(n, mode, args.repeats)
             print(f"{n:>8} {mode:<11} {seconds * 1000:>10.2f} {series:>12} {size:>9} {series * 1024:>19,}")
+    print(f"\n{'buckets':>8} {'HTTP ms, new connection':>24} {'HTTP ms, as Prometheus':>23} {'gzip bytes':>11}")
+    for n in args.buckets:
+        fresh, kept, size = measure_http(n, args.repeats)
+        print(f"{n:>8} {fresh * 1000:>24.2f} {kept * 1000:>23.2f} {size:>11}")
 
 
 if __name__ == "__main__":

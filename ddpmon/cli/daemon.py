@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import sys
 import threading
@@ -68,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
     from ..daemon import Daemon
     from ..metrics.exposition import serve
 
+    _raise_fd_limit()
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)
     daemon.start()
-    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served,
-              "/healthz": daemon.health_route}
-    try:
-        endpoint = serve(daemon, args.port, args.bind, routes)
+    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served}
+    try:  # /healthz reads two numbers: answered at once, even while a /state read is slow
+        endpoint = serve(daemon, args.port, args.bind, routes, quick_routes={"/healthz": daemon.health_route})
     except OSError as exc:
         daemon.stop()
         print(f"ddpmon daemon: cannot serve on {args.bind}:{args.port} ({exc.strerror or exc}): "
@@ -98,6 +99,18 @@ def run(args: argparse.Namespace) -> int:
     daemon.stop()
     print("ddpmon daemon: stopped", flush=True)
     return EXIT_OK
+
+
+def _raise_fd_limit() -> None:
+    """Up to the hard limit, as Go's exporters do at start: the endpoint then holds up to
+    4,096 connections (a quarter of the limit) before it drops the oldest idle one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 16384 if hard == resource.RLIM_INFINITY else min(hard, 16384)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (OSError, ValueError):
+            pass  # a smaller cap, that is all
 
 
 def _state_not_served() -> tuple[str, bytes]:

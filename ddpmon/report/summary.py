@@ -242,7 +242,9 @@ def end_of_run(state_dir: str) -> str:
     elif slow:
         lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
                      "than the others, within their step-to-step noise")
-    findings = [f for f in s["findings"] if not (slow and f["kind"] == "straggler")]  # said above, over the run
+    logged = {a.kind for v in (run.diagnosis.ranks if run.diagnosis else []) for a in v.state.advice}
+    findings = [f for f in s["findings"]  # not what a rank logged as it found it, nor the straggler said above
+                if f["kind"] not in logged and not (slow and f["kind"] == "straggler")]
     shown = [f for f in findings if f["severity"] in ("error", "warning")] + \
             [f for f in findings if f["severity"] == "info"]
     for f in shown[:3]:  # a finding the doctor makes only now must reach a log, with what to do

@@ -6,18 +6,25 @@ ddpmon changes training. Modes:
 
 - ``plain``: no ddpmon at all (the reference weights).
 - ``attached``: ddpmon with its defaults (job name and state directory left to it).
-- ``attacked``: while rank 0 trains, a client holds 250 half-open connections to its
-  metrics endpoint; rank 0 pauses rank 1 (SIGSTOP, SIGCONT) and the state directory turns
+- ``attacked``: while rank 0 trains, a client holds 1,000 half-open and 50 trickling
+  connections to its metrics endpoint; rank 0 pauses rank 1 (SIGSTOP, SIGCONT) and the state directory turns
   read-only (a tmpfs remounted ro) mid-run; the thread count of rank 0 is sampled.
-- ``bench``: step times in alternating blocks, quiet and under the 250 half-open
-  connections (for benchmarks/slowloris.py); DDPMON_BENCH_SERVER=prometheus_client uses
-  the library's unbounded server instead of ddpmon's, for comparison.
+- ``serving``: trains, about 50 steps a second, until the test writes ``stop`` in the
+  output directory: a rank of a real job for the test to attack (DDPMON_TEST_NOFILE first
+  lowers the rank's file-descriptor limit, e.g. to the common default of 1,024).
+- ``bench``: step times in alternating blocks, quiet and under that attack, /metrics
+  scraped every second throughout (for benchmarks/slowloris.py);
+  DDPMON_BENCH_SERVER=prometheus_client uses the library's thread-per-connection server
+  instead of ddpmon's, for comparison; DDPMON_BENCH_DECOY=1 attacks a decoy endpoint in a
+  process of its own instead of rank 0's (the attack's cost to the machine alone).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -36,65 +43,83 @@ RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 OUT = os.environ["DDPMON_TEST_OUT"]
 
-ATTACKER = r"""
-import errno, socket, sys, time
-port, n, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"  # a request that never ends
-def open_one():  # non-blocking: a full listen queue must not hold the attacker up
-    s = socket.socket()
-    s.setblocking(False)
-    if s.connect_ex(("127.0.0.1", port)) not in (0, errno.EINPROGRESS):
-        s.close()
-        return None
-    return [s, False]
-def poke(c):  # send the head once connected; False when the server closed it
-    s, sent = c
-    try:
-        if not sent:
-            s.send(HEAD)
-            c[1] = True
-        return s.recv(1, socket.MSG_PEEK) != b""
-    except (BlockingIOError, InterruptedError):
-        return True
-    except OSError as exc:
-        return exc.errno in (errno.ENOTCONN, errno.EAGAIN)  # still connecting
-conns = [open_one() for _ in range(n)]
-print("open", sum(c is not None for c in conns), flush=True)
-end = time.monotonic() + seconds
-while time.monotonic() < end:  # a slowloris: every connection the server drops is reopened
-    for i, c in enumerate(conns):
-        if c is None or not poke(c):
-            if c is not None:
-                c[0].close()
-            conns[i] = open_one()
-    time.sleep(0.5)
-"""
-
 def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def attack(port: int, seconds: float, n: int = 250) -> subprocess.Popen:
-    # at the lowest priority: what is measured is the endpoint's cost to the job, not the
-    # attacker's own CPU (on a real node it runs elsewhere)
-    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", ATTACKER, str(port), str(n), str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
+def endpoint_cpu() -> float:
+    """CPU seconds the endpoint's threads (its loop and worker) have used so far."""
+    total = 0
+    for t in threading.enumerate():
+        if t.name.startswith("ddpmon-endpoint") and t.native_id:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def attack(port: int, seconds: float) -> subprocess.Popen:
+    """tests/distributed/attacker.py: 1,000 half-open connections and 50 trickling ones, at
+    the lowest priority: what is measured is the endpoint's cost to the job, not the
+    attacker's own CPU (on a real node it runs elsewhere)."""
+    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.distributed.attacker", str(port),
+                             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
     proc.opened = int(proc.stdout.readline().split()[1])  # every connection is open
+    return proc
+
+
+DECOY = """
+import os, time
+from ddpmon.metrics.exposition import serve
+class Nothing:
+    def collect(self):
+        return iter(())
+parent = os.getppid()
+print(serve(Nothing(), 0, "127.0.0.1").port, flush=True)
+while os.getppid() == parent:  # gone with the rank that started it
+    time.sleep(0.5)
+"""
+
+
+def decoy() -> tuple[subprocess.Popen, int]:
+    """ddpmon's endpoint in a process of its own (this one's descriptor limit): attacked
+    instead of the rank's, it shows what the attack costs the machine rather than the rank."""
+    proc = subprocess.Popen([sys.executable, "-c", DECOY], stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def stop_attack(attacker: subprocess.Popen) -> int:
+    """End the attack; the connections it opened."""
+    attacker.terminate()
+    return json.loads(attacker.communicate()[0] or "{}").get("opened", 0)
+
+
+def scraper(port: int, seconds: float) -> subprocess.Popen:
+    """A client that scrapes /metrics every second (at normal priority), until SIGTERM."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.distributed.attacker", str(port), "--scrape", "/metrics",
+                             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
     return proc
 
 
 def use_unbounded_server() -> None:
     """Serve with prometheus_client's thread-per-connection server (for comparison)."""
-    from prometheus_client import start_http_server
+    from prometheus_client import CollectorRegistry, start_http_server
 
-    from ddpmon.metrics import exposition as exporter
+    from ddpmon.metrics import exposition
 
-    def unbounded(app: Any, port: int, bind: str) -> Any:
-        server, thread = start_http_server(port, bind, registry=None)
-        server.set_app(app)
-        return server, thread
+    class Unbounded:
+        def __init__(self, collector: Any, port: int, bind: str, *_: Any, **__: Any) -> None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(collector)
+            self._server, _ = start_http_server(port, bind, registry=registry)
+            self.port, self.bind = self._server.server_port, bind
 
-    exporter.start_bounded_server = unbounded
+        def close(self) -> None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    exposition.serve = Unbounded
 
 
 def model_and_data(steps: int) -> tuple[DDP, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -173,40 +198,77 @@ def run(mode: str, steps: str = "60") -> dict[str, Any]:
     return out
 
 
-def bench(pairs: str = "8", block: str = "60") -> dict[str, Any]:
+def serving(limit: str = "120") -> dict[str, Any]:
+    """Train until OUT/stop exists (at most ``limit`` seconds); every rank stops at the same step."""
+    nofile = os.environ.get("DDPMON_TEST_NOFILE")
+    if nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+                            rank=RANK, world_size=WORLD)
+    model, data = model_and_data(50)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    import ddpmon
+
+    mon = ddpmon.attach(model)
+    deadline = time.monotonic() + float(limit)
+    stop, steps = torch.zeros(1), 0
+    while True:
+        stop[0] = float(os.path.exists(os.path.join(OUT, "stop")) or time.monotonic() > deadline)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
+        x, y = data[steps % len(data)]
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        steps += 1
+        time.sleep(0.02)
+    port = mon.port
+    mon.detach()
+    return {"steps": steps, "port": port}
+
+
+def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
     """Rank 0's step times in blocks that alternate quiet and under a slowloris, in ABBA
     order so that drift of a shared machine cancels: a list of (quiet, attacked) block pairs."""
+    nofile = os.environ.get("DDPMON_TEST_NOFILE")
+    if nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
                             rank=RANK, world_size=WORLD)
     n_pairs, n = int(pairs), int(block)
     order = [("quiet", "slowloris") if i % 2 == 0 else ("slowloris", "quiet") for i in range(n_pairs)]
-    model, data = model_and_data(2 * n_pairs * n)
+    model, data = model_and_data(64)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
         use_unbounded_server()
     import ddpmon
 
     mon = ddpmon.attach(model, state_dir="")
-    out: dict[str, Any] = {"pairs": [], "threads_peak": {"quiet": 0, "slowloris": 0}, "attack_opened": 0}
-    batches = iter(data)
+    out: dict[str, Any] = {"pairs": [], "threads_peak": {"quiet": 0, "slowloris": 0}, "attack_opened": 0,
+                           "endpoint_cpu": {"quiet": [0.0, 0.0], "slowloris": [0.0, 0.0]}}  # CPU s, wall s
+    client = scraper(mon.port, 3600) if RANK == 0 else None
+    elsewhere, target = decoy() if RANK == 0 and os.environ.get("DDPMON_BENCH_DECOY") else (None, mon.port)
     attacker = None
+    step = 0
     for pair in order:
         times: dict[str, list[float]] = {}
         for phase in pair:
             dist.barrier()
             if RANK == 0:
                 if phase == "slowloris":
-                    attacker = attack(mon.port, 600)
-                    out["attack_opened"] = max(out["attack_opened"], attacker.opened)
+                    if attacker is None:  # (ABBA: two attacked blocks in a row share one)
+                        attacker = attack(target, 3600)
                 elif attacker is not None:
-                    attacker.kill()
-                    attacker.wait()
+                    out["attack_opened"] = max(out["attack_opened"], stop_attack(attacker))
                     attacker = None
-                    time.sleep(0.5)  # the server sees the connections close
+                    time.sleep(3.0)  # the server closes what the attacker held (a 2 s deadline)
             dist.barrier()
             times[phase] = []
+            cpu, wall = endpoint_cpu(), time.monotonic()
             for i in range(n):
-                x, y = next(batches)
+                x, y = data[step % len(data)]
+                step += 1
                 started = time.perf_counter()
                 opt.zero_grad()
                 nn.functional.mse_loss(model(x), y).backward()
@@ -214,17 +276,24 @@ def bench(pairs: str = "8", block: str = "60") -> dict[str, Any]:
                 if i >= 5:  # past the switch
                     times[phase].append(time.perf_counter() - started)
                 out["threads_peak"][phase] = max(out["threads_peak"][phase], threads())
+            out["endpoint_cpu"][phase][0] += endpoint_cpu() - cpu
+            out["endpoint_cpu"][phase][1] += time.monotonic() - wall
         out["pairs"].append((times["quiet"], times["slowloris"]))
     if attacker is not None:
-        attacker.kill()
-        attacker.wait()
+        out["attack_opened"] = max(out["attack_opened"], stop_attack(attacker))
+    if elsewhere is not None:
+        elsewhere.kill()
+        elsewhere.wait()
+    if client is not None:
+        client.terminate()
+        out["scrapes"] = json.loads(client.communicate()[0])
     mon.detach()
     return out
 
 
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
-    finish(bench(*args) if mode == "bench" else run(mode, *args))
+    finish(bench(*args) if mode == "bench" else serving(*args) if mode == "serving" else run(mode, *args))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.commands import ROOT, env, scrape, start_daemon, terminate
@@ -82,3 +83,12 @@ def test_daemon_never_imports_torch(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_daemon_raises_its_descriptor_limit_to_hold_more_connections(tmp_path) -> None:
+    proc, _ = start_daemon("--state-dir", str(tmp_path), "--no-gpu")
+    try:
+        soft, hard = psutil.Process(proc.pid).rlimit(psutil.RLIMIT_NOFILE)
+    finally:
+        terminate(proc)
+    assert soft >= min(hard, 16384), (soft, hard)
