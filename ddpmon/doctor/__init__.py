@@ -82,7 +82,7 @@ def examine(
     if live_stacks:
         _live_stacks(views, stack_timeout)
 
-    verdict, suspects, findings = rules.decide(views, missing)
+    verdict, suspects, findings = rules.decide(views, missing, loaded.unreachable)
     findings += notes
     unreadable = {r for path, _ in loaded.bad if (r := state_files.rank_of(path)) is not None}
     findings += file_rules.missing_ranks(missing, world, unreadable, findings)
