@@ -7,6 +7,7 @@ host-b: ranks 2, 3, node 1). The real jobs are in tests/hosts/test_two_hosts.py.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,18 @@ def test_ranks_per_node_only_when_the_ranks_are_numbered_by_node(tmp_path: Path)
     for v in vs:
         v.state.group_rank = 1  # ranks 0, 1 on node 1: not torchrun's numbering
     assert lost_node.ranks_per_node(vs) is None
+
+
+def test_far_ranks_that_stopped_just_before_the_failure_are_waited_for(tmp_path: Path) -> None:
+    """0.5 s after host-a's ranks failed on connections, host-b's files (1 s old) may yet be
+    rewritten: the doctor waits until they would have been (at most a few seconds) and
+    reads again, rather than blame the first survivor to fail."""
+    write(tmp_path, crashed(0), age=0.5)
+    write(tmp_path, crashed(1), age=0.4)
+    for r in (2, 3):
+        write(tmp_path, rank(r), age=1.0)
+    started = time.monotonic()
+    d = examine(str(tmp_path), live_stacks=False)
+    took = time.monotonic() - started
+    assert (d.verdict, d.suspect_ranks, d.findings[0].kind) == ("dead_rank", [2, 3], "lost_node")
+    assert 1.5 < took < 6.0

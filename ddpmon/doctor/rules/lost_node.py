@@ -35,22 +35,33 @@ def failed_on_connection(v: RankView) -> bool:
     return v.status == Status.CRASHED and bool(PEER_FAILURE.search(v.exception or ""))
 
 
-def mark_vanished(views: list[RankView]) -> None:
-    """Ranks on other hosts (no process to check) whose state file stopped before another
-    rank failed on a connection, and was not rewritten in two write intervals since, are
-    gone (silent) now: a live rank rewrites its file, or records its own end, within one.
-    Without this they would look alive until their files are 10 s old."""
+def _stopped_before_failure(views: list[RankView]) -> list[tuple[RankView, float]]:
+    """Ranks on other hosts (no process to check, no end recorded) whose state file stopped
+    before another rank failed on a connection, each with the moment (the doctor's clock)
+    it counts as gone: two write intervals after that failure, since a live rank rewrites
+    its file, or records its own end, within one."""
     first = min((v.gone_at for v in views if failed_on_connection(v) and v.gone_at is not None), default=None)
     if first is None:
-        return
-    for v in views:
-        if v.liveness.alive is not None or v.ending is not None or v.status in GONE:
-            continue
-        interval = state_interval(v.state)
-        now = v.file.mtime + v.age
-        if v.file.mtime < first and now > first + 2 * interval + 0.5:
+        return []
+    return [
+        (v, first + 2 * state_interval(v.state) + 0.5) for v in views
+        if v.liveness.alive is None and v.ending is None and v.status not in GONE and v.file.mtime < first
+    ]
+
+
+def mark_vanished(views: list[RankView]) -> None:
+    """Far ranks that stopped before another rank failed on a connection, and have not
+    written since, are gone (silent) now, not once their files are 10 s old."""
+    for v, at in _stopped_before_failure(views):
+        if v.file.mtime + v.age > at:
             v.status = Status.SILENT
-            v.gone_at = v.file.mtime + interval / 2
+            v.gone_at = v.file.mtime + state_interval(v.state) / 2
+
+
+def undecided(views: list[RankView]) -> float:
+    """Seconds until every far rank that stopped before another rank failed on a connection
+    can be told gone or alive (0: none waits)."""
+    return max((at - (v.file.mtime + v.age) for v, at in _stopped_before_failure(views)), default=0.0)
 
 
 def lost_node(views: list[RankView], missing: list[int], unreachable: Sequence[Unreachable] = ()) -> Verdict | None:
