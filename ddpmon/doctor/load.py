@@ -167,7 +167,7 @@ def _fetch(url: str, timeout: float, until: float) -> tuple[list[str], bytes | B
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body: bytes | BaseException = _read_bounded(response, REMOTE_MAX_BYTES, until)
-    except Exception as exc:  # said in the finding, whatever it is
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the finding says it
         if isinstance(exc, urllib.error.HTTPError):
             exc.detail = exc.read(300).decode(errors="replace").strip()  # type: ignore[attr-defined]
         body = exc
@@ -223,8 +223,8 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
             reason = _why(body, timeout) if isinstance(body, BaseException) else ""
         if reason:
             loaded.unreachable.append(Unreachable(address, reason, ips))
-            loaded.bad.append((url, f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
-                                    f"running there, and is the port reachable?"))
+            loaded.bad.append((url, (f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
+                                     "running there, and is the port reachable?")))
             continue
         assert isinstance(body, bytes)
         try:

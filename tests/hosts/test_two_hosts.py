@@ -95,7 +95,7 @@ def test_stall_on_the_far_host(cluster: hosts.Cluster) -> None:
     blamed = []
 
     def stuck_rank() -> dict[str, Any] | None:
-        code, report, _ = doctor(a, *sources(a.addr(), b.addr()))
+        _, report, _ = doctor(a, *sources(a.addr(), b.addr()))
         blamed.append(report["suspect_ranks"])  # before rank 3's own watchdog reports, it may
         kinds = [f["kind"] for f in report["findings"]]  # look like it runs on (not_joining)
         return report if report["verdict"] == "hang" and "stuck_rank" in kinds else None
@@ -130,7 +130,7 @@ def test_lost_node_is_named_not_the_survivor(cluster: hosts.Cluster) -> None:
     answers = []
 
     def named() -> dict[str, Any] | None:
-        code, report, _ = doctor(a, *job_net)
+        _, report, _ = doctor(a, *job_net)
         answers.append((round(time.monotonic() - died, 1), report["verdict"], report["suspect_ranks"]))
         return report if report["suspect_ranks"] == [2, 3] and report["verdict"] == "dead_rank" else None
 
@@ -168,7 +168,7 @@ def test_lost_node_in_a_shared_directory(cluster: hosts.Cluster, tmp_path: Path)
     answers = []
 
     def named() -> dict[str, Any] | None:
-        code, report, _ = doctor(a, str(shared))
+        _, report, _ = doctor(a, str(shared))
         answers.append((round(time.monotonic() - died, 1), report["verdict"], report["suspect_ranks"]))
         return report if report["suspect_ranks"] == [2, 3] and report["verdict"] == "dead_rank" else None
 
@@ -200,7 +200,7 @@ def test_cut_link(cluster: hosts.Cluster) -> None:
     cluster.cut(b, "job")
 
     def hung() -> dict[str, Any] | None:
-        code, report, _ = doctor(a, *sources(a.addr(), b.addr()))
+        _, report, _ = doctor(a, *sources(a.addr(), b.addr()))
         return report if report["verdict"] == "hang" else None
 
     report = wait_for("the doctor to see the hang", hung, cluster)

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 NETS = {"job": "10.77.0", "mgmt": "10.77.1"}
@@ -37,7 +36,7 @@ def unavailable() -> str | None:
     probe = subprocess.run(
         ["unshare", "--net", "--uts", "sh", "-c",
          "hostname probe && ip link add br0 type bridge && ip link add v0 type veth peer name v1"],
-        capture_output=True, text=True, timeout=20,
+        capture_output=True, text=True, timeout=20, check=False,
     )
     if probe.returncode != 0:
         return f"cannot make a namespace with a bridge and a veth pair: {probe.stderr.strip()}"
@@ -45,10 +44,21 @@ def unavailable() -> str | None:
 
 
 def _holder(*flags: str, hostname: str | None = None) -> subprocess.Popen:
-    """A process that holds new namespaces open until it is killed."""
+    """A process that holds new namespaces open until it is killed; returned once it sleeps
+    in them (before that, its /proc/PID/ns would be this process's own namespaces)."""
     setup = f"hostname {hostname} && " if hostname else ""
-    return subprocess.Popen(["unshare", *flags, "sh", "-c", f"{setup}ip link set lo up && exec sleep 3600"],
+    proc = subprocess.Popen(["unshare", *flags, "sh", "-c", f"{setup}ip link set lo up && exec sleep 3600"],
                             start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep":
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError(f"unshare {' '.join(flags)} did not set up its namespaces (exit {proc.wait()})")
 
 
 class Host:
@@ -81,16 +91,15 @@ class Host:
     def start(self, cmd: list[str], log: str, **env: str) -> subprocess.Popen:
         """Start ``cmd`` on this host (its own session), output in ``<host>/<log>.out|.err``."""
         base = self.tmp.parent
-        proc = subprocess.Popen(
-            [*self.enter(), *cmd], cwd=ROOT, env=self.env(**env), start_new_session=True,
-            stdout=open(base / f"{log}.out", "w"), stderr=open(base / f"{log}.err", "w"),
-        )
+        with open(base / f"{log}.out", "w") as out, open(base / f"{log}.err", "w") as err:
+            proc = subprocess.Popen([*self.enter(), *cmd], cwd=ROOT, env=self.env(**env),
+                                    start_new_session=True, stdout=out, stderr=err)
         self.procs.append(proc)
         return proc
 
     def run(self, cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.enter(), *cmd], cwd=ROOT, env=self.env(**env),
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
     def kill_all(self) -> None:
         """SIGKILL every process started on this host (each one's whole session)."""
@@ -124,7 +133,6 @@ class Cluster:
             self.switch = _holder("--net")
             for i, name in enumerate(self.names):
                 self.hosts.append(Host(name, i, _holder("--net", "--uts", hostname=name), self.workdir))
-            time.sleep(0.2)  # the holders have entered their namespaces
             for net in NETS:
                 self._switch_ip("link", "add", f"br-{net}", "type", "bridge")
                 self._switch_ip("link", "set", f"br-{net}", "up")
@@ -141,7 +149,7 @@ class Cluster:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for host in self.hosts:
             host.kill_all()
         for holder in [h.holder for h in self.hosts] + ([self.switch] if self.switch else []):

@@ -67,7 +67,7 @@ def test_without_the_unreachable_daemon_the_missing_ranks_are_not_a_lost_node(tm
     """One node's own directory: the other node's ranks were never here to begin with."""
     write(tmp_path, crashed(0), age=2.0)
     write(tmp_path, crashed(1), age=1.8)
-    verdict, suspects, findings = decide(tmp_path)
+    _, _, findings = decide(tmp_path)
     assert "lost_node" not in [f.kind for f in findings]
 
 
