@@ -148,3 +148,15 @@ def test_far_ranks_that_stopped_just_before_the_failure_are_waited_for(tmp_path:
     took = time.monotonic() - started
     assert (d.verdict, d.suspect_ranks, d.findings[0].kind) == ("dead_rank", [2, 3], "lost_node")
     assert 1.5 < took < 6.0
+
+
+def test_survivors_that_timed_out_cannot_tell_a_dead_node_from_a_cut_link(tmp_path: Path) -> None:
+    timeout = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+               "waiting 60000ms for recv operation to complete")
+    write(tmp_path, crashed(0, timeout), age=2.0)
+    write(tmp_path, crashed(1, timeout), age=1.8)
+    verdict, suspects, findings = decide(tmp_path, (DAEMON_B,))
+    assert (verdict, suspects, findings[0].kind) == ("dead_rank", [2, 3], "lost_node")
+    assert findings[0].summary.startswith("node 1 (GROUP_RANK 1) at 10.77.0.2:9490 is lost or cut off:")
+    assert ("no connection was closed by the far end (ranks 0, 1 timed out): the node is down, or the "
+            "network to it is cut") in findings[0].evidence

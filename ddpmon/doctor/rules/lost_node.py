@@ -27,6 +27,8 @@ from ..load import Unreachable
 from ..view import GONE, RankView, state_interval
 from .dead_rank import PEER_FAILURE
 
+CLOSED = re.compile(r"reset by peer|closed by peer|connection (closed|reset|refused)|broken pipe", re.IGNORECASE)
+"""The far end closed the connection: its processes ended (a timeout says only that it went quiet)."""
 PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")
 """gloo names the peer it lost: "Read error [10.0.0.2]:40123: Connection reset by peer"."""
 
@@ -94,7 +96,9 @@ def lost_node(views: list[RankView], missing: list[int], unreachable: Sequence[U
         many = len(lost) > 1
         what.append(f"{words.who([v.rank for v in lost])} stopped writing "
                     + ("their state files together" if many else "its state file"))
-    summary = f"{where} {'is' if it == 'it' else 'are'} lost: {' and '.join(what)}"
+    quiet = bool(failed) and not any(CLOSED.search(v.exception or "") for v in failed)
+    lost_or_cut = "lost or cut off" if quiet else "lost"
+    summary = f"{where} {'is' if it == 'it' else 'are'} {lost_or_cut}: {' and '.join(what)}"
     if failed:
         summary += f"; {words.who([v.rank for v in failed])} failed on connections to {it}"
     if waiting:
@@ -105,6 +109,9 @@ def lost_node(views: list[RankView], missing: list[int], unreachable: Sequence[U
         evidence.append(f"ranks {words.ranks(unseen)} are {', '.join(f'node {n} (GROUP_RANK {n})' for n in nodes)}: "
                         f"the ranks seen are numbered rank = GROUP_RANK x {ranks_per_node(views)} + LOCAL_RANK")
     evidence += [words.gone_line(v) for v in lost]
+    if quiet:
+        evidence.append(f"no connection was closed by the far end ({words.who([v.rank for v in failed])} timed "
+                        "out): the node is down, or the network to it is cut")
     evidence += _named_addresses(failed, unreachable if unseen else ())
     evidence += [words.gone_line(v) for v in failed] + [words.wait_line(v) for v in waiting]
     return Verdict("dead_rank", suspects, [Finding(
