@@ -160,3 +160,25 @@ def test_survivors_that_timed_out_cannot_tell_a_dead_node_from_a_cut_link(tmp_pa
     assert findings[0].summary.startswith("node 1 (GROUP_RANK 1) at 10.77.0.2:9490 is lost or cut off:")
     assert ("no connection was closed by the far end (ranks 0, 1 timed out): the node is down, or the "
             "network to it is cut") in findings[0].evidence
+
+
+def test_a_survivor_that_has_not_failed_yet_does_not_hide_the_node(tmp_path: Path) -> None:
+    """A moment after the node died, rank 1 failed on its connection while rank 0 made
+    progress just before and has yet to reach the collective that fails."""
+    write(tmp_path, crashed(1), age=0.2)
+    write(tmp_path, rank(0, silent=0.3), age=0.1)
+    verdict, suspects, findings = decide(tmp_path, (DAEMON_B,))
+    assert (verdict, suspects, findings[0].kind) == ("dead_rank", [2, 3], "lost_node")
+    assert findings[0].summary.endswith("; rank 1 failed on connections to it")
+
+
+def test_a_silent_host_while_the_others_step_on_is_not_a_lost_node(tmp_path: Path) -> None:
+    """host-b's files stopped 15 s ago but host-a's ranks keep stepping: nobody misses host-b
+    in a collective, so something else stopped its files (its writer, its mount)."""
+    for r in (0, 1):
+        write(tmp_path, rank(r), age=0.2)
+    for r in (2, 3):
+        write(tmp_path, rank(r), age=15.0)
+    d = examine(str(tmp_path), live_stacks=False, now=states.NOW)
+    assert [v.status for v in d.ranks] == ["stepping", "stepping", "silent", "silent"]
+    assert "lost_node" not in [f.kind for f in d.findings]

@@ -10,8 +10,9 @@ is, so its ranks are the suspects, named with its host and address.
 A node is lost when its daemon (``--from``) does not answer and its ranks have no state
 file here, or when every rank of one host stopped writing its state file (a shared
 directory), and every rank elsewhere failed on a connection or waits, none with an error of
-its own. Ranks that only wait while a daemon does not answer are not enough: a cut link
-looks the same from here (``missing_rank`` says what is known).
+its own (those still running have yet to reach the collective that fails). Ranks that only
+wait while a daemon does not answer are not enough: a cut link looks the same from here
+(``missing_rank`` says what is known).
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ def lost_node(views: list[RankView], missing: list[int], unreachable: Sequence[U
         return None
     failed = [v for v in others if failed_on_connection(v)]
     waiting = [v for v in others if v.status == Status.WAITING]
-    if len(failed) + len(waiting) != len(others):
+    running = [v for v in others if v.status == Status.STEPPING]  # yet to reach the collective that fails
+    if len(failed) + len(waiting) + len(running) != len(others):
         return None  # a survivor ended or stopped on its own: not (only) the node
-    if not failed and not lost:
-        return None  # they only wait: a cut link looks the same
+    if not failed and not (lost and waiting):
+        return None  # none failed on it: with its daemon silent, a cut link looks the same
     suspects = sorted({v.rank for v in lost} | set(unseen))
     nodes = _unseen_nodes(views, unseen)
     places = [f"host {h}" for h in silent_hosts] + ([_at(unreachable, nodes)] if unseen else [])
