@@ -134,10 +134,14 @@ def test_lost_node_is_named_not_the_survivor(cluster: hosts.Cluster) -> None:
         answers.append((round(time.monotonic() - died, 1), report["verdict"], report["suspect_ranks"]))
         return report if report["suspect_ranks"] == [2, 3] and report["verdict"] == "dead_rank" else None
 
-    report = wait_for("the doctor to name host-b's ranks", named, cluster, timeout=30)
+    wait_for("the doctor to name host-b's ranks", named, cluster, timeout=30)
     took = time.monotonic() - died
-    print(f"lost node named {took:.1f} s after its death; answers on the way: {answers}")
+    # a moment after the death a survivor may yet have to reach the collective that fails
+    report = wait_for("both survivors to fail", lambda: (r := named()) and len(r["ranks"]) == 2 and all(
+        x["status"] == "crashed" for x in r["ranks"]) and r, cluster, timeout=30)
+    print(f"lost node named {took:.1f} s after its death; answers: {answers}")
     assert took < 15.0
+    assert answers[-1][1:] == ("dead_rank", [2, 3])
     assert not [x for x in answers if {0, 1} & set(x[2])], answers
     lost = finding(report, "lost_node")
     assert lost["ranks"] == [2, 3]
@@ -172,9 +176,11 @@ def test_lost_node_in_a_shared_directory(cluster: hosts.Cluster, tmp_path: Path)
         answers.append((round(time.monotonic() - died, 1), report["verdict"], report["suspect_ranks"]))
         return report if report["suspect_ranks"] == [2, 3] and report["verdict"] == "dead_rank" else None
 
-    report = wait_for("the doctor to name host-b's ranks", named, cluster, timeout=30)
+    wait_for("the doctor to name host-b's ranks", named, cluster, timeout=30)
     took = time.monotonic() - died
-    print(f"lost node (shared directory) named {took:.1f} s after its death; answers on the way: {answers}")
+    report = wait_for("both survivors to fail", lambda: (r := named()) and all(
+        x["status"] == "crashed" for x in r["ranks"][:2]) and r, cluster, timeout=30)
+    print(f"lost node (shared directory) named {took:.1f} s after its death; answers: {answers}")
     assert took < 15.0
     assert not [x for x in answers if {0, 1} & set(x[2])], answers
     lost = finding(report, "lost_node")
