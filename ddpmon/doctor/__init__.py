@@ -24,6 +24,7 @@ from . import procs, rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, load_dir, load_remote
 from .rules import files as file_rules
+from .rules import lost_node
 from .view import STALLED, RankView, state_interval, view
 
 __all__ = ["examine", "Diagnosis", "Finding", "RankView", "VERDICTS"]
@@ -47,6 +48,19 @@ def examine(
     ``/state``) replaces the directory. A missing directory, or a job that is not there,
     raises StateFileError.
     """
+    return _examine(state_dir, job, live_stacks, stall, now, stack_timeout, remote, settle=now is None)
+
+
+SETTLE_MAX_SECONDS = 3.0
+"""The longest the doctor waits to tell whether far ranks are gone (``lost_node.undecided``)."""
+
+
+def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | None, now: float | None,
+             stack_timeout: float, remote: Sequence[str], settle: bool) -> Diagnosis:
+    """examine(); with ``settle``, when ranks on other hosts stopped writing just before the
+    others failed on their connections, it waits until they would have written again (at
+    most a few seconds, only then) and reads everything anew: they are gone, or alive."""
+    asked = state_dir
     now = time.time() if now is None else now
     loaded = load_remote(remote) if remote else load_dir(state_dir)
     if remote:
@@ -78,11 +92,15 @@ def examine(
     }
     lives = _guard_pid_namespace(files, lives, now)
     views = [view(f, lives[f.rank], now, stall) for f in files]
+    wait = lost_node.undecided(views)
+    if settle and 0 < wait <= SETTLE_MAX_SECONDS:
+        time.sleep(wait)
+        return _examine(asked, job if chosen else None, live_stacks, stall, None, stack_timeout, remote, settle=False)
     notes += _read_only(state_dir if not remote else None, views)
     if live_stacks:
         _live_stacks(views, stack_timeout)
 
-    verdict, suspects, findings = rules.decide(views, missing)
+    verdict, suspects, findings = rules.decide(views, missing, loaded.unreachable)
     findings += notes
     unreadable = {r for path, _ in loaded.bad if (r := state_files.rank_of(path)) is not None}
     findings += file_rules.missing_ranks(missing, world, unreadable, findings)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import collections
 import json
 import os
+import socket
 import stat
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,6 +61,8 @@ class Loaded:
     state_dir: str
     files: list[StateFile] = field(default_factory=list)
     bad: list[tuple[str, str]] = field(default_factory=list)
+    unreachable: list[Unreachable] = field(default_factory=list)
+    """``--from`` daemons that did not answer."""
 
     def jobs(self) -> dict[str, list[StateFile]]:
         """Files by job, each list ordered by rank."""
@@ -108,15 +113,27 @@ def load_dir(state_dir: str) -> Loaded:
 
 REMOTE_MAX_BYTES = 256 * 1024 * 1024  # a daemon's /state: at most a few MiB per rank of its node
 REMOTE_DEADLINE_SECONDS = 5.0
+"""Every ``--from`` daemon is read at once; those that have not answered by then are named."""
+
+
+@dataclass
+class Unreachable:
+    """A node daemon (``--from``) that did not answer: its ranks' state is not known here."""
+
+    address: str
+    """As given: ``HOST:PORT``."""
+    reason: str
+    ips: list[str] = field(default_factory=list)
+    """The addresses its host name stands for (to match peers named in the ranks' errors)."""
 
 
 class _Unbounded(Exception):
     """An answer that does not end, or ends too late or too large."""
 
 
-def _read_bounded(response: Any, limit: int, deadline: float) -> bytes:
-    """A response body of at most ``limit`` bytes, read within ``deadline`` seconds."""
-    chunks, total, until = [], 0, time.monotonic() + deadline
+def _read_bounded(response: Any, limit: int, until: float) -> bytes:
+    """A response body of at most ``limit`` bytes, read before ``until`` (time.monotonic)."""
+    chunks, total = [], 0
     while True:
         chunk = response.read(1 << 20)
         if not chunk:
@@ -126,30 +143,90 @@ def _read_bounded(response: Any, limit: int, deadline: float) -> bytes:
         if total > limit:
             raise _Unbounded(f"the answer is larger than {limit >> 20} MiB")
         if time.monotonic() > until:
-            raise _Unbounded(f"the answer did not end within {deadline:.0f} s")
+            raise _Unbounded("the answer did not end in time")
 
 
-def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
+def _url(address: str) -> str:
+    return f"http://{address}/state" if "://" not in address else address.rstrip("/") + "/state"
+
+
+def _ips(url: str) -> list[str]:
+    """The addresses of the URL's host (empty when its name does not resolve)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError):
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def _fetch(url: str, timeout: float, until: float) -> tuple[list[str], bytes | BaseException, float]:
+    """One daemon's /state: (its host's addresses, the body or what went wrong, when received).
+    A body still coming at ``until`` is cut short."""
+    ips = _ips(url)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes | BaseException = _read_bounded(response, REMOTE_MAX_BYTES, until)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the finding says it
+        if isinstance(exc, urllib.error.HTTPError):
+            exc.detail = exc.read(300).decode(errors="replace").strip()  # type: ignore[attr-defined]
+        body = exc
+    return ips, body, time.time()
+
+
+def _fetch_all(urls: list[str], timeout: float, deadline: float) -> list[tuple[list[str], bytes | BaseException, float] | None]:
+    """Every URL read at once, each in a thread of its own; None for those that have not
+    answered after ``deadline`` seconds (their threads end on their own timeout, unwaited)."""
+    until = time.monotonic() + deadline
+    answers: dict[int, tuple[list[str], bytes | BaseException, float]] = {}
+
+    def fetch(i: int, url: str) -> None:  # an answer that does not end is cut short before the deadline
+        answers[i] = _fetch(url, timeout, until - min(0.5, deadline / 4))
+
+    threads = [threading.Thread(target=fetch, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
+               for i, url in enumerate(urls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, until - time.monotonic()))
+    got = dict(answers)
+    return [got.get(i) for i in range(len(urls))]
+
+
+def _why(exc: BaseException, timeout: float) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code}: {getattr(exc, 'detail', '') or exc.reason}"
+    reason = getattr(exc, "reason", None) or exc
+    if isinstance(reason, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    return str(reason) or type(reason).__name__
+
+
+def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float = REMOTE_DEADLINE_SECONDS) -> Loaded:
     """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
-    for jobs spread over nodes without a shared file system. Each file's modification time is
+    for jobs spread over nodes without a shared file system. Every daemon is read at once:
+    ``timeout`` seconds to connect and between reads, ``deadline`` for all of them together,
+    so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
-    for address in addresses:
-        url = f"http://{address}/state" if "://" not in address else address.rstrip("/") + "/state"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                body = _read_bounded(response, REMOTE_MAX_BYTES, REMOTE_DEADLINE_SECONDS)
-            received = time.time()
-        except _Unbounded as exc:
-            loaded.bad.append((f"{address}/state", f"{exc}; is that address a ddpmon daemon?"))
+    urls = [_url(a) for a in addresses]
+    for address, url, answer in zip(addresses, urls, _fetch_all(urls, timeout, deadline)):
+        if answer is None:
+            reason = (f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
+                      "daemons together)")
+            ips = []
+        else:
+            ips, body, received = answer
+            if isinstance(body, _Unbounded):
+                loaded.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
+                continue
+            reason = _why(body, timeout) if isinstance(body, BaseException) else ""
+        if reason:
+            loaded.unreachable.append(Unreachable(address, reason, ips))
+            loaded.bad.append((url, (f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
+                                     "running there, and is the port reachable?")))
             continue
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            if isinstance(exc, urllib.error.HTTPError):
-                reason = f"HTTP {exc.code}: {exc.read(300).decode(errors='replace').strip() or exc.reason}"
-            loaded.bad.append((url, f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
-                                    f"running there, and is the port reachable?"))
-            continue
+        assert isinstance(body, bytes)
         try:
             entries = json.loads(body)
             if not isinstance(entries, list) or len(entries) > schema.MAX_RANKS:
@@ -170,5 +247,3 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0) -> Loaded:
             mtime = received - (served - mtime) if served is not None and mtime is not None else received
             loaded.files.append(StateFile(name, state, mtime))
     return loaded
-
-

@@ -59,9 +59,10 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     lines = []
     verdict = d.verdict.upper().replace("_", " ")
     where = f"job {d.job!r}, {len(d.ranks)} rank{'s' if len(d.ranks) != 1 else ''}, " if d.job else ""
+    headline = "a node is lost" if any(f.kind == "lost_node" for f in d.findings) else _HEADLINE[d.verdict]
     lines.append(
         f"ddpmon doctor: {paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - "
-        f"{_HEADLINE[d.verdict]} ({where}{d.state_dir})"
+        f"{headline} ({where}{d.state_dir})"
     )
     main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS]
     rest = [f for f in d.findings if f not in main]
@@ -88,7 +89,7 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     return "\n".join(lines) + "\n"
 
 
-_ROOT_KINDS = ("dead_rank", "mismatch", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
+_ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
 
 
 GROUP_FROM = 8

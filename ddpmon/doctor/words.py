@@ -172,6 +172,17 @@ def fix_died(v: RankView) -> str:
     )
 
 
+def fix_lost_node(where: str) -> str:
+    """A node gone with its ranks (lost_node)."""
+    return (
+        f"Check {where}: is it up, and what ended it (power, a kernel panic, the network; "
+        "`journalctl -k` or `dmesg` there, the scheduler's record of the node), or were all its "
+        "ranks killed (the OOM killer, a preemption)? The other ranks failed or wait because it "
+        "went away: their connection errors are consequences. Restart the job once the node is "
+        "back, or without it (torchrun --nnodes=MIN:MAX carries on with the nodes left)."
+    )
+
+
 def fix_missing_rank(unseen: list[int]) -> str:
     return (
         "Look at " + who(unseen) + " directly (their logs, `py-spy dump` on their "

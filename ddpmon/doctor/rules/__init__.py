@@ -13,6 +13,9 @@ mismatch             desync     the ranks' collectives differ under one sequence
                                 number (op, order, dtype or element count)
 left_early           desync     the first rank to end exited cleanly while others
                                 still needed it
+lost_node            dead_rank  every rank of a node is gone without a word (its
+                                daemon does not answer, or all went silent); the
+                                others failed on connections to it or wait
 dead_rank            dead_rank  a rank died, crashed or went silent first
 busy                 healthy    ranks work outside a step (evaluation, checkpoint);
                                 the others wait for them: not a hang
@@ -36,9 +39,11 @@ state directory (see ``ddpmon.doctor.examine``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 
 from ..findings import Finding, Verdict
+from ..load import Unreachable
 from ..view import RankView
 from . import advice as advice_rules
 from . import (
@@ -48,6 +53,7 @@ from . import (
     desync,
     ended_while_hung,
     fingerprint,
+    lost_node,
     not_joining,
     rank_notes,
     straggler,
@@ -58,19 +64,28 @@ from . import (
 VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
 """(views, ranks of the job without a state file) -> a verdict, or None: not this one."""
 
-VERDICT_RULES: tuple[VerdictRule, ...] = (
-    dead_rank.finished,
-    fingerprint.mismatch,
-    dead_rank.left_early,
-    dead_rank.dead_rank,
-    busy.busy,
-    stuck_rank.stuck_rank,
-    not_joining.not_joining,
-    comm_hang.missing_rank,
-    comm_hang.comm_hang,
-    desync.desync,
-    straggler.straggler,
-)
+
+
+def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule, ...]:
+    """The verdict rules in precedence order; ``lost_node`` also knows the ``--from`` daemons
+    that did not answer."""
+    return (
+        dead_rank.finished,
+        fingerprint.mismatch,
+        dead_rank.left_early,
+        functools.partial(lost_node.lost_node, unreachable=unreachable) if unreachable else lost_node.lost_node,
+        dead_rank.dead_rank,
+        busy.busy,
+        stuck_rank.stuck_rank,
+        not_joining.not_joining,
+        comm_hang.missing_rank,
+        comm_hang.comm_hang,
+        desync.desync,
+        straggler.straggler,
+    )
+
+
+VERDICT_RULES = verdict_rules()
 JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
     unused_parameters.unused_parameters,
     unused_parameters.needless_find_unused_parameters,
@@ -83,15 +98,17 @@ RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.ddpmon_part_off,
 )
 
-def decide(views: list[RankView], missing: list[int]) -> Verdict:
+def decide(views: list[RankView], missing: list[int], unreachable: Sequence[Unreachable] = ()) -> Verdict:
     """The verdict, the suspect ranks and the findings behind them: the first rule of
-    ``VERDICT_RULES`` that answers."""
+    ``VERDICT_RULES`` that answers. ``unreachable``: the ``--from`` daemons that did not
+    answer (their ranks are among ``missing``)."""
     if not views:
         return Verdict("no_data", [], [])
+    lost_node.mark_vanished(views)
     replayed = ended_while_hung.applies(views)
     if replayed:
         ended_while_hung.replay(views)
-    found = next((v for rule in VERDICT_RULES if (v := rule(views, missing)) is not None), None)
+    found = next((v for rule in verdict_rules(unreachable) if (v := rule(views, missing)) is not None), None)
     if found is None:
         found = Verdict("healthy", [], [])
     if replayed:

@@ -70,9 +70,10 @@ def membership(files: list[StateFile]) -> tuple[list[StateFile], int, list[int],
 
 def missing_ranks(missing: list[int], world: int, unreadable: set[int], findings: list[Finding]) -> list[Finding]:
     """missing_ranks: ranks of the job without a state file (those with an unreadable one are
-    named by bad_state_file), unless missing_rank already blames them."""
-    absent = [r for r in missing if r not in unreadable]
-    if not absent or any(f.kind == "missing_rank" for f in findings):
+    named by bad_state_file), unless missing_rank or lost_node already blames them."""
+    blamed = {r for f in findings if f.kind in ("missing_rank", "lost_node") for r in f.ranks}
+    absent = [r for r in missing if r not in unreadable and r not in blamed]
+    if not absent:
         return []
     return [Finding(
         "missing_ranks", "warning", absent,

@@ -1,0 +1,78 @@
+"""``doctor --from`` against daemons that do not answer: every daemon is read at once under
+one deadline, so dead nodes cost seconds in all, not seconds each; the answering daemon's
+ranks are still diagnosed, and each silent one is named with its reason.
+
+A daemon that does not answer is a listening socket nobody accepts on: the connection is
+made (the kernel's backlog) and the request is never answered, as on a node whose daemon
+hangs. (Unreachable addresses, packets dropped, are in tests/hosts/test_two_hosts.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddpmon.doctor.load import load_remote
+from tests.support import states
+from tests.support.commands import run_doctor, start_daemon, terminate
+from tests.support.states import state, write
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def silent_daemons() -> Iterator[list[str]]:
+    """Four addresses whose daemons never answer."""
+    socks = []
+    for _ in range(4):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        socks.append(s)
+    yield [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+    for s in socks:
+        s.close()
+
+
+def test_silent_daemons_are_waited_for_at_once(silent_daemons: list[str]) -> None:
+    started = time.monotonic()
+    loaded = load_remote(silent_daemons, timeout=1.5, deadline=5.0)
+    took = time.monotonic() - started
+    assert took < 3.0, f"{took:.1f} s: the daemons were read one after another (4 x 1.5 s)"
+    assert [u.address for u in loaded.unreachable] == silent_daemons
+    assert {u.reason for u in loaded.unreachable} == {"no answer within 1.5 s"}
+    assert [u.ips for u in loaded.unreachable] == [["127.0.0.1"]] * 4
+
+
+def test_one_deadline_for_all(silent_daemons: list[str]) -> None:
+    started = time.monotonic()
+    loaded = load_remote(silent_daemons, timeout=30.0, deadline=1.0)
+    took = time.monotonic() - started
+    assert took < 2.0, f"{took:.1f} s past a deadline of 1 s"
+    assert {u.reason for u in loaded.unreachable} == {
+        "did not answer within 1 s (the doctor waits that long for all daemons together)"}
+
+
+def test_doctor_answers_within_10_s_with_four_silent_daemons(tmp_path: Path, silent_daemons: list[str]) -> None:
+    write(tmp_path, state(0, silent=30.0))  # on node-b: no process of theirs is checked here
+    write(tmp_path, state(1, silent=30.0, in_flight=[states.waiting_in("all_reduce", 5, 30.0)]))
+    daemon, port = start_daemon("--state-dir", str(tmp_path), "--serve-state", "--no-gpu", "--node-local")
+    try:
+        addresses = [f"127.0.0.1:{port}", *silent_daemons]
+        started = time.monotonic()
+        done = run_doctor(*(a for address in addresses for a in ("--from", address)), "--json", "--no-stacks")
+        took = time.monotonic() - started
+    finally:
+        terminate(daemon)
+    print(f"doctor --from 1 daemon + 4 that never answer: {took:.1f} s")
+    assert took < 10.0
+    report = json.loads(done.stdout)
+    assert (done.returncode, report["verdict"], report["suspect_ranks"]) == (1, "hang", [0]), done.stderr
+    silent = [f["summary"] for f in report["findings"] if f["kind"] == "unreachable_daemon"]
+    assert [s.split(" ")[0] for s in silent] == [f"http://{a}/state" for a in silent_daemons]
+    assert all("no answer within 3 s" in s for s in silent), silent
