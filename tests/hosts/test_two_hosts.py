@@ -206,11 +206,12 @@ def test_cut_link(cluster: hosts.Cluster) -> None:
 
     cluster.cut(b, "job")
 
-    def hung() -> dict[str, Any] | None:
+    def hung() -> dict[str, Any] | None:  # every rank's file caught up with the stall (a loaded machine lags)
         _, report, _ = doctor(a, *sources(a.addr(), b.addr()))
-        return report if report["verdict"] == "hang" else None
+        waiting = [r["status"] for r in report["ranks"]] == ["waiting"] * 4
+        return report if report["verdict"] == "hang" and waiting else None
 
-    report = wait_for("the doctor to see the hang", hung, cluster)
+    report = wait_for("the doctor to see every rank wait", hung, cluster)
     assert report["suspect_ranks"] == []
     assert finding(report, "comm_hang")["ranks"] == [0, 1, 2, 3]
     assert [r["status"] for r in report["ranks"]] == ["waiting"] * 4
