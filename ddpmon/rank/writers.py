@@ -121,7 +121,8 @@ class HistoryWriter:
     ``snapshot`` (the state file's body) supplies the notes, errors and hang report that
     become findings, and the exit record; ``sample`` returns the memory and GPU columns for
     the batch; ``identity`` is read when the file is created, at the first pass (after the
-    parts installed at attach have said what they know). A failure is logged once and switches history off; the training never sees it.
+    parts installed at attach have said what they know). A failure is logged once and
+    switches history off; the training never sees it.
     """
 
     def __init__(self, path: str, history_since: Callable[[int], list[StepRow]],

@@ -80,6 +80,7 @@ def summarize(run: Run) -> dict[str, Any]:
             "history": h.path if h else None,
         })
     scores = run_scores(run)
+    slowest = max(scores.values(), key=lambda sc: sc.score) if scores else None
     for r in ranks_out:
         score = scores.get(r["rank"])
         r["slower"] = round(score.score, 4) if score is not None else None
@@ -108,8 +109,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "phases": phases,
         "exposed_comm_share": (exposed / step_median) if exposed is not None and step_median else None,
         "gpu_utilization_ratio": _median([r["gpu_utilization_ratio"] for r in ranks_out]),
-        "slowest_rank": _slowest(scores),
-        "straggler": _straggler(scores),
+        "slowest_rank": _slowest(slowest),
+        "straggler": _straggler(slowest),
         "buckets": bucket_summary(run),
         "per_rank": ranks_out,
         "verdict": diag.verdict if diag is not None else None,
@@ -164,23 +165,23 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
     return steps.scores(phases)
 
 
-def _slowest(scores: dict[int, steps.Score]) -> dict[str, Any] | None:
+def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
     """The slowest rank by busy time, how much slower (``score``: 0.37 = 37% slower), and the
-    part of its step where it loses most against the other ranks' median."""
-    if not scores:
+    part of its step where it loses most against the other ranks' median (None when it
+    loses in none)."""
+    if top is None:
         return None
-    top = max(scores.values(), key=lambda sc: sc.score)
-    phase = top.cause or max(top.excess, key=lambda p: top.excess[p])
+    losing = {p: e for p, e in top.excess.items() if e > 0}
+    phase = top.cause or (max(losing, key=lambda p: losing[p]) if losing else None)
     return {"rank": top.rank, "score": round(top.score, 4), "phase": phase,
-            "excess_seconds": top.excess[phase]}
+            "excess_seconds": top.excess[phase] if phase else None}
 
 
-def _straggler(scores: dict[int, steps.Score]) -> dict[str, Any] | None:
-    """The doctor's straggler rule over the whole run: the slowest rank, whether it is a
+def _straggler(top: steps.Score | None) -> dict[str, Any] | None:
+    """The doctor's straggler rule over the whole run on the slowest rank: whether it is a
     straggler (out of its noise), and the part that explains it."""
-    if not scores:
+    if top is None:
         return None
-    top = max(scores.values(), key=lambda sc: sc.score)
     return {"rank": top.rank, "score": round(top.score, 4), "named": top.straggler, "cause": top.cause,
             "share": round(top.shares.get(top.cause, 0.0), 4) if top.cause else None,
             "busy_seconds": top.busy_seconds, "baseline_seconds": top.baseline_seconds}
