@@ -96,7 +96,7 @@ class StepRow:
         return out
 
 
-_HISTORY_FIELDS = ("step", "start_unix", "end_unix", "step_seconds", *(p + "_seconds" for p in PARTS), "micro_steps")
+_HISTORY_FIELDS = ("step", "start_unix", "end_unix", "step_seconds", *(p + "_seconds" for p in PARTS))
 
 
 def balance(row: StepRow) -> None:
