@@ -21,7 +21,7 @@ from ..steps import StepRow
 STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 RECENT_STEPS = 256
-HISTORY_STEPS = 1024  # per-step rows kept for the history writer (ddpmon/state/history.py)
+HISTORY_STEPS = 1024  # per-step rows kept for the history writer (rank/writers.py)
 HISTORY_BUCKETS = 256  # buckets per step kept in those rows
 MAX_PARAMETER_NAMES = 200
 MAX_IN_FLIGHT = 256
