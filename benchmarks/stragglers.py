@@ -14,6 +14,9 @@ the state files after each step (ddpmon/steps.py over the last 20 steps of the s
 
     python benchmarks/stragglers.py                    # 16 segments per world size
     python benchmarks/stragglers.py --segments 4 --steps 30
+    python benchmarks/stragglers.py --load 2           # beside two busy CPU hogs
+    python benchmarks/stragglers.py --keep DIR         # keep every rank's rows in DIR ...
+    python benchmarks/stragglers.py --replay DIR       # ... and score them again, no job run
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ def worker(args: argparse.Namespace) -> None:
         busy_seconds(r) for r in monitor.recorder.history_since(0)[-CALIBRATION_STEPS // 2:])])
     dist.all_reduce(measured, op=dist.ReduceOp.MAX)
     busy = float(measured)
-    marks = []
+    marks: list[int] = []
+    rows = monitor.recorder.history_since(0)
     for segment in plan(world, args.segments, args.seed):
         jitter = (args.healthy_jitter if segment["kind"] == "healthy" else args.jitter) * busy
         marks.append(monitor.recorder.steps)
@@ -120,29 +124,53 @@ def worker(args: argparse.Namespace) -> None:
             if segment["slow"] == rank:
                 extra[segment["kind"]] += args.slowdown * busy
             step()
+        rows += monitor.recorder.history_since(rows[-1].step)  # it keeps the last thousand or so
     monitor.detach()
     with open(os.path.join(args.out, f"rows-{rank}.json"), "w") as f:
         json.dump({"marks": marks, "busy": busy,
-                   "rows": [dataclasses.asdict(r) for r in monitor.recorder.history_since(0)]}, f)
+                   "rows": [dataclasses.asdict(r) for r in rows]}, f)
     dist.barrier()
     dist.destroy_process_group()
 
 
+KEPT_ARGS = ("segments", "steps", "slowdown", "jitter", "healthy_jitter", "seed", "load")
+"""What a replay takes from the kept run rather than from its own command line."""
+
+
 def run_job(world: int, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
-    out = tempfile.mkdtemp(prefix=f"ddpmon-stragglers-{world}-")
+    if args.replay:
+        return load_rows(os.path.join(args.replay, f"world-{world}"), world)
+    if args.keep:
+        out = os.path.join(args.keep, f"world-{world}")
+        os.makedirs(out, exist_ok=True)
+    else:
+        out = tempfile.mkdtemp(prefix=f"ddpmon-stragglers-{world}-")
     env = dict(os.environ, WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker", "--store", os.path.join(out, "store"),
+    store = os.path.join(tempfile.mkdtemp(prefix="ddpmon-stragglers-store-"), "store")
+    cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker", "--store", store,
            "--out", out, *sys.argv[1:]]
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r))) for r in range(world)]
-    if any(p.wait(timeout=900) != 0 for p in procs):
+    if any(p.wait(timeout=1800) != 0 for p in procs):
         raise SystemExit(f"the {world}-rank job failed")
-    return {r: json.load(open(os.path.join(out, f"rows-{r}.json"))) for r in range(world)}
+    return load_rows(out, world)
+
+
+def load_rows(folder: str, world: int) -> dict[int, dict[str, Any]]:
+    out = {}
+    for r in range(world):
+        with open(os.path.join(folder, f"rows-{r}.json")) as f:
+            out[r] = json.load(f)
+    return out
+
+
+def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
+    """Processes that keep a core busy each: the machine a job shares with another."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
 def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Score each segment after each of its steps, as the doctor would have."""
     from ddpmon import steps
-    from ddpmon.rank.recorder import PHASE_WINDOW
 
     results = []
     for i, segment in enumerate(plan(world, args.segments, args.seed)):
@@ -150,7 +178,7 @@ def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespa
                 for r, d in data.items()}
         named_at, cause_at_naming, ever_named, final = None, None, set(), {}
         for k in range(steps.MIN_STEPS, args.steps + 1):
-            scores = steps.scores({r: steps.phases(rs[:k][-PHASE_WINDOW:]) for r, rs in rows.items()})
+            scores = steps.scores({r: steps.phases(rs[:k]) for r, rs in rows.items()})
             named = {r: s.cause for r, s in scores.items() if s.straggler}
             ever_named |= set(named)
             if named_at is None and segment["slow"] in named and len(named) == 1:
@@ -170,6 +198,9 @@ def main() -> int:
     p.add_argument("--jitter", type=float, default=0.10, help="random jitter in straggler segments (share)")
     p.add_argument("--healthy-jitter", type=float, default=0.30, help="random jitter in healthy segments (share)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load", type=int, default=0, metavar="N", help="run N busy CPU hogs beside the jobs")
+    p.add_argument("--keep", metavar="DIR", help="keep every rank's step rows in DIR")
+    p.add_argument("--replay", metavar="DIR", help="score the rows kept in DIR instead of running jobs")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -177,9 +208,21 @@ def main() -> int:
     if args.rank_worker:
         worker(args)
         return 0
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        with open(os.path.join(args.keep, "args.json"), "w") as f:
+            json.dump({k: getattr(args, k) for k in KEPT_ARGS}, f)
+    if args.replay:
+        with open(os.path.join(args.replay, "args.json")) as f:
+            vars(args).update(json.load(f))
     results = []
-    for world in (int(w) for w in args.worlds.split(",")):
-        results += evaluate(world, run_job(world, args), args)
+    hogs = start_hogs(args.load) if not args.replay else []
+    try:
+        for world in (int(w) for w in args.worlds.split(",")):
+            results += evaluate(world, run_job(world, args), args)
+    finally:
+        for hog in hogs:
+            hog.kill()
     stragglers = [r for r in results if r["slow"] is not None]
     healthy = [r for r in results if r["slow"] is None]
     named20 = [r for r in stragglers if r["named_at"] is not None and r["named_at"] <= 20]
@@ -191,7 +234,8 @@ def main() -> int:
         print(f"world {r['world']} {r['kind']:<9} slow {r['slow']!s:<4} named at {r['named_at']!s:<4} "
               f"cause {r['cause']!s:<9} ever named {r['ever_named']}")
     print(f"\n{len(stragglers)} stragglers ({args.slowdown:.0%} slower, jitter {args.jitter:.0%}), "
-          f"{len(healthy)} healthy segments (jitter {args.healthy_jitter:.0%}); worlds {args.worlds}")
+          f"{len(healthy)} healthy segments (jitter {args.healthy_jitter:.0%}); worlds {args.worlds}; "
+          f"{args.load} CPU hogs beside")
     print(f"named within 20 steps: {len(named20)}/{len(stragglers)}")
     named = [r["named_at"] for r in stragglers if r["named_at"] is not None]
     if named:

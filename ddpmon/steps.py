@@ -8,13 +8,18 @@ the gradient all-reduce for the slow one), so the slow rank shows the longest bu
 its peers show the cost as waiting: comparing busy times blames the rank that is slow, not
 the ones that wait.
 
-Per rank: ``score = busy / median(busy of the other ranks) - 1`` over the last steps
-(``schema.StepPhases``: a trimmed mean for busy, means per part), said as "N% slower"
-(``slower``) wherever a user reads it. A rank is a straggler when its score is at least
-``SCORE_WARN`` and the gap stands out of its step-to-step noise (``NOISE_FACTOR`` standard
-errors of the difference of two trimmed means), so one noisy step or a jittery healthy job
-does not make one. The cause is the part whose excess over the peers' median explains most
-of the gap.
+Per rank: ``score = gap / baseline``, said as "N% slower" (``slower``) wherever a user reads
+it. Ranks are compared step by step (``scores``): in each of the last steps, a rank's busy
+time against the median of the other ranks' busy times in that same step. What slows every
+rank at once (another job on the machine, a shared core, a slow first step) then cancels
+out, and only what is the rank's own remains: the gap is a trimmed mean of those per-step
+differences, robust to the heavy tail of scheduling (a rank descheduled for 30 ms in one step
+is not 30 ms slower), and its noise is the standard error of that mean. A rank is a
+straggler when its score is at least ``SCORE_WARN`` and its gap stands out of zero by
+Student's t (``critical_value``), over the last 20, 50 or 150 steps (``SCORE_WINDOWS``): a short
+window names a straggler within 20 steps on a quiet machine, a long one names it through a
+busy machine's noise. The cause is the part whose own per-step excess explains most of the
+gap. Files of an older ddpmon, without the steps one by one, are compared on their means.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .state.schema import StepPhases
+from .state.schema import RecentSteps, StepPhases
 
 PARTS = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
 """The parts of a step, in the order they stack up to its wall time (``h2d`` only where
@@ -41,11 +46,22 @@ BUSY_PARTS = tuple(p for p in PARTS if p not in WAITING_PARTS)
 SCORE_WARN = 0.05
 """A rank 5% slower than its peers' median is a straggler when the gap also stands out of
 its noise: below the 10% that matters, so that a rank 10% slower is named whatever the
-noise of its measurement (benchmarks/stragglers.py chose these three)."""
+noise of its measurement (benchmarks/stragglers.py chose these constants)."""
 MIN_GAP_SECONDS = 0.001
 MIN_STEPS = 10
-"""Medians and spreads of fewer steps called healthy jittery ranks stragglers."""
-NOISE_FACTOR = 3.5
+"""Fewer steps than this are not compared."""
+SCORE_WINDOWS = (20, 50, 150)
+"""The last steps each rank is compared over; the window with the strongest evidence wins."""
+PHASE_STEPS = 20
+"""The last steps ``StepPhases``' means describe."""
+WARMUP_STEPS = 5
+"""The job's first steps (allocations, DDP's bucket rebuild, cold caches) are left out."""
+TRIM = 0.1
+"""The share of the smallest and of the largest values a trimmed mean leaves out."""
+FALSE_ALARM = 1e-4
+"""The chance that a healthy rank's gap stands out of its noise in one comparison (Student's
+t): zero healthy ranks named in benchmarks/stragglers.py, quiet or beside a CPU hog, while
+the doctor, ``top`` and every rank compare each second."""
 CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
 
@@ -124,10 +140,14 @@ class Score:
     busy_seconds: float
     baseline_seconds: float
     noise_seconds: float
+    """The standard error of the gap."""
+    steps: int = 0
+    """The steps compared."""
     shares: dict[str, float] = field(default_factory=dict)
-    """Of the gap, the share each part explains (excess over the peers' median, 0..1)."""
+    """Of the gap, the share each part explains (excess over the peers' median, 0..1); only
+    for a rank at least ``SCORE_WARN`` slower, or the slowest."""
     excess: dict[str, float] = field(default_factory=dict)
-    """Seconds per step each part takes over the peers' median."""
+    """Seconds per step each part takes over the peers' median (as ``shares``)."""
 
     @property
     def gap_seconds(self) -> float:
@@ -136,7 +156,7 @@ class Score:
     @property
     def straggler(self) -> bool:
         return (self.score >= SCORE_WARN and self.gap_seconds >= MIN_GAP_SECONDS
-                and self.gap_seconds >= NOISE_FACTOR * self.noise_seconds)
+                and self.gap_seconds >= critical_value(self.steps) * self.noise_seconds)
 
     @property
     def cause(self) -> str | None:
@@ -150,11 +170,79 @@ class Score:
 def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
     """Each rank's score against the others; ranks with fewer than ``MIN_STEPS`` steps are
     left out, and so is everything when fewer than two ranks remain. Every median of the
-    other ranks comes from one sorted list per quantity, so a thousand ranks cost
-    milliseconds."""
+    other ranks comes from one sorted list per step and quantity, so a thousand ranks cost
+    a fraction of a second."""
     ranks = {r: p for r, p in phases.items() if p is not None and p.steps >= MIN_STEPS}
     if len(ranks) < 2:
         return {}
+    if all(p.recent is not None for p in ranks.values()):
+        common = set.intersection(*(set(p.recent.step) for p in ranks.values()))  # type: ignore[union-attr]
+        if len(common) >= MIN_STEPS:
+            return _step_by_step(ranks, sorted(common))
+    return _on_means(ranks)
+
+
+def _step_by_step(ranks: dict[int, StepPhases], common: list[int]) -> dict[int, Score]:
+    """``scores`` on the steps every rank has, each compared with the same step's others."""
+    def columns(name: str) -> dict[int, list[float]]:
+        out = {}
+        for r, p in ranks.items():
+            recent = p.recent
+            assert recent is not None
+            at = dict(zip(recent.step, getattr(recent, name)))
+            out[r] = [at[s] for s in common]
+        return out
+
+    def sorted_by_step(values: dict[int, list[float]]) -> list[list[float]]:
+        return [sorted(v[i] for v in values.values()) for i in range(len(common))]
+
+    def against_others(mine: list[float], by_step: list[list[float]]) -> tuple[list[float], list[float]]:
+        """A rank's values less the others' median, step by step, and that median."""
+        others = [median_of_others(by_step[i], v) for i, v in enumerate(mine)]
+        return [v - o for v, o in zip(mine, others)], others
+
+    busy_values = columns("busy_seconds")
+    busy_by_step = sorted_by_step(busy_values)
+    busy = {r: against_others(v, busy_by_step) for r, v in busy_values.items()}
+    windows = sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
+    out = {}
+    for rank, (diffs, baselines) in busy.items():
+        best: Score | None = None
+        for w in windows:
+            excess, error = typical(diffs[-w:])
+            baseline = typical(baselines[-w:])[0]
+            s = Score(rank, busy_ratio(baseline + excess, baseline), baseline + excess, baseline, error, w)
+            if best is None or _evidence(s) > _evidence(best):
+                best = s
+        assert best is not None
+        out[rank] = best
+    top = max(out.values(), key=lambda s: s.score)
+    explained = [s for s in out.values() if s.score >= SCORE_WARN or s is top]
+    parts = {part: (values, sorted_by_step(values))
+             for part in BUSY_PARTS for values in [columns(part + "_seconds")]}
+    for s in explained:
+        _explain(s, {part: typical(against_others(values[s.rank], by_step)[0][-s.steps:])[0]
+                     for part, (values, by_step) in parts.items()})
+    return out
+
+
+def _evidence(s: Score) -> float:
+    """How far the gap stands out of its noise (a window that does not make a straggler
+    loses to one that does)."""
+    t = s.gap_seconds / s.noise_seconds if s.noise_seconds > 0 else math.copysign(math.inf, s.gap_seconds)
+    return t + (1e9 if s.straggler else 0.0)
+
+
+def _explain(s: Score, excess: dict[str, float]) -> None:
+    """Set the excess of each part and the share of the gap it explains."""
+    s.excess = excess
+    gap = sum(e for e in excess.values() if e > 0)
+    s.shares = {part: max(0.0, e) / gap for part, e in excess.items()} if gap > 0 else {}
+
+
+def _on_means(ranks: dict[int, StepPhases]) -> dict[int, Score]:
+    """``scores`` from each rank's means alone (files of an older ddpmon): the gap between
+    two trimmed means, and the standard error of their difference."""
     values = {"busy": {r: p.busy_seconds for r, p in ranks.items()},
               "error": {r: _error(p) for r, p in ranks.items()},
               **{part: {r: _part(p, part) for r, p in ranks.items()} for part in BUSY_PARTS}}
@@ -166,14 +254,22 @@ def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
     out = {}
     for rank, mine in ranks.items():
         baseline = others("busy", rank)
-        # Standard error of the difference of two typical busy times (``typical``).
         noise = math.sqrt(2.0) * max(values["error"][rank], others("error", rank))
-        excess = {part: values[part][rank] - others(part, rank) for part in BUSY_PARTS}
-        gap = sum(e for e in excess.values() if e > 0)
-        shares = {part: max(0.0, e) / gap for part, e in excess.items()} if gap > 0 else {}
-        out[rank] = Score(rank, busy_ratio(mine.busy_seconds, baseline), mine.busy_seconds, baseline,
-                          noise, shares, excess)
+        s = Score(rank, busy_ratio(mine.busy_seconds, baseline), mine.busy_seconds, baseline, noise, mine.steps)
+        _explain(s, {part: values[part][rank] - others(part, rank) for part in BUSY_PARTS})
+        out[rank] = s
     return out
+
+
+def critical_value(steps: int) -> float:
+    """How many standard errors a gap over ``steps`` steps must stand out of zero: Student's
+    t quantile at ``FALSE_ALARM`` for a trimmed mean's degrees of freedom (the kept steps
+    less one; Cornish-Fisher expansion, within 2% of the exact quantile from 10 steps on).
+    Few steps make a noisy noise estimate, so a short window needs a wider margin."""
+    df = max(1, steps - 2 * int(TRIM * steps) - 1)
+    z = statistics.NormalDist().inv_cdf(1.0 - FALSE_ALARM)
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
 
 
 def median_of_others(ordered: list[float], value: float) -> float:
@@ -206,18 +302,24 @@ def _part(p: StepPhases, part: str) -> float:
     return getattr(p, part + "_seconds") or 0.0
 
 
-def phases(rows: list[StepRow]) -> StepPhases | None:
+def phases(rows: list[StepRow], whole: bool = False) -> StepPhases | None:
     """What a rank's steps (``Recorder.history_since`` rows) say for its score: mean seconds
-    per step of each part (means, so that they sum to the mean step), and the typical busy
-    time with its standard error (``typical``)."""
+    per step of each part over the last ``PHASE_STEPS`` (means, so that they sum to the mean
+    step), the typical busy time with its standard error (``typical``), and the last
+    ``SCORE_WINDOWS[-1]`` steps one by one. The job's first ``WARMUP_STEPS`` are left out
+    while enough steps remain; ``whole``: every row, for a whole run."""
+    later = [r for r in rows if r.step > WARMUP_STEPS]
+    if len(later) >= MIN_STEPS:
+        rows = later
     if not rows:
         return None
-    n = len(rows)
+    last = rows if whole else rows[-PHASE_STEPS:]
+    n = len(last)
 
     def mean(name: str) -> float:
-        return sum(getattr(r, name) or 0.0 for r in rows) / n
+        return sum(getattr(r, name) or 0.0 for r in last) / n
 
-    busy = [busy_seconds(r) for r in rows]
+    busy = [busy_seconds(r) for r in last]
     middle = statistics.median(busy)
     typical_busy, error = typical(busy)
     return StepPhases(
@@ -226,17 +328,26 @@ def phases(rows: list[StepRow]) -> StepPhases | None:
         exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
         other_seconds=mean("other_seconds"), busy_seconds=typical_busy,
         busy_spread_seconds=statistics.median(abs(b - middle) for b in busy), busy_error_seconds=error,
-        micro_steps=sum(r.micro_steps for r in rows) / n,
+        micro_steps=sum(r.micro_steps for r in last) / n,
+        recent=recent_steps(rows if whole else rows[-SCORE_WINDOWS[-1]:]),
     )
 
 
-TRIM = 0.2
+def recent_steps(rows: list[StepRow]) -> RecentSteps:
+    """The rows one by one, rounded to the microsecond (the state file is rewritten every second)."""
+    def column(values: Any) -> list[float]:
+        return [round(v or 0.0, 6) for v in values]
+
+    return RecentSteps(
+        step=[r.step for r in rows], busy_seconds=column(busy_seconds(r) for r in rows),
+        **{p + "_seconds": column(r.part(p) for r in rows) for p in BUSY_PARTS},
+    )
 
 
 def typical(values: list[float]) -> tuple[float, float]:
-    """The 20%-trimmed mean of ``values`` and its standard error (Tukey and McLaughlin: the
-    winsorized standard deviation over (1 - 2 x the share trimmed) x sqrt(n)). As robust to
-    a few slow steps as a median, and as precise as a mean on ordinary jitter: on
+    """The trimmed mean of ``values`` (``TRIM``) and its standard error (Tukey and McLaughlin:
+    the winsorized standard deviation over (1 - 2 x the share trimmed) x sqrt(n)). As robust
+    to a few slow steps as a median, and as precise as a mean on ordinary jitter: on
     benchmarks/stragglers.py it named more stragglers, and fewer healthy ranks, than the
     median and its absolute deviation."""
     ordered = sorted(values)

@@ -46,7 +46,6 @@ __all__ = ["Recorder", "BucketTiming", "StepTimings", "StepRecord", "BucketStats
 
 _IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(schema.Identity))
 MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
-PHASE_WINDOW = 20  # the steps the state file's ``timings.phases`` describe
 
 
 class _Step:
@@ -529,7 +528,7 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
 
 def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
-    time of the last ``PHASE_WINDOW`` steps went (``schema.StepPhases``)."""
+    time of the last steps went (``schema.StepPhases``)."""
     def summary(values: list[float]) -> schema.Summary | None:
         return schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
 
@@ -548,5 +547,5 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
-        phases=steps.phases(recent[-PHASE_WINDOW:]),
+        phases=steps.phases(recent),
     )

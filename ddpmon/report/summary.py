@@ -159,9 +159,11 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
     phases = {}
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
-        rows = [steps.StepRow(i, 0.0, 0.0, **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED})
+        numbers = h.sample.get("step") or []
+        rows = [steps.StepRow(numbers[i] if i < len(numbers) else i, 0.0, 0.0,
+                              **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED})
                 for i, step in enumerate(columns["step_seconds"]) if step is not None]
-        phases[rank] = steps.phases(rows)
+        phases[rank] = steps.phases(rows, whole=True)
     return steps.scores(phases)
 
 

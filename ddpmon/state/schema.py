@@ -162,8 +162,9 @@ class Timings:
 @dataclass(slots=True)
 class StepPhases:
     """Mean seconds per step of each part over the last ``steps`` steps (at most 20); the parts
-    sum to ``step_seconds``. The straggler score compares ranks on ``busy_seconds``, the step
-    less waiting for the other ranks."""
+    sum to ``step_seconds``. The straggler score compares ranks on their busy time, the step
+    less waiting for the other ranks: step by step on ``recent``, or on ``busy_seconds`` in
+    files without it."""
 
     steps: int = 0
     step_seconds: float = 0.0
@@ -176,8 +177,8 @@ class StepPhases:
     optimizer_seconds: float = 0.0
     other_seconds: float = 0.0
     busy_seconds: float = 0.0
-    """Step less waiting for the other ranks: the 20%-trimmed mean over the steps (the
-    median in files of an older ddpmon, those without ``busy_error_seconds``)."""
+    """Step less waiting for the other ranks: a trimmed mean over the steps (the median in
+    files of an older ddpmon, those without ``busy_error_seconds``)."""
     busy_spread_seconds: float = 0.0
     """The median absolute deviation of the busy times from their median."""
     busy_error_seconds: float | None = None
@@ -185,6 +186,26 @@ class StepPhases:
     older ddpmon, whose readers estimated it from ``busy_spread_seconds``)."""
     micro_steps: float = 0.0
     """Backward passes per step (more than 1 under gradient accumulation)."""
+    recent: RecentSteps | None = None
+    """The last steps one by one, which the straggler score compares step by step (null
+    from an older ddpmon, whose files are compared on the means above)."""
+
+
+@dataclass(slots=True)
+class RecentSteps:
+    """Each of a rank's last steps (at most 150, the job's first few left out), one list per
+    quantity, in step order. The straggler score compares ranks on the same steps, so that
+    what slows every rank at once (a neighbour's job, a shared core) cancels out."""
+
+    step: list[int] = field(default_factory=list)
+    busy_seconds: list[float] = field(default_factory=list)
+    """The step less its waiting for the other ranks."""
+    data_wait_seconds: list[float] = field(default_factory=list)
+    h2d_seconds: list[float] = field(default_factory=list)
+    forward_seconds: list[float] = field(default_factory=list)
+    backward_seconds: list[float] = field(default_factory=list)
+    optimizer_seconds: list[float] = field(default_factory=list)
+    other_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)

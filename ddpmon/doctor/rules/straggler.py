@@ -54,13 +54,14 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
     part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
+    margin = steps.critical_value(top.steps) * top.noise_seconds
     return [Finding(
         "slowest_rank", "info", [top.rank],
         f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
-        f"step-to-step noise ({words.ms(top.gap_seconds)} against {words.ms(top.noise_seconds)} of noise "
-        f"per step): not named a straggler yet",
-        [], "Ask again in a few steps (the score is over the last 20), or watch the Straggler "
-            "score panel, which the DDPStraggler alert reads over 10 minutes.",
+        f"step-to-step noise ({words.ms(top.gap_seconds)} more work per step over the last {top.steps} "
+        f"steps, where the noise asks for {words.ms(margin)}): not named a straggler yet",
+        [], "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
+            "the Straggler score panel, which the DDPStraggler alert reads over 10 minutes.",
     )]
 
 
@@ -73,12 +74,10 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
     suspects = sorted(s.rank for s in slow)
     findings = []
     for s in slow:
-        phases = next(v for v in views if v.rank == s.rank).state.timings.phases
-        assert phases is not None
         cause = s.cause
         evidence = [
-            f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step (trimmed mean of the last "
-            f"{phases.steps} steps), {steps.slower(scores[r].score)} than the others' median, waits "
+            f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step, {steps.slower(scores[r].score)} "
+            f"than the others' median step by step (over its last {scores[r].steps} steps), waits "
             f"{words.ms(exposed.get(r))} for communication"
             for r in sorted(scores)
         ]
