@@ -268,7 +268,7 @@ def test_rules_see_the_straggler_and_nothing_wrong(job: Job) -> None:
     alerts = job.prom.api("alerts")["data"]["alerts"]
     active = {(a["labels"]["alertname"], a["labels"].get("rank")) for a in alerts}
     assert ("DDPStraggler", "1") in active, alerts  # pending: it needs 10 minutes to fire
-    for quiet in ("DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
+    for quiet in ("DDPHangCulprit", "DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
                   "DDPUnusedParametersAppeared", "DDPMonitorPartOff"):
         assert not [a for a in active if a[0] == quiet], alerts
 
