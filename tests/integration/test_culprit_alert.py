@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpmon import dashboards
+from ddpmon.metrics.catalog import DAEMON_ACTIVITIES
 from tests.integration import promserver
 from tests.integration.job_worker import HANG_TIMEOUT
 from tests.integration.promserver import Prometheus
@@ -134,6 +136,11 @@ def test_the_culprit_alert_fires_for_the_halted_rank_alone(watched: Watched, act
     source = "ddpmon_activity" if activity == "stuck" else "ddpmon_rank_activity"
     assert w.prom.by(f'{source}{{job="{w.job}", activity="{activity}"}} == 1', "rank") == {"2": 1.0}
     assert w.prom.by(f'ddpmon_activity{{job="{w.job}", activity="waiting"}} == 1', "rank") == {"0": 1.0, "1": 1.0}
+    # the board's activity panel shows the same (its numbers index DAEMON_ACTIVITIES)
+    (panel,) = [p for b in dashboards.build().values() for p in dashboards.panels(b) if p["title"] == "Activity per rank"]
+    expr = panel["targets"][0]["expr"].replace('"$job"', f'"{w.job}"').replace('"$rank"', '".*"')
+    shown = {rank: DAEMON_ACTIVITIES[int(v)] for rank, v in w.prom.by(expr, "rank").items()}
+    assert shown == {"0": "waiting", "1": "waiting", "2": activity}
     # what would have fired without it: the waiting ranks' hang reports (a stall), or the
     # daemon's word that rank 2 is down while the others live (a kill)
     if activity == "stuck":

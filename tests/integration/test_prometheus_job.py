@@ -195,6 +195,7 @@ def test_panels_show_unused_parameters_steps_and_buckets(job: Job) -> None:
     assert 0.02 < step_time["0"] < 1.0, step_time
     assert _values(job, "Ranks reporting")[""] == 2.0
     assert _values(job, "Ranks suspected hung")[""] == 0.0
+    assert _values(job, "Activity per rank") == {"0": 0.0, "1": 0.0}  # stepping
     ratio = _values(job, "Exposed communication ratio per rank")
     assert all(0 <= v <= 1 for v in ratio.values()), ratio
     target = _panel("All-reduce time per bucket")["targets"][0]
