@@ -114,10 +114,27 @@ def stop_daemon(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+FETCH = """
+import sys, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=10) as r:
+        status, body = r.status, r.read()
+except urllib.error.HTTPError as exc:
+    status, body = exc.code, exc.read()
+sys.stdout.buffer.write(b"%d\\n" % status + body)
+"""
+"""``python -c FETCH URL``: the status line, then the body (how a Prometheus in another
+network namespace is asked)."""
+
+
 class Prometheus:
-    def __init__(self, workdir: Path, rules: Path = RULES) -> None:
+    """``enter``: a command prefix that runs it, and every request to it, elsewhere (``nsenter``
+    into a host of tests/support/hosts.py), its address being that host's loopback."""
+
+    def __init__(self, workdir: Path, rules: Path = RULES, enter: list[str] | None = None) -> None:
         self.workdir = workdir
         self.rules = rules
+        self.enter = enter or []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = workdir / "prometheus.yml"
@@ -155,7 +172,7 @@ scrape_configs:
         self.write_config()
         log = open(self.log, "w")
         self.proc = subprocess.Popen(
-            [binary() or "prometheus", f"--config.file={self.config}",
+            [*self.enter, binary() or "prometheus", f"--config.file={self.config}",
              f"--storage.tsdb.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -165,9 +182,8 @@ scrape_configs:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log.read_text()}")
             try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
+                if self.get(self.url + "/-/ready")[0] == 200:
+                    return
             except OSError:
                 pass
             time.sleep(0.2)
@@ -182,18 +198,29 @@ scrape_configs:
                 self.proc.kill()
                 self.proc.wait(5)
 
+    def get(self, url: str) -> tuple[int, bytes]:
+        """GET ``url``: (HTTP status, body); an OSError when there is no answer."""
+        if self.enter:
+            done = subprocess.run([*self.enter, sys.executable, "-c", FETCH, url], capture_output=True,
+                                  timeout=30, check=False)
+            if done.returncode != 0:
+                raise OSError(f"no answer from {url}: {done.stderr.decode(errors='replace')[-500:]}")
+            status, _, body = done.stdout.partition(b"\n")
+            return int(status), body
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
     def api(self, path: str, **params: Any) -> dict[str, Any]:
         """GET /api/v1/<path>; returns the JSON body, also for 4xx answers (status "error")."""
         query = urllib.parse.urlencode(params, doseq=True)
+        status, body = self.get(f"{self.url}/api/v1/{path}?{query}")
         try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")
-            try:
-                return json.loads(body)
-            except ValueError:
-                return {"status": "error", "error": f"HTTP {exc.code}: {body}"}
+            return json.loads(body)
+        except ValueError:
+            return {"status": "error", "error": f"HTTP {status}: {body.decode(errors='replace')}"}
 
     def query(self, expr: str) -> dict[str, Any]:
         return self.api("query", query=expr)
