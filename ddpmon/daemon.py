@@ -4,7 +4,8 @@ It exports every GPU of the node under the ranks' metric names (job and rank lab
 the rank whose process uses the GPU), the processes on each GPU mapped to ranks by pid,
 XID errors from NVML events, and the liveness of every rank of this node whose state file
 it reads: ``ddpmon_rank_up`` is 1 while the rank's process runs and its state file is
-fresh, and drops to 0 within one ``interval`` of the process dying.
+fresh, and drops to 0 within one ``interval`` of the process dying; ``ddpmon_rank_activity``
+says what the rank is doing, frozen, dead or crashed included (``_activity``).
 
 A sampler thread builds one list of plain samples every ``interval`` seconds; a scrape
 only formats the latest list, so scrapes cost nothing and never wait on NVML. The daemon
