@@ -4,7 +4,8 @@ It exports every GPU of the node under the ranks' metric names (job and rank lab
 the rank whose process uses the GPU), the processes on each GPU mapped to ranks by pid,
 XID errors from NVML events, and the liveness of every rank of this node whose state file
 it reads: ``ddpmon_rank_up`` is 1 while the rank's process runs and its state file is
-fresh, and drops to 0 within one ``interval`` of the process dying.
+fresh, and drops to 0 within one ``interval`` of the process dying; ``ddpmon_rank_activity``
+says what the rank is doing, frozen, dead or crashed included (``_activity``).
 
 A sampler thread builds one list of plain samples every ``interval`` seconds; a scrape
 only formats the latest list, so scrapes cost nothing and never wait on NVML. The daemon
@@ -32,7 +33,9 @@ import psutil
 from . import __version__
 from .collectors import host, nvml
 from .errors import StateFileError
-from .metrics.exposition import Sample, Unhealthy, families
+from .activity import Status
+from .metrics.catalog import DAEMON_ACTIVITIES
+from .metrics.exposition import Sample, Unhealthy, families, state_set
 from .state import fault, files, records, schema
 
 log = logging.getLogger("ddpmon")
@@ -123,6 +126,27 @@ class StateFiles:
         return paths
 
 
+def _activity(path: str, state: schema.RankState, proc: psutil.Process | None, fresh: bool) -> str | None:
+    """What a rank of this node is doing: its own word (the state file's ``activity``) while
+    its process runs and the file is fresh; else what only another process sees: frozen
+    (stopped, or no longer writing its file), crashed (an exception, a fatal signal or a
+    non-zero exit status; a clean end is not exported at all) or dead (gone without a word:
+    killed from outside). The doctor's view (``doctor/view.py``) draws the same lines."""
+    if proc is None:
+        ending = state.exit
+        if ending is None or ending.how == "os._exit":  # a signal leaves only its fault file
+            try:
+                offset = os.lstat(path).st_mtime - (state.now_unix or 0.0)
+                ending = fault.of_run(path, state, offset) or ending
+            except OSError:
+                pass
+        return Status.CRASHED if ending is not None else Status.DEAD
+    if not fresh or host.is_stopped(proc):
+        return Status.FROZEN
+    act = state.activity
+    return act.state if act is not None and act.state in DAEMON_ACTIVITIES else None
+
+
 def _foreign_root(path: str) -> str | None:
     """What is wrong with a per-user root ``ddpmon-<uid>``: it must be a real directory
     owned by that uid and writable by no one else, so another user cannot pass files off
@@ -154,6 +178,9 @@ class RankView:
     hang: bool
     heartbeat_unix: float
     proc: psutil.Process | None
+    activity: str | None = None
+    """What it is doing (``ddpmon_rank_activity``); None when no one can tell (the rank's
+    watchdog is off)."""
 
 
 class Daemon:
@@ -321,12 +348,14 @@ class Daemon:
             beat = state.now_unix
             proc = self._process(path, state.pid, state.started_unix, state.host == self.hostname, state.rank)
             alive = proc is not None and host.is_alive(proc)
+            fresh = now - beat <= self.stale_after
             view = RankView(
                 state.job or "", state.rank,
-                up=alive and now - beat <= self.stale_after,
+                up=alive and fresh,
                 last_progress_unix=state.last_progress_unix or 0.0,
                 hang=state.hang is not None and alive,  # a killed job's last report is not a hang now
                 heartbeat_unix=beat, proc=proc,
+                activity=_activity(path, state, proc if alive else None, fresh),
             )
             key = (view.job, view.rank)
             if key not in views or views[key].heartbeat_unix < beat:
@@ -354,6 +383,8 @@ class Daemon:
             out.append(("ddpmon_rank_up", labels, 1.0 if v.up else 0.0))
             out.append(("ddpmon_rank_last_progress_timestamp_seconds", labels, v.last_progress_unix))
             out.append(("ddpmon_rank_hang_suspected", labels, 1.0 if v.hang else 0.0))
+            if v.activity is not None:
+                out += state_set("ddpmon_rank_activity", labels, "activity", DAEMON_ACTIVITIES, v.activity)
         return out
 
     # -- GPUs ---------------------------------------------------------------------------------------

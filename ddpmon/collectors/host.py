@@ -107,6 +107,14 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
+def is_stopped(proc: psutil.Process) -> bool:
+    """True while ``proc`` is stopped (SIGSTOP, a debugger): it cannot make progress."""
+    try:
+        return proc.status() in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop"))
+    except psutil.Error:
+        return False
+
+
 def namespace_pids(pid: int) -> list[int] | None:
     """The pids of ``pid`` from this namespace inward (NSpid); None where Linux does not say."""
     try:

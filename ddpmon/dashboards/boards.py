@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..metrics.catalog import DAEMON_ACTIVITIES, RANK_ACTIVITIES
 from .model import Panel, Query, dashboard, mapping, thresholds
 
 # Selectors shared by the panels: one DDP job, the chosen ranks.
@@ -220,7 +221,7 @@ def _communication() -> list[Panel]:
 
 
 def _health() -> list[Panel]:
-    """Per rank: unused parameters, progress, hang state, liveness, collectives in flight."""
+    """Per rank: unused parameters, progress, hang state, activity, liveness, collectives in flight."""
     return [
         Panel("timeseries", "Unused parameters per rank",
               "Parameters that got no gradient in the last step, per rank (names are in the "
@@ -246,6 +247,18 @@ def _health() -> list[Panel]:
                Query(f"max by (rank) (ddpmon_rank_hang_suspected{SEL})", "rank {{rank}} (daemon)")], w=8,
               defaults={**ZERO_TO_ONE, "mappings": mapping((0, "ok", "green"), (1, "hang suspected", "red")),
                         "thresholds": thresholds((None, "green"), (1, "red"))}),
+        Panel("state-timeline", "Activity per rank",
+              "What each rank is doing, by its own watchdog (ddpmon_activity) or, when its "
+              "endpoint is silent, by its node daemon (ddpmon_rank_activity): stepping, busy "
+              "(outside a step: evaluation, checkpoint), waiting (in a collective), stuck (no "
+              "progress, no CPU, no I/O), frozen, dead, crashed. Good: stepping everywhere. "
+              "Bad: one rank stuck, busy, frozen, dead or crashed while the others wait: it "
+              "is the culprit (DDPHangCulprit names it once the hang timeout has passed).",
+              "short",
+              [Query(f"({_activity_code('ddpmon_activity', RANK_ACTIVITIES)}) or "
+                     f"({_activity_code('ddpmon_rank_activity', DAEMON_ACTIVITIES)})", "rank {{rank}}")], w=8,
+              defaults={"min": 0, "max": len(DAEMON_ACTIVITIES) - 1,
+                        "mappings": mapping(*((i, a, ACTIVITY_COLOURS[a]) for i, a in enumerate(DAEMON_ACTIVITIES)))}),
         Panel("state-timeline", "Liveness per rank",
               "Whether each rank is alive: as the node daemon sees the process and its state "
               "file heartbeat, and whether Prometheus can scrape the rank's endpoint. Good: up "
@@ -254,7 +267,7 @@ def _health() -> list[Panel]:
               "short",
               [Query(f"max by (rank) (ddpmon_rank_up{SEL})", "rank {{rank}} (daemon)"),
                Query(f"max by (rank) (max by (instance, rank) (last_over_time(ddpmon_rank_info{SEL}[1h]))"
-                     f" * on (instance) group_left () max by (instance) (up))", "rank {{rank}} (endpoint)")],
+                     f" * on (instance) group_left () max by (instance) (up))", "rank {{rank}} (endpoint)")], w=8,
               defaults={**ZERO_TO_ONE, "mappings": mapping((0, "down", "red"), (1, "up", "green")),
                         "thresholds": thresholds((None, "red"), (1, "green"))}),
         Panel("timeseries", "Collectives in flight per rank",
@@ -262,8 +275,21 @@ def _health() -> list[Panel]:
               "during backward that return to 0 every step. Bad: stuck above 0 while progress "
               "stops: the rank waits in a collective for a peer that never joins.",
               "short",
-              [Query(f"max by (rank) (ddpmon_collectives_in_flight{SEL})", "rank {{rank}}")]),
+              [Query(f"max by (rank) (ddpmon_collectives_in_flight{SEL})", "rank {{rank}}")], w=8),
     ]
+
+
+ACTIVITY_COLOURS = {"stepping": "green", "busy": "blue", "waiting": "yellow", "stuck": "red",
+                    "frozen": "purple", "dead": "dark-red", "crashed": "dark-red"}
+"""How the activity panel shows each activity (``catalog.DAEMON_ACTIVITIES``, in order)."""
+
+
+def _activity_code(metric: str, activities: Sequence[str]) -> str:
+    """One number per rank for a state set: the index of its current activity in
+    ``DAEMON_ACTIVITIES`` (a state-timeline maps numbers to words)."""
+    terms = [f'{DAEMON_ACTIVITIES.index(a)} * max by (rank) ({metric}{{job="$job", rank=~"$rank", activity="{a}"}})'
+             for a in activities if DAEMON_ACTIVITIES.index(a)]
+    return " + ".join(terms)
 
 
 # -- DDP GPUs ----------------------------------------------------------------------------------

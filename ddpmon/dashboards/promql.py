@@ -11,8 +11,9 @@ import re
 
 from ..metrics import catalog
 
-PROMETHEUS_OWN = frozenset({"up"})
-"""Series that Prometheus itself makes and the boards and rules may use besides the catalog."""
+PROMETHEUS_OWN = frozenset({"up", "ALERTS"})
+"""Series that Prometheus itself makes and the boards and rules may use besides the catalog
+(``ALERTS``: a rule quiet while another alert stands)."""
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..activity import Status
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -22,6 +24,15 @@ class Metric:
 RANK = ("job", "rank")
 BUCKET = ("job", "rank", "bucket")
 GPU = ("job", "rank", "gpu", "gpu_uuid")
+
+RANK_ACTIVITIES: tuple[str, ...] = tuple(map(str, (Status.STEPPING, Status.BUSY, Status.WAITING, Status.STUCK)))
+"""The values of ``activity`` a rank exports about itself (``ddpmon_activity``): its
+watchdog's word (``ddpmon/activity.py``)."""
+DAEMON_ACTIVITIES: tuple[str, ...] = RANK_ACTIVITIES + tuple(map(str, (Status.FROZEN, Status.DEAD, Status.CRASHED)))
+"""The values the node daemon exports for a rank (``ddpmon_rank_activity``): the rank's
+word from its state file while its process runs and the file is fresh, else what only
+another process sees: stopped or no longer writing (frozen), gone without a word (dead),
+gone with an exception, a fatal signal or a non-zero exit status (crashed)."""
 
 METRICS: tuple[Metric, ...] = (
     # -- the training rank ------------------------------------------------------------------
@@ -73,6 +84,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_last_progress_timestamp_seconds", "gauge",
            "Unix time of the rank's last observed progress (step, bucket, collective)."),
     Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
+    Metric("ddpmon_activity", "gauge",
+           "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
+           f"the others (a state set: {', '.join(RANK_ACTIVITIES)}). Absent with the watchdog off.",
+           RANK + ("activity",)),
     Metric("ddpmon_collectives_issued_total", "counter",
            "Collectives this rank issued while monitored, by operation "
            "(DDP's buckets too, except on NCCL with bucket_timing c10d or off).", RANK + ("op",)),
@@ -119,6 +134,11 @@ METRICS: tuple[Metric, ...] = (
            "The rank's last progress as read from its state file (node daemon).", RANK, "daemon"),
     Metric("ddpmon_rank_hang_suspected", "gauge",
            "1 while the rank's state file carries a hang report (node daemon).", RANK, "daemon"),
+    Metric("ddpmon_rank_activity", "gauge",
+           "What the rank is doing as the node daemon sees it: 1 for the current activity, 0 for the "
+           f"others (a state set: {', '.join(DAEMON_ACTIVITIES)}); frozen, dead and crashed are what "
+           "a rank cannot say itself (node daemon).",
+           RANK + ("activity",), "daemon"),
     Metric("ddpmon_gpu_process_info", "gauge",
            "1 per process on a GPU, with the rank it belongs to when known (node daemon).",
            ("gpu", "gpu_uuid", "pid", "job", "rank"), "daemon"),

@@ -56,6 +56,12 @@ def families(samples: Iterable[Sample]) -> list[Family]:
     return list(by_name.values())
 
 
+def state_set(name: str, labels: dict[str, str], label: str, states: Iterable[str], current: str) -> list[Sample]:
+    """A state set (Prometheus' convention for an enumeration): one sample per state, under
+    ``label``, 1 for ``current`` and 0 for the others, so a change moves no series."""
+    return [(name, {**labels, label: state}, 1.0 if state == current else 0.0) for state in states]
+
+
 def histogram(name: str, label_names: list[str], label_values: list[str], h: Any) -> Family:
     """One histogram family of one series; ``h`` has ``cumulative()`` and ``sum``
     (``rank.books.Histogram``)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from ..config import AUTO_PER_BUCKET_LIMIT
+from ..metrics.catalog import RANK_ACTIVITIES
 from ..metrics.exposition import (
     Family,
     Sample,
@@ -14,6 +15,7 @@ from ..metrics.exposition import (
     families,
     histogram,
     histogram_family,
+    state_set,
 )
 from ..version import __version__
 from .books import Histogram
@@ -54,6 +56,9 @@ class RankCollector:
             ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
+        act = r.activity  # the watchdog's last sample (None with the watchdog off)
+        if act is not None:
+            samples += state_set("ddpmon_activity", base, "activity", RANK_ACTIVITIES, act.state)
         if ident.bucket_timing == "c10d":
             samples.append(("ddpmon_bucket_timing_unmatched_steps_total", base, float(r.unmatched_steps)))
         for op, (issued, completed) in sorted(r.collectives_by_op().items()):

@@ -3,7 +3,8 @@ two ranks each (torchrun's numbering: host-b holds ranks 2 and 3, GROUP_RANK 1),
 a bridge, no shared file system (each host's state files under its own TMPDIR), a daemon
 on each (``--serve-state``), and the doctor run on host-a with ``--from`` both, as a user
 on the first node would. A stall on the far host, a lost node, a cut link, and daemons
-that do not answer.
+that do not answer; and a Prometheus on host-a with the shipped rules paging for the ranks
+of a lost node alone.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Any
 
 import pytest
 
+from tests.integration import promserver
 from tests.support import hosts
 
 pytestmark = pytest.mark.timeout(180)
 
 DAEMON_PORT = 9490
+RANK_PORTS = (9500, 9501)  # ddpmon's default base port + LOCAL_RANK
 
 
 @pytest.fixture
@@ -222,6 +225,61 @@ def test_cut_link(cluster: hosts.Cluster) -> None:
     assert [f["kind"] for f in report["findings"]][:2] == ["missing_rank", "unreachable_daemon"]
     assert "no answer within 3 s" in finding(report, "unreachable_daemon")["summary"]
     assert took < 10.0
+
+
+def test_lost_node_pages_for_its_ranks_alone(cluster: hosts.Cluster, tmp_path: Path) -> None:
+    """A Prometheus on host-a (the shipped rules, their ``for:`` 8 s) scrapes every rank and
+    both daemons over the management network. host-b is lost without a word: both its links
+    are cut (its frames dropped, as when a node loses power or its switch port; a node whose
+    kernel lives on closes the connections and the survivors fail at once instead). host-a's
+    ranks wait in the all-reduce and report hangs; DDPHangCulprit fires for ranks 2 and 3
+    alone, silent, on host-b, and neither the survivors' DDPHangSuspected nor the lost ranks'
+    DDPRankEndpointDown does."""
+    if promserver.binary() is None:
+        pytest.skip(promserver.MISSING)
+    a, b = cluster.hosts
+    for h in cluster.hosts:
+        hosts.start_daemon(h, DAEMON_PORT)
+    hosts.start_job(cluster, "train")
+    (tmp_path / "prometheus").mkdir()
+    shortened = {name: "8s" for name in ("DDPHangCulprit", "DDPHangSuspected", "DDPRankEndpointDown")}
+    prom = promserver.Prometheus(tmp_path / "prometheus", promserver.rules_with_for(tmp_path / "rules.yml", shortened),
+                                 enter=a.enter())
+    try:
+        prom.start()
+        promserver.write_targets(prom.ranks_sd, [f"{h.addr()}:{p}" for h in cluster.hosts for p in RANK_PORTS])
+        promserver.write_targets(prom.daemons_sd, [f"{h.addr()}:{DAEMON_PORT}" for h in cluster.hosts])
+        prom.wait_for("every rank stepping, by its own word and its daemon's", lambda: all(len(prom.vector(
+            f'{m}{{job="two-hosts", activity="stepping"}} == 1')) == 4 for m in ("ddpmon_activity", "ddpmon_rank_activity")),
+            timeout=60, interval=1.0)
+        cluster.cut(b, "job")
+        cluster.cut(b, "mgmt")
+        lost = time.monotonic()
+        seen: list[tuple[float, str, str, str | None]] = []
+
+        def culprits() -> list[dict[str, Any]]:
+            alerts = [x for x in prom.alerts() if x["labels"].get("job") == "two-hosts"]
+            seen.extend((round(time.monotonic() - lost, 1), x["labels"]["alertname"], x["state"],
+                         x["labels"].get("rank")) for x in alerts)
+            return [x for x in alerts if x["labels"]["alertname"] == "DDPHangCulprit" and x["state"] == "firing"]
+
+        firing = prom.wait_for("DDPHangCulprit to fire", culprits, timeout=40, interval=0.5)
+        took = time.monotonic() - lost
+        for _ in range(6):  # a few seconds more: nothing else fires
+            culprits()
+            time.sleep(0.5)
+        print(f"lost node: DDPHangCulprit fired {took:.1f} s after host-b was cut off; alerts seen: "
+              f"{sorted({s[1:] for s in seen})}")
+        assert sorted((x["labels"]["rank"], x["labels"]["host"], x["labels"]["activity"], float(x["value"]))
+                      for x in firing) == [("2", "host-b", "silent", 2.0), ("3", "host-b", "silent", 2.0)]
+        assert took < 2.0 + 8.0 + 6.0, seen  # hang timeout, for:, a scrape timeout and intervals
+        assert {s[3] for s in seen if s[1] == "DDPHangCulprit"} == {"2", "3"}, seen
+        assert not [s for s in seen if s[1] in shortened and s[1] != "DDPHangCulprit" and s[2] == "firing"], seen
+        waiting = prom.by('ddpmon_activity{job="two-hosts", activity="waiting"} == 1', "rank")
+        assert waiting == {"0": 1.0, "1": 1.0}
+        assert set(prom.by('ddpmon_hang_suspected{job="two-hosts"} == 1', "rank")) == {"0", "1"}  # quieted
+    finally:
+        prom.stop()
 
 
 @pytest.mark.parametrize("dead", [4, 16])

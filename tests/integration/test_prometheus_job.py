@@ -7,11 +7,8 @@ panels and rules are checked for the right values and ranks, not only for "some 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,29 +64,6 @@ def needs_data(expr: str) -> bool:
     return not about_gpus(expr)
 
 
-def _wait_state_ports(state_dir: Path, world: int, procs: list[subprocess.Popen], workdir: Path,
-                      timeout: float = 90.0) -> dict[int, int]:
-    deadline = time.monotonic() + timeout
-    ports: dict[int, int] = {}
-    while time.monotonic() < deadline and len(ports) < world:
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError("a rank exited early:\n" + harness.describe(harness.collect(procs, workdir)))
-        for rank in range(world):
-            path = statefile.path_for(str(state_dir), rank)
-            try:
-                port = statefile.read(path).port
-            except Exception:
-                continue
-            if port:
-                ports[rank] = int(port)
-        time.sleep(0.2)
-    if len(ports) < world:
-        raise AssertionError(f"state files with ports did not appear in {timeout} s:\n"
-                             + harness.describe(harness.collect(procs, workdir)))
-    return ports
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     workdir = tmp_path_factory.mktemp("prom-job")
@@ -101,17 +75,10 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         prom.start()
         procs = harness.start_ranks("train_until", 2, workdir / "ranks", args=(JOB, "120"),
                                     module="tests.integration.job_worker")
-        ports = _wait_state_ports(workdir / "ranks" / "state", 2, procs, workdir / "ranks")
+        ports = promserver.wait_state_ports(workdir / "ranks" / "state", 2, procs, workdir / "ranks")
         promserver.write_targets(prom.ranks_sd, [f"127.0.0.1:{ports[r]}" for r in sorted(ports)])
         targets = 3  # two ranks and the daemon
-        daemon_port = promserver.free_port()
-        daemon_log = open(workdir / "daemon.log", "w")
-        daemon_proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(workdir / "ranks" / "state"),
-             "--port", str(daemon_port), "--bind", "127.0.0.1"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=daemon_log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        daemon_proc, daemon_port = promserver.start_daemon(workdir / "ranks" / "state", workdir / "daemon.log")
         promserver.write_targets(prom.daemons_sd, [f"127.0.0.1:{daemon_port}"])
 
         def all_up() -> bool:
@@ -137,12 +104,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         while procs and time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.1)
         harness.stop(procs)
-        if daemon_proc is not None and daemon_proc.poll() is None:
-            daemon_proc.send_signal(signal.SIGTERM)
-            try:
-                daemon_proc.wait(10)
-            except subprocess.TimeoutExpired:
-                daemon_proc.kill()
+        if daemon_proc is not None:
+            promserver.stop_daemon(daemon_proc)
         prom.stop()
 
 
@@ -232,6 +195,7 @@ def test_panels_show_unused_parameters_steps_and_buckets(job: Job) -> None:
     assert 0.02 < step_time["0"] < 1.0, step_time
     assert _values(job, "Ranks reporting")[""] == 2.0
     assert _values(job, "Ranks suspected hung")[""] == 0.0
+    assert _values(job, "Activity per rank") == {"0": 0.0, "1": 0.0}  # stepping
     ratio = _values(job, "Exposed communication ratio per rank")
     assert all(0 <= v <= 1 for v in ratio.values()), ratio
     target = _panel("All-reduce time per bucket")["targets"][0]
@@ -268,7 +232,7 @@ def test_rules_see_the_straggler_and_nothing_wrong(job: Job) -> None:
     alerts = job.prom.api("alerts")["data"]["alerts"]
     active = {(a["labels"]["alertname"], a["labels"].get("rank")) for a in alerts}
     assert ("DDPStraggler", "1") in active, alerts  # pending: it needs 10 minutes to fire
-    for quiet in ("DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
+    for quiet in ("DDPHangCulprit", "DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
                   "DDPUnusedParametersAppeared", "DDPMonitorPartOff"):
         assert not [a for a in active if a[0] == quiet], alerts
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -110,6 +111,48 @@ def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
         time.sleep(0.01)
         daemon.refresh()
     assert scrape("ddpmon_rank_up", job="jobA", rank="2") == 0
+
+
+def test_rank_activity(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+    """What each rank is doing: the rank's own word from its file while it runs and writes,
+    else what only the daemon sees (frozen, dead, crashed); a state set, 1 for the current."""
+    import signal
+
+    from ddpmon.metrics.catalog import DAEMON_ACTIVITIES
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write(tmp_path, state(0, sleeper.pid, activity={"state": "waiting"}))
+        write(tmp_path, state(1, sleeper.pid, activity={"state": "stuck"}, hang=HANG))
+        write(tmp_path, state(2, sleeper.pid, activity={"state": "stepping"}, now_unix=time.time() - 60))
+        write(tmp_path, state(3, stopped.pid, activity={"state": "stepping"}))
+        write(tmp_path, state(4, gone.pid, activity={"state": "stepping"}))  # killed: no word
+        write(tmp_path, state(5, gone.pid, exit={"unix": 1.0, "exception": "ValueError: x"}))
+        fault = write(tmp_path, state(6, gone.pid, started_unix=time.time() - 30))
+        Path(str(fault)[:-5] + ".fault").write_text(FAULT)
+        write(tmp_path, state(7, sleeper.pid))  # its watchdog is off: no one can tell
+        stopped.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while psutil.Process(stopped.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        daemon = Daemon(str(tmp_path), gpus=False)
+        daemon.refresh()
+        scrape = Scrape(daemon)
+
+        def doing(rank: int) -> list[str]:
+            values = {a: scrape("ddpmon_rank_activity", job="jobA", rank=str(rank), activity=a)
+                      for a in DAEMON_ACTIVITIES}
+            return [a for a, v in values.items() if v == 1] if set(values.values()) != {None} else []
+
+        assert [doing(r) for r in range(8)] == [
+            ["waiting"], ["stuck"], ["frozen"], ["frozen"], ["dead"], ["crashed"], ["crashed"], []]
+        assert sum(scrape("ddpmon_rank_activity", job="jobA", rank="0", activity=a) for a in DAEMON_ACTIVITIES) == 1
+    finally:
+        stopped.kill()
+        stopped.wait()
 
 
 def test_reused_pid_and_duplicate_ranks(tmp_path: Path, sleeper: subprocess.Popen) -> None:

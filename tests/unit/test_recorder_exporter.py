@@ -107,6 +107,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
     rec.record_error("watchdog", "boom")
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
+    rec.activity = schema.Activity(state="stepping")  # served once the watchdog sampled the rank
     served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
     for family in RankCollector(rec, "per_bucket").collect():
         name = family.name + "_total" if family.type == "counter" else family.name
@@ -153,3 +154,26 @@ def test_rank_info_says_where_bucket_timing_comes_from_and_c10d_counts_unmatched
     assert unmatched.value == 3 and unmatched.labels == {"job": "j", "rank": "1"}
     hooked = {f.name for f in RankCollector(Recorder(Identity(**IDENTITY, bucket_timing="hook"), 4)).collect()}
     assert "ddpmon_bucket_timing_unmatched_steps" not in hooked
+
+
+def test_activity_is_a_state_set_of_the_watchdogs_last_sample() -> None:
+    """One series per activity, 1 for the current one: Prometheus tells the rank everyone
+    waits for (stuck) from those that wait; absent until the watchdog has sampled the rank."""
+    rec = recorder_with_steps()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RankCollector(rec))
+    assert registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "stuck"}) is None
+    rec.activity = schema.Activity(state="stuck", where="train.py:12 in load_batch")
+    values = {a: registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": a})
+              for a in catalog.RANK_ACTIVITIES}
+    assert values == {"stepping": 0.0, "busy": 0.0, "waiting": 0.0, "stuck": 1.0}
+    rec.activity = schema.Activity(state="waiting")
+    assert registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "waiting"}) == 1.0
+    assert registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "stuck"}) == 0.0
+
+
+def test_the_activities_are_the_watchdogs_and_the_doctors_words() -> None:
+    from ddpmon.activity import Status
+
+    assert set(catalog.RANK_ACTIVITIES) < set(catalog.DAEMON_ACTIVITIES) <= {str(s) for s in Status}
+    assert {"dead", "crashed", "frozen"} <= set(catalog.DAEMON_ACTIVITIES)

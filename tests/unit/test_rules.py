@@ -28,7 +28,7 @@ def _load(path: Path) -> Any:
 
 def test_rules_cover_what_a_ddp_job_needs() -> None:
     names = {r["alert"] for r in ALERTS}
-    assert {"DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
+    assert {"DDPHangCulprit", "DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
             "DDPStraggler", "DDPHighExposedCommunication", "DDPUnusedParametersAppeared",
             "DDPGPUThermalThrottling", "DDPGPUPowerThrottling", "DDPGPUXidError",
             "DDPGPUUncorrectedECCErrors"} <= names
@@ -50,7 +50,27 @@ def test_every_alert_is_complete(rule: dict[str, Any]) -> None:
 @pytest.mark.parametrize("rule", ALERTS, ids=lambda r: r["alert"])
 def test_every_expression_uses_only_catalog_names(rule: dict[str, Any]) -> None:
     names = dashboards.check_expr(rule["expr"])  # raises on unknown names and rates of gauges
-    assert names and names <= catalog.series_names() | {"up"}
+    assert names and names <= catalog.series_names() | {"up", "ALERTS"}
+
+
+def test_the_culprit_alert_quiets_the_per_rank_hang_alerts() -> None:
+    """One alert for the rank a hang waits for: the alerts that fire for every waiting rank
+    (or for the culprit again) stand back while DDPHangCulprit stands. A rule sees only the
+    ALERTS of the rules before it in its group, so the culprit comes first."""
+    (group,) = [g for g in RULES["groups"] if any(r["alert"] == "DDPHangCulprit" for r in g["rules"])]
+    order = [r["alert"] for r in group["rules"]]
+    quiet = {"DDPHangSuspected": "(job)", "DDPJobNoProgress": "(job)", "DDPRankDown": "(job, rank)",
+             "DDPRankEndpointDown": "(job, rank)"}
+    assert order[0] == "DDPHangCulprit"
+    for name, on in quiet.items():
+        expr = next(r["expr"] for r in ALERTS if r["alert"] == name)
+        assert expr.rstrip().endswith(f'unless on {on} ALERTS{{alertname="DDPHangCulprit"}}'), name
+    others = [r for r in ALERTS if r["alert"] not in quiet]
+    assert not [r["alert"] for r in others if "ALERTS" in r["expr"]]
+    culprit = next(r for r in ALERTS if r["alert"] == "DDPHangCulprit")
+    assert culprit["labels"]["severity"] == "critical" and culprit["for"] == "1m"
+    assert {"ddpmon_activity", "ddpmon_rank_activity", "ddpmon_hang_suspected", "ddpmon_rank_hang_suspected",
+            "ddpmon_rank_info", "ddpmon_daemon_info", "up"} == dashboards.metric_names(culprit["expr"])
 
 
 def test_the_straggler_rule_scores_busy_time_against_the_median_for_10_minutes() -> None:
