@@ -16,7 +16,8 @@ out, and only what is the rank's own remains: the gap is a trimmed mean of those
 differences, robust to the heavy tail of scheduling (a rank descheduled for 30 ms in one step
 is not 30 ms slower), and its noise is the standard error of that mean. A rank is a
 straggler when its score is at least ``SCORE_WARN`` and its gap stands out of zero by
-Student's t (``critical_value``), over the last 20, 50 or 150 steps (``SCORE_WINDOWS``): a short
+Student's t (``critical_value``, with a margin that grows with the ranks compared), over the
+last 20, 50 or 150 steps (``SCORE_WINDOWS``): a short
 window names a straggler within 20 steps on a quiet machine, a long one names it through a
 busy machine's noise. The cause is the part whose own per-step excess explains most of the
 gap. Files of an older ddpmon, without the steps one by one, are compared on their means.
@@ -59,9 +60,10 @@ WARMUP_STEPS = 5
 TRIM = 0.1
 """The share of the smallest and of the largest values a trimmed mean leaves out."""
 FALSE_ALARM = 1e-4
-"""The chance that a healthy rank's gap stands out of its noise in one comparison (Student's
-t): zero healthy ranks named in benchmarks/stragglers.py, quiet or beside a CPU hog, while
-the doctor, ``top`` and every rank compare each second."""
+"""The chance that one comparison of a healthy job names any of its ranks (Student's t, the
+margin shared out over every rank and window tested, so that a thousand ranks are no likelier
+to see a healthy one named than two): zero healthy ranks named in benchmarks/stragglers.py,
+quiet or beside a CPU hog, while the doctor, ``top`` and every rank compare each second."""
 CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
 
@@ -143,6 +145,8 @@ class Score:
     """The standard error of the gap."""
     steps: int = 0
     """The steps compared."""
+    comparisons: int = 1
+    """The gaps tested alongside this one (ranks x windows), which widen its margin."""
     shares: dict[str, float] = field(default_factory=dict)
     """Of the gap, the share each part explains (excess over the peers' median, 0..1); only
     for a rank at least ``SCORE_WARN`` slower, or the slowest."""
@@ -154,9 +158,14 @@ class Score:
         return self.busy_seconds - self.baseline_seconds
 
     @property
+    def margin_seconds(self) -> float:
+        """How far above zero the gap must stand to be out of its noise."""
+        return critical_value(self.steps, self.comparisons) * self.noise_seconds
+
+    @property
     def straggler(self) -> bool:
         return (self.score >= SCORE_WARN and self.gap_seconds >= MIN_GAP_SECONDS
-                and self.gap_seconds >= critical_value(self.steps) * self.noise_seconds)
+                and self.gap_seconds >= self.margin_seconds)
 
     @property
     def cause(self) -> str | None:
@@ -205,13 +214,15 @@ def _step_by_step(ranks: dict[int, StepPhases], common: list[int]) -> dict[int, 
     busy_by_step = sorted_by_step(busy_values)
     busy = {r: against_others(v, busy_by_step) for r, v in busy_values.items()}
     windows = sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
+    comparisons = len(ranks) * len(windows)
     out = {}
     for rank, (diffs, baselines) in busy.items():
         best: Score | None = None
         for w in windows:
             excess, error = typical(diffs[-w:])
             baseline = typical(baselines[-w:])[0]
-            s = Score(rank, busy_ratio(baseline + excess, baseline), baseline + excess, baseline, error, w)
+            s = Score(rank, busy_ratio(baseline + excess, baseline), baseline + excess, baseline, error, w,
+                      comparisons)
             if best is None or _evidence(s) > _evidence(best):
                 best = s
         assert best is not None
@@ -255,19 +266,21 @@ def _on_means(ranks: dict[int, StepPhases]) -> dict[int, Score]:
     for rank, mine in ranks.items():
         baseline = others("busy", rank)
         noise = math.sqrt(2.0) * max(values["error"][rank], others("error", rank))
-        s = Score(rank, busy_ratio(mine.busy_seconds, baseline), mine.busy_seconds, baseline, noise, mine.steps)
+        s = Score(rank, busy_ratio(mine.busy_seconds, baseline), mine.busy_seconds, baseline, noise, mine.steps,
+                  len(ranks))
         _explain(s, {part: values[part][rank] - others(part, rank) for part in BUSY_PARTS})
         out[rank] = s
     return out
 
 
-def critical_value(steps: int) -> float:
-    """How many standard errors a gap over ``steps`` steps must stand out of zero: Student's
-    t quantile at ``FALSE_ALARM`` for a trimmed mean's degrees of freedom (the kept steps
-    less one; Cornish-Fisher expansion, within 2% of the exact quantile from 10 steps on).
-    Few steps make a noisy noise estimate, so a short window needs a wider margin."""
+def critical_value(steps: int, comparisons: int = 1) -> float:
+    """How many standard errors a gap over ``steps`` steps, one of ``comparisons``, must stand
+    out of zero: Student's t quantile at ``FALSE_ALARM / comparisons`` for a trimmed mean's
+    degrees of freedom (the kept steps less one; a Cornish-Fisher expansion, within 1% of the
+    exact quantile from 20 steps on, 10% at 10). Few steps make a noisy noise estimate, so a
+    short window needs a wider margin."""
     df = max(1, steps - 2 * int(TRIM * steps) - 1)
-    z = statistics.NormalDist().inv_cdf(1.0 - FALSE_ALARM)
+    z = statistics.NormalDist().inv_cdf(1.0 - FALSE_ALARM / max(1, comparisons))
     return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
             + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
 

@@ -130,3 +130,136 @@ def test_a_rank_slower_by_5_to_10_percent_and_out_of_its_noise_is_named() -> Non
     four = steps.scores({0: phases(0.040, spread=0.0001), 1: phases(0.0416, spread=0.0001),
                              2: phases(0.040, spread=0.0001)})
     assert not any(s.straggler for s in four.values())
+
+
+# Step by step: the rows a rank keeps (steps.StepRow) -> steps.phases -> steps.scores.
+
+BASE = {"data_wait": 0.005, "forward": 0.010, "backward": 0.015, "optimizer": 0.005, "other": 0.005}
+"""A rank's own work per step, 40 ms busy."""
+
+
+def rows(count: int, first: int = 10, seed: int = 0, shared: list[float] | None = None,
+         jitter: float = 0.002, slow: dict[str, float] | None = None, slow_from: int = 0) -> list[steps.StepRow]:
+    """``count`` steps of one rank of a 0.1 s step: its own jitter (uniform, ``jitter`` s), the
+    machine's noise that hits every rank in the same step (``shared``, s per step, put in the
+    part each step names in turn) and, from step ``slow_from``, ``slow`` extra seconds per part."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        step = first + i
+        parts = dict(BASE)
+        parts[rng.choice(list(BASE))] += rng.uniform(0.0, jitter)
+        if shared is not None:
+            parts[list(BASE)[step % len(BASE)]] += shared[i]
+        if slow and step >= slow_from:
+            for part, extra in slow.items():
+                parts[part] += extra
+        busy = sum(parts.values())
+        row = steps.StepRow(step, 0.0, 0.0, step_seconds=max(0.1, busy + 0.001),
+                            exposed_comm_seconds=max(0.1, busy + 0.001) - busy,
+                            **{p + "_seconds": v for p, v in parts.items()})
+        out.append(row)
+    return out
+
+
+def machine_noise(count: int, seed: int = 99) -> list[float]:
+    """A busy machine: every step loses up to 30 ms to it, one in eight 30 to 60 ms more, the
+    same on every rank."""
+    import random
+
+    rng = random.Random(seed)
+    return [rng.uniform(0.0, 0.030) + (rng.uniform(0.030, 0.060) if rng.random() < 0.125 else 0.0)
+            for _ in range(count)]
+
+
+def named(ranks: dict[int, list[steps.StepRow]]) -> dict[int, steps.Score]:
+    scores = steps.scores({r: steps.phases(rs) for r, rs in ranks.items()})
+    return {r: s for r, s in scores.items() if s.straggler}
+
+
+def test_noise_that_hits_every_rank_at_once_cancels_out() -> None:
+    # 20% slower in forward (8 ms on 40) on a machine whose noise per step is up to 90 ms,
+    # shared: named within 20 steps, with its part; the same files scored on their means
+    # alone (an older ddpmon's) do not stand out of that noise.
+    noise = machine_noise(20)
+    job = {r: rows(20, seed=r, shared=noise, slow={"forward": 0.008} if r == 1 else None) for r in range(3)}
+    found = named(job)
+    assert list(found) == [1] and found[1].cause == "forward" and found[1].steps == 20
+    assert found[1].gap_seconds == pytest.approx(0.008, abs=0.0015)  # its 8 ms, whatever the machine added
+    means_only = {r: dataclasses.replace(steps.phases(rs), recent=None) for r, rs in job.items()}
+    assert not any(s.straggler for s in steps.scores(means_only).values())
+
+
+def test_a_rank_descheduled_in_a_few_steps_is_not_that_much_slower() -> None:
+    # 40 ms lost by rank 2 alone in 2 of 20 steps: the trimmed mean leaves them out, so
+    # its own 8 ms in forward stand out, and only they
+    def descheduled(job: dict[int, list[steps.StepRow]]) -> dict[int, list[steps.StepRow]]:
+        for i in (4, 13):
+            job[2][i].other_seconds += 0.040
+            job[2][i].step_seconds += 0.040
+        return job
+
+    assert named(descheduled({r: rows(20, seed=r) for r in range(3)})) == {}
+    found = named(descheduled({r: rows(20, seed=r, slow={"forward": 0.008} if r == 2 else None) for r in range(3)}))
+    assert list(found) == [2] and found[2].cause == "forward"
+    assert found[2].gap_seconds == pytest.approx(0.008, abs=0.0015)
+
+
+def test_healthy_jittery_ranks_are_never_named() -> None:
+    # 300 comparisons of healthy jobs of 2 to 8 ranks, each rank's steps jittering by up to
+    # 40% of its busy time, with and without a busy machine's shared noise
+    for seed in range(300):
+        world = 2 + seed % 7
+        noise = machine_noise(150, seed) if seed % 2 else None
+        job = {r: rows(10 + seed % 141, seed=1000 * seed + r, shared=noise, jitter=0.016) for r in range(world)}
+        assert named(job) == {}, seed
+
+
+def test_a_long_window_names_what_a_short_one_cannot_and_a_short_one_what_just_began() -> None:
+    # 6% slower (3 ms) under 16 ms of jitter: not out of the noise over 20 steps, named over 150
+    def job(count: int) -> dict[int, list[steps.StepRow]]:
+        return {r: rows(count, seed=r, jitter=0.016, slow={"backward": 0.003} if r == 0 else None) for r in range(4)}
+
+    assert named(job(20)) == {}
+    found = named(job(150))
+    assert list(found) == [0] and found[0].steps == 150 and found[0].cause == "backward"
+    # 25% slower over the last 11 steps of 150 only: the last 20 steps name it
+    late = {r: rows(150, seed=r, slow={"data_wait": 0.010} if r == 2 else None, slow_from=140) for r in range(3)}
+    found = named(late)
+    assert list(found) == [2] and found[2].steps == 20 and found[2].cause == "data_wait"
+
+
+def test_the_first_steps_of_the_job_are_left_out() -> None:
+    # rank 0 twice as slow in the job's first 5 steps (allocations, the bucket rebuild)
+    job = {r: rows(15, first=1, seed=r) for r in range(3)}
+    job[0][:5] = rows(5, first=1, seed=0, slow={"other": 0.040})
+    assert named(job) == {}
+    assert steps.phases(job[0]).recent.step[0] == 6  # type: ignore[union-attr]
+
+
+def test_only_the_steps_every_rank_has_are_compared() -> None:
+    # rank 1 attached 10 steps later: compared on the 20 steps they share
+    job = {0: rows(30, first=10, seed=0), 1: rows(20, first=20, seed=1, slow={"optimizer": 0.010}), 2: rows(30, first=10, seed=2)}
+    found = named(job)
+    assert list(found) == [1] and found[1].steps == 20 and found[1].cause == "optimizer"
+
+
+def test_the_margin_is_students_t_for_the_steps_compared() -> None:
+    # exact quantiles at 1e-4: 4.880 (15 degrees of freedom: 20 steps, 10% trimmed each side), 4.105 (39), 3.838 (119)
+    assert steps.critical_value(20) == pytest.approx(4.880, abs=0.02)
+    assert steps.critical_value(50) == pytest.approx(4.105, abs=0.02)
+    assert steps.critical_value(150) == pytest.approx(3.838, abs=0.02)
+
+
+def test_the_state_file_carries_the_last_steps_one_by_one_and_round_trips() -> None:
+    from ddpmon.state import records
+    from ddpmon.state.schema import StepPhases
+
+    p = steps.phases(rows(300, first=1))
+    assert p is not None and p.recent is not None and p.steps == steps.PHASE_STEPS
+    assert len(p.recent.step) == steps.SCORE_WINDOWS[-1] and p.recent.step[-1] == 300
+    assert p.recent.busy_seconds[-1] == pytest.approx(steps.busy_seconds(rows(300, first=1)[-1]), abs=1e-6)
+    again = records.load(StepPhases, dataclasses.asdict(p))
+    assert again == p

@@ -54,12 +54,11 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
     part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
-    margin = steps.critical_value(top.steps) * top.noise_seconds
     return [Finding(
         "slowest_rank", "info", [top.rank],
         f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
         f"step-to-step noise ({words.ms(top.gap_seconds)} more work per step over the last {top.steps} "
-        f"steps, where the noise asks for {words.ms(margin)}): not named a straggler yet",
+        f"steps, where the noise asks for {words.ms(top.margin_seconds)}): not named a straggler yet",
         [], "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
             "the Straggler score panel, which the DDPStraggler alert reads over 10 minutes.",
     )]
