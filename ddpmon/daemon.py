@@ -35,7 +35,7 @@ from .collectors import host, nvml
 from .errors import StateFileError
 from .activity import Status
 from .metrics.catalog import DAEMON_ACTIVITIES
-from .metrics.exposition import Sample, Unhealthy, families, state_set
+from .metrics.exposition import Query, Sample, Unhealthy, families, state_set
 from .state import fault, files, records, schema
 
 log = logging.getLogger("ddpmon")
@@ -288,7 +288,7 @@ class Daemon:
         """Age of the last finished sampling pass beyond which the daemon is unhealthy."""
         return max(HEALTHY_PASSES * self.interval, HEALTHY_MIN_SECONDS)
 
-    def health_route(self) -> tuple[str, bytes]:
+    def health_route(self, query: Query | None = None) -> tuple[str, bytes]:
         """``/healthz``: 200 while sampling passes finish, 503 (Unhealthy) once the last one
         is older than ``stale_after_seconds`` (a hung file system or NVML call): serving
         old samples forever would hide it, so a liveness probe restarts the daemon."""
@@ -319,7 +319,7 @@ class Daemon:
             out.append(data)
         return out
 
-    def state_route(self) -> tuple[str, bytes]:
+    def state_route(self, query: Query | None = None) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.states(), default=str).encode()
 
     # -- ranks -----------------------------------------------------------------------------------

@@ -113,5 +113,5 @@ def _raise_fd_limit() -> None:
             pass  # a smaller cap, that is all
 
 
-def _state_not_served() -> tuple[str, bytes]:
+def _state_not_served(query: Any = None) -> tuple[str, bytes]:
     raise LookupError("this daemon does not serve state files: start it with --serve-state")
