@@ -12,8 +12,6 @@ import http.client
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -22,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ddpmon.daemon import Daemon
 from ddpmon.metrics import exposition
+from tests.support.commands import get
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,14 +36,6 @@ class One:
         g = GaugeMetricFamily("ddpmon_rank_info", "help")
         g.add_metric([], 1.0)
         yield g
-
-
-def get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def timed_get(port: int, path: str = "/metrics") -> tuple[int, float]:
