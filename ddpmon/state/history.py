@@ -321,11 +321,12 @@ def size(path: str) -> tuple[int, int]:
     return int(rows), int(last)
 
 
-# -- served: the node daemon's /history ------------------------------------------------------------
+# -- served: the node daemon's /history, and a copy made of its pages -------------------------------
 #
 # ``ddpmon daemon --serve-state`` answers ``GET /history?rank=R&since=S`` with a page of one
-# rank's steps (``page``), so that a reader on another machine gets every rank of a job
-# without a shared file system, a bounded answer at a time.
+# rank's steps (``page``), so that a report on another machine reads every rank of a job
+# without a shared file system, a bounded answer at a time; the reader writes the pages into a
+# file of this very format (``HistoryCopy``) and reads it as it reads a local one.
 
 PAGE_FORMAT = 1
 """The version of ``/history``'s JSON; a reader refuses another one, saying so."""
@@ -448,3 +449,81 @@ def page(path: str, since: int = 0, limit: int | None = None, buckets: bool = Tr
     finally:
         db.close()
     return out
+
+
+class HistoryCopy:
+    """A history written from the pages of ``page`` (read from a node daemon): a file of
+    the rank's own format, so that the report and compare read it as they read a local one.
+    ``add`` each page in order; a page that is not one of ``page``'s, or of another run of
+    the rank (its history restarted while it was read), raises HistoryError."""
+
+    def __init__(self, path: str, where: str) -> None:
+        self.path = path
+        self.where = where  # the page's source, for the messages
+        self.created: str | None = None
+        self.rows = 0
+        self._db: sqlite3.Connection | None = None
+
+    def add(self, answer: Any) -> None:
+        try:
+            meta, columns, rows = answer["meta"], answer["columns"], answer["rows"]
+            if not (isinstance(meta, dict) and isinstance(columns, list) and isinstance(rows, list)):
+                raise TypeError("meta, columns or rows of the wrong type")
+            index = [columns.index(c) if c in columns else None for c in STEP_COLUMNS]
+            values = [tuple(_stored(c, row[i] if i is not None else None) for c, i in zip(STEP_COLUMNS, index))
+                      for row in rows]
+            last = answer.get("next_since") is None
+            findings = [tuple(f[k] for k in ("unix", "step", "kind", "key", "text")) for f in answer["findings"]] if last else []
+            ended = answer["exit"] if last else None
+            if ended is not None:
+                record = ended.get("record")
+                ended = (ended["unix"], ended.get("step"), ended["how"], json.dumps(record, default=str) if record else None)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            raise HistoryError(f"{self.where}: not a page of ddpmon's /history ({exc!r})") from None
+        if self._db is None:
+            self._start(meta)
+        elif meta.get("created_unix") != self.created:
+            raise HistoryError(f"{self.where}: the rank's history started anew while it was read (a new run "
+                               "in the same directory); read it again")
+        assert self._db is not None
+        marks = ",".join("?" * len(STEP_COLUMNS))
+        try:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})",
+                                     values)
+                self._db.executemany("INSERT INTO findings VALUES (?, ?, ?, ?, ?)", findings)
+                if ended is not None:
+                    self._db.execute("INSERT INTO exit VALUES (?, ?, ?, ?)", ended)
+        except sqlite3.Error as exc:  # a NULL where the file needs a value, a value sqlite cannot store
+            raise HistoryError(f"{self.where}: not a page of ddpmon's /history ({exc})") from None
+        self.rows += len(values)
+
+    def _start(self, meta: dict[str, Any]) -> None:
+        if str(meta.get("schema_version")) != str(SCHEMA_VERSION):
+            raise HistoryError(f"{self.where} has history schema {meta.get('schema_version')}; this ddpmon "
+                               f"reads {SCHEMA_VERSION}: read it with the daemon's ddpmon version")
+        self.created = meta.get("created_unix")
+        self._db = sqlite3.connect(self.path, isolation_level=None)
+        self._db.execute("PRAGMA synchronous=OFF")  # a scratch copy: nothing to keep after a crash
+        self._db.executescript(_SCHEMA)
+        self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(str(k), str(v)) for k, v in meta.items()])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _stored(column: str, value: Any) -> Any:
+    """A served value as the file keeps it: a step number, a number or NULL, buckets as JSON."""
+    if column == "step":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"step {value!r} is not a step number")
+        return value
+    if column == "buckets":  # JSON text, checked: the reader decodes it
+        try:
+            return value if isinstance(value, str) and isinstance(json.loads(value), list) else None
+        except (ValueError, RecursionError):
+            return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

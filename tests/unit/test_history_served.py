@@ -1,20 +1,28 @@
-"""The daemon's ``/history``: its query and its bounded pages, against a daemon served from
-threads of this process."""
+"""The daemon's ``/history``: its query, its bounded pages, the copy a reader makes of them,
+and ``report --from`` reading them, against a daemon served from threads of
+this process. (A real daemon process: tests/processes/test_report_from.py; a real DDP job:
+tests/distributed/test_report_job.py; two hosts: tests/hosts/test_two_hosts.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
 
+from ddpmon.cli import daemon as daemon_cli
+from ddpmon.cli import main
 from ddpmon.daemon import Daemon
 from ddpmon.metrics.exposition import serve
-from ddpmon.state import history
+from ddpmon.report import run, summary
+from ddpmon.state import history, remote
 from tests.support import states
 from tests.support.commands import get
 
@@ -115,6 +123,55 @@ def test_findings_on_the_last_page_are_the_newest_ones(tmp_path: Path, monkeypat
     assert [f["text"] for f in history.page(path, 0)["findings"]] == ["t25", "t26", "t27", "t28", "t29"]
 
 
+# -- the copy -------------------------------------------------------------------------------------
+
+
+def copied(path: str, into: Path, limit: int = 7) -> str:
+    copy = history.HistoryCopy(str(into / "rank-0.history.sqlite"), "node:1/rank-0.history.sqlite")
+    since = 0
+    while since is not None:
+        p = history.page(path, since, limit)
+        copy.add(json.loads(json.dumps(p)))  # as it travels
+        since = p["next_since"]
+    copy.close()
+    return copy.path
+
+
+def test_a_copy_of_the_pages_reads_exactly_as_the_file(tmp_path: Path) -> None:
+    (tmp_path / "copy").mkdir()
+    path = store(tmp_path, last=30)
+    a, b = history.read(path, bin_stride=4), history.read(copied(path, tmp_path / "copy"), bin_stride=4)
+    for key in ("meta", "identity", "rank", "rows", "steps", "findings", "exit", "binned"):
+        assert a[key] == b[key], key
+
+
+def test_a_copy_refuses_what_is_not_a_page_of_the_same_run(tmp_path: Path) -> None:
+    path = store(tmp_path, last=10)
+    first = json.loads(json.dumps(history.page(path, 0, limit=5)))
+    where = "node:1/rank-0.history.sqlite"
+
+    def fails(*pages: object) -> str:
+        copy = history.HistoryCopy(str(tmp_path / f"c{time.monotonic_ns()}.sqlite"), where)
+        with pytest.raises(history.HistoryError) as err:
+            for p in pages:
+                copy.add(p)
+        copy.close()
+        return str(err.value)
+
+    again = json.loads(json.dumps(history.page(path, 5)))
+    again["meta"]["created_unix"] = "1.0"
+    assert "started anew while it was read" in fails(first, again)
+    assert "not a page of ddpmon's /history" in fails({"rows": []})
+    assert "not a page of ddpmon's /history" in fails(dict(first, rows=[["three"]]))
+    assert "has history schema 9" in fails(dict(first, meta=dict(first["meta"], schema_version="9")))
+    bad = dict(first, rows=[list(r) for r in first["rows"]])
+    bad["rows"][0][first["columns"].index("buckets")] = "[[0, 0.1"
+    copy = history.HistoryCopy(str(tmp_path / "ok.sqlite"), where)
+    copy.add(bad)  # a bucket text that is not JSON is left out, not kept for the reader to trip on
+    copy.close()
+    assert history.read(copy.path)["steps"]["buckets"][0] is None
+
+
 # -- through a daemon -------------------------------------------------------------------------------
 
 
@@ -170,3 +227,148 @@ def test_a_history_that_is_a_link_or_someone_elses_is_not_served(tmp_path: Path,
     listed = [h["rank"] for h in json.loads(get(f"http://{address}/history")[1])["histories"]]
     assert listed == ([] if os.geteuid() == 0 else [1])
     assert get(f"http://{address}/history?rank=0")[0] == 404
+
+
+def test_report_from_a_daemon_gives_the_figures_of_the_directory(slow_run: str, tmp_path: Path,
+                                                                  node: tuple[Daemon, str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _, address = node
+    job = tmp_path / "node" / "slow"
+    shutil.copytree(slow_run, job)
+    served(job, 4, "slow")
+    monkeypatch.setattr(history, "PAGE_ROWS", 40)  # 300 steps: 8 pages per rank
+    here, there = run.load([str(job)], findings=False), run.load((), [address], findings=False)
+    assert there.problems == [] and list(there.ranks) == [0, 1, 2, 3]
+    for rank, h in here.ranks.items():
+        far = there.ranks[rank]
+        assert (far.rows, far.last_step, far.sample, far.binned, far.findings, far.exit) == (
+            h.rows, h.last_step, h.sample, h.binned, h.findings, h.exit)
+        assert far.path == f"{address}/rank-{rank}.history.sqlite"
+    a, b = summary.summarize(here), summary.summarize(there)
+    for key in ("median_step_seconds", "phases", "buckets", "slowest_rank", "straggler", "steps", "ranks"):
+        assert a[key] == b[key], key
+    assert [{k: v for k, v in r.items() if k != "history"} for r in a["per_rank"]] == [
+        {k: v for k, v in r.items() if k != "history"} for r in b["per_rank"]]
+
+
+def test_unreachable_daemons_are_named_and_the_report_goes_on(slow_run: str, tmp_path: Path,
+                                                              node: tuple[Daemon, str]) -> None:
+    _, address = node
+    job = tmp_path / "node" / "slow"
+    shutil.copytree(slow_run, job)
+    served(job, 4, "slow")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # connects, never answers
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))  # bound, not listening: refused
+    quiet, closed = (f"127.0.0.1:{s.getsockname()[1]}" for s in (silent, refused))
+    try:
+        started = time.monotonic()
+        r = run.load((), [quiet, address, closed], findings=False)
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+        refused.close()
+    assert took < 8 and list(r.ranks) == [0, 1, 2, 3]
+    assert len(r.problems) == 2, r.problems
+    assert r.problems[0].startswith(f"{quiet}: http://{quiet}/history cannot be read (no answer within 3 s); "
+                                    "its ranks are not in the report")
+    assert r.problems[1].startswith(f"{closed}: http://{closed}/history cannot be read (")
+    assert "Connection refused" in r.problems[1] and "--serve-state" in r.problems[1]
+
+
+def test_a_daemon_without_serve_state_or_from_before_history(tmp_path: Path) -> None:
+    daemon = Daemon(str(tmp_path), gpus=False)
+    refusing = serve(daemon, 0, "127.0.0.1", {"/state": daemon_cli._not_served, "/history": daemon_cli._not_served})
+    older = serve(daemon, 0, "127.0.0.1", {"/state": daemon.state_route})  # /history: metrics, as any path
+    try:
+        assert get(f"http://127.0.0.1:{refusing.port}/history") == (
+            404, b"this daemon does not serve state files or histories: start it with --serve-state\n")
+        out = remote.fetch_histories([f"127.0.0.1:{refusing.port}", f"127.0.0.1:{older.port}"], str(tmp_path))
+    finally:
+        refusing.close()
+        older.close()
+    assert "HTTP 404: this daemon does not serve state files or histories: start it with --serve-state" in out.problems[0]
+    assert out.problems[1] == (f"http://127.0.0.1:{older.port}/history: not ddpmon's /history (a daemon of a ddpmon "
+                               "before histories were served? it answers with metrics): upgrade ddpmon there")
+    assert out.copies == {}
+
+
+def test_the_deadline_cuts_a_history_where_it_got_to(slow_run: str, tmp_path: Path, node: tuple[Daemon, str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _, address = node
+    job = tmp_path / "node" / "slow"
+    shutil.copytree(slow_run, job)
+    served(job, 4, "slow")
+    monkeypatch.setattr(history, "PAGE_ROWS", 50)
+    real = history.page
+
+    def slow_page(*args, **kwargs):  # the daemon's worker takes 0.3 s a page
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(history, "page", slow_page)
+    started = time.monotonic()
+    r = run.load((), [address], findings=False, deadline=2.5)
+    assert time.monotonic() - started < 5
+    cut = [p for p in r.problems if "steps read within 2.5 s" in p]
+    assert cut and all("its plots stop at step" in p and "(--deadline waits longer)" in p for p in cut), r.problems
+    assert 0 < min(h.last_step for h in r.ranks.values()) < 300
+
+
+def test_the_job_written_last_unless_one_is_asked_for(slow_run: str, even_run: str, tmp_path: Path,
+                                                      node: tuple[Daemon, str]) -> None:
+    _, address = node
+    for age, name, source in ((60, "even", even_run), (0, "slow", slow_run)):
+        shutil.copytree(source, tmp_path / "node" / name)
+        served(tmp_path / "node" / name, 4, name)
+        for path in history.list_files(str(tmp_path / "node" / name)):
+            os.utime(path, (time.time() - age, time.time() - age))
+    latest = run.load((), [address], findings=False)
+    assert latest.job == "slow" and latest.notes == [
+        "reading job 'slow', the one written last on the daemons (they also hold 'even'; --job picks another)"]
+    assert run.load((), [address], job="even", findings=False).job == "even"
+    missing = remote.fetch_histories([address], str(tmp_path / "scratch"), job="nope")
+    assert missing.problems == ["no daemon holds a history of job 'nope'; jobs there: even, slow"]
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["report", "--from", "node1"], ("ddpmon report: --from 'node1' is not valid: expected HOST:PORT of a node "
+                                     "daemon (for example node1:9490)")),
+    (["report", "--from", "node1:http"], "ddpmon report: --from 'node1:http' is not valid: Port could not be cast"),
+    (["report", "--from", "node1:9490/state"], "is not valid: expected HOST:PORT alone, without a path (/state)"),
+    (["report", "--from", "https://node1:9490"], "is not valid: the scheme is 'https'; daemons serve http"),
+    (["report", "--from", "node1:9490", "--deadline", "0"], "argument --deadline: '0' must be a positive number"),
+])
+def test_bad_input_says_what_was_wrong_and_how_to_fix_it(args: list[str], message: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _cli(args, capsys)
+    assert code == 2 and message in err, err
+
+
+def test_report_from_the_command_line_names_an_unreachable_daemon(slow_run: str, tmp_path: Path,
+                                                                  node: tuple[Daemon, str],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    _, address = node
+    shutil.copytree(slow_run, tmp_path / "node" / "slow")
+    served(tmp_path / "node" / "slow", 4, "slow")
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))
+    closed = f"127.0.0.1:{refused.getsockname()[1]}"
+    try:
+        code, out, err = _cli(["report", "--from", address, "--from", closed, "--json"], capsys)
+    finally:
+        refused.close()
+    assert code == 0, err
+    assert f"ddpmon report: {closed}: http://{closed}/history cannot be read (" in err
+    s = json.loads(out)
+    assert s["ranks"] == 4 and s["steps"] == 300 and s["slowest_rank"]["rank"] == 2
+    assert any(p.startswith(f"{closed}: ") for p in s["problems"])
