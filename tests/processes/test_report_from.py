@@ -1,6 +1,6 @@
 """``ddpmon report --from`` against a real ``ddpmon daemon`` process serving synthetic histories
-(no job): bounded pages, the same figures as from the directory, and a daemon started without
-``--serve-state`` refusing. (A real DDP job: tests/distributed/test_report_job.py; the parsing
+(no job): bounded pages, the same figures as from the directory, ``compare`` reading a run
+through it, and a daemon started without ``--serve-state`` refusing. (A real DDP job: tests/distributed/test_report_job.py; the parsing
 and the bounds alone: tests/unit/test_history_served.py.)"""
 
 from __future__ import annotations
@@ -121,3 +121,13 @@ def test_a_daemon_without_serve_state_refuses(tmp_path: Path, node: tuple[Path, 
     assert done.returncode == 2 and done.stdout == ""
     assert (f"127.0.0.1:{port}: http://127.0.0.1:{port}/history cannot be read (HTTP 404: this daemon does not "
             "serve state files or histories: start it with --serve-state)") in done.stderr
+
+
+def test_compare_reads_a_run_through_the_daemon(node: tuple[Path, str]) -> None:
+    root, address = node
+    done = ddpmon("compare", f"big@{address}", str(root / "big"), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["a"]["sources"] == [address] and result["a"]["steps"] == BIG
+    assert result["explanation"][0].startswith("step time unchanged")  # the same run, read two ways
+    assert all(r["change"] in (0.0, None) for r in result["rows"]), result["rows"]

@@ -1,5 +1,5 @@
 """The daemon's ``/history``: its query, its bounded pages, the copy a reader makes of them,
-and ``report --from`` reading them, against a daemon served from threads of
+and ``report --from`` / ``compare`` reading them, against a daemon served from threads of
 this process. (A real daemon process: tests/processes/test_report_from.py; a real DDP job:
 tests/distributed/test_report_job.py; two hosts: tests/hosts/test_two_hosts.py.)"""
 
@@ -21,7 +21,7 @@ from ddpmon.cli import daemon as daemon_cli
 from ddpmon.cli import main
 from ddpmon.daemon import Daemon
 from ddpmon.metrics.exposition import serve
-from ddpmon.report import run, summary
+from ddpmon.report import compare, run, summary
 from ddpmon.state import history, remote
 from tests.support import states
 from tests.support.commands import get
@@ -331,6 +331,10 @@ def test_the_job_written_last_unless_one_is_asked_for(slow_run: str, even_run: s
     assert run.load((), [address], job="even", findings=False).job == "even"
     missing = remote.fetch_histories([address], str(tmp_path / "scratch"), job="nope")
     assert missing.problems == ["no daemon holds a history of job 'nope'; jobs there: even, slow"]
+    # compare reads each run through the daemons: JOB@HOST:PORT
+    a, _ = compare.load_side(f"even@{address}")
+    b, _ = compare.load_side(f"slow@{address}")
+    assert "rank 2 explains it" in "\n".join(compare.compare(a, b)["explanation"])
 
 
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -347,6 +351,8 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     (["report", "--from", "node1:9490/state"], "is not valid: expected HOST:PORT alone, without a path (/state)"),
     (["report", "--from", "https://node1:9490"], "is not valid: the scheme is 'https'; daemons serve http"),
     (["report", "--from", "node1:9490", "--deadline", "0"], "argument --deadline: '0' must be a positive number"),
+    (["compare", "no-such-run", "other"], ("ddpmon compare: no-such-run: no such directory or file; a run is a "
+                                           "state directory, the JSON of `ddpmon report --json`, or [JOB@]HOST:PORT")),
 ])
 def test_bad_input_says_what_was_wrong_and_how_to_fix_it(args: list[str], message: str,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
