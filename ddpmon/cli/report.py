@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="report.html", metavar="FILE",
                         help="where to write the HTML report (default: report.html; - for stdout)")
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON instead")
-    parser.add_argument("--job", help="the job to report when the directory holds several")
+    parser.add_argument("--job", help="the job to report when the directories or daemons hold several "
+                        "(with --from, default: the job written last on the daemons)")
     parser.add_argument(
         "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
         help="also read the state files and step histories from a node daemon started with "
