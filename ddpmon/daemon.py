@@ -35,8 +35,8 @@ from .collectors import host, nvml
 from .errors import StateFileError
 from .activity import Status
 from .metrics.catalog import DAEMON_ACTIVITIES
-from .metrics.exposition import Sample, Unhealthy, families, state_set
-from .state import fault, files, records, schema
+from .metrics.exposition import BadRequest, Query, Sample, Unhealthy, families, state_set
+from .state import fault, files, history, records, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -168,6 +168,28 @@ def _foreign_root(path: str) -> str | None:
 
 
 @dataclass
+class HistoryFile:
+    """One rank's step history on this node, as ``/history`` serves it."""
+
+    job: str
+    rank: int
+    path: str
+    mtime: float
+    """When it was last written (its write-ahead log included)."""
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _json(data: Any) -> tuple[str, bytes]:
+    return "application/json", json.dumps(data, default=str).encode()
+
+
+@dataclass
 class RankView:
     """One rank of this node as the daemon sees it."""
 
@@ -288,7 +310,7 @@ class Daemon:
         """Age of the last finished sampling pass beyond which the daemon is unhealthy."""
         return max(HEALTHY_PASSES * self.interval, HEALTHY_MIN_SECONDS)
 
-    def health_route(self) -> tuple[str, bytes]:
+    def health_route(self, query: Query | None = None) -> tuple[str, bytes]:
         """``/healthz``: 200 while sampling passes finish, 503 (Unhealthy) once the last one
         is older than ``stale_after_seconds`` (a hung file system or NVML call): serving
         old samples forever would hide it, so a liveness probe restarts the daemon."""
@@ -319,8 +341,68 @@ class Daemon:
             out.append(data)
         return out
 
-    def state_route(self) -> tuple[str, bytes]:
+    def state_route(self, query: Query | None = None) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.states(), default=str).encode()
+
+    def histories(self) -> list[HistoryFile]:
+        """The step histories of this node's ranks (for ``/history``): each local state file's
+        ``rank-<R>.history.sqlite`` beside it, a regular file of the state file's owner (never
+        a link: the files of one user are not served as another's); one per (job, rank), the
+        one written last."""
+        found: dict[tuple[str, int], HistoryFile] = {}
+        for path, state in self.files.read_all():
+            if not self._is_local(state):
+                continue
+            where = history.path_for(os.path.dirname(path), state.rank)
+            try:
+                info, owner = os.lstat(where), os.lstat(path).st_uid
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
+                self.files.problem(where, f"history {where} is not a regular file of the state file's owner "
+                                   "(a link?); not served")
+                continue
+            self.files.resolved(where, f"history {where} is served again")
+            key = (state.job or "", state.rank)
+            mtime = max(info.st_mtime, _mtime(where + "-wal"))
+            if key not in found or found[key].mtime < mtime:
+                found[key] = HistoryFile(key[0], state.rank, where, mtime)
+        return sorted(found.values(), key=lambda h: (h.job, h.rank))
+
+    def history_route(self, query: Query) -> tuple[str, bytes]:
+        """``/history``: this node's histories, or a page of one (``history.page``: at most
+        ``history.PAGE_ROWS`` steps and about ``history.PAGE_BYTES`` per answer)."""
+        try:
+            ask = history.Ask.parse(query)
+        except history.BadQuery as exc:
+            raise BadRequest(str(exc)) from None
+        found = [h for h in self.histories() if ask.job is None or h.job == ask.job]
+        if ask.rank is None:
+            return _json({"format": history.PAGE_FORMAT, "host": self.hostname, "served_unix": time.time(),
+                          "page_rows": history.PAGE_ROWS, "page_bytes": history.PAGE_BYTES,
+                          "histories": [self._listed(h) for h in found]})
+        mine = [h for h in found if h.rank == ask.rank]
+        of_job = f" of job {ask.job!r}" if ask.job else ""
+        if not mine:
+            raise LookupError(f"no history of rank {ask.rank}{of_job} on this node: /history lists those there")
+        if len(mine) > 1:
+            raise BadRequest(f"rank {ask.rank} has histories of jobs {', '.join(repr(h.job) for h in mine)} "
+                             "on this node: add job=JOB")
+        try:
+            body = history.page(mine[0].path, ask.since, ask.limit, ask.buckets)
+        except history.HistoryError as exc:
+            raise LookupError(f"the history of rank {ask.rank}{of_job} cannot be served: {exc}") from None
+        body.update(job=mine[0].job, rank=mine[0].rank, file_mtime_unix=mine[0].mtime, served_unix=time.time())
+        return _json(body)
+
+    def _listed(self, h: HistoryFile) -> dict[str, Any]:
+        """A history as ``/history`` lists it: job, rank, rows, last step, when written."""
+        entry: dict[str, Any] = {"job": h.job, "rank": h.rank, "file_mtime_unix": h.mtime}
+        try:
+            entry["rows"], entry["last_step"] = history.size(h.path)
+        except history.HistoryError as exc:
+            entry["problem"] = str(exc)
+        return entry
 
     # -- ranks -----------------------------------------------------------------------------------
 

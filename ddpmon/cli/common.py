@@ -115,3 +115,14 @@ def no_state_dir(command: str) -> str:
     return (f"ddpmon {command}: no state directory given, DDPMON_STATE_DIR is not set and "
             f"{default_state_root()} (your jobs' default root) holds no job: pass STATE_DIR "
             "(another user's job: its DDPMON_STATE_DIR, or <tmp>/ddpmon-<their uid>/<job>)")
+
+
+def seconds(text: str) -> float:
+    """An argument of a positive number of seconds (argparse's ``type=``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value

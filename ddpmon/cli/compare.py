@@ -1,6 +1,8 @@
 """``ddpmon compare RUN_A RUN_B [--html FILE] [--json]``: two runs side by side.
 
-Each run is a state directory or the JSON of ``ddpmon report --json``. Prints step time,
+Each run is a state directory, the JSON of ``ddpmon report --json``, or
+``[JOB@]HOST:PORT[,HOST:PORT...]``, its histories read through the node daemons (started
+with ``--serve-state``; no shared file system needed). Prints step time,
 every phase, exposed communication, bucket times and GPU utilisation of both, the change
 in %, and the ranks and phases that explain it. Exit codes: 0 compared (a regression is not
 an error), 2 bad usage or input, 3 ddpmon itself failed.
@@ -13,6 +15,8 @@ import json
 import sys
 
 from ..errors import StateFileError
+from ..state.remote import HISTORY_DEADLINE_SECONDS
+from .common import seconds
 
 HELP = "Compare two runs: step time, phases, exposed communication, buckets, and what explains the change."
 
@@ -20,10 +24,15 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_a", metavar="RUN_A", help="state directory (or report --json file) of the first run")
-    parser.add_argument("run_b", metavar="RUN_B", help="state directory (or report --json file) of the second run")
+    parser.add_argument("run_a", metavar="RUN_A", help="the first run: its state directory, a report --json "
+                        "file, or [JOB@]HOST:PORT[,HOST:PORT...] of the node daemons (--serve-state) that hold it")
+    parser.add_argument("run_b", metavar="RUN_B", help="the second run, as RUN_A")
     parser.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML file")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.add_argument(
+        "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
+        help="the longest to wait for a run's node daemons, all together (default: %(default)g)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,10 +41,13 @@ def run(args: argparse.Namespace) -> int:
     sides = []
     for source in (args.run_a, args.run_b):
         try:
-            sides.append(compare.load_side(source))
+            sides.append(compare.load_side(source, args.deadline))
         except (StateFileError, ValueError) as exc:
             print(f"ddpmon compare: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        run = sides[-1][1]
+        for line in (run.notes + run.problems) if run is not None else []:
+            print(f"ddpmon compare: {source}: {line}", file=sys.stderr)
     result = compare.compare(sides[0][0], sides[1][0])
     if args.json:
         print(json.dumps(result, indent=2, default=str))

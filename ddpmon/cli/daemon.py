@@ -40,8 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "host name it carries (a hostPath shared with containers)")
     parser.add_argument("--no-gpu", action="store_true", help="do not use NVML (no GPU metrics)")
     parser.add_argument("--serve-state", action="store_true",
-                        help="also serve this node's state files read-only at /state (JSON), for "
-                             "`ddpmon doctor --from HOST:PORT`; off by default: they hold stacks and paths")
+                        help="also serve this node's state files read-only at /state and the ranks' "
+                             "step histories at /history (JSON, at most 5,000 steps per answer), for "
+                             "`ddpmon doctor --from HOST:PORT` and `ddpmon report --from HOST:PORT`; "
+                             "off by default: they hold stacks and paths")
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
                     gpus=not args.no_gpu, node_local=args.node_local)
     daemon.start()
-    routes = {"/state": daemon.state_route if args.serve_state else _state_not_served}
+    routes = ({"/state": daemon.state_route, "/history": daemon.history_route} if args.serve_state
+              else {"/state": _not_served, "/history": _not_served})
     try:  # /healthz reads two numbers: answered at once, even while a /state read is slow
         endpoint = serve(daemon, args.port, args.bind, routes, quick_routes={"/healthz": daemon.health_route})
     except OSError as exc:
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     gpus = len(daemon.gpus)
     print(f"ddpmon daemon: serving http://{args.bind}:{endpoint.port}/metrics"
-          f"{' and /state' if args.serve_state else ''}; state files from {args.state_dir}; "
+          f"{', /state and /history' if args.serve_state else ''}; state files from {args.state_dir}; "
           f"{gpus} GPU(s)", flush=True)
     while not stop.wait(0.5):
         pass
@@ -113,5 +116,5 @@ def _raise_fd_limit() -> None:
             pass  # a smaller cap, that is all
 
 
-def _state_not_served() -> tuple[str, bytes]:
-    raise LookupError("this daemon does not serve state files: start it with --serve-state")
+def _not_served(query: Any = None) -> tuple[str, bytes]:
+    raise LookupError("this daemon does not serve state files or histories: start it with --serve-state")

@@ -13,7 +13,7 @@ import sys
 from ..advice import KINDS as ADVICE_KINDS
 from ..errors import StateFileError
 from ..state.files import cycle_collection_paused
-from .common import add_state_dir_argument, default_state_dir, no_state_dir
+from .common import add_state_dir_argument, default_state_dir, no_state_dir, seconds
 
 HELP = "Diagnose a hung, dying, out-of-step or slow DDP job from its ranks' state files."
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "STATE_DIR is given, and leaves every other job out of the report (--from included)",
     )
     parser.add_argument(
-        "--stall", type=_seconds, metavar="SECONDS",
+        "--stall", type=seconds, metavar="SECONDS",
         help="seconds without progress after which a rank counts as stalled (default: "
         "max(5, 5 x the rank's slowest recent step); a rank's own hang report always counts)",
     )
@@ -79,13 +79,3 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_PROBLEM
         return EXIT_OK
     return EXIT_USAGE if diagnosis.verdict == "no_data" else EXIT_PROBLEM
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value

@@ -2,8 +2,9 @@
 
 The file is self-contained (plots, data and script inlined; no network fetch) and opens in
 any browser. Works on a finished, a killed and a live job, and on a job spread over nodes:
-pass each node's state directory, or read the state files through the node daemons with
-``--from`` (their per-step history is read from directories only).
+pass each node's state directory, or read the state files and the per-step histories
+through the node daemons with ``--from`` (every daemon at once, within ``--deadline``; a
+daemon that does not answer is named and the report goes on with the others).
 Exit codes: 0 written, 2 bad usage or input (nothing to report), 3 ddpmon itself failed.
 """
 
@@ -16,6 +17,8 @@ import sys
 import time
 
 from ..errors import StateFileError
+from ..state.remote import HISTORY_DEADLINE_SECONDS
+from .common import seconds
 
 HELP = "Write a self-contained HTML report (plots, summary, findings) of a running or finished job."
 
@@ -31,16 +34,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="report.html", metavar="FILE",
                         help="where to write the HTML report (default: report.html; - for stdout)")
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON instead")
-    parser.add_argument("--job", help="the job to report when the directory holds several")
+    parser.add_argument("--job", help="the job to report when the directories or daemons hold several "
+                        "(with --from, default: the job written last on the daemons)")
     parser.add_argument(
         "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
-        help="also read state files from a node daemon started with --serve-state (repeat per node)",
+        help="also read the state files and step histories from a node daemon started with "
+        "--serve-state (repeat per node; no shared file system needed)",
+    )
+    parser.add_argument(
+        "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
+        help="the longest to wait for the --from daemons' histories, all together; a history "
+        "still coming then is cut where it got to (default: %(default)g)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..report import html, summary
     from ..report import run as run_mod
+    from ..state.remote import address_problem
     from .common import default_state_dir
 
     dirs = list(args.state_dirs)
@@ -50,12 +61,19 @@ def run(args: argparse.Namespace) -> int:
             print("ddpmon report: no state directory given and none found: pass STATE_DIR", file=sys.stderr)
             return EXIT_USAGE
         dirs = [found]
+    for address in args.remote:
+        problem = address_problem(address)
+        if problem:
+            print(f"ddpmon report: --from {address!r} is not valid: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     started = time.perf_counter()
     try:
-        loaded = run_mod.load(dirs, args.remote, job=args.job)
+        loaded = run_mod.load(dirs, args.remote, job=args.job, deadline=args.deadline)
     except StateFileError as exc:
         print(f"ddpmon report: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    for line in loaded.notes + loaded.problems:
+        print(f"ddpmon report: {line}", file=sys.stderr)
     s = summary.summarize(loaded)
     if args.json:
         print(json.dumps(s, indent=2, default=str))

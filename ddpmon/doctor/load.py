@@ -11,19 +11,12 @@ from __future__ import annotations
 import collections
 import json
 import os
-import socket
 import stat
-import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import StateFileError
-from ..state import files, schema
+from ..state import files, remote, schema
 
 
 @dataclass
@@ -127,81 +120,6 @@ class Unreachable:
     """The addresses its host name stands for (to match peers named in the ranks' errors)."""
 
 
-class _Unbounded(Exception):
-    """An answer that does not end, or ends too late or too large."""
-
-
-def _read_bounded(response: Any, limit: int, until: float) -> bytes:
-    """A response body of at most ``limit`` bytes, read before ``until`` (time.monotonic)."""
-    chunks, total = [], 0
-    while True:
-        chunk = response.read(1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > limit:
-            raise _Unbounded(f"the answer is larger than {limit >> 20} MiB")
-        if time.monotonic() > until:
-            raise _Unbounded("the answer did not end in time")
-
-
-def _url(address: str) -> str:
-    return f"http://{address}/state" if "://" not in address else address.rstrip("/") + "/state"
-
-
-def _ips(url: str) -> list[str]:
-    """The addresses of the URL's host (empty when its name does not resolve)."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError, ValueError):
-        return []
-    return sorted({str(info[4][0]) for info in infos})
-
-
-def _fetch(url: str, timeout: float, until: float) -> tuple[list[str], bytes | BaseException, float]:
-    """One daemon's /state: (its host's addresses, the body or what went wrong, when received).
-    A body still coming at ``until`` is cut short."""
-    ips = _ips(url)
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: bytes | BaseException = _read_bounded(response, REMOTE_MAX_BYTES, until)
-    except Exception as exc:  # noqa: BLE001 - whatever it is, the finding says it
-        if isinstance(exc, urllib.error.HTTPError):
-            exc.detail = exc.read(300).decode(errors="replace").strip()  # type: ignore[attr-defined]
-        body = exc
-    return ips, body, time.time()
-
-
-def _fetch_all(urls: list[str], timeout: float, deadline: float) -> list[tuple[list[str], bytes | BaseException, float] | None]:
-    """Every URL read at once, each in a thread of its own; None for those that have not
-    answered after ``deadline`` seconds (their threads end on their own timeout, unwaited)."""
-    until = time.monotonic() + deadline
-    answers: dict[int, tuple[list[str], bytes | BaseException, float]] = {}
-
-    def fetch(i: int, url: str) -> None:  # an answer that does not end is cut short before the deadline
-        answers[i] = _fetch(url, timeout, until - min(0.5, deadline / 4))
-
-    threads = [threading.Thread(target=fetch, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
-               for i, url in enumerate(urls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, until - time.monotonic()))
-    got = dict(answers)
-    return [got.get(i) for i in range(len(urls))]
-
-
-def _why(exc: BaseException, timeout: float) -> str:
-    if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code}: {getattr(exc, 'detail', '') or exc.reason}"
-    reason = getattr(exc, "reason", None) or exc
-    if isinstance(reason, TimeoutError):
-        return f"no answer within {timeout:g} s"
-    return str(reason) or type(reason).__name__
-
-
 def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float = REMOTE_DEADLINE_SECONDS) -> Loaded:
     """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
     for jobs spread over nodes without a shared file system. Every daemon is read at once:
@@ -209,18 +127,18 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
     so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
-    urls = [_url(a) for a in addresses]
-    for address, url, answer in zip(addresses, urls, _fetch_all(urls, timeout, deadline)):
+    urls = [remote.base_url(a) + "/state" for a in addresses]
+    for address, url, answer in zip(addresses, urls, remote.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES)):
         if answer is None:
             reason = (f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
                       "daemons together)")
             ips = []
         else:
             ips, body, received = answer
-            if isinstance(body, _Unbounded):
+            if isinstance(body, remote.Unbounded):
                 loaded.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
                 continue
-            reason = _why(body, timeout) if isinstance(body, BaseException) else ""
+            reason = remote.why(body, timeout) if isinstance(body, BaseException) else ""
         if reason:
             loaded.unreachable.append(Unreachable(address, reason, ips))
             loaded.bad.append((url, (f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "

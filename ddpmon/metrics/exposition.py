@@ -74,11 +74,18 @@ def histogram_family(name: str, label_names: list[str]) -> HistogramMetricFamily
     return HistogramMetricFamily(name, catalog.get(name).help, labels=label_names)
 
 
-Route = Callable[[], tuple[str, bytes]]
+Query = dict[str, list[str]]
+"""A request's query string, parsed (``parse_qs``: name -> every value given)."""
+Route = Callable[[Query], tuple[str, bytes]]
 
 
 class Unhealthy(Exception):
     """Raised by a route (a health check) to answer 503 with its message."""
+
+
+class BadRequest(Exception):
+    """Raised by a route to answer 400 with its message: what was wrong with the query and
+    what it accepts."""
 
 
 class Endpoint:
@@ -97,10 +104,11 @@ def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Ro
           quick_routes: dict[str, Route] | None = None) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral): at
     ``/metrics`` (and, as prometheus_client does, at any path that is not a route).
-    ``routes`` adds read-only paths: path -> () -> (content type, body), produced off the
-    event loop like the metrics; ``quick_routes`` are answered on the loop itself, so they
+    ``routes`` adds read-only paths: path -> (query) -> (content type, body), produced off
+    the event loop like the metrics; ``quick_routes`` are answered on the loop itself, so they
     must never block: a health check that must answer while a slow route holds the worker.
-    A route that raises LookupError answers 404 with its message, Unhealthy 503.
+    A route that raises BadRequest answers 400 with its message, LookupError 404, Unhealthy
+    503.
     Raises OSError when the port cannot be bound."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -484,9 +492,10 @@ def _parse_head(head: bytes) -> tuple[_Request, int, tuple[str, str] | None]:
 
 def _route_response(request: _Request, route: Route) -> bytes:
     try:
-        content_type, body = route()
-    except (LookupError, Unhealthy) as exc:  # known but not served now / failing
-        status = "503 Service Unavailable" if isinstance(exc, Unhealthy) else "404 Not Found"
+        content_type, body = route(parse_qs(request.query, keep_blank_values=True))
+    except (BadRequest, LookupError, Unhealthy) as exc:  # a bad query, not served now, failing
+        status = ("400 Bad Request" if isinstance(exc, BadRequest) else
+                  "503 Service Unavailable" if isinstance(exc, Unhealthy) else "404 Not Found")
         message = str(exc.args[0] if exc.args else exc) + "\n"
         return _response(status, "text/plain", message.encode(), request.keep_alive, request)
     except Exception as exc:  # a bug in a route: answer, and say it where it can be fixed

@@ -1,6 +1,8 @@
 """``ddpmon compare``: two runs side by side, the change in %, and what explains it.
 
-Each run is a state directory (its history databases) or the JSON of ``ddpmon report --json``.
+Each run is a state directory (its history databases), the JSON of ``ddpmon report --json``,
+or ``[JOB@]HOST:PORT[,HOST:PORT...]``: the histories of JOB (default: the job written last)
+read through those node daemons (``ddpmon daemon --serve-state``).
 The step time's change is split over the phases (the phase medians add up to the median
 step), and over the ranks (which rank's compute grew most, and in which phase), so the
 answer to "why is B slower than A" reads as: "+12 ms per step, 11 ms of it in backward,
@@ -15,6 +17,7 @@ import statistics
 from typing import Any
 
 from ..doctor.words import ms
+from ..state.remote import HISTORY_DEADLINE_SECONDS, address_problem
 from ..steps import PART_LABELS, PARTS
 from . import html as html_page
 from .run import Run, load
@@ -23,8 +26,17 @@ from .summary import pct, summarize
 NOISE = 0.02  # changes under 2% are shown but not called out
 
 
-def load_side(source: str) -> tuple[dict[str, Any], Run | None]:
-    """A run's summary (and the Run when read from a directory)."""
+def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS) -> tuple[dict[str, Any], Run | None]:
+    """A run's summary (and the Run when read from a directory or daemons)."""
+    daemons = _daemons(source) if not os.path.exists(source) else None
+    if daemons is not None:
+        job, addresses = daemons
+        run = load((), addresses, job=job, findings=False, deadline=deadline)
+        return summarize(run), run
+    if not os.path.exists(source):
+        raise ValueError(f"{source}: no such directory or file; a run is a state directory, the JSON of "
+                         "`ddpmon report --json`, or [JOB@]HOST:PORT[,HOST:PORT...] of node daemons "
+                         "started with --serve-state")
     if os.path.isfile(source):
         try:
             with open(source) as f:
@@ -36,6 +48,15 @@ def load_side(source: str) -> tuple[dict[str, Any], Run | None]:
         return data, None
     run = load([source], findings=False)
     return summarize(run), run
+
+
+def _daemons(source: str) -> tuple[str | None, list[str]] | None:
+    """(job or None, addresses) of ``[JOB@]HOST:PORT[,HOST:PORT...]``; None when it is not that."""
+    job, _, hosts = source.rpartition("@")
+    addresses = hosts.split(",")
+    if not all(a and address_problem(a) is None for a in addresses):
+        return None
+    return job or None, addresses
 
 
 def change(a: float | None, b: float | None) -> float | None:

@@ -20,6 +20,9 @@ import os
 import re
 import sqlite3
 import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import files
@@ -39,6 +42,7 @@ STEP_COLUMNS = (
     "gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes",
 )
 _FLOAT_COLUMNS = STEP_COLUMNS[1:11]
+_BUCKETS = STEP_COLUMNS.index("buckets")
 SAMPLE_KEYS = STEP_COLUMNS[12:]  # sampled by the writer, once per batch
 
 _SCHEMA = """
@@ -198,17 +202,9 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
     and ``exit`` (None when it never wrote one: killed, or still running). ``max_points``
     keeps about that many evenly spaced rows; ``bin_stride`` adds ``binned`` (see
     ``read_binned``), read through the same connection."""
-    if not os.path.exists(path):
-        raise HistoryError(f"{path}: no such file")
+    db = _open(path)
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    except sqlite3.Error as exc:
-        raise HistoryError(f"{path} cannot be opened ({exc})") from None
-    try:
-        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        version = int(meta.get("schema_version", 0))
-        if version != SCHEMA_VERSION:
-            raise HistoryError(f"{path} has history schema {version}; this ddpmon reads {SCHEMA_VERSION}")
+        meta = _meta(db, path)
         identity = json.loads(meta.get("identity") or "{}")
         where = ""
         (count,) = db.execute("SELECT count(*) FROM steps").fetchone()
@@ -217,9 +213,8 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
             where = (f" WHERE step IN (SELECT step FROM (SELECT step, row_number() OVER (ORDER BY step) AS n "
                      f"FROM steps) WHERE n % {stride} = 0 OR n = {count})")
         rows = db.execute(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps{where} ORDER BY step").fetchall()
-        findings = [dict(zip(("unix", "step", "kind", "key", "text"), r))
-                    for r in db.execute("SELECT unix, step, kind, key, text FROM findings ORDER BY unix")]
-        ex = db.execute("SELECT unix, step, how, record FROM exit").fetchone()
+        findings = _findings(db)
+        ended = _exit(db)
         binned = _binned(db, bin_stride) if bin_stride else None
     except sqlite3.DatabaseError as exc:
         raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
@@ -230,10 +225,41 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
         columns["buckets"] = [json.loads(b) if b else None for b in columns["buckets"]]
     return {
         "path": path, "meta": meta, "identity": identity, "rank": identity.get("rank"),
-        "rows": count, "steps": columns, "findings": findings, "binned": binned,
-        "exit": None if ex is None else {"unix": ex[0], "step": ex[1], "how": ex[2],
-                                         "record": json.loads(ex[3]) if ex[3] else None},
+        "rows": count, "steps": columns, "findings": findings, "binned": binned, "exit": ended,
     }
+
+
+def _open(path: str) -> sqlite3.Connection:
+    """A read-only connection (autocommit: a reader's own BEGIN holds one snapshot)."""
+    if not os.path.exists(path):
+        raise HistoryError(f"{path}: no such file")
+    try:
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise HistoryError(f"{path} cannot be opened ({exc})") from None
+
+
+def _meta(db: sqlite3.Connection, path: str) -> dict[str, str]:
+    """The ``meta`` table; HistoryError for a schema this ddpmon does not read."""
+    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    version = int(meta.get("schema_version", 0))
+    if version != SCHEMA_VERSION:
+        raise HistoryError(f"{path} has history schema {version}; this ddpmon reads {SCHEMA_VERSION}")
+    return meta
+
+
+def _findings(db: sqlite3.Connection, newest: int = -1) -> list[dict[str, Any]]:
+    """The findings, oldest first (only the ``newest`` ones when not -1)."""
+    rows = db.execute("SELECT unix, step, kind, key, text FROM findings ORDER BY unix DESC, rowid DESC "
+                      "LIMIT ?",
+                      (newest,)).fetchall()
+    return [dict(zip(("unix", "step", "kind", "key", "text"), r)) for r in reversed(rows)]
+
+
+def _exit(db: sqlite3.Connection) -> dict[str, Any] | None:
+    ex = db.execute("SELECT unix, step, how, record FROM exit").fetchone()
+    return None if ex is None else {"unix": ex[0], "step": ex[1], "how": ex[2],
+                                    "record": json.loads(ex[3]) if ex[3] else None}
 
 
 def bytes_per_step(path: str) -> float | None:
@@ -279,12 +305,225 @@ def _binned(db: sqlite3.Connection, stride: int) -> dict[str, list[Any]]:
 
 def max_step(path: str) -> int:
     """The last step recorded (0 when none)."""
+    return size(path)[1]
+
+
+def size(path: str) -> tuple[int, int]:
+    """The rows kept and the last step recorded (0 when none)."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
         try:
-            (last,) = db.execute("SELECT coalesce(max(step), 0) FROM steps").fetchone()
+            rows, last = db.execute("SELECT count(*), coalesce(max(step), 0) FROM steps").fetchone()
         finally:
             db.close()
     except sqlite3.Error as exc:
         raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
-    return int(last)
+    return int(rows), int(last)
+
+
+# -- served: the node daemon's /history, and a copy made of its pages -------------------------------
+#
+# ``ddpmon daemon --serve-state`` answers ``GET /history?rank=R&since=S`` with a page of one
+# rank's steps (``page``), so that a report on another machine reads every rank of a job
+# without a shared file system, a bounded answer at a time; the reader writes the pages into a
+# file of this very format (``HistoryCopy``) and reads it as it reads a local one.
+
+PAGE_FORMAT = 1
+"""The version of ``/history``'s JSON; a reader refuses another one, saying so."""
+PAGE_ROWS = 5_000
+"""Steps per answer at most (``limit``, 1 to this)..."""
+PAGE_BYTES = 2 * 2**20
+"""...and this many bytes of rows (``page`` counts them): the page ends with the row that
+reaches it (a row is never split; one with 256 buckets is about 8 KiB). Reading and
+encoding a full page takes the daemon's worker tens of milliseconds, so a scrape never
+waits long behind one."""
+PAGE_FINDINGS = 1_000
+"""The newest findings, on a history's last page."""
+QUERY_KEYS = ("job", "rank", "since", "limit", "buckets")
+
+
+class BadQuery(ValueError):
+    """A ``/history`` query that cannot be answered; the message says what was wrong and what
+    is accepted."""
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a ``/history`` request asks for: the node's histories (``rank`` None), or a page
+    of the steps of ``rank`` (of ``job``) after step ``since``."""
+
+    job: str | None = None
+    rank: int | None = None
+    since: int = 0
+    limit: int | None = None
+    """Steps at most in the page; None: the daemon's bound, ``PAGE_ROWS``."""
+    buckets: bool = True
+
+    @classmethod
+    def parse(cls, query: Mapping[str, Sequence[str]]) -> Ask:
+        """The request of a parsed query string (``parse_qs``); BadQuery says what is wrong."""
+        unknown = sorted(set(query) - set(QUERY_KEYS))
+        if unknown:
+            raise BadQuery(f"unknown parameter {unknown[0]!r}: /history takes {', '.join(QUERY_KEYS)}")
+        one: dict[str, str] = {}
+        for key, values in query.items():
+            if len(values) != 1:
+                raise BadQuery(f"{key} is given {len(values)} times: give it once")
+            one[key] = values[0]
+        if "rank" not in one:
+            extra = sorted(set(one) - {"job"})
+            if extra:
+                raise BadQuery(f"{extra[0]} needs rank=R (without rank, /history lists this node's histories)")
+            return cls(job=one.get("job") or None)
+        buckets = one.get("buckets", "1")
+        if buckets not in ("0", "1"):
+            raise BadQuery(f"buckets={buckets!r} is not valid: expected 1 (with each step's buckets) or 0")
+        return cls(job=one.get("job") or None, rank=_whole(one, "rank", "a rank number (0, 1, ...)", 0),
+                   since=_whole(one, "since", "a step number (0 for the first page)", 0) if "since" in one else 0,
+                   limit=_whole(one, "limit", f"1 to {PAGE_ROWS} steps per answer", 1, PAGE_ROWS)
+                   if "limit" in one else None,
+                   buckets=buckets == "1")
+
+    def query(self) -> str:
+        """The query string that asks for this (the reader's side of ``parse``)."""
+        items = [("job", self.job)] if self.job is not None else []
+        if self.rank is not None:
+            items += [("rank", self.rank), ("since", self.since)]
+            items += [("limit", self.limit)] if self.limit is not None else []
+            items += [("buckets", 0)] if not self.buckets else []
+        return urllib.parse.urlencode(items)
+
+
+def _whole(query: dict[str, str], key: str, expected: str, low: int, high: int | None = None) -> int:
+    text = query[key]
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        raise BadQuery(f"{key}={text!r} is not valid: expected {expected}")
+    return value
+
+
+ROW_BYTES = 400
+"""At most a row's JSON without its buckets (15 numbers, commas and brackets): with the
+buckets' length, the bound a page's bytes are counted by."""
+
+
+def page(path: str, since: int = 0, limit: int | None = None, buckets: bool = True,
+         max_bytes: int | None = None) -> dict[str, Any]:
+    """The steps after ``since`` of one history, oldest first, read in one snapshot: at most
+    ``limit`` rows (default ``PAGE_ROWS``) and ``max_bytes`` (``PAGE_BYTES``) of them as JSON (counted as ``ROW_BYTES`` plus the
+    buckets' text per row; the row that reaches it ends the page). ``columns`` names the
+    values of each row as the file keeps them (``buckets``: its JSON text, or left out);
+    ``next_since`` is the cursor of the next page, None on the last one, which also carries
+    the findings (the newest ``PAGE_FINDINGS``) and how the rank ended."""
+    columns = STEP_COLUMNS if buckets else tuple(c for c in STEP_COLUMNS if c != "buckets")
+    limit = PAGE_ROWS if limit is None else limit
+    max_bytes = PAGE_BYTES if max_bytes is None else max_bytes
+    db = _open(path)
+    try:
+        db.execute("BEGIN")
+        meta = _meta(db, path)
+        total, last = db.execute("SELECT count(*), coalesce(max(step), 0) FROM steps").fetchone()
+        found = db.execute(f"SELECT {', '.join(columns)} FROM steps WHERE step > ? ORDER BY step LIMIT ?",
+                           (since, limit))
+        rows: list[tuple[Any, ...]] = []
+        size = 0
+        for row in found:
+            rows.append(row)
+            size += ROW_BYTES + (len(row[_BUCKETS]) if buckets and isinstance(row[_BUCKETS], str) else 0)
+            if size >= max_bytes:
+                break
+        more = bool(rows) and rows[-1][0] < last
+        out: dict[str, Any] = {
+            "format": PAGE_FORMAT, "meta": meta, "identity": json.loads(meta.get("identity") or "{}"),
+            "rows_total": total, "last_step": last, "since": since, "columns": list(columns), "rows": rows,
+            "next_since": rows[-1][0] if more else None,
+        }
+        if not more:
+            out["findings"] = _findings(db, PAGE_FINDINGS)
+            out["exit"] = _exit(db)
+    except (sqlite3.DatabaseError, ValueError) as exc:
+        raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
+    finally:
+        db.close()
+    return out
+
+
+class HistoryCopy:
+    """A history written from the pages of ``page`` (read from a node daemon): a file of
+    the rank's own format, so that the report and compare read it as they read a local one.
+    ``add`` each page in order; a page that is not one of ``page``'s, or of another run of
+    the rank (its history restarted while it was read), raises HistoryError."""
+
+    def __init__(self, path: str, where: str) -> None:
+        self.path = path
+        self.where = where  # the page's source, for the messages
+        self.created: str | None = None
+        self.rows = 0
+        self._db: sqlite3.Connection | None = None
+
+    def add(self, answer: Any) -> None:
+        try:
+            meta, columns, rows = answer["meta"], answer["columns"], answer["rows"]
+            if not (isinstance(meta, dict) and isinstance(columns, list) and isinstance(rows, list)):
+                raise TypeError("meta, columns or rows of the wrong type")
+            index = [columns.index(c) if c in columns else None for c in STEP_COLUMNS]
+            values = [tuple(_stored(c, row[i] if i is not None else None) for c, i in zip(STEP_COLUMNS, index))
+                      for row in rows]
+            last = answer.get("next_since") is None
+            findings = [tuple(f[k] for k in ("unix", "step", "kind", "key", "text")) for f in answer["findings"]] if last else []
+            ended = answer["exit"] if last else None
+            if ended is not None:
+                record = ended.get("record")
+                ended = (ended["unix"], ended.get("step"), ended["how"], json.dumps(record, default=str) if record else None)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            raise HistoryError(f"{self.where}: not a page of ddpmon's /history ({exc!r})") from None
+        if self._db is None:
+            self._start(meta)
+        elif meta.get("created_unix") != self.created:
+            raise HistoryError(f"{self.where}: the rank's history started anew while it was read (a new run "
+                               "in the same directory); read it again")
+        assert self._db is not None
+        marks = ",".join("?" * len(STEP_COLUMNS))
+        try:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})",
+                                     values)
+                self._db.executemany("INSERT INTO findings VALUES (?, ?, ?, ?, ?)", findings)
+                if ended is not None:
+                    self._db.execute("INSERT INTO exit VALUES (?, ?, ?, ?)", ended)
+        except sqlite3.Error as exc:  # a NULL where the file needs a value, a value sqlite cannot store
+            raise HistoryError(f"{self.where}: not a page of ddpmon's /history ({exc})") from None
+        self.rows += len(values)
+
+    def _start(self, meta: dict[str, Any]) -> None:
+        if str(meta.get("schema_version")) != str(SCHEMA_VERSION):
+            raise HistoryError(f"{self.where} has history schema {meta.get('schema_version')}; this ddpmon "
+                               f"reads {SCHEMA_VERSION}: read it with the daemon's ddpmon version")
+        self.created = meta.get("created_unix")
+        self._db = sqlite3.connect(self.path, isolation_level=None)
+        self._db.execute("PRAGMA synchronous=OFF")  # a scratch copy: nothing to keep after a crash
+        self._db.executescript(_SCHEMA)
+        self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(str(k), str(v)) for k, v in meta.items()])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _stored(column: str, value: Any) -> Any:
+    """A served value as the file keeps it: a step number, a number or NULL, buckets as JSON."""
+    if column == "step":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"step {value!r} is not a step number")
+        return value
+    if column == "buckets":  # JSON text, checked: the reader decodes it
+        try:
+            return value if isinstance(value, str) and isinstance(json.loads(value), list) else None
+        except (ValueError, RecursionError):
+            return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -166,16 +167,43 @@ def test_killed_and_live_jobs(tmp_path):
 
 
 def test_report_through_the_node_daemon(runs):
+    """The daemon serves the job's state files and histories: the report read through it has
+    every rank's steps, with the values of the local files, and the figures of the directory."""
     workdir, _ = runs["slow"]
-    daemon, port = start_daemon("--state-dir", str(workdir / "state"), "--serve-state")
+    state = str(workdir / "state")
+    daemon, port = start_daemon("--state-dir", state, "--serve-state")
+    address = f"127.0.0.1:{port}"
     try:
-        done = cli("report", "--from", f"127.0.0.1:{port}", "--json")
-        page = cli("report", "--from", f"127.0.0.1:{port}", "-o", str(workdir / "remote.html"))
+        pages = {}
+        for rank in (0, 1):
+            with urllib.request.urlopen(f"http://{address}/history?rank={rank}", timeout=10) as r:
+                pages[rank] = json.loads(r.read())
+        done = cli("report", "--from", address, "--json")
+        page = cli("report", "--from", address, "-o", str(workdir / "remote.html"))
     finally:
         daemon.kill()
         daemon.communicate()
+    for rank, p in pages.items():
+        assert (p["job"], p["rank"], p["identity"]["rank"], p["next_since"]) == ("slow", rank, rank, None)
+        local = history.read(history.path_for(state, rank), decode_buckets=False)
+        assert [dict(zip(p["columns"], row)) for row in p["rows"]] == [
+            {c: local["steps"][c][i] for c in p["columns"]} for i in range(STEPS)]
+        assert p["exit"]["how"] == "detached" and p["findings"] == local["findings"]
     assert done.returncode == 0 and page.returncode == 0, done.stderr + page.stderr
     s = json.loads(done.stdout)
-    assert s["ranks"] == 2 and s["steps"] == STEPS and s["job"] == "slow"
+    assert s["ranks"] == 2 and s["steps"] == STEPS and s["job"] == "slow" and s["problems"] == []
     assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
-    assert any("no step history" in p for p in s["problems"])
+    assert [r["history_rows"] for r in s["per_rank"]] == [STEPS, STEPS]
+    assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
+    near = json.loads(cli("report", state, "--json").stdout)
+    assert [{k: v for k, v in r.items() if k != "history"} for r in near["per_rank"]] == [
+        {k: v for k, v in r.items() if k != "history"} for r in s["per_rank"]]
+    for key in ("median_step_seconds", "phases", "buckets", "slowest_rank", "straggler", "verdict"):
+        assert near[key] == s[key], key
+    assert cli("report", state, "-o", str(workdir / "local.html")).returncode == 0
+
+    def charts(path):
+        text = path.read_text()
+        return json.loads(text.split('<script id="ddpmon-data" type="application/json">')[1].split("</script>")[0])["charts"]
+
+    assert charts(workdir / "remote.html") == charts(workdir / "local.html")

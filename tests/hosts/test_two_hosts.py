@@ -10,6 +10,9 @@ of a lost node alone.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -299,3 +302,43 @@ def test_doctor_answers_within_10_s_whatever_the_number_of_dead_daemons(cluster:
     silent = [f["summary"] for f in report["findings"] if f["kind"] == "unreachable_daemon"]
     assert [s.split("/state")[0] for s in silent] == [f"http://{x}:{DAEMON_PORT}" for x in nowhere]
     assert all("no answer within 3 s" in s for s in silent), silent
+
+
+def test_report_from_both_hosts(cluster: hosts.Cluster) -> None:
+    """No shared file system: `report --from` on host-a reads every rank's step history through
+    both daemons, with the figures of the two hosts' directories read together; a daemon
+    whose packets are dropped is named, and the report goes on with the others."""
+    a, b = cluster.hosts
+    for h in cluster.hosts:
+        hosts.start_daemon(h, DAEMON_PORT)
+    ranks = hosts.start_job(cluster, "train")
+    wait_for("every rank to train", training(cluster), cluster)
+    time.sleep(2.5)  # the history writers' next passes
+    for p in ranks:  # the histories stop changing (each rank keeps its committed batches)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    nowhere = f"{hosts.NETS['mgmt']}.100"
+    a.ip("neigh", "add", nowhere, "lladdr", "02:00:00:00:02:00", "dev", hosts.IFACE["mgmt"], "nud", "permanent")
+    started = time.monotonic()
+    far = a.run([sys.executable, "-m", "ddpmon", "report", *sources(a.addr(), b.addr(), nowhere), "--json"], timeout=90)
+    took = time.monotonic() - started
+    assert far.returncode == 0, far.stderr + logs(cluster)
+    s = json.loads(far.stdout)
+    assert (s["job"], s["ranks"], s["hosts"]) == ("two-hosts", 4, ["host-a", "host-b"])
+    assert [r["history"] for r in s["per_rank"]] == [
+        f"{h.addr()}:{DAEMON_PORT}/rank-{r}.history.sqlite" for h, r in ((a, 0), (a, 1), (b, 2), (b, 3))]
+    assert all(r["history_rows"] >= 5 for r in s["per_rank"]), s["per_rank"]
+    assert (f"ddpmon report: {nowhere}:{DAEMON_PORT}: http://{nowhere}:{DAEMON_PORT}/history cannot be read "
+            "(no answer within 3 s); its ranks are not in the report") in far.stderr
+    assert took < 30.0
+
+    dirs = [str(d) for h in cluster.hosts for d in h.tmp.glob("ddpmon-*/two-hosts")]
+    near = subprocess.run([sys.executable, "-m", "ddpmon", "report", *dirs, "--json"], capture_output=True, text=True,
+                          timeout=90, cwd=hosts.ROOT, env=a.env(), check=False)
+    assert near.returncode == 0, near.stderr
+    local = json.loads(near.stdout)
+    history_only = ("history", "status")  # (the status is the doctor's, which sees host-a's processes from host-a)
+    assert [{k: v for k, v in r.items() if k not in history_only} for r in local["per_rank"]] == [
+        {k: v for k, v in r.items() if k not in history_only} for r in s["per_rank"]]
+    for key in ("steps", "median_step_seconds", "phases", "buckets", "slowest_rank"):
+        assert local[key] == s[key], key

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -54,6 +55,15 @@ def serving_port(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     proc.kill()
     out, err = proc.communicate()
     pytest.fail(f"the daemon did not start:\nstdout: {out}\nstderr: {err}")
+
+
+def get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """GET ``url``: (status, body), for an HTTP error's answer too."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def scrape(port: int, path: str = "/metrics") -> str:

@@ -12,8 +12,6 @@ import http.client
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -22,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ddpmon.daemon import Daemon
 from ddpmon.metrics import exposition
+from tests.support.commands import get
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,14 +36,6 @@ class One:
         g = GaugeMetricFamily("ddpmon_rank_info", "help")
         g.add_metric([], 1.0)
         yield g
-
-
-def get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def timed_get(port: int, path: str = "/metrics") -> tuple[int, float]:
@@ -158,7 +149,7 @@ def test_at_the_cap_the_connection_that_waited_longest_makes_room(monkeypatch: p
 
 
 def test_prometheus_keeps_its_connection_and_gets_gzip_and_head() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda: ("application/json", b"[]" * 5000)})
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda query: ("application/json", b"[]" * 5000)})
     try:
         conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
         conn.request("GET", "/metrics")
@@ -204,7 +195,7 @@ def test_bad_requests_are_answered_and_closed() -> None:
 def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(exposition, "MAX_UNSENT_BYTES", 30 * 2**20)
     big = b"x" * 20 * 2**20
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda: ("application/json", big)})
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda query: ("application/json", big)})
     try:
         readers = []
         for _ in range(2):  # ask for 20 MiB and read none of it
@@ -229,7 +220,7 @@ def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.Mon
 def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.5)
     endpoint = exposition.serve(One(seconds=3.0), 0, "127.0.0.1",
-                                quick_routes={"/healthz": lambda: ("text/plain", b"ok\n")})
+                                quick_routes={"/healthz": lambda query: ("text/plain", b"ok\n")})
     try:
         slow = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
         slow.request("GET", "/metrics")  # the worker is busy for 3 s
@@ -238,6 +229,21 @@ def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.Monk
         assert status == 200 and seconds < 0.5, "a quick route is answered on the loop"
         assert (closed_by_server(silent(endpoint.port), 2.0) or 99) < 1.0, "deadlines hold meanwhile"
         assert slow.getresponse().status == 200
+    finally:
+        endpoint.close()
+
+
+def test_a_route_reads_the_query_and_answers_400_to_a_bad_one() -> None:
+    def echo(query: exposition.Query) -> tuple[str, bytes]:
+        if "bad" in query:
+            raise exposition.BadRequest("bad is not taken here: give good=N")
+        return "text/plain", repr(sorted(query.items())).encode()
+
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/echo": echo})
+    try:
+        assert get(f"http://127.0.0.1:{endpoint.port}/echo?a=1&a=2&b=") == (200, b"[('a', ['1', '2']), ('b', [''])]")
+        assert get(f"http://127.0.0.1:{endpoint.port}/echo?bad=1") == (400, b"bad is not taken here: give good=N\n")
+        assert get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200
     finally:
         endpoint.close()
 
@@ -252,7 +258,7 @@ def test_a_failing_collector_or_route_answers_500_and_the_endpoint_goes_on() -> 
                 raise RuntimeError("the GPU went away")
             yield from super().collect()
 
-    def broken() -> tuple[str, bytes]:
+    def broken(query: exposition.Query) -> tuple[str, bytes]:
         raise ValueError("a bug")
 
     endpoint = exposition.serve(Flaky(), 0, "127.0.0.1", {"/state": broken})
