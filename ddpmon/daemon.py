@@ -31,11 +31,18 @@ from typing import Any
 import psutil
 
 from . import __version__
+from .activity import Status
 from .collectors import host, nvml
 from .errors import StateFileError
-from .activity import Status
 from .metrics.catalog import DAEMON_ACTIVITIES
-from .metrics.exposition import BadRequest, Query, Sample, Unhealthy, families, state_set
+from .metrics.exposition import (
+    BadRequest,
+    Query,
+    Sample,
+    Unhealthy,
+    families,
+    state_set,
+)
 from .state import fault, files, history, records, schema
 
 log = logging.getLogger("ddpmon")
