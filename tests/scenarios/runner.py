@@ -32,8 +32,8 @@ class Kind:
     culprit_is_suspect: bool
     moment: str
     """death: the culprit ended; hang: the culprit misbehaves for a while; hold: inside a
-    long healthy pause; post: inside work after the loop; paced: 24 steps into a straggler
-    (or every rank's jitter), the job running; end: every rank ended."""
+    long healthy pause; post: inside work after the loop; paced: 24 steps (by default) into a
+    straggler (or every rank's jitter), the job running; end: every rank ended."""
     symmetric: bool = False
     """Two ranks that disagree (size, dtype, order) cannot say which one is wrong: in a
     2-rank job naming both is right too."""
@@ -60,6 +60,7 @@ KINDS: dict[str, Kind] = {
     "slow_data": Kind("straggler", True, "paced"),
     "slow_forward": Kind("straggler", True, "paced"),
     "slow_backward": Kind("straggler", True, "paced"),
+    "slow_optimizer": Kind("straggler", True, "paced"),
 }
 
 
@@ -86,9 +87,9 @@ class Outcome:
     """The doctor's Diagnosis that decided (the first wrong one, else the last)."""
 
 
-def draw(rng: random.Random, kinds: list[str] | None = None) -> Scenario:
+def draw(rng: random.Random, kinds: list[str] | None = None, max_world: int = 4) -> Scenario:
     kind = rng.choice(kinds or sorted(KINDS))
-    world = rng.randint(2, 4)
+    world = rng.randint(2, max_world)
     return Scenario(kind, world, rng.randrange(world), rng.randint(2, 6))
 
 
@@ -97,7 +98,8 @@ def expected(s: Scenario) -> tuple[str, list[int]]:
     return k.verdict, [s.culprit] if k.culprit_is_suspect else []
 
 
-CAUSE_WORDS = {"slow_data": "in data wait", "slow_forward": "in forward", "slow_backward": "in backward compute"}
+CAUSE_WORDS = {"slow_data": "in data wait", "slow_forward": "in forward", "slow_backward": "in backward compute",
+               "slow_optimizer": "in the optimizer step"}
 """How the straggler finding names each straggler kind's part: a right rank with the wrong
 cause is wrong."""
 

@@ -26,15 +26,18 @@ import ddpmon
 
 OUT = os.environ.get("DDPMON_TEST_OUT", ".")
 EXTRA_STEPS = 8
-PACED_STEPS = 40
-"""Steps after STEP in the straggler and jitter kinds; every rank marks ``paced`` at
-``PACED_AT`` of them, when the doctor is asked (the last 20 steps all paced)."""
-PACED_AT = 24
+PACED_AT = int(os.environ.get("DDPMON_SCENARIO_PACED_AT", "24"))
+"""Steps after STEP in the straggler and jitter kinds when every rank marks ``paced``, and
+the doctor is asked."""
+PACED_STEPS = PACED_AT + 16
 PACE = 0.005
-"""Seconds every rank spends in each of data loading, forward and backward per paced step."""
-SLOW = 0.006
-"""Seconds a straggler's part takes longer per step (its busy time about 35% longer)."""
-SLOW_PART = {"slow_data": "data_wait", "slow_forward": "forward", "slow_backward": "backward"}
+"""Seconds every rank spends in each of data loading, forward, backward and the optimizer
+per paced step."""
+SLOW = float(os.environ.get("DDPMON_SCENARIO_SLOW_SHARE", "0.3")) * 4 * PACE
+"""Seconds a straggler's part takes longer per step: by default 30% of the paced work (its
+busy time about 25% longer, compute and overheads counted)."""
+SLOW_PART = {"slow_data": "data_wait", "slow_forward": "forward", "slow_backward": "backward",
+             "slow_optimizer": "optimizer"}
 HOLD = float(os.environ.get("DDPMON_SCENARIO_HOLD", "9"))
 """Seconds a long healthy pause (evaluation, checkpoint, post-loop work) lasts."""
 
@@ -99,6 +102,8 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
     ddp = DDP(model)
     ddpmon.attach(ddp, job="scenario", state_interval=0.2)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    slow_optimizer = [0.0]
+    opt.register_step_pre_hook(lambda *_: time.sleep(slow_optimizer[0]))  # inside the optimizer's step
     me = rank == culprit
     paced = kind in SLOW_PART or kind == "jitter"
     steps = at + (PACED_STEPS if paced else EXTRA_STEPS)
@@ -107,13 +112,14 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
     jitter = random.Random(rank)
     for step in range(steps):
         if paced and step >= at:
-            extra = dict.fromkeys(("data_wait", "forward", "backward"), PACE)
+            extra = dict.fromkeys(("data_wait", "forward", "backward", "optimizer"), PACE)
             if kind == "jitter":  # every rank, a random part, up to the straggler's slowdown
                 extra[jitter.choice(list(extra))] += jitter.uniform(0.0, SLOW)
             elif me:
                 extra[SLOW_PART[kind]] += SLOW
             time.sleep(extra["data_wait"])
             model.extra.update(forward=extra["forward"], backward=extra["backward"])
+            slow_optimizer[0] = extra["optimizer"]
             if step == at + PACED_AT:
                 mark(rank, "paced")
         if step == at:
