@@ -19,8 +19,8 @@ straggler when its score is at least ``SCORE_WARN`` and its gap stands out of ze
 Student's t (``critical_value``, with a margin that grows with the ranks compared), over the
 last 20, 50 or 150 steps (``SCORE_WINDOWS``): a short
 window names a straggler within 20 steps on a quiet machine, a long one names it through a
-busy machine's noise. The cause is the part whose own per-step excess explains most of the
-gap. Files of an older ddpmon, without the steps one by one, are compared on their means.
+busy machine's noise; the shortest window that names it gives its score and cause. The
+cause is the part whose own per-step excess explains most of the gap. Files of an older ddpmon, without the steps one by one, are compared on their means.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MIN_GAP_SECONDS = 0.001
 MIN_STEPS = 10
 """Fewer steps than this are not compared."""
 SCORE_WINDOWS = (20, 50, 150)
-"""The last steps each rank is compared over; the window with the strongest evidence wins."""
+"""The last steps each rank is compared over (``_telling`` picks one)."""
 PHASE_STEPS = 20
 """The last steps ``StepPhases``' means describe."""
 WARMUP_STEPS = 5
@@ -210,16 +210,13 @@ def _step_by_step(ranks: dict[int, StepPhases], common: list[int]) -> dict[int, 
     comparisons = len(ranks) * len(windows)
     out = {}
     for rank, (diffs, baselines) in busy.items():
-        best: Score | None = None
+        tested = []
         for w in windows:
             excess, error = typical(diffs[-w:])
             baseline = typical(baselines[-w:])[0]
-            s = Score(rank, busy_ratio(baseline + excess, baseline), baseline + excess, baseline, error, w,
-                      comparisons)
-            if best is None or _evidence(s) > _evidence(best):
-                best = s
-        assert best is not None
-        out[rank] = best
+            tested.append(Score(rank, busy_ratio(baseline + excess, baseline), baseline + excess, baseline, error, w,
+                                comparisons))
+        out[rank] = _telling(tested)
     top = max(out.values(), key=lambda s: s.score)
     explained = [s for s in out.values() if s.score >= SCORE_WARN or s is top]
     parts = {part: (values, _OthersMedian(values)) for part in BUSY_PARTS for values in [columns(part + "_seconds")]}
@@ -268,11 +265,15 @@ class _OthersMedian:
                 for v, (low, high, above, between, below) in zip(mine, self._table)]
 
 
-def _evidence(s: Score) -> float:
-    """How far the gap stands out of its noise (a window that does not make a straggler
-    loses to one that does)."""
-    t = s.gap_seconds / s.noise_seconds if s.noise_seconds > 0 else math.copysign(math.inf, s.gap_seconds)
-    return t + (1e9 if s.straggler else 0.0)
+def _telling(tested: list[Score]) -> Score:
+    """Of one rank's windows (shortest first), the shortest that makes it a straggler: the
+    most recent evidence, so that its score and cause are what the rank does now (a rank
+    slow in its forward, then in its backward, is named for its backward). When none does,
+    the one whose gap stands furthest out of its noise."""
+    named = [s for s in tested if s.straggler]
+    if named:
+        return named[0]
+    return max(tested, key=lambda s: s.gap_seconds / s.margin_seconds if s.margin_seconds > 0 else -math.inf)
 
 
 def _explain(s: Score, excess: dict[str, float]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ddpmon import steps as scoring
+from ddpmon.state import records
 from ddpmon.state.schema import StepPhases
 from tests.support import harness
 
@@ -57,7 +58,7 @@ def test_readme_loop_counts_64_of_64_steps_and_its_parts_sum(tmp_path: Path) -> 
 
 
 def scores_of(segment_by_rank: dict[int, dict[str, Any]]) -> dict[int, scoring.Score]:
-    return scoring.scores({r: StepPhases(**s["phases"]) for r, s in segment_by_rank.items()})
+    return scoring.scores({r: records.load(StepPhases, s["phases"]) for r, s in segment_by_rank.items()})
 
 
 def test_stragglers_of_every_part_are_named_with_their_cause_and_jitter_is_healthy(tmp_path: Path) -> None:
