@@ -146,7 +146,8 @@ class Score:
     steps: int = 0
     """The steps compared."""
     comparisons: int = 1
-    """The gaps tested alongside this one (ranks x windows), which widen its margin."""
+    """The gaps tested alongside this one (ranks x windows; two ranks count as one, each
+    one's gap being the other's mirrored), which widen its margin."""
     shares: dict[str, float] = field(default_factory=dict)
     """Of the gap, the share each part explains (excess over the peers' median, 0..1); only
     for a rank at least ``SCORE_WARN`` slower, or the slowest."""
@@ -207,7 +208,7 @@ def _step_by_step(ranks: dict[int, StepPhases], common: list[int]) -> dict[int, 
     busy_others = _OthersMedian(busy_values)
     busy = {r: _against_others(v, busy_others.of(v)) for r, v in busy_values.items()}
     windows = sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
-    comparisons = len(ranks) * len(windows)
+    comparisons = (len(ranks) if len(ranks) > 2 else 1) * len(windows)  # two ranks' gaps are one, mirrored
     out = {}
     for rank, (diffs, baselines) in busy.items():
         tested = []
