@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import steps
 from ..errors import StateFileError
-from ..state import files, schema
+from ..state import files, records, schema
 from .common import add_state_dir_argument, default_state_dir, no_state_dir
 
 HELP = "show every rank of a job (steps, step time, communication, buckets) from its state files"
@@ -89,7 +89,7 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
     for s in states:
         p = (s.get("timings") or {}).get("phases")
         if p:
-            phases[s.get("rank", 0)] = schema.StepPhases(**p)
+            phases[s.get("rank", 0)] = records.load(schema.StepPhases, p, "timings.phases")
     if not phases:
         return []
     scores = steps.scores(phases)
