@@ -103,3 +103,19 @@ def test_files_are_read_as_untrusted(tmp_path: Path) -> None:
     os.symlink(good, tmp_path / "link.json")
     with pytest.raises(StateFileError, match="symbolic link"):
         profiles.read(str(tmp_path / "link.json"))
+
+
+def test_the_largest_excess_comes_first_and_the_largest_shortfall_last() -> None:
+    def ranked(mm: float, add: float, total: float, relu: float) -> profiles.Profile:
+        return profiles.parse(trace([*steps(1, 0, 10000), frame("model.py(40): forward", 0, 9000),
+                                     op("aten::mm", 10, mm), op("aten::add", 10 + mm, add),
+                                     op("aten::sum", 10 + mm + add, total),
+                                     op("aten::relu", 10 + mm + add + total, relu)]))
+
+    def named(lines: list[str]) -> list[str]:
+        return [line.split(" in ")[1].split(" (")[0] for line in lines if line.startswith("  ")]
+
+    slow, healthy = ranked(3000, 1000, 10, 100), ranked(1, 1, 500, 2000)
+    assert [d.name for d in profiles.compare(slow, healthy)] == ["aten::mm", "aten::add", "aten::sum", "aten::relu"]
+    assert named(profiles.summary(1, slow, 0, healthy)) == ["aten::mm", "aten::add", "aten::relu", "aten::sum"]
+    assert named(profiles.summary(1, slow, 0, healthy, top=1, fewer=1)) == ["aten::mm", "aten::relu"]
