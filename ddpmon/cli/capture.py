@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from .. import profiles
 from ..errors import StateFileError
 from ..state import captures, files, schema
-from .common import add_state_dir_argument, default_state_dir, no_state_dir
+from .common import add_state_dir_argument, default_state_dir, no_state_dir, seconds
 
 HELP = ("Profile a live rank's next steps with torch.profiler (a Chrome/Perfetto trace), and with "
         "--compare say which operators it spends more time in than a healthy peer.")
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", type=_rank, metavar="R2",
                         help="also profile rank R2, a healthy peer, over the same steps, and list the "
                         "operators whose self time per step differs most, with their call sites")
-    parser.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"how long to wait for the rank to reach a step boundary (default "
                         f"{DEFAULT_TIMEOUT:.0f}); recording its steps gets more time")
     parser.add_argument("--json", action="store_true", help="print the outcome (and the comparison) as JSON")
@@ -399,33 +399,24 @@ def _ranks(ranks: list[int]) -> str:
 # -- argument types ---------------------------------------------------------------------------
 
 
-def _rank(text: str) -> int:
+def _integer(text: str, what: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (a whole number from 0)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def _rank(text: str) -> int:
+    value = _integer(text, "a rank (a whole number from 0)")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank (a whole number from 0)")
     return value
 
 
 def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps") from None
+    value = _integer(text, "a number of steps")
     if not 1 <= value <= captures.MAX_STEPS:
         raise argparse.ArgumentTypeError(
             f"{value} steps: a capture records 1 to {captures.MAX_STEPS} (the profiler holds every "
             "event in memory until the end)")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
     return value

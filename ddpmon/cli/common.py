@@ -1,5 +1,5 @@
 """What several subcommands share: the state-directory argument and its default, -v/--verbose,
-and what a subcommand whose module cannot be imported does instead."""
+a number of seconds, and what a subcommand whose module cannot be imported does instead."""
 
 from __future__ import annotations
 
@@ -115,3 +115,14 @@ def no_state_dir(command: str) -> str:
     return (f"ddpmon {command}: no state directory given, DDPMON_STATE_DIR is not set and "
             f"{default_state_root()} (your jobs' default root) holds no job: pass STATE_DIR "
             "(another user's job: its DDPMON_STATE_DIR, or <tmp>/ddpmon-<their uid>/<job>)")
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value

@@ -10,7 +10,6 @@ every 10 steps), and each writes result-<rank>.json.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.distributed.worker import MLP, RANK, batch, init
+from tests.distributed.worker import MLP, RANK, batch, finish, init
 
 MAX_SECONDS = 90.0
 
@@ -77,11 +76,4 @@ def main(slow_rank: str, *options: str) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    result = main(*sys.argv[1:])
-    with open(os.path.join(os.environ["DDPMON_TEST_OUT"], f"result-{RANK}.json"), "w") as f:
-        json.dump(result, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)  # as tests/distributed/worker.py: no interpreter finalization after gloo
+    finish(main(*sys.argv[1:]))
