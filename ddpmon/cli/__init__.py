@@ -20,7 +20,7 @@ from . import common
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 
-SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards", "report", "compare", "run")
+SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards", "report", "compare", "run", "capture")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """What several subcommands share: the state-directory argument and its default, -v/--verbose,
-and what a subcommand whose module cannot be imported does instead."""
+a number of seconds, and what a subcommand whose module cannot be imported does instead."""
 
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ gradients were synchronised: ``hooks/optimizer.py``), and the loop itself throug
 ``Monitor.step()`` (from then on, steps end only there) and ``detach()``. The boundary
 closes the step in the recorder, then tells every part that keeps per-step state, in one
 order: the bucket clocks and the GPU step clock fold in what they resolved, the unused
-parameter watch and the advice checks hear the step count. A failure blows the step hooks'
-fuse; training never sees it.
+parameter watch and the advice checks hear the step count, and a capture that
+``ddpmon capture`` armed (``capture``: None while none is asked for) starts, steps or stops
+its profiler. A failure blows the step hooks' fuse; training never sees it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from .recorder import Recorder
 
 class StepBoundary:
     """The end of each step on this rank. ``manual`` turns on at the first ``Monitor.step()``;
-    the parts it tells (``timing``, ``unused``, ``advice``) are set once they exist."""
+    the parts it tells (``timing``, ``unused``, ``advice``) are set once they exist, and
+    ``capture`` only while a capture is armed or recording (``rank/capture.py``)."""
 
     def __init__(self, recorder: Recorder, fuse: Fuse, notify: Callable[[], None]) -> None:
         self.manual = False
         self.timing: Any = None
         self.unused: Any = None
         self.advice: Any = None
+        self.capture: Any = None
         self._recorder = recorder
         self._fuse = fuse
         self._notify = notify
@@ -49,6 +52,8 @@ class StepBoundary:
             self.unused.step_ended()
         if self.advice:
             self.advice.step_ended(rec.steps)
+        if self.capture is not None:
+            self.capture.step_ended(rec.steps)
 
     def step_called(self) -> None:
         """``Monitor.step()``: the loop marks its steps itself from now on."""

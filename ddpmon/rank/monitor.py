@@ -8,6 +8,7 @@ undoes them at detach. docs/ARCHITECTURE.md shows the data path.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
@@ -20,6 +21,7 @@ from ..state import root as stateroot
 from . import model, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
+from .capture import Capture
 from .exporter import RankCollector
 from .gpu_steps import GpuStepClock
 from .hooks.autograd import UnusedParameterWatch
@@ -64,6 +66,7 @@ class Monitor:
         self._watchdog: Watchdog | None = None
         self._history: Any = None
         self._advice: Advice | None = None
+        self._capture: Capture | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
@@ -97,6 +100,10 @@ class Monitor:
         self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
         rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
+        if self._writer is not None:  # `ddpmon capture` asks through the state directory
+            self._capture = Capture(os.path.dirname(self._writer.path), rec, boundary, self._notify,
+                                    Fuse("capture", self._part_failed), device)
+            self._writer.on_pass = self._capture.poll
         self._history = writers.start_history(self.state_file, self.rank, rec, device) if config.history else None
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
@@ -138,6 +145,10 @@ class Monitor:
             return
         self._boundary.detach()  # the step in progress, if it synchronised, counts
         self._detached = True
+        if self._capture is not None:  # a capture under way ends, saying why
+            if self._writer:
+                self._writer.on_pass = None
+            self._capture.detach()
         for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives, self._advice):
             if part is not None:
                 part.remove()

@@ -26,7 +26,9 @@ log = logging.getLogger("ddpmon")
 
 
 class StateWriter:
-    """Rewrites one rank's state file from ``snapshot()`` every ``interval`` seconds."""
+    """Rewrites one rank's state file from ``snapshot()`` every ``interval`` seconds; after
+    each pass it calls ``on_pass`` when set (the capture's look for a request, which guards
+    itself)."""
 
     def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]], interval: float = 1.0) -> None:
         self.path = path
@@ -36,6 +38,7 @@ class StateWriter:
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # one writer at a time: the thread, exit, detach
         self._failed = False
+        self.on_pass: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="ddpmon-state-writer", daemon=True)
 
     def start(self) -> None:
@@ -76,6 +79,9 @@ class StateWriter:
                     break
             first = False
             self.write_now()
+            on_pass = self.on_pass
+            if on_pass is not None:
+                on_pass()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread (joined with a bound) and write one last time (bounded too)."""

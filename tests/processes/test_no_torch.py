@@ -68,7 +68,7 @@ def test_every_subcommand_is_there() -> None:
     """The CLI leaves out a subcommand whose module fails to import: all must be listed."""
     out = run(CLI, "--help")
     assert out.returncode == 0, out.stderr
-    for name in ("doctor", "top", "daemon", "dashboards"):
+    for name in ("doctor", "top", "daemon", "dashboards", "capture"):
         assert f"    {name} " in out.stdout, out.stdout
     no_torch(out)
 
@@ -84,6 +84,14 @@ def test_doctor_names_the_killed_rank(tmp_path: Path) -> None:
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[0]["status"] == "crashed" and "Connection reset by peer" in ranks[0]["exit"]["exception"]
     assert ranks[1]["status"] in ("dead", "silent")  # silent: recorded on another host
+
+
+def test_capture_refuses_a_rank_that_is_not_alive(tmp_path: Path) -> None:
+    state = torch_free.copy_state(tmp_path / "state")
+    out = run(CLI, "capture", str(state), "--rank", "0", "--compare", str(torch_free.KILLED_RANK))
+    no_torch(out)
+    assert out.returncode == 2, out.stderr
+    assert "rank 0 is not alive: it crashed (RuntimeError: " in out.stderr  # its exit record says so
 
 
 def test_top_prints_every_rank(tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ def test_the_variable_wins(tmp_root: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 # -v/--verbose: on ddpmon itself and on every subcommand, before or after the subcommand's own
 # arguments
-REQUIRED = {"compare": ["A", "B"], "dashboards": ["export"], "run": ["python", "train.py"]}
+REQUIRED = {"compare": ["A", "B"], "dashboards": ["export"], "run": ["python", "train.py"],
+            "capture": ["--rank", "0"]}
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

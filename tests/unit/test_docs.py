@@ -25,7 +25,7 @@ DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.m
 # where each command's flags are documented; the top-level ones and top's are in README
 DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daemon": "docs/daemon.md",
           "dashboards": "docs/dashboards.md", "run": "docs/integrations.md", "report": "docs/report.md",
-          "compare": "docs/report.md"}
+          "compare": "docs/report.md", "capture": "docs/capture.md"}
 PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
 
 
