@@ -164,7 +164,7 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
 def render(run: Run, summary: dict[str, Any]) -> str:
     """The whole report page."""
     body = _BODY.format(summary=_summary_html(summary), ranks=_ranks_html(summary),
-                        findings=_findings_html(summary))
+                        findings=_findings_html(summary), captures=_captures_html(summary))
     return page(f"ddpmon report: {summary['job']}", body, charts(run, summary))
 
 
@@ -253,6 +253,21 @@ def _findings_html(s: dict[str, Any]) -> str:
     for p in s.get("problems") or []:
         items.append(f'<div class="finding warning"><b>warning</b> {e(p)}</div>')
     return "\n".join(items) or "<p>No findings.</p>"
+
+
+def _captures_html(s: dict[str, Any]) -> str:
+    e = html.escape
+    items = []
+    for c in s.get("captures") or []:
+        steps = f"steps {c['first_step']} to {c['last_step']}" if c.get("first_step") else f"{c.get('steps') or '?'} steps"
+        what = (f"<code>{e(c['trace'])}</code> (open it in ui.perfetto.dev or chrome://tracing)" if c.get("trace")
+                else e(c.get("reason") or c["state"]))
+        items.append(f'<li data-rank="{c["rank"]}">rank {c["rank"]}, {steps}, {e(_t(c.get("written_unix")))}, '
+                     f'{e(c["state"])}: {what}</li>')
+    if not items:
+        return ('<p>None. <code>ddpmon capture STATE_DIR --rank R --compare R2</code> profiles a live rank '
+                "beside a peer (docs/capture.md).</p>")
+    return "<ul class=\"captures\">" + "".join(items) + "</ul>"
 
 
 _STYLE = """
@@ -347,6 +362,8 @@ _BODY = """<h2>Summary</h2>
 <div id="charts"></div>
 <h2>Findings</h2>
 {findings}
+<h2>Captures</h2>
+{captures}
 """
 
 _PAGE = """<!DOCTYPE html>

@@ -12,6 +12,7 @@ run: 0.37 = 37% slower.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from .. import steps
 from ..doctor import words
 from ..doctor.view import GONE
 from ..doctor.words import ms
-from ..state import schema
+from ..state import captures, schema
 from .run import Run, load
 
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
@@ -118,9 +119,26 @@ def summarize(run: Run) -> dict[str, Any]:
         "findings": [f.as_dict() for f in diag.findings] if diag is not None else [],
         "recorded_findings": [dict(f, rank=h.rank) for h in run.ranks.values() for f in h.findings],
         "step_bin": run.stride,
+        "captures": capture_list(run.sources),
         "problems": run.problems,
         "generated_unix": time.time(),
     }
+    return out
+
+
+def capture_list(sources: list[str]) -> list[dict[str, Any]]:
+    """The profiles ``ddpmon capture`` took of the run's ranks (docs/capture.md), in the state
+    directories read: done, failed or under way."""
+    out = []
+    for d in sources:
+        if not os.path.isdir(d):
+            continue
+        for c in captures.listing(d):
+            st = c.status
+            out.append({"rank": c.rank, "state": st.state if st else "unreadable", "steps": st.steps if st else None,
+                        "first_step": st.first_step if st else None, "last_step": st.last_step if st else None,
+                        "trace": c.trace_path, "reason": (st.reason if st else c.problem),
+                        "written_unix": c.written_unix or None})
     return out
 
 

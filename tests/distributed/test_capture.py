@@ -101,6 +101,13 @@ def test_capture_writes_a_trace_of_aten_ops_and_the_job_trains_on(job: tuple[Pat
     assert not os.path.exists(captures.request_path(str(workdir / "state"), 1))
     after = done[-1].status.last_step
     wait_for("rank 1 to train on after its capture", lambda: step(workdir, 1) >= after + 10, procs, workdir)
+    # the report lists it, with its trace
+    report = subprocess.run([sys.executable, "-m", "ddpmon", "report", "--json", str(workdir / "state")],
+                            cwd=harness.ROOT, capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    listed = [c for c in json.loads(report.stdout)["captures"] if c["rank"] == 1 and c["state"] == "ok"]
+    assert listed and listed[-1]["trace"] == done[-1].trace_path
+    assert (listed[-1]["first_step"], listed[-1]["last_step"]) == (done[-1].status.first_step, after)
 
 
 def test_compare_names_the_slow_ranks_extra_op_first_with_its_call_site(

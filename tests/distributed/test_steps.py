@@ -9,6 +9,7 @@ benchmarks/stragglers.py; their figures are in docs/performance.md.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,5 @@ def test_stragglers_of_every_part_are_named_with_their_cause_and_jitter_is_healt
     finding = next(f for f in report["findings"] if f["kind"] == "straggler")
     assert finding["ranks"] == [2]
     assert "rank 2 is" in finding["summary"] and "in data wait: look at its data loader" in finding["summary"]
+    # and how to see where its time goes, beside a healthy peer, in this state directory
+    assert re.search(r"To see where its time goes: ddpmon capture \S+/state --rank 2 --compare [01]$", finding["fix"])

@@ -119,3 +119,17 @@ def test_cli_report_compare_and_their_errors(slow_run, even_run, tmp_path, capsy
     (tmp_path / "bad.json").write_text("{}")
     code, _, err = _cli(["compare", even_run, str(tmp_path / "bad.json")], capsys)
     assert code == 2 and "report --json" in err
+
+
+def test_the_page_lists_the_captures_and_says_how_to_take_one() -> None:
+    from ddpmon.report import html
+
+    none = html._captures_html({"captures": []})
+    assert "ddpmon capture STATE_DIR --rank R --compare R2" in none
+    page = html._captures_html({"captures": [
+        {"rank": 1, "state": "ok", "steps": 5, "first_step": 41, "last_step": 45,
+         "trace": "/s/capture-1-ab.pt.trace.json", "reason": None, "written_unix": 0.0},
+        {"rank": 3, "state": "error", "steps": 5, "first_step": None, "last_step": None, "trace": None,
+         "reason": "the profiler is busy <elsewhere>", "written_unix": None}]})
+    assert 'rank 1, steps 41 to 45' in page and "/s/capture-1-ab.pt.trace.json" in page
+    assert "rank 3, 5 steps" in page and "error: the profiler is busy &lt;elsewhere&gt;" in page

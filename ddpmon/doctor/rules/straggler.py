@@ -11,10 +11,12 @@ that explains the gap. State files without step parts (older ddpmon) are compare
 
 from __future__ import annotations
 
+import os
 import statistics
 
 from ... import steps
 from ...activity import Status
+from ...state import captures
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
@@ -86,14 +88,28 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
         others = [r for r in scores if r not in suspects]
         if all(exposed.get(o, 0.0) >= exposed.get(s.rank, 0.0) for o in others):
             evidence.append("confirmed: the slow rank waits least for communication (the others wait for it)")
+        fix = words.FIX_STRAGGLER_PHASE[cause] if cause else words.FIX_STRAGGLER
         findings.append(Finding(
             "straggler", "warning", [s.rank],
             words.straggler_summary(s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0)
             + f" ({words.ms(s.busy_seconds)} against {words.ms(s.baseline_seconds)} of work per step); "
             "the whole job runs at its speed",
-            evidence, words.FIX_STRAGGLER_PHASE[cause] if cause else words.FIX_STRAGGLER,
+            evidence, f"{fix} {_capture_hint(views, s.rank, scores)}",
         ))
     return Verdict("straggler", suspects, findings)
+
+
+def _capture_hint(views: list[RankView], rank: int, scores: dict[int, steps.Score]) -> str:
+    """The command that profiles the straggler beside its most typical peer over the same
+    steps (docs/capture.md): run where its state directory is."""
+    peers = [r for r, s in scores.items() if r != rank and not s.straggler]
+    peer = min(peers, key=lambda r: abs(scores[r].score)) if peers else None
+    view = next(v for v in views if v.rank == rank)
+    where = os.path.dirname(view.file.path)
+    if os.path.isdir(where):
+        return f"To see where its time goes: {captures.command(where, rank, peer)}"
+    return (f"To see where its time goes, on {view.state.host or 'its node'}: "
+            f"{captures.command('STATE_DIR', rank, peer)} (STATE_DIR: the job's state directory there)")
 
 
 def _by_compute(views: list[RankView]) -> Verdict | None:
