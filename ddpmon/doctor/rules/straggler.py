@@ -94,7 +94,7 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
             words.straggler_summary(s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0)
             + f" ({words.ms(s.busy_seconds)} against {words.ms(s.baseline_seconds)} of work per step); "
             "the whole job runs at its speed",
-            evidence, f"{fix} {_capture_hint(views, s.rank, scores)}",
+            evidence, f"{fix.rstrip('.')}. {_capture_hint(views, s.rank, scores)}",
         ))
     return Verdict("straggler", suspects, findings)
 
