@@ -118,7 +118,7 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
     named = rule.straggler(quiet, [])
     assert rule.slowest_within_noise(quiet) == [] and (named.verdict, named.suspects) == ("straggler", [1])
     assert named.findings[0].summary.startswith("rank 1 is 12% slower than the others")
-    assert named.findings[0].fix.endswith("). To see where its time goes, on node-a: ddpmon capture STATE_DIR --rank 1 "
+    assert named.findings[0].fix.endswith(". To see where its time goes, on node-a: ddpmon capture STATE_DIR --rank 1 "
                                           "--compare 0 (STATE_DIR: the job's state directory there)")
     assert rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.phases, "stuck")]) == []
     assert rule.slowest_within_noise([view(0, phases(0.040, spread=0.01)), view(1, phases(0.041, spread=0.01))]) == []
