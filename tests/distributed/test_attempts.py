@@ -75,6 +75,11 @@ def test_a_rank_that_raises_and_the_attempts_told_apart(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=30,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert "earlier attempts:" in report.stdout and "attempt 0: rank 1 failed" in report.stdout, report.stdout
+    summary = subprocess.run([sys.executable, "-m", "ddpmon", "report", "--json", str(states)],
+                             capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    (attempt,) = json.loads(summary.stdout)["attempts"]
+    assert attempt["culprit_ranks"] == [1] and attempt["lost_seconds"] is not None, summary.stdout[-2000:]
+    assert "attempts: 2; before this one:" in proc.stderr and "ddpmon run: 2 attempts" in proc.stderr
 
 
 def test_report_never_aborts_a_stall(tmp_path: Path) -> None:
