@@ -104,6 +104,11 @@ def test_report_never_aborts_a_stall(tmp_path: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        for path in (tmp_path / "state").glob("rank-*.json"):  # torchrun's workers have sessions of their own
+            try:
+                os.kill(state(path)["pid"], signal.SIGKILL)
+            except (OSError, ValueError, KeyError):
+                pass
     files = sorted((tmp_path / "state").glob("rank-*.json"))
     assert [f.name for f in files] == ["rank-0.json", "rank-1.json"]
     assert not (tmp_path / "state" / "attempt-0").exists()
