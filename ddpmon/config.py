@@ -17,6 +17,7 @@ from .state import root
 
 BUCKET_METRICS_MODES = ("auto", "per_bucket", "aggregate", "off")
 BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "off")
+HANG_ACTIONS = ("report", "abort")
 AUTO_PER_BUCKET_LIMIT = 128
 
 
@@ -43,6 +44,12 @@ class Config:
     step times after warm-up: max(hang_timeout_floor, 10 x the slowest step). 0 = off."""
     hang_timeout_floor: float = 60.0
     """Lower bound of the learned hang timeout."""
+    hang_action: str = "report"
+    """What a proven hang does. ``report``: the hang report, the state file and a warning;
+    the job goes on waiting. ``abort``: the same, then the rank aborts its process groups
+    where the backend can (NCCL) and exits with ``HANG_EXIT_CODE`` (87), so that a launcher
+    that restarts (``torchrun --max-restarts``) starts the next attempt. Without such a
+    launcher the job's work is lost."""
     track_collectives: bool = True
     """Record every collective this rank issues through ``torch.distributed`` (op, bytes,
     call site, sequence number per process group) while attached."""
@@ -119,6 +126,8 @@ class Config:
         steps = self.unused_parameters_advice_steps
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ConfigError("unused_parameters_advice_steps", steps, "a positive integer")
+        if self.hang_action not in HANG_ACTIONS:
+            raise ConfigError("hang_action", self.hang_action, " or ".join(HANG_ACTIONS))
         if self.bucket_metrics not in BUCKET_METRICS_MODES:
             raise ConfigError("bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES))
         if self.comm_hook is not None and not callable(self.comm_hook):
@@ -166,6 +175,10 @@ def _parse(var: str, name: str, text: str) -> Any:
         except ValueError:
             raise ConfigError(var, text, "a number of seconds") from None
     if name == "bucket_timing" and text.lower() in BUCKET_TIMING_MODES:
+        return text.lower()
+    if name == "hang_action":
+        if text.lower() not in HANG_ACTIONS:
+            raise ConfigError(var, text, " or ".join(HANG_ACTIONS))
         return text.lower()
     if name in ("nvml", "track_collectives", "history", "bucket_timing"):
         lowered = text.lower()

@@ -43,7 +43,7 @@ from .metrics.exposition import (
     families,
     state_set,
 )
-from .state import fault, files, history, records, schema
+from .state import attempts, fault, files, history, records, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -124,6 +124,8 @@ class StateFiles:
             return []
         self.resolved(root + "#list", f"state directory {root} can be listed again")
         for sub in subdirs:
+            if attempts.is_attempt_dir(sub):
+                continue  # an earlier attempt of a restarted job: counted, not a rank now
             try:
                 paths.extend(files.list_files(sub))
             except OSError as exc:
@@ -210,6 +212,8 @@ class RankView:
     activity: str | None = None
     """What it is doing (``ddpmon_rank_activity``); None when no one can tell (the rank's
     watchdog is off)."""
+    attempt: int | None = None
+    """The job's attempt under a launcher that restarts it (``ddpmon_rank_attempt``)."""
 
 
 class Daemon:
@@ -234,6 +238,7 @@ class Daemon:
         self._xid_lock = threading.Lock()
         self._watcher: nvml.XidWatcher | None = None
         self._procs: dict[str, tuple[tuple[int, Any], psutil.Process | None]] = {}
+        self._aborts: dict[str, tuple[float, str, int, bool]] = {}  # path -> (mtime, job, rank, aborted)
         self._samples: list[Sample] = []
         self._last_pass = time.monotonic()
         self._failing: str | None = None
@@ -307,6 +312,7 @@ class Daemon:
         samples = self._rank_samples(ranks)
         samples += self._gpu_samples(ranks)
         samples += self._xid_samples()
+        samples += self._hang_abort_samples()
         samples.append(("ddpmon_daemon_info",
                         {"host": self.hostname, "version": __version__, "gpus": str(len(self._readers))}, 1.0))
         self._samples = samples
@@ -445,6 +451,7 @@ class Daemon:
                 hang=state.hang is not None and alive,  # a killed job's last report is not a hang now
                 heartbeat_unix=beat, proc=proc,
                 activity=_activity(path, state, proc if alive else None, fresh),
+                attempt=state.attempt,
             )
             key = (view.job, view.rank)
             if key not in views or views[key].heartbeat_unix < beat:
@@ -474,7 +481,35 @@ class Daemon:
             out.append(("ddpmon_rank_hang_suspected", labels, 1.0 if v.hang else 0.0))
             if v.activity is not None:
                 out += state_set("ddpmon_rank_activity", labels, "activity", DAEMON_ACTIVITIES, v.activity)
+            if v.attempt is not None:
+                out.append(("ddpmon_rank_attempt", labels, float(v.attempt)))
         return out
+
+    def _hang_abort_samples(self) -> list[Sample]:
+        """``ddpmon_hang_aborts_total``: per (job, rank), the kept attempts (current one
+        included) that ddpmon ended after a proven hang; a file is read again only when it
+        changed."""
+        counts: dict[tuple[str, int], int] = {}
+        dirs = {os.path.dirname(path) for path, _ in self.files.read_all()}
+        seen: set[str] = set()
+        for d in dirs:
+            for path in [*attempts.attempt_files(d), *files.list_files(d)]:
+                seen.add(path)
+                try:
+                    mtime = os.stat(path).st_mtime
+                    cached = self._aborts.get(path)
+                    if cached is None or cached[0] != mtime:
+                        state = files.read(path)
+                        cached = (mtime, state.job or "", state.rank, attempts.ended_by_hang_abort(state))
+                        self._aborts[path] = cached
+                except (OSError, StateFileError):
+                    continue
+                key = (cached[1], cached[2])
+                counts[key] = counts.get(key, 0) + (1 if cached[3] else 0)
+        for path in [p for p in self._aborts if p not in seen]:
+            del self._aborts[path]
+        return [("ddpmon_hang_aborts_total", {"job": job, "rank": str(rank)}, float(n))
+                for (job, rank), n in sorted(counts.items())]
 
     # -- GPUs ---------------------------------------------------------------------------------------
 

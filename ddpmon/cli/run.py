@@ -29,6 +29,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import ConfigError
+from ..state import attempts
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
@@ -271,7 +272,8 @@ def _print_summary(code: int, state_dir: str | None) -> None:
         print(f"ddpmon run: exit status {code}; state files were off", file=out)
         return
     found = []  # (directory, number of rank files): the first model's, then model-k/
-    for root, _dirs, files in sorted(os.walk(state_dir)) if os.path.isdir(state_dir) else []:
+    for root, dirs, files in sorted(os.walk(state_dir)) if os.path.isdir(state_dir) else []:
+        dirs[:] = [d for d in dirs if not attempts.is_attempt_dir(d)]  # earlier attempts: below
         ranks = [f for f in files if re.fullmatch(r"rank-\d+\.json", f)]
         if ranks:
             found.append((root, len(ranks)))
@@ -284,3 +286,7 @@ def _print_summary(code: int, state_dir: str | None) -> None:
     print(f"ddpmon run: exit status {code}; state files in {state_dir} ({listed})", file=out)
     for directory, _ in found:
         print(f"  ddpmon doctor {directory}\n  ddpmon report {directory}", file=out)
+    earlier = attempts.earlier(state_dir)
+    if earlier:
+        print(f"ddpmon run: {len(earlier) + 1} attempts; before the last, "
+              + "; ".join(f"attempt {n} (files in {os.path.relpath(d, state_dir)}/)" for n, d in earlier), file=out)

@@ -22,7 +22,7 @@ from ..errors import StateFileError
 from ..state import files as state_files
 from . import procs, rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
-from .load import StateFile, load_dir, load_remote
+from .load import StateFile, earlier_attempts, load_dir, load_remote
 from .rules import files as file_rules
 from .rules import lost_node
 from .view import STALLED, RankView, state_interval, view
@@ -48,7 +48,12 @@ def examine(
     ``/state``) replaces the directory. A missing directory, or a job that is not there,
     raises StateFileError.
     """
-    return _examine(state_dir, job, live_stacks, stall, now, stack_timeout, remote, settle=now is None)
+    diagnosis = _examine(state_dir, job, live_stacks, stall, now, stack_timeout, remote, settle=now is None)
+    if not remote:  # a restarted job's earlier attempts (attempt-<N>/), each diagnosed from its files
+        diagnosis.attempts = earlier_attempts(
+            state_dir, diagnosis.job,
+            lambda d: _examine(d, diagnosis.job, False, stall, now, stack_timeout, (), settle=False))
+    return diagnosis
 
 
 SETTLE_MAX_SECONDS = 3.0

@@ -47,6 +47,8 @@ class Diagnosis:
     state_dir: str | None = None
     jobs: dict[str, list[int]] = field(default_factory=dict)
     generated_unix: float = 0.0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """Earlier attempts of a restarted job, oldest first (``doctor/load.earlier_attempts``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -58,4 +60,5 @@ class Diagnosis:
             "state_dir": self.state_dir,
             "jobs": self.jobs,
             "generated_unix": self.generated_unix,
+            "attempts": self.attempts,
         }

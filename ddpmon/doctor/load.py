@@ -14,9 +14,10 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import StateFileError
-from ..state import files, remote, schema
+from ..state import attempts, files, remote, schema
 
 
 @dataclass
@@ -165,3 +166,64 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
             mtime = received - (served - mtime) if served is not None and mtime is not None else received
             loaded.files.append(StateFile(name, state, mtime))
     return loaded
+
+
+def earlier_attempts(state_dir: str, job: str | None, diagnose: Any) -> list[dict[str, Any]]:
+    """The kept earlier attempts of a restarted job (``<state_dir>/attempt-<N>/``), oldest
+    first: each one's culprit and how it ended. ``diagnose(directory)`` is the doctor's own
+    pass over that directory (a Diagnosis); the culprits that ddpmon's exit records name
+    (``hang_action=abort``) come first."""
+    out: list[dict[str, Any]] = []
+    for number, directory in attempts.earlier(state_dir):
+        loaded = load_dir(directory)
+        ranks = [f.state for f in loaded.files if job is None or f.state.job == job]
+        if not ranks:
+            continue
+        aborted = [s for s in ranks if attempts.ended_by_hang_abort(s)]
+        culprits = sorted({c for s in aborted for c in (s.exit.culprits if s.exit else [])})
+        try:
+            found = diagnose(directory)
+            verdict, suspects = found.verdict, list(found.suspect_ranks)
+        except Exception:  # one bad directory never hides the current attempt
+            verdict, suspects = "no_data", []
+        ends = [s.exit.unix for s in ranks if s.exit is not None]
+        if aborted:
+            ended = (f"ended by ddpmon after a hang (hang_action=abort, exit {attempts.HANG_EXIT_CODE})")
+        else:
+            ended = _how_ended(ranks, suspects)
+        out.append({
+            "attempt": number, "state_dir": directory, "verdict": verdict,
+            "culprit_ranks": culprits or suspects, "ended": ended,
+            "steps": max(s.step for s in ranks),
+            "started_unix": min((s.started_unix for s in ranks if s.started_unix), default=None),
+            "ended_unix": min(ends) if ends else max((s.now_unix or 0.0) for s in ranks) or None,
+            "last_progress_unix": max((s.last_progress_unix or 0.0) for s in ranks) or None,
+            "lost_seconds": None,
+        })
+    following = out[1:] + [None]
+    for entry, after in zip(out, following):
+        start = after["started_unix"] if after else _current_start(state_dir, job)
+        if start and entry["last_progress_unix"]:
+            entry["lost_seconds"] = round(max(0.0, start - entry["last_progress_unix"]), 1)
+    return out
+
+
+def _how_ended(ranks: list[schema.RankState], suspects: list[int]) -> str:
+    """How an attempt ended, from its first failed rank's exit record."""
+    failed = sorted((s for s in ranks if s.exit is not None and (s.exit.exception or s.exit.code)),
+                    key=lambda s: (s.rank not in suspects, s.exit.unix if s.exit else 0.0))
+    if failed:
+        s = failed[0]
+        assert s.exit is not None
+        what = s.exit.exception or f"exit status {s.exit.code}"
+        return f"rank {s.rank} failed: {what}" + (f" at {s.exit.where}" if s.exit.where else "")
+    if any(s.exit is None for s in ranks):
+        return "ended without an exit record (killed from outside, or by the launcher)"
+    return "every rank ended cleanly"
+
+
+def _current_start(state_dir: str, job: str | None) -> float | None:
+    """When the current attempt attached (its earliest rank)."""
+    starts = [f.state.started_unix for f in load_dir(state_dir).files
+              if f.state.started_unix and (job is None or f.state.job == job)]
+    return min(starts) if starts else None

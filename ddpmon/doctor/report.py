@@ -86,7 +86,21 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     if d.ranks:
         lines.append("")
         lines += _table(d.ranks, paint)
+    if d.attempts:
+        lines.append("")
+        lines.append(paint("earlier attempts:", "bold"))
+        for a in d.attempts:
+            lines += _wrap(attempt_line(a), width, "  ", "    ")
     return "\n".join(lines) + "\n"
+
+
+def attempt_line(a: dict[str, Any]) -> str:
+    """One earlier attempt: how it ended, its culprit, its steps and the time lost after it."""
+    culprits = a.get("culprit_ranks") or []
+    who = f"culprit {words.who(culprits)}" if culprits else "no culprit known"
+    lost = a.get("lost_seconds")
+    after = f", {lost:.1f} s lost before attempt {a['attempt'] + 1}" if lost is not None else ""
+    return f"attempt {a['attempt']}: {a['ended']}, {who}; {a['steps']} steps{after}"
 
 
 _ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")

@@ -84,6 +84,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("ddpmon_last_progress_timestamp_seconds", "gauge",
            "Unix time of the rank's last observed progress (step, bucket, collective)."),
     Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
+    Metric("ddpmon_attempt", "gauge",
+           "The job's attempt under a launcher that restarts it (TORCHELASTIC_RESTART_COUNT: 0 "
+           "first); absent without one."),
     Metric("ddpmon_activity", "gauge",
            "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
            f"the others (a state set: {', '.join(RANK_ACTIVITIES)}). Absent with the watchdog off.",
@@ -134,6 +137,11 @@ METRICS: tuple[Metric, ...] = (
            "The rank's last progress as read from its state file (node daemon).", RANK, "daemon"),
     Metric("ddpmon_rank_hang_suspected", "gauge",
            "1 while the rank's state file carries a hang report (node daemon).", RANK, "daemon"),
+    Metric("ddpmon_rank_attempt", "gauge",
+           "The attempt the rank's state file names (TORCHELASTIC_RESTART_COUNT; node daemon).", RANK, "daemon"),
+    Metric("ddpmon_hang_aborts_total", "counter",
+           "Attempts, among those kept in the state directory, that ddpmon ended on this rank after a "
+           "proven hang (hang_action=abort; node daemon).", RANK, "daemon"),
     Metric("ddpmon_rank_activity", "gauge",
            "What the rank is doing as the node daemon sees it: 1 for the current activity, 0 for the "
            f"others (a state set: {', '.join(DAEMON_ACTIVITIES)}); frozen, dead and crashed are what "

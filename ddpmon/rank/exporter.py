@@ -56,6 +56,8 @@ class RankCollector:
             ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
+        if ident.attempt is not None:
+            samples.append(("ddpmon_attempt", base, float(ident.attempt)))
         act = r.activity  # the watchdog's last sample (None with the watchdog off)
         if act is not None:
             samples += state_set("ddpmon_activity", base, "activity", RANK_ACTIVITIES, act.state)

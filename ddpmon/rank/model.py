@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import AttachError, ConfigError
+from ..state import attempts
 from ..state.schema import Identity
 from ..version import __version__
 
@@ -82,6 +83,7 @@ def identity(ddp: DistributedDataParallel, job: str) -> Identity:
         host=socket.gethostname(),
         pid=os.getpid(),
         job=job,
+        attempt=attempts.attempt_of(),
         backend=str(dist.get_backend(ddp.process_group)),
         device=str(params[0].device) if params else "cpu",
         torch_version=torch.__version__,

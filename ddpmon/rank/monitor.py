@@ -14,9 +14,9 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import Config
-from ..fuses import Fuse
+from ..fuses import Fuse, bounded
 from ..metrics.exposition import Endpoint, start_endpoint
-from ..state import files
+from ..state import attempts, files
 from ..state import root as stateroot
 from . import model, transparent, writers
 from .advice.watch import Advice
@@ -24,6 +24,7 @@ from .boundary import StepBoundary
 from .capture import Capture
 from .exporter import RankCollector
 from .gpu_steps import GpuStepClock
+from .hang_action import HangAbort
 from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
@@ -111,6 +112,11 @@ class Monitor:
         self._watchdog = Watchdog(rec, config.hang_timeout, config.hang_timeout_floor, notify=self._notify,
                                   flush=self._writer.write_final if self._writer else None,
                                   extras=_flight_recorder, state_file=self.state_file)
+        if config.hang_action == "abort":  # a proven hang ends the rank (rank/hang_action.py)
+            history = self._history
+            self._watchdog.on_hang = HangAbort(
+                rec, self.state_file, self._writer.write_final if self._writer else None,
+                history=(lambda: history.stop(summary=False)) if history is not None else None)
         self._watchdog.start()
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
 
@@ -192,6 +198,12 @@ class Monitor:
         state_dir = stateroot.claim(state_dir, self.rank, explicit=config.state_dir is not None)
         if state_dir is None:
             return None
+        # an earlier attempt's files of this rank go to attempt-<N>/ first (state/attempts.py)
+        moved = bounded(lambda: attempts.keep_earlier(state_dir, self.rank, self.job, self.recorder.identity.attempt),
+                        stateroot.ATTACH_FS_SECONDS, "keeping the earlier attempt's state files")
+        if moved is not None:
+            log.info("ddpmon: rank %d: the files of attempt %s are in %s", self.rank, moved,
+                     os.path.join(state_dir, f"attempt-{moved}"))
         self._writer = writers.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)
         return self._writer.path
 

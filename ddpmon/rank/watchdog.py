@@ -60,6 +60,7 @@ class Watchdog:
         sampler: activity.Sampler | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
+        on_hang: Callable[[schema.Hang], Any] | None = None,
     ) -> None:
         self._recorder = recorder
         self._timeout = timeout
@@ -83,6 +84,7 @@ class Watchdog:
         self._reported_at = 0.0
         self._failed = False
         self.reports = 0
+        self.on_hang = on_hang  # hang_action beyond the report (rank/hang_action.py)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -182,6 +184,8 @@ class Watchdog:
         self.reports += 1
         self._wake()
         log.warning("ddpmon: %s", describe(report, rec.identity.rank))
+        if self.on_hang is not None:  # after the report is published: it is part of what ends
+            self.on_hang(report)
         return report
 
     def activity(self, idle: float, timeout: float | None, now: float) -> schema.Activity:

@@ -187,6 +187,8 @@ class HistoryWriter:
                 if final:
                     exit_record = snap.get("exit")
                     how = ("crashed" if exit_record.get("exception") else "exited") if exit_record else "detached"
+                    if exit_record and exit_record.get("how") == "hang_abort":
+                        how = "hang_abort"
                     self._store.set_exit(how, snap.get("step"), exit_record)
             except Exception as exc:
                 self.failed = True
@@ -258,7 +260,9 @@ class RunHistory:
         self._writer.start()
         atexit.register(self.stop)  # registered before the watchdog's: its exit record comes first
 
-    def stop(self) -> None:
+    def stop(self, summary: bool = True) -> None:
+        """The last batch and the exit; then, on rank 0 unless ``summary`` is False (a rank
+        ending itself after a hang), the end-of-run summary."""
         import atexit
 
         writer, self._writer = self._writer, None
@@ -266,7 +270,7 @@ class RunHistory:
             return
         atexit.unregister(self.stop)
         writer.stop()
-        if self._rank == 0 and not writer.failed:
+        if summary and self._rank == 0 and not writer.failed:
             try:
                 _wait_for_peers(os.path.dirname(writer.path))
                 from ..report.summary import end_of_run

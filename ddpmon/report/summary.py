@@ -21,6 +21,7 @@ from typing import Any
 from .. import steps
 from ..doctor import words
 from ..doctor.view import GONE
+from ..doctor.report import attempt_line
 from ..doctor.words import ms
 from ..state import captures, schema
 from .run import Run, load
@@ -117,6 +118,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "verdict": diag.verdict if diag is not None else None,
         "suspect_ranks": list(diag.suspect_ranks) if diag is not None else [],
         "findings": [f.as_dict() for f in diag.findings] if diag is not None else [],
+        "attempts": list(diag.attempts) if diag is not None else [],
         "recorded_findings": [dict(f, rank=h.rank) for h in run.ranks.values() for f in h.findings],
         "step_bin": run.stride,
         "captures": capture_list(run.sources),
@@ -271,5 +273,8 @@ def end_of_run(state_dir: str) -> str:
     for f in shown[:3]:  # a finding the doctor makes only now must reach a log, with what to do
         fix = f" Fix: {f['fix']}" if f["severity"] != "info" and f.get("fix") else ""
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")
+    if s["attempts"]:  # a restarted job: why each attempt before this one ended
+        lines.append(f"  attempts: {len(s['attempts']) + 1}; before this one:")
+        lines += [f"    {attempt_line(a)}" for a in s["attempts"]]
     lines.append(f"  report: ddpmon report {state_dir} -o report.html")
     return "\n".join(lines)

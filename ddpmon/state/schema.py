@@ -290,12 +290,16 @@ class Exit:
     """The exit status, where known: non-zero is a failure (``sys.exit(3)``: 3)."""
     how: str | None = None
     """``exception``, ``sys.exit``, ``os._exit``, ``end`` (the interpreter ended normally),
-    or ``signal`` (a reader's record from the rank's faulthandler file)."""
+    ``hang_abort`` (ended by ddpmon after a proven hang, ``hang_action=abort``; exit status
+    87) or ``signal`` (a reader's record from the rank's faulthandler file)."""
     signal: str | None = None
     """The fatal signal (``SIGSEGV``, ``SIGABRT``, ...): never written by the rank, which
     cannot run Python then; readers fill it from ``rank-<R>.fault``."""
     threads: list[Thread] = field(default_factory=list)
     """With ``signal``: every thread's Python stack as faulthandler wrote it."""
+    culprits: list[int] = field(default_factory=list)
+    """With ``hang_abort``: the ranks the hang was pinned on (this rank when it was stuck
+    itself; the peers that had not joined its collective when it waited)."""
 
 
 @dataclass(slots=True)
@@ -391,6 +395,10 @@ class Identity:
     """The bound metrics port, null when the endpoint is off."""
     job: str | None = None
     """The ``job`` label of the rank's metrics."""
+    attempt: int | None = None
+    """Which attempt of the job this is under a launcher that restarts it (torchelastic's
+    TORCHELASTIC_RESTART_COUNT: 0 first, 1 after the first restart); null without one.
+    Earlier attempts' files are kept in ``attempt-<N>/`` (``state/attempts.py``)."""
     backend: str | None = None
     """DDP's process group backend (``nccl``, ``gloo``)."""
     device: str | None = None

@@ -81,3 +81,13 @@ def test_bucket_timing_names_its_source_and_keeps_the_boolean_spelling() -> None
     with pytest.raises(ConfigError) as err:
         Config.from_env({}, bucket_timing="events")
     assert "auto or hook or c10d or off" in str(err.value)
+
+
+def test_hang_action_is_report_unless_abort_is_asked_for() -> None:
+    assert Config.from_env({}).hang_action == "report"
+    assert Config.from_env({"DDPMON_HANG_ACTION": " Abort "}).hang_action == "abort"
+    assert Config.from_env({"DDPMON_HANG_ACTION": "abort"}, hang_action="report").hang_action == "report"
+    with pytest.raises(ConfigError, match="DDPMON_HANG_ACTION='kill'.*report or abort"):
+        Config.from_env({"DDPMON_HANG_ACTION": "kill"})
+    with pytest.raises(ConfigError, match="hang_action='restart'"):
+        Config.from_env({}, hang_action="restart")

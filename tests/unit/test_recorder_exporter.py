@@ -104,6 +104,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     promises are the same names, kinds and label names, both ways."""
     rec = recorder_with_steps()
     rec.identity.bucket_timing = "c10d"  # the one metric served only with c10d timing
+    rec.identity.attempt = 0  # ddpmon_attempt: only under a launcher that restarts
     rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
     rec.record_error("watchdog", "boom")
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
