@@ -40,8 +40,12 @@ def next_batch(step, faulty, fault):
 
 
 def main():
-    dist.init_process_group("gloo")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # A store of each attempt's own: torchrun's store keeps the gloo addresses of the attempt
+    # before, which a restarted rank can read and fail to connect to (connection refused).
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.FileStore(os.path.join(ARGS.out, f"store-{attempt}"), world)
+    dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]), world_size=world)
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
