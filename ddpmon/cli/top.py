@@ -115,8 +115,10 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
     """The table; times are medians over each rank's recent steps, in milliseconds."""
     if not states:
         return "no state files" + ("".join(f"\n  {p}" for p in problems))
+    attempts = sorted({s.get("attempt") or 0 for s in states})
+    attempt = f"attempt {'/'.join(str(a) for a in attempts)}  " if attempts != [0] else ""
     lines = [
-        f"job {states[0].get('job')}  world size {states[0].get('world_size')}  "
+        f"job {states[0].get('job')}  world size {states[0].get('world_size')}  {attempt}"
         f"(times: median ms over recent steps)",
         f"{'rank':>4} {'host':<12} {'pid':>7} {'step':>6} {'phase':<14} {'step':>8} {'fwd':>7} "
         f"{'bwd':>7} {'exposed':>8} {'unused':>6} {'idle s':>7}  status",

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from .. import steps
+from ..doctor.report import attempt_line
 from ..doctor.words import ms
 from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
@@ -164,7 +165,8 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
 def render(run: Run, summary: dict[str, Any]) -> str:
     """The whole report page."""
     body = _BODY.format(summary=_summary_html(summary), ranks=_ranks_html(summary),
-                        findings=_findings_html(summary), captures=_captures_html(summary))
+                        findings=_findings_html(summary), attempts=_attempts_html(summary),
+                        captures=_captures_html(summary))
     return page(f"ddpmon report: {summary['job']}", body, charts(run, summary))
 
 
@@ -253,6 +255,15 @@ def _findings_html(s: dict[str, Any]) -> str:
     for p in s.get("problems") or []:
         items.append(f'<div class="finding warning"><b>warning</b> {e(p)}</div>')
     return "\n".join(items) or "<p>No findings.</p>"
+
+
+def _attempts_html(s: dict[str, Any]) -> str:
+    """A restarted job's earlier attempts: how each ended, its culprit, the time lost."""
+    if not s.get("attempts"):
+        return ""
+    items = "".join(f'<li data-attempt="{a["attempt"]}">{html.escape(attempt_line(a))}</li>' for a in s["attempts"])
+    return (f"<h2>Attempts</h2><p>This is attempt {len(s['attempts'])}; the launcher restarted the job "
+            f"{len(s['attempts'])} time(s) before it:</p><ul class=\"attempts\">{items}</ul>")
 
 
 def _captures_html(s: dict[str, Any]) -> str:
@@ -362,6 +373,7 @@ _BODY = """<h2>Summary</h2>
 <div id="charts"></div>
 <h2>Findings</h2>
 {findings}
+{attempts}
 <h2>Captures</h2>
 {captures}
 """

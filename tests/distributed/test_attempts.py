@@ -78,6 +78,12 @@ def test_a_rank_that_raises_and_the_attempts_told_apart(tmp_path: Path) -> None:
     (attempt,) = json.loads(summary.stdout)["attempts"]
     assert attempt["culprit_ranks"] == [1] and attempt["lost_seconds"] is not None, summary.stdout[-2000:]
     assert "attempts: 2; before this one:" in proc.stderr and "ddpmon run: 2 attempts" in proc.stderr
+    page = subprocess.run([sys.executable, "-m", "ddpmon", "report", "-o", "-", str(states)],
+                          capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert "<h2>Attempts</h2>" in page.stdout and 'data-attempt="0">attempt 0: rank 1 failed' in page.stdout
+    top = subprocess.run([sys.executable, "-m", "ddpmon", "top", "--once", str(states)],
+                         capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert top.stdout.startswith("job restarted  world size 2  attempt 1  "), top.stdout
 
 
 def test_report_never_aborts_a_stall(tmp_path: Path) -> None:
