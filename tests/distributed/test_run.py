@@ -167,6 +167,11 @@ def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
     assert plan.sitecustomize and plan.argv == ["bash", "-c", "torchrun --nproc-per-node=2 train.py"]
     assert plan_command(["python3", "-u", "train.py"]).argv == ["python3", "-u", "train.py"]
     assert plan_command(["python3", "-u", "train.py"]).script == "train.py"
+    # a restarted job's options reach torchrun as given
+    restarts = ["--nnodes", "2", "--max-restarts=3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
+                "--rdzv-id", "run-9", "--rdzv-conf", "join_timeout=60", "train.py"]
+    plan = plan_command(restarts)
+    assert plan.argv == torchrun + restarts[:-1] + ["-m", "ddpmon.launch", "train.py"] and plan.rdzv_id == "run-9"
 
 
 @pytest.mark.parametrize("args, message", [
