@@ -3,17 +3,20 @@
 The step counter alone cannot tell a hang from an evaluation under ``no_grad``, a
 checkpoint or work after the training loop: none of them touches the DDP model. So the
 watchdog samples the main thread about once a second (``sys._current_frames``: cheap, no
-signal, no ptrace), the CPU time of that thread and the bytes the process reads and
-writes, and classifies the rank:
+signal, no ptrace), the time that thread ran and the time it was ready to run but waited
+for a CPU (Linux's ``schedstat``), and the bytes the process reads and writes, and
+classifies the rank:
 
 ==========  =======================================================================
 stepping    progress (a heartbeat) within the last ``STILL_SECONDS``
 waiting     no progress, a collective in flight: waiting for its peers
 busy        no progress, not in a collective, but working: its stack moves, or its
-            main thread uses CPU, or the process reads or writes (evaluation,
+            main thread uses CPU or waits for a CPU (a machine with more runnable
+            threads than cores), or the process reads or writes (evaluation,
             checkpoint, logging, post-loop work)
 stuck       no progress, not in a collective, the stack unchanged for
-            ``STILL_SECONDS`` with neither CPU nor I/O (a lock, a dead socket, a sleep)
+            ``STILL_SECONDS`` and, over those seconds, neither CPU, nor waiting for
+            one, nor I/O (a lock, a dead socket, a sleep)
 ==========  =======================================================================
 
 A hang needs evidence (``is_hang``): a rank stuck past the hang timeout; a rank waiting in
@@ -68,27 +71,41 @@ class Status(str, Enum):
 SAMPLE_SECONDS = 1.0
 """Seconds between samples of the main thread."""
 STILL_SECONDS = 3.0
-"""No progress, stack unchanged, no CPU and no I/O for this long: stuck."""
+"""No progress, stack unchanged, neither working nor waiting for a CPU, and no I/O for this
+long: stuck."""
 CPU_BUSY = 0.05
 """Share of one core the main thread uses that counts as working."""
+RUNNABLE_BUSY = 0.5
+"""Share of the time the main thread was running or ready to run (on a CPU's run queue)
+that counts as working: on an oversubscribed machine a busy thread gets little CPU, yet it
+waits for a CPU, not for an event. A blocked thread (a lock, a socket, a sleep) is neither."""
 IO_BUSY = 1 << 20
 """Bytes per second read or written by the process that count as working (the state file
 itself is a few kB a second)."""
 BUSY_FACTOR = 5.0
 """Busy (no progress, working) for this many hang timeouts counts as hung."""
 _FRAMES = 16
+_CALLERS = 8
+"""User frames kept beyond the innermost (``Activity.callers``)."""
+
+
+def working(cpu_share: float, io_rate: float, wait_share: float = 0.0) -> bool:
+    """Does the rank work: its main thread uses CPU, or is ready to run most of the time
+    (it waits for a CPU, the machine being oversubscribed), or the process moves data?"""
+    return cpu_share >= CPU_BUSY or cpu_share + wait_share >= RUNNABLE_BUSY or io_rate >= IO_BUSY
 
 
 def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, io_rate: float,
-             timeout: float | None = None) -> str:
-    """The rank's activity from its samples (see the module's table). A hang timeout
-    shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
+             timeout: float | None = None, wait_share: float = 0.0) -> str:
+    """The rank's activity from its samples (see the module's table); ``cpu_share``,
+    ``wait_share`` and ``io_rate`` are measured over the seconds the stack has been still.
+    A hang timeout shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
     still = min(STILL_SECONDS, timeout) if timeout else STILL_SECONDS
     if idle < still:
         return Status.STEPPING
     if in_flight:
         return Status.WAITING
-    if still_for >= still and cpu_share < CPU_BUSY and io_rate < IO_BUSY:
+    if still_for >= still and not working(cpu_share, io_rate, wait_share):
         return Status.STUCK
     return Status.BUSY
 
@@ -113,14 +130,55 @@ def is_hang(activity: str, idle: float, timeout: float, peers_hold_out: str | No
     return activity in (Status.WAITING, Status.STUCK)
 
 
-class Sampler:
-    """Samples the main thread's stack, its CPU time and the process's I/O; ``activity()``
-    classifies. Called from the watchdog thread; ``sample()`` is rate-limited."""
+ACTIVITY_LAG = 5.0
+"""Seconds a rank's watchdog may take to judge a silence (it samples about once a second):
+until then its last word stands."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+
+def working_since(act: schema.Activity | None, silent: float, written_unix: float | None) -> bool:
+    """Does a rank that has made no progress for ``silent`` seconds, and is in no
+    collective, work (busy) rather than stand still (stuck)? For readers of its state file
+    (the doctor), from its last ``activity`` (written at ``written_unix``, the file's own
+    clock). It works while its watchdog says busy, up to the busy limit; and while its
+    watchdog has not judged this silence yet: its last sample said stepping, or waiting in a
+    collective since completed, less than ``ACTIVITY_LAG`` seconds before the file was
+    written (the reader's stall and the watchdog's stillness end at different moments, and
+    a sample is a second apart). Stuck takes the watchdog's word, or silence alone where
+    there is no watchdog (none ran, or an older ddpmon)."""
+    if act is None:
+        return False
+    timeout = act.hang_timeout_seconds
+    if timeout and silent >= busy_limit(timeout):
+        return False
+    if act.state == Status.BUSY:
+        return True
+    if act.state == Status.STUCK:
+        return False
+    return written_unix is not None and written_unix - act.sampled_unix <= ACTIVITY_LAG
+
+
+class Sampler:
+    """Samples the main thread's stack, its time on and waiting for a CPU, and the process's
+    I/O; ``activity()`` classifies. Called from the watchdog thread; ``sample()`` is
+    rate-limited.
+
+    The shares are measured over the seconds the stack has been still (at least the last
+    two samples): the evidence for stuck is the same stretch of time as the stillness, so
+    the work before a stall does not hide it, and a thread that works with a stack that
+    looks still (a loop inside one line) shows its work over the whole stretch."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 times: Callable[[], tuple[float, float]] | None = None,
+                 io: Callable[[], int] | None = None) -> None:
+        """``times`` and ``io`` replace the main thread's (ran, waited) seconds and the
+        process's I/O bytes (tests)."""
         self._clock = clock
+        self._read_times = times or self._times
+        self._read_io = io or _io_bytes
         main = threading.main_thread()
         self._ident = main.ident
+        native = getattr(main, "native_id", None)
+        self._schedstat: str | None = f"/proc/self/task/{native}/schedstat" if native else None
         try:
             self._cpu_clock: int | None = time.pthread_getcpuclockid(main.ident)  # type: ignore[arg-type]
         except Exception:
@@ -128,7 +186,8 @@ class Sampler:
         self._signature: tuple[Any, ...] | None = None
         self._changed = clock()
         self._where: str | None = None
-        self._samples: deque[tuple[float, float, int]] = deque(maxlen=8)  # (t, cpu, io bytes)
+        self._callers: list[str] = []
+        self._samples: deque[tuple[float, float, float, int]] = deque(maxlen=8)  # (t, cpu, wait, io bytes)
         self._last = -1e18
 
     def sample(self) -> None:
@@ -138,46 +197,67 @@ class Sampler:
         self._last = now
         frame = sys._current_frames().get(self._ident)  # type: ignore[arg-type]
         signature = []
-        where = None
+        user = []
         depth = 0
         while frame is not None and depth < 256:
             code = frame.f_code
             if depth < _FRAMES:
                 signature.append((code, frame.f_lineno))
-            if where is None and not (is_library(code.co_filename) or code.co_filename.startswith("<")):
-                where = f"{short_path(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+            if len(user) <= _CALLERS and not (is_library(code.co_filename) or code.co_filename.startswith("<")):
+                user.append(f"{short_path(code.co_filename)}:{frame.f_lineno} in {code.co_name}")
             frame = frame.f_back
             depth += 1
         del frame
         sig = tuple(signature)
         if sig != self._signature:
             self._signature, self._changed = sig, now
-        self._where = where
-        self._samples.append((now, self._cpu(), _io_bytes()))
+        self._where = user[0] if user else None
+        self._callers = user[1:]
+        cpu, wait = self._read_times()
+        self._samples.append((now, cpu, wait, self._read_io()))
 
-    def _cpu(self) -> float:
+    def _times(self) -> tuple[float, float]:
+        """(seconds the main thread ran, seconds it was ready to run and waited for a CPU):
+        Linux's schedstat, else its CPU clock (no waiting known)."""
+        if self._schedstat is not None:
+            try:
+                with open(self._schedstat, "rb") as f:
+                    ran, waited = f.read().split()[:2]
+                return int(ran) / 1e9, int(waited) / 1e9
+            except (OSError, ValueError):
+                self._schedstat = None
         if self._cpu_clock is not None:
             try:
-                return time.clock_gettime(self._cpu_clock)
+                return time.clock_gettime(self._cpu_clock), 0.0
             except OSError:
                 self._cpu_clock = None
-        return time.process_time()
+        return time.process_time(), 0.0
+
+    def shares(self) -> tuple[float, float, float]:
+        """(CPU share, share waiting for a CPU, I/O bytes per second) since the stack took
+        its present shape (at least over the last two samples)."""
+        samples = list(self._samples)
+        window = [s for s in samples if s[0] >= self._changed]
+        if len(window) < 2:
+            window = samples[-2:]
+        if len(window) < 2 or window[-1][0] <= window[0][0]:
+            return 0.0, 0.0, 0.0
+        (t0, c0, w0, b0), (t1, c1, w1, b1) = window[0], window[-1]
+        span = t1 - t0
+        cpu = min(1.0, max(0.0, (c1 - c0) / span))
+        wait = min(1.0 - cpu, max(0.0, (w1 - w0) / span))  # the reads and the clock are not one instant
+        return cpu, wait, max(0.0, (b1 - b0) / span)
 
     def activity(self, idle: float, in_flight: bool, timeout: float | None, now_unix: float) -> schema.Activity:
         now = self._clock()
-        cpu_share = io_rate = 0.0
-        if len(self._samples) >= 2:
-            t0, c0, b0 = self._samples[0]
-            t1, c1, b1 = self._samples[-1]
-            if t1 > t0:
-                cpu_share = max(0.0, (c1 - c0) / (t1 - t0))
-                io_rate = max(0.0, (b1 - b0) / (t1 - t0))
+        cpu_share, wait_share, io_rate = self.shares()
         still_for = now - self._changed
-        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout)
+        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout, wait_share)
         return schema.Activity(
             state=state, sampled_unix=now_unix, still_seconds=round(still_for, 3),
-            cpu_share=round(cpu_share, 3), io_bytes_per_second=round(io_rate),
-            where=self._where, hang_timeout_seconds=timeout,
+            cpu_share=round(cpu_share, 3), wait_share=round(wait_share, 3),
+            io_bytes_per_second=round(io_rate), where=self._where, callers=list(self._callers),
+            hang_timeout_seconds=timeout,
         )
 
 

@@ -157,13 +157,11 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.status = Status.FROZEN
     elif s.hang is not None or silent > stall_after:
         v.status = Status.WAITING if in_flight else Status.STUCK
-        act = s.activity
-        if v.status == Status.STUCK and act is not None and act.state == Status.BUSY and s.hang is None:
-            timeout = act.hang_timeout_seconds
-            if not timeout or silent < activity.busy_limit(timeout):
-                v.status = Status.BUSY  # working outside a step: evaluation, checkpoint, post-loop
+        if v.status == Status.STUCK and s.hang is None and activity.working_since(s.activity, silent, s.now_unix):
+            v.status = Status.BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
-    v.stalled_when_written = s.hang is not None or written_silent > stall_after
+    v.stalled_when_written = s.hang is not None or (written_silent > stall_after and (
+        bool(in_flight) or not activity.working_since(s.activity, written_silent, s.now_unix)))
     if v.status in GONE:  # the ages that matter are those at its last write
         for e in v.in_flight:
             e.age_seconds = round((s.now_unix or e.issued_unix) - e.issued_unix, 3)

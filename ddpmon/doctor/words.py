@@ -311,9 +311,15 @@ def busy_line(v: RankView) -> str:
     s = v.state
     act = s.activity
     how = []
-    if act is not None:
+    if act is not None and act.state != Status.BUSY:  # activity.working_since: not judged yet
+        into = act.sampled_unix - s.last_progress_unix if s.last_progress_unix is not None else None
+        how.append("its watchdog last sampled it " + (f"{into:.1f} s " if into is not None and into >= 0 else "")
+                   + f"into this silence ({act.state}), too soon to judge")
+    elif act is not None:
         if act.cpu_share >= 0.05:
             how.append(f"main thread at {act.cpu_share:.0%} CPU")
+        if act.wait_share >= 0.05:
+            how.append(f"main thread waiting for a CPU {act.wait_share:.0%} of the time")
         if act.io_bytes_per_second >= 1 << 20:
             how.append(f"{act.io_bytes_per_second / 1e6:.0f} MB/s of I/O")
         if act.still_seconds < 3:

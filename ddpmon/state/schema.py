@@ -267,11 +267,17 @@ class Activity:
     still_seconds: float = 0.0
     """Seconds the main thread's stack has not changed."""
     cpu_share: float = 0.0
-    """Share of one core the main thread used over the last seconds (0..1)."""
+    """Share of one core the main thread used over the seconds its stack has been still
+    (at least the last second) (0..1)."""
+    wait_share: float = 0.0
+    """Share of those seconds the main thread was ready to run but waited for a CPU (an
+    oversubscribed machine; Linux) (0..1)."""
     io_bytes_per_second: float = 0.0
-    """Bytes the process read and wrote per second over the last seconds."""
+    """Bytes the process read and wrote per second over those seconds."""
     where: str | None = None
     """``file:line in function`` of the main thread's innermost user frame."""
+    callers: list[str] = field(default_factory=list)
+    """The user frames that led there (``file:line in function``), innermost first."""
     hang_timeout_seconds: float | None = None
     """The rank's hang timeout when sampled (null: off)."""
 

@@ -3,7 +3,7 @@
 Environment as ``tests/support/harness.rank_env`` (RANK, WORLD_SIZE, DDPMON_TEST_STORE,
 DDPMON_TEST_OUT, DDPMON_STATE_DIR). Every rank trains a small DDP MLP with ddpmon attached
 (its default hang timeout logic, state written every 0.2 s); rank CULPRIT misbehaves at step
-STEP as KIND says (``KINDS`` in ``tests/scenarios/kinds.py``). A rank writes
+STEP as KIND says (``KINDS`` in ``tests/scenarios/runner.py``). A rank writes
 ``mark-<rank>-<name>`` into DDPMON_TEST_OUT when it reaches a moment the runner waits for.
 ``spawn`` runs the job under ``torch.multiprocessing.spawn`` instead (one process here).
 """
@@ -109,6 +109,8 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
     steps = at + (PACED_STEPS if paced else EXTRA_STEPS)
     if kind == "uneven" and me:
         steps = at  # fewer batches on this rank
+    if kind == "uneven_more" and me:
+        steps += 1  # one batch more on this rank
     jitter = random.Random(rank)
     for step in range(steps):
         if paced and step >= at:

@@ -1,10 +1,14 @@
-"""The shared liveness rule (ddpmon/activity.py): classification, the hang decision, and a
-waiting rank's view of its peers from their state files."""
+"""The shared liveness rule (ddpmon/activity.py): classification, the hang decision, a
+waiting rank's view of its peers from their state files, the sampler's shares over the still
+seconds (a rank that waits for a CPU works), and a reader's view of a rank's last activity."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
+
+import pytest
 
 from ddpmon import activity as lv
 from ddpmon.state import files, schema
@@ -18,6 +22,10 @@ def test_classify() -> None:
     assert lv.classify(9.0, False, 10.0, 0.9, 0.0) == lv.Status.BUSY       # CPU
     assert lv.classify(9.0, False, 10.0, 0.0, 50e6) == lv.Status.BUSY      # I/O (a checkpoint)
     assert lv.classify(0.5, False, 10.0, 0.0, 0.0, timeout=0.2) == lv.Status.STUCK  # short timeouts
+    # runnable but not scheduled (an oversubscribed machine): working, whatever CPU it got
+    assert lv.classify(9.0, False, 10.0, 0.008, 0.0, wait_share=0.95) == lv.Status.BUSY
+    # a thread that sleeps in a polling loop waits for a CPU only after each wake: stuck
+    assert lv.classify(9.0, False, 10.0, 0.002, 0.0, wait_share=0.1) == lv.Status.STUCK
 
 
 def test_is_hang_needs_evidence() -> None:
@@ -60,3 +68,104 @@ def test_sampler_sees_the_main_thread(tmp_path: Path) -> None:
     sampler.sample()
     act = sampler.activity(0.0, False, 60.0, time.time())
     assert act.state == lv.Status.STEPPING and act.where and "test_activity.py" in act.where
+
+
+class Times:
+    """A main thread's (ran, waited) seconds, advanced by the test as its clock moves."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.ran = self.waited = 0.0
+
+    def clock(self) -> float:
+        return self.t
+
+    def __call__(self) -> tuple[float, float]:
+        return self.ran, self.waited
+
+    def advance(self, seconds: float, ran: float, waited: float) -> None:
+        """``seconds`` pass; the main thread runs ``ran`` and waits ``waited`` of each one."""
+        self.t += seconds
+        self.ran += seconds * ran
+        self.waited += seconds * waited
+
+
+def _still(sampler: lv.Sampler, times: Times, ran: float, waited: float, seconds: int) -> list[schema.Activity]:
+    """``seconds`` of work inside one line (its stack still), sampled each second as the
+    watchdog does; the activity after each second (silent since the first)."""
+    acts = []
+    for i in range(seconds):
+        times.advance(1.0, ran, waited)
+        sampler.sample()  # one line: the main thread's stack is the same at every sample
+        acts.append(sampler.activity(float(i + 1), False, 60.0, 2e9))
+    return acts
+
+
+def _moving(sampler: lv.Sampler, times: Times, ran: float, waited: float, seconds: int) -> None:
+    for _ in range(seconds):
+        times.advance(1.0, ran, waited)
+        sampler.sample()  # another line: the stack has another shape than in _still
+
+
+def _after_the_loop(sampler: lv.Sampler, times: Times, ran: float, waited: float, seconds: int) -> schema.Activity:
+    """The activity ``seconds`` after the last step, spent working inside one line."""
+    return _still(sampler, times, ran, waited, seconds)[-1]
+
+
+def test_a_starved_rank_after_the_loop_is_busy_not_stuck() -> None:
+    """The false hang: after the loop every rank works inside one line (its stack still)
+    while the machine runs more threads than it has cores. Measured then: 0.2% to 2% of a
+    core, and waiting for one the rest of the time. CPU alone called it stuck; that it
+    waits for a CPU says it works."""
+    times = Times()
+    sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+    sampler.sample()
+    act = _after_the_loop(sampler, times, ran=0.008, waited=0.95, seconds=6)
+    assert act.still_seconds >= 3 and act.cpu_share < lv.CPU_BUSY
+    assert act.wait_share == pytest.approx(0.95, abs=0.01)
+    assert act.state == lv.Status.BUSY
+    # the same stillness blocked (a lock, a socket) or sleeping in a polling loop: stuck
+    for ran, waited in ((0.0, 0.0), (0.002, 0.1)):
+        times = Times()
+        sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+        sampler.sample()
+        assert _after_the_loop(sampler, times, ran, waited, seconds=6).state == lv.Status.STUCK
+
+
+def test_the_shares_are_those_of_the_still_seconds() -> None:
+    """A stall right after busy training is seen after the stillness (3 s), not once the
+    busy seconds have left a longer window."""
+    times = Times()
+    sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+    _moving(sampler, times, 1.0, 0.0, 5)  # training: a full core
+    acts = _still(sampler, times, 0.0, 0.0, 4)  # blocked: the first still sample, then 3 s
+    assert (acts[2].still_seconds, acts[2].state) == (2.0, lv.Status.BUSY)  # not still for 3 s yet
+    assert (acts[3].still_seconds, acts[3].cpu_share, acts[3].state) == (3.0, 0.0, lv.Status.STUCK)
+
+
+def test_the_sampler_reads_the_main_threads_times() -> None:
+    sampler = lv.Sampler()
+    ran, waited = sampler._times()
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:
+        pass
+    later = sampler._times()
+    assert later[0] - ran >= 0.04 and later[1] >= waited >= 0.0
+
+
+def test_working_since_a_readers_view_of_the_last_activity() -> None:
+    """What the doctor makes of a rank's last activity once its silence passed the stall.
+    The false hang's other half: a rank starved after the loop last wrote its file 2.5 s
+    into its silence, its watchdog's sample then saying stepping; read 4 s later (silent
+    6.5 s) it was taken for stuck. Its watchdog had not judged that silence: not stuck."""
+    written = 2e9
+    stepping = schema.Activity("stepping", sampled_unix=written - 0.01, hang_timeout_seconds=60.0)
+    assert lv.working_since(stepping, 6.5, written)
+    waiting = schema.Activity("waiting", sampled_unix=written - 1.0, hang_timeout_seconds=60.0)
+    assert lv.working_since(waiting, 6.5, written)  # its collective completed since
+    busy = schema.Activity("busy", sampled_unix=written - 0.3, hang_timeout_seconds=60.0)
+    assert lv.working_since(busy, 200.0, written) and not lv.working_since(busy, 300.0, written)
+    assert not lv.working_since(schema.Activity("stuck", sampled_unix=written), 6.5, written)
+    assert not lv.working_since(None, 6.5, written)  # no watchdog: silence is all there is
+    # a watchdog that has not sampled for a while (its thread blocked): silence decides
+    assert not lv.working_since(dataclasses.replace(stepping, sampled_unix=written - 6.0), 9.0, written)

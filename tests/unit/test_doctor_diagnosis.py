@@ -45,6 +45,125 @@ def test_ranks_waiting_for_a_busy_rank_are_not_hung(tmp_path: Path) -> None:
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
 
 
+def _at(where: str, *callers: str, sampled: float = 0.0) -> dict[str, object]:
+    """A waiting rank's activity: where its main thread is, and the user frames that led there."""
+    return {"state": "waiting", "sampled_unix": states.NOW - sampled, "still_seconds": 8.0,
+            "where": where, "callers": list(callers), "hang_timeout_seconds": 60.0}
+
+
+def _uneven(tmp_path: Path, world: int, more: list[int]) -> None:
+    """Ranks in ``more`` run another step (DDP's bucket #7, the loop's train_step call at
+    train.py:30 in main) while the others wait in the final barrier (#7, train.py:34)."""
+    done = [dict(waiting_in("all_reduce", s, 0.0, bucket=0, size=world), completed_unix=states.NOW) for s in (5, 6)]
+    for r in range(world):
+        if r in more:
+            entry = waiting_in("all_reduce", 7, 9.0, site="DDP backward", size=world, bucket=0, function="backward")
+            act = _at("train.py:12 in train_step", "train.py:30 in main", "train.py:40 in <module>")
+        else:
+            entry = waiting_in("barrier", 7, 9.0, site="train.py:34", size=world, function="main",
+                               callers=["train.py:40 in <module>"])
+            act = _at("train.py:34 in main", "train.py:40 in <module>")
+        write(tmp_path, state(r, world=world, silent=9.0, steps=6, collective_log=done, in_flight=[entry], activity=act))
+
+
+def test_uneven_inputs_name_the_odd_side_and_with_two_ranks_the_one_with_more(tmp_path: Path) -> None:
+    _uneven(tmp_path / "two", 2, more=[1])
+    d = examine(str(tmp_path / "two"), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch")
+    assert d.findings[0].summary.startswith("rank 1 has more batches than rank 0 (uneven inputs): as #7 of group 0")
+    assert d.findings[0].fix.startswith(words.FIX_UNEVEN)
+    _uneven(tmp_path / "fewer", 3, more=[0, 2])  # rank 1 ran out of batches: the minority
+    d = examine(str(tmp_path / "fewer"), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("desync", [1])
+    assert d.findings[0].summary.startswith(
+        "rank 1 has fewer batches than ranks 0, 2 (uneven inputs): as #7 of group 0, ranks 0, 2 run another "
+        "training step (all_reduce of DDP gradient bucket 0) while rank 1 has gone past the training loop to "
+        "barrier at train.py:34 in main")
+    _uneven(tmp_path / "more", 3, more=[2])
+    d = examine(str(tmp_path / "more"), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("desync", [2])
+    assert d.findings[0].summary.startswith("rank 2 has more batches than ranks 0, 1 (uneven inputs)")
+
+
+def test_a_rank_conditional_collective_the_other_rank_went_past_is_named(tmp_path: Path) -> None:
+    """Two ranks, no majority: rank 1 calls a barrier from a helper at the top of the loop
+    (train.py:28) that rank 0 went past; rank 0 is in DDP's all-reduce (train.py:30)."""
+    done = [dict(waiting_in("all_reduce", s, 0.0, bucket=0), completed_unix=states.NOW) for s in (5, 6)]
+    bucket = waiting_in("all_reduce", 7, 9.0, site="DDP backward", bucket=0, function="backward")
+    write(tmp_path, state(0, silent=9.0, steps=6, collective_log=done, in_flight=[bucket],
+                          activity=_at("train.py:12 in train_step", "train.py:30 in main", "train.py:40 in <module>")))
+    barrier = waiting_in("barrier", 7, 9.0, site="train.py:20", function="log_metrics", callers=["train.py:28 in main"])
+    write(tmp_path, state(1, silent=9.0, steps=6, collective_log=done, in_flight=[barrier],
+                          activity=_at("train.py:20 in log_metrics", "train.py:28 in main", "train.py:40 in <module>")))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch")
+    f = d.findings[0]
+    assert "the operation differs" in f.summary and not f.fix.startswith(words.FIX_UNEVEN)
+    assert f.evidence[-1] == ("at the same step (6), rank 0 is at line 30 of main (train.py), rank 1 at line 28: "
+                              "rank 0 went past the place of rank 1's collective without issuing it")
+    # an activity sampled before the rank issued its collective says nothing of where it
+    # waits: nothing tells the two apart (no call-site counts in these files), both named
+    write(tmp_path, state(0, silent=9.0, steps=6, collective_log=done, in_flight=[bucket],
+                          activity=_at("train.py:12 in train_step", "train.py:30 in main", sampled=20.0)))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.suspect_ranks == [0, 1] and not d.findings[0].evidence[-1].startswith("at the same step")
+
+
+def test_ranks_waiting_in_different_groups_the_one_gone_past_is_named(tmp_path: Path) -> None:
+    """desync, no majority: rank 1 waits in a barrier of another group at train.py:28 that
+    rank 0 went past on its way to DDP's all-reduce (train.py:30)."""
+    bucket = waiting_in("all_reduce", 9, 9.0, site="DDP backward", bucket=0, function="backward")
+    write(tmp_path, state(0, silent=9.0, steps=6, in_flight=[bucket],
+                          activity=_at("train.py:12 in train_step", "train.py:30 in main")))
+    barrier = waiting_in("barrier", 3, 9.0, site="train.py:28", function="main", group="1")
+    write(tmp_path, state(1, silent=9.0, steps=6, in_flight=[barrier], activity=_at("train.py:28 in main")))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "desync")
+
+
+POST_LOOP = "tests/scenarios/worker.py:84 in <genexpr>"
+
+
+def test_ranks_starved_after_the_loop_are_busy_not_hung(tmp_path: Path) -> None:
+    """The false hang after the training loop, as two ranks' files read 6.5 s after their
+    last step on a machine with more runnable threads than cores. Rank 0 last wrote its
+    file 2.5 s into its silence (its process got no CPU since), when its watchdog's sample
+    said stepping; rank 1's watchdog says busy: 0.8% of a core, waiting for one 95% of the
+    time. Read as stuck, rank 0 made the answer 'hang'."""
+    stepping = {"state": "stepping", "sampled_unix": states.NOW - 4.0 - 0.01, "still_seconds": 1.4,
+                "where": POST_LOOP, "hang_timeout_seconds": 60.0}
+    busy = {"state": "busy", "sampled_unix": states.NOW - 0.5, "still_seconds": 4.1, "cpu_share": 0.008,
+            "wait_share": 0.95, "where": POST_LOOP, "hang_timeout_seconds": 60.0}
+    write(tmp_path, state(0, silent=2.5, phase="after_optimizer", activity=stepping), age=4.0)
+    write(tmp_path, state(1, silent=6.0, phase="after_optimizer", activity=busy), age=0.5)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert [v.status for v in d.ranks] == ["busy", "busy"]
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
+    assert "its watchdog last sampled it 2.5 s into this silence (stepping), too soon to judge" in d.findings[0].evidence[0]
+    assert "(main thread waiting for a CPU 95% of the time)" in d.findings[0].evidence[1]
+    # its watchdog has said nothing for 6 s before that write: silence decides again
+    stepping["sampled_unix"] = states.NOW - 4.0 - 6.0
+    write(tmp_path, state(0, silent=2.5, phase="after_optimizer", activity=stepping), age=4.0)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [0])
+
+
+def test_a_job_ended_while_busy_after_the_loop_is_not_replayed_as_a_hang(tmp_path: Path) -> None:
+    """Every process gone (ended from outside) while busy after the loop: at their last
+    writes they were working, not stalled, so the doctor does not put them back in a stall."""
+    busy = {"state": "busy", "sampled_unix": states.NOW - 30.2, "still_seconds": 5.0, "cpu_share": 0.9,
+            "where": POST_LOOP, "hang_timeout_seconds": 60.0}
+    for r in range(2):
+        write(tmp_path, state(r, silent=6.0, activity=busy), age=30.0 + r / 10)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert d.verdict != "hang" and "ended_while_hung" not in kinds(d)
+    stuck = dict(busy, state="stuck", cpu_share=0.0)
+    for r in range(2):
+        write(tmp_path, state(r, silent=6.0, activity=stuck), age=30.0 + r / 10)
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [0, 1]) and "ended_while_hung" in kinds(d)
+
+
 def test_a_non_zero_exit_status_is_a_failure(tmp_path: Path) -> None:
     write(tmp_path, state(0, silent=5.0, exit={"unix": states.NOW - 5, "code": 3, "how": "sys.exit",
                                                 "where": "train.py:12 in main"}))

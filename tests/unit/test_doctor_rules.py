@@ -22,10 +22,12 @@ from ddpmon.doctor.load import StateFile, load_dir
 from ddpmon.doctor.procs import Liveness
 from ddpmon.doctor.rules import (
     comm_hang,
+    common,
     dead_rank,
     desync,
     ended_while_hung,
     files,
+    fingerprint,
     not_joining,
     rank_notes,
     straggler,
@@ -126,6 +128,34 @@ def test_left_early() -> None:
     assert f.fix == words.FIX_UNEVEN
     assert dead_rank.left_early(views("dead_rank"), []) is None
     assert dead_rank.left_early(views("finished"), []) is None
+
+
+def test_mismatch_uneven_inputs_with_two_ranks() -> None:
+    """Rank 0 has one batch more than rank 1: as #15 it runs DDP's gradient all-reduce of
+    that batch while rank 1 waits in the script's final barrier. No majority, yet rank 1
+    stands further along in the code both run (the barrier after the loop, line 34, against
+    the loop's train_step call, line 33, at the same step): rank 0 has more batches."""
+    vs = views("uneven_more")
+    assert statuses(vs) == ["waiting", "waiting"]
+    assert common.parting(vs[1], vs[0]) == ("uneven_more (tests/fixtures/doctor/record_worker.py)", 34, 33)
+    assert common.ahead(vs[1], vs[0]) is True and common.behind([[vs[0]], [vs[1]]]) == [vs[0]]
+    found = fingerprint.mismatch(vs, [])
+    assert found is not None and (found.verdict, found.suspects) == ("desync", [0])
+    f = found.findings[0]
+    assert (f.kind, f.ranks) == ("mismatch", [0])
+    assert f.summary.startswith(
+        "rank 0 has more batches than rank 1 (uneven inputs): as #15 of group 0, rank 0 runs another "
+        "training step (all_reduce of DDP gradient bucket 0) while rank 1 has gone past the training "
+        "loop to barrier at tests/fixtures/doctor/record_worker.py:34 in uneven_more")
+    assert f.evidence[-1] == (
+        "at the same step (5), rank 1 is at line 34 of uneven_more (tests/fixtures/doctor/record_worker.py), "
+        "rank 0 at line 33: rank 1 went past the place of rank 0's training step without running it")
+    assert f.fix.startswith(words.FIX_UNEVEN)
+    # positions that do not tell (other steps): the call site no other rank used, as before
+    vs[0].state.step += 1
+    assert common.ahead(vs[1], vs[0]) is None
+    found = fingerprint.mismatch(vs, [])
+    assert found is not None and found.suspects == [1] and not found.findings[0].fix.startswith(words.FIX_UNEVEN)
 
 
 def test_dead_rank() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ddpmon import activity
 from ddpmon.rank import ending
 from ddpmon.rank import watchdog as wd
 from ddpmon.rank.recorder import Recorder
@@ -87,6 +88,56 @@ def test_a_wall_clock_step_fakes_no_hang() -> None:
     assert dog.check() is None and rec.hang is None
     mono.now += 2.0  # now 2.6 s without progress, really
     assert dog.check() is not None and rec.hang is not None
+
+
+class Starved:
+    """The main thread after the loop, on a machine with more runnable threads than cores:
+    (ran, waited) seconds of a clock the test moves."""
+
+    def __init__(self, ran: float, waited: float) -> None:
+        self.now, self.ran, self.waited = 1000.0, ran, waited
+        self.ran_total = self.waited_total = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def times(self) -> tuple[float, float]:
+        return self.ran_total, self.waited_total
+
+    def tick(self) -> None:
+        self.now += 1.0
+        self.ran_total += self.ran
+        self.waited_total += self.waited
+
+
+def _passes(dog: wd.Watchdog, world: Starved, seconds: int) -> list[Any]:
+    reports = []
+    for _ in range(seconds):
+        world.tick()
+        reports.append(dog.check())  # one line: the main thread's stack is still
+    return reports
+
+
+def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
+    """Work after the loop while the rank gets 0.8% of a core and waits for one the rest of
+    the time: busy, no hang report until the busy limit (5 x the timeout). Blocked the
+    same way (neither running nor waiting to): stuck, reported past the timeout."""
+    world = Starved(ran=0.008, waited=0.95)
+    rec = recorder()
+    rec.last_progress_unix = world.now
+    sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
+    dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
+    assert _passes(dog, world, 9) == [None] * 9
+    assert rec.activity is not None and rec.activity.state == "busy" and rec.activity.wait_share == 0.95
+    assert _passes(dog, world, 1) == [rec.hang] and rec.hang is not None  # 10 s: the busy limit
+
+    world = Starved(ran=0.0, waited=0.0)
+    rec = recorder()
+    rec.last_progress_unix = world.now
+    sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
+    dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
+    reports = _passes(dog, world, 4)
+    assert reports[:2] == [None, None] and reports[2] is not None and rec.activity.state == "stuck"
 
 
 def test_learned_timeout_after_warm_up() -> None:

@@ -1,5 +1,6 @@
 """What several rules ask of the ranks: who is stalled, who takes part in the collectives,
-whether they wait in one collective."""
+whether they wait in one collective, which of two ranks stands further along in the code
+they share."""
 
 from __future__ import annotations
 
@@ -46,3 +47,76 @@ def same_collective(waiting: list[RankView]) -> bool:
         if not any(key(c) == target and not c.error for c in done):
             return False
     return True
+
+
+Frame = tuple[str, str, int]
+"""(file, function, line) of a user frame."""
+
+
+def position(v: RankView) -> list[Frame] | None:
+    """Where the rank stands in its own code, outermost frame first: its watchdog's last
+    sample of the main thread (``activity.where`` and its callers), when taken in the
+    collective the rank waits in; else the user frames of that collective's call."""
+    e = v.waiting
+    act = v.state.activity
+    lines: list[str] = []
+    if act is not None and act.where and (e is None or act.sampled_unix >= e.issued_unix):
+        lines = [act.where, *act.callers]
+    elif e is not None and e.bucket is None and e.call_site not in ("?", "DDP backward"):
+        lines = [f"{e.call_site} in {e.function}", *e.callers]
+    frames = [f for line in lines if (f := _frame(line)) is not None]
+    return frames[::-1] or None
+
+
+def _frame(line: str) -> Frame | None:
+    site, sep, function = line.rpartition(" in ")
+    file, _, number = site.rpartition(":")
+    if not sep or not file or not number.isdigit():
+        return None
+    return file, function, int(number)
+
+
+def parting(a: RankView, b: RankView) -> tuple[str, int, int] | None:
+    """Where two ranks at the same step part in the code both run: (``function (file)``,
+    ``a``'s line, ``b``'s line). Their stacks are lined up on the outermost function both
+    are in; the first frame where they differ must be in one function. None when it cannot
+    be told: other steps, no position, or they part into different functions."""
+    if a.state.step != b.state.step:
+        return None
+    pa, pb = position(a), position(b)
+    if not pa or not pb:
+        return None
+    start = next(((i, j) for i, fa in enumerate(pa) for j, fb in enumerate(pb) if fa[:2] == fb[:2]), None)
+    if start is None:
+        return None
+    for fa, fb in zip(pa[start[0]:], pb[start[1]:]):
+        if fa == fb:
+            continue
+        if fa[:2] != fb[:2] or fa[2] == fb[2]:
+            return None
+        return f"{fa[1]} ({fa[0]})", fa[2], fb[2]
+    return None
+
+
+def ahead(a: RankView, b: RankView) -> bool | None:
+    """Does rank ``a`` stand further along than rank ``b`` in the code both run, at the same
+    step (a later line where they part)? None when it cannot be told (``parting``)."""
+    part = parting(a, b)
+    return None if part is None else part[1] > part[2]
+
+
+def behind(sides: list[list[RankView]]) -> list[RankView] | None:
+    """Of two sides of ranks that issued different collectives, the one every rank of the
+    other side stands further along than: the others went past the place where it issued
+    its collective without issuing it, so its collective is the one too many (a
+    rank-conditional call, or one more training step on more batches). None when the
+    ranks do not tell."""
+    if len(sides) != 2:
+        return None
+    first, second = sides
+    votes = {ahead(a, b) for a in first for b in second}
+    if votes == {True}:
+        return second
+    if votes == {False}:
+        return first
+    return None

@@ -2,8 +2,9 @@
 
 Every rank must issue the same collectives in the same order; here one issued what the
 others did not (a rank-conditional barrier, a collective skipped on uneven inputs), and
-each now waits for a partner that never comes. The odd ranks are those whose collective
-comes from a call site no other rank ever used, else the minority.
+each now waits for a partner that never comes. With two sides of one size, the odd ranks
+are those the others went past in the code both run (``common.behind``); else those whose
+collective comes from a call site no other rank ever used, else the minority.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import Counter
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
-from .common import in_collectives, same_collective, stalled
+from .common import behind, in_collectives, same_collective, stalled
 
 
 def desync(views: list[RankView], missing: list[int]) -> Verdict | None:
@@ -42,8 +43,17 @@ def desync(views: list[RankView], missing: list[int]) -> Verdict | None:
 
 
 def odd_ranks(waiting: list[RankView]) -> list[int]:
-    """The ranks that issued what the others did not: a call site no other rank ever used,
-    else the minority collective."""
+    """The ranks that issued what the others did not. With two sides of one size, the side
+    the other went past (``common.behind``); else a call site no other rank ever used, else
+    the minority collective."""
+    sides: dict[tuple[str, str, str], list[RankView]] = {}
+    for v in waiting:
+        if v.waiting:
+            sides.setdefault((v.waiting.group, v.waiting.op, v.waiting.site_key), []).append(v)
+    if len(sides) == 2 and len({len(side) for side in sides.values()}) == 1:
+        last = behind(list(sides.values()))
+        if last is not None:
+            return sorted(v.rank for v in last)
     keys = {v.rank: v.waiting.site_key for v in waiting if v.waiting}
     sites = {v.rank: v.state.collective_sites for v in waiting}
     never = [r for r, k in keys.items() if all(not sites[o].get(k) for o in keys if o != r)]

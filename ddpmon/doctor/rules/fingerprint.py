@@ -9,8 +9,14 @@ or NCCL hang or corrupt memory; an order mismatch (a barrier on one rank where t
 all-reduce) deadlocks. So the death or the hang that follows is a consequence, and this
 rule comes before ``dead_rank`` and the hang rules.
 
-The odd ranks are the minority side; on a tie, those whose call site no other rank used;
-else every rank (two ranks that disagree cannot say which one is wrong).
+The odd ranks are the minority side. On a tie (two ranks), the side the other went past:
+at the same step, lined up in the code both run, the rank further along passed the place
+where the other issued its collective without issuing it, so that collective is the one too
+many (``common.behind``). A rank still in DDP's gradient all-reduce while the other has gone
+past the training loop to a collective after it (the script's final barrier) runs a step
+the other does not have: it has more batches (uneven inputs), and the fix is Join or even
+batches. Else the ranks whose call site no other rank used; else every rank (two ranks
+that disagree and do not tell cannot say which one is wrong).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from ...state.schema import Collective
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
+from .common import behind, parting
 
 
 def entries(v: RankView) -> dict[tuple[str, int], Collective]:
@@ -123,10 +130,13 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
     for r, e in sorted(there.items()):
         sides.setdefault(_fingerprint(e), []).append(r)
     ordered = sorted(sides.values(), key=len, reverse=True)
+    by_rank = {v.rank: v for v in views}
+    last = behind([[by_rank[r] for r in side] for side in ordered]) if field in ("op", "call") else None
     if len(ordered[0]) > len(ordered[-1]):
         odd = sorted(r for side in ordered[1:] for r in side)
+    elif last is not None:
+        odd = sorted(v.rank for v in last)
     else:
-        by_rank = {v.rank: v for v in views}
         never = [r for r, e in there.items() if all(
             not by_rank[o].state.collective_sites.get(e.site_key) for o in there if o != r
         )]
@@ -146,6 +156,16 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
                          else f"{words.entry_name(e)}{_shape(e)}")
         for r, e in sorted(there.items())
     ]
+    fix = words.fix_mismatch(field)
+    if last is not None:
+        others = [by_rank[r] for r in sorted(there) if by_rank[r] not in last]
+        if all(there[v.rank].bucket is not None for v in last):  # it trains on, the others left the loop
+            more = sorted(v.rank for v in last)
+            summary = _uneven(more, [v.rank for v in others], odd, there, seq, group)
+            evidence.append(_past(last, others, f"the place of {words.who(more)}'s training step"))
+            fix = words.FIX_UNEVEN
+        elif sorted(v.rank for v in last) == odd:
+            evidence.append(_past(last, others, f"the place of {words.who(odd)}'s collective"))
     ended = [v for v in views if v.ending is not None and v.exception]
     if ended:
         evidence.append(
@@ -154,8 +174,35 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
             )
         )
     state = next(iter(views)).state
-    fix = words.fix_mismatch(field) + " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
+    fix += " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
     return Verdict("desync", odd, [Finding("mismatch", "error", odd, summary, evidence, fix)])
+
+
+def _uneven(more: list[int], fewer: list[int], odd: list[int], there: dict[int, Collective],
+            seq: int, group: str) -> str:
+    """The summary for ranks that run another training step (DDP's gradient all-reduce)
+    while the others have gone past the training loop to a collective of their own: the
+    ranks have different numbers of batches."""
+    head, tail = (more, fewer) if set(odd) <= set(more) else (fewer, more)
+    return (
+        f"{words.who(head)} {words.verb(head, 'has', 'have')} {'more' if head is more else 'fewer'} "
+        f"batches than {words.who(tail)} (uneven inputs): as #{seq} of group {group}, "
+        f"{words.who(more)} {words.verb(more, 'runs', 'run')} another training step "
+        f"({describe(there[more[0]])}) while {words.who(fewer)} {words.verb(fewer, 'has', 'have')} "
+        f"gone past the training loop to {describe(there[fewer[0]])}"
+    )
+
+
+def _past(last: list[RankView], others: list[RankView], what: str) -> str:
+    """The evidence that ``last`` issued the collective too many: at the same step, the
+    others stand further along in the code both run."""
+    where, ahead_line, behind_line = parting(others[0], last[0]) or ("?", 0, 0)
+    ranks, ahead_ranks = [v.rank for v in last], [v.rank for v in others]
+    return (
+        f"at the same step ({last[0].state.step}), {words.who(ahead_ranks)} "
+        f"{words.verb(others, 'is', 'are')} at line {ahead_line} of {where}, {words.who(ranks)} at "
+        f"line {behind_line}: {words.who(ahead_ranks)} went past {what} without {'running' if 'step' in what else 'issuing'} it"
+    )
 
 
 def describe(e: Collective) -> str:
