@@ -257,13 +257,24 @@ def line(rank: int, peer: int, d: Difference) -> str:
             f"({ms(d.ms)} vs {ms(d.peer_ms)} on rank {peer}){where}")
 
 
+COLLECTIVE_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
+"""Operators that wait for the other ranks: their time is the peers' (or the network's),
+not the rank's own work, so the comparison sets them apart."""
+
+
+def is_collective(d: Difference) -> bool:
+    return d.name.startswith(COLLECTIVE_PREFIXES)
+
+
 def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int = 5,
             fewer: int = 3) -> list[str]:
     """The comparison in words: operator time per step on each rank, where ``rank`` spends
-    more (largest first), then where it spends less."""
+    more of its own work (largest first), then where it spends less, then the collectives'
+    difference on its own (waiting, which a busy machine's scheduling also moves)."""
     diffs = compare(profile, peer)
-    more = [d for d in diffs if d.delta > 0][:top]
-    less = [d for d in reversed(diffs) if d.delta < 0][:fewer]
+    own = [d for d in diffs if not is_collective(d)]
+    more = [d for d in own if d.delta > 0][:top]
+    less = [d for d in reversed(own) if d.delta < 0][:fewer]
     lines = [f"operator self time per step: rank {rank} {ms(profile.total_ms_per_step)} ms over "
              f"{profile.steps} steps, rank {peer_rank} {ms(peer.total_ms_per_step)} ms over {peer.steps} steps"]
     if more:
@@ -272,8 +283,12 @@ def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int
     else:
         lines.append(f"rank {rank} spends no more than rank {peer_rank} in any operator")
     if less:
-        lines.append(f"where it spends less (on rank {peer_rank}, often the wait for rank {rank}):")
+        lines.append(f"where it spends less than rank {peer_rank}:")
         lines += ["  " + line(rank, peer_rank, d) for d in less]
+    waiting = sum(d.delta for d in diffs if is_collective(d))
+    if any(is_collective(d) for d in diffs):
+        lines.append(f"in collectives (waiting for the other ranks, not its own work): rank {rank} "
+                     f"{'+' if waiting >= 0 else '-'}{ms(abs(waiting))} ms/step against rank {peer_rank}")
     return lines
 
 
