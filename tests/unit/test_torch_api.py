@@ -136,21 +136,28 @@ def test_without_ddp_logging_data(group: None, tmp_path: Path, monkeypatch: pyte
         assert snap["buckets"] == []
 
 
-def test_c10d_timing_needs_ddp_logging_data(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            caplog: pytest.LogCaptureFixture) -> None:
-    """On NCCL (stood in for) c10d's timings are matched to DDP's bucket layout: without it
-    ``auto`` does without c10d and ``c10d`` is refused at attach, naming the API."""
-    monkeypatch.delattr(DDP, "_get_ddp_logging_data")
+def without_c10d(monkeypatch: pytest.MonkeyPatch, api: str) -> dict[str, Any]:
+    """On NCCL (stood in for), with ``api`` gone: ``bucket_timing='c10d'`` is refused at
+    attach, naming it, and ``auto`` trains without c10d timing; the snapshot."""
     monkeypatch.setattr(c10d, "backend_name", lambda group, device="cpu": "nccl")
     torch.manual_seed(0)
     model = DDP(Net(), find_unused_parameters=True)
-    with pytest.raises(ddpmon.ConfigError, match=re.escape(f"has no {LOGGING_DATA}")):
+    with pytest.raises(ddpmon.ConfigError, match=re.escape(f"has no {api}")):
         ddpmon.attach(model, port=-1, state_dir=None, bucket_timing="c10d")
     mon = ddpmon.attach(model, port=-1, state_dir=None)
     train(model)
+    mon.step()
     snap = mon.snapshot()
     mon.detach()
     assert snap["bucket_timing"] == "off"
+    return snap
+
+
+def test_c10d_timing_needs_ddp_logging_data(group: None, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """c10d's timings are matched to DDP's bucket layout: without it there is no c10d timing."""
+    monkeypatch.delattr(DDP, "_get_ddp_logging_data")
+    snap = without_c10d(monkeypatch, LOGGING_DATA)
     assert off_lines(caplog, LOGGING_DATA) == [line(torch_api.LOGGING_DATA, LOGGING_DATA)]
     check_the_rest(snap)
 
@@ -293,21 +300,10 @@ def test_without_a_compile_check(group: None, tmp_path: Path, monkeypatch: pytes
 
 
 @pytest.mark.parametrize("name", ["_register_on_completion_hook", "_enable_collectives_timing"])
-def test_without_the_completion_hook(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_without_the_completion_hook(group: None, monkeypatch: pytest.MonkeyPatch,
                                      caplog: pytest.LogCaptureFixture, name: str) -> None:
-    """On NCCL (stood in for): ``auto`` goes without c10d timing, ``c10d`` is refused."""
     monkeypatch.delattr(dist.ProcessGroup, name)
-    monkeypatch.setattr(c10d, "backend_name", lambda group, device="cpu": "nccl")
-    torch.manual_seed(0)
-    model = DDP(Net(), find_unused_parameters=True)
-    with pytest.raises(ddpmon.ConfigError, match=re.escape(f"has no ProcessGroup.{name}")):
-        ddpmon.attach(model, port=-1, state_dir=None, bucket_timing="c10d")
-    mon = ddpmon.attach(model, port=-1, state_dir=None)
-    train(model)
-    mon.step()
-    snap = mon.snapshot()
-    mon.detach()
-    assert snap["bucket_timing"] == "off"
+    snap = without_c10d(monkeypatch, f"ProcessGroup.{name}")
     assert off_lines(caplog, f"ProcessGroup.{name}") == [line("c10d bucket timing", f"ProcessGroup.{name}")]
     check_the_rest(snap)
 
