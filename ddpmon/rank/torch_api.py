@@ -33,6 +33,9 @@ API                                                    without it
 (and ``_dump_fr_trace``, ``_dump_nccl_trace[_json]``)  reports (the report says why)
 ``torch.compiler.is_compiling`` (public, not in 2.2)   watching torch.compile'd models: Dynamo
                                                        breaks the graph at ddpmon's hooks
+``torch.autograd._profiler_enabled``                   ``ddpmon capture``: a capture ends at once,
+                                                       its status saying why
+``torch.autograd.profiler._is_profiler_enabled``       nothing: the thread's own flag is asked
 =====================================================  ===========================================
 
 Two are read outside the rank wing. ``state/root.py`` agrees the default job name through
@@ -64,6 +67,11 @@ class Missing(Exception):
         self.api, self.part = api, part
         super().__init__(f"torch {torch.__version__} has no {api}")
 
+    @property
+    def line(self) -> str:
+        """``<part> off: torch <version> has no <api>``."""
+        return f"{self.part} off: {self}"
+
 
 _said: set[str] = set()
 _said_lock = threading.Lock()
@@ -72,7 +80,7 @@ _said_lock = threading.Lock()
 def off(missing: Missing, recorder: Any = None) -> str:
     """Switch ``missing.part`` off: one warning per process and API, and a line in
     ``recorder``'s note ``torch_api`` when a recorder is given; returns the line."""
-    text = f"{missing.part} off: {missing}"
+    text = missing.line
     with _said_lock:
         first = missing.api not in _said
         _said.add(missing.api)
@@ -154,6 +162,18 @@ def compiling_check() -> Callable[[], bool]:
     ask so as to step aside (public; torch 2.2 has none, and Dynamo there cannot trace past
     ddpmon's hooks whatever they ask)."""
     return _find(getattr(torch, "compiler", None), "is_compiling", "torch.compiler.is_compiling", COMPILE)  # type: ignore[no-any-return]
+
+
+PROFILER = "ddpmon capture (it cannot tell whether the program's own profiler is on)"
+
+
+def profiler_running() -> bool:
+    """torch's profiler is on in this process: torch's process-wide flag (any thread's
+    profiler; where torch has none, this thread's alone is asked) or this thread's."""
+    from torch.autograd import profiler
+
+    enabled = _find(torch.autograd, "_profiler_enabled", "torch.autograd._profiler_enabled", PROFILER)
+    return bool(getattr(profiler, "_is_profiler_enabled", False)) or bool(enabled())
 
 
 # -- process groups ------------------------------------------------------------------------

@@ -133,6 +133,24 @@ def test_a_busy_profiler_is_left_alone(rank: Rank) -> None:
     assert rank.boundary.capture is None and rank.part._plan is None and rank.fuse.ok
 
 
+def test_without_torchs_profiler_flag_a_capture_says_so(rank: Rank, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A torch without ``torch.autograd._profiler_enabled`` (a private API): ddpmon cannot
+    tell whether the program's own profiler runs, so the capture ends at once, its status and
+    its one warning saying why; the steps go on."""
+    from ddpmon.rank import torch_api
+
+    monkeypatch.delattr(torch.autograd, "_profiler_enabled")
+    req = rank.ask()
+    rank.steps(2)
+    st = rank.status(req)
+    text = f"{torch_api.PROFILER} off: torch {torch.__version__} has no torch.autograd._profiler_enabled"
+    assert st is not None and st.state == "error" and st.reason == text
+    assert [r.getMessage() for r in caplog.records if "_profiler_enabled" in r.getMessage()] == [
+        f"ddpmon: rank 1: capture failed (training goes on): {text}"]
+    assert rank.boundary.capture is None and rank.fuse.ok and rank.rec.steps == 2
+
+
 def test_a_boundary_after_the_command_gave_up_records_nothing(rank: Rank) -> None:
     req = rank.ask(expires_unix=time.time() + 0.05)
     time.sleep(0.1)

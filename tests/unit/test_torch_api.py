@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(120)
 RANK_WING = Path(ddpmon.__file__).resolve().parent / "rank"
 PRIVATE = re.compile(r"\._(get_ddp_logging_data|check_comm_hook|comm_hooks|execution_engine|register_on_completion_hook"
                      r"|enable_collectives_timing|get_backend|get_process_group_name|get_default_store|dump_fr_trace"
-                     r"|dump_nccl_trace|dynamo|C|orig_mod)\b")
+                     r"|dump_nccl_trace|dynamo|C|orig_mod|profiler_enabled|is_profiler_enabled)\b")
 STEPS = 5
 
 
