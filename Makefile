@@ -5,9 +5,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH ?= torch==2.13.0
+TORCH ?= 2.13.0
 
-.PHONY: all setup demo test test-unit test-fast bench prometheus chromium dashboards metrics-table clean
+.PHONY: all setup demo test test-unit test-fast test-compat bench prometheus chromium dashboards metrics-table clean
 
 all: test
 
@@ -15,7 +15,7 @@ $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-		$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q $(TORCH); \
+		$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q torch==$(TORCH); \
 	fi
 	$(VENV)/bin/pip install -q -e '.[test]'
 	@touch $@
@@ -59,6 +59,24 @@ test-unit: setup
 test-fast: setup
 	$(PY) -m pytest -q tests/unit tests/processes
 
+# One torch version in a venv of its own, .venv-torch-<version>: the unit and distributed
+# suites (real multi-process gloo jobs). `make test-compat TORCH=2.15.0`; a version other
+# than 2.13.0 comes from the package index, PyPI's default (CUDA) build, a few GB, which
+# runs on CPU. docs/install.md lists the versions that passed.
+test-compat: .venv-torch-$(TORCH)/.ready
+	.venv-torch-$(TORCH)/bin/python -c "import sys, torch; print('torch', torch.__version__); \
+		sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')"
+	.venv-torch-$(TORCH)/bin/python -m pytest -q tests/unit tests/distributed
+
+.venv-torch-%/.ready: pyproject.toml
+	$(PYTHON) -m venv .venv-torch-$*
+	.venv-torch-$*/bin/pip install -q torch==$*
+	.venv-torch-$*/bin/pip install -q -e '.[test]'
+	@# torch before 2.3 was built against NumPy 1 (the tests turn tensors into arrays)
+	.venv-torch-$*/bin/python -c "import torch; torch.zeros(1).numpy()" 2>/dev/null || \
+		.venv-torch-$*/bin/pip install -q 'numpy<2'
+	@touch $@
+
 bench: setup
 	$(PY) benchmarks/overhead.py
 
@@ -73,4 +91,4 @@ metrics-table: setup
 	$(PY) -m ddpmon.metrics.table docs/metrics.md
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-torch-* build *.egg-info

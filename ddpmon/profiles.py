@@ -75,8 +75,8 @@ def read(path: str) -> Profile:
     """The trace at ``path``, read as untrusted input (no symlink, a regular file, at most
     the size a capture writes); StateFileError says what is wrong."""
     raw = files.read_bytes(path, captures.MAX_TRACE_BYTES)
-    try:
-        data = json.loads(raw)
+    try:  # torch 2.2 writes some Python frames' names with stray bytes: not UTF-8, raw control characters
+        data = json.loads(raw.decode("utf-8", errors="replace"), strict=False)
     except (ValueError, RecursionError) as exc:
         raise StateFileError(path, f"is not a JSON trace ({exc})") from None
     return parse(data, path)

@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import StateFileError
 from ..fuses import Fuse, bounded
 from ..state import captures, files
+from . import torch_api
 from .recorder import Recorder
 
 log = logging.getLogger("ddpmon")
@@ -45,12 +46,9 @@ EXPIRED_GRACE = 5.0
 
 def profiler_busy() -> bool:
     """torch's profiler is already on in this process (the program's own torch.profiler or
-    torch.autograd.profiler): a second one would cut the first one's trace short."""
-    import torch.autograd
-    from torch.autograd import profiler
-
-    # torch keeps a process-wide flag (any thread's profiler) and a per-thread one
-    return bool(getattr(profiler, "_is_profiler_enabled", False)) or bool(torch.autograd._profiler_enabled())
+    torch.autograd.profiler): a second one would cut the first one's trace short. Raises
+    ``torch_api.Missing`` where torch cannot tell."""
+    return torch_api.profiler_running()
 
 
 class Capture:
@@ -200,7 +198,12 @@ class Capture:
             self._give_up(f"the rank reached a step boundary (step {steps}) only after the command had "
                           "given up; ask again")
             return
-        if profiler_busy():
+        try:
+            busy = profiler_busy()
+        except torch_api.Missing as missing:  # said by the capture's own warning and status
+            self._give_up(missing.line)
+            return
+        if busy:
             self._give_up("profiler busy: torch's profiler is already running in this process (the "
                           "program's own torch.profiler): capture once it has stopped, or read that "
                           "profiler's trace")

@@ -1,14 +1,14 @@
 """torch's flight recorder, read for hang reports (TORCH_FR_BUFFER_SIZE on torch 2.13,
 TORCH_NCCL_TRACE_BUFFER_SIZE before): the latest entries and each group's status.
 
-The dump goes through torch's own API on a thread of its own, waited for a bounded time.
+The dump goes through torch's own API (``torch_api.flight_recorder_dump``; without one, hang
+reports say so) on a thread of its own, waited for a bounded time.
 At most one dump runs at a time: while a hung job keeps a dump from returning, later hang
 reports say so instead of starting another thread each time.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from typing import Any
@@ -36,6 +36,8 @@ def read(limit: int = ENTRIES, wait: float = WAIT_SECONDS) -> dict[str, Any] | N
     def dump() -> None:
         try:
             box["value"] = _dump()
+        except Unavailable as exc:
+            box["error"] = str(exc)
         except Exception as exc:
             box["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -63,16 +65,13 @@ def read(limit: int = ENTRIES, wait: float = WAIT_SECONDS) -> dict[str, Any] | N
 def _dump() -> dict[str, Any] | None:
     if "torch" not in sys.modules:
         return None
-    from torch._C import _distributed_c10d as c10d
+    from . import torch_api
 
-    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
-        dump = getattr(c10d, name, None)
-        if dump is not None:
-            return json.loads(dump(includeCollectives=True, onlyActive=False))
-    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
-        dump = getattr(c10d, name, None)
-        if dump is not None:
-            import pickle
+    try:
+        return torch_api.flight_recorder_dump()
+    except torch_api.Missing as missing:
+        raise Unavailable(torch_api.off(missing)) from None
 
-            return pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
-    return None
+
+class Unavailable(Exception):
+    """This torch has no flight recorder dump (the message is the line said once)."""

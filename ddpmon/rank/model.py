@@ -15,6 +15,7 @@ from ..errors import AttachError, ConfigError
 from ..state import attempts
 from ..state.schema import Identity
 from ..version import __version__
+from . import torch_api
 
 _HOW_TO_WRAP = (
     "wrap the model first:\n"
@@ -41,7 +42,7 @@ def check_attachable(ddp: Any) -> None:
             "(or call its detach() first)"
         )
     if getattr(ddp, "_ddpmon_comm_hook", None) is None and (
-        getattr(ddp, "_comm_hooks", None) or _builtin_hook_name(ddp)
+        torch_api.registered_comm_hooks(ddp) or _builtin_hook_name(ddp)
     ):
         raise AttachError(
             "this model already has a comm hook, and DDP accepts only one; pass yours to "
@@ -50,17 +51,26 @@ def check_attachable(ddp: Any) -> None:
         )
 
 
-def check_options(ddp: DistributedDataParallel, config: Any, local_rank: int) -> None:
+def check_options(ddp: DistributedDataParallel, config: Any, local_rank: int, recorder: Any = None) -> None:
     """ConfigError for options that cannot work with this model on this rank."""
     if config.port > 0 and config.port + local_rank > 65535:
         raise ConfigError("port", config.port, f"a base port such that port + LOCAL_RANK "
                           f"({local_rank}) is at most 65535")
     if config.comm_hook is not None:
         try:
-            ddp._check_comm_hook(config.comm_hook)
+            check_comm_hook(ddp, config.comm_hook, recorder)
         except Exception as exc:
             raise ConfigError("comm_hook", config.comm_hook,
                               f"a comm hook that torch accepts here; torch refused it: {exc}") from None
+
+
+def check_comm_hook(ddp: DistributedDataParallel, hook: Any, recorder: Any = None) -> None:
+    """DDP's own check of a comm hook (raises what DDP raises); where torch has none, the
+    hook is taken unchecked, said once."""
+    try:
+        torch_api.check_comm_hook(ddp, hook)
+    except torch_api.Missing as missing:
+        torch_api.off(missing, recorder)
 
 
 def trainable_parameters(ddp: DistributedDataParallel) -> list[tuple[str, torch.nn.Parameter]]:
@@ -95,7 +105,11 @@ def identity(ddp: DistributedDataParallel, job: str) -> Identity:
 
 
 def _builtin_hook_name(ddp: DistributedDataParallel) -> str:
+    """The comm hook DDP's logging data names (a built-in one too), "" for none."""
     try:
-        return str(ddp._get_ddp_logging_data().get("comm_hook", "") or "")
+        return str(torch_api.ddp_logging_data(ddp).get("comm_hook", "") or "")
+    except torch_api.Missing as missing:
+        torch_api.off(missing)
+        return ""
     except Exception:
         return ""

@@ -51,7 +51,7 @@ class Monitor:
         self.recorder = Recorder(identity, identity.ddp_world_size)  # bus bandwidth: DDP's group
         self._fuses = {name: Fuse(name, self._part_failed) for name in ("bucket_timing", "grad_hooks", "step_hooks")}
         self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
-        model.check_options(ddp, config, self.local_rank)
+        model.check_options(ddp, config, self.local_rank, self.recorder)
         state_dir = config.resolved_state_dir(self.job)
         if state_dir is not None:
             writers.check_unclaimed(files.path_for(state_dir, self.rank))
@@ -82,7 +82,7 @@ class Monitor:
         rec = self.recorder
         parameters = model.trainable_parameters(ddp)
         rec.ddp_group = group_identity(ddp.process_group)
-        rec.identity.ddp, rec.identity.state_interval = ddp_facts(ddp), config.state_interval
+        rec.identity.ddp, rec.identity.state_interval = ddp_facts(ddp, rec), config.state_interval
         transparent.install(ddp)
         self._timing = Timing(ddp, config.bucket_timing, config.comm_hook, config.comm_state, rec,
                               parameters, device, self._fuses["bucket_timing"])

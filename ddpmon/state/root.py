@@ -92,7 +92,14 @@ def _launch_id_from_store() -> str | None:
     dist = sys.modules.get("torch.distributed")  # no process group without it: never import torch
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    store = dist.distributed_c10d._get_default_store()
+    default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if default_store is None:  # a private API (see rank/torch_api.py): said once, in the same words
+        log.warning("ddpmon: rank %s: one job name through the job's store off (each node names the job "
+                    "from its launcher process; pass job= to name it): torch %s has no "
+                    "distributed_c10d._get_default_store; training goes on", dist.get_rank(),
+                    getattr(sys.modules.get("torch"), "__version__", "?"))
+        return None
+    store = default_store()
     mine = uuid.uuid4().hex[:8]
     agreed = store.compare_set(_LAUNCH_KEY, "", mine)
     return agreed.decode() if isinstance(agreed, bytes) else str(agreed)

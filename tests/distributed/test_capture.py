@@ -89,7 +89,7 @@ def test_capture_writes_a_trace_of_aten_ops_and_the_job_trains_on(job: tuple[Pat
     run = capture(workdir / "state", "--rank", "1", "--steps", "3", "-o", str(out))
     assert run.returncode == 0, run.stderr
     assert "rank 1: steps " in run.stdout and "(3 steps)" in run.stdout and str(out) in run.stdout
-    trace = json.loads(out.read_text())
+    trace = json.loads(out.read_text(errors="replace"), strict=False)  # (as profiles.read: torch 2.2's names)
     ops = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
     assert {"aten::mm", "aten::addmm", "c10d::allreduce_"} <= ops, sorted(ops)
     assert sum(1 for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")) == 3

@@ -96,7 +96,8 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
         for rank in (0, 1):
             hang = s[rank]["hang"]
             assert hang["threads"][0]["main"] and hang["threads"][0]["name"] == "MainThread"
-            assert [f["function"] for f in hang["threads"][0]["frames"]][-1] == "_engine_run_backward"
+            # torch's own innermost Python frame: autograd's engine call (2.2: backward itself)
+            assert [f["function"] for f in hang["threads"][0]["frames"]][-1] in ("_engine_run_backward", "backward")
             waits = hang["in_flight"]
             assert waits and all(e["op"] == "all_reduce" and e["bucket"] is not None for e in waits)
             assert waits[0]["call_site"] == "DDP backward" and waits[0]["bucket"] == 0

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.harness import run_ranks
+from tests.support.torch_features import COMPILE_CHECK
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -312,7 +313,8 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
             assert 0 < b["last_seconds"] < 5 and b["busbw_bytes_per_second"] > 0
             assert 0 < b["ready_seconds"] < 5
         assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
-        assert out["exposed"]["median"] >= 0 and out["notes"] == {}
+        notes = {k: v for k, v in out["notes"].items() if k != "torch_api" or COMPILE_CHECK}  # (2.2's line)
+        assert out["exposed"]["median"] >= 0 and notes == {}
         assert out["listeners_left"] == 0, "detach stops listening"
         labels = dict(job="c10d", rank=str(r.rank))
         assert sample(out["metrics"], "ddpmon_bucket_timing_unmatched_steps_total", **labels) == 0

@@ -179,7 +179,7 @@ def check_compile(model: DDP) -> Any:
     # Where Dynamo broke the graph (the reasons, each a site in DDP's code or ddpmon's) and
     # how many graphs it made; how often it re-counts one site while restarting its
     # analysis is not compared.
-    breaks = sorted(reason.split("\n")[0] + reason.split("\n")[1] for reason in counters["graph_break"])
+    breaks = sorted("".join(reason.split("\n")[:2]) for reason in counters["graph_break"])
     return {"losses": losses, "graph_breaks": breaks, "graphs": counters["stats"]["unique_graphs"],
             "weights": weights(model)}
 

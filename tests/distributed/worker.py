@@ -32,6 +32,27 @@ RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _first_bucket_follows_the_cap() -> None:
+    """torch 2.2's DDP gives its first bucket ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MB)
+    whatever ``bucket_cap_mb`` says, so the small models here, which ask for several buckets
+    with a small cap, would have one; later torch caps the first bucket too
+    (``bucket_bytes_cap_default``), and so do these jobs on torch 2.2."""
+    import inspect
+
+    if "bucket_bytes_cap_default" in inspect.getsource(DDP.__init__):
+        return
+    default, construct = dist._DEFAULT_FIRST_BUCKET_BYTES, DDP.__init__
+
+    def init(self: DDP, *args: Any, bucket_cap_mb: float | None = None, **kwargs: Any) -> None:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_cap_mb * 1024 * 1024) if bucket_cap_mb else default
+        construct(self, *args, bucket_cap_mb=bucket_cap_mb or 25, **kwargs)
+
+    DDP.__init__ = init  # type: ignore[method-assign]
+
+
+_first_bucket_follows_the_cap()
+
+
 def init() -> None:
     store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD)
     dist.init_process_group("gloo", store=store, rank=RANK, world_size=WORLD)
@@ -95,6 +116,15 @@ def captured_logs() -> list[str]:
 
     logging.getLogger("ddpmon").addHandler(Keep())
     return logs
+
+
+def registered_hooks(model: DDP) -> list[str]:
+    """The names of the comm hooks DDP holds: its list of them where torch keeps one (2.2
+    does not), else the one its logging data names."""
+    if hasattr(model, "_comm_hooks"):
+        return [getattr(h, "__name__", "?") for h, _ in model._comm_hooks]
+    name = model._get_ddp_logging_data().get("comm_hook", "")
+    return [name] if name else []
 
 
 def read_state(path: str) -> dict[str, Any]:
@@ -521,7 +551,7 @@ def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
     watched.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's own: nothing in the way
     return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
             "backward": snap["timings"]["backward_seconds"], "metrics": metrics,
-            "registered": [getattr(h, "__name__", "?") for h, _ in watched._comm_hooks],
+            "registered": registered_hooks(watched),
             "phases": phases, "mode": snap["bucket_timing"], "synced_after_ddp": synced_after_ddp,
             "exposed": snap["timings"]["exposed_comm_seconds"], "comm_hook_at_attach": builtin_hook}
 

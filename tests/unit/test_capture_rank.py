@@ -88,7 +88,7 @@ def test_a_capture_records_the_steps_asked_for_after_a_warm_up(rank: Rank) -> No
     st = rank.status(req)
     assert st is not None and st.state == "ok", st
     assert (st.first_step, st.last_step, st.steps) == (6, 7, 2)  # started at the end of step 4
-    trace = json.loads((rank.dir / (st.trace or "")).read_text())
+    trace = json.loads((rank.dir / (st.trace or "")).read_text(errors="replace"), strict=False)  # (as profiles.read)
     events = trace["traceEvents"]
     assert sum(1 for e in events if str(e.get("name")).startswith("ProfilerStep#")) == 2
     assert sum(1 for e in events if e.get("name") == "aten::mm") == 2  # the warm-up's is not recorded
@@ -131,6 +131,24 @@ def test_a_busy_profiler_is_left_alone(rank: Rank) -> None:
     st = rank.status(req)
     assert st is not None and st.state == "error" and (st.reason or "").startswith("profiler busy: ")
     assert rank.boundary.capture is None and rank.part._plan is None and rank.fuse.ok
+
+
+def test_without_torchs_profiler_flag_a_capture_says_so(rank: Rank, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A torch without ``torch.autograd._profiler_enabled`` (a private API): ddpmon cannot
+    tell whether the program's own profiler runs, so the capture ends at once, its status and
+    its one warning saying why; the steps go on."""
+    from ddpmon.rank import torch_api
+
+    monkeypatch.delattr(torch.autograd, "_profiler_enabled")
+    req = rank.ask()
+    rank.steps(2)
+    st = rank.status(req)
+    text = f"{torch_api.PROFILER} off: torch {torch.__version__} has no torch.autograd._profiler_enabled"
+    assert st is not None and st.state == "error" and st.reason == text
+    assert [r.getMessage() for r in caplog.records if "_profiler_enabled" in r.getMessage()] == [
+        f"ddpmon: rank 1: capture failed (training goes on): {text}"]
+    assert rank.boundary.capture is None and rank.fuse.ok and rank.rec.steps == 2
 
 
 def test_a_boundary_after_the_command_gave_up_records_nothing(rank: Rank) -> None:

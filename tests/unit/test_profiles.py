@@ -100,6 +100,10 @@ def test_files_are_read_as_untrusted(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(StateFileError, match="is not a JSON trace"):
         profiles.read(str(tmp_path / "bad.json"))
+    odd = tmp_path / "odd.json"  # torch 2.2 writes some names with stray bytes: not UTF-8, control characters
+    text = json.dumps(rank_trace(10.0)).replace("model.py", "model\udc94\n.py")
+    odd.write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert profiles.read(str(odd)).steps == 2
     os.symlink(good, tmp_path / "link.json")
     with pytest.raises(StateFileError, match="symbolic link"):
         profiles.read(str(tmp_path / "link.json"))

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ...frames import DDPMON_DIR, is_library, short_path
 from ...fuses import Fuse
+from .. import torch_api
 from ..recorder import Recorder
 
 # op -> (position, keyword) of the tensor(s) this rank sends, (position, keyword) of the group.
@@ -215,7 +216,10 @@ def group_identity(group: Any) -> tuple[str, int]:
     if group is None:
         group = dist.group.WORLD
     try:
-        name = str(getattr(group, "group_name", "") or dist.distributed_c10d._get_process_group_name(group))
+        name = torch_api.process_group_name(group)
+    except torch_api.Missing as missing:
+        torch_api.off(missing)
+        name = "?"
     except Exception:
         name = "?"
     try:

@@ -14,7 +14,8 @@ break); a compiled model's steps are still counted at its optimizer steps, whose
 outside the compiled graph.
 
 Two autograd final callbacks bracket DDP's own: the first marks the end of backward
-compute, the second runs after DDP has waited for its buckets. The ``timelines`` (a bucket
+compute, the second runs after DDP has waited for its buckets (a torch without
+``queue_callback`` goes without both, said once: steps then end at their optimizer step). The ``timelines`` (a bucket
 clock, the untimed bucket marks: see ddpmon/rank/timing/) hear of each forward, the start of
 backward and of both callbacks.
 """
@@ -27,9 +28,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.autograd import Variable
 
 from ...fuses import Fuse
+from .. import torch_api
 from ..boundary import StepBoundary
 from ..recorder import Recorder
 
@@ -52,6 +53,13 @@ class StepHooks:
         self._fuse = fuse
         self._sync_expected = False
         self._in_backward = False  # a backward started and its end callback is queued
+        try:
+            self._queue: Any = torch_api.autograd_callback_queue()
+        except torch_api.Missing as missing:  # steps end at their optimizer step
+            torch_api.off(missing, recorder)
+            self._queue = None
+        if _compile_check_missing is not None:
+            torch_api.off(_compile_check_missing, recorder)
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward),
             ddp.register_forward_hook(self._after_forward),
@@ -98,7 +106,8 @@ class StepHooks:
                     timeline.backward_started(self._recorder.step_start)
                 # Runs once the autograd graph is done, before DDP waits for its buckets:
                 # the end of backward compute, whatever hooks there are.
-                Variable._execution_engine.queue_callback(self._backward_done)
+                if self._queue is not None:
+                    self._queue(self._backward_done)
             except Exception as exc:
                 self._fuse.blow(exc)
 
@@ -113,7 +122,7 @@ class StepHooks:
                 for timeline in self._timelines:
                     timeline.backward_done(self._sync_expected)
                 # Queued now, it runs after DDP's finalize (queued during backward).
-                Variable._execution_engine.queue_callback(self._synced)
+                self._queue(self._synced)
             except Exception as exc:
                 self._fuse.blow(exc)
 
@@ -139,7 +148,14 @@ def is_compiling() -> bool:
     return _is_compiling()
 
 
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+def _compile_check() -> tuple[Any, torch_api.Missing | None]:
+    try:
+        return torch_api.compiling_check(), None
+    except torch_api.Missing as missing:  # said at attach
+        return (lambda: False), missing
+
+
+_is_compiling, _compile_check_missing = _compile_check()
 
 
 def _grad_tensors(output: Any, depth: int = 0, limit: int = 16) -> list[torch.Tensor]:

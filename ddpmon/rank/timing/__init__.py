@@ -16,6 +16,7 @@ from typing import Any
 
 from ...errors import AttachError, ConfigError
 from ...fuses import Fuse
+from .. import model, torch_api
 from ..recorder import Recorder
 from . import c10d
 from .c10d import CompletionClock
@@ -52,6 +53,9 @@ class Timing:
         self._layout: BucketLayout | None = None
         self.comm: TimedCommHook | None = getattr(ddp, "_ddpmon_comm_hook", None)
         reason = c10d.unavailable_reason(ddp.process_group, device)
+        layout_missing = _layout_missing(ddp)
+        if reason is None and layout_missing is not None:  # c10d's timings fit DDP's buckets by their layout
+            reason = torch_api.off(layout_missing, recorder)
         chosen = plan(option, reason is None, user_hook is not None, self.comm is not None)
         if chosen.source == ERROR:
             raise ConfigError("bucket_timing", option, f"'hook' or 'auto' here: {reason}")
@@ -75,7 +79,9 @@ class Timing:
                 self.comm.replace(hook, state)
         if chosen.time_later_hook:
             ddp.register_comm_hook = self._register_later  # type: ignore[method-assign]
-        if chosen.read_layout:
+        if chosen.read_layout and layout_missing is not None:
+            torch_api.off(layout_missing, recorder)
+        elif chosen.read_layout:
             self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
         if chosen.mark_untimed and self._layout is not None:
             self._untimed = UntimedBuckets(self._layout, recorder, fuse, active=self._untimed_active)
@@ -165,7 +171,7 @@ class Timing:
         comm = TimedCommHook(hook, state, self._recorder, self.clock, self._names, self._fuse)
         comm.user_registered = True
         try:
-            ddp._check_comm_hook(hook)
+            model.check_comm_hook(ddp, hook, self._recorder)
             self._install(comm)
         except BaseException:  # refused: the user's next try is timed all the same
             ddp.register_comm_hook = self._register_later  # type: ignore[method-assign]
@@ -190,12 +196,20 @@ class Timing:
         self._closers.clear()
 
 
+def _layout_missing(ddp: Any) -> torch_api.Missing | None:
+    try:
+        torch_api.check_ddp_logging_data(ddp)
+    except torch_api.Missing as missing:
+        return missing
+    return None
+
+
 def _register_user_hook(ddp: Any, comm: TimedCommHook, state: object, hook: Any) -> None:
     """Stands in for ``ddp.register_comm_hook`` once ddpmon's hook is registered: DDP accepts
     one hook, so the user's runs inside ddpmon's (and is timed)."""
     if comm.user_registered:
         raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
-    ddp._check_comm_hook(hook)
+    model.check_comm_hook(ddp, hook, comm._recorder)
     comm.user_registered = True
     comm.replace(hook, state)
     log.info("ddpmon: comm hook %s registered inside ddpmon's timing hook", getattr(hook, "__qualname__", hook))

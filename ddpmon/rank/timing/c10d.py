@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ...fuses import Fuse, bounded
+from .. import torch_api
 from ..recorder import BucketTiming, StepTimings
 
 log = logging.getLogger("ddpmon")
@@ -50,20 +51,22 @@ _DISPATCHERS: dict[int, tuple[Any, list[Callable[[Any], None]]]] = {}
 def unavailable_reason(group: Any, device: str = "cpu") -> str | None:
     """Why c10d cannot time this process group's collectives on ``device``, or None when it
     can. (A group made without naming a backend serves CPU tensors with gloo and CUDA
-    tensors with NCCL.)"""
+    tensors with NCCL.) A torch without the completion hook says so once (``torch_api.off``)."""
     backend = backend_name(group, device)
     if backend != "nccl":
         return f"the {backend} backend has no completion hook (only NCCL has one)"
-    if not hasattr(group, "_register_on_completion_hook") or not hasattr(group, "_enable_collectives_timing"):
-        return f"torch {torch.__version__} has no ProcessGroup._register_on_completion_hook"
+    try:
+        torch_api.check_completion_hook(group)
+    except torch_api.Missing as missing:
+        return torch_api.off(missing)
     return None
 
 
 def backend_name(group: Any, device: str = "cpu") -> str:
     """The backend that runs ``group``'s collectives of tensors on ``device``."""
     try:
-        return str(group._get_backend(torch.device(device)).name())
-    except Exception:  # an older torch, or no backend for that device type
+        return torch_api.group_backend(group, device)
+    except Exception:  # no ProcessGroup._get_backend, or no backend for that device type
         return str(dist.get_backend(group))
 
 
@@ -81,8 +84,7 @@ def listen(group: Any, listener: Callable[[Any], None]) -> Callable[[], None]:
                 except Exception:
                     pass
 
-        group._enable_collectives_timing()  # required first; stays on if c10d refuses the hook
-        group._register_on_completion_hook(dispatch)
+        torch_api.register_completion_hook(group, dispatch)
         if not _DISPATCHERS:
             atexit.register(release_groups_at_exit)
         entry = _DISPATCHERS[id(group)] = (group, listeners)

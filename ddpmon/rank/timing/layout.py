@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import torch_api
+
 DDP_FACTS = (
     "backend_name", "bucket_cap_bytes", "bucket_sizes", "find_unused_parameters", "static_graph",
     "gradient_as_bucket_view", "broadcast_buffers", "has_sync_bn", "comm_hook", "gloo_num_threads",
@@ -14,14 +16,15 @@ DDP_FACTS = (
 )
 
 
-def ddp_facts(ddp: Any) -> dict[str, Any]:
-    """Facts from DDP's own logging data (``_get_ddp_logging_data``) where torch has it.
-    Read once at attach, on the training thread: the call takes the reducer's lock."""
-    getter = getattr(ddp, "_get_ddp_logging_data", None)
-    if getter is None:
-        return {}
+def ddp_facts(ddp: Any, recorder: Any = None) -> dict[str, Any]:
+    """Facts from DDP's own logging data (``_get_ddp_logging_data``) where torch has it
+    (else none, said once). Read once at attach, on the training thread: the call takes the
+    reducer's lock."""
     try:
-        data = getter()
+        data = torch_api.ddp_logging_data(ddp)
+    except torch_api.Missing as missing:
+        torch_api.off(missing, recorder)
+        return {}
     except Exception:
         return {}
     return {k: data[k] for k in DDP_FACTS if k in data and data[k] not in ("", "N/A")}
@@ -49,7 +52,7 @@ class BucketLayout:
         if self._final:
             return self._count
         self._reads += 1
-        data = self._ddp._get_ddp_logging_data()
+        data = torch_api.ddp_logging_data(self._ddp)
         rebuilt = data.get("rebuilt_bucket_sizes")
         sizes = _numbers(rebuilt or data.get("bucket_sizes"))
         indices_text = str(data.get("rebuilt_per_bucket_param_indices") or "") if rebuilt else ""

@@ -1,0 +1,255 @@
+"""The private torch APIs ddpmon relies on, one small function each.
+
+torch may drop or rename a private name in any release. Each function here looks its API up
+when it is called and, where torch has none, raises ``Missing`` (the API and the torch
+version); the part of ddpmon that needs it calls ``off`` and switches itself off with one
+log line (and a note in the state file), never an exception into the training loop, while
+every other part goes on. Nothing else in the rank wing touches these names.
+
+=====================================================  ===========================================
+API                                                    without it
+=====================================================  ===========================================
+``DistributedDataParallel._get_ddp_logging_data``      DDP's settings in the state file, DDP's
+                                                       bucket layout (buckets without a comm hook,
+                                                       c10d matching) and the check for a built-in
+                                                       comm hook at attach are off
+``DistributedDataParallel._check_comm_hook``           comm hooks given to ddpmon or registered
+                                                       after attach are not checked first (DDP
+                                                       would refuse a bad one at registration)
+``DistributedDataParallel._comm_hooks``                nothing: a hook registered before attach is
+                                                       still found through the logging data
+``Variable._execution_engine.queue_callback``          the end-of-backward and gradient-sync marks
+(``torch.autograd.graph.queue_callback`` from 2.15)    are off: backward time and the wait for the
+                                                       gradients are not measured, steps end at
+                                                       their optimizer step
+``ProcessGroup._register_on_completion_hook``,         c10d bucket timing (NCCL): ``auto`` does
+``ProcessGroup._enable_collectives_timing``            without it, ``bucket_timing='c10d'`` is
+                                                       refused at attach
+``ProcessGroup._get_backend``                          nothing: ``dist.get_backend`` names it
+``distributed_c10d._get_process_group_name``           nothing while groups have ``group_name``;
+                                                       else collectives of every group are numbered
+                                                       as one group, ``?``
+``torch._C._distributed_c10d._dump_fr_trace_json``     the flight recorder's entries in hang
+(and ``_dump_fr_trace``, ``_dump_nccl_trace[_json]``)  reports (the report says why)
+``torch.compiler.is_compiling`` (public, not in 2.2)   watching torch.compile'd models: Dynamo
+                                                       breaks the graph at ddpmon's hooks
+``torch.autograd._profiler_enabled``                   ``ddpmon capture``: a capture ends at once,
+                                                       its status saying why
+``torch.autograd.profiler._is_profiler_enabled``       nothing: the thread's own flag is asked
+=====================================================  ===========================================
+
+Two are read outside the rank wing. ``state/root.py`` agrees the default job name through
+the job's store (``distributed_c10d._get_default_store``) and, without it, names the job
+from the launcher process, saying so in one line the same way. The framework integrations
+(``integrations/_common.py``) find DDP inside a torch.compile'd model by its ``_orig_mod``;
+without it the model is taken for one that is not DDP, as their one warning says.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("ddpmon")
+
+
+class Missing(Exception):
+    """This torch has no ``api``; ``part`` is what ddpmon switches off without it."""
+
+    def __init__(self, api: str, part: str) -> None:
+        self.api, self.part = api, part
+        super().__init__(f"torch {torch.__version__} has no {api}")
+
+    @property
+    def line(self) -> str:
+        """``<part> off: torch <version> has no <api>``."""
+        return f"{self.part} off: {self}"
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def off(missing: Missing, recorder: Any = None) -> str:
+    """Switch ``missing.part`` off: one warning per process and API, and a line in
+    ``recorder``'s note ``torch_api`` when a recorder is given; returns the line."""
+    text = missing.line
+    with _said_lock:
+        first = missing.api not in _said
+        _said.add(missing.api)
+    if recorder is not None:
+        notes = recorder.notes.get("torch_api")
+        if text not in (notes or "").split("\n"):
+            recorder.note("torch_api", f"{notes}\n{text}" if notes else text)
+    if first:
+        rank = getattr(getattr(recorder, "identity", None), "rank", None)
+        if rank is None and dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+        log.warning("ddpmon: %s%s; training goes on", "" if rank is None else f"rank {rank}: ", text)
+    return text
+
+
+def _find(owner: Any, name: str, api: str, part: str) -> Any:
+    found = getattr(owner, name, None)
+    if found is None:
+        raise Missing(api, part)
+    return found
+
+
+# -- DistributedDataParallel ---------------------------------------------------------------
+
+LOGGING_DATA = ("DDP's settings in the state file, its bucket layout (bucket series without a comm "
+                "hook, c10d bucket timing) and the check for a built-in comm hook at attach")
+
+
+def ddp_logging_data(ddp: Any) -> dict[str, Any]:
+    """DDP's logging data (its settings, its bucket layout); takes the reducer's lock."""
+    return dict(_find(ddp, "_get_ddp_logging_data", "DistributedDataParallel._get_ddp_logging_data",
+                      LOGGING_DATA)())
+
+
+def check_ddp_logging_data(ddp: Any) -> None:
+    """Missing unless DDP has its logging data (looked up, not read)."""
+    _find(ddp, "_get_ddp_logging_data", "DistributedDataParallel._get_ddp_logging_data", LOGGING_DATA)
+
+
+def check_comm_hook(ddp: Any, hook: Any) -> None:
+    """DDP's own check of a comm hook's signature (raises what DDP raises)."""
+    _find(ddp, "_check_comm_hook", "DistributedDataParallel._check_comm_hook",
+          "checking a comm hook before ddpmon runs it (a bad one fails at its first bucket)")(hook)
+
+
+def registered_comm_hooks(ddp: Any) -> list[tuple[Any, Any]] | None:
+    """The Python comm hooks DDP holds, ``(hook, state)``; None where DDP keeps no list
+    (nothing is off: ``ddp_logging_data`` names a hook registered before attach too)."""
+    hooks = getattr(ddp, "_comm_hooks", None)
+    return list(hooks) if isinstance(hooks, list) else None
+
+
+# -- autograd ------------------------------------------------------------------------------
+
+BACKWARD_MARKS = ("the end-of-backward and gradient-sync marks (backward time and the wait for the "
+                  "gradients are not measured; steps end at their optimizer step)")
+
+
+def autograd_callback_queue() -> Callable[[Callable[[], None]], None]:
+    """The function that queues a callback to run once the current backward is done: the
+    public ``torch.autograd.graph.queue_callback`` where torch has it (2.15), else the
+    engine's."""
+    public = getattr(torch.autograd.graph, "queue_callback", None)
+    if public is not None:
+        return public  # type: ignore[no-any-return]
+    from torch.autograd.variable import Variable
+
+    api = "torch.autograd.Variable._execution_engine.queue_callback"
+    engine = _find(Variable, "_execution_engine", api, BACKWARD_MARKS)
+    return _find(engine, "queue_callback", api, BACKWARD_MARKS)  # type: ignore[no-any-return]
+
+
+COMPILE = ("watching torch.compile'd models (Dynamo breaks the graph at ddpmon's hooks, and steps "
+           "may go uncounted)")
+
+
+def compiling_check() -> Callable[[], bool]:
+    """The function that says whether torch.compile (Dynamo) is tracing now, which the hooks
+    ask so as to step aside (public; torch 2.2 has none, and Dynamo there cannot trace past
+    ddpmon's hooks whatever they ask)."""
+    return _find(getattr(torch, "compiler", None), "is_compiling", "torch.compiler.is_compiling", COMPILE)  # type: ignore[no-any-return]
+
+
+PROFILER = "ddpmon capture (it cannot tell whether the program's own profiler is on)"
+
+
+def profiler_running() -> bool:
+    """torch's profiler is on in this process: torch's process-wide flag (any thread's
+    profiler; where torch has none, this thread's alone is asked) or this thread's."""
+    from torch.autograd import profiler
+
+    enabled = _find(torch.autograd, "_profiler_enabled", "torch.autograd._profiler_enabled", PROFILER)
+    return bool(getattr(profiler, "_is_profiler_enabled", False)) or bool(enabled())
+
+
+# -- process groups ------------------------------------------------------------------------
+
+
+def check_completion_hook(group: Any) -> None:
+    """Missing unless this torch can hand ``group``'s completed collectives to a hook."""
+    for name in ("_register_on_completion_hook", "_enable_collectives_timing"):
+        _find(group, name, f"ProcessGroup.{name}", "c10d bucket timing")
+
+
+def register_completion_hook(group: Any, hook: Callable[[Any], None]) -> None:
+    """Turn ``group``'s collective timing on and call ``hook(work_info)`` for each of its
+    collectives that completes (NCCL only; c10d raises for other backends)."""
+    check_completion_hook(group)
+    group._enable_collectives_timing()  # required first; stays on if c10d refuses the hook
+    group._register_on_completion_hook(hook)
+
+
+def group_backend(group: Any, device: str) -> str:
+    """The name of the backend that runs ``group``'s collectives of tensors on ``device``
+    (Missing without ``_get_backend``: ``dist.get_backend`` names the group's then)."""
+    get = _find(group, "_get_backend", "ProcessGroup._get_backend", "")
+    return str(get(torch.device(device)).name())
+
+
+def process_group_name(group: Any) -> str:
+    """A process group's name, the key its collectives are numbered under."""
+    name = getattr(group, "group_name", "")
+    if name:
+        return str(name)
+    get = _find(dist.distributed_c10d, "_get_process_group_name", "distributed_c10d._get_process_group_name",
+                "process group names (the collectives of every group are numbered as one group, '?')")
+    return str(get(group))
+
+
+# -- the flight recorder -------------------------------------------------------------------
+
+FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json", "_dump_fr_trace", "_dump_nccl_trace")
+
+
+def flight_recorder_dump() -> dict[str, Any]:
+    """torch's flight recorder, as its dump says it: ``{"version", "pg_status", "entries"}``.
+    From torch 2.15 each backend records into its own recorder and the dump takes the
+    backend's name (default ``gloo``): the default group's backend is asked for."""
+    from torch._C import _distributed_c10d as c10d
+
+    for name in FLIGHT_RECORDER_DUMPS:
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        if name.endswith("_json"):
+            return dict(json.loads(_call(name, dump, includeCollectives=True, onlyActive=False)))
+        return dict(pickle.loads(_call(name, dump, includeCollectives=True, includeStackTraces=False,
+                                       onlyActive=False)))
+    raise Missing("torch._C._distributed_c10d._dump_fr_trace_json (nor _dump_fr_trace)",
+                  "the flight recorder in hang reports")
+
+
+def _call(name: str, dump: Callable[..., bytes], **options: Any) -> bytes:
+    """The dump, with the arguments this torch takes: the backend's name as well (2.15), the
+    options alone, or none (2.2's ``_dump_nccl_trace``)."""
+    backend = _default_backend() if name.startswith("_dump_fr_") else None
+    tries = ([{"backend": backend, **options}] if backend else []) + [options]
+    for kwargs in tries:
+        try:
+            return dump(**kwargs)
+        except TypeError:  # arguments this torch's dump does not take
+            pass
+    return dump()
+
+
+def _default_backend() -> str | None:
+    """The default group's backend, as the flight recorder names its instances; None
+    without a process group."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    name = str(dist.get_backend())
+    return "nccl" if "nccl" in name else name.rpartition(":")[2] or None
