@@ -20,8 +20,8 @@ from typing import Any
 
 from .. import steps
 from ..doctor import words
-from ..doctor.view import GONE
 from ..doctor.report import attempt_line
+from ..doctor.view import GONE
 from ..doctor.words import ms
 from ..state import captures, schema
 from .run import Run, load
