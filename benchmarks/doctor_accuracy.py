@@ -1,15 +1,25 @@
 """How often `ddpmon doctor` is right on real faulty gloo jobs: N random scenarios
-(tests/scenarios: 20 kinds of fault, straggler or healthy pause, world size 2-4, random
+(tests/scenarios: 23 kinds of fault, straggler or healthy pause, world size 2-4, random
 culprit rank and step), each diagnosed at a new user's moment; prints accuracy, the verdicts' macro-F1
 and every wrong answer.
 
-    python benchmarks/doctor_accuracy.py 100 [--seed S] [--kinds a,b]
+    python benchmarks/doctor_accuracy.py 100 [--seed S] [--kinds a,b] [--load N] [--max-world W]
+
+A false hang is a healthy run answered hang by the doctor, or one whose watchdog logged a
+hang report. ``--load N`` runs N CPU hogs beside every job (each in a session of its own, so that the
+scheduler weighs each one like a rank: with autogroups it weighs sessions); ``--max-world W``
+draws world sizes from 2 to W (default 4). The machine's load average is printed at the
+start and at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,36 +43,72 @@ def macro_f1(pairs: list[tuple[str, str]]) -> float:
     return sum(scores) / len(scores) if scores else 0.0
 
 
+@contextlib.contextmanager
+def hogs(n: int):
+    """``n`` CPU hogs, each in a session of its own, for the duration of the block."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(n)
+    ]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.1f} {five:.1f} {fifteen:.1f}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("n", type=int, help="number of random scenarios")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
+    p.add_argument("--load", type=int, default=0, metavar="N", help="CPU hogs to run beside every job (default 0)")
+    p.add_argument("--max-world", type=int, default=4, metavar="W", help="largest world size drawn (default 4)")
     args = p.parse_args()
+    if args.max_world < 2:
+        p.error(f"--max-world must be at least 2, not {args.max_world}")
     kinds = [k for k in args.kinds.split(",") if k] or None
     if kinds and (unknown := set(kinds) - set(KINDS)):
         p.error(f"unknown kinds: {', '.join(sorted(unknown))}; known: {', '.join(sorted(KINDS))}")
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     pairs, right, wrong = [], 0, []
-    false_hangs = 0
+    false_hangs = watchdog_hangs = 0
     per_kind: Counter[tuple[str, bool]] = Counter()
-    with tempfile.TemporaryDirectory(prefix="ddpmon-accuracy-") as root:
+    started = load()
+    print(f"load average at the start: {started}" + (f"; {args.load} CPU hogs beside every job" if args.load else ""),
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="ddpmon-accuracy-") as root, hogs(args.load):
         for i in range(args.n):
-            s = draw(rng, kinds)
-            outcome = run(s, Path(root) / f"{i:04d}")
+            s = draw(rng, kinds, args.max_world)
+            workdir = Path(root) / f"{i:04d}"
+            outcome = run(s, workdir)
             want = expected(s)[0]
             pairs.append((want, outcome.verdict))
             per_kind[(s.kind, outcome.right)] += 1
             right += outcome.right
             if want == "healthy" and outcome.verdict == "hang":
                 false_hangs += 1
+            reported = want == "healthy" and any(
+                "made no progress" in p.read_text(errors="replace") for p in workdir.glob("stderr-*.txt"))
+            watchdog_hangs += reported
             mark = "ok " if outcome.right else "BAD"
-            print(f"{mark} {s} -> {outcome.verdict} {outcome.suspects} ({outcome.seconds:.0f} s)", flush=True)
+            print(f"{mark} {s} -> {outcome.verdict} {outcome.suspects} ({outcome.seconds:.0f} s)"
+                  + (" (a watchdog reported a hang)" if reported else ""), flush=True)
             if not outcome.right:
                 wrong.append(f"{s}: {outcome.verdict} {outcome.suspects}: {outcome.summary[:200]}")
     print(f"\nseed {seed}: {right}/{args.n} right ({right / args.n:.1%}), verdict macro-F1 "
-          f"{macro_f1(pairs):.3f}, false hangs on healthy runs: {false_hangs}")
+          f"{macro_f1(pairs):.3f}, false hangs on healthy runs: {false_hangs} (doctor), "
+          f"{watchdog_hangs} (a watchdog's hang report)")
+    print(f"load average (1, 5, 15 min) at the start {started}, at the end {load()}"
+          + (f", with {args.load} CPU hogs" if args.load else ""))
     for kind in sorted({k for k, _ in per_kind}):
         print(f"  {kind:<20} {per_kind[(kind, True)]}/{per_kind[(kind, True)] + per_kind[(kind, False)]}")
     for line in wrong:
