@@ -3,17 +3,17 @@
 The step counter alone cannot tell a hang from an evaluation under ``no_grad``, a
 checkpoint or work after the training loop: none of them touches the DDP model. So the
 watchdog samples the main thread about once a second (``sys._current_frames``: cheap, no
-signal, no ptrace), the time that thread ran and the time it was ready to run but waited
-for a CPU (Linux's ``schedstat``), and the bytes the process reads and writes, and
-classifies the rank:
+signal, no ptrace) and its CPU time, the time the process's threads ran and the time they
+were ready to run but waited for a CPU (Linux's per-thread ``schedstat``), and the bytes the
+process reads and writes, and classifies the rank:
 
 ==========  =======================================================================
 stepping    progress (a heartbeat) within the last ``STILL_SECONDS``
 waiting     no progress, a collective in flight: waiting for its peers
 busy        no progress, not in a collective, but working: its stack moves, or its
-            main thread uses CPU or waits for a CPU (a machine with more runnable
-            threads than cores), or the process reads or writes (evaluation,
-            checkpoint, logging, post-loop work)
+            main thread uses CPU, or its threads run or wait for a CPU most of the
+            time (a machine with more runnable threads than cores), or the process
+            reads or writes (evaluation, checkpoint, logging, post-loop work)
 stuck       no progress, not in a collective, the stack unchanged for
             ``STILL_SECONDS`` and, over those seconds, neither CPU, nor waiting for
             one, nor I/O (a lock, a dead socket, a sleep)
@@ -76,9 +76,11 @@ long: stuck."""
 CPU_BUSY = 0.05
 """Share of one core the main thread uses that counts as working."""
 RUNNABLE_BUSY = 0.5
-"""Share of the time the main thread was running or ready to run (on a CPU's run queue)
-that counts as working: on an oversubscribed machine a busy thread gets little CPU, yet it
-waits for a CPU, not for an event. A blocked thread (a lock, a socket, a sleep) is neither."""
+"""Share of the time the rank's threads were running or ready to run (on a CPU's run queue),
+summed over its threads, that counts as working. On an oversubscribed machine a busy rank
+gets little CPU, yet it waits for a CPU, not for an event; and its main thread may sleep
+while it waits for the GIL held by another of its threads, itself waiting for a CPU. A
+blocked rank (a lock, a socket, a sleep) has its threads asleep most of the time."""
 IO_BUSY = 1 << 20
 """Bytes per second read or written by the process that count as working (the state file
 itself is a few kB a second)."""
@@ -89,23 +91,23 @@ _CALLERS = 8
 """User frames kept beyond the innermost (``Activity.callers``)."""
 
 
-def working(cpu_share: float, io_rate: float, wait_share: float = 0.0) -> bool:
-    """Does the rank work: its main thread uses CPU, or is ready to run most of the time
-    (it waits for a CPU, the machine being oversubscribed), or the process moves data?"""
-    return cpu_share >= CPU_BUSY or cpu_share + wait_share >= RUNNABLE_BUSY or io_rate >= IO_BUSY
+def working(cpu_share: float, io_rate: float, runnable_share: float = 0.0) -> bool:
+    """Does the rank work: its main thread uses CPU, or its threads run or wait for a CPU
+    most of the time (the machine being oversubscribed), or the process moves data?"""
+    return cpu_share >= CPU_BUSY or runnable_share >= RUNNABLE_BUSY or io_rate >= IO_BUSY
 
 
 def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, io_rate: float,
-             timeout: float | None = None, wait_share: float = 0.0) -> str:
+             timeout: float | None = None, runnable_share: float = 0.0) -> str:
     """The rank's activity from its samples (see the module's table); ``cpu_share``,
-    ``wait_share`` and ``io_rate`` are measured over the seconds the stack has been still.
-    A hang timeout shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
+    ``runnable_share`` and ``io_rate`` are measured over the seconds the stack has been
+    still. A hang timeout shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
     still = min(STILL_SECONDS, timeout) if timeout else STILL_SECONDS
     if idle < still:
         return Status.STEPPING
     if in_flight:
         return Status.WAITING
-    if still_for >= still and not working(cpu_share, io_rate, wait_share):
+    if still_for >= still and not working(cpu_share, io_rate, runnable_share):
         return Status.STUCK
     return Status.BUSY
 
@@ -158,9 +160,9 @@ def working_since(act: schema.Activity | None, silent: float, written_unix: floa
 
 
 class Sampler:
-    """Samples the main thread's stack, its time on and waiting for a CPU, and the process's
-    I/O; ``activity()`` classifies. Called from the watchdog thread; ``sample()`` is
-    rate-limited.
+    """Samples the main thread's stack and CPU time, the time the process's threads ran and
+    waited for a CPU, and the process's I/O; ``activity()`` classifies. Called from the
+    watchdog thread; ``sample()`` is rate-limited.
 
     The shares are measured over the seconds the stack has been still (at least the last
     two samples): the evidence for stuck is the same stretch of time as the stillness, so
@@ -168,26 +170,30 @@ class Sampler:
     looks still (a loop inside one line) shows its work over the whole stretch."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 times: Callable[[], tuple[float, float]] | None = None,
+                 times: Callable[[], tuple[float, float, float]] | None = None,
                  io: Callable[[], int] | None = None) -> None:
-        """``times`` and ``io`` replace the main thread's (ran, waited) seconds and the
-        process's I/O bytes (tests)."""
+        """``times`` and ``io`` replace the readings of (main thread's CPU seconds, the
+        process's threads' seconds running, and waiting for a CPU) and of the process's
+        I/O bytes (tests)."""
         self._clock = clock
         self._read_times = times or self._times
         self._read_io = io or _io_bytes
         main = threading.main_thread()
         self._ident = main.ident
-        native = getattr(main, "native_id", None)
-        self._schedstat: str | None = f"/proc/self/task/{native}/schedstat" if native else None
+        self._main_tid = str(getattr(main, "native_id", "") or "")
+        self._schedstat = os.path.isdir("/proc/self/task")
         try:
             self._cpu_clock: int | None = time.pthread_getcpuclockid(main.ident)  # type: ignore[arg-type]
         except Exception:
             self._cpu_clock = None
+        self._threads: dict[str, tuple[int, int]] = {}  # thread id -> (ns run, ns waited), last read
+        self._ran = self._waited = 0  # ns, summed over the threads seen (threads that end keep theirs)
         self._signature: tuple[Any, ...] | None = None
         self._changed = clock()
         self._where: str | None = None
         self._callers: list[str] = []
-        self._samples: deque[tuple[float, float, float, int]] = deque(maxlen=8)  # (t, cpu, wait, io bytes)
+        self._samples: deque[tuple[float, float, float, float, int]] = deque(maxlen=8)
+        """(t, main thread's CPU, threads' run, threads' wait (seconds), I/O bytes)"""
         self._last = -1e18
 
     def sample(self) -> None:
@@ -213,51 +219,73 @@ class Sampler:
             self._signature, self._changed = sig, now
         self._where = user[0] if user else None
         self._callers = user[1:]
-        cpu, wait = self._read_times()
-        self._samples.append((now, cpu, wait, self._read_io()))
+        main, ran, waited = self._read_times()
+        self._samples.append((now, main, ran, waited, self._read_io()))
 
-    def _times(self) -> tuple[float, float]:
-        """(seconds the main thread ran, seconds it was ready to run and waited for a CPU):
-        Linux's schedstat, else its CPU clock (no waiting known)."""
-        if self._schedstat is not None:
+    def _times(self) -> tuple[float, float, float]:
+        """(seconds the main thread ran, seconds the process's threads ran, seconds they
+        were ready to run and waited for a CPU), from Linux's per-thread schedstat; else
+        the CPU clocks (no waiting known)."""
+        if self._schedstat:
             try:
-                with open(self._schedstat, "rb") as f:
-                    ran, waited = f.read().split()[:2]
-                return int(ran) / 1e9, int(waited) / 1e9
-            except (OSError, ValueError):
-                self._schedstat = None
+                tids = os.listdir("/proc/self/task")
+            except OSError:
+                tids = []
+            now: dict[str, tuple[int, int]] = {}
+            for tid in tids:
+                try:
+                    with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                        ran, waited = f.read().split()[:2]
+                    now[tid] = (int(ran), int(waited))
+                except (OSError, ValueError):
+                    continue
+            if now:
+                for tid, (ran_ns, waited_ns) in now.items():
+                    before = self._threads.get(tid, (0, 0))
+                    self._ran += max(0, ran_ns - before[0])
+                    self._waited += max(0, waited_ns - before[1])
+                self._threads = now
+                main = now.get(self._main_tid)
+                return (main[0] / 1e9 if main else self._main_cpu()), self._ran / 1e9, self._waited / 1e9
+            self._schedstat = False
+        return self._main_cpu(), time.process_time(), 0.0
+
+    def _main_cpu(self) -> float:
         if self._cpu_clock is not None:
             try:
-                return time.clock_gettime(self._cpu_clock), 0.0
+                return time.clock_gettime(self._cpu_clock)
             except OSError:
                 self._cpu_clock = None
-        return time.process_time(), 0.0
+        return time.process_time()
 
-    def shares(self) -> tuple[float, float, float]:
-        """(CPU share, share waiting for a CPU, I/O bytes per second) since the stack took
-        its present shape (at least over the last two samples)."""
+    def shares(self) -> tuple[float, float, float, float]:
+        """(main thread's CPU share, share of the time the process's threads ran or waited
+        for a CPU (summed over them, at most 1), the share they waited, I/O bytes per
+        second) since the stack took its present shape (at least over the last two
+        samples)."""
         samples = list(self._samples)
         window = [s for s in samples if s[0] >= self._changed]
         if len(window) < 2:
             window = samples[-2:]
         if len(window) < 2 or window[-1][0] <= window[0][0]:
-            return 0.0, 0.0, 0.0
-        (t0, c0, w0, b0), (t1, c1, w1, b1) = window[0], window[-1]
+            return 0.0, 0.0, 0.0, 0.0
+        (t0, m0, r0, w0, b0), (t1, m1, r1, w1, b1) = window[0], window[-1]
         span = t1 - t0
-        cpu = min(1.0, max(0.0, (c1 - c0) / span))
-        wait = min(1.0 - cpu, max(0.0, (w1 - w0) / span))  # the reads and the clock are not one instant
-        return cpu, wait, max(0.0, (b1 - b0) / span)
+        cpu = min(1.0, max(0.0, (m1 - m0) / span))
+        waited = max(0.0, (w1 - w0) / span)
+        runnable = min(1.0, max(0.0, (r1 - r0) / span) + waited)
+        return cpu, runnable, min(runnable, waited), max(0.0, (b1 - b0) / span)
 
     def activity(self, idle: float, in_flight: bool, timeout: float | None, now_unix: float) -> schema.Activity:
         now = self._clock()
-        cpu_share, wait_share, io_rate = self.shares()
+        cpu_share, runnable_share, wait_share, io_rate = self.shares()
         still_for = now - self._changed
-        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout, wait_share)
+        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout, runnable_share)
         return schema.Activity(
             state=state, sampled_unix=now_unix, still_seconds=round(still_for, 3),
-            cpu_share=round(cpu_share, 3), wait_share=round(wait_share, 3),
-            io_bytes_per_second=round(io_rate), where=self._where, callers=list(self._callers),
-            hang_timeout_seconds=timeout,
+            cpu_share=round(cpu_share, 3), runnable_share=round(runnable_share, 3),
+            wait_share=round(wait_share, 3), io_bytes_per_second=round(io_rate), where=self._where,
+            callers=list(self._callers), hang_timeout_seconds=timeout,
         )
 
 

@@ -319,7 +319,7 @@ def busy_line(v: RankView) -> str:
         if act.cpu_share >= 0.05:
             how.append(f"main thread at {act.cpu_share:.0%} CPU")
         if act.wait_share >= 0.05:
-            how.append(f"main thread waiting for a CPU {act.wait_share:.0%} of the time")
+            how.append(f"its threads waiting for a CPU {act.wait_share:.0%} of the time")
         if act.io_bytes_per_second >= 1 << 20:
             how.append(f"{act.io_bytes_per_second / 1e6:.0f} MB/s of I/O")
         if act.still_seconds < 3:

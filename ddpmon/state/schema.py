@@ -269,9 +269,12 @@ class Activity:
     cpu_share: float = 0.0
     """Share of one core the main thread used over the seconds its stack has been still
     (at least the last second) (0..1)."""
+    runnable_share: float = 0.0
+    """Share of those seconds the process's threads ran or were ready to run, summed over
+    its threads (at most 1; waiting known on Linux) (0..1)."""
     wait_share: float = 0.0
-    """Share of those seconds the main thread was ready to run but waited for a CPU (an
-    oversubscribed machine; Linux) (0..1)."""
+    """Share of those seconds the process's threads were ready to run but waited for a CPU
+    (an oversubscribed machine; Linux), summed over its threads (0..1)."""
     io_bytes_per_second: float = 0.0
     """Bytes the process read and wrote per second over those seconds."""
     where: str | None = None

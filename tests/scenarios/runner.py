@@ -2,8 +2,8 @@
 
 ``KINDS`` says, for each kind of fault, what the doctor should answer and when to ask (a
 new user's moment: after a death, while a hang lasts, in the middle of a long healthy pause,
-at the end). ``draw(rng)`` picks a random scenario (kind, world size 2-4, culprit rank,
-step); ``run(scenario, workdir)`` runs it and returns the doctor's answer and whether it is
+at the end). ``draw(rng)`` picks a random scenario (kind, world size 2-4 or up to
+``max_world``, culprit rank, step); ``run(scenario, workdir)`` runs it and returns the doctor's answer and whether it is
 right. Used by ``tests/scenarios/test_scenarios.py`` (a fixed-seed sample) and
 ``benchmarks/doctor_accuracy.py`` (N random ones).
 """
@@ -43,6 +43,8 @@ KINDS: dict[str, Kind] = {
     "healthy": Kind("healthy", False, "end"),
     "jitter": Kind("healthy", False, "paced"),
     "evaluation": Kind("healthy", False, "hold"),
+    "eval_module": Kind("healthy", False, "hold"),
+    "checkpoint_all": Kind("healthy", False, "hold"),
     "checkpoint_barrier": Kind("healthy", False, "hold"),
     "post_loop": Kind("healthy", False, "post"),
     "exception": Kind("dead_rank", True, "death"),

@@ -11,6 +11,7 @@ STEP as KIND says (``KINDS`` in ``tests/scenarios/runner.py``). A rank writes
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import random
 import sys
@@ -87,11 +88,23 @@ def save_checkpoint(seconds: float) -> None:
         sum(i * i for i in range(20000))
 
 
-def evaluate(ddp: DDP, seconds: float) -> None:
+def evaluate(model: nn.Module, seconds: float) -> None:
+    """Evaluation under ``no_grad``: through DDP's forward (``ddp``) or its inner module
+    (``ddp.module``: no DDP forward, no heartbeat)."""
     end = time.time() + seconds
     with torch.no_grad():
         while time.time() < end:
-            ddp(torch.randn(64, 32))
+            model(torch.randn(64, 32))
+
+
+def write_checkpoint(model: nn.Module, rank: int, seconds: float) -> None:
+    """A checkpoint written again and again: serialising (CPU) and writing (I/O)."""
+    end = time.time() + seconds
+    while time.time() < end:
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "extra": torch.randn(256, 1024)}, buffer)
+        with open(os.path.join(OUT, f"checkpoint-{rank}.pt"), "wb") as f:
+            f.write(buffer.getvalue())
 
 
 def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
@@ -132,6 +145,10 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
                 collectives(kind, me)
             if kind == "evaluation":
                 evaluate(ddp, HOLD)
+            elif kind == "eval_module":
+                evaluate(ddp.module, HOLD)
+            elif kind == "checkpoint_all":
+                write_checkpoint(ddp.module, rank, HOLD)
             elif kind == "checkpoint_barrier":
                 if rank == culprit:
                     save_checkpoint(HOLD)

@@ -128,19 +128,19 @@ def test_ranks_starved_after_the_loop_are_busy_not_hung(tmp_path: Path) -> None:
     """The false hang after the training loop, as two ranks' files read 6.5 s after their
     last step on a machine with more runnable threads than cores. Rank 0 last wrote its
     file 2.5 s into its silence (its process got no CPU since), when its watchdog's sample
-    said stepping; rank 1's watchdog says busy: 0.8% of a core, waiting for one 95% of the
-    time. Read as stuck, rank 0 made the answer 'hang'."""
+    said stepping; rank 1's watchdog says busy: 0.8% of a core, its threads waiting for one
+    95% of the time. Read as stuck, rank 0 made the answer 'hang'."""
     stepping = {"state": "stepping", "sampled_unix": states.NOW - 4.0 - 0.01, "still_seconds": 1.4,
                 "where": POST_LOOP, "hang_timeout_seconds": 60.0}
     busy = {"state": "busy", "sampled_unix": states.NOW - 0.5, "still_seconds": 4.1, "cpu_share": 0.008,
-            "wait_share": 0.95, "where": POST_LOOP, "hang_timeout_seconds": 60.0}
+            "runnable_share": 0.96, "wait_share": 0.95, "where": POST_LOOP, "hang_timeout_seconds": 60.0}
     write(tmp_path, state(0, silent=2.5, phase="after_optimizer", activity=stepping), age=4.0)
     write(tmp_path, state(1, silent=6.0, phase="after_optimizer", activity=busy), age=0.5)
     d = examine(str(tmp_path), live_stacks=False)
     assert [v.status for v in d.ranks] == ["busy", "busy"]
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
     assert "its watchdog last sampled it 2.5 s into this silence (stepping), too soon to judge" in d.findings[0].evidence[0]
-    assert "(main thread waiting for a CPU 95% of the time)" in d.findings[0].evidence[1]
+    assert "(its threads waiting for a CPU 95% of the time)" in d.findings[0].evidence[1]
     # its watchdog has said nothing for 6 s before that write: silence decides again
     stepping["sampled_unix"] = states.NOW - 4.0 - 6.0
     write(tmp_path, state(0, silent=2.5, phase="after_optimizer", activity=stepping), age=4.0)

@@ -101,8 +101,8 @@ class Starved:
     def clock(self) -> float:
         return self.now
 
-    def times(self) -> tuple[float, float]:
-        return self.ran_total, self.waited_total
+    def times(self) -> tuple[float, float, float]:
+        return self.ran_total, self.ran_total, self.waited_total
 
     def tick(self) -> None:
         self.now += 1.0
