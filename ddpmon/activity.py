@@ -332,7 +332,7 @@ def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | Non
             continue
         if entry.group_size and peer.world_size and peer.world_size < entry.group_size:
             continue
-        if peer.collective_seq.get(entry.group, 0) >= entry.seq:
+        if peer.has_issued(entry):
             continue  # it joined (or is past it)
         interval = peer.state_interval or 1.0
         act = peer.activity

@@ -168,6 +168,33 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     return v
 
 
+NEEDS_EVERY_RANK = frozenset((
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
+    "all_gather_object", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier",
+))
+"""Collectives that complete on no rank before every rank of the group has joined them."""
+
+
+def settle(views: list[RankView]) -> None:
+    """A rank whose file shows it waiting in a collective that a peer completed after that
+    file was written (that collective, or a later one of the group that needed every rank)
+    waits no more: its next write will show it. It is counted as stepping, so that no
+    rule takes the moment between two writes for a hang."""
+    for w in views:
+        e = w.waiting
+        if w.status != Status.WAITING or e is None or e.source is not None or w.state.now_unix is None:
+            continue
+        written = w.state.now_unix + w.file.offset
+        for p in views:
+            done = [c for c in p.state.collective_log if p is not w and c.group == e.group and c.seq >= e.seq]
+            if any(c.op in NEEDS_EVERY_RANK and not c.error and c.completed_unix is not None
+                   and c.completed_unix + p.file.offset > written for c in done):
+                w.status = Status.STEPPING
+                w.in_flight = [c for c in w.in_flight if c.group != e.group or c.seq > e.seq]
+                break
+
+
 def failed(e: Exit) -> bool:
     """An end that is a failure: an exception, a fatal signal or a non-zero exit status."""
     return bool(e.exception or e.signal or (e.code not in (None, 0)))

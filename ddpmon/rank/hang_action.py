@@ -99,7 +99,7 @@ class HangAbort:
                 peer = files.read(path)
             except Exception:
                 continue
-            if peer.rank != rec.identity.rank and peer.collective_seq.get(entry.group, 0) < entry.seq:
+            if peer.rank != rec.identity.rank and not peer.has_issued(entry):
                 out.append(peer.rank)
         return out
 

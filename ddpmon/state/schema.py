@@ -481,6 +481,11 @@ class RankState(Identity):
     served_unix: float | None = None
     """Added by the node daemon's ``/state``: its clock when it answered."""
 
+    def has_issued(self, entry: Collective) -> bool:
+        """Whether this rank has issued ``entry`` (another rank's collective) or gone past
+        it: its sequence number in that group has reached the entry's."""
+        return self.collective_seq.get(entry.group, 0) >= entry.seq
+
 
 def parse(data: object) -> RankState:
     """A state file's parsed JSON as a RankState; SchemaError says what is wrong."""

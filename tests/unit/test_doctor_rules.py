@@ -204,8 +204,30 @@ def test_not_joining() -> None:
     assert (f.kind, f.ranks) == ("not_joining", [1])
     assert f.summary.startswith("rank 0 waits in barrier #") and f.summary.endswith("rank 1 runs on without issuing it")
     assert any(line.startswith("rank 1 keeps making progress") for line in f.evidence)
+    barrier = vs[0].waiting  # a rank that has issued it is not the one that does not join
+    vs[1].state.collective_seq[barrier.group] = barrier.seq
+    assert not_joining.not_joining(vs, []) is None
     assert not_joining.not_joining(views("stuck_rank"), []) is None
     assert not_joining.not_joining(views("straggler"), []) is None
+
+
+def test_a_wait_a_peer_has_seen_end_is_over() -> None:
+    """Rank 0's file shows it waiting in a barrier (its watchdog's hang report still in it);
+    rank 1 completed that barrier after the file was written: the moment between two
+    writes, not a hang. Completed before the file was written, it proves nothing."""
+    for after, verdict in ((0.2, "healthy"), (-0.2, "hang")):
+        vs = views("not_joining")
+        barrier = vs[0].waiting
+        vs[0].state.hang = schema.Hang(0.0, 0.0, 3.0, 2.0, "test")
+        done = dataclasses.replace(barrier, completed_unix=vs[0].state.now_unix + after, seconds=0.1)
+        vs[1].state.collective_log.append(done)
+        vs[1].state.collective_seq[barrier.group] = barrier.seq
+        assert rules.decide(vs, []).verdict == verdict, after
+        assert statuses(vs)[0] == ("stepping" if verdict == "healthy" else "waiting")
+        vs = views("not_joining")  # a collective that completes on a root alone proves nothing
+        vs[1].state.collective_log.append(dataclasses.replace(
+            barrier, op="broadcast", seq=barrier.seq + 1, completed_unix=vs[0].state.now_unix + 0.2))
+        assert rules.decide(vs, []).verdict == "hang"
 
 
 def test_missing_rank() -> None:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 
 from ..findings import Finding, Verdict
 from ..load import Unreachable
-from ..view import RankView
+from ..view import RankView, settle
 from . import advice as advice_rules
 from . import (
     busy,
@@ -105,6 +105,7 @@ def decide(views: list[RankView], missing: list[int], unreachable: Sequence[Unre
     if not views:
         return Verdict("no_data", [], [])
     lost_node.mark_vanished(views)
+    settle(views)
     replayed = ended_while_hung.applies(views)
     if replayed:
         ended_while_hung.replay(views)

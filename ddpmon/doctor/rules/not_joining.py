@@ -9,6 +9,7 @@ live stack, where py-spy can read it, shows what it runs instead.
 from __future__ import annotations
 
 from ...activity import Status
+from ...state.schema import Collective
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
@@ -18,11 +19,8 @@ def not_joining(views: list[RankView], missing: list[int]) -> Verdict | None:
     waiting = [v for v in views if v.status == Status.WAITING]
     if not waiting:
         return None
-    joined = {(e.group, e.seq) for v in waiting for e in [v.waiting] if e}
-    absent = [
-        v for v in views
-        if v.status == Status.STEPPING and not any((e.group, e.seq) in joined for e in v.in_flight)
-    ]
+    awaited = [e for v in waiting for e in [v.waiting] if e]
+    absent = [v for v in views if v.status == Status.STEPPING and not any(joined(v, e) for e in awaited)]
     if not absent:
         return None
     evidence = [words.wait_line(v) for v in waiting] + [
@@ -39,3 +37,12 @@ def not_joining(views: list[RankView], missing: list[int]) -> Verdict | None:
         f"{words.verb(absent, 'runs', 'run')} on without issuing it",
         evidence, words.FIX_STUCK,
     )])
+
+
+def joined(v: RankView, entry: Collective) -> bool:
+    """Whether rank ``v`` has issued ``entry``: it is in flight there, or (numbered by ddpmon,
+    not by torch's flight recorder) its sequence has reached it, the collective then done
+    after the waiting rank's file was written."""
+    if any((e.group, e.seq) == (entry.group, entry.seq) for e in v.in_flight):
+        return True
+    return entry.source is None and v.state.has_issued(entry)
