@@ -46,6 +46,7 @@ KINDS: dict[str, Kind] = {
     "eval_module": Kind("healthy", False, "hold"),
     "checkpoint_all": Kind("healthy", False, "hold"),
     "checkpoint_barrier": Kind("healthy", False, "hold"),
+    "eval_barrier": Kind("healthy", False, "hold"),
     "post_loop": Kind("healthy", False, "post"),
     "exception": Kind("dead_rank", True, "death"),
     "spawn_exception": Kind("dead_rank", True, "death"),

@@ -147,6 +147,10 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
                 if rank == culprit:
                     save_checkpoint(HOLD)
                 dist.barrier()
+            elif kind == "eval_barrier":
+                if rank == culprit:
+                    evaluate(ddp, HOLD)
+                dist.barrier()
         x, y = load_data(rank, step, me and kind == "stall" and step >= at)
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)

@@ -164,6 +164,36 @@ def test_a_job_ended_while_busy_after_the_loop_is_not_replayed_as_a_hang(tmp_pat
     assert (d.verdict, d.suspect_ranks) == ("hang", [0, 1]) and "ended_while_hung" in kinds(d)
 
 
+def test_a_rank_evaluating_while_the_others_wait_in_a_barrier_is_busy(tmp_path: Path) -> None:
+    """Rank 0 evaluates through the DDP model under no_grad (its forwards are heartbeats: it
+    steps, as far as its silence goes) while ranks 1, 2 wait in a barrier: it has not
+    stepped past them, so it works outside the training step, not a rank that runs on
+    without joining. Stepped past them, or once they waited 5 hang timeouts, it is."""
+    evaluating = {"state": "stepping", "sampled_unix": states.NOW - 0.3, "where": "train.py:70 in evaluate",
+                  "hang_timeout_seconds": 60.0}
+    waiting = {"state": "waiting", "sampled_unix": states.NOW - 0.3, "still_seconds": 8.0, "hang_timeout_seconds": 60.0}
+
+    def job(steps: int, age: float = 8.0, **fields: object) -> Path:
+        d = tmp_path / f"{steps}-{age}-{len(fields)}"
+        write(d, state(0, world=3, silent=0.1, steps=steps, activity=evaluating))
+        for r in (1, 2):
+            write(d, state(r, world=3, silent=age, steps=6, activity=waiting,
+                           in_flight=[waiting_in("barrier", 9, age, size=3, site="train.py:75", function="main")],
+                           **fields))
+        return d
+
+    d = examine(str(job(6)), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
+    assert d.findings[0].summary.startswith("ranks 1, 2 have waited 8 s in barrier #9")
+    assert "for rank 0, busy outside the training step (rank 0 in train.py:70 in evaluate)" in d.findings[0].summary
+    assert d.findings[0].evidence[0].endswith(
+        "makes progress without stepping (forward passes without gradients, an evaluation), step 6, at train.py:70 in evaluate")
+    for d in (examine(str(job(30)), live_stacks=False),  # it trains on alone
+              examine(str(job(6, age=301.0)), live_stacks=False),  # 5 x 60 s
+              examine(str(job(6, hang=states.hang_report())), live_stacks=False)):  # their watchdogs said so
+        assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [0], "not_joining")
+
+
 def test_a_non_zero_exit_status_is_a_failure(tmp_path: Path) -> None:
     write(tmp_path, state(0, silent=5.0, exit={"unix": states.NOW - 5, "code": 3, "how": "sys.exit",
                                                 "where": "train.py:12 in main"}))

@@ -1,9 +1,10 @@
 """What several rules ask of the ranks: who is stalled, who takes part in the collectives,
-whether they wait in one collective, which of two ranks stands further along in the code
-they share."""
+whether they wait in one collective, who works without stepping while others wait, which of
+two ranks stands further along in the code they share."""
 
 from __future__ import annotations
 
+from ... import activity
 from ...activity import Status
 from ...state.schema import Collective
 from ..view import GONE, STALLED, RankView
@@ -47,6 +48,29 @@ def same_collective(waiting: list[RankView]) -> bool:
         if not any(key(c) == target and not c.error for c in done):
             return False
     return True
+
+
+def evaluating(views: list[RankView]) -> list[RankView]:
+    """Ranks that others wait for and that make progress without training: stepping, not
+    in the waiting ranks' collectives, no step past theirs. Their progress is forward passes
+    without gradients (heartbeats, no step): an evaluation under ``no_grad`` on some ranks
+    while the others wait in a barrier. Working, until the waiting ranks have waited
+    ``BUSY_FACTOR`` hang timeouts (their watchdogs then report a hang)."""
+    waiting = [v for v in views if v.status == Status.WAITING]
+    if not waiting or any(v.state.hang is not None for v in waiting):
+        return []
+    for v in waiting:
+        act, e = v.state.activity, v.waiting
+        timeout = act.hang_timeout_seconds if act is not None else None
+        if timeout and e is not None and (e.age_seconds or 0.0) >= activity.busy_limit(timeout):
+            return []
+    joined = {(e.group, e.seq) for v in waiting for e in [v.waiting] if e}
+    step = min(v.state.step for v in waiting)
+    return [
+        v for v in views
+        if v.status == Status.STEPPING and v.state.step <= step
+        and not any((e.group, e.seq) in joined for e in v.in_flight)
+    ]
 
 
 Frame = tuple[str, str, int]
