@@ -57,6 +57,7 @@ KINDS: dict[str, Kind] = {
     "dtype_mismatch": Kind("desync", True, "hang", symmetric=True),
     "order_swap": Kind("desync", True, "hang", symmetric=True),
     "extra_barrier": Kind("desync", True, "hang"),
+    "late_barrier": Kind("desync", True, "hang"),
     "uneven": Kind("desync", True, "hang"),
     "uneven_more": Kind("desync", True, "hang"),
     "stall": Kind("hang", True, "hang"),

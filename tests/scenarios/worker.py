@@ -156,6 +156,8 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
+        if kind == "late_barrier" and me and step == at:
+            dist.barrier()  # a rank-conditional barrier at the end of the loop's body
     if kind == "uneven" and me:
         mark(rank, "at")  # out of batches: it goes on to the barrier below
     mark(rank, "loop_done")
