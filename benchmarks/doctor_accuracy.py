@@ -1,5 +1,5 @@
 """How often `ddpmon doctor` is right on real faulty gloo jobs: N random scenarios
-(tests/scenarios: 23 kinds of fault, straggler or healthy pause, world size 2-4, random
+(tests/scenarios: 25 kinds of fault, straggler or healthy pause, world size 2-4, random
 culprit rank and step), each diagnosed at a new user's moment; prints accuracy, the verdicts' macro-F1
 and every wrong answer.
 

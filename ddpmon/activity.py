@@ -28,6 +28,9 @@ state file, so the doctor applies the same rule to every rank.
 
 from __future__ import annotations
 
+import bisect
+import dis
+import functools
 import os
 import sys
 import threading
@@ -192,6 +195,7 @@ class Sampler:
         self._changed = clock()
         self._where: str | None = None
         self._callers: list[str] = []
+        self._loops: list[list[int]] = []
         self._samples: deque[tuple[float, float, float, float, int]] = deque(maxlen=8)
         """(t, main thread's CPU, threads' run, threads' wait (seconds), I/O bytes)"""
         self._last = -1e18
@@ -204,6 +208,7 @@ class Sampler:
         frame = sys._current_frames().get(self._ident)  # type: ignore[arg-type]
         signature = []
         user = []
+        loops = []
         depth = 0
         while frame is not None and depth < 256:
             code = frame.f_code
@@ -211,6 +216,7 @@ class Sampler:
                 signature.append((code, frame.f_lineno))
             if len(user) <= _CALLERS and not (is_library(code.co_filename) or code.co_filename.startswith("<")):
                 user.append(f"{short_path(code.co_filename)}:{frame.f_lineno} in {code.co_name}")
+                loops.append(loop_lines(code, frame.f_lasti))
             frame = frame.f_back
             depth += 1
         del frame
@@ -219,6 +225,7 @@ class Sampler:
             self._signature, self._changed = sig, now
         self._where = user[0] if user else None
         self._callers = user[1:]
+        self._loops = loops
         main, ran, waited = self._read_times()
         self._samples.append((now, main, ran, waited, self._read_io()))
 
@@ -285,8 +292,47 @@ class Sampler:
             state=state, sampled_unix=now_unix, still_seconds=round(still_for, 3),
             cpu_share=round(cpu_share, 3), runnable_share=round(runnable_share, 3),
             wait_share=round(wait_share, 3), io_bytes_per_second=round(io_rate), where=self._where,
-            callers=list(self._callers), hang_timeout_seconds=timeout,
+            callers=list(self._callers), loops=list(self._loops), hang_timeout_seconds=timeout,
         )
+
+
+def loop_lines(code: Any, offset: int) -> list[int]:
+    """[first line, last line] of the innermost loop of ``code`` that the instruction at
+    ``offset`` is in ([] when in none): where a rank stands relative to its training loop."""
+    inside = [loop for loop in _loops(code) if loop[0] <= offset <= loop[1]]
+    if not inside:
+        return []
+    first, last = min(inside, key=lambda loop: loop[1] - loop[0])[2:]
+    return [first, last]
+
+
+@functools.lru_cache(maxsize=1024)
+def _loops(code: Any) -> tuple[tuple[int, int, int, int], ...]:
+    """(first offset, last offset, first line, last line) of each loop in ``code``: the
+    instructions from a backward jump's target to the jump (``for``, ``while``, and
+    comprehensions compiled inline)."""
+    try:
+        starts = [(offset, line) for offset, line in dis.findlinestarts(code) if line is not None]
+        instructions = list(dis.get_instructions(code))
+    except Exception:
+        return ()
+    offsets = [offset for offset, _ in starts]
+
+    def line_at(offset: int) -> int | None:
+        i = bisect.bisect_right(offsets, offset) - 1
+        return starts[i][1] if i >= 0 else None
+
+    jumps = set(dis.hasjrel) | set(dis.hasjabs)
+    out = []
+    for ins in instructions:
+        target = ins.argval
+        if (ins.opcode in jumps and isinstance(target, int) and target < ins.offset
+                and ins.opname != "JUMP_BACKWARD_NO_INTERRUPT"):  # that one is await's, not a loop
+            lines = [line for i in instructions if target <= i.offset <= ins.offset
+                     and (line := line_at(i.offset)) is not None]
+            if lines:
+                out.append((target, ins.offset, min(lines), max(lines)))
+    return tuple(out)
 
 
 def _io_bytes() -> int:

@@ -310,6 +310,11 @@ def wait_line(v: RankView) -> str:
 def busy_line(v: RankView) -> str:
     s = v.state
     act = s.activity
+    if v.status == Status.STEPPING:  # rules/common.evaluating
+        return (
+            f"rank {v.rank} (host {s.host}, pid {s.pid}): makes progress without stepping (forward passes "
+            f"without gradients, an evaluation), step {s.step}, at {act.where if act and act.where else '?'}"
+        )
     how = []
     if act is not None and act.state != Status.BUSY:  # activity.working_since: not judged yet
         into = act.sampled_unix - s.last_progress_unix if s.last_progress_unix is not None else None

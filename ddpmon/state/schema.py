@@ -281,6 +281,9 @@ class Activity:
     """``file:line in function`` of the main thread's innermost user frame."""
     callers: list[str] = field(default_factory=list)
     """The user frames that led there (``file:line in function``), innermost first."""
+    loops: list[list[int]] = field(default_factory=list)
+    """For ``where`` and each caller, the first and last line of the innermost loop that
+    line is in (empty when in none): whether a rank stands inside its training loop."""
     hang_timeout_seconds: float | None = None
     """The rank's hang timeout when sampled (null: off)."""
 

@@ -1,6 +1,7 @@
 """No false hang through a training script's pauses: a real 2-rank gloo job
 (tests/distributed/transition_worker.py) evaluates without touching the DDP model, writes a
-checkpoint on rank 0 while rank 1 waits in a barrier, and works after its training loop;
+checkpoint on rank 0 while rank 1 waits in a barrier, evaluates through the DDP model on
+rank 0 while rank 1 waits in a barrier, and works after its training loop;
 the doctor is asked every quarter second throughout with a stall of 1 s (so every pause is
 judged from its first second, the moment a rank's watchdog has not sampled it yet), and
 must never answer hang; each pause must be seen as busy. The second test runs the work
@@ -24,7 +25,7 @@ from tests.support import harness
 
 pytestmark = pytest.mark.timeout(90)
 
-PHASES = ("evaluation", "checkpoint", "post_loop")
+PHASES = ("evaluation", "checkpoint", "rank0_eval", "post_loop")
 PAUSE = 3.0
 """Seconds each pause lasts: past the doctor's stall (1 s) and the watchdog's stillness
 (2 s, its hang timeout), within its busy limit (10 s)."""

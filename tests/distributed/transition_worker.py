@@ -10,10 +10,15 @@ so 10 s busy is its limit), then, each pause ``SECONDS`` long and marked
                 no heartbeat);
 ``checkpoint``  rank 0 serialises and writes a checkpoint while the others wait in a
                 barrier;
+``rank0_eval``  rank 0 evaluates through the DDP model under ``no_grad`` (its forwards
+                are heartbeats, no step) while the others wait in a barrier;
 ``post_loop``   after a few more steps, every rank works after the loop
-                (``POST_LOOP_SECONDS``, by default ``SECONDS``), then the final barrier. With DDPMON_TEST_STARVE=CPU, each rank first moves to that CPU at
-                the lowest priority (its autogroup's nice 19), where the test runs a CPU
-                hog: runnable, hardly ever scheduled.
+                (``POST_LOOP_SECONDS``, by default ``SECONDS``), then the final barrier.
+                With DDPMON_TEST_STARVE=CPU, each rank first moves to that CPU at the
+                lowest priority (its autogroup's nice 19), where the test runs a CPU hog:
+                runnable, hardly ever scheduled; after the work it takes its priority
+                back (with the privilege to; else it leaves with ``os._exit(0)`` after the
+                final barrier: its teardown at the lowest priority can take a minute).
 """
 
 from __future__ import annotations
@@ -58,15 +63,28 @@ def save_checkpoint(model: torch.nn.Module, seconds: float) -> None:
         work(0.05)
 
 
-def starve(cpu: int) -> None:
-    """This rank on ``cpu`` at the lowest priority beside the test's hog."""
+def starve(cpu: int) -> set[int]:
+    """This rank on ``cpu`` at the lowest priority beside the test's hog; the CPUs it had."""
+    cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})
+    set_priority(19)
+    return cpus
+
+
+def set_priority(nice: int) -> bool:
+    """This process's and its autogroup's nice value (the scheduler weighs autogroups, not
+    processes); raising it back needs privileges. True when both were set."""
+    done = True
     try:
-        with open("/proc/self/autogroup", "w") as f:  # the scheduler weighs autogroups, not processes
-            f.write("19")
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
     except OSError:
-        pass
-    os.nice(19)
+        done = not os.path.exists("/proc/self/autogroup")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        done = False
+    return done
 
 
 def main(seconds: float, post_loop: float) -> None:
@@ -79,14 +97,23 @@ def main(seconds: float, post_loop: float) -> None:
     if hw.RANK == 0:
         save_checkpoint(ddp.module, seconds)
     dist.barrier()
+    mark("rank0_eval")
+    if hw.RANK == 0:
+        evaluate(ddp, seconds)
+    dist.barrier()
     for step in range(5, 10):
         hw.train_step(ddp, opt, *batch(step))
     mark("post_loop")
-    if os.environ.get("DDPMON_TEST_STARVE"):
-        starve(int(os.environ["DDPMON_TEST_STARVE"]))
+    starved = os.environ.get("DDPMON_TEST_STARVE")
+    cpus = starve(int(starved)) if starved else set()
     work(post_loop)
+    restored = not starved or set_priority(0)
+    if starved:
+        os.sched_setaffinity(0, cpus)
     mark("done")
     dist.barrier()
+    if not restored:  # its teardown at the lowest priority can take a minute on a busy machine
+        os._exit(0)
     dist.destroy_process_group()
 
 

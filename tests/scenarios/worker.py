@@ -153,11 +153,17 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
                 if rank == culprit:
                     save_checkpoint(HOLD)
                 dist.barrier()
+            elif kind == "eval_barrier":
+                if rank == culprit:
+                    evaluate(ddp, HOLD)
+                dist.barrier()
         x, y = load_data(rank, step, me and kind == "stall" and step >= at)
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
+        if kind == "late_barrier" and me and step == at:
+            dist.barrier()  # a rank-conditional barrier at the end of the loop's body
     if kind == "uneven" and me:
         mark(rank, "at")  # out of batches: it goes on to the barrier below
     mark(rank, "loop_done")

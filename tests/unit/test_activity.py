@@ -5,6 +5,7 @@ seconds (a rank that waits for a CPU works), and a reader's view of a rank's las
 from __future__ import annotations
 
 import dataclasses
+import dis
 import time
 from pathlib import Path
 
@@ -181,3 +182,41 @@ def test_working_since_a_readers_view_of_the_last_activity() -> None:
     assert not lv.working_since(None, 6.5, written)  # no watchdog: silence is all there is
     # a watchdog that has not sampled for a while (its thread blocked): silence decides
     assert not lv.working_since(dataclasses.replace(stepping, sampled_unix=written - 6.0), 9.0, written)
+
+
+LOOPS = """
+def run(steps):
+    x = 0
+    for epoch in range(2):
+        for step in range(steps):
+            x += 1
+            if x > 100:
+                break
+            x += 2
+        x -= 1
+    while x > 0:
+        x -= 3
+    return x
+"""
+
+
+def test_loop_lines_say_which_loop_a_line_is_in() -> None:
+    """The innermost loop around a line (``for``, ``while``, nested), or none: whether a
+    rank stands inside its training loop or past it."""
+    namespace: dict[str, object] = {}
+    exec(compile(LOOPS, "loops.py", "exec"), namespace)
+    code = namespace["run"].__code__  # type: ignore[attr-defined]
+    first = {line: offset for offset, line in reversed(list(dis.findlinestarts(code))) if line}
+    assert [lv.loop_lines(code, first[line]) for line in (3, 6, 9, 10, 12, 13)] == [
+        [], [5, 9], [5, 9], [4, 10], [11, 12], []]
+
+
+def test_the_sampler_records_the_loops_around_the_main_thread() -> None:
+    sampler = lv.Sampler()
+    for _ in range(1):
+        sampler.sample()  # inside this loop
+        act = sampler.activity(0.0, False, 60.0, time.time())
+    assert act.where and "test_activity.py" in act.where
+    assert len(act.loops) == len(act.callers) + 1
+    line = int(act.where.split(" in ")[0].rsplit(":", 1)[1])
+    assert act.loops[0] == [line - 1, line + 1]  # the for line to the body's last

@@ -45,10 +45,21 @@ def test_ranks_waiting_for_a_busy_rank_are_not_hung(tmp_path: Path) -> None:
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
 
 
-def _at(where: str, *callers: str, sampled: float = 0.0) -> dict[str, object]:
-    """A waiting rank's activity: where its main thread is, and the user frames that led there."""
-    return {"state": "waiting", "sampled_unix": states.NOW - sampled, "still_seconds": 8.0,
-            "where": where, "callers": list(callers), "hang_timeout_seconds": 60.0}
+def _at(where: str, *callers: str, loops: list[list[int]] | None = None, sampled: float = 0.0) -> dict[str, object]:
+    """A waiting rank's activity: where its main thread is, the user frames that led there
+    and the loops they are in (not known when None)."""
+    act = {"state": "waiting", "sampled_unix": states.NOW - sampled, "still_seconds": 8.0,
+           "where": where, "callers": list(callers), "hang_timeout_seconds": 60.0}
+    if loops is not None:
+        act["loops"] = loops
+    return act
+
+
+def _stepping(**fields: object) -> dict[str, object]:
+    """In DDP's all-reduce, from the loop's train_step call (train.py:30; the loop is lines 26-31)."""
+    act = _at("train.py:12 in train_step", "train.py:30 in main", "train.py:40 in <module>", loops=[[], [26, 31], []])
+    act.update(fields)
+    return act
 
 
 def _uneven(tmp_path: Path, world: int, more: list[int]) -> None:
@@ -58,11 +69,11 @@ def _uneven(tmp_path: Path, world: int, more: list[int]) -> None:
     for r in range(world):
         if r in more:
             entry = waiting_in("all_reduce", 7, 9.0, site="DDP backward", size=world, bucket=0, function="backward")
-            act = _at("train.py:12 in train_step", "train.py:30 in main", "train.py:40 in <module>")
+            act = _stepping()
         else:
             entry = waiting_in("barrier", 7, 9.0, site="train.py:34", size=world, function="main",
                                callers=["train.py:40 in <module>"])
-            act = _at("train.py:34 in main", "train.py:40 in <module>")
+            act = _at("train.py:34 in main", "train.py:40 in <module>", loops=[[], []])
         write(tmp_path, state(r, world=world, silent=9.0, steps=6, collective_log=done, in_flight=[entry], activity=act))
 
 
@@ -86,25 +97,41 @@ def test_uneven_inputs_name_the_odd_side_and_with_two_ranks_the_one_with_more(tm
 
 
 def test_a_rank_conditional_collective_the_other_rank_went_past_is_named(tmp_path: Path) -> None:
-    """Two ranks, no majority: rank 1 calls a barrier from a helper at the top of the loop
-    (train.py:28) that rank 0 went past; rank 0 is in DDP's all-reduce (train.py:30)."""
+    """Two ranks, no majority: rank 1 calls a barrier from a helper in the loop that rank 0
+    went past; rank 0 is in DDP's all-reduce (train.py:30, the loop is lines 26-31). At the
+    top of the body (line 28) it is behind rank 0 in the same pass; at the end of the body
+    (line 31, after its step) it is a pass behind: rank 0 began the next step. Either way
+    its barrier is the one too many, not an uneven input: it is still in the loop."""
     done = [dict(waiting_in("all_reduce", s, 0.0, bucket=0), completed_unix=states.NOW) for s in (5, 6)]
     bucket = waiting_in("all_reduce", 7, 9.0, site="DDP backward", bucket=0, function="backward")
+    for line, evidence in (
+        (28, "at the same step (6), rank 0 is at line 30 of main (train.py), rank 1 at line 28: "
+             "rank 0 went past the place of rank 1's collective without issuing it"),
+        (31, "at the same step (6), rank 0 is in the next pass of the loop (lines 26-31 of main (train.py)), "
+             "at line 30, rank 1 at line 31, the end of the pass before: rank 0 went past the place of "
+             "rank 1's collective without issuing it"),
+    ):
+        write(tmp_path, state(0, silent=9.0, steps=6, collective_log=done, in_flight=[bucket], activity=_stepping()))
+        barrier = waiting_in("barrier", 7, 9.0, site="train.py:20", function="log_metrics",
+                             callers=[f"train.py:{line} in main"])
+        write(tmp_path, state(1, silent=9.0, steps=6, collective_log=done, in_flight=[barrier], activity=_at(
+            "train.py:20 in log_metrics", f"train.py:{line} in main", "train.py:40 in <module>", loops=[[], [26, 31], []])))
+        d = examine(str(tmp_path), live_stacks=False)
+        assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch"), line
+        f = d.findings[0]
+        assert "the operation differs" in f.summary and not f.fix.startswith(words.FIX_UNEVEN)
+        assert f.evidence[-1] == evidence
+    # the loops not known (an older ddpmon): a later line does not tell a pass behind from
+    # past the loop; nothing tells the two apart (no call-site counts here), both named
+    write(tmp_path, state(1, silent=9.0, steps=6, collective_log=done, in_flight=[barrier], activity=_at(
+        "train.py:20 in log_metrics", "train.py:31 in main", "train.py:40 in <module>")))
     write(tmp_path, state(0, silent=9.0, steps=6, collective_log=done, in_flight=[bucket],
-                          activity=_at("train.py:12 in train_step", "train.py:30 in main", "train.py:40 in <module>")))
-    barrier = waiting_in("barrier", 7, 9.0, site="train.py:20", function="log_metrics", callers=["train.py:28 in main"])
-    write(tmp_path, state(1, silent=9.0, steps=6, collective_log=done, in_flight=[barrier],
-                          activity=_at("train.py:20 in log_metrics", "train.py:28 in main", "train.py:40 in <module>")))
+                          activity=_stepping(loops=[])))
     d = examine(str(tmp_path), live_stacks=False)
-    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch")
-    f = d.findings[0]
-    assert "the operation differs" in f.summary and not f.fix.startswith(words.FIX_UNEVEN)
-    assert f.evidence[-1] == ("at the same step (6), rank 0 is at line 30 of main (train.py), rank 1 at line 28: "
-                              "rank 0 went past the place of rank 1's collective without issuing it")
-    # an activity sampled before the rank issued its collective says nothing of where it
-    # waits: nothing tells the two apart (no call-site counts in these files), both named
+    assert d.suspect_ranks == [0, 1] and not d.findings[0].evidence[-1].startswith("at the same step")
+    # an activity sampled before the rank issued its collective says nothing of where it waits
     write(tmp_path, state(0, silent=9.0, steps=6, collective_log=done, in_flight=[bucket],
-                          activity=_at("train.py:12 in train_step", "train.py:30 in main", sampled=20.0)))
+                          activity=_stepping(sampled_unix=states.NOW - 20.0)))
     d = examine(str(tmp_path), live_stacks=False)
     assert d.suspect_ranks == [0, 1] and not d.findings[0].evidence[-1].startswith("at the same step")
 
@@ -113,10 +140,10 @@ def test_ranks_waiting_in_different_groups_the_one_gone_past_is_named(tmp_path: 
     """desync, no majority: rank 1 waits in a barrier of another group at train.py:28 that
     rank 0 went past on its way to DDP's all-reduce (train.py:30)."""
     bucket = waiting_in("all_reduce", 9, 9.0, site="DDP backward", bucket=0, function="backward")
-    write(tmp_path, state(0, silent=9.0, steps=6, in_flight=[bucket],
-                          activity=_at("train.py:12 in train_step", "train.py:30 in main")))
+    write(tmp_path, state(0, silent=9.0, steps=6, in_flight=[bucket], activity=_stepping()))
     barrier = waiting_in("barrier", 3, 9.0, site="train.py:28", function="main", group="1")
-    write(tmp_path, state(1, silent=9.0, steps=6, in_flight=[barrier], activity=_at("train.py:28 in main")))
+    write(tmp_path, state(1, silent=9.0, steps=6, in_flight=[barrier],
+                          activity=_at("train.py:28 in main", "train.py:40 in <module>", loops=[[26, 31], []])))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "desync")
 
@@ -162,6 +189,36 @@ def test_a_job_ended_while_busy_after_the_loop_is_not_replayed_as_a_hang(tmp_pat
         write(tmp_path, state(r, silent=6.0, activity=stuck), age=30.0 + r / 10)
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [0, 1]) and "ended_while_hung" in kinds(d)
+
+
+def test_a_rank_evaluating_while_the_others_wait_in_a_barrier_is_busy(tmp_path: Path) -> None:
+    """Rank 0 evaluates through the DDP model under no_grad (its forwards are heartbeats: it
+    steps, as far as its silence goes) while ranks 1, 2 wait in a barrier: it has not
+    stepped past them, so it works outside the training step, not a rank that runs on
+    without joining. Stepped past them, or once they waited 5 hang timeouts, it is."""
+    evaluating = {"state": "stepping", "sampled_unix": states.NOW - 0.3, "where": "train.py:70 in evaluate",
+                  "hang_timeout_seconds": 60.0}
+    waiting = {"state": "waiting", "sampled_unix": states.NOW - 0.3, "still_seconds": 8.0, "hang_timeout_seconds": 60.0}
+
+    def job(steps: int, age: float = 8.0, **fields: object) -> Path:
+        d = tmp_path / f"{steps}-{age}-{len(fields)}"
+        write(d, state(0, world=3, silent=0.1, steps=steps, activity=evaluating))
+        for r in (1, 2):
+            write(d, state(r, world=3, silent=age, steps=6, activity=waiting,
+                           in_flight=[waiting_in("barrier", 9, age, size=3, site="train.py:75", function="main")],
+                           **fields))
+        return d
+
+    d = examine(str(job(6)), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
+    assert d.findings[0].summary.startswith("ranks 1, 2 have waited 8 s in barrier #9")
+    assert "for rank 0, busy outside the training step (rank 0 in train.py:70 in evaluate)" in d.findings[0].summary
+    assert d.findings[0].evidence[0].endswith(
+        "makes progress without stepping (forward passes without gradients, an evaluation), step 6, at train.py:70 in evaluate")
+    for d in (examine(str(job(30)), live_stacks=False),  # it trains on alone
+              examine(str(job(6, age=301.0)), live_stacks=False),  # 5 x 60 s
+              examine(str(job(6, hang=states.hang_report())), live_stacks=False)):  # their watchdogs said so
+        assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [0], "not_joining")
 
 
 def test_a_non_zero_exit_status_is_a_failure(tmp_path: Path) -> None:

@@ -133,11 +133,13 @@ def test_left_early() -> None:
 def test_mismatch_uneven_inputs_with_two_ranks() -> None:
     """Rank 0 has one batch more than rank 1: as #15 it runs DDP's gradient all-reduce of
     that batch while rank 1 waits in the script's final barrier. No majority, yet rank 1
-    stands further along in the code both run (the barrier after the loop, line 34, against
-    the loop's train_step call, line 33, at the same step): rank 0 has more batches."""
+    stands further along in the code both run, at the same step: at the barrier (line 34),
+    past the loop (lines 32-33) in which rank 0 calls train_step: rank 0 has more batches."""
     vs = views("uneven_more")
     assert statuses(vs) == ["waiting", "waiting"]
-    assert common.parting(vs[1], vs[0]) == ("uneven_more (tests/fixtures/doctor/record_worker.py)", 34, 33)
+    where, past, stepping = common.parting(vs[1], vs[0])
+    assert where == "uneven_more (tests/fixtures/doctor/record_worker.py)"
+    assert (past[2:], stepping[2:]) == ((34, ()), (33, (32, 33)))  # the training loop: lines 32-33
     assert common.ahead(vs[1], vs[0]) is True and common.behind([[vs[0]], [vs[1]]]) == [vs[0]]
     found = fingerprint.mismatch(vs, [])
     assert found is not None and (found.verdict, found.suspects) == ("desync", [0])
@@ -149,7 +151,8 @@ def test_mismatch_uneven_inputs_with_two_ranks() -> None:
         "loop to barrier at tests/fixtures/doctor/record_worker.py:34 in uneven_more")
     assert f.evidence[-1] == (
         "at the same step (5), rank 1 is at line 34 of uneven_more (tests/fixtures/doctor/record_worker.py), "
-        "rank 0 at line 33: rank 1 went past the place of rank 0's training step without running it")
+        "past the loop (lines 32-33) that rank 0 is in, at line 33: rank 1 went past the place of rank 0's "
+        "training step without running it")
     assert f.fix.startswith(words.FIX_UNEVEN)
     # positions that do not tell (other steps): the call site no other rank used, as before
     vs[0].state.step += 1

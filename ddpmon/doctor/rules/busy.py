@@ -3,6 +3,9 @@
 An evaluation under ``no_grad``, a checkpoint on rank 0 while the others wait in a barrier,
 work after the training loop: no step ends, yet nothing is hung. Each rank's watchdog
 samples its main thread (``ddpmon/activity.py``): a stack that moves, CPU or I/O is work.
+A rank that evaluates through the DDP model under ``no_grad`` while the others wait in a
+barrier makes progress (its forwards are heartbeats) but no step: it works too
+(``common.evaluating``), not a rank that runs on without joining.
 The waiting ranks wait for the busy ones, which is reported as such; a rank busy for
 longer than ``BUSY_FACTOR`` hang timeouts counts as stuck (see ``view.py``), and a stuck,
 frozen or failed rank anywhere leaves the verdict to the rules after this one.
@@ -14,10 +17,11 @@ from ...activity import Status
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
+from .common import evaluating
 
 
 def busy(views: list[RankView], missing: list[int]) -> Verdict | None:
-    working = [v for v in views if v.status == Status.BUSY]
+    working = [v for v in views if v.status == Status.BUSY] + evaluating(views)
     if not working or any(v.status in (Status.STUCK, Status.FROZEN, Status.DEAD, Status.CRASHED, Status.SILENT) for v in views):
         return None
     waiting = [v for v in views if v.status == Status.WAITING]

@@ -1,9 +1,10 @@
 """What several rules ask of the ranks: who is stalled, who takes part in the collectives,
-whether they wait in one collective, which of two ranks stands further along in the code
-they share."""
+whether they wait in one collective, who works without stepping while others wait, which of
+two ranks stands further along in the code they share."""
 
 from __future__ import annotations
 
+from ... import activity
 from ...activity import Status
 from ...state.schema import Collective
 from ..view import GONE, STALLED, RankView
@@ -49,38 +50,65 @@ def same_collective(waiting: list[RankView]) -> bool:
     return True
 
 
-Frame = tuple[str, str, int]
-"""(file, function, line) of a user frame."""
+def evaluating(views: list[RankView]) -> list[RankView]:
+    """Ranks that others wait for and that make progress without training: stepping, not
+    in the waiting ranks' collectives, no step past theirs. Their progress is forward passes
+    without gradients (heartbeats, no step): an evaluation under ``no_grad`` on some ranks
+    while the others wait in a barrier. Working, until the waiting ranks have waited
+    ``BUSY_FACTOR`` hang timeouts (their watchdogs then report a hang)."""
+    waiting = [v for v in views if v.status == Status.WAITING]
+    if not waiting or any(v.state.hang is not None for v in waiting):
+        return []
+    for v in waiting:
+        act, e = v.state.activity, v.waiting
+        timeout = act.hang_timeout_seconds if act is not None else None
+        if timeout and e is not None and (e.age_seconds or 0.0) >= activity.busy_limit(timeout):
+            return []
+    joined = {(e.group, e.seq) for v in waiting for e in [v.waiting] if e}
+    step = min(v.state.step for v in waiting)
+    return [
+        v for v in views
+        if v.status == Status.STEPPING and v.state.step <= step
+        and not any((e.group, e.seq) in joined for e in v.in_flight)
+    ]
+
+
+Frame = tuple[str, str, int, tuple[int, ...] | None]
+"""(file, function, line, loop) of a user frame: the first and last line of the innermost
+loop the line is in, () when in none, None when not known."""
 
 
 def position(v: RankView) -> list[Frame] | None:
     """Where the rank stands in its own code, outermost frame first: its watchdog's last
-    sample of the main thread (``activity.where`` and its callers), when taken in the
-    collective the rank waits in; else the user frames of that collective's call."""
+    sample of the main thread (``activity.where``, its callers and their loops), when taken
+    in the collective the rank waits in; else the user frames of that collective's call."""
     e = v.waiting
     act = v.state.activity
     lines: list[str] = []
+    loops: list[list[int]] = []
     if act is not None and act.where and (e is None or act.sampled_unix >= e.issued_unix):
-        lines = [act.where, *act.callers]
+        lines, loops = [act.where, *act.callers], list(act.loops)
     elif e is not None and e.bucket is None and e.call_site not in ("?", "DDP backward"):
         lines = [f"{e.call_site} in {e.function}", *e.callers]
-    frames = [f for line in lines if (f := _frame(line)) is not None]
+    frames = [f for i, line in enumerate(lines)
+              if (f := _frame(line, tuple(loops[i]) if i < len(loops) else None)) is not None]
     return frames[::-1] or None
 
 
-def _frame(line: str) -> Frame | None:
+def _frame(line: str, loop: tuple[int, ...] | None) -> Frame | None:
     site, sep, function = line.rpartition(" in ")
     file, _, number = site.rpartition(":")
     if not sep or not file or not number.isdigit():
         return None
-    return file, function, int(number)
+    return file, function, int(number), loop
 
 
-def parting(a: RankView, b: RankView) -> tuple[str, int, int] | None:
+def parting(a: RankView, b: RankView) -> tuple[str, Frame, Frame] | None:
     """Where two ranks at the same step part in the code both run: (``function (file)``,
-    ``a``'s line, ``b``'s line). Their stacks are lined up on the outermost function both
-    are in; the first frame where they differ must be in one function. None when it cannot
-    be told: other steps, no position, or they part into different functions."""
+    ``a``'s frame there, ``b``'s). Their stacks are lined up on the outermost function both
+    are in; the first frame where they differ must be in one function, at two lines. None
+    when it cannot be told: other steps, no position, or they part into different
+    functions."""
     if a.state.step != b.state.step:
         return None
     pa, pb = position(a), position(b)
@@ -90,19 +118,44 @@ def parting(a: RankView, b: RankView) -> tuple[str, int, int] | None:
     if start is None:
         return None
     for fa, fb in zip(pa[start[0]:], pb[start[1]:]):
-        if fa == fb:
+        if fa[:3] == fb[:3]:
             continue
         if fa[:2] != fb[:2] or fa[2] == fb[2]:
             return None
-        return f"{fa[1]} ({fa[0]})", fa[2], fb[2]
+        return f"{fa[1]} ({fa[0]})", fa, fb
     return None
+
+
+def in_step(v: RankView) -> bool:
+    """The rank waits in DDP's gradient all-reduce: inside a training step."""
+    return v.waiting is not None and v.waiting.bucket is not None
 
 
 def ahead(a: RankView, b: RankView) -> bool | None:
     """Does rank ``a`` stand further along than rank ``b`` in the code both run, at the same
-    step (a later line where they part)? None when it cannot be told (``parting``)."""
+    step? A later line where they part is further along, with one exception: a rank between
+    steps at a later line than a rank inside its training step's all-reduce may be a pass
+    behind (at the end of the loop's body, while the other began the next step); it is
+    further along only when its line is past that loop. None when it cannot be told
+    (``parting``, or that loop not known)."""
     part = parting(a, b)
-    return None if part is None else part[1] > part[2]
+    if part is None:
+        return None
+    _, fa, fb = part
+    if fa[2] > fb[2] and in_step(b) and not in_step(a):
+        return _past_loop(fa, fb)
+    if fb[2] > fa[2] and in_step(a) and not in_step(b):
+        past = _past_loop(fb, fa)
+        return None if past is None else not past
+    return fa[2] > fb[2]
+
+
+def _past_loop(later: Frame, stepping: Frame) -> bool | None:
+    """Is the frame at the later line past the loop the stepping rank's frame is in?"""
+    loop = stepping[3]
+    if loop is None or (loop and len(loop) != 2):
+        return None
+    return not loop or later[2] > loop[1]
 
 
 def behind(sides: list[list[RankView]]) -> list[RankView] | None:

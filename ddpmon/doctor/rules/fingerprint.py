@@ -12,7 +12,8 @@ rule comes before ``dead_rank`` and the hang rules.
 The odd ranks are the minority side. On a tie (two ranks), the side the other went past:
 at the same step, lined up in the code both run, the rank further along passed the place
 where the other issued its collective without issuing it, so that collective is the one too
-many (``common.behind``). A rank still in DDP's gradient all-reduce while the other has gone
+many (``common.behind``; a rank between steps at a later line of the loop in which the
+other runs its step is a pass behind, not further along). A rank still in DDP's gradient all-reduce while the other has gone
 past the training loop to a collective after it (the script's final barrier) runs a step
 the other does not have: it has more batches (uneven inputs), and the fix is Join or even
 batches. Else the ranks whose call site no other rank used; else every rank (two ranks
@@ -196,13 +197,20 @@ def _uneven(more: list[int], fewer: list[int], odd: list[int], there: dict[int, 
 def _past(last: list[RankView], others: list[RankView], what: str) -> str:
     """The evidence that ``last`` issued the collective too many: at the same step, the
     others stand further along in the code both run."""
-    where, ahead_line, behind_line = parting(others[0], last[0]) or ("?", 0, 0)
-    ranks, ahead_ranks = [v.rank for v in last], [v.rank for v in others]
-    return (
-        f"at the same step ({last[0].state.step}), {words.who(ahead_ranks)} "
-        f"{words.verb(others, 'is', 'are')} at line {ahead_line} of {where}, {words.who(ranks)} at "
-        f"line {behind_line}: {words.who(ahead_ranks)} went past {what} without {'running' if 'step' in what else 'issuing'} it"
-    )
+    ranks, ahead = [v.rank for v in last], [v.rank for v in others]
+    head = f"at the same step ({last[0].state.step}), {words.who(ahead)} {words.verb(others, 'is', 'are')}"
+    tail = f"{words.who(ahead)} went past {what} without {'running' if 'step' in what else 'issuing'} it"
+    part = parting(others[0], last[0])
+    if part is None:
+        return f"{head} further along in the code than {words.who(ranks)}: {tail}"
+    where, fa, fb = part
+    if fa[2] > fb[2] and fb[3] and fa[2] > fb[3][1]:
+        return (f"{head} at line {fa[2]} of {where}, past the loop (lines {fb[3][0]}-{fb[3][1]}) that "
+                f"{words.who(ranks)} {words.verb(last, 'is', 'are')} in, at line {fb[2]}: {tail}")
+    if fa[2] < fb[2] and fa[3]:
+        return (f"{head} in the next pass of the loop (lines {fa[3][0]}-{fa[3][1]} of {where}), at line "
+                f"{fa[2]}, {words.who(ranks)} at line {fb[2]}, the end of the pass before: {tail}")
+    return f"{head} at line {fa[2]} of {where}, {words.who(ranks)} at line {fb[2]}: {tail}"
 
 
 def describe(e: Collective) -> str:

@@ -3,7 +3,10 @@ progress without issuing it.
 
 The running rank is not slow, it is elsewhere: it skipped the collective (rank-conditional
 code, gradient accumulation under ``no_sync()`` on one rank only) and goes on alone. Its
-live stack, where py-spy can read it, shows what it runs instead.
+live stack, where py-spy can read it, shows what it runs instead. A rank whose progress is
+forward passes without a step past the waiting ranks (an evaluation under ``no_grad``
+before it joins them) works, and the ``busy`` rule before this one says so until they have
+waited 5 hang timeouts.
 """
 
 from __future__ import annotations
