@@ -36,6 +36,31 @@ def is_library(filename: str) -> bool:
     return filename.startswith(_library_roots())
 
 
+@functools.lru_cache(maxsize=4096)
+def is_library_anywhere(filename: str) -> bool:
+    """``is_library`` for a frame recorded by a rank, maybe on another host with other
+    install paths: installed packages, the standard library, frozen modules, and ddpmon's own
+    modules, known by their path inside the package (a checkout, or the user's own project,
+    may be a directory called ddpmon too)."""
+    if "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename:
+        return True
+    if filename.startswith("<frozen"):
+        return True
+    head, sep, inside = filename.rpartition("/ddpmon/")
+    return bool(sep) and inside in _ddpmon_modules()
+
+
+@functools.lru_cache(maxsize=1)
+def _ddpmon_modules() -> frozenset[str]:
+    """The paths of ddpmon's Python files inside the package (``rank/watchdog.py``)."""
+    out = set()
+    for root, _dirs, names in os.walk(DDPMON_DIR):
+        for name in names:
+            if name.endswith(".py"):
+                out.add(os.path.relpath(os.path.join(root, name), DDPMON_DIR).replace(os.sep, "/"))
+    return frozenset(out)
+
+
 @functools.lru_cache(maxsize=1024)
 def short_path(filename: str) -> str:
     """A path relative to the working directory when below it, else as given."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+from ..frames import is_library_anywhere
 from .schema import Exit, Frame, RankState, Thread
 
 SIGNALS = {
@@ -79,7 +80,7 @@ def parse(text: str, unix: float) -> Exit | None:
     threads.sort(key=lambda t: not t.main)  # the thread that took the signal first
     record = Exit(unix=unix, how="signal", signal=signal, threads=threads,
                   exception=f"{signal} ({what})")
-    top = next((f for t in threads[:1] for f in reversed(t.frames) if not _library(f.file or "")), None)
+    top = next((f for t in threads[:1] for f in reversed(t.frames) if not is_library_anywhere(f.file or "")), None)
     if top is None and threads and threads[0].frames:
         top = threads[0].frames[-1]
     if top is not None:
@@ -87,8 +88,3 @@ def parse(text: str, unix: float) -> Exit | None:
     return record
 
 
-def _library(filename: str) -> bool:
-    return (
-        "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
-        or "/ddpmon/" in filename
-    )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ...frames import is_library_anywhere
 from ...state.schema import Collective
 from .. import words
 from ..findings import Finding, Verdict
@@ -90,16 +91,11 @@ def aborted_in(v: RankView) -> str | None:
     for i in range(len(frames) - 1, -1, -1):
         f = frames[i]
         if str(f.file).endswith("distributed_c10d.py") and f.function in TRACKED_OPS:
-            user = next((u for u in reversed(frames[:i]) if not _library(str(u.file))), None)
+            user = next((u for u in reversed(frames[:i]) if not is_library_anywhere(str(u.file))), None)
             return f"{f.function} {user.file}:{user.line}" if user else f.function
     return None
 
 
-def _library(filename: str) -> bool:
-    return (
-        "site-packages" in filename or "dist-packages" in filename or "/lib/python3" in filename
-        or "/ddpmon/" in filename
-    )
 
 
 TRACKED_OPS = frozenset((
