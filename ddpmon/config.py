@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .state import root
 
 BUCKET_METRICS_MODES = ("auto", "per_bucket", "aggregate", "off")
-BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "off")
+BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "flight_recorder", "off")
 HANG_ACTIONS = ("report", "abort")
 AUTO_PER_BUCKET_LIMIT = 128
 

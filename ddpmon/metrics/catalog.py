@@ -69,7 +69,7 @@ METRICS: tuple[Metric, ...] = (
            "every bucket's all-reduce done."),
     Metric("ddpmon_allreduce_seconds", "histogram",
            "A bucket's gradient all-reduce: launch (bucket ready) to completion; "
-           "with bucket_timing=c10d, NCCL's GPU time.",
+           "with bucket_timing=c10d or flight_recorder, NCCL's GPU time.",
            BUCKET),
     Metric("ddpmon_allreduce_bytes_total", "counter", "Gradient bytes all-reduced per bucket.", BUCKET),
     Metric("ddpmon_allreduce_bus_bandwidth_bytes_per_second", "gauge",
@@ -98,7 +98,7 @@ METRICS: tuple[Metric, ...] = (
            "Collectives this rank saw complete, by operation.", RANK + ("op",)),
     Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),
     Metric("ddpmon_bucket_timing_unmatched_steps_total", "counter",
-           "Steps whose all-reduces could not be matched to buckets (bucket_timing=c10d), so untimed."),
+           "Steps whose all-reduces could not be matched to buckets (bucket_timing=c10d or flight_recorder), so untimed."),
     Metric("ddpmon_advice", "gauge",
            "1 per silent DDP mistake this rank has seen, by kind (docs/advice.md): same data on "
            "every rank, no set_epoch, diverged replicas, NaN/Inf origin, device mapping, costly options.",

@@ -22,15 +22,17 @@ API                                                    without it
 (``torch.autograd.graph.queue_callback`` from 2.15)    are off: backward time and the wait for the
                                                        gradients are not measured, steps end at
                                                        their optimizer step
-``ProcessGroup._register_on_completion_hook``,         c10d bucket timing (NCCL): ``auto`` does
-``ProcessGroup._enable_collectives_timing``            without it, ``bucket_timing='c10d'`` is
-                                                       refused at attach
+``ProcessGroup._register_on_completion_hook``,         c10d bucket timing (NCCL): ``auto`` reads
+``ProcessGroup._enable_collectives_timing``            the flight recorder instead,
+                                                       ``bucket_timing='c10d'`` is refused at
+                                                       attach
 ``ProcessGroup._get_backend``                          nothing: ``dist.get_backend`` names it
 ``distributed_c10d._get_process_group_name``           nothing while groups have ``group_name``;
                                                        else collectives of every group are numbered
                                                        as one group, ``?``
 ``torch._C._distributed_c10d._dump_fr_trace_json``     the flight recorder's entries in hang
-(and ``_dump_fr_trace``, ``_dump_nccl_trace[_json]``)  reports (the report says why)
+(and ``_dump_fr_trace``, ``_dump_nccl_trace[_json]``)  reports (the report says why), and bucket
+                                                       timing from the flight recorder
 ``torch.compiler.is_compiling`` (public, not in 2.2)   watching torch.compile'd models: Dynamo
                                                        breaks the graph at ddpmon's hooks
 ``torch.autograd._profiler_enabled``                   ``ddpmon capture``: a capture ends at once,
@@ -215,10 +217,10 @@ def process_group_name(group: Any) -> str:
 FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json", "_dump_fr_trace", "_dump_nccl_trace")
 
 
-def flight_recorder_dump() -> dict[str, Any]:
+def flight_recorder_dump(backend: str | None = None, part: str = "the flight recorder in hang reports") -> dict[str, Any]:
     """torch's flight recorder, as its dump says it: ``{"version", "pg_status", "entries"}``.
     From torch 2.15 each backend records into its own recorder and the dump takes the
-    backend's name (default ``gloo``): the default group's backend is asked for."""
+    backend's name (default ``gloo``): ``backend``, else the default group's, is asked for."""
     from torch._C import _distributed_c10d as c10d
 
     for name in FLIGHT_RECORDER_DUMPS:
@@ -226,17 +228,30 @@ def flight_recorder_dump() -> dict[str, Any]:
         if dump is None:
             continue
         if name.endswith("_json"):
-            return dict(json.loads(_call(name, dump, includeCollectives=True, onlyActive=False)))
-        return dict(pickle.loads(_call(name, dump, includeCollectives=True, includeStackTraces=False,
+            return dict(json.loads(_call(name, dump, backend, includeCollectives=True, onlyActive=False)))
+        return dict(pickle.loads(_call(name, dump, backend, includeCollectives=True, includeStackTraces=False,
                                        onlyActive=False)))
-    raise Missing("torch._C._distributed_c10d._dump_fr_trace_json (nor _dump_fr_trace)",
-                  "the flight recorder in hang reports")
+    raise Missing("torch._C._distributed_c10d._dump_fr_trace_json (nor _dump_fr_trace)", part)
 
 
-def _call(name: str, dump: Callable[..., bytes], **options: Any) -> bytes:
+def has_flight_recorder() -> bool:
+    """Whether this torch can dump its flight recorder at all."""
+    from torch._C import _distributed_c10d as c10d
+
+    return any(hasattr(c10d, name) for name in FLIGHT_RECORDER_DUMPS)
+
+
+def enable_collectives_timing(group: Any) -> None:
+    """Have ``group`` time its collectives (NCCL: CUDA events around each, the durations the
+    flight recorder and the completion hook report)."""
+    _find(group, "_enable_collectives_timing", "ProcessGroup._enable_collectives_timing",
+          "collective durations in the flight recorder")()
+
+
+def _call(name: str, dump: Callable[..., bytes], backend: str | None, **options: Any) -> bytes:
     """The dump, with the arguments this torch takes: the backend's name as well (2.15), the
     options alone, or none (2.2's ``_dump_nccl_trace``)."""
-    backend = _default_backend() if name.startswith("_dump_fr_") else None
+    backend = (backend or _default_backend()) if name.startswith("_dump_fr_") else None
     tries = ([{"backend": backend, **options}] if backend else []) + [options]
     for kwargs in tries:
         try:

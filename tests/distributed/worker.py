@@ -557,6 +557,39 @@ def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
 
 
 @scenario
+def flight_recorder_timing() -> dict[str, Any]:
+    """bucket_timing='flight_recorder' on gloo: ddpmon reads torch's real flight recorder,
+    finds DDP's all-reduces there without a duration, and turns the source off, saying why,
+    while training goes on with gradients as without ddpmon."""
+    import ddpmon
+
+    init()
+    torch.manual_seed(0)
+    plain = DDP(MLP(), bucket_cap_mb=0.01)
+    torch.manual_seed(0)
+    watched = DDP(MLP(), bucket_cap_mb=0.01)
+    logs = captured_logs()
+    mon = ddpmon.attach(watched, job="flight", port=0, bucket_timing="flight_recorder")
+    modes, max_diff = [mon.snapshot()["bucket_timing"]], 0.0
+    steps = 80  # 2.4 s at least: the recorder is read once a second
+    for step in range(steps):
+        x, y = batch(step)
+        for model in (plain, watched):
+            model.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+        g1, g2 = _grads(plain), _grads(watched)
+        max_diff = max(max_diff, max(max(abs(a - b) for a, b in zip(g1[n], g2[n])) for n in g1))
+        time.sleep(0.03)
+    snap = mon.snapshot()
+    metrics = scrape(mon.port)
+    mon.detach()
+    return {"modes": modes + [snap["bucket_timing"]], "steps": steps, "notes": snap["notes"],
+            "buckets": len(snap["buckets"]), "max_diff": max_diff,
+            "info": [line for line in metrics.splitlines() if line.startswith("ddpmon_rank_info{")],
+            "off_lines": [line for line in logs if "timing from flight_recorder is off" in line]}
+
+
+@scenario
 def c10d_wiring() -> dict[str, Any]:
     """The c10d clock's wiring in a real DDP job. gloo has no completion hook, so c10d's
     stream of completions is replayed: a comm hook registered after attach (DDP's own

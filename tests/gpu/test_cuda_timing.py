@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
     ("gloo", 2, "hook", "hook"),  # CUDA events around a Python comm hook (auto is off on gloo)
     ("nccl", 1, "hook", "hook"),
     ("nccl", 1, "auto", "c10d"),  # NCCL's own timing, DDP's C++ all-reduce untouched
+    ("nccl", 1, "flight_recorder", "flight_recorder"),  # the same, read from the flight recorder
 ])
 def test_cuda_bucket_timing_and_identical_gradients(
     tmp_path: Path, backend: str, ranks: int, timing: str, mode: str
@@ -24,7 +25,7 @@ def test_cuda_bucket_timing_and_identical_gradients(
     for r in results:
         out = r.result
         assert out["mode"] == mode
-        assert out["comm_hooks"] == (0 if mode == "c10d" else 1)
+        assert out["comm_hooks"] == (0 if mode in ("c10d", "flight_recorder") else 1)
         assert out["max_diff"] == 0.0
         assert out["steps"] >= 19
         assert out["buckets"], "bucket timings resolved"

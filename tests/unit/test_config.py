@@ -73,14 +73,15 @@ def test_bucket_timing_names_its_source_and_keeps_the_boolean_spelling() -> None
     assert Config.from_env({}, bucket_timing=True).bucket_timing == "auto"
     assert Config.from_env({}, bucket_timing=False).bucket_timing == "off"
     assert Config.from_env({"DDPMON_BUCKET_TIMING": "C10D"}).bucket_timing == "c10d"
+    assert Config.from_env({"DDPMON_BUCKET_TIMING": "flight_recorder"}).bucket_timing == "flight_recorder"
     assert Config.from_env({"DDPMON_BUCKET_TIMING": "0"}).bucket_timing == "off"
     assert Config.from_env({"DDPMON_BUCKET_TIMING": "hook"}, bucket_timing="off").bucket_timing == "off"
     with pytest.raises(ConfigError) as err:
         Config.from_env({"DDPMON_BUCKET_TIMING": "nccl"})
-    assert "DDPMON_BUCKET_TIMING='nccl'" in str(err.value) and "auto, hook, c10d, off" in str(err.value)
+    assert "DDPMON_BUCKET_TIMING='nccl'" in str(err.value) and "auto, hook, c10d, flight_recorder, off" in str(err.value)
     with pytest.raises(ConfigError) as err:
         Config.from_env({}, bucket_timing="events")
-    assert "auto or hook or c10d or off" in str(err.value)
+    assert "auto or hook or c10d or flight_recorder or off" in str(err.value)
 
 
 def test_hang_action_is_report_unless_abort_is_asked_for() -> None:

@@ -8,10 +8,11 @@ import pytest
 
 from ddpmon.rank.timing.policy import ERROR, RULES, plan
 
-OPTIONS = ("auto", "hook", "c10d", "off")
+OPTIONS = ("auto", "hook", "c10d", "flight_recorder", "off")
+BOOLS = (True, False)
 
 
-def expected(option: str, c10d: bool, user: bool, earlier: bool) -> tuple[str, str]:
+def expected(option: str, c10d: bool, recorder: bool, user: bool, earlier: bool) -> tuple[str, str]:
     """(source, comm hook), as the README states the rules."""
     if option == "c10d" and not c10d:
         return ERROR, "none"  # asked for c10d where there is none: an error that says why
@@ -21,26 +22,32 @@ def expected(option: str, c10d: bool, user: bool, earlier: bool) -> tuple[str, s
         return "off", "user" if user else "none"
     if option == "hook":
         return "hook", "install"
+    if option == "flight_recorder":  # tried anywhere: its self-check says what is missing
+        return "flight_recorder", "user" if user else "none"
     if c10d:  # auto or c10d where NCCL's timing exists: nothing of ddpmon's on the all-reduce
         return "c10d", "user" if user else "none"
-    # auto without c10d: a Python hook only when the user's runs in Python anyway
+    if recorder:  # auto without c10d: NCCL's timings read from the flight recorder
+        return "flight_recorder", "user" if user else "none"
+    # auto without either: a Python hook only when the user's runs in Python anyway
     return ("hook", "install") if user else ("off", "none")
 
 
-@pytest.mark.parametrize("option,c10d,user,earlier", list(itertools.product(OPTIONS, (True, False), (True, False), (True, False))))
-def test_every_combination(option: str, c10d: bool, user: bool, earlier: bool) -> None:
-    chosen = plan(option, c10d, user, earlier)
-    assert (chosen.source, chosen.comm_hook) == expected(option, c10d, user, earlier)
+COMBINATIONS = list(itertools.product(OPTIONS, BOOLS, BOOLS, BOOLS, BOOLS))
+
+
+@pytest.mark.parametrize("option,c10d,recorder,user,earlier", COMBINATIONS)
+def test_every_combination(option: str, c10d: bool, recorder: bool, user: bool, earlier: bool) -> None:
+    chosen = plan(option, c10d, recorder, user, earlier)
+    assert (chosen.source, chosen.comm_hook) == expected(option, c10d, recorder, user, earlier)
     assert chosen.time_later_hook == (option == "auto" and chosen.source == "off" and chosen.comm_hook == "none")
     assert chosen.mark_untimed == (chosen.source == "off" and not c10d)
-    assert chosen.read_layout == (chosen.source == "c10d" or chosen.mark_untimed)
+    assert chosen.read_layout == (chosen.source in ("c10d", "flight_recorder") or chosen.mark_untimed)
 
 
 def test_every_rule_is_reachable() -> None:
     """No row of the table is shadowed by the rows above it."""
     used = set()
-    for option, c10d, user, earlier in itertools.product(OPTIONS, (True, False), (True, False), (True, False)):
-        key = (option, c10d, user, earlier)
+    for key in COMBINATIONS:
         for i, (*pattern, _source, _hook) in enumerate(RULES):
             if all(p is None or p == k for p, k in zip(pattern, key)):
                 used.add(i)
@@ -50,4 +57,4 @@ def test_every_rule_is_reachable() -> None:
 
 def test_an_unknown_option_is_an_error() -> None:
     with pytest.raises(ValueError):
-        plan("sometimes", True, False, False)
+        plan("sometimes", True, False, False, False)

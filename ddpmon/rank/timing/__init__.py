@@ -1,7 +1,8 @@
 """Bucket timing for one DDP model: the source ``policy.plan`` picks, installed.
 
-One module per source: ``c10d.py`` (NCCL's completion hook), ``hook.py`` (a Python comm
-hook around the all-reduce) and ``untimed.py`` (none: buckets only marked in flight);
+One module per source: ``c10d.py`` (NCCL's completion hook), ``flight.py`` (the same
+timings read from torch's flight recorder), ``hook.py`` (a Python comm hook around the
+all-reduce) and ``untimed.py`` (none: buckets only marked in flight);
 ``layout.py`` reads DDP's bucket layout. ``Timing`` wires the chosen one to the recorder,
 gives the step hooks their timelines, folds resolved timings in at each step boundary and
 undoes what it can at detach.
@@ -20,9 +21,10 @@ from .. import model, torch_api
 from ..recorder import Recorder
 from . import c10d
 from .c10d import CompletionClock
+from .flight import FlightRecorderFeed
 from .hook import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
 from .layout import BucketLayout
-from .policy import ERROR, plan
+from .policy import COMPLETION_SOURCES, ERROR, plan
 from .untimed import UntimedBuckets
 
 log = logging.getLogger("ddpmon")
@@ -32,8 +34,8 @@ __all__ = ["Timing", "plan"]
 
 class Timing:
     """Bucket timing of one model on this rank. ``mode`` is the source in use: ``c10d``,
-    ``hook`` or ``off`` (it changes when a later comm hook starts timing, or when the c10d
-    source finds itself useless)."""
+    ``flight_recorder``, ``hook`` or ``off`` (it changes when a later comm hook starts
+    timing, or when a completion source finds itself useless)."""
 
     def __init__(
         self,
@@ -56,14 +58,18 @@ class Timing:
         layout_missing = _layout_missing(ddp)
         if reason is None and layout_missing is not None:  # c10d's timings fit DDP's buckets by their layout
             reason = torch_api.off(layout_missing, recorder)
-        chosen = plan(option, reason is None, user_hook is not None, self.comm is not None)
+        backend = c10d.backend_name(ddp.process_group, device)
+        flight = backend == "nccl" and torch_api.has_flight_recorder() and layout_missing is None
+        chosen = plan(option, reason is None, flight, user_hook is not None, self.comm is not None)
         if chosen.source == ERROR:
             raise ConfigError("bucket_timing", option, f"'hook' or 'auto' here: {reason}")
         self.clock: Any = None
         if chosen.source == "c10d":
             self.clock = self._listen(ddp, device, option)
             if self.clock is None:  # c10d refused its completion hook: time through a hook
-                chosen = plan("hook", False, user_hook is not None, self.comm is not None)
+                chosen = plan("hook", False, False, user_hook is not None, self.comm is not None)
+        elif chosen.source == "flight_recorder":
+            self.clock = self._read_flight_recorder(ddp, device, backend)
         if self.clock is None:
             self.clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
         hook, state = user_hook or allreduce_mean_hook, user_state if user_state is not None else ddp.process_group
@@ -108,20 +114,20 @@ class Timing:
         if not fuse.ok or clock is None:
             return
         try:
-            c10d_source = self.mode == "c10d"  # matches collectives to DDP's bucket layout
-            layout = self._layout if c10d_source else None
+            completion = self.mode in COMPLETION_SOURCES  # matches collectives to DDP's bucket layout
+            layout = self._layout if completion else None
             buckets = layout.refresh(rec) if layout else 0
             clock.new_step(step, buckets, layout.generation if layout else 0)
             for timings in clock.collect():
                 rec.add_step_timings(timings)
-            if c10d_source:
-                self._check_c10d(clock)
+            if completion:
+                self._check_completion(clock)
         except Exception as exc:
             fuse.blow(exc)
 
-    def _check_c10d(self, clock: CompletionClock) -> None:
-        """What the c10d clock found of itself: steps it could not match, a warning while
-        they keep failing, and whether the source times anything at all."""
+    def _check_completion(self, clock: CompletionClock) -> None:
+        """What the completion clock found of itself: steps it could not match, a warning
+        while they keep failing, and whether the source times anything at all."""
         rec = self._recorder
         rec.unmatched_steps = clock.unmatched_steps
         if rec.notes.get("bucket_timing") != clock.warning:
@@ -155,6 +161,25 @@ class Timing:
                         "a Python comm hook instead", self._recorder.identity.rank, exc)
             return None
 
+    def _read_flight_recorder(self, ddp: Any, device: str, backend: str) -> CompletionClock:
+        """The completion clock, fed from torch's flight recorder with the group's collective
+        timing on (durations on NCCL)."""
+        used_map = bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
+        clock = CompletionClock(device, used_map, self._fuse, source="flight_recorder")
+        group = ddp.process_group
+        try:
+            torch_api.enable_collectives_timing(group)
+        except torch_api.Missing as missing:
+            torch_api.off(missing, self._recorder)
+        try:
+            name: str | None = torch_api.process_group_name(group)
+        except Exception:
+            name = None  # every group's all-reduces are read: the matching refuses what does not fit
+        feed = FlightRecorderFeed(clock, name, backend, self._fuse)
+        feed.start()
+        self._closers.append(feed.close)
+        return clock
+
     def _install(self, comm: TimedCommHook) -> None:
         ddp = self._ddp
         ddp.register_comm_hook(None, comm)
@@ -184,11 +209,12 @@ class Timing:
         return self.comm is None or not self.comm.timing
 
     def _turn_off(self, reason: str) -> None:
-        """The c10d source checked itself and found nothing to time: say so once, in the
+        """A completion source checked itself and found nothing to time: say so once, in the
         log, the state file and ``ddpmon_rank_info``, and stop listening."""
+        source = self.mode
         self.mode = self._recorder.identity.bucket_timing = "off"
         self.clock = None  # nothing left to collect
-        text = f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets instead"
+        text = f"per-bucket timing from {source} is off: {reason}; bucket_timing='hook' times buckets instead"
         self._recorder.note("bucket_timing", text)
         log.warning("ddpmon: rank %s: %s", self._recorder.identity.rank, text)
         for close in self._closers:

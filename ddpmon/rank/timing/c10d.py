@@ -142,7 +142,10 @@ class CompletionClock:
     (find_unused_parameters without static_graph).
     """
 
-    def __init__(self, device: torch.device | str, used_map_allreduce: bool, fuse: Fuse) -> None:
+    def __init__(self, device: torch.device | str, used_map_allreduce: bool, fuse: Fuse,
+                 source: str = "c10d") -> None:
+        self.source = source
+        """``c10d`` (its completion hook) or ``flight_recorder`` (``flight.FlightRecorderFeed``)."""
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._extra = 1 if used_map_allreduce else 0
@@ -163,6 +166,7 @@ class CompletionClock:
         self.warning: str | None = None  # while steps keep failing to match
         self.reports = 0  # WorkInfo records c10d handed over, of any collective
         self.received = 0  # all-reduce completions among them
+        self.undated = 0  # all-reduces reported without a duration (gloo's flight recorder)
         self.settled_steps = 0  # matched, refused or given up on
         self.off_reason: str | None = None  # set once the self-check found the source useless;
         # from then on the clock does nothing (the monitor stops listening)
@@ -177,11 +181,15 @@ class CompletionClock:
             op = info.op_type
             if getattr(op, "name", str(op).rpartition(".")[2]) != "ALLREDUCE":
                 return
-            seq = int(getattr(info, "seq", 0) or 0)
-            self._done.append((seq, _unix(info.time_started), _seconds(info.active_duration)))
-            self.received += 1
+            self.add(int(getattr(info, "seq", 0) or 0), _unix(info.time_started), _seconds(info.active_duration))
         except Exception as exc:
             self._fuse.blow(exc)
+
+    def add(self, seq: int, enqueued_unix: float, seconds: float) -> None:
+        """One all-reduce of DDP's group completed: its sequence number, when it was enqueued
+        and how long it ran. From any thread."""
+        self._done.append((seq, enqueued_unix, seconds))
+        self.received += 1
 
     # -- the training thread ----------------------------------------------------------------
 
@@ -256,16 +264,28 @@ class CompletionClock:
     def _self_check(self) -> None:
         """After the first steps, a source that never matched a step is not working here:
         c10d reported nothing (no WorkInfo) or nothing that fits DDP's buckets."""
-        if self.off_reason is not None or self.matched_steps or self.settled_steps < SELF_CHECK_STEPS:
+        if self.off_reason is not None or self.matched_steps:
             return
+        undated = not self.received and self.undated >= SELF_CHECK_STEPS  # conclusive at once
+        if self.settled_steps < SELF_CHECK_STEPS and not undated:
+            return
+        recorder = self.source == "flight_recorder"
         if not self.reports:
             self.off_reason = (
+                f"torch's flight recorder recorded no collective of DDP's process group in the first "
+                f"{self.settled_steps} steps" if recorder else
                 f"c10d's completion hook gave no WorkInfo in the first {self.settled_steps} steps"
+            )
+        elif not self.received and self.undated:
+            self.off_reason = (
+                f"torch's flight recorder recorded {self.undated} all-reduce(s) of DDP's process group, "
+                "none with its duration (this backend's recorder keeps when each was issued, not how "
+                "long it ran)"
             )
         elif not self.received:
             self.off_reason = (
-                f"c10d reported {self.reports} collective(s) but no all-reduce in the first "
-                f"{self.settled_steps} steps"
+                f"{'the flight recorder' if recorder else 'c10d'} reported {self.reports} collective(s) "
+                f"but no all-reduce in the first {self.settled_steps} steps"
             )
         else:
             self.off_reason = (
@@ -308,7 +328,7 @@ class CompletionClock:
         self.last_mismatch = why
         if self._unmatched_run >= WARN_AFTER_UNMATCHED and self.warning is None:
             self.warning = (
-                f"per-bucket timing from c10d matched no step in the last {self._unmatched_run} "
+                f"per-bucket timing from {self.source} matched no step in the last {self._unmatched_run} "
                 f"({why}), so bucket series stay empty: other all-reduces on DDP's process group "
                 "during backward (SyncBatchNorm's, a comm hook that issues other than one per "
                 "bucket) do this; bucket_timing='hook' times every bucket through a Python comm "
