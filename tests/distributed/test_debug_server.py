@@ -147,3 +147,24 @@ def test_a_debug_server_the_script_starts_leaves_the_job_and_ddpmon_alone(tmp_pa
     check_ddpmon_saw_a_clean_run(state_dir, log)
     check_nothing_left(out, port)
 
+
+def test_ddpmon_run_debug_server(tmp_path: Path) -> None:
+    """``ddpmon run --debug-server=PORT``: a script that knows nothing of it gets the debug
+    server in every rank, its dumps in the state directory, and a clean end."""
+    port = free_port()
+    proc, out, state_dir = start(tmp_path, "run", (f"--debug-server={port}", "--debug-server-interval", "0.3"),
+                                 ("--tail", "2"))
+    page = until("both ranks' stacks on the frontend", lambda: stacks_of_both_ranks(port), proc)
+    assert "debug_server_train.py" in page
+    dump_dir = state_dir / "debug-server"
+    dumps = until("a stacks dump with both ranks", lambda: [
+        p for p in sorted(dump_dir.glob("stacks_*.txt")) if "=== Rank 1:" in p.read_text()], proc)
+    log = finish(proc, out)
+
+    assert proc.returncode == 0, log
+    assert f"torch's debug server: http://<rank 0's host>:{port}/; dumps into {dump_dir}" in log, log
+    assert "=== Rank 0:" in dumps[-1].read_text()
+    assert dump_dir.stat().st_mode & 0o777 == 0o700  # the dumps hold stacks, as state files do
+    assert not list(dump_dir.glob("fr_trace_*")), "gloo: torch's flight recorder tables are not asked for"
+    check_ddpmon_saw_a_clean_run(state_dir, log)
+    check_nothing_left(out, port)
