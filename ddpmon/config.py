@@ -205,3 +205,23 @@ def _import_hook(var: str, dotted: str) -> Callable[..., Any]:
     if not callable(hook):
         raise ConfigError(var, dotted, "a callable hook(state, bucket) -> Future")
     return hook
+
+
+# -- `ddpmon run --debug-server`: not an option of attach, a request of the launcher ---------
+
+DEBUG_SERVER_PORT_VAR = "DDPMON_RUN_DEBUG_SERVER_PORT"
+DEBUG_SERVER_INTERVAL_VAR = "DDPMON_RUN_DEBUG_SERVER_INTERVAL"
+DEBUG_SERVER_INTERVAL = 30.0
+"""Seconds between two of the debug server's dumps unless ``--debug-server-interval`` says."""
+DEBUG_SERVER_PACKAGES = ("jinja2", "aiohttp", "tabulate")
+"""What torch's debug server imports on rank 0 (``ddpmon[debug-server]`` installs them)."""
+
+
+def debug_server_request(environ: Mapping[str, str] | None = None) -> tuple[int, float] | None:
+    """(port, dump interval) when ``ddpmon run --debug-server`` asked this rank to start
+    torch's debug server, else None."""
+    environ = os.environ if environ is None else environ
+    port = environ.get(DEBUG_SERVER_PORT_VAR)
+    if not port:
+        return None
+    return int(port), float(environ.get(DEBUG_SERVER_INTERVAL_VAR) or DEBUG_SERVER_INTERVAL)

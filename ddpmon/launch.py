@@ -12,7 +12,8 @@ Options come from the ``DDPMON_*`` variables. The first model of a process uses 
 configured state directory; the k-th more (k = 1, 2, ...) writes into ``<state_dir>/model-k``
 and serves metrics on an ephemeral port. Monitors are detached when the process exits, so
 the last step is counted. A script that calls ``ddpmon.attach`` itself gets the monitor that
-is already there (or, with options, one attached again with them).
+is already there (or, with options, one attached again with them). For ``ddpmon run
+--debug-server`` each rank starts torch's debug server just before its first monitor.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def _attach_built(ddp: Any) -> None:
         from .config import Config
 
         index = len(_MONITORS)
+        if not index:
+            _start_debug_server(ddp)
         if index:
             config = Config.from_env()
             state_dir = config.resolved_state_dir(config.resolved_job())
@@ -148,6 +151,30 @@ def _attach_built(ddp: Any) -> None:
                     "(%s); training goes on unmonitored", exc)
         return
     _MONITORS.append((ddp, monitor, options))
+
+
+def _start_debug_server(ddp: Any) -> None:
+    """torch's debug server for ``ddpmon run --debug-server``, started before the first
+    monitor: rank 0's frontend is a forked child, which then holds none of ddpmon's
+    threads, sockets or files. Its dumps go into ``<state_dir>/debug-server/``."""
+    from .config import Config, debug_server_request
+
+    try:
+        request = debug_server_request()
+        if request is None:
+            return
+        from .rank import debug_server
+        from .state import root
+
+        config = Config.from_env()
+        state_dir = config.resolved_state_dir(config.resolved_job())
+        dump_dir = None
+        if state_dir is not None:
+            root.prepare(state_dir, explicit=config.state_dir is not None)
+            dump_dir = os.path.join(state_dir, debug_server.DUMP_DIR)
+        debug_server.start(request[0], dump_dir, request[1], debug_server.backend_of(ddp))
+    except Exception as exc:
+        log.warning("ddpmon: torch's debug server not started: %r; training goes on", exc)
 
 
 def _attach_explicit(ddp_model: Any, **options: Any) -> Any:

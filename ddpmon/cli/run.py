@@ -27,14 +27,22 @@ import tempfile
 import time
 from typing import Any
 
-from ..config import Config
+from ..config import (
+    DEBUG_SERVER_INTERVAL,
+    DEBUG_SERVER_INTERVAL_VAR,
+    DEBUG_SERVER_PACKAGES,
+    DEBUG_SERVER_PORT_VAR,
+    Config,
+)
 from ..errors import ConfigError
 from ..state import attempts
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
 EXIT_USAGE = 2
-_OWN_FLAGS_WITH_VALUE = ("--job", "--state-dir", "--port", "--option", "-o")
+_OWN_FLAGS_WITH_VALUE = ("--job", "--state-dir", "--port", "--option", "-o", "--debug-server-interval")
+_OWN_FLAGS_WITHOUT_VALUE = ("-h", "--help", "-v", "--verbose", "--debug-server")  # --debug-server=PORT too
+DEBUG_SERVER_PORT = 25999  # torch's own default
 _PYTHON = re.compile(r"python[0-9.]*(\.exe)?")
 
 SITECUSTOMIZE = '''\
@@ -79,6 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                         help="any other ddpmon option, as for attach() (repeatable): "
                         "-o hang_timeout=120 -o bucket_timing=hook")
+    parser.add_argument("--debug-server", nargs="?", const=DEBUG_SERVER_PORT, type=int, metavar="PORT",
+                        help="also start torch's debug server (torch.distributed.debug) in every rank: "
+                        f"rank 0 serves its pages on PORT (--debug-server=PORT; default {DEBUG_SERVER_PORT}) "
+                        "and dumps every rank's stacks into STATE_DIR/debug-server/. Experimental in "
+                        "torch, and not secure: it binds every interface without authentication (trusted "
+                        "networks only). Needs jinja2, aiohttp and tabulate: pip install 'ddpmon[debug-server]'")
+    parser.add_argument("--debug-server-interval", type=float, metavar="SECONDS",
+                        help=f"seconds between the debug server's dumps (default {DEBUG_SERVER_INTERVAL:g})")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="TORCHRUN-ARGS... SCRIPT [ARGS...]")
     _stop_at_command(parser)
 
@@ -96,7 +112,8 @@ def _stop_at_command(parser: argparse.ArgumentParser) -> None:
             if arg == "--":
                 head, rest = args[:i], args[i + 1:]
                 break
-            if arg in ("-h", "--help", "-v", "--verbose") or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--")):
+            if arg in _OWN_FLAGS_WITHOUT_VALUE or arg.startswith("--debug-server=") \
+                    or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--")):
                 i += 1
             elif arg.split("=", 1)[0] in _OWN_FLAGS_WITH_VALUE:
                 i += 1 if "=" in arg else 2
@@ -130,10 +147,16 @@ def run(args: argparse.Namespace) -> int:
         env = _child_env(args)
         plan = plan_command(args.command)
         job, state_dir = _job_and_state_dir(env, plan)
+        if args.debug_server is not None:
+            _check_debug_server(args, plan, env)
     except (UsageError, ConfigError) as exc:
         print(f"ddpmon run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"ddpmon run: job {job!r}, state files in {state_dir or '(off)'}", file=sys.stderr)
+    if args.debug_server is not None:
+        dumps = f"; dumps into {os.path.join(state_dir, 'debug-server')}" if state_dir else ""
+        print(f"ddpmon run: torch's debug server: http://<rank 0's host>:{args.debug_server}/{dumps} "
+              "(not secure: trusted networks only)", file=sys.stderr)
     sitedir = None
     try:
         if plan.sitecustomize:
@@ -189,6 +212,40 @@ def plan_command(command: list[str]) -> Plan:
         opts = [o for o in opts if o not in ("-m", "--module")]
         shim += ["-m"]
     return Plan(launcher + opts + shim + [script] + script_args, False, script, rdzv_id)
+
+
+def _check_debug_server(args: argparse.Namespace, plan: Plan, env: dict[str, str]) -> None:
+    """``--debug-server``: its values, and (where the ranks run this Python) torch's debug
+    server and the packages its frontend imports, before any rank starts."""
+    if not 0 < args.debug_server < 65536:
+        raise UsageError(f"--debug-server={args.debug_server}: expected a port, 1 to 65535")
+    interval = DEBUG_SERVER_INTERVAL if args.debug_server_interval is None else args.debug_server_interval
+    if not interval > 0:
+        raise UsageError(f"--debug-server-interval {interval!r}: expected seconds, more than 0")
+    env[DEBUG_SERVER_PORT_VAR] = str(args.debug_server)
+    env[DEBUG_SERVER_INTERVAL_VAR] = repr(float(interval))
+    if plan.sitecustomize and plan.argv[0] != sys.executable:
+        return  # another interpreter: its ranks say so themselves, one warning each
+    import importlib
+
+    try:
+        importlib.import_module("torch.distributed.debug")
+    except ImportError as exc:
+        import torch
+
+        raise UsageError(f"--debug-server needs torch.distributed.debug, which torch {torch.__version__} "
+                         f"here cannot import ({exc}): use a torch that has it, or leave --debug-server "
+                         "out") from None
+    broken = []
+    for name in DEBUG_SERVER_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, or a package broken another way
+            broken.append(f"{name} ({exc})")
+    if broken:
+        raise UsageError(f"--debug-server needs {', '.join(DEBUG_SERVER_PACKAGES)} in the ranks' Python; "
+                         f"missing or broken here: {'; '.join(broken)}. Fix: pip install "
+                         f"'ddpmon[debug-server]' (or pip install {' '.join(DEBUG_SERVER_PACKAGES)})")
 
 
 def _python_target(args: list[str]) -> str:

@@ -18,7 +18,7 @@ from ..fuses import Fuse, bounded
 from ..metrics.exposition import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
-from . import model, transparent, writers
+from . import debug_server, model, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
 from .capture import Capture
@@ -118,6 +118,7 @@ class Monitor:
                 rec, self.state_file, self._writer.write_final if self._writer else None,
                 history=(lambda: history.stop(summary=False)) if history is not None else None)
         self._watchdog.start()
+        debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
 
     # -- public handle ----------------------------------------------------------------------

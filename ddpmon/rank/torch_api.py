@@ -38,6 +38,9 @@ API                                                    without it
 ``torch.autograd._profiler_enabled``                   ``ddpmon capture``: a capture ends at once,
                                                        its status saying why
 ``torch.autograd.profiler._is_profiler_enabled``       nothing: the thread's own flag is asked
+``torch.distributed.debug._WORKER_SERVER``,            a rank that ends does not stop the debug
+``torch.distributed.debug._DEBUG_SERVER_PROC``         server the program started first (see
+                                                       ``debug_server.py``)
 =====================================================  ===========================================
 
 Two are read outside the rank wing. ``state/root.py`` agrees the default job name through
@@ -52,6 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -268,3 +272,29 @@ def _default_backend() -> str | None:
         return None
     name = str(dist.get_backend())
     return "nccl" if "nccl" in name else name.rpartition(":")[2] or None
+
+
+# -- torch.distributed.debug ---------------------------------------------------------------
+
+DEBUG_SERVER = "stopping torch's debug server when the rank ends"
+
+
+def debug_server() -> tuple[Any, Any]:
+    """This process's debug server as ``torch.distributed.debug.start_debug_server`` keeps it:
+    (the worker server, rank 0's frontend process), each None when there is none. Looked up
+    only where the program imported the module: ddpmon never imports it for a program."""
+    module = sys.modules.get("torch.distributed.debug")
+    if module is None:
+        return None, None
+    if not hasattr(module, "_WORKER_SERVER") or not hasattr(module, "_DEBUG_SERVER_PROC"):
+        raise Missing("torch.distributed.debug._WORKER_SERVER (and _DEBUG_SERVER_PROC)", DEBUG_SERVER)
+    return module._WORKER_SERVER, module._DEBUG_SERVER_PROC
+
+
+def forget_debug_server() -> None:
+    """Drop torch's references to a debug server that was stopped, as its own
+    ``stop_debug_server`` does (which cannot stop a rank but 0: it has no frontend there)."""
+    module = sys.modules.get("torch.distributed.debug")
+    if module is not None:
+        module._WORKER_SERVER = None
+        module._DEBUG_SERVER_PROC = None
