@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= 2.13.0
+JOBS ?= 2
 
 .PHONY: all setup demo test test-unit test-fast test-compat bench prometheus chromium dashboards metrics-table clean
 
@@ -45,8 +46,10 @@ demo: setup
 
 # Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
 # integration (Prometheus, promtool, chromium, a torch-free venv) and gpu (skipped without one).
+# Two pytest workers, a test file each at a time (JOBS=1: one): the jobs mostly wait, so two
+# run the suite in about 7 minutes on 2 cores, where one takes 11.
 test: setup prometheus chromium
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) tests
 
 # The quick loop: tests/unit only, no process started (a unit test that starts one fails);
 # under a minute.
