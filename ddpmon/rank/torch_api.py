@@ -22,10 +22,10 @@ API                                                    without it
 (``torch.autograd.graph.queue_callback`` from 2.15)    are off: backward time and the wait for the
                                                        gradients are not measured, steps end at
                                                        their optimizer step
-``ProcessGroup._register_on_completion_hook``,         c10d bucket timing (NCCL): ``auto`` reads
-``ProcessGroup._enable_collectives_timing``            the flight recorder instead,
-                                                       ``bucket_timing='c10d'`` is refused at
-                                                       attach
+``ProcessGroup._register_on_completion_hook``,         c10d bucket timing (NCCL): ``auto`` does
+``ProcessGroup._enable_collectives_timing``            without it, ``bucket_timing='c10d'`` is
+                                                       refused at attach; without the second,
+                                                       no durations in NCCL's flight recorder
 ``ProcessGroup._get_backend``                          nothing: ``dist.get_backend`` names it
 ``distributed_c10d._get_process_group_name``           nothing while groups have ``group_name``;
                                                        else collectives of every group are numbered
@@ -236,13 +236,6 @@ def flight_recorder_dump(backend: str | None = None, part: str = "the flight rec
         return dict(pickle.loads(_call(name, dump, backend, includeCollectives=True, includeStackTraces=False,
                                        onlyActive=False)))
     raise Missing("torch._C._distributed_c10d._dump_fr_trace_json (nor _dump_fr_trace)", part)
-
-
-def has_flight_recorder() -> bool:
-    """Whether this torch can dump its flight recorder at all."""
-    from torch._C import _distributed_c10d as c10d
-
-    return any(hasattr(c10d, name) for name in FLIGHT_RECORDER_DUMPS)
 
 
 def enable_collectives_timing(group: Any) -> None:

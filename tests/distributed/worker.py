@@ -176,7 +176,9 @@ def grads_equal(hook: str = "default", how: str = "option") -> dict[str, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import ddpmon
+    from ddpmon.rank.timing import flight
 
+    flight.POLL_SECONDS = 0.5  # (5 s by default) so that a few seconds of steps are read
     init()
     torch.manual_seed(0)
     plain = DDP(MLP(), bucket_cap_mb=0.01)
@@ -562,7 +564,9 @@ def flight_recorder_timing() -> dict[str, Any]:
     finds DDP's all-reduces there without a duration, and turns the source off, saying why,
     while training goes on with gradients as without ddpmon."""
     import ddpmon
+    from ddpmon.rank.timing import flight
 
+    flight.POLL_SECONDS = 0.5  # (5 s by default) so that a few seconds of steps are read
     init()
     torch.manual_seed(0)
     plain = DDP(MLP(), bucket_cap_mb=0.01)
@@ -571,7 +575,7 @@ def flight_recorder_timing() -> dict[str, Any]:
     logs = captured_logs()
     mon = ddpmon.attach(watched, job="flight", port=0, bucket_timing="flight_recorder")
     modes, max_diff = [mon.snapshot()["bucket_timing"]], 0.0
-    steps = 80  # 2.4 s at least: the recorder is read once a second
+    steps = 80  # 2.4 s at least: the recorder is read every half second
     for step in range(steps):
         x, y = batch(step)
         for model in (plain, watched):

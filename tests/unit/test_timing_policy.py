@@ -12,7 +12,7 @@ OPTIONS = ("auto", "hook", "c10d", "flight_recorder", "off")
 BOOLS = (True, False)
 
 
-def expected(option: str, c10d: bool, recorder: bool, user: bool, earlier: bool) -> tuple[str, str]:
+def expected(option: str, c10d: bool, user: bool, earlier: bool) -> tuple[str, str]:
     """(source, comm hook), as the README states the rules."""
     if option == "c10d" and not c10d:
         return ERROR, "none"  # asked for c10d where there is none: an error that says why
@@ -22,23 +22,21 @@ def expected(option: str, c10d: bool, recorder: bool, user: bool, earlier: bool)
         return "off", "user" if user else "none"
     if option == "hook":
         return "hook", "install"
-    if option == "flight_recorder":  # tried anywhere: its self-check says what is missing
-        return "flight_recorder", "user" if user else "none"
+    if option == "flight_recorder":  # only when asked for; tried anywhere: its self-check says
+        return "flight_recorder", "user" if user else "none"  # what is missing
     if c10d:  # auto or c10d where NCCL's timing exists: nothing of ddpmon's on the all-reduce
         return "c10d", "user" if user else "none"
-    if recorder:  # auto without c10d: NCCL's timings read from the flight recorder
-        return "flight_recorder", "user" if user else "none"
-    # auto without either: a Python hook only when the user's runs in Python anyway
+    # auto without c10d: a Python hook only when the user's runs in Python anyway
     return ("hook", "install") if user else ("off", "none")
 
 
-COMBINATIONS = list(itertools.product(OPTIONS, BOOLS, BOOLS, BOOLS, BOOLS))
+COMBINATIONS = list(itertools.product(OPTIONS, BOOLS, BOOLS, BOOLS))
 
 
-@pytest.mark.parametrize("option,c10d,recorder,user,earlier", COMBINATIONS)
-def test_every_combination(option: str, c10d: bool, recorder: bool, user: bool, earlier: bool) -> None:
-    chosen = plan(option, c10d, recorder, user, earlier)
-    assert (chosen.source, chosen.comm_hook) == expected(option, c10d, recorder, user, earlier)
+@pytest.mark.parametrize("option,c10d,user,earlier", COMBINATIONS)
+def test_every_combination(option: str, c10d: bool, user: bool, earlier: bool) -> None:
+    chosen = plan(option, c10d, user, earlier)
+    assert (chosen.source, chosen.comm_hook) == expected(option, c10d, user, earlier)
     assert chosen.time_later_hook == (option == "auto" and chosen.source == "off" and chosen.comm_hook == "none")
     assert chosen.mark_untimed == (chosen.source == "off" and not c10d)
     assert chosen.read_layout == (chosen.source in ("c10d", "flight_recorder") or chosen.mark_untimed)
@@ -57,4 +55,4 @@ def test_every_rule_is_reachable() -> None:
 
 def test_an_unknown_option_is_an_error() -> None:
     with pytest.raises(ValueError):
-        plan("sometimes", True, False, False, False)
+        plan("sometimes", True, False, False)

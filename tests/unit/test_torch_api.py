@@ -136,10 +136,9 @@ def test_without_ddp_logging_data(group: None, tmp_path: Path, monkeypatch: pyte
         assert snap["buckets"] == []
 
 
-def without_c10d(monkeypatch: pytest.MonkeyPatch, api: str, instead: str = "off") -> dict[str, Any]:
+def without_c10d(monkeypatch: pytest.MonkeyPatch, api: str) -> dict[str, Any]:
     """On NCCL (stood in for), with ``api`` gone: ``bucket_timing='c10d'`` is refused at
-    attach, naming it, and ``auto`` trains without c10d timing (``instead``: the flight
-    recorder while torch has one and DDP's layout can be read); the snapshot."""
+    attach, naming it, and ``auto`` trains without c10d timing; the snapshot."""
     monkeypatch.setattr(c10d, "backend_name", lambda group, device="cpu": "nccl")
     torch.manual_seed(0)
     model = DDP(Net(), find_unused_parameters=True)
@@ -150,7 +149,7 @@ def without_c10d(monkeypatch: pytest.MonkeyPatch, api: str, instead: str = "off"
     mon.step()
     snap = mon.snapshot()
     mon.detach()
-    assert snap["bucket_timing"] == instead
+    assert snap["bucket_timing"] == "off"
     return snap
 
 
@@ -303,12 +302,8 @@ def test_without_a_compile_check(group: None, tmp_path: Path, monkeypatch: pytes
 @pytest.mark.parametrize("name", ["_register_on_completion_hook", "_enable_collectives_timing"])
 def test_without_the_completion_hook(group: None, monkeypatch: pytest.MonkeyPatch,
                                      caplog: pytest.LogCaptureFixture, name: str) -> None:
-    """auto then reads NCCL's timings from the flight recorder (the completion hook's
-    successor); without _enable_collectives_timing, with no durations there, which its
-    self-check finds (tests/distributed/test_flight_recorder_timing.py)."""
     monkeypatch.delattr(dist.ProcessGroup, name)
-    snap = without_c10d(monkeypatch, f"ProcessGroup.{name}", instead="flight_recorder")
-    # (one warning per API and process: the part that found it missing first names it)
+    snap = without_c10d(monkeypatch, f"ProcessGroup.{name}")
     assert off_lines(caplog, f"ProcessGroup.{name}") == [line("c10d bucket timing", f"ProcessGroup.{name}")]
     check_the_rest(snap)
 

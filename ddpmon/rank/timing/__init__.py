@@ -19,7 +19,7 @@ from ...errors import AttachError, ConfigError
 from ...fuses import Fuse
 from .. import model, torch_api
 from ..recorder import Recorder
-from . import c10d
+from . import c10d, flight
 from .c10d import CompletionClock
 from .flight import FlightRecorderFeed
 from .hook import CudaEventClock, TimedCommHook, WallClock, allreduce_mean_hook
@@ -58,18 +58,16 @@ class Timing:
         layout_missing = _layout_missing(ddp)
         if reason is None and layout_missing is not None:  # c10d's timings fit DDP's buckets by their layout
             reason = torch_api.off(layout_missing, recorder)
-        backend = c10d.backend_name(ddp.process_group, device)
-        flight = backend == "nccl" and torch_api.has_flight_recorder() and layout_missing is None
-        chosen = plan(option, reason is None, flight, user_hook is not None, self.comm is not None)
+        chosen = plan(option, reason is None, user_hook is not None, self.comm is not None)
         if chosen.source == ERROR:
             raise ConfigError("bucket_timing", option, f"'hook' or 'auto' here: {reason}")
         self.clock: Any = None
         if chosen.source == "c10d":
             self.clock = self._listen(ddp, device, option)
             if self.clock is None:  # c10d refused its completion hook: time through a hook
-                chosen = plan("hook", False, False, user_hook is not None, self.comm is not None)
+                chosen = plan("hook", False, user_hook is not None, self.comm is not None)
         elif chosen.source == "flight_recorder":
-            self.clock = self._read_flight_recorder(ddp, device, backend)
+            self.clock = self._read_flight_recorder(ddp, device)
         if self.clock is None:
             self.clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
         hook, state = user_hook or allreduce_mean_hook, user_state if user_state is not None else ddp.process_group
@@ -161,11 +159,12 @@ class Timing:
                         "a Python comm hook instead", self._recorder.identity.rank, exc)
             return None
 
-    def _read_flight_recorder(self, ddp: Any, device: str, backend: str) -> CompletionClock:
+    def _read_flight_recorder(self, ddp: Any, device: str) -> CompletionClock:
         """The completion clock, fed from torch's flight recorder with the group's collective
         timing on (durations on NCCL)."""
         used_map = bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
-        clock = CompletionClock(device, used_map, self._fuse, source="flight_recorder")
+        clock = CompletionClock(device, used_map, self._fuse, source="flight_recorder",
+                                max_windows=flight.MAX_WINDOWS)
         group = ddp.process_group
         try:
             torch_api.enable_collectives_timing(group)
@@ -175,7 +174,7 @@ class Timing:
             name: str | None = torch_api.process_group_name(group)
         except Exception:
             name = None  # every group's all-reduces are read: the matching refuses what does not fit
-        feed = FlightRecorderFeed(clock, name, backend, self._fuse)
+        feed = FlightRecorderFeed(clock, name, c10d.backend_name(group, device), self._fuse)
         feed.start()
         self._closers.append(feed.close)
         return clock

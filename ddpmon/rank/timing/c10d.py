@@ -143,9 +143,10 @@ class CompletionClock:
     """
 
     def __init__(self, device: torch.device | str, used_map_allreduce: bool, fuse: Fuse,
-                 source: str = "c10d") -> None:
+                 source: str = "c10d", max_windows: int = MAX_WINDOWS) -> None:
         self.source = source
         """``c10d`` (its completion hook) or ``flight_recorder`` (``flight.FlightRecorderFeed``)."""
+        self._max_windows = max_windows
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._extra = 1 if used_map_allreduce else 0
@@ -229,7 +230,7 @@ class CompletionClock:
         window.buckets, window.step, window.generation = buckets, step, generation
         window.first, self._seen_step = not self._seen_step, True
         self._windows.append(window)
-        while len(self._windows) > MAX_WINDOWS:
+        while len(self._windows) > self._max_windows:
             self.settled_steps += 1  # given up on: it counts for the self-check
             self._unmatched(self._windows.popleft(), "its collectives never completed")
 

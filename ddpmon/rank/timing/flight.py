@@ -21,7 +21,11 @@ from ...fuses import Fuse
 from .. import torch_api
 from .c10d import CompletionClock
 
-POLL_SECONDS = 1.0
+POLL_SECONDS = 5.0
+"""A dump serialises the whole ring buffer holding the GIL: 20 ms for torch's default 2,000
+entries on a CPU core of the test machine, 1.3 ms for 200 (docs/performance.md)."""
+MAX_WINDOWS = 2048
+"""Steps that wait for the next dump: every step of ``POLL_SECONDS`` down to 2.5 ms a step."""
 PART = "bucket timing from the flight recorder"
 
 

@@ -2,21 +2,20 @@
 
 Four sources exist. ``c10d``: NCCL's own per-collective timing through its completion
 hook, with DDP's C++ all-reduce (or the user's hook) left in place. ``flight_recorder``: the
-same timings read from torch's flight recorder (on NCCL, each collective's duration with
-collective timing on), for a torch whose completion hook is gone; nothing on the all-reduce
-path either. ``hook``: a Python comm
+same timings read back from torch's flight recorder (on NCCL, each collective's duration
+with collective timing on); nothing on the all-reduce path either, but each read of the
+recorder holds the GIL (docs/performance.md), so it is only ever asked for. ``hook``: a Python comm
 hook around the all-reduce, any backend, a few percent of step time (docs/performance.md).
 ``off``: no per-bucket timing; on a backend that completes buckets on the CPU, DDP's
 buckets are still marked in flight between the end of backward compute and DDP having them
 back, so a rank waiting in them is seen.
 
-What decides: the ``bucket_timing`` option, whether c10d can time this group (NCCL with its
-completion hook), whether the flight recorder can (NCCL with a flight-recorder dump), whether
-the user gave a comm hook to ``attach``, and whether DDP still holds ddpmon's comm hook from
-an earlier attach (DDP cannot unregister one). ``auto`` never adds a Python hook of its own:
-it takes c10d where there is one, else the flight recorder, and otherwise times buckets only
-when a Python hook runs anyway. ``flight_recorder`` asked for is tried on any backend: its
-self-check says what the recorder lacks there (gloo's records no durations).
+What decides: the ``bucket_timing`` option, whether c10d can time this group (NCCL),
+whether the user gave a comm hook to ``attach``, and whether DDP still holds ddpmon's comm
+hook from an earlier attach (DDP cannot unregister one). ``auto`` never adds a Python hook
+of its own: it takes c10d where there is one and otherwise times buckets only when a Python
+hook runs anyway. ``flight_recorder`` is tried on any backend: its self-check says what the
+recorder lacks there (gloo's keeps no durations).
 """
 
 from __future__ import annotations
@@ -32,23 +31,21 @@ OPTIONS = ("auto", "hook", "c10d", "flight_recorder", "off")
 #   rebind   DDP still holds ddpmon's hook from an earlier attach: serve this monitor
 #   user     register the user's hook as it is (nothing of ddpmon's on the all-reduce path)
 #   none     register nothing
-RULES: tuple[tuple[str | None, bool | None, bool | None, bool | None, bool | None, str, str], ...] = (
-    # option           c10d   recorder user   earlier  -> source            comm hook
-    ("c10d",           False, ANY,     ANY,   ANY,        ERROR,            "none"),
-    ("off",            ANY,   ANY,     ANY,   True,       "off",            "rebind"),  # a pass-through from now on
-    ("off",            ANY,   ANY,     True,  False,      "off",            "user"),
-    ("off",            ANY,   ANY,     False, False,      "off",            "none"),
-    ("hook",           ANY,   ANY,     ANY,   True,       "hook",           "rebind"),
-    ("hook",           ANY,   ANY,     ANY,   False,      "hook",           "install"),
-    (ANY,              ANY,   ANY,     ANY,   True,       "hook",           "rebind"),  # ddpmon's hook runs anyway
-    ("flight_recorder", ANY,  ANY,     True,  False,      "flight_recorder", "user"),
-    ("flight_recorder", ANY,  ANY,     False, False,      "flight_recorder", "none"),
-    (ANY,              True,  ANY,     True,  False,      "c10d",           "user"),
-    (ANY,              True,  ANY,     False, False,      "c10d",           "none"),
-    ("auto",           False, True,    True,  False,      "flight_recorder", "user"),
-    ("auto",           False, True,    False, False,      "flight_recorder", "none"),
-    ("auto",           False, False,   True,  False,      "hook",           "install"),  # the user's hook runs in Python anyway
-    ("auto",           False, False,   False, False,      "off",            "none"),
+RULES: tuple[tuple[str | None, bool | None, bool | None, bool | None, str, str], ...] = (
+    # option           c10d   user   earlier  -> source             comm hook
+    ("c10d",           False, ANY,   ANY,        ERROR,             "none"),
+    ("off",            ANY,   ANY,   True,       "off",             "rebind"),  # a pass-through from now on
+    ("off",            ANY,   True,  False,      "off",             "user"),
+    ("off",            ANY,   False, False,      "off",             "none"),
+    ("hook",           ANY,   ANY,   True,       "hook",            "rebind"),
+    ("hook",           ANY,   ANY,   False,      "hook",            "install"),
+    (ANY,              ANY,   ANY,   True,       "hook",            "rebind"),  # ddpmon's hook runs anyway
+    ("flight_recorder", ANY,  True,  False,      "flight_recorder", "user"),
+    ("flight_recorder", ANY,  False, False,      "flight_recorder", "none"),
+    (ANY,              True,  True,  False,      "c10d",            "user"),
+    (ANY,              True,  False, False,      "c10d",            "none"),
+    ("auto",           False, True,  False,      "hook",            "install"),  # the user's hook runs in Python anyway
+    ("auto",           False, False, False,      "off",             "none"),
 )
 
 COMPLETION_SOURCES = ("c10d", "flight_recorder")
@@ -73,13 +70,12 @@ class Plan:
     """Read DDP's bucket layout from its logging data (no comm hook shows the buckets)."""
 
 
-def plan(option: str, c10d: bool, recorder: bool, user_hook: bool, earlier_hook: bool) -> Plan:
+def plan(option: str, c10d: bool, user_hook: bool, earlier_hook: bool) -> Plan:
     """The first rule of RULES that matches; ``c10d`` is True when c10d can time this
-    model's process group (NCCL serving its device), ``recorder`` when torch's flight
-    recorder can (NCCL, with a dump)."""
+    model's process group (NCCL serving its device)."""
     if option not in OPTIONS:
         raise ValueError(f"bucket_timing={option!r} is not one of {', '.join(OPTIONS)}")
-    key = (option, c10d, recorder, user_hook, earlier_hook)
+    key = (option, c10d, user_hook, earlier_hook)
     for *pattern, source, comm_hook in RULES:
         if all(p is ANY or p == k for p, k in zip(pattern, key)):
             mark = source == "off" and not c10d
