@@ -176,9 +176,7 @@ def grads_equal(hook: str = "default", how: str = "option") -> dict[str, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import ddpmon
-    from ddpmon.rank.timing import flight
 
-    flight.POLL_SECONDS = 0.5  # (5 s by default) so that a few seconds of steps are read
     init()
     torch.manual_seed(0)
     plain = DDP(MLP(), bucket_cap_mb=0.01)
