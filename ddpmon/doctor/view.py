@@ -187,9 +187,11 @@ def settle(views: list[RankView]) -> None:
             continue
         written = w.state.now_unix + w.file.offset
         for p in views:
-            done = [c for c in p.state.collective_log if p is not w and c.group == e.group and c.seq >= e.seq]
-            if any(c.op in NEEDS_EVERY_RANK and not c.error and c.completed_unix is not None
-                   and c.completed_unix + p.file.offset > written for c in done):
+            if p is not w and any(
+                c.group == e.group and c.seq >= e.seq and c.op in NEEDS_EVERY_RANK and not c.error
+                and c.completed_unix is not None and c.completed_unix + p.file.offset > written
+                for c in p.state.collective_log
+            ):
                 w.status = Status.STEPPING
                 w.in_flight = [c for c in w.in_flight if c.group != e.group or c.seq > e.seq]
                 break

@@ -147,8 +147,7 @@ class Timing:
 
     def _listen(self, ddp: Any, device: str, option: str) -> CompletionClock | None:
         """The c10d clock, or None (and a warning) when c10d refuses the completion hook."""
-        used_map = bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
-        clock = CompletionClock(device, used_map, self._fuse)
+        clock = CompletionClock(device, _used_map_allreduce(ddp), self._fuse)
         try:
             self._closers.append(c10d.listen(ddp.process_group, clock.on_completion))
             return clock
@@ -162,8 +161,7 @@ class Timing:
     def _read_flight_recorder(self, ddp: Any, device: str) -> CompletionClock:
         """The completion clock, fed from torch's flight recorder with the group's collective
         timing on (durations on NCCL)."""
-        used_map = bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
-        clock = CompletionClock(device, used_map, self._fuse, source="flight_recorder",
+        clock = CompletionClock(device, _used_map_allreduce(ddp), self._fuse, source="flight_recorder",
                                 max_windows=flight.MAX_WINDOWS)
         group = ddp.process_group
         try:
@@ -219,6 +217,12 @@ class Timing:
         for close in self._closers:
             close()
         self._closers.clear()
+
+
+def _used_map_allreduce(ddp: Any) -> bool:
+    """DDP all-reduces its used-parameter map after the last bucket (find_unused_parameters
+    without static_graph): one all-reduce more per backward for a completion clock."""
+    return bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
 
 
 def _layout_missing(ddp: Any) -> torch_api.Missing | None:
