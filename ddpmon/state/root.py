@@ -40,11 +40,25 @@ class UnsafeStateDir(Exception):
     wrong and the fix."""
 
 
+def temp_dir() -> str:
+    """The machine's temporary directory as ``tempfile`` names it (``TMPDIR``, ``TEMP`` or
+    ``TMP``, else ``/tmp``), without ``tempfile.gettempdir()``'s test write: the daemon
+    reads the users' roots there from a read-only file system (the shipped systemd unit's
+    ``ProtectSystem=strict``, the DaemonSet's ``readOnlyRootFilesystem``), where that test
+    fails and would stop it at start."""
+    if tempfile.tempdir:
+        return tempfile.tempdir
+    for var in ("TMPDIR", "TEMP", "TMP"):
+        if os.environ.get(var):
+            return os.path.abspath(os.environ[var])
+    return "/tmp"
+
+
 def default_root(uid: int | None = None) -> str:
     """The per-user root of default job directories: ``<tmp>/ddpmon-<uid>``. The same for
     every process of a user (the doctor, the daemon and other users can find it), never
     shared between users."""
-    return os.path.join(tempfile.gettempdir(), f"ddpmon-{os.geteuid() if uid is None else uid}")
+    return os.path.join(temp_dir(), f"ddpmon-{os.geteuid() if uid is None else uid}")
 
 
 def sanitize_job(job: str) -> str:
