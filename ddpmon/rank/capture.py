@@ -24,6 +24,7 @@ import collections
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -264,12 +265,12 @@ class Capture:
         self._write(self._status("writing"))
         name = captures.trace_name(self._rank, plan.nonce)
         final = os.path.join(self._dir, name)
-        tmp = os.path.join(self._dir, f".{name}.tmp")
+        # torch writes the trace to "<path>.tmp", following any link there, then renames it:
+        # a name nobody else can know before torch creates it, not the requester's nonce alone
+        tmp = os.path.join(self._dir, f".{name}.{secrets.token_hex(16)}")
         try:
-            os.close(files.open_private(tmp))  # the trace gets the state files' mode
             prof.export_chrome_trace(tmp)
-            os.chmod(tmp, files.file_mode(self._dir))  # (torch replaces the file it writes)
-            size = os.path.getsize(tmp)
+            size = files.own_private(tmp)  # the state files' mode, set on the file itself, never a link
             if size > captures.MAX_TRACE_BYTES:
                 os.unlink(tmp)
                 fewer = max(1, plan.steps * captures.MAX_TRACE_BYTES // size)

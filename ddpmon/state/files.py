@@ -58,6 +58,21 @@ def open_private(path: str) -> int:
     return fd
 
 
+def own_private(path: str) -> int:
+    """Give a file this process has just written (by name, through another library) the
+    state files' mode, on the file itself: opened without following a link, and refused
+    unless it is a regular file of this user's. Returns its size in bytes."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path} is not a regular file of yours (replaced by another user?)")
+        os.fchmod(fd, file_mode(os.path.dirname(path) or "."))
+        return info.st_size
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: str, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON so that readers see the old or the new file, never a mix,
     with ``file_mode``."""

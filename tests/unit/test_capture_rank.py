@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from ddpmon.rank.capture import Capture
 from ddpmon.rank.recorder import Recorder
 from ddpmon.state import captures
 from ddpmon.state.schema import Identity
+from tests.support.roots import NOBODY
 
 PID = os.getpid()
 
@@ -188,11 +190,44 @@ def test_a_trace_over_the_cap_is_deleted(rank: Rank, monkeypatch: pytest.MonkeyP
     assert not [p for p in os.listdir(rank.dir) if ".trace.json" in p]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
+def test_links_planted_by_a_group_member_are_never_followed(tmp_path: Path) -> None:
+    """A team's state directory (group-writable, setgid): a member asks for a capture with a
+    nonce of its choosing and plants links, owned by it, where torch would write the trace
+    (``<path>.tmp``) and where the trace goes, to a root-only file elsewhere. The rank
+    (root here) writes under a name it draws itself: the file keeps its bytes and mode."""
+    shared = tmp_path / "team"
+    shared.mkdir()
+    os.chown(shared, 0, NOBODY)
+    shared.chmod(0o2770)
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    r = Rank(shared)
+    try:
+        nonce = os.urandom(8).hex()
+        name = captures.trace_name(1, nonce)
+        for planted in (f".{name}.tmp.tmp", name):
+            os.symlink(secret, shared / planted)
+            os.lchown(shared / planted, NOBODY, NOBODY)
+        req = r.ask(steps=1, nonce=nonce)
+        r.steps(3)
+        st = r.status(req)
+        assert st is not None and st.state == "ok", st
+        assert secret.read_text() == "root only\n" and stat.S_IMODE(secret.stat().st_mode) == 0o600
+        trace = shared / name
+        assert not trace.is_symlink() and trace.stat().st_uid == 0
+        assert stat.S_IMODE(trace.stat().st_mode) == 0o640  # the state files' mode in a group-readable directory
+        assert "traceEvents" in trace.read_text(errors="replace")
+    finally:
+        r.part.detach()
+
+
 def test_a_full_disk_fails_the_capture_not_the_rank(rank: Rank, monkeypatch: pytest.MonkeyPatch) -> None:
     def full(path: str) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
-    monkeypatch.setattr(rank_capture.files, "open_private", full)
+    monkeypatch.setattr(rank_capture.files, "own_private", full)
     req = rank.ask(steps=1)
     rank.steps(3)
     st = rank.status(req)
