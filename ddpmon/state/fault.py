@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 from ..frames import is_library_anywhere
 from .schema import Exit, Frame, RankState, Thread
@@ -29,16 +30,23 @@ def path_for(state_file: str) -> str:
 
 def read(state_file: str, since: float | None = None) -> Exit | None:
     """The fault record beside ``state_file``; None when there is none (or it is older than
-    ``since``, an earlier run's)."""
+    ``since``, an earlier run's, or it is not a regular file of the state file's owner)."""
     path = path_for(state_file)
-    try:
-        st = os.stat(path)
-        if st.st_size == 0 or (since is not None and st.st_mtime < since):
-            return None
-        with open(path, "rb") as f:
-            text = f.read(MAX_BYTES).decode("utf-8", "replace")
+    try:  # a regular file of the state file's owner, never through a link (the daemon reads as root)
+        owner = os.lstat(state_file).st_uid
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+                return None
+            if st.st_size == 0 or (since is not None and st.st_mtime < since):
+                return None
+            text = f.read(MAX_BYTES).decode("utf-8", "replace")
+        except OSError:
+            return None
     return parse(text, st.st_mtime)
 
 

@@ -49,13 +49,28 @@ def file_mode(directory: str) -> int:
 
 
 def open_private(path: str) -> int:
-    """A file descriptor of ``path`` created or truncated for writing, with ``file_mode``
-    (an existing file's mode is set too); never through a symlink."""
+    """A file descriptor of a new, empty file at ``path``, open for writing, with
+    ``file_mode``: whatever was there (an earlier run's file, a link someone planted) is
+    removed, never followed or truncated, and a file that appears meanwhile fails with
+    FileExistsError."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
     mode = file_mode(os.path.dirname(path) or ".")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, mode)
-    os.fchmod(fd, mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    os.fchmod(fd, mode)  # (the umask may have taken bits)
     return fd
+
+
+def inode_of(path_or_fd: str | int) -> tuple[int, int] | None:
+    """(device, inode) of an open file, or of ``path`` itself (a link is not followed); None
+    when it is gone."""
+    try:
+        info = os.fstat(path_or_fd) if isinstance(path_or_fd, int) else os.lstat(path_or_fd)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def own_private(path: str) -> int:

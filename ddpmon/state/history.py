@@ -101,22 +101,27 @@ class HistoryStore:
         self.path = path
         self.max_rows = max(16, int(max_rows))
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        if not os.path.exists(path):  # as private as the state file; SQLite gives its WAL the same mode
-            os.close(files.open_private(path))
-        self._db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        # SQLite opens (and creates) the database and its -wal and -shm by name, following any
+        # link there: this rank makes all three itself, new, as private as the state file, and
+        # lets SQLite open only what exists; a new run starts a new history anyway
+        made = {}
+        for p in (path, path + "-wal", path + "-shm"):
+            fd = files.open_private(p)
+            made[p] = files.inode_of(fd)
+            os.close(fd)
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
+        self._db = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch
         self._db.executescript(_SCHEMA)
-        found = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if found and int(found[0]) != SCHEMA_VERSION:
-            raise HistoryError(f"{path} has history schema {found[0]}, this ddpmon writes {SCHEMA_VERSION}: "
-                               "move the old file away or use another state directory")
+        for p, inode in made.items():
+            if files.inode_of(p) != inode:
+                self._db.close()
+                raise HistoryError(f"{p} was replaced by another file while it was opened (another user of "
+                                   "the state directory?); the history is off. Fix: a state directory "
+                                   "others may write needs the sticky bit (chmod +t)")
         with self._db:
             self._db.execute("BEGIN")
-            # A new run in the same directory starts a new history.
-            for table in ("steps", "findings", "exit"):
-                self._db.execute(f"DELETE FROM {table}")
-            self._db.execute("DELETE FROM meta")
             meta = {"schema_version": SCHEMA_VERSION, "created_unix": time.time(),
                     "identity": json.dumps(identity, default=str), "max_rows": self.max_rows}
             self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])

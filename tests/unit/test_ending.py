@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from ddpmon.rank import ending
 from ddpmon.state import fault
+from tests.support.roots import NOBODY
 
 
 def test_exit_status_as_the_interpreter_computes_it() -> None:
@@ -17,6 +20,7 @@ def test_exit_status_as_the_interpreter_computes_it() -> None:
 
 def test_no_fault_file_or_an_older_one_is_no_record(tmp_path: Path) -> None:
     state = tmp_path / "rank-1.json"
+    state.write_text("{}")
     assert fault.read(str(state)) is None
     assert ending.fault_path(str(state)) == fault.path_for(str(state))
     Path(fault.path_for(str(state))).write_text("Fatal Python error: Segmentation fault\n")
@@ -24,3 +28,27 @@ def test_no_fault_file_or_an_older_one_is_no_record(tmp_path: Path) -> None:
     assert fault.read(str(state), since=os.stat(fault.path_for(str(state))).st_mtime + 10) is None
     Path(fault.path_for(str(state))).write_text("")
     assert fault.read(str(state)) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another user's need root to make")
+def test_a_fault_file_is_read_only_as_the_state_files_owner_wrote_it(tmp_path: Path) -> None:
+    """The daemon reads every user's fault files as root and serves what it finds through
+    /state: a user's link at ``rank-R.fault`` to a root-only file, or a file of someone
+    else's beside the user's state file, is no record (the link is not followed)."""
+    state = tmp_path / "rank-1.json"
+    state.write_text("{}")
+    os.chown(state, NOBODY, NOBODY)
+    secret = tmp_path / "secret"
+    secret.write_text("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+                      '  File "/root/token=hunter2.py", line 1 in <module>\n')
+    secret.chmod(0o600)
+    planted = Path(fault.path_for(str(state)))
+    os.symlink(secret, planted)
+    os.lchown(planted, NOBODY, NOBODY)
+    assert fault.read(str(state)) is None
+    planted.unlink()
+    planted.write_text(secret.read_text())  # a regular file, of root's: not what the rank wrote
+    assert fault.read(str(state)) is None
+    os.chown(planted, NOBODY, NOBODY)
+    got = fault.read(str(state))
+    assert got is not None and got.signal == "SIGSEGV"

@@ -3,7 +3,9 @@ mid-run: tests/processes/test_exits.py.)"""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from ddpmon.rank import writers
 from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.state import history
 from ddpmon.state.schema import Identity
+from tests.support.roots import NOBODY
 
 
 def steps(first: int, last: int, buckets: int = 4) -> list[dict]:
@@ -98,8 +101,8 @@ def test_schema_of_another_version_is_refused_with_the_fix(tmp_path):
         db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     with pytest.raises(history.HistoryError, match="schema 99"):
         history.read(path)
-    with pytest.raises(history.HistoryError, match="move the old file away"):
-        history.HistoryStore(path, {"rank": 0})
+    history.HistoryStore(path, {"rank": 0}).close()  # a new run starts a new file, of this version
+    assert history.read(path)["meta"]["schema_version"] == str(history.SCHEMA_VERSION)
 
 
 def test_a_file_that_is_not_a_database_is_named(tmp_path):
@@ -188,3 +191,35 @@ def test_rank_0_waits_for_the_other_ranks_last_files_bounded(tmp_path):
     started = time.monotonic()
     writers._wait_for_peers(str(tmp_path), timeout=5.0)
     assert time.monotonic() - started < 2.0  # its last file came
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
+def test_links_planted_by_a_group_member_are_never_followed(tmp_path):
+    """A team's state directory (group-writable, setgid): links owned by a member, at the
+    history's name and its -wal and -shm, to files elsewhere that exist and that do not.
+    The rank (root here) removes them and writes its own files; nothing outside changes."""
+    shared = tmp_path / "team"
+    shared.mkdir()
+    os.chown(shared, 0, NOBODY)
+    shared.chmod(0o2770)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    kept = outside / "kept"
+    kept.write_bytes(b"root only\n")
+    kept.chmod(0o600)
+    empty = outside / "empty"
+    empty.touch(0o600)
+    path = str(shared / "rank-0.history.sqlite")
+    for suffix, target in (("", empty), ("-wal", kept), ("-shm", outside / "made-shm")):
+        os.symlink(target, path + suffix)
+        os.lchown(path + suffix, NOBODY, NOBODY)
+    store = history.HistoryStore(path, {"rank": 0})
+    store.add_steps(steps(1, 3))
+    for suffix in ("", "-wal", "-shm"):
+        info = os.lstat(path + suffix)
+        assert stat.S_ISREG(info.st_mode) and info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o640
+    store.close()
+    assert sorted(os.listdir(outside)) == ["empty", "kept"] and kept.read_bytes() == b"root only\n"
+    assert empty.stat().st_size == 0
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert history.read(path)["rows"] == 3
