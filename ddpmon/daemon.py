@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -43,12 +43,22 @@ from .metrics.exposition import (
     families,
     state_set,
 )
-from .state import attempts, fault, files, history, records, schema
+from .state import attempts, fault, files, history, owners, records, schema
 
 log = logging.getLogger("ddpmon")
 
 HEALTHY_PASSES = 5
 HEALTHY_MIN_SECONDS = 10.0
+
+
+class Found(NamedTuple):
+    """A state file as read: its rank's own word (``state``), whose file it is (``owner``,
+    its uid) and when it was written, as its file system says (``files.written_unix``)."""
+
+    path: str
+    state: schema.RankState
+    owner: int
+    written: float
 
 
 class StateFiles:
@@ -60,26 +70,41 @@ class StateFiles:
         self.state_dir = state_dir
         self._problems: dict[str, str] = {}
         self._lock = threading.RLock()  # the sampler and /state requests read concurrently
+        self.shared: dict[str, list[int]] = {}
+        """The jobs that files of several owners claim (``state/owners.py``), at the last read."""
 
-    def read_all(self) -> list[tuple[str, schema.RankState]]:
-        """(path, state) of every readable state file."""
+    def read_all(self) -> list[Found]:
+        """Every readable state file, a job that several users' files claim renamed for each
+        owner (``state/owners.py``)."""
         with self._lock:
             return self._read_all()
 
-    def _read_all(self) -> list[tuple[str, schema.RankState]]:
+    def _read_all(self) -> list[Found]:
         paths = self._paths()
-        out = []
+        read = []
         for path in paths:
             try:
-                data = files.read(path)
+                data, info = files.read_stat(path)
             except StateFileError as exc:
                 if os.path.exists(path):  # (else it went away between listing and reading)
                     self.problem(path, f"state file {exc}; skipped until it is fixed")
                 continue
             self.resolved(path, f"state file {path} is readable again")
-            out.append((path, data))
-        for key in [k for k in self._problems if k != self.state_dir and not os.path.exists(k.split("#")[0])]:
+            read.append((path, data, info))
+        separated, self.shared = owners.separate([(path, data, info.st_uid) for path, data, info in read])
+        for job, uids in self.shared.items():
+            self.problem(f"{self.state_dir}#owners#{job}", (
+                f"state files of {len(uids)} users claim job {job!r} ({', '.join(f'uid {u}' for u in uids)}): "
+                "each user's are exported as a job of their own, "
+                f"{', '.join(repr(owners.owned_name(job, u)) for u in uids)}, since one of them may be "
+                "forged; give concurrent jobs distinct names"))
+        out = [Found(path, state, info.st_uid, files.written_unix(info))
+               for (path, state), (_, _, info) in zip(separated, read)]
+        for key in [k for k in self._problems
+                    if k != self.state_dir and "#owners#" not in k and not os.path.exists(k.split("#")[0])]:
             del self._problems[key]  # the file is gone: a new one of that name is news again
+        for key in [k for k in self._problems if "#owners#" in k and k.split("#owners#")[1] not in self.shared]:
+            del self._problems[key]
         return out
 
     def problem(self, key: str, message: str) -> None:
@@ -237,7 +262,7 @@ class Daemon:
         self._xid: dict[tuple[int, int], list[float]] = {}  # (gpu, code) -> [count, last unix]
         self._xid_lock = threading.Lock()
         self._watcher: nvml.XidWatcher | None = None
-        self._procs: dict[str, tuple[tuple[int, Any], psutil.Process | None]] = {}
+        self._procs: dict[str, tuple[tuple[int, Any, int], psutil.Process | None]] = {}
         self._aborts: dict[str, tuple[float, str, int, bool]] = {}  # path -> (mtime, job, rank, aborted)
         self._samples: list[Sample] = []
         self._last_pass = time.monotonic()
@@ -338,12 +363,8 @@ class Daemon:
         ``file_mtime_unix`` and ``served_unix`` (this host's clock), so a reader elsewhere can
         tell how old each file is whatever the clocks say."""
         out, served = [], time.time()
-        for path, state in self.files.read_all():
+        for path, state, _, mtime in self.files.read_all():
             if not self._is_local(state):
-                continue
-            try:
-                mtime = os.lstat(path).st_mtime
-            except OSError:
                 continue
             data = schema.to_json(state)
             signalled = fault.of_run(path, state, mtime - state.now_unix if state.now_unix is not None else 0.0)
@@ -363,12 +384,12 @@ class Daemon:
         a link: the files of one user are not served as another's); one per (job, rank), the
         one written last."""
         found: dict[tuple[str, int], HistoryFile] = {}
-        for path, state in self.files.read_all():
+        for path, state, owner, _ in self.files.read_all():
             if not self._is_local(state):
                 continue
             where = history.path_for(os.path.dirname(path), state.rank)
             try:
-                info, owner = os.lstat(where), os.lstat(path).st_uid
+                info = os.lstat(where)
             except OSError:
                 continue
             if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
@@ -428,7 +449,7 @@ class Daemon:
         now = time.time()
         views: dict[tuple[str, int], RankView] = {}
         seen = set()
-        for path, state in self.files.read_all():
+        for path, state, owner, written in self.files.read_all():
             clean = state.exit is not None and not (state.exit.exception or state.exit.code)
             if state.phase == "detached" or clean:
                 continue  # detached, or the process ended normally: nothing is down
@@ -440,14 +461,17 @@ class Daemon:
             if not self._is_local(state):
                 continue
             seen.add(path)
-            beat = state.now_unix
-            proc = self._process(path, state.pid, state.started_unix, state.host == self.hostname, state.rank)
+            # the writer's clock, but never past what the file system saw: a file stamped in
+            # the future is fresh for at most stale_after past its last write (the slack is
+            # for a network file system whose server's clock is behind this host's)
+            beat = min(state.now_unix, written + self.stale_after)
+            proc = self._process(path, state.pid, state.started_unix, state.host == self.hostname, state.rank, owner)
             alive = proc is not None and host.is_alive(proc)
             fresh = now - beat <= self.stale_after
             view = RankView(
                 state.job or "", state.rank,
                 up=alive and fresh,
-                last_progress_unix=state.last_progress_unix or 0.0,
+                last_progress_unix=min(state.last_progress_unix or 0.0, beat),
                 hang=state.hang is not None and alive,  # a killed job's last report is not a hang now
                 heartbeat_unix=beat, proc=proc,
                 activity=_activity(path, state, proc if alive else None, fresh),
@@ -461,13 +485,19 @@ class Daemon:
         return sorted(views.values(), key=lambda v: (v.job, v.rank))
 
     def _process(self, path: str, pid: int, started: float | None, same_host: bool,
-                 rank: int) -> psutil.Process | None:
-        """The rank's process, looked up once per incarnation (pid, start) of the file."""
-        key = (pid, started)
+                 rank: int, owner: int) -> psutil.Process | None:
+        """The rank's process, looked up once per incarnation (pid, start) of the file: only
+        a process of the file's owner (a file naming another user's process is not that
+        process's word)."""
+        key = (pid, started, owner)
         cached = self._procs.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
         proc = host.locate_process(pid, started, same_host, rank)
+        if proc is not None and host.uid_of(proc) != owner:
+            self.files.problem(path + "#pid", f"state file {path} (uid {owner}) names pid {pid}, a process of "
+                               "another user: not its rank's; the rank counts as gone")
+            proc = None
         self._procs[path] = (key, proc)
         return proc
 
@@ -490,21 +520,22 @@ class Daemon:
         included) that ddpmon ended after a proven hang; a file is read again only when it
         changed."""
         counts: dict[tuple[str, int], int] = {}
-        dirs = {os.path.dirname(path) for path, _ in self.files.read_all()}
+        dirs = {os.path.dirname(found.path) for found in self.files.read_all()}
         seen: set[str] = set()
         for d in dirs:
             for path in [*attempts.attempt_files(d), *files.list_files(d)]:
                 seen.add(path)
                 try:
-                    mtime = os.stat(path).st_mtime
+                    info = os.lstat(path)
                     cached = self._aborts.get(path)
-                    if cached is None or cached[0] != mtime:
+                    if cached is None or cached[0] != info.st_mtime:
                         state = files.read(path)
-                        cached = (mtime, state.job or "", state.rank, attempts.ended_by_hang_abort(state))
+                        cached = (info.st_mtime, state.job or "", state.rank, attempts.ended_by_hang_abort(state))
                         self._aborts[path] = cached
                 except (OSError, StateFileError):
                     continue
-                key = (cached[1], cached[2])
+                job = cached[1]
+                key = (owners.owned_name(job, info.st_uid) if job in self.files.shared else job, cached[2])
                 counts[key] = counts.get(key, 0) + (1 if cached[3] else 0)
         for path in [p for p in self._aborts if p not in seen]:
             del self._aborts[path]

@@ -107,6 +107,14 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
+def uid_of(proc: psutil.Process) -> int | None:
+    """The real uid ``proc`` runs as; None when it is gone."""
+    try:
+        return int(proc.uids().real)
+    except psutil.Error:
+        return None
+
+
 def is_stopped(proc: psutil.Process) -> bool:
     """True while ``proc`` is stopped (SIGSTOP, a debugger): it cannot make progress."""
     try:

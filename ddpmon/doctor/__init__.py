@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from ..activity import Status
 from ..errors import StateFileError
 from ..state import files as state_files
+from ..state import owners
 from . import procs, rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, earlier_attempts, load_dir, load_remote
@@ -77,6 +78,8 @@ def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | 
         notes.append(file_rules.no_state_files(state_dir))
         return Diagnosis("no_data", [], notes, [], None, state_dir, job_ranks, now)
     chosen = job is not None
+    if job is not None and job not in jobs and owners.owned_name(job, os.geteuid()) in jobs:
+        job = owners.owned_name(job, os.geteuid())  # several users' files claim that name: yours
     if job is None:
         job = max(jobs, key=lambda name: max(f.mtime for f in jobs[name]))
     elif job not in jobs:
@@ -129,7 +132,7 @@ def _guard_pid_namespace(files: list[StateFile], lives: dict[int, procs.Liveness
     while time.time() < until:
         for f in doubtful:
             try:
-                rewritten = os.stat(f.path).st_mtime != f.mtime
+                rewritten = state_files.written_unix(os.stat(f.path)) != f.mtime
             except OSError:
                 rewritten = False
             if rewritten:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateFileError
-from ..state import attempts, files, remote, schema
+from ..state import attempts, files, owners, remote, schema
 
 
 @dataclass
@@ -90,18 +90,18 @@ def load_dir(state_dir: str) -> Loaded:
         raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc}; {owner}): run the "
                              "doctor as the job's user, or ask them to share it with your group") from None
     loaded = Loaded(state_dir)
+    read = []
     with files.cycle_collection_paused():
         for path in paths:
             try:
-                mtime = os.lstat(path).st_mtime
-                state = files.read(path)
+                state, info = files.read_stat(path)
             except StateFileError as exc:
                 loaded.bad.append((path, exc.reason))
                 continue
-            except OSError as exc:
-                loaded.bad.append((path, f"cannot be read ({exc.strerror or exc})"))
-                continue
-            loaded.files.append(StateFile(path, state, mtime))
+            read.append((path, state, info))
+    separated, _ = owners.separate([(path, state, info.st_uid) for path, state, info in read])
+    for (path, state), (_, _, info) in zip(separated, read):
+        loaded.files.append(StateFile(path, state, files.written_unix(info)))
     return loaded
 
 

@@ -110,6 +110,11 @@ def write_atomic(path: str, data: dict[str, Any]) -> None:
 def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
     """The bytes of a regular file, at most ``limit``; StateFileError for anything else
     (a symlink, a FIFO, a device, a directory, a file too large, a read error)."""
+    return _read_opened(path, limit)[0]
+
+
+def _read_opened(path: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """``read_bytes``, and what the open file's ``fstat`` says of it (its owner, its times)."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
@@ -135,11 +140,18 @@ def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
             total += len(chunk)
             if total > limit:
                 raise StateFileError(path, f"holds more than {limit} bytes; not read")
-        return b"".join(chunks)
+        return b"".join(chunks), info
     except OSError as exc:
         raise StateFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+
+
+def written_unix(info: os.stat_result) -> float:
+    """When a file was last written, as its file system says: its modification time, but
+    never later than its inode's change time, which no user can set (``touch -d`` moves the
+    first, and the second to now): a file stamped in the future does not stay fresh."""
+    return min(info.st_mtime, info.st_ctime)
 
 
 def decode(path: str, raw: bytes) -> dict[str, Any]:
@@ -171,12 +183,19 @@ def load(path: str, data: object) -> schema.RankState:
 
 def read(path: str) -> schema.RankState:
     """One state file, checked against the schema; StateFileError says what is wrong."""
-    state = load(path, decode(path, read_bytes(path)))
+    return read_stat(path)[0]
+
+
+def read_stat(path: str) -> tuple[schema.RankState, os.stat_result]:
+    """``read``, and the file's ``fstat``: whose it is (``st_uid``) and when it was written
+    (``written_unix``), from the very file read."""
+    raw, info = _read_opened(path, MAX_BYTES)
+    state = load(path, decode(path, raw))
     named = rank_of(path)
     if named is not None and named != state.rank:
         raise StateFileError(path, f"is named for rank {named} but holds rank {state.rank} "
                                    "(not written by ddpmon)")
-    return state
+    return state, info
 
 
 @contextlib.contextmanager

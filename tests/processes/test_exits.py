@@ -69,6 +69,7 @@ def test_a_destroy_that_hangs_at_exit_is_not_waited_for(tmp_path) -> None:  # ty
 
 def test_a_fatal_signal_leaves_every_threads_stack_in_the_fault_file(tmp_path: Path) -> None:
     state = tmp_path / "rank-0.json"
+    state.write_text("{}")  # (a fault file counts beside its owner's state file)
     script = textwrap.dedent(f"""
         import faulthandler, os, threading, time
         f = open({str(fault.path_for(str(state)))!r}, "w")

@@ -208,3 +208,30 @@ def test_every_file_in_a_state_directory_is_as_private_as_the_state_file(tmp_pat
             assert stat.S_IMODE(p.stat().st_mode) & 0o007 == 0, p
         files.write_atomic(str(d / "rank-0.json"), {"rank": 0})
         assert stat.S_IMODE((d / "rank-0.json").stat().st_mode) == want
+
+
+def test_a_file_stamped_in_the_future_was_written_when_its_inode_changed(tmp_path: Path) -> None:
+    """The owner sets a file's modification time at will (``touch -d``), not its change time."""
+    path = tmp_path / "rank-0.json"
+    files.write_atomic(str(path), {"rank": 0})
+    ahead = time.time() + 10 * 365 * 86400
+    os.utime(path, (ahead, ahead))
+    written = files.written_unix(os.stat(path))
+    assert written <= time.time() and written == os.stat(path).st_ctime
+
+
+def test_a_job_claimed_by_several_owners_is_one_job_per_owner() -> None:
+    from ddpmon.state import owners
+
+    def rank(r: int, job: str | None) -> schema.RankState:
+        return schema.RankState(rank=r, job=job)
+
+    found = [("a/rank-0.json", rank(0, "j"), 1000), ("a/rank-1.json", rank(1, "j"), 1000),
+             ("b/rank-1.json", rank(1, "j"), 1001), ("c/rank-0.json", rank(0, "k"), 1001),
+             ("d/rank-0.json", rank(0, None), 1000), ("e/rank-0.json", rank(0, None), 1002)]
+    separated, shared = owners.separate(found)
+    assert [(p, s.job) for p, s in separated] == [
+        ("a/rank-0.json", "j@uid1000"), ("a/rank-1.json", "j@uid1000"), ("b/rank-1.json", "j@uid1001"),
+        ("c/rank-0.json", "k"), ("d/rank-0.json", "@uid1000"), ("e/rank-0.json", "@uid1002")]
+    assert shared == {"j": [1000, 1001], "": [1000, 1002]}
+    assert [s.job for _, s, _ in found] == ["j", "j", "j", "k", None, None]  # the files' own word kept

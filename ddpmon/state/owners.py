@@ -1,0 +1,38 @@
+"""Whose ranks: on one node, a job's name stands for one user's state files.
+
+A state file's job and rank are its writer's word, and any local user can write a file that
+claims any job and rank into a directory of their own. What no user can claim is another
+user's uid: the file's owner. So when files of several owners claim one job, each owner's
+files are read as a job of their own, ``<job>@uid<N>``: a forged file can neither pass for
+another user's rank (keep a killed rank up, make a healthy job look desynchronised) nor hide
+one, and two users who chose the same name see two jobs. The daemon and the doctor read
+files through this one rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from .schema import RankState
+
+
+def separate(found: Sequence[tuple[str, RankState, int]]) -> tuple[list[tuple[str, RankState]], dict[str, list[int]]]:
+    """(path, state) of each (path, state, owner uid), a job claimed by several owners
+    renamed for each owner; and those jobs with their owners, to be said."""
+    owners: dict[str, set[int]] = {}
+    for _, state, uid in found:
+        owners.setdefault(state.job or "", set()).add(uid)
+    shared = {job: sorted(uids) for job, uids in owners.items() if len(uids) > 1}
+    out = []
+    for path, state, uid in found:
+        job = state.job or ""
+        if job in shared:
+            state = dataclasses.replace(state, job=owned_name(job, uid))
+        out.append((path, state))
+    return out, shared
+
+
+def owned_name(job: str, uid: int) -> str:
+    """The name of one owner's files of a job that several owners claim."""
+    return f"{job}@uid{uid}"
