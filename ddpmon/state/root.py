@@ -155,27 +155,30 @@ def problem(path: str, *, group_writable_ok: bool) -> str | None:
 
 
 def prepare(state_dir: str, explicit: bool) -> None:
-    """Create ``state_dir`` (and, for a default one, its per-user root, 0700) and check
-    both; UnsafeStateDir says why it must not be written to."""
-    default = not explicit
-    if default:
-        root = os.path.dirname(state_dir)
-        _make(root, 0o700, group_writable_ok=False)
-        _make(state_dir, 0o700, group_writable_ok=False)
+    """Create ``state_dir`` (and, for a default one, its per-user root) and check both;
+    UnsafeStateDir says why it must not be written to. Every directory ddpmon creates is
+    0700: opening one to a group is its owner's choice (docs/security.md). A directory in
+    the per-user root is a default one however it was given (``ddpmon run`` passes the
+    default as ``DDPMON_STATE_DIR``)."""
+    root = os.path.dirname(os.path.abspath(state_dir))
+    if not explicit or root == os.path.abspath(default_root()):
+        _make(root, group_writable_ok=False)
+        _make(state_dir, group_writable_ok=False)
     else:
-        _make(state_dir, 0o777, group_writable_ok=True, parents=True)
+        _make(state_dir, group_writable_ok=True, parents=True)
     if not os.access(state_dir, os.W_OK | os.X_OK):
         raise UnsafeStateDir(f"{state_dir} is not writable by you (read-only file system or "
                              "permissions). Fix: set DDPMON_STATE_DIR (or state_dir=) to a "
                              "writable directory of yours")
 
 
-def _make(path: str, mode: int, group_writable_ok: bool, parents: bool = False) -> None:
+def _make(path: str, group_writable_ok: bool, parents: bool = False) -> None:
+    """Create ``path`` 0700 (and, with ``parents``, each missing directory above it) unless
+    it exists, then check it."""
     try:
         if parents:
-            os.makedirs(path, mode, exist_ok=True)
-        else:
-            os.mkdir(path, mode)
+            _make_private(os.path.dirname(os.path.abspath(path)))
+        os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
@@ -185,6 +188,18 @@ def _make(path: str, mode: int, group_writable_ok: bool, parents: bool = False) 
     what = problem(path, group_writable_ok=group_writable_ok)
     if what is not None:
         raise UnsafeStateDir(f"{path} {what}. {_fix(path, what)}")
+
+
+def _make_private(path: str) -> None:
+    """``os.makedirs(path)`` with every directory it creates 0700 (makedirs gives the ones
+    above the last the umask's mode)."""
+    if os.path.lexists(path):
+        return
+    _make_private(os.path.dirname(path))
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
 
 
 def _fix(path: str, what: str) -> str:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import site
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -64,6 +65,10 @@ def test_torchrun_form_two_models_traceback_and_exit_status(tmp_path: Path) -> N
             assert (data["rank"], data["step"], data["job"], data["world_size"]) == (rank, 5, "plain", 2)
     assert state(state_dir / "rank-1.json")["exit"]["exception"] == "ValueError: boom from the training script"
     assert state(state_dir / "rank-0.json")["exit"]["exception"] is None
+    # every directory ddpmon made is private, and so is every file in it (they hold stacks and paths)
+    for path in (state_dir, state_dir / "model-1", *state_dir.rglob("rank-*")):
+        want = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == want, path
 
     for rank in (0, 1):
         seen = json.loads((out / f"seen-{rank}.json").read_text())

@@ -96,3 +96,24 @@ def test_a_hung_file_system_does_not_stall_attach(monkeypatch: pytest.MonkeyPatc
     assert root.claim("/somewhere", 0, explicit=True) is None
     assert time.monotonic() - started < 5
     assert "did not answer within" in caplog.text
+
+
+def test_directories_ddpmon_makes_are_private_however_they_were_given(tmp_root: Path, tmp_path: Path) -> None:
+    """``ddpmon run`` passes the default job directory as DDPMON_STATE_DIR: it is still a
+    default one (its root checked too), and every directory ddpmon creates is 0700, the
+    directories above an explicit one included, whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        given = root.job_dir("j")
+        root.prepare(given, explicit=True)
+        for path in (root.default_root(), given):
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+        explicit = tmp_path / "a" / "b" / "job"
+        root.prepare(str(explicit), explicit=True)
+        for path in (tmp_path / "a", tmp_path / "a" / "b", explicit):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+        os.chmod(root.default_root(), 0o770)  # a default root is never group-writable, even given
+        with pytest.raises(root.UnsafeStateDir, match="writable by its group"):
+            root.prepare(given, explicit=True)
+    finally:
+        os.umask(old)
