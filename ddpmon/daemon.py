@@ -66,8 +66,9 @@ class StateFiles:
     default to one directory per job under a common root). Every problem (the directory
     missing, a file corrupt) is logged once, and once more when it is gone."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, max_per_user: int = owners.MAX_RANKS_PER_USER) -> None:
         self.state_dir = state_dir
+        self.max_per_user = max_per_user
         self._problems: dict[str, str] = {}
         self._lock = threading.RLock()  # the sampler and /state requests read concurrently
         self.shared: dict[str, list[int]] = {}
@@ -80,7 +81,7 @@ class StateFiles:
             return self._read_all()
 
     def _read_all(self) -> list[Found]:
-        paths = self._paths()
+        paths = self._bounded(self._paths())
         read = []
         for path in paths:
             try:
@@ -101,11 +102,34 @@ class StateFiles:
         out = [Found(path, state, info.st_uid, files.written_unix(info))
                for (path, state), (_, _, info) in zip(separated, read)]
         for key in [k for k in self._problems
-                    if k != self.state_dir and "#owners#" not in k and not os.path.exists(k.split("#")[0])]:
+                    if k.split("#")[0] != self.state_dir and not os.path.exists(k.split("#")[0])]:
             del self._problems[key]  # the file is gone: a new one of that name is news again
         for key in [k for k in self._problems if "#owners#" in k and k.split("#owners#")[1] not in self.shared]:
             del self._problems[key]
         return out
+
+    def _bounded(self, paths: list[str]) -> list[str]:
+        """At most ``max_per_user`` of each owner's files, those written last; the rest are
+        skipped, said once per owner."""
+        by_owner: dict[int, list[tuple[float, str]]] = {}
+        for path in paths:
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            by_owner.setdefault(info.st_uid, []).append((files.written_unix(info), path))
+        kept: set[str] = set()
+        for uid, found in by_owner.items():
+            key = f"{self.state_dir}#bound#{uid}"
+            if len(found) > self.max_per_user:
+                found = sorted(found, reverse=True)[: self.max_per_user]
+                self.problem(key, f"uid {uid} has more than {self.max_per_user} state files here, the most the "
+                                  f"daemon reads per user (--max-ranks-per-user): the {self.max_per_user} "
+                                  "written last are read, the others skipped")
+            else:
+                self.resolved(key, f"uid {uid}'s state files are within --max-ranks-per-user again")
+            kept.update(path for _, path in found)
+        return [path for path in paths if path in kept]
 
     def problem(self, key: str, message: str) -> None:
         with self._lock:
@@ -246,13 +270,13 @@ class Daemon:
 
     def __init__(self, state_dir: str, interval: float = 1.0, stale_after: float = 15.0,
                  gpus: bool = True, node_local: bool = False,
-                 slow_interval: float = nvml.SLOW_INTERVAL) -> None:
+                 slow_interval: float = nvml.SLOW_INTERVAL, max_per_user: int = owners.MAX_RANKS_PER_USER) -> None:
         self.state_dir = state_dir
         self.interval = interval
         self.stale_after = stale_after
         self.node_local = node_local
         self.hostname = socket.gethostname()
-        self.files = StateFiles(state_dir)
+        self.files = StateFiles(state_dir, max_per_user)
         self._want_gpus = gpus
         self._slow_interval = slow_interval
         self._nv: Any = None
@@ -494,9 +518,9 @@ class Daemon:
         if cached is not None and cached[0] == key:
             return cached[1]
         proc = host.locate_process(pid, started, same_host, rank)
-        if proc is not None and host.uid_of(proc) != owner:
-            self.files.problem(path + "#pid", f"state file {path} (uid {owner}) names pid {pid}, a process of "
-                               "another user: not its rank's; the rank counts as gone")
+        if proc is not None and host.uid_of(proc) != owner:  # said once per owner, however many files
+            self.files.problem(f"{self.state_dir}#pid#{owner}", f"state files of uid {owner} name processes of "
+                               "other users, which are not their ranks: such a rank counts as gone")
             proc = None
         self._procs[path] = (key, proc)
         return proc

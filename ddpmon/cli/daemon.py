@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from ..config import default_state_root
+from ..state.owners import MAX_RANKS_PER_USER
 from . import EXIT_OK, EXIT_USAGE
 
 HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
@@ -35,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between samples; a dead rank shows within one (default: %(default)s)")
     parser.add_argument("--stale-after", type=float, default=15.0, metavar="SECONDS",
                         help="a rank whose state file is older than this is down (default: %(default)s)")
+    parser.add_argument("--max-ranks-per-user", type=int, default=MAX_RANKS_PER_USER, metavar="N",
+                        help="state files read per user (their owner) at each pass, those written last; "
+                             "bounds what one user's files cost the daemon and Prometheus (default: %(default)s)")
     parser.add_argument("--node-local", action="store_true",
                         help="every state file in the directory is from a rank on this node, whatever "
                              "host name it carries (a hostPath shared with containers)")
@@ -54,6 +58,8 @@ def _check(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if not value > 0:
             return f"--{name.replace('_', '-')}={value} is not valid: expected a positive number of seconds"
+    if args.max_ranks_per_user < 1:
+        return f"--max-ranks-per-user={args.max_ranks_per_user} is not valid: expected a positive number"
     if args.stale_after <= args.interval:
         return (f"--stale-after={args.stale_after} is not valid: expected more than "
                 f"--interval={args.interval}")
@@ -73,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     _raise_fd_limit()
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
-                    gpus=not args.no_gpu, node_local=args.node_local)
+                    gpus=not args.no_gpu, node_local=args.node_local, max_per_user=args.max_ranks_per_user)
     daemon.start()
     routes = ({"/state": daemon.state_route, "/history": daemon.history_route} if args.serve_state
               else {"/state": _not_served, "/history": _not_served})

@@ -6,15 +6,22 @@ user's uid: the file's owner. So when files of several owners claim one job, eac
 files are read as a job of their own, ``<job>@uid<N>``: a forged file can neither pass for
 another user's rank (keep a killed rank up, make a healthy job look desynchronised) nor hide
 one, and two users who chose the same name see two jobs. The daemon and the doctor read
-files through this one rule.
+files through this one rule; the daemon also bounds what one user's files cost it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from .schema import RankState
+if TYPE_CHECKING:  # (the CLI reads the bound below when it builds its parser: kept light)
+    from .schema import RankState
+
+MAX_RANKS_PER_USER = 256
+"""State files the daemon reads per user (the files' owner) at each pass: a node runs a few
+dozen ranks, so a user who writes thousands of files costs the daemon, and Prometheus, this
+many ranks' reads and series, not thousands (``ddpmon daemon --max-ranks-per-user``)."""
 
 
 def separate(found: Sequence[tuple[str, RankState, int]]) -> tuple[list[tuple[str, RankState]], dict[str, list[int]]]:

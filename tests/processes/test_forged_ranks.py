@@ -108,7 +108,7 @@ def test_the_daemon_never_takes_a_forged_file_for_another_users_rank(
     assert up("jobN", 0) == 0.0  # root's process is not nobody's rank
     said = caplog.text
     assert "state files of 2 users claim job 'jobV' (uid 0, uid 65534)" in said
-    assert f"names pid {alive.pid}, a process of another user" in said
+    assert f"state files of uid {NOBODY} name processes of other users, which are not their ranks" in said
     # the stamp ten years ahead keeps nobody's file fresh for stale_after past its last write, no more
     last = float(registry.get_sample_value("ddpmon_rank_last_progress_timestamp_seconds",
                                            {"job": "jobV@uid65534", "rank": "1"}) or 0.0)
@@ -143,3 +143,26 @@ def test_doctor_from_a_daemon_is_not_misled_by_a_forged_rank(tmp: Path) -> None:
     assert report["job"] == "jobV@uid0"  # the doctor's user's files of that name
     assert sorted((s["job"], s["rank"]) for s in served) == [("jobV@uid0", 0), ("jobV@uid0", 1),
                                                             ("jobV@uid65534", 1)]
+
+
+def test_thousands_of_files_of_one_user_cost_the_daemon_a_bounded_number(
+        tmp: Path, procs: list[subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture) -> None:
+    """nobody writes 600 state files into its root; root's one rank is read and exported as
+    always, nobody's files cost at most ``max_per_user`` ranks' reads and series."""
+    alive = sleeper()
+    procs.append(alive)
+    write(user_root(tmp, 0) / "mine", 0, rank_state(0, alive.pid, job="mine"))
+    flood = user_root(tmp, NOBODY) / "flood"
+    for r in range(600):
+        write(flood, NOBODY, rank_state(r, 1, job="flood", world_size=600))
+    daemon = Daemon(str(tmp / "ddpmon-*"), gpus=False, max_per_user=50)
+    daemon.refresh()
+    registry = CollectorRegistry()
+    registry.register(daemon)
+    ups = [s.labels for m in registry.collect() for s in m.samples if s.name == "ddpmon_rank_up"]
+    assert sum(1 for labels in ups if labels["job"] == "flood") == 50
+    assert registry.get_sample_value("ddpmon_rank_up", {"job": "mine", "rank": "0"}) == 1.0
+    daemon.refresh()
+    said = [r.getMessage() for r in caplog.records if "more than 50 state files" in r.getMessage()]
+    assert said == [f"ddpmon: daemon: uid {NOBODY} has more than 50 state files here, the most the daemon reads "
+                    "per user (--max-ranks-per-user): the 50 written last are read, the others skipped"]
