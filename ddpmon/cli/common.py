@@ -1,5 +1,6 @@
 """What several subcommands share: the state-directory argument and its default, -v/--verbose,
-a number of seconds, and what a subcommand whose module cannot be imported does instead."""
+a number of seconds, the readers of node daemons (``--from``, ``--http-config``), and what a
+subcommand whose module cannot be imported does instead."""
 
 from __future__ import annotations
 
@@ -33,6 +34,35 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):  # an alias is the same parser
                 add_verbose_argument(sub)
+
+
+def add_http_config(parser: argparse.ArgumentParser) -> None:
+    """``--http-config FILE``: how the readers of node daemons (``--from``) connect."""
+    parser.add_argument(
+        "--http-config", metavar="FILE",
+        help="TLS and credentials for the --from daemons, in Prometheus' http_config format "
+             "(basic_auth, authorization, tls_config: the same file as promtool's --http.config.file)",
+    )
+
+
+def daemon_client(command: str, args: argparse.Namespace) -> Any:
+    """The ``HttpConfig`` that ``--http-config`` names, after checking every ``--from``
+    address; or the exit status, with what is wrong said on stderr (never the address's
+    password)."""
+    from ..state.remote import address_problem
+    from ..webconfig import WebConfigError, load_http_config
+
+    for address in getattr(args, "remote", ()):
+        problem = address_problem(address)
+        if problem:
+            shown = address.rpartition("@")[2] if "@" in address else address
+            print(f"ddpmon {command}: --from {shown!r} is not valid: {problem}", file=sys.stderr)
+            return 2  # EXIT_USAGE
+    try:
+        return load_http_config(args.http_config)
+    except WebConfigError as exc:
+        print(f"ddpmon {command}: --http-config {exc}", file=sys.stderr)
+        return 2  # EXIT_USAGE
 
 
 def missing_extra(exc: BaseException) -> tuple[str, str] | None:

@@ -16,7 +16,7 @@ import sys
 
 from ..errors import StateFileError
 from ..state.remote import HISTORY_DEADLINE_SECONDS
-from .common import seconds
+from .common import add_http_config, daemon_client, seconds
 
 HELP = "Compare two runs: step time, phases, exposed communication, buckets, and what explains the change."
 
@@ -33,15 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
         help="the longest to wait for a run's node daemons, all together (default: %(default)g)",
     )
+    add_http_config(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..report import compare
 
+    client = daemon_client("compare", args)
+    if isinstance(client, int):
+        return client
     sides = []
     for source in (args.run_a, args.run_b):
         try:
-            sides.append(compare.load_side(source, args.deadline))
+            sides.append(compare.load_side(source, args.deadline, client))
         except (StateFileError, ValueError) as exc:
             print(f"ddpmon compare: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -18,7 +18,7 @@ import time
 
 from ..errors import StateFileError
 from ..state.remote import HISTORY_DEADLINE_SECONDS
-from .common import seconds
+from .common import add_http_config, daemon_client, seconds
 
 HELP = "Write a self-contained HTML report (plots, summary, findings) of a running or finished job."
 
@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
         help="also read the state files and step histories from a node daemon started with "
-        "--serve-state (repeat per node; no shared file system needed)",
+        "--serve-state (repeat per node; no shared file system needed); HOST:PORT, or https://HOST:PORT",
     )
+    add_http_config(parser)
     parser.add_argument(
         "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
         help="the longest to wait for the --from daemons' histories, all together; a history "
@@ -51,7 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..report import html, summary
     from ..report import run as run_mod
-    from ..state.remote import address_problem
     from .common import default_state_dir
 
     dirs = list(args.state_dirs)
@@ -61,14 +61,12 @@ def run(args: argparse.Namespace) -> int:
             print("ddpmon report: no state directory given and none found: pass STATE_DIR", file=sys.stderr)
             return EXIT_USAGE
         dirs = [found]
-    for address in args.remote:
-        problem = address_problem(address)
-        if problem:
-            print(f"ddpmon report: --from {address!r} is not valid: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+    client = daemon_client("report", args)
+    if isinstance(client, int):
+        return client
     started = time.perf_counter()
     try:
-        loaded = run_mod.load(dirs, args.remote, job=args.job, deadline=args.deadline)
+        loaded = run_mod.load(dirs, args.remote, job=args.job, deadline=args.deadline, client=client)
     except StateFileError as exc:
         print(f"ddpmon report: {exc}", file=sys.stderr)
         return EXIT_USAGE

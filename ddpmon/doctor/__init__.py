@@ -21,6 +21,7 @@ from ..activity import Status
 from ..errors import StateFileError
 from ..state import files as state_files
 from ..state import owners
+from ..webconfig import HttpConfig
 from . import procs, rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, earlier_attempts, load_dir, load_remote
@@ -40,16 +41,18 @@ def examine(
     now: float | None = None,
     stack_timeout: float = 4.0,
     remote: Sequence[str] = (),
+    client: HttpConfig | None = None,
 ) -> Diagnosis:
     """Diagnose the job whose state files are in ``state_dir``.
 
     ``job`` picks one job when the directory holds several (default: the one written last);
     ``stall`` overrides the seconds without progress after which a rank counts as stalled;
     ``live_stacks=False`` skips py-spy; ``remote`` (``HOST:PORT`` of node daemons serving
-    ``/state``) replaces the directory. A missing directory, or a job that is not there,
-    raises StateFileError.
+    ``/state``, asked with ``client``'s TLS and credentials) replaces the directory. A
+    missing directory, or a job that is not there, raises StateFileError.
     """
-    diagnosis = _examine(state_dir, job, live_stacks, stall, now, stack_timeout, remote, settle=now is None)
+    diagnosis = _examine(state_dir, job, live_stacks, stall, now, stack_timeout, remote, settle=now is None,
+                         client=client)
     if not remote:  # a restarted job's earlier attempts (attempt-<N>/), each diagnosed from its files
         diagnosis.attempts = earlier_attempts(
             state_dir, diagnosis.job,
@@ -62,13 +65,14 @@ SETTLE_MAX_SECONDS = 3.0
 
 
 def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | None, now: float | None,
-             stack_timeout: float, remote: Sequence[str], settle: bool) -> Diagnosis:
+             stack_timeout: float, remote: Sequence[str], settle: bool,
+             client: HttpConfig | None = None) -> Diagnosis:
     """examine(); with ``settle``, when ranks on other hosts stopped writing just before the
     others failed on their connections, it waits until they would have written again (at
     most a few seconds, only then) and reads everything anew: they are gone, or alive."""
     asked = state_dir
     now = time.time() if now is None else now
-    loaded = load_remote(remote) if remote else load_dir(state_dir)
+    loaded = load_remote(remote, client=client) if remote else load_dir(state_dir)
     if remote:
         state_dir = loaded.state_dir
     notes = file_rules.bad_files(loaded.bad)
@@ -103,7 +107,8 @@ def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | 
     wait = lost_node.undecided(views)
     if settle and 0 < wait <= SETTLE_MAX_SECONDS:
         time.sleep(wait)
-        return _examine(asked, job if chosen else None, live_stacks, stall, None, stack_timeout, remote, settle=False)
+        return _examine(asked, job if chosen else None, live_stacks, stall, None, stack_timeout, remote,
+                        settle=False, client=client)
     notes += _read_only(state_dir if not remote else None, views)
     if live_stacks:
         _live_stacks(views, stack_timeout)

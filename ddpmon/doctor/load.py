@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import StateFileError
 from ..state import attempts, files, owners, remote, schema
+from ..webconfig import HttpConfig
 
 
 @dataclass
@@ -121,7 +122,8 @@ class Unreachable:
     """The addresses its host name stands for (to match peers named in the ranks' errors)."""
 
 
-def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float = REMOTE_DEADLINE_SECONDS) -> Loaded:
+def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float = REMOTE_DEADLINE_SECONDS,
+                client: HttpConfig | None = None) -> Loaded:
     """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
     for jobs spread over nodes without a shared file system. Every daemon is read at once:
     ``timeout`` seconds to connect and between reads, ``deadline`` for all of them together,
@@ -129,7 +131,8 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
     urls = [remote.base_url(a) + "/state" for a in addresses]
-    for address, url, answer in zip(addresses, urls, remote.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES)):
+    answers = remote.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig())
+    for address, url, answer in zip(addresses, urls, answers):
         if answer is None:
             reason = (f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
                       "daemons together)")

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..doctor.words import ms
 from ..state.remote import HISTORY_DEADLINE_SECONDS, address_problem
+from ..webconfig import HttpConfig
 from ..steps import PART_LABELS, PARTS
 from . import html as html_page
 from .run import Run, load
@@ -26,12 +27,14 @@ from .summary import pct, summarize
 NOISE = 0.02  # changes under 2% are shown but not called out
 
 
-def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS) -> tuple[dict[str, Any], Run | None]:
-    """A run's summary (and the Run when read from a directory or daemons)."""
+def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS,
+              client: HttpConfig | None = None) -> tuple[dict[str, Any], Run | None]:
+    """A run's summary (and the Run when read from a directory or daemons, these asked with
+    ``client``'s TLS and credentials)."""
     daemons = _daemons(source) if not os.path.exists(source) else None
     if daemons is not None:
         job, addresses = daemons
-        run = load((), addresses, job=job, findings=False, deadline=deadline)
+        run = load((), addresses, job=job, findings=False, deadline=deadline, client=client)
         return summarize(run), run
     if not os.path.exists(source):
         raise ValueError(f"{source}: no such directory or file; a run is a state directory, the JSON of "

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import StateFileError
 from ..state import history
 from ..state import remote as daemons
+from ..webconfig import HttpConfig
 
 MAX_POINTS = 2000  # plotted points per series: steps are averaged in bins above that
 SAMPLE_ROWS = 5000  # rows per rank read for medians and the bucket summary...
@@ -67,10 +68,10 @@ class Run:
 
 def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str | None = None,
          max_points: int = MAX_POINTS, findings: bool = True,
-         deadline: float = daemons.HISTORY_DEADLINE_SECONDS) -> Run:
+         deadline: float = daemons.HISTORY_DEADLINE_SECONDS, client: HttpConfig | None = None) -> Run:
     """Read a run from state directories and node daemons (``HOST:PORT``, their ``/history``
-    read within ``deadline`` seconds in all). Raises StateFileError when a directory is
-    missing or nothing is there."""
+    read within ``deadline`` seconds in all, asked with ``client``'s TLS and credentials).
+    Raises StateFileError when a directory is missing or nothing is there."""
     problems: list[str] = []
     notes: list[str] = []
     paths: list[str] = []
@@ -82,7 +83,7 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
     with tempfile.TemporaryDirectory(prefix="ddpmon-report-") as scratch:
         shown: dict[str, str] = {}
         if remote:
-            fetched = daemons.fetch_histories(remote, scratch, job, deadline=deadline)
+            fetched = daemons.fetch_histories(remote, scratch, job, deadline=deadline, client=client)
             problems += fetched.problems
             if job is None and fetched.job is not None and fetched.other_jobs:
                 notes.append(f"reading job {fetched.job!r}, the one written last on the daemons (they also hold "
@@ -93,7 +94,7 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
         ranks, stride = _read(paths, job, max_points, problems, shown)
     diagnosis = None
     if findings:
-        diagnosis = _diagnose(state_dirs, remote, job, problems)
+        diagnosis = _diagnose(state_dirs, remote, job, problems, client)
     if not ranks and diagnosis is not None:
         problems.append("no step history (rank-<R>.history.sqlite) was read, so the per-step plots are empty: "
                         "pass the ranks' state directories, or --from the node daemons (--serve-state)")
@@ -143,7 +144,8 @@ def _read(paths: list[str], job: str | None, max_points: int, problems: list[str
     return ranks, stride
 
 
-def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None, problems: list[str]) -> Any:
+def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None, problems: list[str],
+              client: HttpConfig | None) -> Any:
     """The doctor's diagnosis (no live stacks): per-rank status and the findings. Several
     directories are read one by one and their ranks joined."""
     from ..doctor import examine
@@ -151,7 +153,7 @@ def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None,
     results = []
     try:
         if remote:
-            results.append(examine("", job=job, live_stacks=False, remote=list(remote)))
+            results.append(examine("", job=job, live_stacks=False, remote=list(remote), client=client))
         for d in state_dirs:
             results.append(examine(d, job=job, live_stacks=False))
     except StateFileError as exc:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..webconfig import HttpConfig
 from . import history
 
 Answer = tuple[list[str], bytes | BaseException, float]
@@ -53,14 +54,18 @@ def base_url(address: str) -> str:
 
 
 def address_problem(address: str) -> str | None:
-    """What is wrong with a daemon's address (``HOST:PORT``, or ``http://HOST:PORT``), or None."""
+    """What is wrong with a daemon's address (``HOST:PORT``, ``http://HOST:PORT`` or
+    ``https://HOST:PORT``), or None. It never repeats a password given in the address."""
     try:
         parts = urllib.parse.urlsplit(base_url(address))
         port = parts.port
     except ValueError as exc:
-        return f"{exc}"
-    if parts.scheme != "http":
-        return f"the scheme is {parts.scheme!r}; daemons serve http"
+        return f"{exc}" if "@" not in address else "expected HOST:PORT of a node daemon"
+    if parts.username is not None or parts.password is not None:
+        return ("it holds credentials (user:password@): an address is printed, logged and seen in "
+                "process lists; put them in an http_config file's basic_auth (--http-config FILE)")
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme is {parts.scheme!r}; daemons serve http or https"
     if not parts.hostname or port is None:
         return "expected HOST:PORT of a node daemon (for example node1:9490)"
     if parts.path not in ("", "/") or parts.query:
@@ -78,11 +83,12 @@ def ips(url: str) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-def fetch(url: str, timeout: float, until: float, limit: int) -> Answer:
-    """One daemon's answer; a body still coming at ``until`` is cut short."""
+def fetch(url: str, timeout: float, until: float, limit: int, client: HttpConfig) -> Answer:
+    """One daemon's answer, asked with ``client``'s TLS and credentials; a body still coming
+    at ``until`` is cut short."""
     found = ips(url)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with client.open(url, timeout) as response:
             body: bytes | BaseException = read_bounded(response, limit, until)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the caller says it
         if isinstance(exc, urllib.error.HTTPError):
@@ -91,14 +97,15 @@ def fetch(url: str, timeout: float, until: float, limit: int) -> Answer:
     return found, body, time.time()
 
 
-def fetch_all(urls: list[str], timeout: float, deadline: float, limit: int) -> list[Answer | None]:
+def fetch_all(urls: list[str], timeout: float, deadline: float, limit: int,
+              client: HttpConfig) -> list[Answer | None]:
     """Every URL read at once, each in a thread of its own; None for those that have not
     answered after ``deadline`` seconds (their threads end on their own timeout, unwaited)."""
     until = time.monotonic() + deadline
     answers: dict[int, Answer] = {}
 
     def one(i: int, url: str) -> None:  # an answer that does not end is cut short before the deadline
-        answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit)
+        answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit, client)
 
     threads = [threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
                for i, url in enumerate(urls)]
@@ -154,7 +161,7 @@ class _Reading:
 
 
 def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None, timeout: float = 3.0,
-                    deadline: float = HISTORY_DEADLINE_SECONDS) -> Histories:
+                    deadline: float = HISTORY_DEADLINE_SECONDS, client: HttpConfig | None = None) -> Histories:
     """Copy the histories of ``job`` (default: the job written last) from the daemons at
     ``addresses`` into the directory ``into``, one subdirectory per daemon: every daemon's list
     (``/history``), then a page of every rank at a time, until each is whole or ``deadline``
@@ -162,7 +169,8 @@ def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None,
     in ``problems``; so is a rank cut short by the deadline."""
     until = time.monotonic() + deadline
     out = Histories(job)
-    indexes = _indexes(addresses, timeout, until, deadline, out.problems)
+    client = client or HttpConfig()
+    indexes = _indexes(addresses, timeout, until, deadline, out.problems, client)
     latest: dict[str, float] = {}  # job -> its newest file on any daemon
     for _, index in indexes:
         for e in index:
@@ -192,7 +200,7 @@ def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None,
             readings.append(_Reading(address, e["rank"], e, history.HistoryCopy(path, where)))
             out.copies[path] = where
     try:
-        _pages(readings, timeout, until, deadline, out.problems)
+        _pages(readings, timeout, until, deadline, out.problems, client)
     finally:
         for r in readings:
             r.copy.close()
@@ -206,11 +214,12 @@ def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None,
 
 
 def _indexes(addresses: Sequence[str], timeout: float, until: float, deadline: float,
-             problems: list[str]) -> list[tuple[str, list[dict[str, Any]]]]:
+             problems: list[str], client: HttpConfig) -> list[tuple[str, list[dict[str, Any]]]]:
     """(address, its list of histories) of every daemon that answered with one."""
     urls = [base_url(a) + "/history" for a in addresses]
     out = []
-    for address, url, answer in zip(addresses, urls, fetch_all(urls, timeout, until - time.monotonic(), ANSWER_MAX_BYTES)):
+    answers = fetch_all(urls, timeout, until - time.monotonic(), ANSWER_MAX_BYTES, client)
+    for address, url, answer in zip(addresses, urls, answers):
         body = _body(address, url, answer, timeout, deadline, problems, "its ranks are not in the report")
         if body is None:
             continue
@@ -223,7 +232,8 @@ def _indexes(addresses: Sequence[str], timeout: float, until: float, deadline: f
     return out
 
 
-def _pages(readings: list[_Reading], timeout: float, until: float, deadline: float, problems: list[str]) -> None:
+def _pages(readings: list[_Reading], timeout: float, until: float, deadline: float, problems: list[str],
+           client: HttpConfig) -> None:
     """Read a page from every daemon at a time (its first unfinished rank's), until every
     rank is whole or time is up. One request at a time per daemon: its one worker answers
     them in turn anyway, and a scrape waits behind one page at most, not behind a queue."""
@@ -232,7 +242,7 @@ def _pages(readings: list[_Reading], timeout: float, until: float, deadline: flo
         batch = list({r.address: r for r in reversed(pending)}.values())  # each daemon's first
         urls = [f"{base_url(r.address)}/history?"
                 f"{history.Ask(job=r.entry.get('job'), rank=r.rank, since=r.since).query()}" for r in batch]
-        answers = fetch_all(urls, timeout, until - time.monotonic(), ANSWER_MAX_BYTES)
+        answers = fetch_all(urls, timeout, until - time.monotonic(), ANSWER_MAX_BYTES, client)
         for r, url, answer in zip(batch, urls, answers):
             if answer is None:
                 continue  # the deadline: said below

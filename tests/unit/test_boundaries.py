@@ -7,7 +7,7 @@
   import the rank wing or torch.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
   ``activity``, ``metrics``, ``collectors``, ``advice``, ``profiles``, config, errors, frames,
-  fuses) import only each other; ``state/`` imports no reader.
+  fuses, webconfig) import only each other; ``state/`` imports no reader.
 - No import circle anywhere, lazy imports included.
 
 Each rule names the import that breaks it, so the next feature cannot cross the line
@@ -25,7 +25,7 @@ FACES = ("ddpmon", "ddpmon.launch", "ddpmon.demo", "ddpmon.integrations")
 """May import the rank wing: what a training script calls."""
 LEAVES = ("ddpmon.state", "ddpmon.steps", "ddpmon.activity", "ddpmon.metrics", "ddpmon.collectors",
           "ddpmon.advice", "ddpmon.config", "ddpmon.errors", "ddpmon.frames", "ddpmon.fuses", "ddpmon.version",
-          "ddpmon.profiles")
+          "ddpmon.profiles", "ddpmon.webconfig")
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",
     "ddpmon.demo": "the demo is a training script",
@@ -104,7 +104,8 @@ def test_the_leaves_import_only_leaves() -> None:
 
 
 def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
-    allowed = ("ddpmon.state", "ddpmon.errors", "ddpmon.fuses", "ddpmon.frames", "ddpmon.collectors.host")
+    allowed = ("ddpmon.state", "ddpmon.errors", "ddpmon.fuses", "ddpmon.frames", "ddpmon.collectors.host",
+               "ddpmon.webconfig")
     crossings = sorted(f"{m} imports {t}" for m, ts in IMPORTS.items() if _within(m, "ddpmon.state")
                        for t in _ours(ts) if not _within(t, allowed))
     assert not crossings, crossings
