@@ -10,7 +10,9 @@ it wrote is the pid inside the container (Linux lists a process's pid in every n
 from __future__ import annotations
 
 import os
+import socket
 import sys
+from typing import Any
 
 import psutil
 
@@ -208,3 +210,36 @@ def _create_time(proc: psutil.Process) -> float:
         return proc.create_time()
     except psutil.Error:
         return 0.0
+
+
+def peer_uid(local: tuple[Any, ...], peer: tuple[Any, ...]) -> int | None:
+    """The uid that owns the other end of a TCP connection between two sockets of this host
+    (a loopback client of the daemon), as the kernel's socket tables say: the socket whose
+    own address is ``peer`` and whose remote one is ``local``. None when it is not there
+    (the client is on another host, or not on Linux)."""
+    want = (_normal(peer[0]), peer[1], _normal(local[0]), local[1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 7 and (*_endpoint(fields[1]), *_endpoint(fields[2])) == want:
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """``0100007F:1F90`` (the kernel's byte order, 32-bit words) as ("127.0.0.1", 8080)."""
+    address, port = text.split(":")
+    raw = bytes.fromhex(address)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return _normal(socket.inet_ntop(family, raw)), int(port, 16)
+
+
+def _normal(ip: str) -> str:
+    """An IPv4 address seen through an IPv6 socket (``::ffff:127.0.0.1``) as itself."""
+    return ip[7:] if ip.startswith("::ffff:") and "." in ip else ip

@@ -12,6 +12,8 @@ files through this one rule; the daemon also bounds what one user's files cost i
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,3 +45,43 @@ def separate(found: Sequence[tuple[str, RankState, int]]) -> tuple[list[tuple[st
 def owned_name(job: str, uid: int) -> str:
     """The name of one owner's files of a job that several owners claim."""
     return f"{job}@uid{uid}"
+
+
+def readable_by(path: str, uid: int) -> bool:
+    """Whether the user ``uid`` could read ``path`` itself: the file readable, every
+    directory above it searchable, for that user, by the mode bits (``os.access`` asks for
+    this process's user; the daemon serves files to others)."""
+    if uid == 0:
+        return True
+    groups = _groups(uid)
+    here = os.path.abspath(path)
+    bit = stat.S_IROTH
+    while True:
+        try:
+            info = os.stat(here)
+        except OSError:
+            return False
+        if info.st_uid == uid:
+            allowed = info.st_mode & (bit << 6)
+        elif info.st_gid in groups:
+            allowed = info.st_mode & (bit << 3)
+        else:
+            allowed = info.st_mode & bit
+        if not allowed:
+            return False
+        above = os.path.dirname(here)
+        if above == here:
+            return True
+        here, bit = above, stat.S_IXOTH
+
+
+def _groups(uid: int) -> set[int]:
+    """The groups of the user ``uid`` (none for a uid without a name here)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return set()
+    return {user.pw_gid, *(g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem)}
