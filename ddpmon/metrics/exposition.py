@@ -23,9 +23,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import h11
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -121,6 +123,7 @@ def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Ro
 # One thread runs a selectors loop over every connection, so an idle or slow client costs a
 # socket, never a thread; one worker thread produces the bodies (the collectors run at scrape
 # time and may take milliseconds), so the loop keeps accepting, reading and writing meanwhile.
+# h11 (sans-I/O) reads and frames HTTP/1.1: this module only moves bytes and keeps the limits.
 # Limits, like Go's net/http with header timeouts (node_exporter, dcgm-exporter):
 
 HEADER_SECONDS = 2.0
@@ -134,7 +137,10 @@ IDLE_SECONDS = 90.0
 RESPONSE_SECONDS = 30.0
 """A client has this long to read a whole response."""
 MAX_HEAD_BYTES = 16 * 1024
+"""A request's line and headers, in bytes: larger is answered 431."""
 MAX_BODY_BYTES = 64 * 1024
+"""A request's body (read and dropped: no route takes one): larger is answered 413."""
+READ_BYTES = 64 * 1024
 MAX_UNSENT_BYTES = 64 * 2**20
 """Responses waiting for slow readers, in all; past it the oldest such reader is dropped."""
 LISTEN_BACKLOG = 1024
@@ -166,25 +172,69 @@ def _listen(bind: str, port: int) -> socket.socket:
     return sock
 
 
-@dataclass(eq=False)
-class _Connection:
-    sock: socket.socket
-    since: float  # when it started waiting in its state (the oldest idle one goes first)
-    deadline: float
-    state: str = "new"  # new, idle (kept alive), request (part of one), working, writing
-    inbox: bytearray = field(default_factory=bytearray)
-    outbox: bytes | memoryview = b""
-    keep_alive: bool = False
-    served: int = 0  # requests answered
-
-
 @dataclass
 class _Request:
     method: str
     path: str
     query: str
-    headers: dict[str, str]
-    keep_alive: bool
+    headers: dict[str, str]  # lower-case names; a field given twice, its values joined by ", "
+    close: bool = False  # answer with Connection: close (its body is left unread)
+
+
+@dataclass
+class _Answer:
+    """A response before h11 frames it: produced anywhere, framed on the loop only."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    close: bool = False
+
+
+def _http() -> h11.Connection:
+    # h11 refuses an incomplete head past this size; a complete one is measured in _read_event
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One client: its socket, its HTTP state (h11's) and where it stands with the loop. The
+    socket is read and written in ``receive`` and ``transmit`` only, so that wrapping it in
+    TLS changes those two."""
+
+    sock: socket.socket
+    since: float  # when it started waiting in its state (the oldest idle one goes first)
+    deadline: float
+    state: str = "new"  # new, idle (kept alive), request (part of one), working, writing
+    http: h11.Connection = field(default_factory=_http)
+    head: bytearray = field(default_factory=bytearray)
+    """What h11 holds while it waits for a request's head: h11 reads a head whole but says
+    neither how long it was nor how its lines ended."""
+    request: _Request | None = None  # the one being answered
+    outbox: memoryview = field(default_factory=lambda: memoryview(b""))
+    events: int = 0  # what the selector watches it for (0: not registered, the worker has it)
+    served: int = 0  # requests answered
+
+    def receive(self) -> bytes | None:
+        """The client's next bytes: b"" at its end (or a reset), None when none are ready."""
+        try:
+            return self.sock.recv(READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
+
+    def transmit(self) -> int | None:
+        """Send from the outbox what the socket takes: the bytes sent, None when it failed."""
+        try:
+            sent = self.sock.send(self.outbox)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            return None
+        self.outbox = self.outbox[sent:]
+        return sent
 
 
 class _Server:
@@ -204,13 +254,12 @@ class _Server:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._jobs: queue.SimpleQueue[tuple[_Connection, _Request] | None] = queue.SimpleQueue()
-        self._done: deque[tuple[_Connection, bytes]] = deque()
+        self._done: deque[tuple[_Connection, _Answer]] = deque()
         self._unsent = 0
         self._next_sweep = math.inf
         self._accepting_at = 0.0  # accept() paused until then (out of file descriptors)
         self._stopping = False
-        self._failed: str | None = None  # the last scrape failure logged (worker)
-        self._dropped: str | None = None  # the last connection failure logged (loop)
+        self._warned: str | None = None  # the last failure logged (loop or worker)
         self._sel.register(listener, selectors.EVENT_READ)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._loop = threading.Thread(target=self._run, name="ddpmon-endpoint", daemon=True)
@@ -224,6 +273,13 @@ class _Server:
         self._jobs.put(None)
         self._loop.join(2.0)
         self._worker.join(2.0)
+
+    def _warn_once(self, what: str, exc: BaseException) -> None:
+        """Log a failure with its traceback when it is new, not per request: a client that
+        repeats a failing request must not fill the log."""
+        if self._warned != repr(exc):
+            self._warned = repr(exc)
+            log.warning("ddpmon: %s: %r", what, exc, exc_info=exc)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -249,16 +305,18 @@ class _Server:
             self._wake_r.close()
             self._wake_w.close()
 
-    def _serve(self, conn: _Connection, events: int) -> None:
+    def _serve(self, conn: _Connection, events: int = 0, answer: _Answer | None = None) -> None:
+        """Go on with ``conn``: readable or writable (``events``), or answered by the worker."""
         try:
-            if events & selectors.EVENT_READ:
+            if answer is not None:
+                self._respond(conn, answer)
+                self._advance(conn)
+            elif events & selectors.EVENT_READ:
                 self._read(conn)
-            else:
-                self._send(conn)
+            elif self._transmit(conn):
+                self._advance(conn)
         except Exception as exc:  # a bug must cost one connection, not the endpoint
-            if self._dropped != repr(exc):
-                self._dropped = repr(exc)
-                log.warning("ddpmon: the metrics endpoint dropped a connection: %r", exc, exc_info=exc)
+            self._warn_once("the metrics endpoint dropped a connection", exc)
             self._close(conn)
 
     def _wake(self) -> None:
@@ -274,9 +332,9 @@ class _Server:
         except OSError:
             pass
         while self._done:
-            conn, response = self._done.popleft()
+            conn, answer = self._done.popleft()
             if conn in self._conns:
-                self._start_response(conn, response)
+                self._serve(conn, answer=answer)
 
     def _sweep(self) -> None:
         """Close every connection past its deadline; sleep until the next one."""
@@ -296,6 +354,18 @@ class _Server:
         conn.deadline = conn.since + seconds
         self._next_sweep = min(self._next_sweep, conn.deadline)
         self._conns.move_to_end(conn)
+
+    def _watch(self, conn: _Connection, events: int) -> None:
+        """Have the selector watch ``conn`` for ``events`` (0: not at all)."""
+        if events == conn.events:
+            return
+        if not conn.events:
+            self._sel.register(conn.sock, events, conn)
+        elif not events:
+            self._sel.unregister(conn.sock)
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
 
     def _accept(self) -> None:
         for _ in range(64):
@@ -323,7 +393,7 @@ class _Server:
             conn = _Connection(sock, now, now + HEADER_SECONDS)
             self._conns[conn] = None
             self._next_sweep = min(self._next_sweep, conn.deadline)
-            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._watch(conn, selectors.EVENT_READ)
 
     def _evict(self) -> bool:
         """Close the connection that has waited on its client the longest, one that never
@@ -341,89 +411,130 @@ class _Server:
             return
         del self._conns[conn]
         self._unsent -= len(conn.outbox)
-        if conn.state != "working":  # (a working one is not registered)
-            self._sel.unregister(conn.sock)
+        self._watch(conn, 0)
         conn.sock.close()
 
     def _read(self, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = conn.receive()
+        if data is None:
             return
-        except OSError:
-            data = b""
-        if not data:
+        if not data:  # the client left: nothing to answer
             self._close(conn)
             return
         if conn.state == "idle":  # the next request begins: its head has HEADER_SECONDS
             self._expect(conn, "request", HEADER_SECONDS)
         conn.state = "request"  # (a new connection keeps its deadline from the accept)
-        conn.inbox += data
-        self._parse(conn)
+        if conn.http.their_state is h11.IDLE:
+            conn.head += data
+        conn.http.receive_data(data)
+        self._advance(conn)
 
-    def _parse(self, conn: _Connection) -> None:
-        """Act on a complete request in ``conn.inbox``; wait for more otherwise."""
-        end = conn.inbox.find(b"\r\n\r\n")
-        if end < 0:
-            if len(conn.inbox) > MAX_HEAD_BYTES:
-                self._error(conn, "431 Request Header Fields Too Large", "request head over 16 KiB")
-            return
-        request, length, problem = _parse_head(bytes(conn.inbox[:end]))
-        if problem:
-            self._error(conn, *problem)
-            return
-        if len(conn.inbox) < end + 4 + length:  # a body still coming: the whole request has a bound
-            conn.deadline = conn.since + REQUEST_SECONDS
-            return
-        del conn.inbox[: end + 4 + length]  # (a pipelined request stays for after the response)
-        conn.keep_alive = request.keep_alive
+    def _advance(self, conn: _Connection) -> None:
+        """Answer the whole requests h11 holds, in order, until one goes to the worker, an
+        answer waits on the socket, or more bytes are needed. A loop, not a recursion: a
+        thousand pipelined requests cost no stack."""
+        http = conn.http
+        while conn in self._conns and conn.state != "working" and not conn.outbox:
+            if http.our_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):  # an answer went out
+                if http.our_state is not h11.DONE or http.their_state is not h11.DONE:
+                    self._close(conn)
+                    return
+                http.start_next_cycle()
+                conn.request = None
+                conn.head = bytearray(http.trailing_data[0])  # the next request, pipelined
+                self._watch(conn, selectors.EVENT_READ)
+                if conn.head:
+                    self._expect(conn, "request", HEADER_SECONDS)
+                else:
+                    self._expect(conn, "idle", IDLE_SECONDS)
+            event = self._read_event(conn)
+            if isinstance(event, _Answer):
+                self._respond(conn, event)
+            elif isinstance(event, h11.EndOfMessage):
+                self._dispatch(conn)
+            elif event is h11.NEED_DATA:
+                if not http.they_are_waiting_for_100_continue:
+                    return
+                # The client waits for a 100 (Continue) before it sends a body, which no route
+                # reads: answer at once, and close rather than read and drop the body. RFC 9110
+                # (10.1.1) allows a final status instead of 100 and 417 is for an expectation
+                # a server cannot meet; Go's net/http does the same for a handler that never
+                # reads the body.
+                assert conn.request is not None
+                conn.request.close = True
+                self._dispatch(conn)
+            # (h11.Data: a request's body, dropped)
+
+    def _read_event(self, conn: _Connection) -> Any:
+        """h11's next event, or the answer to a request that is not served: what h11 refuses
+        and what it lets through but ddpmon does not (see ``_refusal``)."""
+        http = conn.http
+        try:
+            event = http.next_event()
+        except h11.RemoteProtocolError as exc:
+            if exc.error_status_hint == 431:
+                return _refused(431, f"request head over {MAX_HEAD_BYTES // 1024} KiB")
+            return _refused(exc.error_status_hint,
+                            f"{exc}: expected a request such as 'GET /metrics HTTP/1.1' with a Host "
+                            "header (and one Content-Length, in digits, before a body)")
+        if isinstance(event, h11.Request):
+            head = bytes(conn.head[: len(conn.head) - len(http.trailing_data[0])])
+            conn.head = bytearray()
+            conn.request = _request(event)
+            conn.deadline = conn.since + REQUEST_SECONDS  # a body may follow: the whole request has a bound
+            problem = _refusal(conn.request, head)
+            if problem is not None:
+                return _refused(*problem)
+        return event
+
+    def _dispatch(self, conn: _Connection) -> None:
+        """Answer the request just read: a quick route on the loop, anything else on the worker."""
+        request = conn.request
+        assert request is not None
         conn.served += 1
         quick = self._quick.get(request.path)
         if quick is not None:
-            self._start_response(conn, _route_response(request, quick))
+            self._respond(conn, self._route_answer(request, quick))
             return
-        self._sel.unregister(conn.sock)
+        self._watch(conn, 0)
         self._expect(conn, "working", math.inf)
         self._jobs.put((conn, request))
 
-    def _error(self, conn: _Connection, status: str, message: str) -> None:
-        conn.keep_alive = False
-        self._start_response(conn, _response(status, "text/plain", (message + "\n").encode(), False))
-
-    def _start_response(self, conn: _Connection, response: bytes) -> None:
-        if conn.state == "working":
-            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+    def _respond(self, conn: _Connection, answer: _Answer) -> None:
+        """Frame ``answer`` with h11 and start writing it; the rest as the socket drains."""
+        request = conn.request
+        headers = [("Content-Type", answer.content_type), ("Date", formatdate(usegmt=True)), *answer.headers,
+                   ("Content-Length", str(len(answer.body)))]
+        if answer.close or (request is not None and request.close):
+            headers.append(("Connection", "close"))
+        http = conn.http
+        parts = [http.send(h11.Response(status_code=answer.status, headers=headers,
+                                        reason=HTTPStatus(answer.status).phrase))]
+        if answer.body and (request is None or request.method != "HEAD"):
+            parts += http.send_with_data_passthrough(h11.Data(data=answer.body)) or []
+        parts.append(http.send(h11.EndOfMessage()))
+        response = b"".join(p for p in parts if p)
         self._expect(conn, "writing", RESPONSE_SECONDS)
         conn.outbox = memoryview(response)
         self._unsent += len(response)
-        self._send(conn)
+        self._transmit(conn)
         while self._unsent > MAX_UNSENT_BYTES:  # slow readers hold too much: the oldest goes
             oldest = next((c for c in self._conns if c.state == "writing"), conn)
             if oldest is conn:
                 break
             self._close(oldest)
 
-    def _send(self, conn: _Connection) -> None:
-        try:
-            sent = conn.sock.send(conn.outbox)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
+    def _transmit(self, conn: _Connection) -> bool:
+        """Write from the outbox; True once it is empty."""
+        sent = conn.transmit()
+        if sent is None:
             self._close(conn)
-            return
-        conn.outbox = conn.outbox[sent:]
+            return False
         self._unsent -= sent
         if conn.outbox:
-            self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
-            return
-        if not conn.keep_alive:
-            self._close(conn)
-            return
-        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
-        self._expect(conn, "idle", IDLE_SECONDS)
-        if conn.inbox:  # a pipelined request
-            self._expect(conn, "request", HEADER_SECONDS)
-            self._parse(conn)
+            self._watch(conn, selectors.EVENT_WRITE)
+            return False
+        return True
 
     # -- the worker --------------------------------------------------------------------------
 
@@ -435,14 +546,14 @@ class _Server:
             conn, request = job
             route = self._routes.get(request.path)
             try:
-                response = _route_response(request, route) if route else self._metrics(request)
+                answer = self._route_answer(request, route) if route else self._metrics(request)
             except Exception as exc:  # (gzip out of memory, ...): never lose the worker
-                log.warning("ddpmon: answering %s failed: %r", request.path, exc, exc_info=exc)
-                response = _response("500 Internal Server Error", "text/plain", f"{exc!r}\n".encode(), False)
-            self._done.append((conn, response))
+                self._warn_once(f"answering {request.path} failed", exc)
+                answer = _Answer(500, "text/plain", f"{exc!r}\n".encode(), close=True)
+            self._done.append((conn, answer))
             self._wake()
 
-    def _metrics(self, request: _Request) -> bytes:
+    def _metrics(self, request: _Request) -> _Answer:
         try:
             encoder, content_type = choose_encoder(request.headers.get("accept", ""))
             registry = self._registry
@@ -450,73 +561,68 @@ class _Server:
             if names:
                 registry = registry.restricted_registry(names)
             body = encoder(registry)
-        except Exception as exc:  # a collector failed: say so, once per new failure
-            if self._failed != repr(exc):
-                self._failed = repr(exc)
-                log.warning("ddpmon: a metrics scrape failed: %r", exc, exc_info=exc)
-            return _response("500 Internal Server Error", "text/plain", f"collecting failed: {exc!r}\n".encode(),
-                             request.keep_alive, request)
-        return _response("200 OK", content_type, body, request.keep_alive, request)
+        except Exception as exc:  # a collector failed: say so
+            self._warn_once("a metrics scrape failed", exc)
+            return _answer(500, "text/plain", f"collecting failed: {exc!r}\n".encode(), request)
+        return _answer(200, content_type, body, request)
+
+    def _route_answer(self, request: _Request, route: Route) -> _Answer:
+        try:
+            content_type, body = route(parse_qs(request.query, keep_blank_values=True))
+        except (BadRequest, LookupError, Unhealthy) as exc:  # a bad query, not served now, failing
+            status = 400 if isinstance(exc, BadRequest) else 503 if isinstance(exc, Unhealthy) else 404
+            message = str(exc.args[0] if exc.args else exc) + "\n"
+            return _answer(status, "text/plain", message.encode(), request)
+        except Exception as exc:  # a bug in a route: answer, and say it where it can be fixed
+            self._warn_once(f"{request.path} failed", exc)
+            return _answer(500, "text/plain", f"{exc!r}\n".encode(), request)
+        return _answer(200, content_type, body, request)
 
 
-def _parse_head(head: bytes) -> tuple[_Request, int, tuple[str, str] | None]:
-    """The request, its body's length, and (status, message) when it cannot be served."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
+def _request(event: h11.Request) -> _Request:
     headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    bad = _Request("", "", "", {}, False)
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        return bad, 0, ("400 Bad Request", "expected a request line such as 'GET /metrics HTTP/1.1'")
-    method, target, version = parts
-    if "transfer-encoding" in headers:
-        return bad, 0, ("501 Not Implemented", "chunked request bodies are not accepted")
-    try:
-        length = int(headers.get("content-length", "0"))
-    except ValueError:
-        return bad, 0, ("400 Bad Request", "Content-Length is not a number")
-    if not 0 <= length <= MAX_BODY_BYTES:
-        return bad, 0, ("413 Content Too Large", "a request body over 64 KiB")
-    if not target.startswith("/"):
-        target = urlsplit(target).path or "/"  # absolute form, from a proxy
-    path, _, query = target.partition("?")
-    connection = headers.get("connection", "").lower()
-    keep_alive = "keep-alive" in connection if version == "HTTP/1.0" else "close" not in connection
-    request = _Request(method, path, query, headers, keep_alive)
-    if method not in ("GET", "HEAD"):
-        return request, length, ("405 Method Not Allowed", f"{method} is not served; use GET")
-    return request, length, None
+    for name, value in event.headers:
+        key, text = name.decode("latin-1"), value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    target = urlsplit(event.target.decode("latin-1"))  # (also the absolute form, from a proxy)
+    return _Request(event.method.decode("latin-1"), target.path or "/", target.query, headers)
 
 
-def _route_response(request: _Request, route: Route) -> bytes:
-    try:
-        content_type, body = route(parse_qs(request.query, keep_blank_values=True))
-    except (BadRequest, LookupError, Unhealthy) as exc:  # a bad query, not served now, failing
-        status = ("400 Bad Request" if isinstance(exc, BadRequest) else
-                  "503 Service Unavailable" if isinstance(exc, Unhealthy) else "404 Not Found")
-        message = str(exc.args[0] if exc.args else exc) + "\n"
-        return _response(status, "text/plain", message.encode(), request.keep_alive, request)
-    except Exception as exc:  # a bug in a route: answer, and say it where it can be fixed
-        log.warning("ddpmon: %s failed: %r", request.path, exc, exc_info=exc)
-        return _response("500 Internal Server Error", "text/plain", f"{exc!r}\n".encode(), request.keep_alive, request)
-    return _response("200 OK", content_type, body, request.keep_alive, request)
+def _refusal(request: _Request, head: bytes) -> tuple[int, str] | None:
+    """Why a request h11 has read is not served, as (status, message); None when it is.
+    h11 refuses a malformed head (400: a bad request line or header, a Content-Length that is
+    not digits or given twice with two values, no Host in HTTP/1.1) and an incomplete head
+    over the limit (431); these are what it lets through."""
+    if len(head) > MAX_HEAD_BYTES:
+        return 431, f"request head over {MAX_HEAD_BYTES // 1024} KiB"
+    if head.count(b"\n") != head.count(b"\r\n"):
+        # h11 reads a bare LF as a line's end, as RFC 9112 (2.2) allows; a proxy in front may
+        # not, and the two would disagree on where a request ends (request smuggling)
+        return 400, "a line of the request head ends in a bare LF: end each line with CRLF"
+    if request.method not in ("GET", "HEAD"):
+        return 405, f"{request.method} is not served; use GET"
+    if "transfer-encoding" in request.headers:
+        return 501, "chunked request bodies are not accepted"
+    if int(request.headers.get("content-length", "0")) > MAX_BODY_BYTES:
+        return 413, f"a request body over {MAX_BODY_BYTES // 1024} KiB"
+    expect = request.headers.get("expect", "").lower()
+    if expect and expect != "100-continue":
+        return 417, f"'Expect: {expect}' cannot be met (only 100-continue is)"
+    return None
 
 
-def _response(status: str, content_type: str, body: bytes, keep_alive: bool, request: _Request | None = None) -> bytes:
-    """A whole response; gzip when the request accepts it (as prometheus_client does)."""
-    head = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}", f"Date: {formatdate(usegmt=True)}"]
-    if request is not None and gzip_accepted(request.headers.get("accept-encoding", "")):
-        body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
-        head.append("Content-Encoding: gzip")
-    head.append(f"Content-Length: {len(body)}")
-    if not keep_alive:
-        head.append("Connection: close")
-    if status.startswith("405"):
-        head.append("Allow: GET, HEAD")
-    out = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
-    return out if request is not None and request.method == "HEAD" else out + body
+def _refused(status: int, message: str) -> _Answer:
+    """The answer to a request that is not served; the connection closes after it."""
+    headers = [("Allow", "GET, HEAD")] if status == 405 else []
+    return _Answer(status, "text/plain", (message + "\n").encode(), headers, close=True)
+
+
+def _answer(status: int, content_type: str, body: bytes, request: _Request) -> _Answer:
+    """An answer to ``request``; gzip when it accepts it (as prometheus_client does)."""
+    if not gzip_accepted(request.headers.get("accept-encoding", "")):
+        return _Answer(status, content_type, body)
+    body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+    return _Answer(status, content_type, body, [("Content-Encoding", "gzip")])
 
 
 def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, rank: int) -> Endpoint | None:

@@ -399,14 +399,22 @@ class Ask:
         return urllib.parse.urlencode(items)
 
 
+WHOLE_MAX = 2**63 - 1
+"""The largest number a query takes: SQLite's largest integer (a larger one cannot be compared
+with a step, and would fail the read)."""
+
+
 def _whole(query: dict[str, str], key: str, expected: str, low: int, high: int | None = None) -> int:
+    """``query[key]`` as a number from ``low`` to ``high`` (at most ``WHOLE_MAX``), in decimal
+    digits only: ``int()`` also takes '+5', ' 5' and '1_0'."""
     text = query[key]
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
+    if not (text.isascii() and text.isdigit()):
+        raise BadQuery(f"{key}={text!r} is not valid: expected {expected}")
+    value = int(text) if len(text) <= 19 else WHOLE_MAX + 1  # (int() refuses 4,300 digits and more)
     if value < low or (high is not None and value > high):
         raise BadQuery(f"{key}={text!r} is not valid: expected {expected}")
+    if value > WHOLE_MAX:
+        raise BadQuery(f"{key}={text!r} is not valid: expected {expected}, at most {WHOLE_MAX}")
     return value
 
 

@@ -3,8 +3,8 @@
 #
 #   docker build -f deploy/docker/daemon.Dockerfile -t ddpmon-daemon:0.1.0 .
 #
-# It holds ddpmon and its five dependencies (prometheus-client, psutil, nvidia-ml-py, PyYAML,
-# bcrypt), about 9.7 MB over the base image; torch is not among them. NVML itself (libnvidia-ml.so) is the
+# It holds ddpmon and its six dependencies (prometheus-client, psutil, nvidia-ml-py, h11, PyYAML,
+# bcrypt), about 9.8 MiB over the base image; torch is not among them. NVML itself (libnvidia-ml.so) is the
 # node driver's, mounted at run time by the NVIDIA container runtime. See docs/install.md.
 FROM python:3.11-slim
 

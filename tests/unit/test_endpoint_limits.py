@@ -169,7 +169,8 @@ def test_prometheus_keeps_its_connection_and_gets_gzip_and_head() -> None:
         assert r.getheader("Content-Type").startswith("application/openmetrics-text") and r.read().endswith(b"# EOF\n")
         assert conn.sock is sock, "five requests on one kept-alive connection"
         conn.close()
-        for head in (b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n", b"GET /metrics HTTP/1.0\r\n\r\n"):
+        for head in (b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                     b"GET /metrics HTTP/1.0\r\n\r\n"):
             s = silent(endpoint.port, head)  # closed after its response, as asked
             assert closed_by_server(s, 2.0) is not None, head
             s.close()
@@ -180,10 +181,10 @@ def test_prometheus_keeps_its_connection_and_gets_gzip_and_head() -> None:
 def test_bad_requests_are_answered_and_closed() -> None:
     endpoint = exposition.serve(One(), 0, "127.0.0.1")
     try:
-        for head, status in [(b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nab", b"405"),
+        for head, status in [(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab", b"405"),
                              (b"hello\r\n\r\n", b"400"),
-                             (b"GET /metrics HTTP/1.1\r\nX: " + b"y" * 20000, b"431"),
-                             (b"GET /metrics HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", b"413")]:
+                             (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: " + b"y" * 20000, b"431"),
+                             (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 999999\r\n\r\n", b"413")]:
             s = silent(endpoint.port, head)
             s.settimeout(5)
             assert s.recv(4096).split(b" ")[1] == status, head[:30]
@@ -202,7 +203,7 @@ def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.Mon
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.connect(("127.0.0.1", endpoint.port))
-            s.sendall(b"GET /state HTTP/1.1\r\n\r\n")
+            s.sendall(b"GET /state HTTP/1.1\r\nHost: x\r\n\r\n")
             readers.append(s)
             time.sleep(0.5)
         status, seconds = timed_get(endpoint.port)
@@ -288,3 +289,171 @@ def test_daemon_healthz_fails_when_the_sampling_pass_is_stale(tmp_path) -> None:
     finally:
         endpoint.close()
         daemon.stop()
+
+
+# -- framing: what a hostile or odd client sends (h11 reads it; see docs/security.md) ----------
+
+
+def exchange(port: int, data: bytes, within: float = 5.0) -> tuple[bytes, bool]:
+    """Send ``data`` on a new connection; (everything answered, whether the server closed the
+    connection within ``within`` seconds)."""
+    s = silent(port, data)
+    s.settimeout(within)
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+        return out, True
+    except TimeoutError:
+        return out, False
+    except ConnectionResetError:
+        return out, True
+    finally:
+        s.close()
+
+
+def responses(data: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each response in ``data`` (Content-Length framed, as the endpoint's)."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next((int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:")), 0)
+        out.append((int(lines[0].split(b" ")[1]), data[:length]))
+        data = data[length:]
+    return out
+
+
+def test_a_thousand_pipelined_requests_are_all_answered_in_order() -> None:
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/echo": lambda query: ("text/plain", query["i"][0].encode())},
+                                quick_routes={"/quick": lambda query: ("text/plain", query["i"][0].encode())})
+    try:
+        # 600 on the loop in a row (each answered before the next is read), then the worker's in between
+        paths = ["/quick" if i < 600 or i % 2 else "/echo" for i in range(1000)]
+        data = b"".join(f"GET {p}?i={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i, p in enumerate(paths))
+        last = b"GET /quick?i=last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        got, closed = exchange(endpoint.port, data + last)
+        assert closed and responses(got) == [(200, str(i).encode()) for i in range(1000)] + [(200, b"last")]
+    finally:
+        endpoint.close()
+
+
+@pytest.mark.parametrize("lengths", [
+    b"Content-Length: 5\r\nContent-Length: 0\r\n",  # two that differ: which one frames the body?
+    b"Content-Length: 5, 0\r\n",
+    b"Content-Length: +5\r\n",  # int() reads these two, a proxy in front may not
+    b"Content-Length: 1_0\r\n",
+    b"Content-Length: 0x5\r\n",
+])
+def test_a_content_length_that_could_be_read_two_ways_is_refused_and_closed(lengths: bytes) -> None:
+    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    try:
+        smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+        got, closed = exchange(endpoint.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + lengths + b"\r\n" + smuggled)
+        [(status, body)] = responses(got)  # one answer: the rest is never read as a request
+        assert (status, closed) == (400, True) and b"Content-Length" in body, body
+    finally:
+        endpoint.close()
+
+
+def test_a_request_head_over_16_kib_is_refused_however_it_arrives() -> None:
+    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+
+    def head(size: int) -> bytes:  # a whole request head of exactly ``size`` bytes
+        start, end = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: ", b"\r\n\r\n"
+        return start + b"y" * (size - len(start) - len(end)) + end
+
+    try:
+        assert len(head(exposition.MAX_HEAD_BYTES)) == 16 * 1024
+        assert responses(exchange(endpoint.port, head(16 * 1024) + b"GET / HTTP/1.0\r\n\r\n")[0])[0][0] == 200
+        for size in (16 * 1024 + 1, 65_000):  # whole, in one read: h11 bounds only an incomplete head
+            got, closed = exchange(endpoint.port, head(size))
+            assert responses(got) == [(431, b"request head over 16 KiB\n")] and closed, size
+        s = silent(endpoint.port, head(65_000)[:30_000])  # still incomplete past 16 KiB
+        s.settimeout(5)
+        assert s.recv(4096).startswith(b"HTTP/1.1 431 ")
+        s.close()
+    finally:
+        endpoint.close()
+
+
+def test_a_head_with_bare_lf_line_ends_is_answered_400_at_once() -> None:
+    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    try:
+        for data in (b"GET /metrics HTTP/1.1\nHost: x\n\n",
+                     # CRLF and LF mixed: read as two headers here, as one by a proxy that wants CRLF
+                     b"GET /metrics HTTP/1.1\r\nHost: x\nContent-Length: 5\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n"):
+            started = time.monotonic()
+            got, closed = exchange(endpoint.port, data)
+            assert responses(got) == [(400, b"a line of the request head ends in a bare LF: end each line with CRLF\n")]
+            assert closed and time.monotonic() - started < 1.0, "answered, not left to the head deadline"
+    finally:
+        endpoint.close()
+
+
+def test_expect_100_continue_is_answered_at_once_and_other_expectations_417() -> None:
+    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    try:
+        # a body announced, and the client waits for a go-ahead: the answer comes without it
+        started = time.monotonic()
+        got, closed = exchange(endpoint.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                                              b"Content-Length: 10\r\n\r\n")
+        [(status, body)] = responses(got)
+        assert status == 200 and b"ddpmon_rank_info 1.0" in body and b"\r\nConnection: close\r\n" in got
+        assert closed and time.monotonic() - started < 1.0
+        # without a body, nothing to wait for: answered, and the connection kept
+        got, closed = exchange(endpoint.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n"
+                                              b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert [s for s, _ in responses(got)] == [200, 200] and closed
+        got, closed = exchange(endpoint.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nExpect: a-miracle\r\n\r\n")
+        assert responses(got) == [(417, b"'Expect: a-miracle' cannot be met (only 100-continue is)\n")] and closed
+    finally:
+        endpoint.close()
+
+
+def test_random_framing_gets_an_answer_never_a_5xx_or_a_logged_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A small fuzz of the framing (seeded, 2 s): pipelined requests with headers picked at
+    random, some with a byte flipped, a CRLF made LF or the end cut; each connection is
+    answered or closed within the deadlines, with no 5xx but 501 (a Transfer-Encoding) and
+    nothing logged."""
+    import random
+
+    monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.3)
+    monkeypatch.setattr(exposition, "REQUEST_SECONDS", 0.5)
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", quick_routes={"/q": lambda query: ("text/plain", b"q")})
+    rng = random.Random(36)
+    lines = [b"GET /metrics HTTP/1.1", b"HEAD /q HTTP/1.1", b"GET /q?a=1 HTTP/1.0", b"POST /q HTTP/1.1",
+             b"GET http://x/q HTTP/1.1", b"GET  /q HTTP/1.1", b"GET /q HTTP/2.0", b"get /q HTTP/1.1"]
+    fields = [b"Host: x", b"Host: y", b"Content-Length: 3", b"Content-Length: 4", b"Content-Length: 99999",
+              b"Transfer-Encoding: chunked", b"Expect: 100-continue", b"Expect: x", b"Connection: close",
+              b"Connection: keep-alive", b"Accept-Encoding: gzip", b"X: a\x00b", b" folded", b"X:" + b"y" * 9000]
+
+    def request() -> bytes:
+        head = [rng.choice(lines), *rng.sample(fields, rng.randint(0, 4))]
+        if rng.random() < 0.8:
+            head.insert(1, b"Host: x")
+        return b"\r\n".join(head) + b"\r\n\r\n" + rng.choice([b"", b"abc", b"abcd"])
+
+    try:
+        with caplog.at_level("WARNING", logger="ddpmon"):
+            cases = 0
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                data = bytearray(b"".join(request() for _ in range(rng.randint(1, 3))))
+                mutation = rng.randrange(4)
+                if mutation == 1:
+                    data[rng.randrange(len(data))] = rng.randrange(256)
+                elif mutation == 2:
+                    data = data.replace(b"\r\n", b"\n", 1)
+                elif mutation == 3:
+                    del data[rng.randrange(len(data)):]
+                data += b"GET /q HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                got, closed = exchange(endpoint.port, bytes(data), within=3.0)
+                statuses = [int(line.split(b" ")[1]) for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+                assert closed and all(s < 500 or s == 501 for s in statuses), (bytes(data), got[:300])
+                cases += 1
+        assert cases > 50 and caplog.records == []
+        assert get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200
+    finally:
+        endpoint.close()

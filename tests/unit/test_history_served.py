@@ -65,6 +65,12 @@ def test_the_query_and_what_it_asks() -> None:
     ("rank=x", "rank='x' is not valid: expected a rank number (0, 1, ...)"),
     ("rank=-1", "rank='-1' is not valid"),
     ("rank=0&since=-5", "since='-5' is not valid: expected a step number (0 for the first page)"),
+    ("rank=0&since=%2B5", "since='+5' is not valid"),  # int() takes these three
+    ("rank=0&since=1_0", "since='1_0' is not valid"),
+    ("rank=0&limit=%205", "limit=' 5' is not valid"),
+    (f"rank=0&since={2**63}", f"since='{2**63}' is not valid: expected a step number (0 for the first page), "
+                              f"at most {2**63 - 1}"),  # past SQLite's integers
+    (f"rank={10**30}", f"rank='{10**30}' is not valid: expected a rank number (0, 1, ...), at most {2**63 - 1}"),
     ("rank=0&limit=0", f"limit='0' is not valid: expected 1 to {history.PAGE_ROWS} steps per answer"),
     (f"rank=0&limit={history.PAGE_ROWS + 1}", "is not valid: expected 1 to"),
     ("rank=0&buckets=yes", "buckets='yes' is not valid: expected 1 (with each step's buckets) or 0"),
@@ -212,6 +218,22 @@ def test_the_daemon_lists_and_pages_its_ranks_histories(tmp_path: Path, node: tu
     status, body = get(f"http://{address}/history?rank=1")
     assert status == 400 and b"rank 1 has histories of jobs 'j', 'k' on this node: add job=JOB" in body
     assert json.loads(get(f"http://{address}/history?rank=1&job=k")[1])["rows_total"] == 3
+
+
+def test_a_step_past_sqlites_integers_is_answered_400_and_nothing_is_logged(
+        tmp_path: Path, node: tuple[Daemon, str], caplog: pytest.LogCaptureFixture) -> None:
+    _, address = node
+    job = tmp_path / "node" / "j"
+    store(job, 0, last=3)
+    served(job, 1, "j")
+    with caplog.at_level("WARNING", logger="ddpmon"):
+        for since in (2**63, 2**64):
+            assert get(f"http://{address}/history?rank=0&since={since}") == (400, (
+                f"since='{since}' is not valid: expected a step number (0 for the first page), "
+                f"at most {2**63 - 1}\n").encode())
+        last = json.loads(get(f"http://{address}/history?rank=0&since={2**63 - 1}")[1])
+    assert (last["rows"], last["next_since"]) == ([], None)
+    assert caplog.records == []
 
 
 def test_a_history_that_is_a_link_or_someone_elses_is_not_served(tmp_path: Path, node: tuple[Daemon, str]) -> None:
