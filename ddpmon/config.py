@@ -79,6 +79,10 @@ class Config:
     unused_parameters_advice_steps: int = 100
     """Steps without any unused parameter after which find_unused_parameters=True is
     flagged as needless."""
+    web_config_file: str | None = None
+    """exporter-toolkit's web config file (TLS, basic auth), for the metrics endpoint, as
+    node_exporter's ``--web.config.file`` reads it (docs/security.md). A file that cannot be
+    used leaves the rank without an endpoint, with one warning saying why."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> Config:
@@ -159,6 +163,12 @@ def default_state_root() -> str:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """``DDPMON_WEB_CONFIG_FILE``, for the daemon (whose other settings are its flags)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("DDPMON_WEB_CONFIG_FILE") or None
 
 
 def _parse(var: str, name: str, text: str) -> Any:

@@ -24,7 +24,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -38,6 +38,7 @@ from .metrics.catalog import DAEMON_ACTIVITIES
 from .metrics.exposition import (
     BadRequest,
     Query,
+    Reader,
     Sample,
     Unhealthy,
     families,
@@ -236,6 +237,20 @@ class HistoryFile:
     """When it was last written (its write-ahead log included)."""
 
 
+def _may_read(reader: Reader | None) -> Callable[[str], bool]:
+    """Which files may be served to ``reader``: every one to a client that proved who it is
+    (the web config's users, or a verified client certificate: trusted with the node's
+    files), and to the daemon's own callers (None); to a client on this host without
+    credentials, what its own user could read (its uid from the kernel's socket tables);
+    nothing to anyone else."""
+    if reader is None or reader.authenticated:
+        return lambda path: True
+    uid = host.peer_uid(reader.local, reader.peer)
+    if uid is None:
+        return lambda path: False
+    return lambda path: owners.readable_by(path, uid)
+
+
 def _mtime(path: str) -> float:
     try:
         return os.lstat(path).st_mtime
@@ -372,7 +387,7 @@ class Daemon:
         """Age of the last finished sampling pass beyond which the daemon is unhealthy."""
         return max(HEALTHY_PASSES * self.interval, HEALTHY_MIN_SECONDS)
 
-    def health_route(self, query: Query | None = None) -> tuple[str, bytes]:
+    def health_route(self, query: Query | None = None, reader: Reader | None = None) -> tuple[str, bytes]:
         """``/healthz``: 200 while sampling passes finish, 503 (Unhealthy) once the last one
         is older than ``stale_after_seconds`` (a hung file system or NVML call): serving
         old samples forever would hide it, so a liveness probe restarts the daemon."""
@@ -382,13 +397,15 @@ class Daemon:
                             f"(interval {self.interval:g} s): sampling is stuck")
         return "text/plain", f"ok: last sampling pass {age:.1f} s ago\n".encode()
 
-    def states(self) -> list[dict[str, Any]]:
-        """The state files of this node's ranks, read now (for ``/state``). Each carries
-        ``file_mtime_unix`` and ``served_unix`` (this host's clock), so a reader elsewhere can
-        tell how old each file is whatever the clocks say."""
+    def states(self, reader: Reader | None = None) -> list[dict[str, Any]]:
+        """The state files of this node's ranks that ``reader`` may read (``_may_read``),
+        read now (for ``/state``). Each carries ``file_mtime_unix`` and ``served_unix`` (this
+        host's clock), so a reader elsewhere can tell how old each file is whatever the
+        clocks say."""
         out, served = [], time.time()
+        may_read = _may_read(reader)
         for path, state, _, mtime in self.files.read_all():
-            if not self._is_local(state):
+            if not self._is_local(state) or not may_read(path):
                 continue
             data = schema.to_json(state)
             signalled = fault.of_run(path, state, mtime - state.now_unix if state.now_unix is not None else 0.0)
@@ -399,19 +416,22 @@ class Daemon:
             out.append(data)
         return out
 
-    def state_route(self, query: Query | None = None) -> tuple[str, bytes]:
-        return "application/json", json.dumps(self.states(), default=str).encode()
+    def state_route(self, query: Query | None = None, reader: Reader | None = None) -> tuple[str, bytes]:
+        return "application/json", json.dumps(self.states(reader), default=str).encode()
 
-    def histories(self) -> list[HistoryFile]:
+    def histories(self, reader: Reader | None = None) -> list[HistoryFile]:
         """The step histories of this node's ranks (for ``/history``): each local state file's
         ``rank-<R>.history.sqlite`` beside it, a regular file of the state file's owner (never
-        a link: the files of one user are not served as another's); one per (job, rank), the
-        one written last."""
+        a link: the files of one user are not served as another's) that ``reader`` may read;
+        one per (job, rank), the one written last."""
         found: dict[tuple[str, int], HistoryFile] = {}
+        may_read = _may_read(reader)
         for path, state, owner, _ in self.files.read_all():
             if not self._is_local(state):
                 continue
             where = history.path_for(os.path.dirname(path), state.rank)
+            if not may_read(where):
+                continue
             try:
                 info = os.lstat(where)
             except OSError:
@@ -427,14 +447,15 @@ class Daemon:
                 found[key] = HistoryFile(key[0], state.rank, where, mtime)
         return sorted(found.values(), key=lambda h: (h.job, h.rank))
 
-    def history_route(self, query: Query) -> tuple[str, bytes]:
-        """``/history``: this node's histories, or a page of one (``history.page``: at most
-        ``history.PAGE_ROWS`` steps and about ``history.PAGE_BYTES`` per answer)."""
+    def history_route(self, query: Query, reader: Reader | None = None) -> tuple[str, bytes]:
+        """``/history``: this node's histories that ``reader`` may read, or a page of one
+        (``history.page``: at most ``history.PAGE_ROWS`` steps and about ``history.PAGE_BYTES``
+        per answer)."""
         try:
             ask = history.Ask.parse(query)
         except history.BadQuery as exc:
             raise BadRequest(str(exc)) from None
-        found = [h for h in self.histories() if ask.job is None or h.job == ask.job]
+        found = [h for h in self.histories(reader) if ask.job is None or h.job == ask.job]
         if ask.rank is None:
             return _json({"format": history.PAGE_FORMAT, "host": self.hostname, "served_unix": time.time(),
                           "page_rows": history.PAGE_ROWS, "page_bytes": history.PAGE_BYTES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import resource
 import signal
@@ -10,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from ..config import default_state_root
+from ..config import default_state_root, web_config_file
 from ..state.owners import MAX_RANKS_PER_USER
 from . import EXIT_OK, EXIT_USAGE
 
@@ -47,7 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also serve this node's state files read-only at /state and the ranks' "
                              "step histories at /history (JSON, at most 5,000 steps per answer), for "
                              "`ddpmon doctor --from HOST:PORT` and `ddpmon report --from HOST:PORT`; "
-                             "off by default: they hold stacks and paths")
+                             "off by default: they hold stacks and paths. Without credentials a client "
+                             "on this host gets the files its user may read; on an address others can "
+                             "reach it needs --web-config-file with basic_auth_users or client certificates")
+    parser.add_argument("--web-config-file", metavar="FILE",
+                        help="TLS and basic auth, in exporter-toolkit's web config format (node_exporter's "
+                             "--web.config.file); default: $DDPMON_WEB_CONFIG_FILE")
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -76,6 +82,21 @@ def run(args: argparse.Namespace) -> int:
 
     from ..daemon import Daemon
     from ..metrics.exposition import serve
+    from ..webconfig import WebConfigError, load_web_config
+
+    web_file = args.web_config_file or web_config_file()
+    try:
+        web = load_web_config(web_file) if web_file else None
+    except WebConfigError as exc:
+        print(f"ddpmon daemon: --web-config-file {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.serve_state and not (web and web.guarded) and not _loopback(args.bind):
+        print(f"ddpmon daemon: --serve-state on {args.bind} without credentials would serve every rank's state "
+              "files and histories (stacks, paths, exception messages) to anyone who reaches the port. Bind "
+              "127.0.0.1 (a client on this host then gets the files its user may read), or give "
+              "--web-config-file with basic_auth_users or client_auth_type: RequireAndVerifyClientCert "
+              "(docs/security.md)", file=sys.stderr)
+        return EXIT_USAGE
 
     _raise_fd_limit()
     daemon = Daemon(args.state_dir, interval=args.interval, stale_after=args.stale_after,
@@ -84,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     routes = ({"/state": daemon.state_route, "/history": daemon.history_route} if args.serve_state
               else {"/state": _not_served, "/history": _not_served})
     try:  # /healthz reads two numbers: answered at once, even while a /state read is slow
-        endpoint = serve(daemon, args.port, args.bind, routes, quick_routes={"/healthz": daemon.health_route})
+        endpoint = serve(daemon, args.port, args.bind, routes, quick_routes={"/healthz": daemon.health_route},
+                         web=web)
     except OSError as exc:
         daemon.stop()
         print(f"ddpmon daemon: cannot serve on {args.bind}:{args.port} ({exc.strerror or exc}): "
@@ -99,9 +121,14 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     gpus = len(daemon.gpus)
-    print(f"ddpmon daemon: serving http://{args.bind}:{endpoint.port}/metrics"
+    scheme = "https" if web and web.ssl else "http"
+    print(f"ddpmon daemon: serving {scheme}://{args.bind}:{endpoint.port}/metrics"
           f"{', /state and /history' if args.serve_state else ''}; state files from {args.state_dir}; "
           f"{gpus} GPU(s)", flush=True)
+    if args.serve_state:
+        whose = ("every state file of this node, to a client with credentials"
+                 if web and web.guarded else "to a client on this host, the state files its own user may read")
+        print(f"ddpmon daemon: /state and /history serve {whose}", flush=True)
     while not stop.wait(0.5):
         pass
     endpoint.close()
@@ -122,5 +149,15 @@ def _raise_fd_limit() -> None:
             pass  # a smaller cap, that is all
 
 
-def _not_served(query: Any = None) -> tuple[str, bytes]:
+def _loopback(bind: str) -> bool:
+    """Whether ``bind`` can be reached from this host only."""
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return False
+
+
+def _not_served(query: Any = None, reader: Any = None) -> tuple[str, bytes]:
     raise LookupError("this daemon does not serve state files or histories: start it with --serve-state")

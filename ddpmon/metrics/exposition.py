@@ -17,6 +17,7 @@ import queue
 import resource
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections import OrderedDict, deque
@@ -37,6 +38,7 @@ from prometheus_client.core import (
 from prometheus_client.core import Metric as Family
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+from ..webconfig import WebConfig, WebConfigError, load_web_config
 from . import catalog
 
 log = logging.getLogger("ddpmon")
@@ -78,7 +80,22 @@ def histogram_family(name: str, label_names: list[str]) -> HistogramMetricFamily
 
 Query = dict[str, list[str]]
 """A request's query string, parsed (``parse_qs``: name -> every value given)."""
-Route = Callable[[Query], tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Who asks, for a route whose answer depends on it (the daemon's ``/state``)."""
+
+    peer: tuple[Any, ...]
+    """The client's address, as ``accept`` gave it."""
+    local: tuple[Any, ...]
+    """This server's end of the connection."""
+    authenticated: bool
+    """It proved who it is: basic auth, or a client certificate verified against the web
+    config's CA. False where the web config asks for neither (and for a quick route)."""
+
+
+Route = Callable[[Query, Reader], tuple[str, bytes]]
 
 
 class Unhealthy(Exception):
@@ -103,18 +120,22 @@ class Endpoint:
 
 
 def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Route] | None = None,
-          quick_routes: dict[str, Route] | None = None) -> Endpoint:
+          quick_routes: dict[str, Route] | None = None, web: WebConfig | None = None) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral): at
     ``/metrics`` (and, as prometheus_client does, at any path that is not a route).
-    ``routes`` adds read-only paths: path -> (query) -> (content type, body), produced off
-    the event loop like the metrics; ``quick_routes`` are answered on the loop itself, so they
-    must never block: a health check that must answer while a slow route holds the worker.
-    A route that raises BadRequest answers 400 with its message, LookupError 404, Unhealthy
-    503.
+    ``routes`` adds read-only paths: path -> (query, reader) -> (content type, body),
+    produced off the event loop like the metrics; ``quick_routes`` are answered on the loop
+    itself, so they must never block: a health check that must answer while a slow route
+    holds the worker (it needs no credentials: it says only whether sampling runs). A route
+    that raises BadRequest answers 400 with its message, LookupError 404, Unhealthy 503.
+    ``web`` (exporter-toolkit's web config, ``webconfig.load_web_config``) adds TLS and
+    basic auth, as node_exporter's ``--web.config.file``: a request without the credentials
+    it asks for answers 401.
     Raises OSError when the port cannot be bound."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server = _Server(_listen(bind, port), registry, dict(routes or {}), dict(quick_routes or {}))
+    server = _Server(_listen(bind, port), registry, dict(routes or {}), dict(quick_routes or {}),
+                     web or WebConfig(""))
     return Endpoint(server, bind)
 
 
@@ -206,7 +227,8 @@ class _Connection:
     sock: socket.socket
     since: float  # when it started waiting in its state (the oldest idle one goes first)
     deadline: float
-    state: str = "new"  # new, idle (kept alive), request (part of one), working, writing
+    peer: tuple[Any, ...] = ()
+    state: str = "new"  # handshake (TLS), new, idle (kept alive), request (part of one), working, writing
     http: h11.Connection = field(default_factory=_http)
     head: bytearray = field(default_factory=bytearray)
     """What h11 holds while it waits for a request's head: h11 reads a head whole but says
@@ -217,32 +239,58 @@ class _Connection:
     served: int = 0  # requests answered
 
     def receive(self) -> bytes | None:
-        """The client's next bytes: b"" at its end (or a reset), None when none are ready."""
+        """The client's next bytes: b"" at its end (or a reset), None when none are ready.
+        Over TLS, everything already decrypted too: the selector does not see what the TLS
+        layer holds."""
         try:
-            return self.sock.recv(READ_BYTES)
-        except (BlockingIOError, InterruptedError):
+            data = self.sock.recv(READ_BYTES)
+            if isinstance(self.sock, ssl.SSLSocket):
+                while data and self.sock.pending():
+                    data += self.sock.recv(self.sock.pending())
+            return data
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return None
-        except OSError:
+        except OSError:  # (ssl.SSLError included: a client that breaks TLS is gone)
             return b""
 
     def transmit(self) -> int | None:
         """Send from the outbox what the socket takes: the bytes sent, None when it failed."""
         try:
             sent = self.sock.send(self.outbox)
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return 0
         except OSError:
             return None
         self.outbox = self.outbox[sent:]
         return sent
 
+    def handshake(self) -> int | None:
+        """Go on with the TLS handshake: 0 once done, else the event it waits for (None:
+        the client failed it, a plain HTTP request on a TLS port among others)."""
+        assert isinstance(self.sock, ssl.SSLSocket)
+        try:
+            self.sock.do_handshake()
+            return 0
+        except ssl.SSLWantReadError:
+            return selectors.EVENT_READ
+        except ssl.SSLWantWriteError:
+            return selectors.EVENT_WRITE
+        except OSError:
+            return None
+
+    @property
+    def verified(self) -> bool:
+        """The client showed a certificate that the web config's CA verified."""
+        return isinstance(self.sock, ssl.SSLSocket) and self.sock.getpeercert() is not None
+
 
 class _Server:
     """The loop (thread ``ddpmon-endpoint``) and its worker (``ddpmon-endpoint-worker``)."""
 
     def __init__(self, listener: socket.socket, registry: CollectorRegistry,
-                 routes: dict[str, Route], quick_routes: dict[str, Route]) -> None:
+                 routes: dict[str, Route], quick_routes: dict[str, Route], web: WebConfig) -> None:
         self._listener = listener
+        self._web = web
         self.port: int = listener.getsockname()[1]
         self._registry = registry
         self._routes = routes
@@ -308,7 +356,9 @@ class _Server:
     def _serve(self, conn: _Connection, events: int = 0, answer: _Answer | None = None) -> None:
         """Go on with ``conn``: readable or writable (``events``), or answered by the worker."""
         try:
-            if answer is not None:
+            if conn.state == "handshake":
+                self._handshake(conn)
+            elif answer is not None:
                 self._respond(conn, answer)
                 self._advance(conn)
             elif events & selectors.EVENT_READ:
@@ -370,7 +420,7 @@ class _Server:
     def _accept(self) -> None:
         for _ in range(64):
             try:
-                sock, _ = self._listener.accept()
+                sock, peer = self._listener.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -390,10 +440,26 @@ class _Server:
                 sock.close()  # every connection is waiting on the worker
                 continue
             now = time.monotonic()
-            conn = _Connection(sock, now, now + HEADER_SECONDS)
+            state = "new"
+            if self._web.ssl is not None:  # the handshake, like the head, within HEADER_SECONDS
+                sock = self._web.ssl.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                state = "handshake"
+            conn = _Connection(sock, now, now + HEADER_SECONDS, peer, state=state)
             self._conns[conn] = None
             self._next_sweep = min(self._next_sweep, conn.deadline)
             self._watch(conn, selectors.EVENT_READ)
+
+    def _handshake(self, conn: _Connection) -> None:
+        """One step of a TLS handshake (a new connection keeps its accept's deadline)."""
+        wanted = conn.handshake()
+        if wanted is None:
+            self._close(conn)
+        elif wanted:
+            self._watch(conn, wanted)
+        else:
+            conn.state = "new"
+            self._watch(conn, selectors.EVENT_READ)
+            self._read(conn)  # a request may have come with the handshake's last bytes
 
     def _evict(self) -> bool:
         """Close the connection that has waited on its client the longest, one that never
@@ -494,7 +560,7 @@ class _Server:
         conn.served += 1
         quick = self._quick.get(request.path)
         if quick is not None:
-            self._respond(conn, self._route_answer(request, quick))
+            self._respond(conn, self._route_answer(request, quick, Reader(conn.peer, _local(conn), False)))
             return
         self._watch(conn, 0)
         self._expect(conn, "working", math.inf)
@@ -546,7 +612,15 @@ class _Server:
             conn, request = job
             route = self._routes.get(request.path)
             try:
-                answer = self._route_answer(request, route) if route else self._metrics(request)
+                authenticated = conn.verified or (
+                    bool(self._web.users) and self._web.allows(request.headers.get("authorization")))
+                if self._web.guarded and not authenticated:
+                    answer = _Answer(401, "text/plain", b"credentials needed (basic auth, or a client certificate)\n",
+                                     [("WWW-Authenticate", 'Basic realm="ddpmon"')])
+                elif route:
+                    answer = self._route_answer(request, route, Reader(conn.peer, _local(conn), authenticated))
+                else:
+                    answer = self._metrics(request)
             except Exception as exc:  # (gzip out of memory, ...): never lose the worker
                 self._warn_once(f"answering {request.path} failed", exc)
                 answer = _Answer(500, "text/plain", f"{exc!r}\n".encode(), close=True)
@@ -566,9 +640,9 @@ class _Server:
             return _answer(500, "text/plain", f"collecting failed: {exc!r}\n".encode(), request)
         return _answer(200, content_type, body, request)
 
-    def _route_answer(self, request: _Request, route: Route) -> _Answer:
+    def _route_answer(self, request: _Request, route: Route, reader: Reader) -> _Answer:
         try:
-            content_type, body = route(parse_qs(request.query, keep_blank_values=True))
+            content_type, body = route(parse_qs(request.query, keep_blank_values=True), reader)
         except (BadRequest, LookupError, Unhealthy) as exc:  # a bad query, not served now, failing
             status = 400 if isinstance(exc, BadRequest) else 503 if isinstance(exc, Unhealthy) else 404
             message = str(exc.args[0] if exc.args else exc) + "\n"
@@ -577,6 +651,13 @@ class _Server:
             self._warn_once(f"{request.path} failed", exc)
             return _answer(500, "text/plain", f"{exc!r}\n".encode(), request)
         return _answer(200, content_type, body, request)
+
+
+def _local(conn: _Connection) -> tuple[Any, ...]:
+    try:
+        return tuple(conn.sock.getsockname())
+    except OSError:
+        return ()
 
 
 def _request(event: h11.Request) -> _Request:
@@ -625,15 +706,26 @@ def _answer(status: int, content_type: str, body: bytes, request: _Request) -> _
     return _Answer(status, content_type, body, [("Content-Encoding", "gzip")])
 
 
-def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, rank: int) -> Endpoint | None:
-    """A rank's endpoint on ``base_port + local_rank`` (0: ephemeral; negative: none). A port
-    in use falls back to an ephemeral one, with a warning that names the state file's
-    ``port``; an address that cannot be bound leaves the rank without an endpoint."""
+def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, rank: int,
+                   web_config_file: str | None = None) -> Endpoint | None:
+    """A rank's endpoint on ``base_port + local_rank`` (0: ephemeral; negative: none), with
+    the TLS and basic auth of ``web_config_file``. A port in use falls back to an ephemeral
+    one, with a warning that names the state file's ``port``; an address that cannot be
+    bound, or a web config file that cannot be used, leaves the rank without an endpoint
+    (never one in the clear that was asked to be guarded)."""
     if base_port < 0:
         return None
+    web = None
+    if web_config_file:
+        try:
+            web = load_web_config(web_config_file)
+        except WebConfigError as exc:
+            log.warning("ddpmon: rank %d: no metrics endpoint (training goes on): DDPMON_WEB_CONFIG_FILE %s",
+                        rank, exc)
+            return None
     port = base_port + local_rank if base_port > 0 else 0
     try:
-        return serve(collector, port, bind)
+        return serve(collector, port, bind, web=web)
     except (OSError, OverflowError) as exc:
         if port == 0:
             log.warning("ddpmon: rank %d: no metrics endpoint: cannot bind %s (%s)", rank, bind, exc)
@@ -644,7 +736,7 @@ def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, r
             rank, bind, port, getattr(exc, "strerror", None) or exc,
         )
         try:
-            return serve(collector, 0, bind)
+            return serve(collector, 0, bind, web=web)
         except (OSError, OverflowError) as exc2:
             log.warning("ddpmon: rank %d: no metrics endpoint (%s)", rank, exc2)
             return None

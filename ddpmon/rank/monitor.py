@@ -98,7 +98,8 @@ class Monitor:
                                                 self._notify, Fuse("advice", self._part_failed))
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
-        self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank)
+        self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank,
+                                        config.web_config_file)
         rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
         if self._writer is not None:  # `ddpmon capture` asks through the state directory

@@ -49,7 +49,9 @@ def doctor(on: hosts.Host, *args: str) -> tuple[int, dict[str, Any], float]:
 
 
 def sources(*addresses: str) -> list[str]:
-    return [a for address in addresses for a in ("--from", f"{address}:{DAEMON_PORT}")]
+    """``--from`` each daemon, with the credentials their ``--serve-state`` asks for."""
+    return [a for address in addresses for a in ("--from", f"{address}:{DAEMON_PORT}")] + [
+        "--http-config", hosts.credentials()[1]]
 
 
 def logs(c: hosts.Cluster) -> str:
@@ -247,7 +249,7 @@ def test_lost_node_pages_for_its_ranks_alone(cluster: hosts.Cluster, tmp_path: P
     (tmp_path / "prometheus").mkdir()
     shortened = {name: "8s" for name in ("DDPHangCulprit", "DDPHangSuspected", "DDPRankEndpointDown")}
     prom = promserver.Prometheus(tmp_path / "prometheus", promserver.rules_with_for(tmp_path / "rules.yml", shortened),
-                                 enter=a.enter())
+                                 enter=a.enter(), daemon_auth=hosts.DAEMON_AUTH)
     try:
         prom.start()
         promserver.write_targets(prom.ranks_sd, [f"{h.addr()}:{p}" for h in cluster.hosts for p in RANK_PORTS])

@@ -131,8 +131,11 @@ class Prometheus:
     """``enter``: a command prefix that runs it, and every request to it, elsewhere (``nsenter``
     into a host of tests/support/hosts.py), its address being that host's loopback."""
 
-    def __init__(self, workdir: Path, rules: Path = RULES, enter: list[str] | None = None) -> None:
+    def __init__(self, workdir: Path, rules: Path = RULES, enter: list[str] | None = None,
+                 daemon_auth: tuple[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.daemon_auth = daemon_auth
+        """(user, password) of the daemons' basic auth (their --web-config-file), when they ask."""
         self.rules = rules
         self.enter = enter or []
         self.port = free_port()
@@ -148,6 +151,7 @@ class Prometheus:
         for sd in (self.ranks_sd, self.daemons_sd):
             sd.write_text("[]")
         # The same shape as deploy/prometheus/prometheus.yml, with test timings.
+        auth = ("\n    basic_auth: {username: %s, password: %s}" % self.daemon_auth) if self.daemon_auth else ""
         self.config.write_text(f"""
 global:
   scrape_interval: 1s
@@ -162,7 +166,7 @@ scrape_configs:
       - files: [{self.ranks_sd}]
         refresh_interval: 1s
   - job_name: ddpmon-daemons
-    honor_labels: true
+    honor_labels: true{auth}
     file_sd_configs:
       - files: [{self.daemons_sd}]
         refresh_interval: 1s

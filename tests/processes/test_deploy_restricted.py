@@ -74,7 +74,9 @@ def _unit() -> configparser.SectionProxy:
 def _restricted(mounts: str, caps: list[str], argv: list[str]) -> subprocess.Popen[str]:
     """``argv`` (a ddpmon command line) in a mount namespace where ``mounts`` (shell) has
     run and every file system is then read-only, with only ``caps`` and no new privileges."""
-    remount = "findmnt -rno TARGET | sort -u | while read m; do mount -o remount,bind,ro \"$m\" 2>/dev/null; done"
+    # (a mount that cannot be remounted, such as one another test is taking down, is left)
+    remount = ("findmnt -rno TARGET | sort -u | while read m; do mount -o remount,bind,ro \"$m\" 2>/dev/null "
+               "|| true; done")
     bounding = ",".join(["-all", *(f"+{c}" for c in caps)])
     cmd = shlex.join(["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs",
                       sys.executable, "-m", "ddpmon", *argv])
@@ -91,7 +93,8 @@ def _serving(proc: subprocess.Popen[str]) -> int:
     if m is None:
         proc.kill()
         _, err = proc.communicate(timeout=10)
-        pytest.fail(f"the daemon did not start under the deployment's restrictions: {line}{err[-3000:]}")
+        pytest.fail(f"the daemon did not start under the deployment's restrictions (exit {proc.returncode}): "
+                    f"{line}{err[-3000:]}")
     return int(m.group(1))
 
 

@@ -10,11 +10,13 @@ lives inside these namespaces: ending the holders removes them all.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,11 +173,29 @@ class Cluster:
         self._switch_ip("link", "set", self.port(host, net), "nomaster")
 
 
+DAEMON_AUTH = ("doctor", "two-hosts")
+"""The daemons' basic auth user and password (``credentials``)."""
+
+
+@functools.cache
+def credentials() -> tuple[str, str]:
+    """(web config, http_config): basic auth for the daemons, whose ``--serve-state`` on the
+    hosts' addresses needs credentials, and the same user for the doctor and the report."""
+    from tests.support.tls import bcrypt_hash
+
+    directory = Path(tempfile.mkdtemp(prefix="ddpmon-hosts-auth-"))
+    web, http = directory / "web.yml", directory / "http.yml"
+    user, password = DAEMON_AUTH
+    web.write_text(f"basic_auth_users:\n  {user}: {bcrypt_hash(password)}\n")
+    http.write_text(f"basic_auth:\n  username: {user}\n  password: {password}\n")
+    return str(web), str(http)
+
+
 def start_daemon(host: Host, port: int = 9490) -> subprocess.Popen:
     """``ddpmon daemon --serve-state`` on the host, reading its default state roots (its
-    TMPDIR); returns once it serves."""
+    TMPDIR), with basic auth (``credentials``); returns once it serves."""
     proc = host.start([sys.executable, "-m", "ddpmon", "daemon", "--port", str(port), "--bind", "0.0.0.0",
-                       "--serve-state", "--no-gpu"], "daemon")
+                       "--serve-state", "--no-gpu", "--web-config-file", credentials()[0]], "daemon")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if "serving http://" in (host.tmp.parent / "daemon.out").read_text():

@@ -149,7 +149,7 @@ def test_at_the_cap_the_connection_that_waited_longest_makes_room(monkeypatch: p
 
 
 def test_prometheus_keeps_its_connection_and_gets_gzip_and_head() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda query: ("application/json", b"[]" * 5000)})
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda query, reader: ("application/json", b"[]" * 5000)})
     try:
         conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
         conn.request("GET", "/metrics")
@@ -196,7 +196,7 @@ def test_bad_requests_are_answered_and_closed() -> None:
 def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(exposition, "MAX_UNSENT_BYTES", 30 * 2**20)
     big = b"x" * 20 * 2**20
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda query: ("application/json", big)})
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/state": lambda query, reader: ("application/json", big)})
     try:
         readers = []
         for _ in range(2):  # ask for 20 MiB and read none of it
@@ -221,7 +221,7 @@ def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.Mon
 def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.5)
     endpoint = exposition.serve(One(seconds=3.0), 0, "127.0.0.1",
-                                quick_routes={"/healthz": lambda query: ("text/plain", b"ok\n")})
+                                quick_routes={"/healthz": lambda query, reader: ("text/plain", b"ok\n")})
     try:
         slow = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
         slow.request("GET", "/metrics")  # the worker is busy for 3 s
@@ -235,7 +235,7 @@ def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.Monk
 
 
 def test_a_route_reads_the_query_and_answers_400_to_a_bad_one() -> None:
-    def echo(query: exposition.Query) -> tuple[str, bytes]:
+    def echo(query: exposition.Query, reader: exposition.Reader) -> tuple[str, bytes]:
         if "bad" in query:
             raise exposition.BadRequest("bad is not taken here: give good=N")
         return "text/plain", repr(sorted(query.items())).encode()
@@ -325,8 +325,8 @@ def responses(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def test_a_thousand_pipelined_requests_are_all_answered_in_order() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/echo": lambda query: ("text/plain", query["i"][0].encode())},
-                                quick_routes={"/quick": lambda query: ("text/plain", query["i"][0].encode())})
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/echo": lambda query, reader: ("text/plain", query["i"][0].encode())},
+                                quick_routes={"/quick": lambda query, reader: ("text/plain", query["i"][0].encode())})
     try:
         # 600 on the loop in a row (each answered before the next is read), then the worker's in between
         paths = ["/quick" if i < 600 or i % 2 else "/echo" for i in range(1000)]
@@ -421,7 +421,7 @@ def test_random_framing_gets_an_answer_never_a_5xx_or_a_logged_traceback(monkeyp
 
     monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.3)
     monkeypatch.setattr(exposition, "REQUEST_SECONDS", 0.5)
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", quick_routes={"/q": lambda query: ("text/plain", b"q")})
+    endpoint = exposition.serve(One(), 0, "127.0.0.1", quick_routes={"/q": lambda query, reader: ("text/plain", b"q")})
     rng = random.Random(36)
     lines = [b"GET /metrics HTTP/1.1", b"HEAD /q HTTP/1.1", b"GET /q?a=1 HTTP/1.0", b"POST /q HTTP/1.1",
              b"GET http://x/q HTTP/1.1", b"GET  /q HTTP/1.1", b"GET /q HTTP/2.0", b"get /q HTTP/1.1"]
@@ -457,3 +457,12 @@ def test_random_framing_gets_an_answer_never_a_5xx_or_a_logged_traceback(monkeyp
         assert get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200
     finally:
         endpoint.close()
+
+
+def test_a_rank_whose_web_config_cannot_be_used_serves_nothing_rather_than_in_the_clear(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bad = tmp_path / "web.yml"
+    bad.write_text("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n")
+    assert exposition.start_endpoint(One(), 0, 0, "127.0.0.1", 3, str(bad)) is None
+    assert (f"ddpmon: rank 3: no metrics endpoint (training goes on): DDPMON_WEB_CONFIG_FILE {bad}: "
+            "cert_file 'missing.crt' does not exist") in caplog.text

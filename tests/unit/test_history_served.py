@@ -336,7 +336,7 @@ def test_the_deadline_cuts_a_history_where_it_got_to(slow_run: str, tmp_path: Pa
     assert time.monotonic() - started < 5
     cut = [p for p in r.problems if "steps read within 2.5 s" in p]
     assert cut and all("its plots stop at step" in p and "(--deadline waits longer)" in p for p in cut), r.problems
-    assert 0 < min(h.last_step for h in r.ranks.values()) < 300
+    assert 0 < min(h.last_step for h in r.ranks.values()) < 300, (r.problems, [(h.path, h.last_step) for h in r.ranks.values()])
 
 
 def test_the_job_written_last_unless_one_is_asked_for(slow_run: str, even_run: str, tmp_path: Path,
