@@ -23,6 +23,7 @@ import shutil
 from typing import Any
 
 from ..config import DEBUG_SERVER_PACKAGES
+from ..state import root
 from . import torch_api
 
 log = logging.getLogger("ddpmon")
@@ -59,8 +60,8 @@ def start(port: int, dump_dir: str | None, interval: float, backend: str) -> Non
     if shutil.which("py-spy"):  # stacks without the GIL: a frozen rank's too
         dumps.add("pyspy_dump")
     try:
-        if dump_dir is not None:
-            os.makedirs(dump_dir, 0o700, exist_ok=True)  # the dumps hold stacks, as state files do
+        if dump_dir is not None:  # the dumps hold stacks, as state files do: 0700, ours, never a link
+            root.make_subdir(dump_dir)
         start_debug_server(port=port, dump_dir=dump_dir, dump_interval=interval,
                            enabled_dumps=dumps, fetch_timeout=FETCH_TIMEOUT)
     except Exception as exc:  # a port in use, a store that does not answer: training goes on

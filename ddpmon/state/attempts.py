@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 
 from ..errors import StateFileError
-from . import files, history, schema
+from . import files, history, root, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -90,7 +90,11 @@ def keep_earlier(state_dir: str, rank: int, job: str, attempt: int | None, keep:
     if earlier_attempt >= attempt:
         return None
     target = dir_for(state_dir, earlier_attempt)
-    os.makedirs(target, mode=os.stat(state_dir).st_mode & 0o750, exist_ok=True)  # never more open
+    try:  # never more open than the state directory; never a link or another user's directory
+        root.make_subdir(target, os.stat(state_dir).st_mode)
+    except root.UnsafeStateDir as exc:
+        log.warning("ddpmon: rank %d: the files of attempt %d stay where they are: %s", rank, earlier_attempt, exc)
+        return None
     for source in _rank_files(state_dir, rank):
         if os.path.lexists(source):
             os.replace(source, os.path.join(target, os.path.basename(source)))

@@ -190,6 +190,19 @@ def _make(path: str, group_writable_ok: bool, parents: bool = False) -> None:
         raise UnsafeStateDir(f"{path} {what}. {_fix(path, what)}")
 
 
+def make_subdir(path: str, mode: int = 0o700) -> None:
+    """Create ``path``, a directory of ddpmon's own inside a state directory (``mode``, never
+    group-writable), or check the one there: a link or a directory someone else planted,
+    where a rank would then move or write its files, raises UnsafeStateDir."""
+    try:
+        os.mkdir(path, mode & 0o750)
+    except FileExistsError:
+        pass
+    what = problem(path, group_writable_ok=False)
+    if what is not None:
+        raise UnsafeStateDir(f"{path} {what}. {_fix(path, what)}")
+
+
 def _make_private(path: str) -> None:
     """``os.makedirs(path)`` with every directory it creates 0700 (makedirs gives the ones
     above the last the umask's mode)."""

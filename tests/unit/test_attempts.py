@@ -7,7 +7,10 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from ddpmon.state import attempts, files, schema
+from tests.support.roots import NOBODY
 
 
 def write_rank(directory: Path, rank: int, job: str = "j", attempt: int | None = 0, pid: int = 1) -> None:
@@ -74,3 +77,28 @@ def test_a_directory_another_rank_still_uses_stays(tmp_path: Path) -> None:
         attempts.keep_earlier(str(tmp_path), 0, "j", attempt + 1, keep=1)
     assert (old / "rank-1.json").exists()  # rank 1's files are rank 1's to drop
     assert attempts.is_attempt_dir(str(old)) and not attempts.is_attempt_dir("model-1")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
+def test_a_planted_attempt_directory_gets_none_of_the_ranks_files(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A team's state directory (group-writable): a member plants ``attempt-0`` as a link to a
+    directory of its own, or as its own directory. The rank's files stay where they are."""
+    shared = tmp_path / "team"
+    shared.mkdir()
+    os.chown(shared, 0, NOBODY)
+    shared.chmod(0o2770)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    write_rank(shared, 1)
+    os.symlink(theirs, shared / "attempt-0")
+    os.lchown(shared / "attempt-0", NOBODY, NOBODY)
+    assert attempts.keep_earlier(str(shared), 1, "j", 1) is None
+    assert list(theirs.iterdir()) == [] and (shared / "rank-1.json").exists()
+    assert "the files of attempt 0 stay where they are" in caplog.text and "symbolic link" in caplog.text
+    (shared / "attempt-0").unlink()
+    (shared / "attempt-0").mkdir()
+    os.chown(shared / "attempt-0", NOBODY, NOBODY)
+    assert attempts.keep_earlier(str(shared), 1, "j", 1) is None
+    assert list((shared / "attempt-0").iterdir()) == [] and "owned by uid 65534" in caplog.text
