@@ -99,11 +99,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
             timeout=20)
         yield Job(prom, workdir, procs)
     finally:
-        (workdir / "ranks" / "stop").touch()
-        deadline = time.monotonic() + 20
-        while procs and time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-        harness.stop(procs)
+        harness.finish(procs, workdir / "ranks")
         if daemon_proc is not None:
             promserver.stop_daemon(daemon_proc)
         prom.stop()

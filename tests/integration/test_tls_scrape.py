@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -110,11 +109,7 @@ basic_auth_users:
                                  timeout=60)
         assert "CERTIFICATE_VERIFY_FAILED" in refused.stdout + refused.stderr  # the system's CAs do not know it
     finally:
-        (ranks / "stop").touch()
-        deadline = time.monotonic() + 20
-        while procs and time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-        harness.stop(procs)
+        harness.finish(procs, ranks)
         if daemon is not None:
             promserver.stop_daemon(daemon)
         prom.stop()

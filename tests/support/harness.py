@@ -57,6 +57,16 @@ def start_ranks(scenario: str, world_size: int, workdir: Path, env: dict[str, st
     return procs
 
 
+def finish(procs: list[subprocess.Popen], workdir: Path, seconds: float = 20.0) -> None:
+    """Ask ranks that train until ``<workdir>/stop`` exists to end, wait up to ``seconds``
+    for them, then kill what is left."""
+    (workdir / "stop").touch()
+    deadline = time.monotonic() + seconds
+    while procs and time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    stop(procs)
+
+
 def stop(procs: list[subprocess.Popen], sig: int = signal.SIGKILL) -> None:
     for p in procs:
         if p.poll() is None:

@@ -21,3 +21,20 @@ def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shared.chmod(0o1777)
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
     return shared
+
+
+@pytest.fixture
+def team_dir(tmp_path: Path) -> Path:
+    """A team's state directory: group-writable and setgid (``chmod 2770``), its group user
+    nobody's, so that nobody can plant files and links in it (needs root)."""
+    shared = tmp_path / "team"
+    shared.mkdir()
+    os.chown(shared, 0, NOBODY)
+    shared.chmod(0o2770)
+    return shared
+
+
+def plant_link(at: Path, target: Path) -> None:
+    """A symbolic link at ``at`` to ``target``, owned by user nobody, as nobody makes it."""
+    os.symlink(target, at)
+    os.lchown(at, NOBODY, NOBODY)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddpmon.state import attempts, files, schema
-from tests.support.roots import NOBODY
+from tests.support.roots import NOBODY, as_root, plant_link
 
 
 def write_rank(directory: Path, rank: int, job: str = "j", attempt: int | None = 0, pid: int = 1) -> None:
@@ -79,21 +79,17 @@ def test_a_directory_another_rank_still_uses_stays(tmp_path: Path) -> None:
     assert attempts.is_attempt_dir(str(old)) and not attempts.is_attempt_dir("model-1")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
-def test_a_planted_attempt_directory_gets_none_of_the_ranks_files(tmp_path: Path,
+@as_root
+def test_a_planted_attempt_directory_gets_none_of_the_ranks_files(tmp_path: Path, team_dir: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """A team's state directory (group-writable): a member plants ``attempt-0`` as a link to a
     directory of its own, or as its own directory. The rank's files stay where they are."""
-    shared = tmp_path / "team"
-    shared.mkdir()
-    os.chown(shared, 0, NOBODY)
-    shared.chmod(0o2770)
+    shared = team_dir
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, NOBODY, NOBODY)
     write_rank(shared, 1)
-    os.symlink(theirs, shared / "attempt-0")
-    os.lchown(shared / "attempt-0", NOBODY, NOBODY)
+    plant_link(shared / "attempt-0", theirs)
     assert attempts.keep_earlier(str(shared), 1, "j", 1) is None
     assert list(theirs.iterdir()) == [] and (shared / "rank-1.json").exists()
     assert "the files of attempt 0 stay where they are" in caplog.text and "symbolic link" in caplog.text

@@ -23,7 +23,7 @@ from ddpmon.rank.capture import Capture
 from ddpmon.rank.recorder import Recorder
 from ddpmon.state import captures
 from ddpmon.state.schema import Identity
-from tests.support.roots import NOBODY
+from tests.support.roots import as_root, plant_link
 
 PID = os.getpid()
 
@@ -190,16 +190,13 @@ def test_a_trace_over_the_cap_is_deleted(rank: Rank, monkeypatch: pytest.MonkeyP
     assert not [p for p in os.listdir(rank.dir) if ".trace.json" in p]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
-def test_links_planted_by_a_group_member_are_never_followed(tmp_path: Path) -> None:
+@as_root
+def test_links_planted_by_a_group_member_are_never_followed(tmp_path: Path, team_dir: Path) -> None:
     """A team's state directory (group-writable, setgid): a member asks for a capture with a
     nonce of its choosing and plants links, owned by it, where torch would write the trace
     (``<path>.tmp``) and where the trace goes, to a root-only file elsewhere. The rank
     (root here) writes under a name it draws itself: the file keeps its bytes and mode."""
-    shared = tmp_path / "team"
-    shared.mkdir()
-    os.chown(shared, 0, NOBODY)
-    shared.chmod(0o2770)
+    shared = team_dir
     secret = tmp_path / "secret"
     secret.write_text("root only\n")
     secret.chmod(0o600)
@@ -208,8 +205,7 @@ def test_links_planted_by_a_group_member_are_never_followed(tmp_path: Path) -> N
         nonce = os.urandom(8).hex()
         name = captures.trace_name(1, nonce)
         for planted in (f".{name}.tmp.tmp", name):
-            os.symlink(secret, shared / planted)
-            os.lchown(shared / planted, NOBODY, NOBODY)
+            plant_link(shared / planted, secret)
         req = r.ask(steps=1, nonce=nonce)
         r.steps(3)
         st = r.status(req)

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from ddpmon.rank import writers
 from ddpmon.rank.recorder import BucketTiming, Recorder, StepTimings
 from ddpmon.state import history
 from ddpmon.state.schema import Identity
-from tests.support.roots import NOBODY
+from tests.support.roots import as_root, plant_link
 
 
 def steps(first: int, last: int, buckets: int = 4) -> list[dict]:
@@ -193,15 +194,12 @@ def test_rank_0_waits_for_the_other_ranks_last_files_bounded(tmp_path):
     assert time.monotonic() - started < 2.0  # its last file came
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
-def test_links_planted_by_a_group_member_are_never_followed(tmp_path):
+@as_root
+def test_links_planted_by_a_group_member_are_never_followed(tmp_path, team_dir):
     """A team's state directory (group-writable, setgid): links owned by a member, at the
     history's name and its -wal and -shm, to files elsewhere that exist and that do not.
     The rank (root here) removes them and writes its own files; nothing outside changes."""
-    shared = tmp_path / "team"
-    shared.mkdir()
-    os.chown(shared, 0, NOBODY)
-    shared.chmod(0o2770)
+    shared = team_dir
     outside = tmp_path / "outside"
     outside.mkdir()
     kept = outside / "kept"
@@ -211,8 +209,7 @@ def test_links_planted_by_a_group_member_are_never_followed(tmp_path):
     empty.touch(0o600)
     path = str(shared / "rank-0.history.sqlite")
     for suffix, target in (("", empty), ("-wal", kept), ("-shm", outside / "made-shm")):
-        os.symlink(target, path + suffix)
-        os.lchown(path + suffix, NOBODY, NOBODY)
+        plant_link(Path(path + suffix), target)
     store = history.HistoryStore(path, {"rank": 0})
     store.add_steps(steps(1, 3))
     for suffix in ("", "-wal", "-shm"):
