@@ -127,8 +127,10 @@ class HistoryStore:
             self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
         self.rows = 0
 
-    def add_steps(self, steps: list[dict[str, Any]], sample: dict[str, Any] | None = None) -> None:
-        """Insert (or replace) a batch of per-step dicts in one transaction."""
+    def add_steps(self, steps: list[dict[str, Any]], sample: dict[str, Any] | None = None,
+                  missing: tuple[int, int] | None = None) -> None:
+        """Insert (or replace) a batch of per-step dicts in one transaction, with the steps
+        (first, last) before them that the rank lost (``missing_steps``)."""
         if not steps:
             return
         sample = sample or {}
@@ -137,6 +139,10 @@ class HistoryStore:
         with self._db:
             self._db.execute("BEGIN")  # columns named: a file of an older ddpmon has more
             self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})", rows)
+            if missing is not None:
+                found = self._db.execute("SELECT value FROM meta WHERE key = 'missing_steps'").fetchone()
+                ranges = missing_steps({"missing_steps": found[0]} if found else {}) + [missing]
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('missing_steps', ?)", (json.dumps(ranges),))
         self.rows += len(rows)
         if self.rows > self.max_rows:
             self._thin()
@@ -177,6 +183,18 @@ class HistoryStore:
                 "DELETE FROM steps WHERE step IN (SELECT step FROM (SELECT step, row_number() "
                 "OVER (ORDER BY step) AS n FROM steps) WHERE n <= ? AND n % 2 = 0)", (half,))
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('thinned_through_step', ?)", (str(through),))
+
+
+def missing_steps(meta: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The steps (first, last), oldest first, that a rank lost before they reached its
+    history: not written while its writes failed (a full disk), and gone from its bounded
+    ring of recent steps by the time writing worked again. Kept in ``meta`` as JSON; an
+    unreadable value reads as none."""
+    try:
+        ranges = json.loads(meta.get("missing_steps") or "[]")
+        return [(int(a), int(b)) for a, b in ranges]
+    except (ValueError, TypeError):
+        return []
 
 
 def _row(s: dict[str, Any], sample: dict[str, Any]) -> tuple[Any, ...]:
