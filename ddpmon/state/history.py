@@ -222,9 +222,10 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
          bin_stride: int | None = None) -> dict[str, Any]:
     """One rank's history: ``meta`` (with ``identity``), ``steps`` (column -> list, oldest
     first; ``buckets`` decoded unless ``decode_buckets=False``, then JSON text), ``findings``
-    and ``exit`` (None when it never wrote one: killed, or still running). ``max_points``
-    keeps about that many evenly spaced rows; ``bin_stride`` adds ``binned`` (see
-    ``read_binned``), read through the same connection."""
+    and ``exit`` (None when it never wrote one: killed, or still running), ``first`` and
+    ``last`` (``(step, start_unix, end_unix)`` of its first and last rows, None when it has
+    none). ``max_points`` keeps about that many evenly spaced rows; ``bin_stride`` adds
+    ``binned`` (see ``read_binned``), read through the same connection."""
     db = _open(path)
     try:
         meta = _meta(db, path)
@@ -236,6 +237,8 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
             where = (f" WHERE step IN (SELECT step FROM (SELECT step, row_number() OVER (ORDER BY step) AS n "
                      f"FROM steps) WHERE n % {stride} = 0 OR n = {count})")
         rows = db.execute(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps{where} ORDER BY step").fetchall()
+        first, last = (db.execute(f"SELECT step, start_unix, end_unix FROM steps ORDER BY step {order} LIMIT 1")
+                       .fetchone() for order in ("ASC", "DESC"))
         findings = _findings(db)
         ended = _exit(db)
         binned = _binned(db, bin_stride) if bin_stride else None
@@ -249,6 +252,7 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
     return {
         "path": path, "meta": meta, "identity": identity, "rank": identity.get("rank"),
         "rows": count, "steps": columns, "findings": findings, "binned": binned, "exit": ended,
+        "first": first, "last": last,
     }
 
 
