@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import AttachError
 from ..fuses import bounded
-from ..state import files, history, schema
+from ..state import files, history, records, schema
 from ..steps import StepRow
 from .books import HISTORY_STEPS
 
@@ -53,6 +53,10 @@ class WriteFailures:
         self._next_try = 0.0
         self._logged_unix = -LOG_QUIET_SECONDS
         self._spell_logged = False
+
+    @property
+    def record(self) -> schema.WriteFailure | None:
+        return self._records.get(self.what)
 
     @property
     def failing(self) -> bool:
@@ -114,12 +118,74 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
 
 # -- the state file -----------------------------------------------------------------------------
 
+RESERVE_BYTES = 64 * 1024
+"""Space set aside for a state file's last word: at least this, or twice the largest file
+written so far."""
+
+
+class Reserve:
+    """Space set aside beside the state file (``.rank-<R>.reserve``, as private as the state
+    file) while there is room, for the last word on a full disk: the exit record or a hang
+    report goes into these blocks and the file is renamed over the state file, so that a
+    clean end still reads as one. Made anew after the next write that gets through."""
+
+    def __init__(self, state_file: str) -> None:
+        directory, name = os.path.split(state_file)
+        self.path = os.path.join(directory, "." + name.removesuffix(".json") + ".reserve")
+        self._inode: tuple[int, int] | None = None
+        self._size = 0
+
+    def keep(self, need: int) -> None:
+        """Have room for ``need`` bytes set aside (a no-op while there is)."""
+        if self._inode is not None and self._size >= need:
+            return
+        size = max(RESERVE_BYTES, 2 * need)
+        self._inode = None
+        fd = files.open_private(self.path)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            self._inode, self._size = files.inode_of(fd), size
+        except OSError:
+            self.drop()
+        finally:
+            os.close(fd)
+
+    def write(self, target: str, payload: bytes) -> bool:
+        """``payload`` into the reserved blocks, renamed over ``target``; False when there is
+        no reserve for it."""
+        if self._inode is None or len(payload) > self._size:
+            return False
+        fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            if files.inode_of(fd) != self._inode:
+                return False
+            view = memoryview(payload)
+            while view:
+                view = view[os.pwrite(fd, view, len(payload) - len(view)):]
+            os.ftruncate(fd, len(payload))
+        finally:
+            os.close(fd)
+        if files.inode_of(self.path) != self._inode:  # replaced meanwhile: not ours to rename
+            return False
+        os.replace(self.path, target)
+        self._inode = None
+        return True
+
+    def drop(self) -> None:
+        if files.inode_of(self.path) == self._inode or self._inode is None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self._inode = None
+
 
 class StateWriter:
     """Rewrites one rank's state file from ``snapshot()`` every ``interval`` seconds (while
-    its writes fail, as ``failures`` spaces them) and at once on ``notify``; after each pass it calls ``on_pass`` when
-    set (the capture's look for a request, which guards itself). ``failures`` is where the
-    failed writes are recorded (the recorder's ``write_failures``)."""
+    its writes fail, as ``failures`` spaces them) and at once on ``notify``; after each pass
+    it calls ``on_pass`` when set (the capture's look for a request, which guards itself).
+    ``failures`` is where the failed writes are recorded (the recorder's
+    ``write_failures``); a last word that fails goes into the ``Reserve``."""
 
     def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]], interval: float = 1.0,
                  failures: dict[str, schema.WriteFailure] | None = None) -> None:
@@ -130,6 +196,7 @@ class StateWriter:
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # one writer at a time: the thread, exit, detach
         self.failures = WriteFailures("state", path, {} if failures is None else failures, interval)
+        self._reserve = Reserve(path)
         self.on_pass: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="ddpmon-state-writer", daemon=True)
 
@@ -140,25 +207,42 @@ class StateWriter:
         """Ask for a rewrite soon (cheap, never blocks)."""
         self._wake.set()
 
-    def write_now(self) -> bool:
+    def write_now(self, last_word: bool = False) -> bool:
+        """Rewrite the file; with ``last_word`` (the exit record, a hang report), into the
+        reserve when the write fails."""
         with self._write_lock:
+            data: dict[str, Any] = {}
             try:
                 data = self._snapshot()
                 data["format"] = schema.FORMAT
                 own = (data.get("write_failures") or {}).get("state")
                 if own is not None and own.get("ended_unix") is None:  # a file written says its writes work
                     own["ended_unix"] = data.get("now_unix") or time.time()
-                files.write_atomic(self.path, data)
+                payload = files.encode(data)
+                files.write_atomic(self.path, payload)
             except Exception as exc:
                 self.failures.failed(exc)
-                return False
+                return last_word and bool(data) and self._last_word(data)
             self.failures.succeeded()
+            try:
+                self._reserve.keep(len(payload))
+            except OSError:
+                pass
             return True
+
+    def _last_word(self, data: dict[str, Any]) -> bool:
+        """``data``, with the spell of failures that goes on, through the reserve."""
+        data.setdefault("write_failures", {})["state"] = records.dump(self.failures.record)
+        try:
+            return self._reserve.write(self.path, files.encode(data))
+        except OSError:
+            return False
 
     def write_final(self, timeout: float = files.FINAL_WRITE_SECONDS) -> bool:
         """One last write from the calling thread's point of view, waited for at most
-        ``timeout`` seconds: a hung file system never holds up detach or exit."""
-        return bool(bounded(self.write_now, timeout, f"the last write of {self.path}"))
+        ``timeout`` seconds: a hung file system never holds up detach or exit; on a full
+        disk it goes into the reserve."""
+        return bool(bounded(lambda: self.write_now(last_word=True), timeout, f"the last write of {self.path}"))
 
     def _run(self) -> None:
         notified = True  # the first pass writes at once
@@ -182,6 +266,10 @@ class StateWriter:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.write_final()
+        try:
+            self._reserve.drop()
+        except OSError:
+            pass
         _CLAIMED.discard(self.path)
 
 

@@ -93,16 +93,21 @@ def own_private(path: str) -> int:
         os.close(fd)
 
 
-def write_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON so that readers see the old or the new file, never a mix,
-    with ``file_mode``."""
+def encode(data: dict[str, Any]) -> bytes:
+    """A state file's bytes."""
+    return json.dumps(data, separators=(",", ":"), default=str).encode()
+
+
+def write_atomic(path: str, data: dict[str, Any] | bytes) -> None:
+    """Write ``data`` as JSON (or bytes ``encode`` made) so that readers see the old or the
+    new file, never a mix, with ``file_mode``."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=directory)
     try:
         if file_mode(directory) != 0o600:
             os.fchmod(fd, file_mode(directory))
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, separators=(",", ":"), default=str)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data if isinstance(data, bytes) else encode(data))
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -103,6 +103,32 @@ def test_the_state_file_records_the_spell_once_a_write_gets_through(tmp_path: Pa
     assert [(s.labels["file"], s.value) for s in samples if s.name.endswith("_total")] == [("state", 3.0)]
 
 
+def test_the_last_word_on_a_full_disk_goes_into_the_reserve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean end on a full disk: the exit record is written into the space set aside while
+    there was room, so the rank does not read as killed; the reserve is gone afterwards."""
+    rec = Recorder(schema.Identity(rank=0, job="j"), world_size=1)
+    path = tmp_path / "rank-0.json"
+    w = writers.StateWriter(str(path), rec.snapshot, interval=60, failures=rec.write_failures)
+    assert w.write_now()
+    reserve = tmp_path / ".rank-0.reserve"
+    assert reserve.stat().st_size == writers.RESERVE_BYTES and oct(reserve.stat().st_mode & 0o777) == "0o600"
+
+    def full(path: str, data: object) -> None:
+        raise NO_SPACE
+
+    monkeypatch.setattr(files, "write_atomic", full)
+    rec.phase, rec.steps = "detached", 7
+    rec.set_exit(schema.Exit(unix=time.time(), how="end", code=0))
+    assert not w.write_now(), "a periodic write that fails is not a last word"
+    w.stop()
+    state = files.read(str(path))
+    assert (state.phase, state.step, state.exit.how) == ("detached", 7, "end")
+    spell = state.write_failures["state"]
+    assert (spell.count, spell.ended_unix, spell.errno) == (2, None, "ENOSPC")  # it goes on
+    assert not reserve.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"]
+
+
 class Ring:
     """A rank's bounded ring of recent steps (the recorder's ``history_since``)."""
 
