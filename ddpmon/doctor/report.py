@@ -191,14 +191,15 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         s = v.state
         e = v.waiting
         waiting = "-"
-        if e and v.status not in GONE:
+        unknown = v.status == Status.UNKNOWN  # its file is old: neither its silence nor its wait is known
+        if e and v.status not in GONE and not unknown:
             waiting = f"{e.describe(short=True)}, {e.age_seconds or 0:.1f} s"
         step = str(s.step)
         if v.status in (Status.FROZEN, Status.SILENT, Status.UNKNOWN):
             step += f" ({v.age:.0f} s old)"  # facts as of its last write, not now
         rows.append((
             str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
-            step, str(s.phase), f"{v.silent:.1f} s", waiting,
+            step, str(s.phase), "?" if unknown else f"{v.silent:.1f} s", waiting,
         ))
     if len(rows) > GROUP_FROM:
         rows, ranks = _group_rows(rows, ranks)
