@@ -111,20 +111,23 @@ class HistoryStore:
             os.close(fd)
         uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
         self._db = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch
-        self._db.executescript(_SCHEMA)
-        for p, inode in made.items():
-            if files.inode_of(p) != inode:
-                self._db.close()
-                raise HistoryError(f"{p} was replaced by another file while it was opened (another user of "
-                                   "the state directory?); the history is off. Fix: a state directory "
-                                   "others may write needs the sticky bit (chmod +t)")
-        with self._db:
-            self._db.execute("BEGIN")
-            meta = {"schema_version": SCHEMA_VERSION, "created_unix": time.time(),
-                    "identity": json.dumps(identity, default=str), "max_rows": self.max_rows}
-            self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
+        try:  # (a writer that fails here, a full disk, tries again later: no connection left open)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch
+            self._db.executescript(_SCHEMA)
+            for p, inode in made.items():
+                if files.inode_of(p) != inode:
+                    raise HistoryError(f"{p} was replaced by another file while it was opened (another user "
+                                       "of the state directory?); not written. Fix: a state directory "
+                                       "others may write needs the sticky bit (chmod +t)")
+            with self._db:
+                self._db.execute("BEGIN")
+                meta = {"schema_version": SCHEMA_VERSION, "created_unix": time.time(),
+                        "identity": json.dumps(identity, default=str), "max_rows": self.max_rows}
+                self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
+        except BaseException:
+            self._db.close()
+            raise
         self.rows = 0
 
     def add_steps(self, steps: list[dict[str, Any]], sample: dict[str, Any] | None = None,

@@ -7,6 +7,7 @@ tests/distributed/test_full_disk.py.)"""
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -199,6 +200,18 @@ def test_a_history_that_cannot_be_created_is_tried_again_and_logged_once(tmp_pat
     assert w.failures.failing and records["history"].count >= 3
     assert lines(caplog, "cannot write") == 1
     assert calls == []  # never got as far as draining: the store could not open
+
+
+def test_a_history_that_fails_as_it_is_made_leaves_no_file_open(tmp_path: Path) -> None:
+    """The writer makes its store again and again while the disk is full: each failed try
+    closes what it opened (20 tries an hour would otherwise run the process out of files)."""
+    path = history.path_for(str(tmp_path), 0)
+    unwritable = {"rank": 0, (1, 2): "a key JSON cannot write"}  # fails where SQLITE_FULL would: its first insert
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(TypeError):
+            history.HistoryStore(path, unwritable)
+    assert len(os.listdir("/proc/self/fd")) <= before
 
 
 def test_a_spell_that_ended_becomes_a_finding_of_the_history() -> None:
