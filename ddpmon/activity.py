@@ -62,7 +62,8 @@ class Status(str, Enum):
     CRASHED = "crashed"
     EXITED = "exited"
     UNKNOWN = "unknown"
-    """Alive, its file no longer rewritten, and no way to see what it does (the doctor)."""
+    """Its file no longer rewritten because the file system refuses the writes (read-only,
+    full), so what it does, or how it ended, is not known (the doctor)."""
 
     def __str__(self) -> str:
         return self.value

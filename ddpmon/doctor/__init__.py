@@ -25,8 +25,8 @@ from ..webconfig import HttpConfig
 from . import procs, rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, earlier_attempts, load_dir, load_remote
+from .rules import cannot_write, lost_node
 from .rules import files as file_rules
-from .rules import lost_node
 from .view import STALLED, RankView, state_interval, view
 
 __all__ = ["examine", "Diagnosis", "Finding", "RankView", "VERDICTS"]
@@ -110,6 +110,7 @@ def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | 
         return _examine(asked, job if chosen else None, live_stacks, stall, None, stack_timeout, remote,
                         settle=False, client=client)
     notes += _read_only(state_dir if not remote else None, views)
+    cannot_write.mark(views, state_dir if not remote else None)
     if live_stacks:
         _live_stacks(views, stack_timeout)
 
@@ -148,13 +149,13 @@ def _guard_pid_namespace(files: list[StateFile], lives: dict[int, procs.Liveness
 
 
 def _live_stacks(views: list[RankView], timeout: float) -> None:
-    """py-spy stacks of this host's live ranks that stalled (and of the running ones, when
-    others wait for them)."""
+    """py-spy stacks of this host's live ranks that stalled or whose files say nothing new
+    (unknown), and of the running ones when others wait for them."""
     anyone_stalled = any(v.status in STALLED for v in views)
     wanted = [
         (v, v.state.pid) for v in views
         if v.liveness.alive and v.state.pid is not None
-        and (v.status in STALLED or (anyone_stalled and v.status == Status.STEPPING))
+        and (v.status in STALLED or v.status == Status.UNKNOWN or (anyone_stalled and v.status == Status.STEPPING))
     ]
     if not wanted:
         return

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from .view import RankView
 
-VERDICTS = ("healthy", "hang", "dead_rank", "desync", "straggler", "no_data")
+VERDICTS = ("healthy", "hang", "dead_rank", "desync", "straggler", "cannot_write", "no_data")
 
 
 @dataclass

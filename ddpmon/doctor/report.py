@@ -18,7 +18,7 @@ from .findings import Diagnosis, Finding
 from .view import GONE, RankView
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
-_VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "no_data": "yellow"}
+_VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "cannot_write": "yellow", "no_data": "yellow"}
 _STATUS_COLOUR = {
     Status.STEPPING: "green", Status.WAITING: "yellow", Status.BUSY: "yellow", Status.STUCK: "red",
     Status.FROZEN: "red", Status.DEAD: "red", Status.CRASHED: "red", Status.SILENT: "red", Status.EXITED: "dim",
@@ -30,6 +30,7 @@ _HEADLINE = {
     "dead_rank": "a rank died",
     "desync": "the ranks are out of step",
     "straggler": "a rank is slower than the others",
+    "cannot_write": "ranks cannot write their state files",
     "no_data": "nothing to diagnose",
 }
 
@@ -64,7 +65,8 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
         f"ddpmon doctor: {paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - "
         f"{headline} ({where}{d.state_dir})"
     )
-    main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS]
+    main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS
+            and (f.kind != "cannot_write" or d.verdict == "cannot_write")]  # else a note beside the cause
     rest = [f for f in d.findings if f not in main]
     for f in main:
         lines.append("")
@@ -103,7 +105,8 @@ def attempt_line(a: dict[str, Any]) -> str:
     return f"attempt {a['attempt']}: {a['ended']}, {who}; {a['steps']} steps{after}"
 
 
-_ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "stuck_rank", "not_joining", "desync", "comm_hang", "missing_rank", "straggler")
+_ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank", "not_joining", "desync",
+               "comm_hang", "missing_rank", "straggler")
 
 
 GROUP_FROM = 8
@@ -188,14 +191,15 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         s = v.state
         e = v.waiting
         waiting = "-"
-        if e and v.status not in GONE:
+        unknown = v.status == Status.UNKNOWN  # its file is old: neither its silence nor its wait is known
+        if e and v.status not in GONE and not unknown:
             waiting = f"{e.describe(short=True)}, {e.age_seconds or 0:.1f} s"
         step = str(s.step)
-        if v.status in (Status.FROZEN, Status.SILENT):
+        if v.status in (Status.FROZEN, Status.SILENT, Status.UNKNOWN):
             step += f" ({v.age:.0f} s old)"  # facts as of its last write, not now
         rows.append((
             str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
-            step, str(s.phase), f"{v.silent:.1f} s", waiting,
+            step, str(s.phase), "?" if unknown else f"{v.silent:.1f} s", waiting,
         ))
     if len(rows) > GROUP_FROM:
         rows, ranks = _group_rows(rows, ranks)

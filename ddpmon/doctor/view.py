@@ -3,10 +3,12 @@
 Each rank is put in one status: stepping (progress recently), waiting (no progress, a
 collective in flight), stuck (no progress, no collective in flight), frozen (its process
 is there but its state file is no longer rewritten: the main thread holds the GIL or the
-process is stopped), busy (no progress, not in a collective, but its watchdog sees it
-working: ``ddpmon/activity.py``), dead (the process is gone without a word), crashed (it ended with an
-uncaught exception), exited (it ended without one), silent (another host; its file stopped
-changing). The rules (``rules/``) then compare the ranks.
+process is stopped), unknown (its file is stale because the file system refuses the
+writes, read-only or full: alive, or ended without a record), busy (no progress, not in a
+collective, but its watchdog sees it working: ``ddpmon/activity.py``), dead (the process is
+gone without a word), crashed (it ended with an uncaught exception), exited (it ended
+without one), silent (another host; its file stopped changing). The rules (``rules/``)
+then compare the ranks.
 
 Times are compared on one clock: each file's writer times are shifted by its own offset
 (see load.py), and the doctor's clock is compared only with file modification times.
@@ -15,7 +17,7 @@ Times are compared on one clock: each file's writer times are shifted by its own
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import activity
 from ..activity import Status
@@ -35,6 +37,14 @@ STALE_FACTOR = 5.0
 STALL_MIN = 5.0
 STALL_FACTOR = 5.0
 """No progress for this long (or this many of the slowest recent steps) is a stall."""
+
+
+class Unwritable(NamedTuple):
+    """Why a rank cannot write its state file (``rules/cannot_write.py``): ``reason`` in the
+    system's words (``no space left on device``), and the evidence for it."""
+
+    reason: str
+    evidence: list[str]
 
 
 @dataclass
@@ -57,6 +67,8 @@ class RankView:
     stalled_when_written: bool = False
     ending: Exit | None = None
     """How it ended: its exit record, or the fatal signal its faulthandler file names."""
+    cannot_write: Unwritable | None = None
+    """Set when its file is stale because it cannot write it (then its status is unknown)."""
 
     @property
     def state(self) -> RankState:
@@ -95,7 +107,8 @@ class RankView:
             "phase": s.phase,
             "silent_seconds": round(self.silent, 3),
             "file_age_seconds": round(self.age, 3),
-            "stale": self.status in (Status.FROZEN, Status.SILENT),
+            "stale": self.status in (Status.FROZEN, Status.SILENT, Status.UNKNOWN),
+            "cannot_write": self.cannot_write.reason if self.cannot_write else None,
             "waiting_in": brief_entry(waiting) if waiting else None,
             "activity": records.dump(s.activity),
             "in_flight": len(self.in_flight),

@@ -14,7 +14,8 @@ from collections.abc import Collection, Iterable, Sequence
 from .. import steps
 from ..activity import Status
 from ..state.fault import path_for as fault_path
-from ..state.schema import Collective
+from ..state.files import ROOM_BYTES
+from ..state.schema import Collective, WriteFailure
 from .view import RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------
@@ -172,6 +173,21 @@ def fix_died(v: RankView) -> str:
     )
 
 
+def fix_cannot_write(state_dir: str, ended: bool) -> str:
+    """Ranks that cannot write their state files (cannot_write)."""
+    text = (
+        f"Free space on the file system of {state_dir} (`df -h {state_dir}`), or set DDPMON_STATE_DIR "
+        "to a directory on another file system for the next run. Training is not affected: the "
+        "ranks try again with backoff and write again by themselves once there is room (their "
+        "step histories keep the last 1,024 steps in memory meanwhile, and name the steps they "
+        "lose). What a live rank does now: `py-spy dump --pid PID`."
+    )
+    if ended:
+        text += (" A rank that ended could not record how: its log says (its exit status, a "
+                 "traceback), and `dmesg` names the OOM killer if it was killed.")
+    return text
+
+
 def fix_lost_node(where: str) -> str:
     """A node gone with its ranks (lost_node)."""
     return (
@@ -294,6 +310,35 @@ def stuck_line(v: RankView) -> str:
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
         f"step {s.step}, phase {s.phase}, {what}{after}"
     )
+
+
+def unwritten_line(v: RankView) -> str:
+    """A rank that cannot write its state file: what its old file says, and its process."""
+    s = v.state
+    alive = v.liveness.alive
+    process = ("its process runs" if alive else "its process has ended" if alive is False
+               else "its process is on another host") + f" ({v.liveness.detail})"
+    if alive is False:
+        process += ", without a record of how"
+    return (f"rank {v.rank} (host {s.host}, pid {s.pid}): its state file was last written {v.age:.0f} s ago, "
+            f"at step {s.step}, phase {s.phase}; {process}")
+
+
+def write_failure_line(v: RankView, what: str, f: WriteFailure) -> str:
+    """A spell of failed writes that a rank's last file records."""
+    written = v.state.now_unix
+    lasted = f" for {written - f.since_unix:.0f} s" if written is not None else ""
+    return (f"rank {v.rank}: its last state file that got through says writing its {what} had failed"
+            f"{lasted} ({f.count} {'try' if f.count == 1 else 'tries'}: {f.error})")
+
+
+def free_space_line(state_dir: str, free: tuple[int, int]) -> str:
+    """The file system of a state directory that has no room."""
+    space, inodes = free
+    text = f"the file system of {state_dir} has {space / 2**10:.0f} KiB free"
+    if inodes == 0:
+        text += " and no free inode"
+    return text + f" (under {ROOM_BYTES >> 20} MiB: full)"
 
 
 def wait_line(v: RankView) -> str:

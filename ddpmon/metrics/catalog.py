@@ -105,6 +105,10 @@ METRICS: tuple[Metric, ...] = (
            RANK + ("kind",)),
     Metric("ddpmon_internal_errors_total", "counter",
            "Parts of ddpmon that failed and switched themselves off.", RANK + ("part",)),
+    Metric("ddpmon_state_write_failures_total", "counter",
+           "Writes of the rank's files that failed (a full disk, a read-only directory), by file: "
+           "state (rank-<R>.json) or history (rank-<R>.history.sqlite); each is tried again with "
+           "backoff, and training goes on.", RANK + ("file",)),
     # -- the rank's GPU (NVML and torch's allocator) ----------------------------------------
     Metric("ddpmon_gpu_utilization_ratio", "gauge", "GPU busy ratio over NVML's last sample period (0..1).", GPU, "gpu"),
     Metric("ddpmon_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", GPU, "gpu"),

@@ -72,6 +72,8 @@ class RankCollector:
             samples.append(("ddpmon_advice", {**base, "kind": advice.kind}, 1.0))
         for part in sorted(r.errors):
             samples.append(("ddpmon_internal_errors_total", {**base, "part": part}, 1.0))
+        for what, failure in sorted(r.write_failures.items()):
+            samples.append(("ddpmon_state_write_failures_total", {**base, "file": what}, float(failure.total)))
         yield from families(samples)
 
         for key, h in r.histograms().items():

@@ -206,7 +206,8 @@ class Monitor:
         if moved is not None:
             log.info("ddpmon: rank %d: the files of attempt %s are in %s", self.rank, moved,
                      os.path.join(state_dir, f"attempt-{moved}"))
-        self._writer = writers.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval)
+        self._writer = writers.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval,
+                                            self.recorder.write_failures)
         return self._writer.path
 
 

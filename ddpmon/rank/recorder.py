@@ -103,6 +103,9 @@ class Recorder:
         self.steps_without_unused = 0
         self.notes: dict[str, str] = {}
         self.errors: dict[str, str] = {}
+        self.write_failures: dict[str, schema.WriteFailure] = {}
+        """Set by the writers of the state file and the history (``rank/writers.py``), each
+        record replaced whole."""
         self.hang: schema.Hang | None = None
         self.exit: schema.Exit | None = None
         self.activity: schema.Activity | None = None
@@ -503,7 +506,8 @@ class Recorder:
                 collective_seq=dict(c.last_seq), collective_sites=dict(c.sites),
                 unused_parameters=list(self.unused_parameters),
                 buckets=[b.record() for b in self._buckets.sorted()],
-                notes=dict(self.notes), errors=dict(self.errors), hang=self.hang, exit=self.exit,
+                notes=dict(self.notes), errors=dict(self.errors),
+                write_failures=dict(self.write_failures), hang=self.hang, exit=self.exit,
                 advice=list(self.advice), fingerprints=self.fingerprints, data=self.data_info,
                 activity=self.activity,
             )

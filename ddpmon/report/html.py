@@ -22,7 +22,7 @@ from ..doctor.report import attempt_line
 from ..doctor.words import ms
 from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
-from .summary import pct
+from .summary import missing_text, pct
 
 MAX_LINES = 16
 PHASE_COLOURS = {
@@ -210,6 +210,7 @@ def _summary_html(s: dict[str, Any]) -> str:
         ("ranks", f"{s['ranks']}" + (f" of {s['world_size']}" if s.get("world_size") else "")),
         ("hosts", ", ".join(s["hosts"]) or "-"), ("devices", ", ".join(s["devices"]) or "-"),
         ("backend", s.get("backend") or "-"), ("steps", str(s["steps"])),
+        *([("missing from the history", missing_text(s["missing_steps"]))] if s.get("missing_steps") else []),
         ("start", _t(s.get("start_unix"))), ("duration", _duration(s.get("duration_seconds"))),
         ("median step time", ms(s.get("median_step_seconds"))),
         ("throughput", f"{s['steps_per_second']:.2f} steps/s" if s.get("steps_per_second") else "-"),

@@ -40,6 +40,9 @@ class RankHistory:
     findings: list[dict[str, Any]] = field(default_factory=list)
     exit: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    first: tuple[int, float, float] | None = None
+    """(step, start_unix, end_unix) of its first row, and of its last (None: no rows)."""
+    last: tuple[int, float, float] | None = None
 
     def median(self, column: str) -> float | None:
         values = [v for v in self.sample.get(column, []) if isinstance(v, (int, float))]
@@ -138,7 +141,7 @@ def _read(paths: list[str], job: str | None, max_points: int, problems: list[str
             if os.path.getmtime(p) < os.path.getmtime(ranks[rank].path):
                 continue
         ranks[rank] = RankHistory(rank, p, identity, h["rows"], last, h["steps"], binned,
-                                  h["findings"], h["exit"], h["meta"])
+                                  h["findings"], h["exit"], h["meta"], h["first"], h["last"])
     for h in ranks.values():
         h.path = shown.get(h.path, h.path)
     return ranks, stride

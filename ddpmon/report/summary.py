@@ -23,8 +23,8 @@ from ..doctor import words
 from ..doctor.report import attempt_line
 from ..doctor.view import GONE
 from ..doctor.words import ms
-from ..state import captures, schema
-from .run import Run, load
+from ..state import captures, history, schema
+from .run import RankHistory, Run, load
 
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
 
@@ -80,14 +80,14 @@ def summarize(run: Run) -> dict[str, Any]:
             "status": _status(h, v),
             "history_rows": h.rows if h else 0,
             "history": h.path if h else None,
+            "missing_steps": missing_steps(h, v),
         })
     scores = run_scores(run)
     slowest = max(scores.values(), key=lambda sc: sc.score) if scores else None
     for r in ranks_out:
         score = scores.get(r["rank"])
         r["slower"] = round(score.score, 4) if score is not None else None
-    starts = [h.sample["start_unix"][0] for h in run.ranks.values() if h.sample["start_unix"]]
-    ends = [h.sample["end_unix"][-1] for h in run.ranks.values() if h.sample["end_unix"]]
+    start, end = run_span(run, views)
     step_median = _median([r["median_step_seconds"] for r in ranks_out])
     phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in steps.PARTS}
     exposed = phases.get("exposed_comm")
@@ -103,9 +103,10 @@ def summarize(run: Run) -> dict[str, Any]:
         "devices": sorted({str(r["device"]) for r in ranks_out if r["device"]}),
         "backend": next((r["backend"] for r in ranks_out if r["backend"]), None),
         "steps": max((r["steps"] or 0 for r in ranks_out), default=0),
-        "start_unix": min(starts) if starts else None,
-        "end_unix": max(ends) if ends else None,
-        "duration_seconds": (max(ends) - min(starts)) if starts and ends else None,
+        "start_unix": start,
+        "end_unix": end,
+        "duration_seconds": (end - start) if start is not None and end is not None else None,
+        "missing_steps": [{"rank": r["rank"], "first": a, "last": b} for r in ranks_out for a, b in r["missing_steps"]],
         "median_step_seconds": step_median,
         "steps_per_second": (1.0 / step_median) if step_median else None,
         "phases": phases,
@@ -125,6 +126,42 @@ def summarize(run: Run) -> dict[str, Any]:
         "problems": run.problems,
         "generated_unix": time.time(),
     }
+    return out
+
+
+def run_span(run: Run, views: dict[int, Any]) -> tuple[float | None, float | None]:
+    """When the run began and when it was last seen making progress, from all it knows: its
+    first step's start (the rank's attach when its history lacks the first steps), and the
+    latest of the last step in a history and the last progress a state file records (a
+    history whose writes failed ends early; the state file may go on)."""
+    starts, ends = [], []
+    for rank in set(run.ranks) | set(views):
+        h, v = run.ranks.get(rank), views.get(rank)
+        first, last = (h.first, h.last) if h else (None, None)
+        if first is not None and first[0] == 1:
+            starts.append(first[1])
+        elif v is not None and v.state.started_unix is not None:
+            starts.append(v.state.started_unix)
+        elif first is not None:
+            starts.append(first[1])
+        if last is not None:
+            ends.append(last[2])
+        if v is not None and v.state.step and v.state.last_progress_unix is not None:
+            ends.append(v.state.last_progress_unix)
+    return (min(starts) if starts else None), (max(ends) if ends else None)
+
+
+def missing_steps(h: RankHistory | None, v: Any) -> list[tuple[int, int]]:
+    """The steps (first, last) a rank finished that its history lacks: those it lost while
+    its writes failed (``history.missing_steps``), and, once the rank has ended, those past
+    the history's last row up to the last step its state file counted (its last writes
+    failed). A live rank's newest steps are on their way, not missing."""
+    if h is None:
+        return []
+    out = history.missing_steps(h.meta)
+    ended = v is not None and (v.ending is not None or v.liveness.alive is False)
+    if ended and v.state.step > h.last_step:
+        out.append((h.last_step + 1, v.state.step))
     return out
 
 
@@ -151,7 +188,9 @@ def _status(h: Any, v: Any) -> dict[str, Any]:
     record = (ex or {}).get("record") or (schema.to_json(own_exit) if own_exit is not None else None) or {}
     if v is not None:
         status = v.status
-        if v.liveness.alive is False and status not in GONE:
+        if v.cannot_write is not None and v.liveness.alive is False:
+            status = f"ended, not recorded ({v.cannot_write.reason})"  # its last writes failed
+        elif v.liveness.alive is False and status not in GONE:
             status = f"dead (was {status})"  # the doctor's view when it stopped: a hang, then killed
     elif ex is not None:
         status = ex["how"]
@@ -250,6 +289,12 @@ def pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio * 100:.0f}%"
 
 
+def missing_text(missing: list[dict[str, Any]]) -> str:
+    """``rank 0 steps 120-1340, rank 1 step 7``: the steps the histories lack."""
+    return ", ".join(f"rank {m['rank']} " + (f"step {m['first']}" if m["first"] == m["last"]
+                                              else f"steps {m['first']}-{m['last']}") for m in missing)
+
+
 def end_of_run(state_dir: str) -> str:
     """The few lines rank 0 logs when training ends: steps, median step time, the slowest
     rank and its phase, the exposed-communication share, findings, and the report command."""
@@ -273,6 +318,8 @@ def end_of_run(state_dir: str) -> str:
     for f in shown[:3]:  # a finding the doctor makes only now must reach a log, with what to do
         fix = f" Fix: {f['fix']}" if f["severity"] != "info" and f.get("fix") else ""
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")
+    if s["missing_steps"]:  # what the history lacks (a full disk): the figures above leave them out
+        lines.append(f"  missing from the history: {missing_text(s['missing_steps'])}")
     if s["attempts"]:  # a restarted job: why each attempt before this one ended
         lines.append(f"  attempts: {len(s['attempts']) + 1}; before this one:")
         lines += [f"    {attempt_line(a)}" for a in s["attempts"]]

@@ -35,6 +35,11 @@ MAX_BYTES = 8 * 1024 * 1024
 """A state file holds at most a few hundred KiB (a hang report with 32 threads' stacks)."""
 FINAL_WRITE_SECONDS = 2.0
 """The last write at detach or exit waits at most this long (a hung file system)."""
+ROOM_BYTES = 1 << 20
+"""A state directory whose file system has less free space than this (or no free inode) is
+full: more than a state file (tens of KiB; a hang report, a few hundred) and a second of
+step history need. A rank whose writes fail for want of space tries again as soon as there
+is this much; the doctor takes it as why a live rank's file is stale."""
 
 
 def path_for(state_dir: str, rank: int) -> str:
@@ -88,16 +93,21 @@ def own_private(path: str) -> int:
         os.close(fd)
 
 
-def write_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON so that readers see the old or the new file, never a mix,
-    with ``file_mode``."""
+def encode(data: dict[str, Any]) -> bytes:
+    """A state file's bytes."""
+    return json.dumps(data, separators=(",", ":"), default=str).encode()
+
+
+def write_atomic(path: str, data: dict[str, Any] | bytes) -> None:
+    """Write ``data`` as JSON (or bytes ``encode`` made) so that readers see the old or the
+    new file, never a mix, with ``file_mode``."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=directory)
     try:
         if file_mode(directory) != 0o600:
             os.fchmod(fd, file_mode(directory))
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, separators=(",", ":"), default=str)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data if isinstance(data, bytes) else encode(data))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -105,6 +115,23 @@ def write_atomic(path: str, data: dict[str, Any]) -> None:
         except OSError:
             pass
         raise
+
+
+def free_space(directory: str) -> tuple[int, int] | None:
+    """(bytes, files) that an unprivileged writer can still create in ``directory``'s file
+    system (``files`` -1 when it does not count them); None when it cannot be told."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, (st.f_favail if st.f_files > 0 else -1)
+
+
+def full(directory: str) -> bool:
+    """Whether ``directory``'s file system is full (``ROOM_BYTES``); False when it cannot
+    be told."""
+    free = free_space(directory)
+    return free is not None and (free[0] < ROOM_BYTES or free[1] == 0)
 
 
 def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:

@@ -111,24 +111,29 @@ class HistoryStore:
             os.close(fd)
         uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
         self._db = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch
-        self._db.executescript(_SCHEMA)
-        for p, inode in made.items():
-            if files.inode_of(p) != inode:
-                self._db.close()
-                raise HistoryError(f"{p} was replaced by another file while it was opened (another user of "
-                                   "the state directory?); the history is off. Fix: a state directory "
-                                   "others may write needs the sticky bit (chmod +t)")
-        with self._db:
-            self._db.execute("BEGIN")
-            meta = {"schema_version": SCHEMA_VERSION, "created_unix": time.time(),
-                    "identity": json.dumps(identity, default=str), "max_rows": self.max_rows}
-            self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
+        try:  # (a writer that fails here, a full disk, tries again later: no connection left open)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch
+            self._db.executescript(_SCHEMA)
+            for p, inode in made.items():
+                if files.inode_of(p) != inode:
+                    raise HistoryError(f"{p} was replaced by another file while it was opened (another user "
+                                       "of the state directory?); not written. Fix: a state directory "
+                                       "others may write needs the sticky bit (chmod +t)")
+            with self._db:
+                self._db.execute("BEGIN")
+                meta = {"schema_version": SCHEMA_VERSION, "created_unix": time.time(),
+                        "identity": json.dumps(identity, default=str), "max_rows": self.max_rows}
+                self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
+        except BaseException:
+            self._db.close()
+            raise
         self.rows = 0
 
-    def add_steps(self, steps: list[dict[str, Any]], sample: dict[str, Any] | None = None) -> None:
-        """Insert (or replace) a batch of per-step dicts in one transaction."""
+    def add_steps(self, steps: list[dict[str, Any]], sample: dict[str, Any] | None = None,
+                  missing: tuple[int, int] | None = None) -> None:
+        """Insert (or replace) a batch of per-step dicts in one transaction, with the steps
+        (first, last) before them that the rank lost (``missing_steps``)."""
         if not steps:
             return
         sample = sample or {}
@@ -137,6 +142,10 @@ class HistoryStore:
         with self._db:
             self._db.execute("BEGIN")  # columns named: a file of an older ddpmon has more
             self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})", rows)
+            if missing is not None:
+                found = self._db.execute("SELECT value FROM meta WHERE key = 'missing_steps'").fetchone()
+                ranges = missing_steps({"missing_steps": found[0]} if found else {}) + [missing]
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('missing_steps', ?)", (json.dumps(ranges),))
         self.rows += len(rows)
         if self.rows > self.max_rows:
             self._thin()
@@ -179,6 +188,18 @@ class HistoryStore:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('thinned_through_step', ?)", (str(through),))
 
 
+def missing_steps(meta: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The steps (first, last), oldest first, that a rank lost before they reached its
+    history: not written while its writes failed (a full disk), and gone from its bounded
+    ring of recent steps by the time writing worked again. Kept in ``meta`` as JSON; an
+    unreadable value reads as none."""
+    try:
+        ranges = json.loads(meta.get("missing_steps") or "[]")
+        return [(int(a), int(b)) for a, b in ranges]
+    except (ValueError, TypeError):
+        return []
+
+
 def _row(s: dict[str, Any], sample: dict[str, Any]) -> tuple[Any, ...]:
     out: list[Any] = [int(s["step"])]
     for key in _FLOAT_COLUMNS:
@@ -204,9 +225,10 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
          bin_stride: int | None = None) -> dict[str, Any]:
     """One rank's history: ``meta`` (with ``identity``), ``steps`` (column -> list, oldest
     first; ``buckets`` decoded unless ``decode_buckets=False``, then JSON text), ``findings``
-    and ``exit`` (None when it never wrote one: killed, or still running). ``max_points``
-    keeps about that many evenly spaced rows; ``bin_stride`` adds ``binned`` (see
-    ``read_binned``), read through the same connection."""
+    and ``exit`` (None when it never wrote one: killed, or still running), ``first`` and
+    ``last`` (``(step, start_unix, end_unix)`` of its first and last rows, None when it has
+    none). ``max_points`` keeps about that many evenly spaced rows; ``bin_stride`` adds
+    ``binned`` (see ``read_binned``), read through the same connection."""
     db = _open(path)
     try:
         meta = _meta(db, path)
@@ -218,6 +240,8 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
             where = (f" WHERE step IN (SELECT step FROM (SELECT step, row_number() OVER (ORDER BY step) AS n "
                      f"FROM steps) WHERE n % {stride} = 0 OR n = {count})")
         rows = db.execute(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps{where} ORDER BY step").fetchall()
+        first, last = (db.execute(f"SELECT step, start_unix, end_unix FROM steps ORDER BY step {order} LIMIT 1")
+                       .fetchone() for order in ("ASC", "DESC"))
         findings = _findings(db)
         ended = _exit(db)
         binned = _binned(db, bin_stride) if bin_stride else None
@@ -231,6 +255,7 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
     return {
         "path": path, "meta": meta, "identity": identity, "rank": identity.get("rank"),
         "rows": count, "steps": columns, "findings": findings, "binned": binned, "exit": ended,
+        "first": first, "last": last,
     }
 
 

@@ -315,6 +315,28 @@ class Exit:
 
 
 @dataclass(slots=True)
+class WriteFailure:
+    """The last spell of failed writes of one of the rank's files (docs/state.md, "When a
+    write fails"): the rank retries with backoff and training goes on."""
+
+    error: str
+    """What the system said: ``No space left on device`` (SQLite's "database or disk is full"
+    is given as that too), or ``Type: message`` when there is no system error."""
+    since_unix: float
+    """The first failure of this spell."""
+    last_unix: float
+    """The latest failed write."""
+    errno: str | None = None
+    """The error's name (``ENOSPC``), null when there is none."""
+    count: int = 1
+    """Failed writes in this spell."""
+    total: int = 1
+    """Failed writes since the rank attached (``ddpmon_state_write_failures_total``)."""
+    ended_unix: float | None = None
+    """When a write got through again; null while the writes fail."""
+
+
+@dataclass(slots=True)
 class Advice:
     """A silent DDP mistake this rank saw (docs/advice.md lists every ``kind``)."""
 
@@ -467,6 +489,10 @@ class RankState(Identity):
     """Advice and warnings by topic."""
     errors: dict[str, str] = field(default_factory=dict)
     """Parts of ddpmon that failed and switched themselves off, with the error."""
+    write_failures: dict[str, WriteFailure] = field(default_factory=dict)
+    """The last spell of failed writes of this rank's ``state`` file and ``history``, by file.
+    The state file can hold its own spell only once a write gets through again: while one is
+    failing, a reader sees an old file (docs/state.md)."""
     hang: Hang | None = None
     """The watchdog's report while it suspects a hang, else null."""
     exit: Exit | None = None

@@ -21,6 +21,7 @@ from ddpmon.doctor import rules, words
 from ddpmon.doctor.load import StateFile, load_dir
 from ddpmon.doctor.procs import Liveness
 from ddpmon.doctor.rules import (
+    cannot_write,
     comm_hang,
     common,
     dead_rank,
@@ -177,6 +178,82 @@ def test_dead_rank() -> None:
     assert found.findings[0].summary.startswith("rank 1 stopped writing its state file")
     assert dead_rank.dead_rank(views("left_early"), []) is None
     assert dead_rank.dead_rank(views("stuck_rank"), []) is None
+
+
+def full_disk(monkeypatch: pytest.MonkeyPatch, free: tuple[int, int] = (12 * 1024, 500)) -> str:
+    """A state directory whose file system has ``free`` (bytes, inodes) left, as statvfs says."""
+    where = str(FIXTURES / "straggler")
+    monkeypatch.setattr(state_files, "free_space", lambda directory: free if directory == where else None)
+    return where
+
+
+def test_cannot_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose disk filled up: its files stop changing while its ranks train on (they
+    read as frozen: a hang), and once they end cleanly their last writes fail too (they read
+    as killed from outside: the OOM killer). The full file system says why."""
+    running = views("straggler", later=14.0, alive={0: True, 1: True})
+    assert statuses(running) == ["frozen", "frozen"]
+    assert rules.decide(running, []).verdict == "hang"  # what the doctor said before
+    where = full_disk(monkeypatch)
+    cannot_write.mark(running, where)
+    assert statuses(running) == ["unknown", "unknown"]
+    verdict, suspects, found = rules.decide(running, [])
+    assert (verdict, suspects, [f.kind for f in found]) == ("cannot_write", [0, 1], ["cannot_write"])
+    f = found[0]
+    assert (f.severity, f.summary) == ("error", "ranks 0, 1 cannot write their state: no space left on device")
+    assert f.evidence[0] == f"the file system of {where} has 12 KiB free (under 1 MiB: full)"
+    assert f.evidence[1].startswith("rank 0 (host ") and "its state file was last written " in f.evidence[1]
+    assert "its process runs (given by the test: alive=True)" in f.evidence[1]
+    assert f"df -h {where}" in f.fix and "DDPMON_STATE_DIR" in f.fix and "OOM" not in f.fix
+    # a clean finish whose last writes failed: ended, how not recorded; not killed
+    ended = views("straggler", later=30.0, alive={0: False, 1: False})
+    assert rules.decide(ended, []).findings[0].kind == "dead_rank"  # "vanished ... the OOM killer" before
+    cannot_write.mark(ended, where)
+    verdict, _, found = rules.decide(ended, [])
+    assert verdict == "cannot_write" and found[0].summary == (
+        "ranks 0, 1 cannot write their state: no space left on device; ranks 0, 1 have ended, how is not recorded")
+    assert "vanished" not in " ".join(found[0].evidence) and "dmesg" in found[0].fix
+    # no free inode is as full
+    monkeypatch.setattr(state_files, "free_space", lambda directory: (50 << 20, 0))
+    late = views("straggler", later=14.0, alive={0: True, 1: True})
+    cannot_write.mark(late, where)
+    assert statuses(late) == ["unknown", "unknown"] and "no free inode" in late[0].cannot_write.evidence[0]
+
+
+def test_cannot_write_from_the_ranks_own_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Space came back (or the doctor cannot see the file system: --from), but the last file
+    that got through says the rank's history writes were failing: its writes fail, the file
+    is old for that reason."""
+    full_disk(monkeypatch, free=(50 << 20, 500))
+    vs = views("straggler", later=14.0, alive={0: True, 1: False})
+    s = vs[1].state
+    s.write_failures["history"] = schema.WriteFailure(
+        "No space left on device", (s.now_unix or 0) - 6, (s.now_unix or 0) - 1, "ENOSPC", count=5, total=5)
+    cannot_write.mark(vs, str(FIXTURES / "straggler"))
+    assert statuses(vs) == ["frozen", "unknown"]  # rank 0 says nothing of the sort: frozen
+    assert vs[1].cannot_write.evidence == [
+        "rank 1: its last state file that got through says writing its history had failed for 6 s "
+        "(5 tries: No space left on device)"]
+    cannot_write.mark(vs, None)  # read from node daemons: the record alone
+    verdict, suspects, found = rules.decide(vs, [])
+    assert verdict == "hang" and suspects == [0]  # rank 0 is frozen: the hang stays the cause...
+    note = next(f for f in found if f.kind == "cannot_write")  # ...and rank 1's writes are a note
+    assert (note.severity, note.ranks) == ("warning", [1])
+    assert note.summary == "rank 1 cannot write its state: no space left on device; rank 1 has ended, how is not recorded"
+
+
+def test_cannot_write_needs_a_late_file_and_a_running_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    where = full_disk(monkeypatch)
+    fresh = views("straggler", alive={0: True, 1: True})
+    cannot_write.mark(fresh, where)
+    assert statuses(fresh) == ["stepping", "stepping"]  # written a moment ago: it writes
+    stopped = views("straggler", later=14.0, alive={0: True, 1: True}, stopped=(1,))
+    cannot_write.mark(stopped, where)
+    assert statuses(stopped) == ["unknown", "frozen"]  # SIGSTOP is not a full disk
+    done = views("finished", later=60.0)
+    cannot_write.mark(done, where)
+    assert statuses(done) == ["exited", "exited"]  # their exit records got through
+    assert cannot_write.cannot_write(done, []) is None
 
 
 def test_stuck_rank() -> None:

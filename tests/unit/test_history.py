@@ -1,5 +1,5 @@
-"""The per-step history store: schema, WAL batches, bounds, failures. (A writer killed
-mid-run: tests/processes/test_exits.py.)"""
+"""The per-step history store: schema, WAL batches, bounds. (A writer killed mid-run:
+tests/processes/test_exits.py; writes that fail: test_write_failures.py.)"""
 
 from __future__ import annotations
 
@@ -111,19 +111,6 @@ def test_a_file_that_is_not_a_database_is_named(tmp_path):
     path.write_text("not sqlite")
     with pytest.raises(history.HistoryError, match="rank-0.history.sqlite"):
         history.read(str(path))
-
-
-def test_writer_failure_is_logged_once_and_switches_history_off(tmp_path, caplog):
-    (tmp_path / "blocker").write_text("a file where the directory should be")
-    calls = []
-    writer = writers.HistoryWriter(str(tmp_path / "blocker" / "rank-0.history.sqlite"),
-                                   lambda s: calls.append(s) or steps(1, 3), dict, lambda: {"rank": 0}, interval=0.05)
-    writer.start()
-    time.sleep(0.3)
-    writer.stop()
-    assert writer.failed
-    assert sum("step history" in r.getMessage() for r in caplog.records) == 1
-    assert len(calls) == 0  # never got as far as draining: the store could not open
 
 
 def test_recorder_history_since_has_phases_exposed_and_buckets():

@@ -107,6 +107,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.identity.attempt = 0  # ddpmon_attempt: only under a launcher that restarts
     rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
     rec.record_error("watchdog", "boom")
+    rec.write_failures["state"] = schema.WriteFailure("No space left on device", 1.0, 1.0, "ENOSPC")  # once one failed
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
     rec.activity = schema.Activity(state="stepping")  # served once the watchdog sampled the rank
     served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}

@@ -133,3 +133,39 @@ def test_the_page_lists_the_captures_and_says_how_to_take_one() -> None:
          "reason": "the profiler is busy <elsewhere>", "written_unix": None}]})
     assert 'rank 1, steps 41 to 45' in page and "/s/capture-1-ab.pt.trace.json" in page
     assert "rank 3, 5 steps" in page and "error: the profiler is busy &lt;elsewhere&gt;" in page
+
+
+def test_a_history_that_lacks_steps_says_which_and_the_run_lasts_what_its_files_know(tmp_path, capsys):
+    """A 44 s job on a disk that filled up: rank 0's history stopped 5 s in (its writes failed
+    from then on), rank 1's lost steps 120-340 while full and went on to 25 s; their state
+    files (written again once there was room) know how
+    far each got and when. The report names the missing steps and does not call it a 25 s run."""
+    from ddpmon.state import files
+
+    t0 = 1_790_000_000.0
+
+    def rows(first, last):
+        return [{"step": s, "start_unix": t0 + (s - 1) * 0.05, "end_unix": t0 + s * 0.05, "step_seconds": 0.05,
+                 "forward_seconds": 0.01, "backward_seconds": 0.02} for s in range(first, last + 1)]
+
+    for rank in (0, 1):
+        store = history.HistoryStore(history.path_for(str(tmp_path), rank), {"rank": rank, "job": "full",
+                                                                              "world_size": 2})
+        store.add_steps(rows(1, 100) if rank == 0 else rows(1, 119))
+        if rank == 1:
+            store.add_steps(rows(341, 500), missing=(120, 340))
+        store.close()
+        files.write_atomic(str(tmp_path / f"rank-{rank}.json"), {
+            "rank": rank, "world_size": 2, "host": "elsewhere", "pid": 4000 + rank, "job": "full", "format": 2,
+            "step": 880, "phase": "detached", "started_unix": t0 - 0.5, "now_unix": t0 + 44.1,
+            "last_progress_unix": t0 + 44.0, "exit": {"unix": t0 + 44.1, "how": "end", "code": 0}})
+    s = summary.summarize(run.load([str(tmp_path)]))
+    assert [r["missing_steps"] for r in s["per_rank"]] == [[(101, 880)], [(120, 340), (501, 880)]]
+    assert s["missing_steps"] == [{"rank": 0, "first": 101, "last": 880}, {"rank": 1, "first": 120, "last": 340},
+                                  {"rank": 1, "first": 501, "last": 880}]
+    assert s["start_unix"] == t0 and s["duration_seconds"] == pytest.approx(44.0)  # not 25 s
+    text = "rank 0 steps 101-880, rank 1 steps 120-340, rank 1 steps 501-880"
+    assert f"  missing from the history: {text}" in summary.end_of_run(str(tmp_path))
+    page = html.render(run.load([str(tmp_path)]), s)
+    assert f'data-key="missing from the history">{text}<' in page
+    assert 'data-key="duration">0:00:44<' in page

@@ -4,35 +4,38 @@ One rule, one ``kind``: each rule is a function over plain views (``RankView``) 
 of its own, its docstring says what it catches and why. ``VERDICT_RULES`` is walked in
 order and the first rule that answers gives the verdict, so the order is the precedence:
 
-===================  =========  ===================================================
-kind                 verdict    when
-===================  =========  ===================================================
-finished             healthy    every rank exited without an error (straggler when
-                                a rank straggled over its last steps)
-mismatch             desync     the ranks' collectives differ under one sequence
-                                number (op, order, dtype or element count)
-left_early           desync     the first rank to end exited cleanly while others
-                                still needed it
-lost_node            dead_rank  every rank of a node is gone without a word (its
-                                daemon does not answer, or all went silent); the
-                                others failed on connections to it or wait
-dead_rank            dead_rank  a rank died, crashed or went silent first
-busy                 healthy    ranks work outside a step (evaluation, checkpoint);
-                                the others wait for them: not a hang
-stuck_rank           hang       a rank makes no progress outside any collective
-not_joining          hang       ranks wait in a collective another rank runs past
-missing_rank         hang       all wait in one collective; members have no file
-comm_hang            hang       all wait in one collective; none is behind
-desync               desync     the ranks wait in different collectives
-straggler            straggler  a rank computes clearly slower than the others
-===================  =========  ===================================================
+===================  ============  ===================================================
+kind                 verdict       when
+===================  ============  ===================================================
+finished             healthy       every rank exited without an error (straggler when
+                                   a rank straggled over its last steps)
+mismatch             desync        the ranks' collectives differ under one sequence
+                                   number (op, order, dtype or element count)
+left_early           desync        the first rank to end exited cleanly while others
+                                   still needed it
+lost_node            dead_rank     every rank of a node is gone without a word (its
+                                   daemon does not answer, or all went silent); the
+                                   others failed on connections to it or wait
+dead_rank            dead_rank     a rank died, crashed or went silent first
+stuck_rank           hang          a rank makes no progress outside any collective
+cannot_write         cannot_write  ranks' state files are stale because they cannot
+                                   write them (a full disk): not frozen, not killed
+busy                 healthy       ranks work outside a step (evaluation, checkpoint);
+                                   the others wait for them: not a hang
+not_joining          hang          ranks wait in a collective another rank runs past
+missing_rank         hang          all wait in one collective; members have no file
+comm_hang            hang          all wait in one collective; none is behind
+desync               desync        the ranks wait in different collectives
+straggler            straggler     a rank computes clearly slower than the others
+===================  ============  ===================================================
 
 (``slowest_rank``, an info note, says how far the slowest rank is when it is at least 5%
 slower but not yet out of its noise.)
 
 No rule answering means healthy. The advice rules (``advice``: same data on every rank,
 diverged replicas, NaN origin, device mapping, ...) are notes and never change the verdict. A job whose ranks were all ended while hung is first put
-back as it was at their last writes (``ended_while_hung``). The other rules add notes:
+back as it was at their last writes (``ended_while_hung``). The other rules add notes (and so does
+``cannot_write`` when another rule gives the verdict):
 ``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank, and those of ``files`` on the
 state directory (see ``ddpmon.doctor.examine``).
 """
@@ -48,6 +51,7 @@ from ..view import RankView, settle
 from . import advice as advice_rules
 from . import (
     busy,
+    cannot_write,
     comm_hang,
     dead_rank,
     desync,
@@ -75,8 +79,9 @@ def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule,
         dead_rank.left_early,
         functools.partial(lost_node.lost_node, unreachable=unreachable) if unreachable else lost_node.lost_node,
         dead_rank.dead_rank,
+        stuck_rank.stuck_rank,  # (busy never answers when this one does)
+        cannot_write.cannot_write,
         busy.busy,
-        stuck_rank.stuck_rank,
         not_joining.not_joining,
         comm_hang.missing_rank,
         comm_hang.comm_hang,
@@ -112,6 +117,8 @@ def decide(views: list[RankView], missing: list[int], unreachable: Sequence[Unre
     found = next((v for rule in verdict_rules(unreachable) if (v := rule(views, missing)) is not None), None)
     if found is None:
         found = Verdict("healthy", [], [])
+    if found.verdict != "cannot_write" and (unwritten := cannot_write.finding(views)) is not None:
+        found.findings.append(unwritten)  # ranks that cannot write, beside the cause another rule names
     if replayed:
         found.findings.append(ended_while_hung.ended_while_hung(views))
     return found
