@@ -49,14 +49,14 @@ def daemon_client(command: str, args: argparse.Namespace) -> Any:
     """The ``HttpConfig`` that ``--http-config`` names, after checking every ``--from``
     address; or the exit status, with what is wrong said on stderr (never the address's
     password)."""
-    from ..state.remote import address_problem
+    from ..state.remote import address_problem, without_credentials
     from ..webconfig import WebConfigError, load_http_config
 
     for address in getattr(args, "remote", ()):
         problem = address_problem(address)
         if problem:
-            shown = address.rpartition("@")[2] if "@" in address else address
-            print(f"ddpmon {command}: --from {shown!r} is not valid: {problem}", file=sys.stderr)
+            print(f"ddpmon {command}: --from {without_credentials(address)!r} is not valid: {problem}",
+                  file=sys.stderr)
             return 2  # EXIT_USAGE
     try:
         return load_http_config(args.http_config)

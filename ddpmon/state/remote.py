@@ -53,6 +53,12 @@ def base_url(address: str) -> str:
     return f"http://{address}" if "://" not in address else address.rstrip("/")
 
 
+def without_credentials(address: str) -> str:
+    """``address`` with any ``user:password@`` taken out, to be shown."""
+    scheme, sep, rest = address.rpartition("://")
+    return scheme + sep + rest.rpartition("@")[2]
+
+
 def address_problem(address: str) -> str | None:
     """What is wrong with a daemon's address (``HOST:PORT``, ``http://HOST:PORT`` or
     ``https://HOST:PORT``), or None. It never repeats a password given in the address."""

@@ -118,7 +118,8 @@ def test_the_commands_refuse_credentials_in_an_address_without_repeating_them(tm
     done = run_doctor("--from", "https://doctor:hunter2@127.0.0.1:9490", "--json")
     assert done.returncode == 2
     assert "hunter2" not in done.stdout + done.stderr
-    assert "it holds credentials (user:password@)" in done.stderr and "--http-config" in done.stderr
+    assert "--from 'https://127.0.0.1:9490' is not valid: it holds credentials (user:password@)" in done.stderr
+    assert "--http-config" in done.stderr
     bad = write(tmp_path / "http.yml", "basic_auth:\n  usernme: x\n")
     done = run_doctor("--from", "127.0.0.1:9490", "--http-config", bad)
     assert done.returncode == 2 and f"--http-config {bad}: basic_auth.'usernme' is not a setting" in done.stderr
