@@ -71,6 +71,18 @@ def _unit() -> configparser.SectionProxy:
     return parser["Service"]
 
 
+def _as_tmp(src: Path) -> str:
+    """Shell that makes ``src`` this namespace's /tmp, keeping this checkout and its Python
+    where they are when they live under /tmp (a fresh clone in ``mktemp -d``)."""
+    lines = []
+    for needed in sorted({ROOT, Path(sys.prefix).resolve()}):
+        if needed.is_relative_to("/tmp"):
+            inside = src / needed.relative_to("/tmp")
+            inside.mkdir(parents=True, exist_ok=True)
+            lines.append(f"mount --bind {shlex.quote(str(needed))} {shlex.quote(str(inside))}")
+    return "\n".join([*lines, f"mount --rbind {shlex.quote(str(src))} /tmp"])
+
+
 def _restricted(mounts: str, caps: list[str], argv: list[str]) -> subprocess.Popen[str]:
     """``argv`` (a ddpmon command line) in a mount namespace where ``mounts`` (shell) has
     run and every file system is then read-only, with only ``caps`` and no new privileges."""
@@ -125,7 +137,7 @@ def test_systemd_unit_restrictions(rank_of_nobody: tuple[Path, int]) -> None:
     argv = shlex.split(service["ExecStart"])[1:] + ["--port", "0"]
     assert "/tmp/ddpmon-*" in " ".join(argv)
     # the host's /tmp (PrivateTmp=no), read-only like everything else (ProtectSystem=strict)
-    proc = _restricted(f"mount --bind {shlex.quote(str(src))} /tmp", caps, argv)
+    proc = _restricted(_as_tmp(src), caps, argv)
     try:
         port = _serving(proc)
         assert _up_of(port, "jobA", 0).endswith(" 1.0")
