@@ -76,6 +76,18 @@ def no_set_epoch(model: nn.Module, opt: torch.optim.Optimizer) -> None:
             step(model, opt, x, y)
 
 
+def peek_then_set_epoch(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """PyTorch's DDP tutorial (multigpu_torchrun.py): one batch peeked before the epoch loop,
+    then set_epoch at the start of every epoch."""
+    sampler = DistributedSampler(dataset(64), shuffle=True)
+    loader = DataLoader(dataset(64), batch_size=8, sampler=sampler)
+    assert len(next(iter(loader))[0]) == 8
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            step(model, opt, x, y)
+
+
 def inner_forward(model: nn.Module, opt: torch.optim.Optimizer) -> None:
     for i in range(STEPS):
         x, y = worker.batch(i, 8)
@@ -137,6 +149,7 @@ def correct(model: nn.Module, opt: torch.optim.Optimizer) -> None:
 PHASES: dict[str, tuple[Callable[[], nn.Module], dict[str, Any], Callable[..., None]]] = {
     "same_data": (MLP, {}, same_data),
     "no_set_epoch": (MLP, {}, no_set_epoch),
+    "peek_then_set_epoch": (MLP, {}, peek_then_set_epoch),
     "inner_forward": (MLP, {}, inner_forward),
     "drifting_buffers": (BatchNormMLP, {"broadcast_buffers": False}, drifting_buffers),
     "nan_on_rank_1": (MLP, {}, nan_on_rank_1),

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 EXPECTED = {  # phase: (kinds the ranks record, per rank), kinds the doctor finds
     "same_data": ({0: {"same_data"}, 1: {"same_data"}}, {"same_data"}),
     "no_set_epoch": ({0: {"set_epoch_missing"}, 1: {"set_epoch_missing"}}, {"set_epoch_missing"}),
+    "peek_then_set_epoch": ({0: set(), 1: set()}, set()),  # PyTorch's DDP tutorial
     "inner_forward": ({0: {"replicas_diverged"}, 1: {"inner_module_forward", "replicas_diverged"}},
                       {"inner_module_forward", "replicas_diverged"}),
     "drifting_buffers": ({0: {"replicas_diverged"}, 1: {"replicas_diverged"}}, {"replicas_diverged"}),

@@ -4,9 +4,12 @@ comparisons over hand-made states, and the doctor's rank_as_device rule over sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpmon.advice import KINDS, compare
 from ddpmon.doctor import examine
@@ -136,3 +139,53 @@ def test_advice_keeps_a_healthy_verdict(tmp_path: Path) -> None:
     assert d.verdict == "healthy"
     found = [f for f in d.findings if f.kind == "static_graph"]
     assert len(found) == 1 and found[0].ranks == [0, 1]
+
+
+def _epochs_seen(train: Callable[[DataLoader, DistributedSampler], None]) -> list[int]:
+    """The epochs found drawn again while ``train`` iterates a shuffling sampler's loader."""
+    from ddpmon.rank.advice import data
+
+    watch = data.EpochWatch()
+    repeated: list[int] = []
+
+    def drawn(sampler: object, epoch: int) -> None:
+        found = watch.drawn(sampler, epoch)
+        if found is not None:
+            repeated.append(found)
+
+    ds = TensorDataset(torch.arange(64.0).unsqueeze(1))
+    sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True)
+    data.watch(lambda _loader: None, drawn)
+    try:
+        train(DataLoader(ds, batch_size=4, sampler=sampler), sampler)
+    finally:
+        data.unwatch(lambda _loader: None, drawn)
+    return repeated
+
+
+def test_a_peek_before_the_epoch_loop_is_not_an_epoch() -> None:
+    def tutorial(loader: DataLoader, sampler: DistributedSampler) -> None:
+        len(next(iter(loader))[0])  # PyTorch's DDP tutorial: the batch size, from one batch
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for _ in loader:
+                pass
+
+    assert _epochs_seen(tutorial) == []
+
+
+def test_an_epoch_drawn_again_without_set_epoch_is_found() -> None:
+    def no_set_epoch(loader: DataLoader, _sampler: DistributedSampler) -> None:
+        next(iter(loader))  # a peek does not hide it
+        for _epoch in range(2):
+            for _ in loader:
+                pass
+
+    def half_epochs(loader: DataLoader, _sampler: DistributedSampler) -> None:
+        for _epoch in range(2):  # each epoch cut short after most of its batches
+            for i, _ in enumerate(loader):
+                if i == 6:
+                    break
+
+    assert _epochs_seen(no_set_epoch) == [0]
+    assert _epochs_seen(half_epochs) == [0]

@@ -5,16 +5,19 @@ A forward pre-hook on the DDP module samples a handful of elements of the first 
 whose checksums agree step after step: every rank got the same batches, as with a
 DataLoader that shuffles with one seed on every rank and no DistributedSampler. While
 attached, ``DataLoader.__iter__`` and ``DistributedSampler.__iter__`` pass through a light
-wrapper: the first says which sampler fed the model, the second notices a shuffling
-DistributedSampler iterated again with the epoch it had last time (``set_epoch`` never
-called: every epoch in the same order, pytorch#31771). The wrappers are removed when the
-last monitor of the process detaches.
+wrapper: the first says which sampler fed the model, the second counts the indices each
+iteration of a DistributedSampler draws and notices a shuffling one that draws an epoch's
+worth again with an epoch already drawn (``set_epoch`` never called: every epoch in the
+same order, pytorch#31771). A peek (``next(iter(loader))`` before the epoch loop, as in
+PyTorch's DDP tutorial) draws a batch or a few and is abandoned: it is not an epoch, so
+``set_epoch(0)`` after it repeats no order. The wrappers are removed when the last monitor
+of the process detaches.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -75,9 +78,44 @@ class BatchPrints:
 
 # -- the sampler watch: class-level wrappers shared by the monitors of this process ---------------
 
+EPOCH_SHARE = 0.5
+"""An iteration that draws more than this share of its sampler's indices is an epoch (it is
+trained on); one abandoned before is a peek."""
+
 SamplerSeen = Callable[[Any], None]
+EpochDrawn = Callable[[Any, int], None]
+"""Called with (sampler, its epoch) when an iteration of that sampler becomes an epoch."""
 _loader_watchers: list[SamplerSeen] = []
-_sampler_watchers: list[SamplerSeen] = []
+_sampler_watchers: list[EpochDrawn] = []
+
+
+class Drawn:
+    """A DistributedSampler's iterator that counts the indices drawn and tells the watchers
+    once, when it has drawn an epoch's worth (more than ``EPOCH_SHARE`` of them)."""
+
+    def __init__(self, sampler: Any, indices: Iterator[Any]) -> None:
+        self._sampler = sampler
+        self._indices = indices
+        self._epoch = int(getattr(sampler, "epoch", 0))  # set_epoch() comes before iter()
+        try:
+            length = len(sampler)
+        except Exception:
+            length = 0
+        self._epoch_at = int(EPOCH_SHARE * length) + 1
+        self.count = 0
+
+    def __iter__(self) -> Drawn:
+        return self
+
+    def __next__(self) -> Any:
+        index = next(self._indices)
+        self.count += 1
+        if self.count == self._epoch_at:
+            for watcher in list(_sampler_watchers):
+                watcher(self._sampler, self._epoch)
+        return index
+
+
 _originals: dict[str, Any] = {}
 
 
@@ -88,12 +126,10 @@ def _loader_iter(self: Any) -> Any:
 
 
 def _sampler_iter(self: Any) -> Any:
-    for watcher in list(_sampler_watchers):
-        watcher(self)
-    return _originals["sampler"](self)
+    return Drawn(self, iter(_originals["sampler"](self)))
 
 
-def watch(on_loader: SamplerSeen, on_sampler: SamplerSeen) -> None:
+def watch(on_loader: SamplerSeen, on_sampler: EpochDrawn) -> None:
     if not _originals:
         _originals["loader"] = DataLoader.__iter__
         _originals["sampler"] = DistributedSampler.__iter__
@@ -103,7 +139,7 @@ def watch(on_loader: SamplerSeen, on_sampler: SamplerSeen) -> None:
     _sampler_watchers.append(on_sampler)
 
 
-def unwatch(on_loader: SamplerSeen, on_sampler: SamplerSeen) -> None:
+def unwatch(on_loader: SamplerSeen, on_sampler: EpochDrawn) -> None:
     if on_loader in _loader_watchers:
         _loader_watchers.remove(on_loader)
     if on_sampler in _sampler_watchers:
@@ -123,16 +159,18 @@ def sampler_of(loader: Any) -> Any:
 
 
 class EpochWatch:
-    """Epochs of the DistributedSamplers iterated: the same epoch twice is a missing set_epoch."""
+    """The epochs each shuffling DistributedSampler has drawn: one drawn again is a missing
+    set_epoch (the same order again)."""
 
     def __init__(self) -> None:
-        self._epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._drawn: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
 
-    def iterated(self, sampler: Any) -> int | None:
-        """The epoch repeated, when this shuffling sampler runs again without set_epoch."""
+    def drawn(self, sampler: Any, epoch: int) -> int | None:
+        """``epoch`` when this shuffling sampler has drawn it before, as an epoch: an
+        iteration became an epoch (a peek never does) with an order already trained on."""
         if not getattr(sampler, "shuffle", False):
             return None
-        epoch = int(getattr(sampler, "epoch", 0))
-        last = self._epochs.get(sampler)
-        self._epochs[sampler] = epoch
-        return epoch if last == epoch else None
+        seen = self._drawn.setdefault(sampler, set())
+        repeated = epoch in seen
+        seen.add(epoch)
+        return epoch if repeated else None

@@ -87,7 +87,7 @@ class Advice:
             ddp.module.register_forward_pre_hook(self._before_inner_forward),
         ]
         transparent.install(ddp.module)  # copies of the inner module leave its hook out
-        data.watch(self._loader_iterated, self._sampler_iterated)
+        data.watch(self._loader_iterated, self._epoch_drawn)
         self._watching_data = True
         self._check_devices()
         if state_dir:
@@ -201,16 +201,17 @@ class Advice:
         except Exception as exc:
             self._fail(exc)
 
-    def _sampler_iterated(self, sampler: Any) -> None:
+    def _epoch_drawn(self, sampler: Any, epoch: int) -> None:
+        if self._removed or not self._fuse.ok:
+            return
         try:
-            epoch = self._epochs.iterated(sampler)
-            if epoch is not None:
+            if self._epochs.drawn(sampler, epoch) is not None:
                 self.record("set_epoch_missing",
-                            f"a shuffling DistributedSampler is iterated again with epoch {epoch}: "
+                            f"a shuffling DistributedSampler draws epoch {epoch}'s order again: "
                             "set_epoch() was not called, so every epoch sees the same order",
                             [f"DistributedSampler(num_replicas={getattr(sampler, 'num_replicas', '?')}, "
                              f"rank={getattr(sampler, 'rank', '?')}, shuffle=True, seed={getattr(sampler, 'seed', '?')}) "
-                             f"iterated twice with epoch {epoch}"])
+                             f"drew epoch {epoch} twice (a peek before the loop does not count)"])
         except Exception as exc:
             self._fail(exc)
 
@@ -309,7 +310,7 @@ class Advice:
         if self._optimizer is not None:
             self._optimizer.remove()
         if self._watching_data:
-            data.unwatch(self._loader_iterated, self._sampler_iterated)
+            data.unwatch(self._loader_iterated, self._epoch_drawn)
         transparent.remove(self._ddp.module)
         if self._peers is not None and self._peers is not threading.current_thread():
             self._peers.join(timeout=2.0)
