@@ -19,10 +19,13 @@ stuck       no progress, not in a collective, the stack unchanged for
             one, nor I/O (a lock, a dead socket, a sleep)
 ==========  =======================================================================
 
-A hang needs evidence (``is_hang``): a rank stuck past the hang timeout; a rank waiting in
-a collective past it while a peer that has not joined is stuck, dead or busy for too long
-(``BUSY_FACTOR`` timeouts); a rank busy for too long. A rank that others wait for while it
-is busy is reported as such, not as a hang. The record (``schema.Activity``) is in the
+A hang needs evidence of a stall (``is_hang``): a rank stuck past the hang timeout; a rank
+waiting in a collective past it while a peer that has not joined is stuck, dead or gone. A
+rank that works (busy) is never hung, however long it works: evaluation, a checkpoint or
+work after the loop may last longer than any hang timeout, and while nobody waits for it
+nothing is lost. Ranks that wait for a busy peer are reported as such (who waits, in what,
+for how long, and when their process group's own timeout ends the job), not as a hang, so
+``hang_action=abort`` never ends working ranks. The record (``schema.Activity``) is in the
 state file, so the doctor applies the same rule to every rank.
 """
 
@@ -88,8 +91,6 @@ blocked rank (a lock, a socket, a sleep) has its threads asleep most of the time
 IO_BUSY = 1 << 20
 """Bytes per second read or written by the process that count as working (the state file
 itself is a few kB a second)."""
-BUSY_FACTOR = 5.0
-"""Busy (no progress, working) for this many hang timeouts counts as hung."""
 _FRAMES = 16
 _CALLERS = 8
 """User frames kept beyond the innermost (``Activity.callers``)."""
@@ -116,24 +117,18 @@ def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, i
     return Status.BUSY
 
 
-def busy_limit(timeout: float) -> float:
-    """Seconds a rank may stay busy without progress before it counts as hung."""
-    return BUSY_FACTOR * timeout
-
-
 def is_hang(activity: str, idle: float, timeout: float, peers_hold_out: str | None = None) -> bool:
-    """The shared rule: does this rank's silence count as a hang?
+    """The shared rule: does this rank's silence count as a hang (a proven stall)?
 
     ``peers_hold_out`` is what the peers that have not joined its collective are doing
-    (``busy``, ``stuck``, ``dead``; None when unknown): a rank that waits only for busy
-    peers is not hung until they have been busy for too long."""
-    if idle < timeout:
+    (``busy``, ``stuck``, ``dead``; None when unknown). A busy rank is never hung, nor a rank
+    that waits only for busy peers: they work, and the process group's own timeout bounds
+    the wait. Stuck (stack unchanged, not running) or waiting for a stuck or dead peer is."""
+    if idle < timeout or activity == Status.BUSY:
         return False
-    if activity == Status.BUSY:
-        return idle >= busy_limit(timeout)
-    if activity == Status.WAITING and peers_hold_out == Status.BUSY:
-        return idle >= busy_limit(timeout)
-    return activity in (Status.WAITING, Status.STUCK)
+    if activity == Status.WAITING:
+        return peers_hold_out != Status.BUSY
+    return activity == Status.STUCK
 
 
 ACTIVITY_LAG = 5.0
@@ -145,16 +140,13 @@ def working_since(act: schema.Activity | None, silent: float, written_unix: floa
     """Does a rank that has made no progress for ``silent`` seconds, and is in no
     collective, work (busy) rather than stand still (stuck)? For readers of its state file
     (the doctor), from its last ``activity`` (written at ``written_unix``, the file's own
-    clock). It works while its watchdog says busy, up to the busy limit; and while its
+    clock). It works while its watchdog says busy, however long; and while its
     watchdog has not judged this silence yet: its last sample said stepping, or waiting in a
     collective since completed, less than ``ACTIVITY_LAG`` seconds before the file was
     written (the reader's stall and the watchdog's stillness end at different moments, and
     a sample is a second apart). Stuck takes the watchdog's word, or silence alone where
     there is no watchdog (none ran, or an older ddpmon)."""
     if act is None:
-        return False
-    timeout = act.hang_timeout_seconds
-    if timeout and silent >= busy_limit(timeout):
         return False
     if act.state == Status.BUSY:
         return True
@@ -387,7 +379,7 @@ def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | Non
             seen.append(Status.STUCK)
         else:
             # stepping: it made progress moments ago and has not joined yet (it is starting
-            # its own pause, or runs on without joining: the busy limit bounds both)
+            # its own pause, or runs on without joining: the doctor's not_joining tells)
             seen.append(Status.BUSY if act.state in (Status.BUSY, Status.STEPPING) else Status.STUCK)
     if not seen:
         return None

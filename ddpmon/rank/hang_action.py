@@ -2,8 +2,8 @@
 launcher that restarts (torchrun ``--max-restarts``) starts the next attempt.
 
 The watchdog calls ``HangAbort`` once, at the moment it publishes a hang report: a proven
-hang by the activity rule (a busy rank never is, and a waiting rank only once the culprit's
-evidence is in: ``activity.holdouts``). On the watchdog's thread, each step bounded in time:
+stall by the activity rule (a busy rank never is, nor a rank that waits for busy peers; a
+waiting rank only once its culprit is known stuck or gone: ``activity.holdouts``). On the watchdog's thread, each step bounded in time:
 
 1. the exit record (``how="hang_abort"``, exit status 87, the culprit ranks) joins the hang
    report already in the recorder (every thread's stack, torch's flight recorder);
@@ -85,7 +85,7 @@ class HangAbort:
         self._exit(attempts.HANG_EXIT_CODE)
 
     def culprits(self, report: schema.Hang) -> list[int]:
-        """This rank when it is stuck itself (or busy for too long); when it waits in a
+        """This rank when it is stuck itself; when it waits in a
         collective, the peers whose state files say they have not joined it."""
         rec = self._recorder
         seen = rec.activity

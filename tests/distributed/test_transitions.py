@@ -6,11 +6,14 @@ the doctor is asked every quarter second throughout with a stall of 1 s (so ever
 judged from its first second, the moment a rank's watchdog has not sampled it yet), and
 must never answer hang; each pause must be seen as busy. The second test runs the work
 after the loop with the ranks hardly ever scheduled: moved onto one CPU at the lowest
-priority beside a CPU hog.
+priority beside a CPU hog. The third runs it for far longer than 5 hang timeouts with
+``hang_action=abort``: a rank that works while nobody waits for it is never hung, so no
+hang report and no abort.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.timeout(90)
 PHASES = ("evaluation", "checkpoint", "rank0_eval", "post_loop")
 PAUSE = 3.0
 """Seconds each pause lasts: past the doctor's stall (1 s) and the watchdog's stillness
-(2 s, its hang timeout), within its busy limit (10 s)."""
+(2 s, its hang timeout)."""
 STARVED = 6.0
 """Seconds of work after the loop, all but the last one hardly ever scheduled: long enough
 for the ranks' watchdogs, scheduled as rarely, to sample a still stack for 2 s and judge
@@ -42,13 +45,20 @@ def phase(workdir: Path) -> str | None:
     return begun[-1] if begun else None
 
 
-def run(workdir: Path, starve: bool) -> list[tuple[str | None, str, list[int], str, str]]:
+LONG = 15.0
+"""Seconds of work after the loop in the third test: 7.5 hang timeouts (2 s)."""
+
+
+def run(workdir: Path, starve: bool, long: bool = False) -> list[tuple[str | None, str, list[int], str, str]]:
     """Run the job, ask the doctor until it ends; (phase, verdict, suspects, first finding's
     kind and summary) of every answer. Starved, the pauses before the loop's end are short
-    and the work after it lasts ``STARVED`` seconds."""
+    and the work after it lasts ``STARVED`` seconds; long, it lasts ``LONG`` seconds, with
+    ``hang_action=abort``."""
     cpu = min(os.sched_getaffinity(0))
     env = {"DDPMON_TEST_STARVE": str(cpu)} if starve else None
     pauses = (str(0.5), str(STARVED)) if starve else (str(PAUSE),)
+    if long:
+        env, pauses = {"DDPMON_HANG_ACTION": "abort"}, (str(0.5), str(LONG))
     procs = harness.start_ranks(pauses[0], 2, workdir, env, args=pauses[1:], module="tests.distributed.transition_worker")
     hog: subprocess.Popen | None = None
     answers = []
@@ -78,7 +88,9 @@ def run(workdir: Path, starve: bool) -> list[tuple[str | None, str, list[int], s
         harness.stop(procs)
     assert all(r.returncode == 0 for r in results), harness.describe(results)
     logs = " ".join(r.stderr for r in results)
-    assert "made no progress" not in logs, logs[-3000:]
+    assert "made no progress" not in logs and "ends itself" not in logs, logs[-3000:]
+    for path in (workdir / "state").glob("rank-*.json"):  # no hang report was ever kept
+        assert json.loads(path.read_text())["hang"] is None, path
     return answers
 
 
@@ -96,3 +108,10 @@ def test_evaluation_checkpoint_and_post_loop_work_are_never_a_hang(tmp_path: Pat
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
 def test_work_after_the_loop_while_hardly_ever_scheduled_is_not_a_hang(tmp_path: Path) -> None:
     check(run(tmp_path, starve=True), ("post_loop",))
+
+
+def test_work_after_the_loop_for_many_hang_timeouts_is_never_a_hang_nor_aborted(tmp_path: Path) -> None:
+    answers = run(tmp_path, starve=False, long=True)
+    check(answers, ("post_loop",))
+    busy = [a for a in answers if a[0] == "post_loop" and a[3] == "busy"]
+    assert len(busy) >= 10, "\n".join(map(str, answers))  # asked all along, busy all along

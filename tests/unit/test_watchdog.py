@@ -120,7 +120,7 @@ def _passes(dog: wd.Watchdog, world: Starved, seconds: int) -> list[Any]:
 
 def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     """Work after the loop while the rank gets 0.8% of a core and waits for one the rest of
-    the time: busy, no hang report until the busy limit (5 x the timeout). Blocked the
+    the time: busy, no hang report however long (here 15 x the timeout). Blocked the
     same way (neither running nor waiting to): stuck, reported past the timeout."""
     world = Starved(ran=0.008, waited=0.95)
     rec = recorder()
@@ -129,7 +129,7 @@ def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
     assert _passes(dog, world, 9) == [None] * 9
     assert rec.activity is not None and rec.activity.state == "busy" and rec.activity.wait_share == 0.95
-    assert _passes(dog, world, 1) == [rec.hang] and rec.hang is not None  # 10 s: the busy limit
+    assert _passes(dog, world, 21) == [None] * 21 and rec.hang is None  # 30 s: a rank that works is never hung
 
     world = Starved(ran=0.0, waited=0.0)
     rec = recorder()

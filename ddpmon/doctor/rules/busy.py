@@ -6,9 +6,10 @@ samples its main thread (``ddpmon/activity.py``): a stack that moves, CPU or I/O
 A rank that evaluates through the DDP model under ``no_grad`` while the others wait in a
 barrier makes progress (its forwards are heartbeats) but no step: it works too
 (``common.evaluating``), not a rank that runs on without joining.
-The waiting ranks wait for the busy ones, which is reported as such; a rank busy for
-longer than ``BUSY_FACTOR`` hang timeouts counts as stuck (see ``view.py``), and a stuck,
-frozen or failed rank anywhere leaves the verdict to the rules after this one.
+The waiting ranks wait for the busy ones, which is reported as such, however long: a
+rank that works is never hung (``activity.is_hang``, the watchdog's rule too), and the
+process group's own timeout bounds the wait. A stuck, frozen or failed rank anywhere leaves
+the verdict to the rules after this one.
 """
 
 from __future__ import annotations

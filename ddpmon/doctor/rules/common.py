@@ -4,7 +4,6 @@ two ranks stands further along in the code they share."""
 
 from __future__ import annotations
 
-from ... import activity
 from ...activity import Status
 from ...state.schema import Collective
 from ..view import GONE, STALLED, RankView
@@ -54,16 +53,11 @@ def evaluating(views: list[RankView]) -> list[RankView]:
     """Ranks that others wait for and that make progress without training: stepping, not
     in the waiting ranks' collectives, no step past theirs. Their progress is forward passes
     without gradients (heartbeats, no step): an evaluation under ``no_grad`` on some ranks
-    while the others wait in a barrier. Working, until the waiting ranks have waited
-    ``BUSY_FACTOR`` hang timeouts (their watchdogs then report a hang)."""
+    while the others wait in a barrier. Working, however long (``activity.is_hang``), unless
+    the waiting ranks' watchdogs proved a hang."""
     waiting = [v for v in views if v.status == Status.WAITING]
     if not waiting or any(v.state.hang is not None for v in waiting):
         return []
-    for v in waiting:
-        act, e = v.state.activity, v.waiting
-        timeout = act.hang_timeout_seconds if act is not None else None
-        if timeout and e is not None and (e.age_seconds or 0.0) >= activity.busy_limit(timeout):
-            return []
     joined = {(e.group, e.seq) for v in waiting for e in [v.waiting] if e}
     step = min(v.state.step for v in waiting)
     return [
