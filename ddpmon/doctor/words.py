@@ -352,6 +352,18 @@ def wait_line(v: RankView) -> str:
     )
 
 
+def group_timeout_end(waiting: list[RankView], working: list[RankView]) -> str:
+    """When the waiting ranks' process group's own timeout ends their wait (and the job),
+    should the busy ranks never join: "" when their files do not say."""
+    ends = [(v.state.group_timeout_seconds - (v.waiting.age_seconds or 0.0), v.state.group_timeout_seconds)
+            for v in waiting if v.waiting is not None and v.state.group_timeout_seconds]
+    if not ends:
+        return ""
+    left, timeout = min(ends)
+    return (f"; should {who([v.rank for v in working])} never join, the process group's timeout "
+            f"({timeout:.0f} s) ends the job in about {max(0.0, left):.0f} s")
+
+
 def busy_line(v: RankView) -> str:
     s = v.state
     act = s.activity

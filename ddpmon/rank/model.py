@@ -95,6 +95,7 @@ def identity(ddp: DistributedDataParallel, job: str) -> Identity:
         job=job,
         attempt=attempts.attempt_of(),
         backend=str(dist.get_backend(ddp.process_group)),
+        group_timeout_seconds=group_timeout(ddp.process_group, params[0].device if params else None),
         device=str(params[0].device) if params else "cpu",
         torch_version=torch.__version__,
         debug_level=getattr(level, "name", str(level)),
@@ -102,6 +103,16 @@ def identity(ddp: DistributedDataParallel, job: str) -> Identity:
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
         num_parameters=sum(1 for p in params if p.requires_grad),
     )
+
+
+def group_timeout(group: Any, device: torch.device | None) -> float | None:
+    """Seconds after which the process group's backend gives up on a collective (what ends a
+    wait for a rank that works on and never joins); None where torch does not say."""
+    try:
+        backend = group._get_backend(device if device is not None else torch.device("cpu"))
+        return float(backend.options._timeout.total_seconds())
+    except Exception:
+        return None
 
 
 def _builtin_hook_name(ddp: DistributedDataParallel) -> str:

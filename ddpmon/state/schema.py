@@ -435,6 +435,9 @@ class Identity:
     Earlier attempts' files are kept in ``attempt-<N>/`` (``state/attempts.py``)."""
     backend: str | None = None
     """DDP's process group backend (``nccl``, ``gloo``)."""
+    group_timeout_seconds: float | None = None
+    """The timeout of DDP's process group (``init_process_group(timeout=)``): what ends a
+    collective that a busy rank never joins; null when torch does not say."""
     device: str | None = None
     """The device of the model's first parameter."""
     torch_version: str | None = None

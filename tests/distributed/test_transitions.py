@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,7 +103,13 @@ def check(answers: list[tuple[str | None, str, list[int], str, str]], phases: tu
 
 
 def test_evaluation_checkpoint_and_post_loop_work_are_never_a_hang(tmp_path: Path) -> None:
-    check(run(tmp_path, starve=False), PHASES)
+    answers = run(tmp_path, starve=False)
+    check(answers, PHASES)
+    # rank 1 waits in a barrier for rank 0's checkpoint: said, with when the process group's
+    # own timeout (the workers' 60 s) would end the job
+    assert any(a[0] == "checkpoint" and a[3] == "busy" and a[4].startswith("rank 1 has waited ")
+               and re.search(r"the process group's timeout \(60 s\) ends the job in about 5\d s$", a[4])
+               for a in answers), "\n".join(map(str, answers))
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")

@@ -39,10 +39,18 @@ def test_ranks_waiting_for_a_busy_rank_are_not_hung(tmp_path: Path) -> None:
     assert d.findings[0].summary.startswith("ranks 1, 2 have waited ")
     assert " s in barrier #9 (group 0, issued at train.py:88 in train_step)" in d.findings[0].summary
     assert "for rank 0, busy outside the training step (rank 0 in train.py:88 in save_checkpoint)" in d.findings[0].summary
-    # busy for many hang timeouts: still working, still not a hang
-    write(tmp_path, state(0, world=3, silent=4000.0, activity=busy))
+    assert "timeout" not in d.findings[0].summary  # their files do not say it
+    # busy for many hang timeouts: still working, still not a hang; the process group's own
+    # timeout (30 min) is what ends the wait, and when is said
+    write(tmp_path, state(0, world=3, silent=1200.0, activity=busy))
+    for r in (1, 2):
+        write(tmp_path, state(r, world=3, silent=1200.0, in_flight=[waiting_in("barrier", 9, 1200.0, size=3)],
+                              activity=dict(busy, state="waiting"), group_timeout_seconds=1800.0))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
+    assert d.findings[0].summary.startswith("ranks 1, 2 have waited 1200 s in barrier #9")
+    assert d.findings[0].summary.endswith(
+        "not a hang; should rank 0 never join, the process group's timeout (1800 s) ends the job in about 600 s")
 
 
 def _at(where: str, *callers: str, loops: list[list[int]] | None = None, sampled: float = 0.0) -> dict[str, object]:

@@ -35,7 +35,7 @@ def busy(views: list[RankView], missing: list[int]) -> Verdict | None:
             f"{words.who([v.rank for v in waiting])} {words.verb(waiting, 'has', 'have')} waited "
             f"{(oldest.waiting.age_seconds or 0.0) if oldest.waiting else oldest.silent:.0f} s in "
             f"{words.entry_name(oldest.waiting)} for {words.who([v.rank for v in working])}, busy "
-            f"outside the training step ({where}): not a hang"
+            f"outside the training step ({where}): not a hang{words.group_timeout_end(waiting, working)}"
         )
     else:
         summary = f"{words.who([v.rank for v in working])} {words.verb(working, 'is', 'are')} busy outside the training step ({where}): not a hang"
