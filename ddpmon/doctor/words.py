@@ -75,9 +75,10 @@ def straggler_summary(rank: int, score: float, cause: str | None, share: float) 
 
 
 FIX_BUSY = (
-    "Nothing to fix if this work is expected (evaluation, a checkpoint, logging). ddpmon "
-    "counts it as hung only after 5 x the hang timeout without progress; set hang_timeout "
-    "above the longest such pause if it can take longer."
+    "Nothing to fix if this work is expected (evaluation, a checkpoint, logging): ddpmon never "
+    "counts a rank that works as hung. Ranks that wait for it meanwhile are ended by their "
+    "process group's own timeout (init_process_group(timeout=)): keep that above the longest "
+    "such pause."
 )
 FIX_PEERS_FAILED = (
     "Every rank that ended failed in communication, so the cause is not among them: "

@@ -203,7 +203,8 @@ def test_a_rank_evaluating_while_the_others_wait_in_a_barrier_is_busy(tmp_path: 
     """Rank 0 evaluates through the DDP model under no_grad (its forwards are heartbeats: it
     steps, as far as its silence goes) while ranks 1, 2 wait in a barrier: it has not
     stepped past them, so it works outside the training step, not a rank that runs on
-    without joining. Stepped past them, or once they waited 5 hang timeouts, it is."""
+    without joining, however long they wait. Stepped past them, or once their watchdogs
+    reported a hang, it is."""
     evaluating = {"state": "stepping", "sampled_unix": states.NOW - 0.3, "where": "train.py:70 in evaluate",
                   "hang_timeout_seconds": 60.0}
     waiting = {"state": "waiting", "sampled_unix": states.NOW - 0.3, "still_seconds": 8.0, "hang_timeout_seconds": 60.0}

@@ -5,8 +5,8 @@ The running rank is not slow, it is elsewhere: it skipped the collective (rank-c
 code, gradient accumulation under ``no_sync()`` on one rank only) and goes on alone. Its
 live stack, where py-spy can read it, shows what it runs instead. A rank whose progress is
 forward passes without a step past the waiting ranks (an evaluation under ``no_grad``
-before it joins them) works, and the ``busy`` rule before this one says so until they have
-waited 5 hang timeouts.
+before it joins them) works, and the ``busy`` rule before this one says so however long
+they wait (unless their watchdogs proved a hang).
 """
 
 from __future__ import annotations
