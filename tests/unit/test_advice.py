@@ -155,11 +155,15 @@ def _epochs_seen(train: Callable[[DataLoader, DistributedSampler], None]) -> lis
 
     ds = TensorDataset(torch.arange(64.0).unsqueeze(1))
     sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True)
-    data.watch(lambda _loader: None, drawn)
+    def loader_seen(_loader: object) -> None:
+        pass
+
+    data.watch(loader_seen, drawn)
     try:
         train(DataLoader(ds, batch_size=4, sampler=sampler), sampler)
     finally:
-        data.unwatch(lambda _loader: None, drawn)
+        data.unwatch(loader_seen, drawn)
+    assert DistributedSampler.__iter__ is not data._sampler_iter  # restored
     return repeated
 
 
