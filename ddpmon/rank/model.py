@@ -109,9 +109,8 @@ def group_timeout(group: Any, device: torch.device | None) -> float | None:
     """Seconds after which the process group's backend gives up on a collective (what ends a
     wait for a rank that works on and never joins); None where torch does not say."""
     try:
-        backend = group._get_backend(device if device is not None else torch.device("cpu"))
-        return float(backend.options._timeout.total_seconds())
-    except Exception:
+        return torch_api.group_timeout(group, str(device) if device is not None else "cpu")
+    except Exception:  # Missing, or a backend without options: nothing to say
         return None
 
 

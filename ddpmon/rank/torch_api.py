@@ -26,7 +26,9 @@ API                                                    without it
 ``ProcessGroup._enable_collectives_timing``            without it, ``bucket_timing='c10d'`` is
                                                        refused at attach; without the second,
                                                        no durations in NCCL's flight recorder
-``ProcessGroup._get_backend``                          nothing: ``dist.get_backend`` names it
+``ProcessGroup._get_backend`` (and its                 nothing: ``dist.get_backend`` names it;
+``options._timeout``)                                  the doctor gives no time by which a wait
+                                                       for a busy rank ends
 ``distributed_c10d._get_process_group_name``           nothing while groups have ``group_name``;
                                                        else collectives of every group are numbered
                                                        as one group, ``?``
@@ -204,6 +206,18 @@ def group_backend(group: Any, device: str) -> str:
     (Missing without ``_get_backend``: ``dist.get_backend`` names the group's then)."""
     get = _find(group, "_get_backend", "ProcessGroup._get_backend", "")
     return str(get(torch.device(device)).name())
+
+
+def group_timeout(group: Any, device: str) -> float:
+    """Seconds after which the backend that runs ``group``'s collectives on ``device`` gives
+    up on one (``options._timeout``; Missing where torch does not say: the doctor then gives
+    no time by which a wait ends)."""
+    get = _find(group, "_get_backend", "ProcessGroup._get_backend", "")
+    options = getattr(get(torch.device(device)), "options", None)
+    timeout = getattr(options, "_timeout", None)
+    if timeout is None:
+        raise Missing("ProcessGroup backend options._timeout", "")
+    return float(timeout.total_seconds())
 
 
 def process_group_name(group: Any) -> str:
