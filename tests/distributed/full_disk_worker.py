@@ -37,6 +37,11 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
 
 
+PACE = 0.002
+"""Seconds each step waits after its optimizer step: the job needs steps, not a whole core
+per rank, and the suite runs timing-sensitive jobs beside it (stragglers, starved ranks)."""
+
+
 def train(mode: str, steps: int) -> dict[str, Any]:
     dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
                             rank=RANK, world_size=WORLD)
@@ -64,6 +69,7 @@ def train(mode: str, steps: int) -> dict[str, Any]:
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         step += 1
+        time.sleep(PACE)
     last = time.time()
     if mon is not None:
         mon.detach()
