@@ -172,13 +172,13 @@ def prepare(state_dir: str, explicit: bool) -> None:
                              "writable directory of yours")
 
 
-def _make(path: str, group_writable_ok: bool, parents: bool = False) -> None:
-    """Create ``path`` 0700 (and, with ``parents``, each missing directory above it) unless
-    it exists, then check it."""
+def _make(path: str, group_writable_ok: bool, parents: bool = False, mode: int = 0o700) -> None:
+    """Create ``path`` with ``mode`` (and, with ``parents``, each missing directory above it,
+    0700) unless it exists, then check it."""
     try:
         if parents:
             _make_private(os.path.dirname(os.path.abspath(path)))
-        os.mkdir(path, 0o700)
+        os.mkdir(path, mode)
     except FileExistsError:
         pass
     except OSError as exc:
@@ -194,13 +194,7 @@ def make_subdir(path: str, mode: int = 0o700) -> None:
     """Create ``path``, a directory of ddpmon's own inside a state directory (``mode``, never
     group-writable), or check the one there: a link or a directory someone else planted,
     where a rank would then move or write its files, raises UnsafeStateDir."""
-    try:
-        os.mkdir(path, mode & 0o750)
-    except FileExistsError:
-        pass
-    what = problem(path, group_writable_ok=False)
-    if what is not None:
-        raise UnsafeStateDir(f"{path} {what}. {_fix(path, what)}")
+    _make(path, group_writable_ok=False, mode=mode & 0o750)
 
 
 def _make_private(path: str) -> None:
