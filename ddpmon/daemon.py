@@ -579,8 +579,7 @@ class Daemon:
                         self._aborts[path] = cached
                 except (OSError, StateFileError):
                     continue
-                job = cached[1]
-                key = (owners.owned_name(job, info.st_uid) if job in self.files.shared else job, cached[2])
+                key = (owners.name_of(cached[1], info.st_uid, self.files.shared), cached[2])
                 counts[key] = counts.get(key, 0) + (1 if cached[3] else 0)
         for path in [p for p in self._aborts if p not in seen]:
             del self._aborts[path]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (the CLI reads the bound below when it builds its parser: kept light)
@@ -35,11 +35,15 @@ def separate(found: Sequence[tuple[str, RankState, int]]) -> tuple[list[tuple[st
     shared = {job: sorted(uids) for job, uids in owners.items() if len(uids) > 1}
     out = []
     for path, state, uid in found:
-        job = state.job or ""
-        if job in shared:
-            state = dataclasses.replace(state, job=owned_name(job, uid))
-        out.append((path, state))
+        job = name_of(state.job or "", uid, shared)
+        out.append((path, state if job == (state.job or "") else dataclasses.replace(state, job=job)))
     return out, shared
+
+
+def name_of(job: str, uid: int, shared: Mapping[str, Sequence[int]]) -> str:
+    """The job a file of ``uid`` that claims ``job`` is read as: its own name, or
+    ``owned_name`` when several owners claim it (``shared``, as ``separate`` found)."""
+    return owned_name(job, uid) if job in shared else job
 
 
 def owned_name(job: str, uid: int) -> str:
