@@ -242,20 +242,19 @@ class HttpConfig:
             request.add_unredirected_header("Authorization", self.authorization)
         handlers: list[Any] = []
         if self.ssl is not None:
-            handlers.append(_HttpsHandler(self.ssl, self.server_name))
+            handlers.append(_NamedHttpsHandler(self.ssl, self.server_name) if self.server_name
+                            else urllib.request.HTTPSHandler(context=self.ssl))
         return urllib.request.build_opener(*handlers).open(request, timeout=timeout)
 
 
-class _HttpsHandler(urllib.request.HTTPSHandler):
-    """https with the config's context, checked against ``server_name`` when it is set."""
+class _NamedHttpsHandler(urllib.request.HTTPSHandler):
+    """https whose certificate is checked against ``server_name``, not the URL's host."""
 
-    def __init__(self, context: ssl.SSLContext, server_name: str | None) -> None:
+    def __init__(self, context: ssl.SSLContext, server_name: str) -> None:
         super().__init__(context=context)
         self._ssl, self._server_name = context, server_name
 
     def https_open(self, req: urllib.request.Request) -> Any:
-        if not self._server_name:
-            return self.do_open(http.client.HTTPSConnection, req, context=self._ssl)
         return self.do_open(functools.partial(_NamedConnection, server_name=self._server_name), req,
                             context=self._ssl)
 

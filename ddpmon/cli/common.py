@@ -9,9 +9,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import default_state_root
+
+if TYPE_CHECKING:
+    from ..webconfig import HttpConfig
 
 log = logging.getLogger("ddpmon")
 
@@ -45,7 +48,7 @@ def add_http_config(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def daemon_client(command: str, args: argparse.Namespace) -> Any:
+def daemon_client(command: str, args: argparse.Namespace) -> HttpConfig | int:
     """The ``HttpConfig`` that ``--http-config`` names, after checking every ``--from``
     address; or the exit status, with what is wrong said on stderr (never the address's
     password)."""

@@ -104,6 +104,13 @@ basic_auth_users:
                               cwd=promserver.ROOT, capture_output=True, text=True, timeout=60)
         report = json.loads(done.stdout)
         assert report["job"] == JOB and sorted(r["rank"] for r in report["ranks"]) == [0, 1], done.stderr
+        # by an address the certificate does not hold, checked against a name it does (server_name)
+        named = tmp_path / "named.yml"
+        named.write_text(http_config.read_text().replace("tls_config:\n", "tls_config:\n  server_name: ddpmon-node\n"))
+        done = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"https://127.0.0.2:{daemon_port}",
+                               "--http-config", str(named), "--json", "--no-stacks"],
+                              cwd=promserver.ROOT, capture_output=True, text=True, timeout=60)
+        assert json.loads(done.stdout)["job"] == JOB, done.stderr
         refused = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"https://localhost:{daemon_port}",
                                   "--json", "--no-stacks"], cwd=promserver.ROOT, capture_output=True, text=True,
                                  timeout=60)
