@@ -248,7 +248,7 @@ def _may_read(reader: Reader | None) -> Callable[[str], bool]:
     uid = host.peer_uid(reader.local, reader.peer)
     if uid is None:
         return lambda path: False
-    return lambda path: owners.readable_by(path, uid)
+    return owners.readable_by(uid)
 
 
 def _mtime(path: str) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (the CLI reads the bound below when it builds its parser: kept light)
@@ -51,13 +51,18 @@ def owned_name(job: str, uid: int) -> str:
     return f"{job}@uid{uid}"
 
 
-def readable_by(path: str, uid: int) -> bool:
-    """Whether the user ``uid`` could read ``path`` itself: the file readable, every
-    directory above it searchable, for that user, by the mode bits (``os.access`` asks for
-    this process's user; the daemon serves files to others)."""
+def readable_by(uid: int) -> Callable[[str], bool]:
+    """Whether the user ``uid`` could read a path itself: the file readable, every directory
+    above it searchable, for that user, by the mode bits (``os.access`` asks for this
+    process's user; the daemon serves files to others). The user's groups are looked up
+    once, for every path asked."""
     if uid == 0:
-        return True
+        return lambda path: True
     groups = _groups(uid)
+    return lambda path: _readable(path, uid, groups)
+
+
+def _readable(path: str, uid: int, groups: set[int]) -> bool:
     here = os.path.abspath(path)
     bit = stat.S_IROTH
     while True:
