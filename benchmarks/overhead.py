@@ -8,6 +8,8 @@ between them in ABBA order so drift cancels; the printed ratio is the median ove
 
     python benchmarks/overhead.py                  # 2 ranks, CPU, gloo (spawns torchrun)
     python benchmarks/overhead.py --ranks 2 --device cuda --backend gloo   # on one GPU
+    python benchmarks/overhead.py --ranks 1 --device cuda --backend nccl --model transformer \
+        --width 1024 --depth 24 --dtype bfloat16      # a 0.34B-parameter transformer in bf16
 """
 
 from __future__ import annotations
@@ -24,13 +26,33 @@ import time
 import urllib.request
 
 
-def build_model(width: int, depth: int):
+def build_model(args: argparse.Namespace):
+    """The MLP (``depth`` layers ``width`` wide, 10 classes), or a pre-norm transformer
+    language model (``depth`` blocks of ``width``, 16 heads, a ``vocab``-token head)."""
+    import torch
     from torch import nn
 
-    layers = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 10))
+    if args.model == "mlp":
+        layers = []
+        for _ in range(args.depth):
+            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(args.width, 10))
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(args.vocab, args.width)
+            block = nn.TransformerEncoderLayer(args.width, 16, 4 * args.width, dropout=0.0, batch_first=True,
+                                               norm_first=True, activation="gelu")
+            self.blocks = nn.TransformerEncoder(block, args.depth, enable_nested_tensor=False)
+            self.head = nn.Linear(args.width, args.vocab)
+            self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(args.seq), persistent=False)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            h = self.blocks(self.embed(tokens), mask=self.causal.to(self.embed.weight.dtype), is_causal=True)
+            return self.head(h).flatten(0, 1)
+
+    return LM()
 
 
 def median_interval(values: list[float], resamples: int = 2000) -> tuple[float, float]:
@@ -55,6 +77,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from torch import nn
+
     import ddpmon
 
     dist.init_process_group(args.backend)
@@ -75,8 +99,11 @@ def worker(args: argparse.Namespace) -> None:
         kwargs_watched = dict(kwargs, process_group=dist.new_group())
     else:
         kwargs_plain = kwargs_watched = kwargs
-    plain = DDP(build_model(args.width, args.depth).to(device), **kwargs_plain)
-    watched = DDP(build_model(args.width, args.depth).to(device), **kwargs_watched)
+    dtype = getattr(torch, args.dtype)
+    plain = DDP(build_model(args).to(device, dtype), **kwargs_plain)
+    torch.manual_seed(0)
+    watched = DDP(build_model(args).to(device, dtype), **kwargs_watched)
+    params = sum(p.numel() for p in plain.parameters())
     options = dict(job="overhead", port=0, nvml=True)
     for item in args.option:  # as DDPMON_<NAME> variables: parsed and checked by ddpmon
         key, _, value = item.partition("=")
@@ -88,7 +115,7 @@ def worker(args: argparse.Namespace) -> None:
         )
 
         plain.register_comm_hook(None, allreduce_hook)
-    monitor = ddpmon.attach(watched if not args.no_attach else DDP(build_model(8, 1).to(device), **kwargs), **options)
+    monitor = ddpmon.attach(watched if not args.no_attach else DDP(nn.Linear(8, 8).to(device), **kwargs), **options)
     stop = threading.Event()
 
     def scrape() -> None:
@@ -101,8 +128,12 @@ def worker(args: argparse.Namespace) -> None:
     if monitor.metrics_url:
         threading.Thread(target=scrape, daemon=True).start()
     opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in (plain, watched)}
-    x = torch.randn(args.batch, args.width, device=device)
-    y = torch.randint(0, 10, (args.batch,), device=device)
+    if args.model == "mlp":
+        x = torch.randn(args.batch, args.width, device=device, dtype=dtype)
+        y = torch.randint(0, 10, (args.batch,), device=device)
+    else:
+        x = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
+        y = torch.randint(0, args.vocab, (args.batch * args.seq,), device=device)
 
     def block(model) -> float:
         opt = opts[id(model)]
@@ -135,12 +166,13 @@ def worker(args: argparse.Namespace) -> None:
         low, high = median_interval(ratios)
         print(
             f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}"
-            f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}): {args.ranks} ranks, {args.backend}, {device.type}, MLP {args.depth}x{args.width}, "
-            f"batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
+            f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}): {args.ranks} ranks, {args.backend}, {device.type}, {args.model} {args.depth}x{args.width} "
+            f"({params / 1e6:.0f}M parameters, {args.dtype}), batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(95% interval of the median {low:.4f}..{high:.4f}; quartiles {q[0]:.4f}..{q[2]:.4f}, "
             f"min {min(ratios):.4f}, max {max(ratios):.4f}; "
-            f"{args.rounds} pairs of {args.block}-step blocks)",
+            f"{args.rounds} pairs of {args.block}-step blocks); "
+            f"{(statistics.median(ratios) - 1) * statistics.median(plain_times) * 1000:+.3f} ms per step",
             flush=True,
         )
     dist.destroy_process_group()
@@ -151,6 +183,10 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=2, help="processes (ranks) to start")
     p.add_argument("--backend", default="gloo")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
+    p.add_argument("--dtype", default="float32", help="the models' parameter dtype (bfloat16, ...)")
+    p.add_argument("--seq", type=int, default=512, help="transformer: tokens per sample")
+    p.add_argument("--vocab", type=int, default=32000, help="transformer: vocabulary size")
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
