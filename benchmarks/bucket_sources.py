@@ -3,8 +3,8 @@
 The same model (an MLP, ``--depth`` layers ``--width`` wide, 25 MB buckets) trains
 ``--steps`` steps once per source (``c10d``: the completion hook, the default on NCCL;
 ``hook``: CUDA events around ddpmon's comm hook; ``flight_recorder``: torch's recorder read
-back every 5 s; and the default on a model whose program registered torch's
-``fp16_compress_hook`` first), each in a process of its own on one rank. For each bucket it prints the
+back every 5 s; and the default with the program's own comm hook, torch's
+``fp16_compress_hook``, given to ``attach``), each in a process of its own on one rank. For each bucket it prints the
 mean time each source gave, and how far ``c10d`` and ``flight_recorder`` are from ``hook``.
 Then, in the flight recorder's process, the cost of one dump of the recorder as it is then
 (its ring buffer holding the job's collectives), timed ``--dumps`` times.
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 SOURCES = ("c10d", "hook", "flight_recorder")
-USER_HOOK = "user_hook"  # the default (auto) on a model that already runs torch's fp16_compress_hook
+USER_HOOK = "user_hook"  # the default (auto) with the program's own hook (torch's fp16_compress_hook)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -44,12 +44,13 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(args.depth):
         layers += [nn.Linear(args.width, args.width), nn.ReLU()]
     model = DDP(nn.Sequential(*layers).cuda(), device_ids=[0])
-    if args.source == USER_HOOK:
+    hook = {}
+    if args.source == USER_HOOK:  # given to attach, as DDP takes one hook (registered first: refused)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-        model.register_comm_hook(None, fp16_compress_hook)
+        hook = {"comm_hook": fp16_compress_hook}
     timing = "auto" if args.source in ("c10d", USER_HOOK) else args.source
-    mon = ddpmon.attach(model, job="sources", port=-1, bucket_timing=timing,
+    mon = ddpmon.attach(model, job="sources", port=-1, bucket_timing=timing, **hook,
                         state_dir=os.path.join(args.tmp, "state-" + args.source))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.width, device="cuda")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks of docs/performance.md ("On a GPU"), on one GPU, from the
-# repository's root: `benchmarks/gpu.sh tests OUT_DIR` (versions, tests/gpu, the bucket
-# timing sources) and `benchmarks/gpu.sh overhead OUT_DIR` (benchmarks/overhead.py on a
-# 0.34B-parameter bf16 transformer over NCCL, and 2 gloo ranks with CUDA tensors). Each
-# part is bounded in time; what each printed is in OUT_DIR.
+# repository's root: `benchmarks/gpu.sh PART OUT_DIR`, PART one of `tests` (versions and
+# tests/gpu), `sources` (benchmarks/bucket_sources.py) and `overhead` (benchmarks/overhead.py
+# on a 0.37B-parameter bf16 transformer over NCCL for each attach option in $VARIANTS, and
+# 2 gloo ranks with CUDA tensors unless GLOO=0). Each part is bounded in time; what each
+# printed is in OUT_DIR.
 set -u
 part=$1 out=$2
 mkdir -p "$out"
@@ -34,19 +35,25 @@ except ImportError as e:
     print("torchcomms: not installed:", e)
 dist.destroy_process_group()
 PY
-    $py -m pip list 2>/dev/null | grep -iE "^(torch|nvidia-ml-py|prometheus|psutil|h11|pyyaml|pytest)" 
+    $py -m pip list 2>/dev/null | grep -iE "^(torch|nvidia-ml-py|prometheus|psutil|h11|pyyaml|pytest|jsonschema)" 
   } > "$out/env.txt" 2>&1
-  timeout 90 $py -m pytest tests/gpu/test_gpu_metrics.py -p no:cacheprovider -q -rA --timeout 80 > "$out/pytest-nvml.log" 2>&1
+  # against nvidia-smi first, on an idle GPU; then the rest side by side
+  smi=(tests/gpu/test_gpu_metrics.py::test_every_gpu_matches_nvidia_smi tests/gpu/test_gpu_metrics.py::test_energy_counts_what_power_draws)
+  timeout 90 $py -m pytest "${smi[@]}" -p no:cacheprovider -q -rA --timeout 80 > "$out/pytest-nvml.log" 2>&1
   DDPMON_GPU_FIGURES="$out/figures.jsonl" timeout 200 $py -m pytest tests/gpu -p no:cacheprovider -q -rA -n 6 \
-    --timeout 150 --deselect tests/gpu/test_gpu_metrics.py > "$out/pytest.log" 2>&1
+    --timeout 150 "${smi[@]/#/--deselect=}" > "$out/pytest.log" 2>&1
+  for log in "$out/pytest-nvml.log" "$out/pytest.log"; do tail -n 3 "$log"; done
+  cat "$out/figures.jsonl" 2>/dev/null
+elif [ "$part" = sources ]; then
   (load; timeout 100 $py benchmarks/bucket_sources.py) > "$out/sources.txt" 2>&1
-  tail -3 "$out/pytest-nvml.log" "$out/pytest.log"; cat "$out/figures.jsonl" "$out/sources.txt" 2>/dev/null
+  cat "$out/sources.txt"
 elif [ "$part" = overhead ]; then
   lm="--ranks 1 --device cuda --backend nccl --model transformer --width 1024 --depth 24 --dtype bfloat16 --batch 8 --seq 512 --rounds 40"
-  for option in "" "--option bucket_timing=hook" "--no-attach"; do
+  for variant in ${VARIANTS:-default hook a/a}; do
+    case $variant in default) option= ;; a/a) option=--no-attach ;; *) option="--option bucket_timing=$variant" ;; esac
     (load; timeout 110 $py benchmarks/overhead.py $lm $option) 2>&1 | grep -v "^ddpmon\|^  report" >> "$out/overhead.txt"
   done
-  for option in "" "--option bucket_timing=hook"; do
+  [ "${GLOO:-1}" = 0 ] || for option in "" "--option bucket_timing=hook"; do
     (load; timeout 60 $py benchmarks/overhead.py --ranks 2 --device cuda --backend gloo --rounds 40 $option) 2>&1 \
       | grep -v "^ddpmon\|^  report" >> "$out/overhead.txt"
   done

@@ -16,7 +16,10 @@ busy        no progress, not in a collective, but working: its stack moves, or i
             reads or writes (evaluation, checkpoint, logging, post-loop work)
 stuck       no progress, not in a collective, the stack unchanged for
             ``STILL_SECONDS`` and, over those seconds, neither CPU, nor waiting for
-            one, nor I/O (a lock, a dead socket, a sleep)
+            one, nor I/O (a lock, a dead socket, a sleep); or its GPU has not
+            finished the work enqueued at the rank's last step boundary for
+            ``STILL_SECONDS`` (the host waits for a GPU that makes no progress,
+            spinning in ``.item()`` or a synchronize: CPU that is no work)
 ==========  =======================================================================
 
 A hang needs evidence of a stall (``is_hang``): a rank stuck past the hang timeout; a rank
@@ -103,18 +106,26 @@ def working(cpu_share: float, io_rate: float, runnable_share: float = 0.0) -> bo
 
 
 def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, io_rate: float,
-             timeout: float | None = None, runnable_share: float = 0.0) -> str:
+             timeout: float | None = None, runnable_share: float = 0.0, gpu_behind: float | None = None) -> str:
     """The rank's activity from its samples (see the module's table); ``cpu_share``,
     ``runnable_share`` and ``io_rate`` are measured over the seconds the stack has been
-    still. A hang timeout shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
-    still = min(STILL_SECONDS, timeout) if timeout else STILL_SECONDS
+    still; ``gpu_behind``: seconds the GPU has not reached the last step boundary's mark.
+    A hang timeout shorter than ``STILL_SECONDS`` shortens the stillness needed too."""
+    still = still_seconds(timeout)
     if idle < still:
         return Status.STEPPING
     if in_flight:
         return Status.WAITING
+    if still_for >= still and (gpu_behind or 0.0) >= still:
+        return Status.STUCK
     if still_for >= still and not working(cpu_share, io_rate, runnable_share):
         return Status.STUCK
     return Status.BUSY
+
+
+def still_seconds(timeout: float | None) -> float:
+    """The stillness that counts (``STILL_SECONDS``, or a shorter hang timeout)."""
+    return min(STILL_SECONDS, timeout) if timeout else STILL_SECONDS
 
 
 def is_hang(activity: str, idle: float, timeout: float, peers_hold_out: str | None = None) -> bool:
@@ -276,16 +287,18 @@ class Sampler:
         runnable = min(1.0, max(0.0, (r1 - r0) / span) + waited)
         return cpu, runnable, min(runnable, waited), max(0.0, (b1 - b0) / span)
 
-    def activity(self, idle: float, in_flight: bool, timeout: float | None, now_unix: float) -> schema.Activity:
+    def activity(self, idle: float, in_flight: bool, timeout: float | None, now_unix: float,
+                 gpu_behind: float | None = None) -> schema.Activity:
         now = self._clock()
         cpu_share, runnable_share, wait_share, io_rate = self.shares()
         still_for = now - self._changed
-        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout, runnable_share)
+        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout, runnable_share, gpu_behind)
         return schema.Activity(
             state=state, sampled_unix=now_unix, still_seconds=round(still_for, 3),
             cpu_share=round(cpu_share, 3), runnable_share=round(runnable_share, 3),
             wait_share=round(wait_share, 3), io_bytes_per_second=round(io_rate), where=self._where,
             callers=list(self._callers), loops=list(self._loops), hang_timeout_seconds=timeout,
+            gpu_behind_seconds=None if gpu_behind is None else round(gpu_behind, 3),
         )
 
 

@@ -306,6 +306,10 @@ def stuck_line(v: RankView) -> str:
     else:
         act = s.activity
         what = "not in any collective" + (f", at {act.where}" if act is not None and act.where else "")
+        if act is not None and act.gpu_behind_seconds:
+            what += (f", waiting for its GPU, which has not finished the work the rank enqueued "
+                     f"{act.gpu_behind_seconds:.0f} s ago (a kernel that does not end, or a collective "
+                     "whose peers never joined: see the flight recorder in its hang report)")
     after = f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "

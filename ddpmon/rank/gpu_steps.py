@@ -30,6 +30,7 @@ fails or the model is detached, resolve to None: its host-side parts stand.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,8 @@ class GpuStepClock:
         self._step = _Step()
         self._pending: collections.deque[tuple[int, _Step]] = collections.deque()
         self._dropped: list[int] = []
+        self._last: tuple[float, Any] | None = None
+        """(``time.monotonic()``, event) of the last mark recorded."""
 
     @property
     def ok(self) -> bool:
@@ -96,8 +99,24 @@ class GpuStepClock:
             event = self._free.pop() if self._free else self._new_event()
             event.record(self._stream())
             step.marks.append([name, event, True])
+            self._last = (time.monotonic(), event)
         except Exception as exc:
             self._fuse.blow(exc)
+
+    def behind(self) -> float | None:
+        """Seconds since the last mark was recorded while the GPU has not reached it (None
+        once it has, or before any mark): a host that waits for a GPU which makes no
+        progress (a kernel that never ends, a peer's NCCL collective that never starts)
+        spins in ``.item()`` or a synchronize, which looks like work. For the watchdog's
+        thread, while the rank makes no progress: one query of one event, never a wait."""
+        last = self._last
+        if last is None or not self._fuse.ok:
+            return None
+        try:
+            return None if last[1].query() else max(0.0, time.monotonic() - last[0])
+        except Exception as exc:
+            self._fuse.blow(exc)
+            return None
 
     def close(self, step: int, late: bool = False) -> None:
         """Step ``step`` ended now, or (``late``) at its last boundary: a step without an

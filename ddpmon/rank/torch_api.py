@@ -233,15 +233,21 @@ def process_group_name(group: Any) -> str:
 # -- the flight recorder -------------------------------------------------------------------
 
 FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json", "_dump_fr_trace", "_dump_nccl_trace")
+NCCL_RECORDER_DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json", "_dump_nccl_trace", "_dump_fr_trace")
+"""Before torch 2.15 ProcessGroupNCCL records into a recorder of its own (of CUDA events),
+which only ``_dump_nccl_trace*`` dumps; ``_dump_fr_trace*`` there dumps the other backends'
+recorder, empty on an NCCL job (seen on torch 2.11, CUDA 13)."""
 
 
 def flight_recorder_dump(backend: str | None = None, part: str = "the flight recorder in hang reports") -> dict[str, Any]:
     """torch's flight recorder, as its dump says it: ``{"version", "pg_status", "entries"}``.
     From torch 2.15 each backend records into its own recorder and the dump takes the
-    backend's name (default ``gloo``): ``backend``, else the default group's, is asked for."""
+    backend's name (default ``gloo``): ``backend``, else the default group's, is asked for.
+    NCCL's recorder is read with NCCL's own dump where this torch has one."""
     from torch._C import _distributed_c10d as c10d
 
-    for name in FLIGHT_RECORDER_DUMPS:
+    nccl = "nccl" in str(backend or _default_backend() or "")
+    for name in NCCL_RECORDER_DUMPS if nccl else FLIGHT_RECORDER_DUMPS:
         dump = getattr(c10d, name, None)
         if dump is None:
             continue

@@ -192,12 +192,14 @@ class Watchdog:
         """Sample the main thread (at most about once a second) and publish what it does."""
         rec = self._recorder
         in_flight = rec.in_flight_count() > 0
+        clock = rec.gpu_steps
+        gpu_behind = clock.behind() if clock is not None and idle >= activity.still_seconds(timeout) else None
         if self._sampler is None:
-            state = activity.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout)
+            state = activity.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout, gpu_behind=gpu_behind)
             act = schema.Activity(state=state, sampled_unix=now, hang_timeout_seconds=timeout)
         else:
             self._sampler.sample()
-            act = self._sampler.activity(idle, in_flight, timeout, now)
+            act = self._sampler.activity(idle, in_flight, timeout, now, gpu_behind)
         rec.activity = act  # the state writer publishes it with its next rewrite
         return act
 

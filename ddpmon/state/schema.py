@@ -286,6 +286,9 @@ class Activity:
     line is in (empty when in none): whether a rank stands inside its training loop."""
     hang_timeout_seconds: float | None = None
     """The rank's hang timeout when sampled (null: off)."""
+    gpu_behind_seconds: float | None = None
+    """Seconds the rank's GPU has not finished the work enqueued at its last step boundary,
+    asked only while the rank makes no progress (null: finished, not asked, or no GPU)."""
 
 
 @dataclass(slots=True)

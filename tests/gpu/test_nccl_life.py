@@ -105,6 +105,8 @@ def test_a_stalled_nccl_rank_is_named_by_the_doctor(tmp_path: Path) -> None:
         assert code == 1 and report["verdict"] == "hang" and report["suspect_ranks"] == [0], report["findings"]
         found = [f for f in report["findings"] if f["kind"] == "stuck_rank"]
         assert found and any("load_batch" in line for line in found[0]["evidence"]), report["findings"]
+        fr = harness.states(tmp_path)[0]["hang"]["flight_recorder"]  # NCCL's own recorder, read back
+        assert fr and any(e["profiling_name"] == "nccl:all_reduce" for e in fr["entries"]), fr
     finally:
         harness.stop([proc])
 
@@ -134,6 +136,9 @@ def test_a_gpu_that_stops_is_a_hang_of_that_rank(tmp_path: Path) -> None:
                findings=[(f["kind"], f.get("title") or f.get("summary")) for f in report["findings"]])
         assert report["verdict"] == "hang" and report["suspect_ranks"] == [0], json.dumps(
             {"activity": state.get("activity"), "findings": report["findings"]}, indent=1)[:4000]
+        assert state["activity"]["state"] == "stuck" and state["activity"]["gpu_behind_seconds"] >= HANG_TIMEOUT
+        evidence = next(f for f in report["findings"] if f["kind"] == "stuck_rank")["evidence"]
+        assert any("waiting for its GPU" in line for line in evidence), evidence
     finally:
         harness.stop([proc])
 

@@ -223,3 +223,14 @@ def test_the_sampler_records_the_loops_around_the_main_thread() -> None:
     assert len(act.loops) == len(act.callers) + 1
     line = int(act.where.split(" in ")[0].rsplit(":", 1)[1])
     assert act.loops[0] == [line - 1, line + 1]  # the for line to the body's last
+
+
+def test_a_host_spinning_for_a_gpu_that_makes_no_progress_is_stuck_not_busy() -> None:
+    """``.item()`` waiting for a GPU whose work never ends uses a whole core: the CPU is
+    the wait itself, not work (seen on an H100: a kernel that never ends, the host in
+    loss.item() at 100% CPU, called busy)."""
+    assert lv.classify(9.0, False, 10.0, 1.0, 0.0, gpu_behind=None) == lv.Status.BUSY
+    assert lv.classify(9.0, False, 10.0, 1.0, 0.0, gpu_behind=1.0) == lv.Status.BUSY  # a step's lag
+    assert lv.classify(9.0, False, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.STUCK
+    assert lv.classify(9.0, True, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.WAITING  # in a collective
+    assert lv.classify(1.0, False, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.STEPPING

@@ -282,3 +282,19 @@ def test_steps_whose_completions_never_come_count_for_the_check(monkeypatch: pyt
         clock.new_step(i + 1, 2)
         clock.collect()
     assert clock.off_reason == "c10d's completion hook gave no WorkInfo in the first 20 steps"
+
+
+@pytest.mark.parametrize("given", ["datetime", "steady_clock", "unix_timedelta"])
+def test_the_start_time_of_a_completion_is_read_whatever_clock_pybind_hands_over(given: str) -> None:
+    """torch's CUDA builds hand ``WorkInfo.time_started`` as a datetime (system_clock) or,
+    on torch 2.11, as a timedelta of the steady clock (time.monotonic's): both are now."""
+    import datetime
+    import time
+
+    from ddpmon.rank.timing.c10d import _unix
+
+    now = time.time()
+    moment = {"datetime": datetime.datetime.fromtimestamp(now),
+              "steady_clock": datetime.timedelta(seconds=time.monotonic()),
+              "unix_timedelta": datetime.timedelta(seconds=now)}[given]
+    assert _unix(moment) == pytest.approx(now, abs=0.5)

@@ -264,3 +264,15 @@ def test_a_thousand_ranks_fit_one_screen(tmp_path: Path) -> None:
     text = render(examine(str(tmp_path), live_stacks=False), width=100)
     assert len(text.splitlines()) < 40
     assert "0\u20136, 8\u201339" in text
+
+
+def test_a_rank_waiting_for_a_gpu_that_makes_no_progress_is_named_with_its_gpu(tmp_path: Path) -> None:
+    """Its watchdog said stuck: the host spins in ``loss.item()`` (100% of a core) while its
+    GPU has not finished the work enqueued 8 s ago."""
+    stuck = {"state": "stuck", "sampled_unix": states.NOW - 0.3, "still_seconds": 8.0, "cpu_share": 1.0,
+             "where": "train.py:75 in main", "hang_timeout_seconds": 3.0, "gpu_behind_seconds": 8.2}
+    write(tmp_path, state(0, world=1, silent=8.5, activity=stuck))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [0], "stuck_rank")
+    assert any("waiting for its GPU, which has not finished the work the rank enqueued 8 s ago" in line
+               for line in d.findings[0].evidence), d.findings[0].evidence

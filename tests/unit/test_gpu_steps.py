@@ -268,3 +268,17 @@ def test_watching_every_gradient_neither_cuts_backward_nor_counts_micro_steps_pe
     rows, _ = train(tmp_path, False, find_unused_parameters=True)
     for r in rows[1:]:
         assert r.backward_seconds >= 0.010 and r.micro_steps == 1, r
+
+
+def test_behind_is_how_long_the_gpu_has_not_reached_the_last_mark() -> None:
+    c = clock()
+    assert c.behind() is None  # nothing marked yet
+    c.mark("forward_start")
+    assert c.behind() is None  # the "GPU" passed it
+    HostEvent.done = False
+    try:
+        time.sleep(0.05)
+        assert c.behind() == pytest.approx(0.05, abs=0.04)
+    finally:
+        HostEvent.done = True
+    assert c.behind() is None

@@ -364,8 +364,21 @@ class CompletionClock:
 
 
 def _unix(moment: Any) -> float:
-    """pybind hands a system_clock time as a naive local datetime; a number is taken as is."""
-    return moment.timestamp() if hasattr(moment, "timestamp") else float(moment)
+    """The Unix time of a ``WorkInfo.time_started``. pybind hands a system_clock time as a
+    naive local datetime; a time of another clock as a timedelta since that clock's epoch
+    (torch 2.11's CUDA build: steady_clock, which on Linux is CLOCK_MONOTONIC, as
+    ``time.monotonic``); a number is taken as is."""
+    if hasattr(moment, "timestamp"):
+        return float(moment.timestamp())
+    if hasattr(moment, "total_seconds"):
+        seconds = float(moment.total_seconds())
+        return seconds if seconds > SINCE_UNIX_EPOCH else seconds + time.time() - time.monotonic()
+    return float(moment)
+
+
+SINCE_UNIX_EPOCH = 1e9
+"""Seconds past which a clock reading is taken as a Unix time (2001): a monotonic clock
+counts from boot."""
 
 
 def _seconds(duration: Any) -> float:
