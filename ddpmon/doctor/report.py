@@ -106,7 +106,7 @@ def attempt_line(a: dict[str, Any]) -> str:
 
 
 _ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank", "not_joining", "desync",
-               "comm_hang", "missing_rank", "straggler")
+               "comm_hang", "missing_rank", "gpu_behind", "straggler")
 
 
 GROUP_FROM = 8

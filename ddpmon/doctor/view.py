@@ -246,6 +246,19 @@ def flight_recorder_waits(s: RankState) -> list[Collective]:
     return out
 
 
+def gpu_not_started(v: RankView) -> bool:
+    """Has the rank's GPU not even started the collective the rank waits in? Its flight
+    recorder (NCCL) counts the collectives the GPU started: below this one, the GPU still
+    runs work enqueued before it."""
+    e = v.waiting
+    fr = (v.state.hang.flight_recorder if v.state.hang else None) or {}
+    status = (fr.get("pg_status") or {}).get(e.group) if e is not None and e.source == "flight recorder" else None
+    try:
+        return status is not None and e is not None and int(status["last_started_collective"]) < int(e.seq or 0)
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def state_interval(s: RankState) -> float:
     """Seconds between the rank's state-file rewrites."""
     return float(s.state_interval) if s.state_interval is not None and s.state_interval > 0 else 1.0

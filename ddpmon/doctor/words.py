@@ -209,6 +209,15 @@ def fix_missing_rank(unseen: list[int]) -> str:
     )
 
 
+def fix_gpu_behind(behind: list[int]) -> str:
+    return (
+        "Find what " + who(behind) + " enqueued on the GPU before this collective and never "
+        "finishes: a kernel that does not end (a custom CUDA or Triton kernel, a spin-wait), a "
+        "stream waiting for an event nobody records, a hung device (`nvidia-smi`; `dmesg` for "
+        "Xid errors). `py-spy dump --native --pid PID` shows where its host waits."
+    )
+
+
 def fix_other_job(other: str) -> str:
     return f"Pass --job {other} to diagnose that one; remove the files of jobs that ended."
 

@@ -474,7 +474,11 @@ def cuda_timing(backend: str = "gloo", timing: str = "auto") -> dict[str, Any]:
         for (_, a), (_, b) in zip(plain.module.named_parameters(), watched.module.named_parameters()):
             max_diff = max(max_diff, (a.grad - b.grad).abs().max().item())
     torch.cuda.synchronize()
-    time.sleep(1.0)  # c10d reports completions from its watchdog thread, a little later
+    # c10d reports completions from its watchdog thread, a little later; the flight recorder
+    # is read every POLL_SECONDS
+    from ddpmon.rank.timing import flight
+
+    time.sleep(flight.POLL_SECONDS + 1.0 if timing == "flight_recorder" else 1.0)
     mon.step()  # events are complete after the synchronize: this boundary resolves them
     snap = mon.snapshot()
     mon.detach()

@@ -137,8 +137,10 @@ def test_a_gpu_that_stops_is_a_hang_of_that_rank(tmp_path: Path) -> None:
         assert report["verdict"] == "hang" and report["suspect_ranks"] == [0], json.dumps(
             {"activity": state.get("activity"), "findings": report["findings"]}, indent=1)[:4000]
         assert state["activity"]["state"] == "stuck" and state["activity"]["gpu_behind_seconds"] >= HANG_TIMEOUT
-        evidence = next(f for f in report["findings"] if f["kind"] == "stuck_rank")["evidence"]
-        assert any("waiting for its GPU" in line for line in evidence), evidence
+        # NCCL's flight recorder: the step's all-reduce enqueued behind the kernel, not started
+        found = report["findings"][0]
+        assert found["kind"] == "gpu_behind", found
+        assert any("its GPU had not finished the work" in line for line in found["evidence"]), found
     finally:
         harness.stop([proc])
 

@@ -325,14 +325,16 @@ def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(tmp_path: Path, m
     assert code == 1 and json.loads(out)["suspect_ranks"] == [37]
 
 
-def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, silent: float = 90.0) -> dict[str, Any]:
+def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, silent: float = 90.0,
+               started: int | None = None) -> dict[str, Any]:
     """An NCCL rank: its collectives leave the CPU at once (nothing tracked in flight); its
     hang report carries torch's flight recorder."""
     entries = [{"record_id": s, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
                 "profiling_name": f"nccl:{op if s == completed + 1 else 'all_reduce'}", "is_p2p": False,
                 "state": "scheduled" if s > completed else "completed",
                 "time_created_ns": int((states.NOW - silent) * 1e9)} for s in range(completed - 3, enqueued + 1)]
-    fr = {"pg_status": {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": str(completed + 1),
+    started = completed + 1 if started is None else started
+    fr = {"pg_status": {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": str(started),
                               "last_completed_collective": str(completed)}}, "entries": entries}
     return state(rank, world=world, backend="nccl", silent=silent,
                  hang=hang_report(flight_recorder=fr))
@@ -354,6 +356,20 @@ def test_nccl_waits_come_from_the_flight_recorder(tmp_path: Path) -> None:
     write(tmp_path, _nccl_hang(1, 2, 42, 42, "all_reduce"))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [1])
+
+
+def test_a_gpu_that_has_not_started_the_collective_is_the_culprit(tmp_path: Path) -> None:
+    """Rank 1's GPU never reached all_reduce #43 (started 42): a kernel before it does not
+    end, while rank 0's GPU waits inside #43 for it (seen on an H100 with one rank: a GPU
+    kernel that never ends, the collective enqueued behind it, answered comm_hang)."""
+    write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce"))
+    write(tmp_path, _nccl_hang(1, 2, 44, 42, "all_reduce", started=42))
+    d = examine(str(tmp_path), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [1], "gpu_behind")
+    assert d.findings[0].summary.startswith("the GPU of rank 1 has not started all_reduce #43")
+    assert "Xid" in d.findings[0].fix
+    write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce", started=42))  # neither GPU started it: both
+    assert examine(str(tmp_path), live_stacks=False).suspect_ranks == [0, 1]
 
 
 def test_unused_parameters_by_rank_and_a_needless_find_unused(tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ busy                 healthy       ranks work outside a step (evaluation, checkp
                                    the others wait for them: not a hang
 not_joining          hang          ranks wait in a collective another rank runs past
 missing_rank         hang          all wait in one collective; members have no file
+gpu_behind           hang          all wait in one collective; a rank's GPU has not
+                                   started it (NCCL's flight recorder)
 comm_hang            hang          all wait in one collective; none is behind
 desync               desync        the ranks wait in different collectives
 straggler            straggler     a rank computes clearly slower than the others
@@ -84,6 +86,7 @@ def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule,
         busy.busy,
         not_joining.not_joining,
         comm_hang.missing_rank,
+        comm_hang.gpu_behind,
         comm_hang.comm_hang,
         desync.desync,
         straggler.straggler,

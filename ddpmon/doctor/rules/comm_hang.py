@@ -1,17 +1,20 @@
-"""Every rank waits in the same collective: missing_rank, comm_hang (verdict hang).
+"""Every rank waits in the same collective: missing_rank, gpu_behind, comm_hang (verdict
+hang).
 
 When all ranks the doctor sees wait in one collective (the same group, sequence number and
-op, or one rank a collective ahead after completing it), none of them is behind. Either the
-group has members without a state file here, which are then the ones the others wait for
-(missing_rank), or the collective itself does not complete: the network or the
-communication library (comm_hang, no suspect rank).
+op, or one rank a collective ahead after completing it), none of them is behind on the
+host. Either the group has members without a state file here, which are then the ones the
+others wait for (missing_rank); or a rank's GPU has not started the collective, still
+running work enqueued before it (gpu_behind: NCCL's flight recorder counts the collectives
+each GPU started; a kernel that never ends looks like this); or the collective itself does
+not complete: the network or the communication library (comm_hang, no suspect rank).
 """
 
 from __future__ import annotations
 
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import RankView
+from ..view import RankView, gpu_not_started
 from .common import in_collectives, same_collective, stalled
 
 
@@ -45,6 +48,27 @@ def missing_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
         f"{words.verb(unseen, 'has', 'have')} no state file here",
         [words.wait_line(v) for v in waiting] + [f"no state file for ranks {words.ranks(missing)}"],
         words.fix_missing_rank(unseen),
+    )])
+
+
+def gpu_behind(views: list[RankView], missing: list[int]) -> Verdict | None:
+    waiting = _waiting_in_one(views)
+    if waiting is None or _unseen(waiting, missing):
+        return None
+    behind = sorted(v.rank for v in waiting if gpu_not_started(v))
+    if not behind:
+        return None
+    e = next(v.waiting for v in waiting if v.waiting)
+    evidence = [words.wait_line(v) for v in waiting] + words.flight_recorder_lines(waiting)
+    evidence += [f"rank {v.rank}: its GPU had not finished the work enqueued at its last step boundary "
+                 f"{v.state.activity.gpu_behind_seconds:.0f} s before (its watchdog; the host "
+                 f"waits at {v.state.activity.where or '?'})"
+                 for v in waiting if v.rank in behind and v.state.activity and v.state.activity.gpu_behind_seconds]
+    return Verdict("hang", behind, [Finding(
+        "gpu_behind", "error", behind,
+        f"the GPU of {words.who(behind)} has not started {words.entry_name(e)}: it still runs work "
+        "enqueued before it, so the collective cannot complete",
+        evidence, words.fix_gpu_behind(behind),
     )])
 
 
