@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import default_state_root
+from ..state.discovery import DAEMON_JOBS
 
 if TYPE_CHECKING:
     from ..webconfig import HttpConfig
@@ -53,8 +54,8 @@ def add_daemon_sources(parser: argparse.ArgumentParser, from_help: str) -> None:
     parser.add_argument(
         "--prometheus", metavar="URL",
         help="find the daemons among the targets of this Prometheus (http://HOST:9090), up or down, and read "
-             "them as --from: those of the scrape job ddpmon-daemons or ddpmon-daemon (also NAMESPACE/"
-             "ddpmon-daemon, the shipped PodMonitor's), unless --prometheus-job names others",
+             f"them as --from: those of the scrape job {' or '.join(DAEMON_JOBS)} (also NAMESPACE/NAME, as the "
+             "Prometheus Operator names a PodMonitor's), unless --prometheus-job names others",
     )
     parser.add_argument(
         "--prometheus-job", action="append", default=[], metavar="NAME",

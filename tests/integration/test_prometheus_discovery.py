@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +105,11 @@ def _verdict(done: subprocess.CompletedProcess[str]) -> tuple[Any, ...]:
 
 
 def test_doctor_through_prometheus_says_what_every_daemon_listed_by_hand_says(cluster: Cluster) -> None:
+    started = time.monotonic()
     found = run_doctor("--prometheus", cluster.prometheus.url, "--json", "--no-stacks", "-v")
+    middle = time.monotonic()
     by_hand = run_doctor(*_from(cluster.daemons), "--json", "--no-stacks")
+    print(f"doctor --prometheus: {middle - started:.2f} s; --from x3: {time.monotonic() - middle:.2f} s")
     assert _verdict(found) == _verdict(by_hand), found.stderr
     assert _verdict(found)[:3] == (1, "hang", [0])
     assert f"lists 3 daemons: {', '.join(cluster.daemons)}" in found.stderr
