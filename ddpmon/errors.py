@@ -27,3 +27,8 @@ class StateFileError(DdpmonError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class DiscoveryError(DdpmonError):
+    """The node daemons could not be found (``--from-file``, ``--prometheus``): says where
+    they were looked for and what to do."""

@@ -1,6 +1,7 @@
 """What several subcommands share: the state-directory argument and its default, -v/--verbose,
-a number of seconds, the readers of node daemons (``--from``, ``--http-config``), and what a
-subcommand whose module cannot be imported does instead."""
+a number of seconds, where the node daemons are and how to reach them (``--from``,
+``--from-file``, ``--prometheus``, ``--http-config``), and what a subcommand whose module
+cannot be imported does instead."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import default_state_root
+from ..state.discovery import DAEMON_JOBS
 
 if TYPE_CHECKING:
     from ..webconfig import HttpConfig
@@ -39,33 +42,93 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
                 add_verbose_argument(sub)
 
 
-def add_http_config(parser: argparse.ArgumentParser) -> None:
-    """``--http-config FILE``: how the readers of node daemons (``--from``) connect."""
+def add_daemon_sources(parser: argparse.ArgumentParser, from_help: str) -> None:
+    """Where the node daemons are (``--from``, ``--from-file``, ``--prometheus``) and how to
+    connect to them and to Prometheus (``--http-config``, ``--prometheus-http-config``)."""
+    parser.add_argument("--from", dest="remote", action="append", default=[], metavar="HOST:PORT", help=from_help)
+    parser.add_argument(
+        "--from-file", action="append", default=[], metavar="FILE",
+        help="the daemons' addresses in a file, one HOST:PORT a line (blank lines and # comments skipped); "
+             "read as --from",
+    )
+    parser.add_argument(
+        "--prometheus", metavar="URL",
+        help="find the daemons among the targets of this Prometheus (http://HOST:9090), up or down, and read "
+             f"them as --from: those of the scrape job {' or '.join(DAEMON_JOBS)} (also NAMESPACE/NAME, as the "
+             "Prometheus Operator names a PodMonitor's), unless --prometheus-job names others",
+    )
+    parser.add_argument(
+        "--prometheus-job", action="append", default=[], metavar="NAME",
+        help="with --prometheus: the scrape job of the daemons (its job label, or its scrape pool as "
+             "Prometheus' targets page shows it); repeat for several",
+    )
     parser.add_argument(
         "--http-config", metavar="FILE",
-        help="TLS and credentials for the --from daemons, in Prometheus' http_config format "
+        help="TLS and credentials for the daemons, in Prometheus' http_config format "
              "(basic_auth, authorization, tls_config: the same file as promtool's --http.config.file)",
     )
+    parser.add_argument("--prometheus-http-config", metavar="FILE",
+                        help="TLS and credentials for --prometheus, in the same format")
 
 
-def daemon_client(command: str, args: argparse.Namespace) -> HttpConfig | int:
-    """The ``HttpConfig`` that ``--http-config`` names, after checking every ``--from``
-    address; or the exit status, with what is wrong said on stderr (never the address's
-    password)."""
+@dataclass
+class DaemonSources:
+    """The node daemons a command was asked to read, and how to connect to them."""
+
+    given: list[str]
+    """``--from``, checked."""
+    files: list[str]
+    prometheus: str | None
+    jobs: list[str]
+    client: HttpConfig
+    """The daemons' TLS and credentials (``--http-config``)."""
+    prometheus_client: HttpConfig
+
+    @property
+    def asked(self) -> bool:
+        return bool(self.given or self.files or self.prometheus)
+
+    def addresses(self) -> list[str]:
+        """Every daemon, each once: ``--from``'s, then each file's, then Prometheus' targets.
+        Raises ``DiscoveryError`` (a file that is not a list of addresses; Prometheus that
+        does not answer, or lists no daemon)."""
+        from ..state import discovery
+
+        found = dict.fromkeys(self.given)
+        for path in self.files:
+            found.update(dict.fromkeys(discovery.read_address_file(path)))
+        if self.prometheus:
+            listed = discovery.prometheus_daemons(self.prometheus, self.jobs, self.prometheus_client)
+            log.info("ddpmon: Prometheus at %s lists %d daemons: %s", self.prometheus, len(listed), ", ".join(listed))
+            found.update(dict.fromkeys(listed))
+        return list(found)
+
+
+def daemon_sources(command: str, args: argparse.Namespace) -> DaemonSources | int:
+    """What ``add_daemon_sources``' options ask for, after checking every ``--from`` address
+    and loading the http_config files; or the exit status, with what is wrong said on
+    stderr (never the address's password)."""
     from ..state.remote import address_problem, without_credentials
     from ..webconfig import WebConfigError, load_http_config
 
-    for address in getattr(args, "remote", ()):
+    for address in args.remote:
         problem = address_problem(address)
         if problem:
             print(f"ddpmon {command}: --from {without_credentials(address)!r} is not valid: {problem}",
                   file=sys.stderr)
             return 2  # EXIT_USAGE
-    try:
-        return load_http_config(args.http_config)
-    except WebConfigError as exc:
-        print(f"ddpmon {command}: --http-config {exc}", file=sys.stderr)
+    if (args.prometheus_job or args.prometheus_http_config) and not args.prometheus:
+        print(f"ddpmon {command}: --prometheus-job and --prometheus-http-config need --prometheus URL",
+              file=sys.stderr)
         return 2  # EXIT_USAGE
+    clients = []
+    for option, path in (("--http-config", args.http_config), ("--prometheus-http-config", args.prometheus_http_config)):
+        try:
+            clients.append(load_http_config(path))
+        except WebConfigError as exc:
+            print(f"ddpmon {command}: {option} {exc}", file=sys.stderr)
+            return 2  # EXIT_USAGE
+    return DaemonSources(args.remote, args.from_file, args.prometheus, args.prometheus_job, *clients)
 
 
 def missing_extra(exc: BaseException) -> tuple[str, str] | None:

@@ -11,9 +11,9 @@ import json
 import sys
 
 from ..advice import KINDS as ADVICE_KINDS
-from ..errors import StateFileError
+from ..errors import DiscoveryError, StateFileError
 from ..state.files import cycle_collection_paused
-from .common import add_http_config, add_state_dir_argument, daemon_client, default_state_dir, no_state_dir, seconds
+from .common import add_daemon_sources, add_state_dir_argument, daemon_sources, default_state_dir, no_state_dir, seconds
 
 HELP = "Diagnose a hung, dying, out-of-step or slow DDP job from its ranks' state files."
 
@@ -37,12 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fail-on-advice", action="store_true",
         help="exit 1 when a silent mistake was found (docs/advice.md), even if the job is healthy",
     )
-    parser.add_argument(
-        "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
-        help="read the state files from a node daemon started with --serve-state (repeat for "
-        "every node of the job) instead of a directory; HOST:PORT, or https://HOST:PORT",
-    )
-    add_http_config(parser)
+    add_daemon_sources(parser, "read the state files from a node daemon started with --serve-state (repeat for "
+                       "every node of the job) instead of a directory; HOST:PORT, or https://HOST:PORT")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,20 +51,21 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ..doctor import examine, report
 
-    if args.remote and args.state_dir:
-        print("ddpmon doctor: give STATE_DIR or --from HOST:PORT, not both", file=sys.stderr)
+    daemons = daemon_sources("doctor", args)
+    if isinstance(daemons, int):
+        return daemons
+    if daemons.asked and args.state_dir:
+        print("ddpmon doctor: give STATE_DIR or the daemons (--from, --from-file, --prometheus), not both",
+              file=sys.stderr)
         return EXIT_USAGE
-    client = daemon_client("doctor", args)
-    if isinstance(client, int):
-        return client
-    state_dir = args.state_dir or ("" if args.remote else default_state_dir("doctor", args.job))
+    state_dir = args.state_dir or ("" if daemons.asked else default_state_dir("doctor", args.job))
     if state_dir is None:
         print(no_state_dir("doctor"), file=sys.stderr)
         return EXIT_USAGE
     try:
         diagnosis = examine(state_dir, job=args.job, live_stacks=not args.no_stacks, stall=args.stall,
-                            remote=args.remote, client=client)
-    except StateFileError as exc:
+                            remote=daemons.addresses(), client=daemons.client)
+    except (StateFileError, DiscoveryError) as exc:
         print(f"ddpmon doctor: {exc}", file=sys.stderr)
         if args.json:  # scripts reading --json get an answer too
             print(json.dumps({"verdict": "no_data", "suspect_ranks": [], "findings": [], "ranks": [],

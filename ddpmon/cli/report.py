@@ -16,9 +16,9 @@ import os
 import sys
 import time
 
-from ..errors import StateFileError
+from ..errors import DiscoveryError, StateFileError
 from ..state.remote import HISTORY_DEADLINE_SECONDS
-from .common import add_http_config, daemon_client, seconds
+from .common import add_daemon_sources, daemon_sources, seconds
 
 HELP = "Write a self-contained HTML report (plots, summary, findings) of a running or finished job."
 
@@ -36,12 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON instead")
     parser.add_argument("--job", help="the job to report when the directories or daemons hold several "
                         "(with --from, default: the job written last on the daemons)")
-    parser.add_argument(
-        "--from", dest="remote", action="append", default=[], metavar="HOST:PORT",
-        help="also read the state files and step histories from a node daemon started with "
-        "--serve-state (repeat per node; no shared file system needed); HOST:PORT, or https://HOST:PORT",
-    )
-    add_http_config(parser)
+    add_daemon_sources(parser, "also read the state files and step histories from a node daemon started with "
+                       "--serve-state (repeat per node; no shared file system needed); HOST:PORT, or https://HOST:PORT")
     parser.add_argument(
         "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
         help="the longest to wait for the --from daemons' histories, all together; a history "
@@ -54,20 +50,20 @@ def run(args: argparse.Namespace) -> int:
     from ..report import run as run_mod
     from .common import default_state_dir
 
+    daemons = daemon_sources("report", args)
+    if isinstance(daemons, int):
+        return daemons
     dirs = list(args.state_dirs)
-    if not dirs and not args.remote:
+    if not dirs and not daemons.asked:
         found = default_state_dir("report", args.job)
         if found is None:
             print("ddpmon report: no state directory given and none found: pass STATE_DIR", file=sys.stderr)
             return EXIT_USAGE
         dirs = [found]
-    client = daemon_client("report", args)
-    if isinstance(client, int):
-        return client
     started = time.perf_counter()
     try:
-        loaded = run_mod.load(dirs, args.remote, job=args.job, deadline=args.deadline, client=client)
-    except StateFileError as exc:
+        loaded = run_mod.load(dirs, daemons.addresses(), job=args.job, deadline=args.deadline, client=daemons.client)
+    except (StateFileError, DiscoveryError) as exc:
         print(f"ddpmon report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     for line in loaded.notes + loaded.problems:

@@ -2,7 +2,8 @@
 
 Each run is a state directory (its history databases), the JSON of ``ddpmon report --json``,
 or ``[JOB@]HOST:PORT[,HOST:PORT...]``: the histories of JOB (default: the job written last)
-read through those node daemons (``ddpmon daemon --serve-state``).
+read through those node daemons (``ddpmon daemon --serve-state``); ``JOB@`` alone reads
+them through the daemons the command found (``--from``, ``--from-file``, ``--prometheus``).
 The step time's change is split over the phases (the phase medians add up to the median
 step), and over the ranks (which rank's compute grew most, and in which phase), so the
 answer to "why is B slower than A" reads as: "+12 ms per step, 11 ms of it in backward,
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from ..doctor.words import ms
@@ -27,11 +29,11 @@ from .summary import pct, summarize
 NOISE = 0.02  # changes under 2% are shown but not called out
 
 
-def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS,
-              client: HttpConfig | None = None) -> tuple[dict[str, Any], Run | None]:
+def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS, client: HttpConfig | None = None,
+              found: Sequence[str] = ()) -> tuple[dict[str, Any], Run | None]:
     """A run's summary (and the Run when read from a directory or daemons, these asked with
-    ``client``'s TLS and credentials)."""
-    daemons = _daemons(source) if not os.path.exists(source) else None
+    ``client``'s TLS and credentials; ``found``: the daemons of a run given as ``JOB@``)."""
+    daemons = _daemons(source, found) if not os.path.exists(source) else None
     if daemons is not None:
         job, addresses = daemons
         run = load((), addresses, job=job, findings=False, deadline=deadline, client=client)
@@ -53,9 +55,15 @@ def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS,
     return summarize(run), run
 
 
-def _daemons(source: str) -> tuple[str | None, list[str]] | None:
-    """(job or None, addresses) of ``[JOB@]HOST:PORT[,HOST:PORT...]``; None when it is not that."""
-    job, _, hosts = source.rpartition("@")
+def _daemons(source: str, found: Sequence[str]) -> tuple[str | None, list[str]] | None:
+    """(job or None, addresses) of ``[JOB@]HOST:PORT[,HOST:PORT...]``, or of ``JOB@`` on the
+    daemons ``found``; None when it is not that."""
+    job, at, hosts = source.rpartition("@")
+    if at and not hosts:
+        if not found:
+            raise ValueError(f"{source}: names no daemon: write HOST:PORT[,HOST:PORT...] after the @, or "
+                             "find them with --from, --from-file or --prometheus")
+        return job or None, list(found)
     addresses = hosts.split(",")
     if not all(a and address_problem(a) is None for a in addresses):
         return None

@@ -59,22 +59,38 @@ def without_credentials(address: str) -> str:
     return scheme + sep + rest.rpartition("@")[2]
 
 
-def address_problem(address: str) -> str | None:
-    """What is wrong with a daemon's address (``HOST:PORT``, ``http://HOST:PORT`` or
-    ``https://HOST:PORT``), or None. It never repeats a password given in the address."""
+@dataclass(frozen=True)
+class Server:
+    """What an address names, for the wording of its problems."""
+
+    name: str = "a node daemon"
+    example: str = "node1:9490"
+    config: str = "--http-config"
+    """The option that gives its credentials."""
+    prefix: bool = False
+    """Whether it may sit under a path, on its scheme's own port (a Prometheus behind a proxy)."""
+
+
+DAEMON = Server()
+
+
+def address_problem(address: str, server: Server = DAEMON) -> str | None:
+    """What is wrong with the address of a node daemon (``HOST:PORT``, ``http://HOST:PORT`` or
+    ``https://HOST:PORT``) or another ``server``, or None. It never repeats a password given
+    in the address."""
     try:
         parts = urllib.parse.urlsplit(base_url(address))
         port = parts.port
     except ValueError as exc:
-        return f"{exc}" if "@" not in address else "expected HOST:PORT of a node daemon"
+        return f"{exc}" if "@" not in address else f"expected HOST:PORT of {server.name}"
     if parts.username is not None or parts.password is not None:
         return ("it holds credentials (user:password@): an address is printed, logged and seen in "
-                "process lists; put them in an http_config file's basic_auth (--http-config FILE)")
+                f"process lists; put them in an http_config file's basic_auth ({server.config} FILE)")
     if parts.scheme not in ("http", "https"):
-        return f"the scheme is {parts.scheme!r}; daemons serve http or https"
-    if not parts.hostname or port is None:
-        return "expected HOST:PORT of a node daemon (for example node1:9490)"
-    if parts.path not in ("", "/") or parts.query:
+        return f"the scheme is {parts.scheme!r}; {server.name} answers http or https"
+    if not parts.hostname or (port is None and not server.prefix):
+        return f"expected HOST:PORT of {server.name} (for example {server.example})"
+    if (parts.path not in ("", "/") and not server.prefix) or parts.query:
         return f"expected HOST:PORT alone, without a path ({parts.path or '?' + parts.query})"
     return None
 

@@ -8,6 +8,7 @@ daemon runs beside them (``start_daemon``).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -132,10 +133,15 @@ class Prometheus:
     into a host of tests/support/hosts.py), its address being that host's loopback."""
 
     def __init__(self, workdir: Path, rules: Path = RULES, enter: list[str] | None = None,
-                 daemon_auth: tuple[str, str] | None = None) -> None:
+                 daemon_auth: tuple[str, str] | None = None, web_config: Path | None = None,
+                 auth: tuple[str, str] | None = None) -> None:
         self.workdir = workdir
         self.daemon_auth = daemon_auth
         """(user, password) of the daemons' basic auth (their --web-config-file), when they ask."""
+        self.web_config = web_config
+        """Prometheus' own --web.config.file (TLS, basic auth of its API), and the credentials
+        the helper then asks with."""
+        self.auth = auth
         self.rules = rules
         self.enter = enter or []
         self.port = free_port()
@@ -178,7 +184,8 @@ scrape_configs:
         self.proc = subprocess.Popen(
             [*self.enter, binary() or "prometheus", f"--config.file={self.config}",
              f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
+             *([f"--web.config.file={self.web_config}"] if self.web_config else [])],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + timeout
@@ -211,8 +218,10 @@ scrape_configs:
                 raise OSError(f"no answer from {url}: {done.stderr.decode(errors='replace')[-500:]}")
             status, _, body = done.stdout.partition(b"\n")
             return int(status), body
+        headers = {"Authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode()} \
+            if self.auth else {}
         try:
-            with urllib.request.urlopen(url, timeout=10) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -1,15 +1,20 @@
-"""deploy/systemd and deploy/kubernetes stay in step with the daemon's command line."""
+"""deploy/systemd and deploy/kubernetes stay in step with the daemon's command line, and the
+PodMonitors are what the Prometheus Operator accepts (its CRD's schema, vendored)."""
 
 from __future__ import annotations
 
 import configparser
+import json
 import shlex
 from pathlib import Path
 
+import jsonschema
+import pytest
 import yaml
 
 from ddpmon.cli import build_parser
 from ddpmon.cli.daemon import DEFAULT_PORT
+from ddpmon.state.discovery import DAEMON_JOBS, scrape_job_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +68,62 @@ def test_network_policy_lets_only_prometheus_in() -> None:
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         for rule in policy["spec"]["ingress"]:  # every rule names its peers: nothing open to all
             assert rule["from"] and all("namespaceSelector" in p or "podSelector" in p for p in rule["from"])
+
+
+PODMONITOR_SCHEMA = ROOT / "tests/fixtures/prometheus_operator/podmonitor-v1.schema.json"
+
+
+def _strict(schema: object) -> object:
+    """The CRD schema with unknown fields refused (as ``kubectl apply --validate=strict``):
+    a misspelt key would otherwise be dropped by the API server without a word."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def _podmonitors() -> dict[str, dict]:
+    found = {}
+    for path in sorted((ROOT / "deploy/kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "PodMonitor":
+                found[f"{path.name}:{doc['metadata']['name']}"] = doc
+    return found
+
+
+def test_the_podmonitors_fit_the_prometheus_operator_schema() -> None:
+    validator = jsonschema.Draft202012Validator(_strict(json.loads(PODMONITOR_SCHEMA.read_text())))
+    monitors = _podmonitors()
+    assert set(monitors) == {"daemonset.yaml:ddpmon-daemon", "podmonitor.yaml:ddpmon-ranks"}
+    for name, monitor in monitors.items():
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1", name
+        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(monitor)]
+        assert errors == [], name
+
+
+def test_the_schema_check_refuses_a_misspelt_key() -> None:
+    validator = jsonschema.Draft202012Validator(_strict(json.loads(PODMONITOR_SCHEMA.read_text())))
+    monitor = _podmonitors()["daemonset.yaml:ddpmon-daemon"]
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    endpoint["honorlabels"] = endpoint.pop("honorLabels")
+    with pytest.raises(jsonschema.ValidationError, match="honorlabels"):
+        validator.validate(monitor)
+    endpoint["honorLabels"], endpoint["interval"] = True, "15 seconds"  # not a Prometheus duration
+    with pytest.raises(jsonschema.ValidationError, match="15 seconds"):
+        validator.validate(monitor)
+
+
+@pytest.mark.parametrize("namespace", ["ddpmon", "monitoring"])
+def test_doctor_prometheus_finds_the_daemons_podmonitor_by_default(namespace: str) -> None:
+    """The operator names a PodMonitor's scrape job NAMESPACE/NAME: the doctor's default
+    rule finds the shipped one in whatever namespace it is applied."""
+    monitor = _podmonitors()["daemonset.yaml:ddpmon-daemon"]
+    name = monitor["metadata"]["name"]
+    assert scrape_job_matches(f"{namespace}/{name}", f"podMonitor/{namespace}/{name}/0", DAEMON_JOBS)
+    ranks = _podmonitors()["podmonitor.yaml:ddpmon-ranks"]["metadata"]["name"]
+    assert not scrape_job_matches(f"{namespace}/{ranks}", f"podMonitor/{namespace}/{ranks}/0", DAEMON_JOBS)

@@ -371,7 +371,7 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
                                      "daemon (for example node1:9490)")),
     (["report", "--from", "node1:http"], "ddpmon report: --from 'node1:http' is not valid: Port could not be cast"),
     (["report", "--from", "node1:9490/state"], "is not valid: expected HOST:PORT alone, without a path (/state)"),
-    (["report", "--from", "ftp://node1:9490"], "is not valid: the scheme is 'ftp'; daemons serve http or https"),
+    (["report", "--from", "ftp://node1:9490"], "is not valid: the scheme is 'ftp'; a node daemon answers http or https"),
     (["report", "--from", "node1:9490", "--deadline", "0"], "argument --deadline: '0' must be a positive number"),
     (["compare", "no-such-run", "other"], ("ddpmon compare: no-such-run: no such directory or file; a run is a "
                                            "state directory, the JSON of `ddpmon report --json`, or [JOB@]HOST:PORT")),
