@@ -60,7 +60,9 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     lines = []
     verdict = d.verdict.upper().replace("_", " ")
     where = f"job {d.job!r}, {len(d.ranks)} rank{'s' if len(d.ranks) != 1 else ''}, " if d.job else ""
-    headline = "a node is lost" if any(f.kind == "lost_node" for f in d.findings) else _HEADLINE[d.verdict]
+    kinds = {f.kind for f in d.findings}
+    headline = ("a node is lost" if "lost_node" in kinds else
+                "every rank failed in the same place" if "same_error" in kinds else _HEADLINE[d.verdict])
     lines.append(
         f"ddpmon doctor: {paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - "
         f"{headline} ({where}{d.state_dir})"
@@ -105,7 +107,7 @@ def attempt_line(a: dict[str, Any]) -> str:
     return f"attempt {a['attempt']}: {a['ended']}, {who}; {a['steps']} steps{after}"
 
 
-_ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank", "not_joining", "desync",
+_ROOT_KINDS = ("dead_rank", "same_error", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank", "not_joining", "desync",
                "comm_hang", "missing_rank", "straggler")
 
 

@@ -298,3 +298,32 @@ def test_comm_layer_hang_nobody_behind(tmp_path: Path) -> None:
         harness.stop(procs)
         holder.kill()
         holder.wait(10)
+
+
+def test_the_same_error_on_every_rank_is_one_bug_and_its_cause_named(tmp_path: Path) -> None:
+    """Every rank leaves one layer unused with find_unused_parameters=False: each raises
+    DDP's reduction error at the same line. No rank is "first": the code is the culprit,
+    and the unused parameters are named as the error's cause."""
+    procs = launch("unused_layer", 2, tmp_path)
+    try:
+        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        assert [p.returncode for p in procs] == [1, 1]
+        code, report, _ = doctor(tmp_path / "state")
+        assert code == 1
+        assert report["verdict"] == "dead_rank" and report["suspect_ranks"] == [0, 1]
+        assert [f["kind"] for f in report["findings"] if f["severity"] == "error"] == ["same_error"]
+        f = finding(report, "same_error")
+        assert f["ranks"] == [0, 1]
+        assert f["summary"].startswith("every rank failed in the same place: a bug in the code, not one rank")
+        assert f"at {harness.ROOT}/{site('head_b never used')} in unused_layer" in f["summary"]
+        assert "its cause: 2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)" \
+            in f["summary"]
+        assert "first" not in f["summary"]
+        assert f["fix"].startswith("Make head_b.weight, head_b.bias take part in the loss on every rank")
+        assert "find_unused_parameters=True" in f["fix"]
+        assert not [f for f in report["findings"] if f["kind"] == "unused_parameters"], "named once, as the cause"
+        text = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", str(tmp_path / "state")],
+                              cwd=harness.ROOT, capture_output=True, text=True, timeout=30).stdout
+        assert text.startswith("ddpmon doctor: DEAD RANK - every rank failed in the same place"), text
+    finally:
+        harness.stop(procs)
