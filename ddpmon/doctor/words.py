@@ -167,8 +167,9 @@ def names_shown(names: Sequence[str], most: int = 8) -> str:
 
 
 FIX_SIGNAL = {
-    "SIGABRT": "A backend abort is typical (gloo aborts when ranks all-reduce tensors of "
-               "different sizes or dtypes: see any desync finding), as is a failed C++ assertion.",
+    "SIGABRT": "A backend abort is typical (gloo aborts when a message of another size than "
+               "it expects arrives: ranks that issue different collectives), as is a failed C++ "
+               "assertion; the reason is on the rank's stderr (\"terminate called after throwing ...\").",
     "SIGSEGV": "A crash in native code (an extension, a mismatched library build, a bad pointer "
                "from a custom op).",
     "SIGBUS": "Often shared memory exhausted (/dev/shm too small for DataLoader workers or NCCL).",

@@ -1,5 +1,11 @@
 """A rank's faulthandler file (``rank-<R>.fault``): the fatal signal that killed it and
-every thread's Python stack at that moment, as an exit record (``Exit.signal``)."""
+every thread's Python stack at that moment, as an exit record (``Exit.signal``).
+
+A backend that aborts says why on the rank's stderr, not in Python (gloo: "terminate called
+after throwing an instance of 'gloo::EnforceNotMet' what(): ... Is there a distributed
+collective mismatch in your code?"). When the rank's stderr is a regular file (a per-rank
+log), the rank names it in the fault file's first line (``STDERR_LINE``) and the reader
+adds the last such reason in that log to the record's ``exception``."""
 
 from __future__ import annotations
 
@@ -18,12 +24,18 @@ SIGNALS = {
     "Illegal instruction": "SIGILL",
 }
 MAX_BYTES = 1 << 20
+STDERR_LINE = "ddpmon: stderr "
+"""The fault file's first line, written by the rank at attach: ``ddpmon: stderr PATH``."""
+LOG_TAIL_BYTES = 64 << 10
+_STDERR = re.compile("^" + re.escape(STDERR_LINE) + "(.+)$", re.MULTILINE)
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
 _HEADER = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 
 
 def path_for(state_file: str) -> str:
+    """The faulthandler file of the rank whose state file is ``state_file``."""
     base = state_file[:-5] if state_file.endswith(".json") else state_file
     return base + ".fault"
 
@@ -47,7 +59,32 @@ def read(state_file: str, since: float | None = None) -> Exit | None:
             text = f.read(MAX_BYTES).decode("utf-8", "replace")
         except OSError:
             return None
-    return parse(text, st.st_mtime)
+    record = parse(text, st.st_mtime)
+    log = _STDERR.search(text)
+    if record is not None and log is not None and (reason := abort_reason(log.group(1), owner)):
+        record.exception = f"{record.exception}, after {reason}"
+    return record
+
+
+def abort_reason(log: str, owner: int) -> str | None:
+    """``Type: what()`` of the last C++ exception that ended a process through
+    ``std::terminate`` in the tail of ``log`` (a regular file of ``owner``, never through a
+    link): the backend's own words for an abort."""
+    try:
+        fd = os.open(log, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+                return None
+            f.seek(max(0, st.st_size - LOG_TAIL_BYTES))
+            tail = f.read(LOG_TAIL_BYTES).decode("utf-8", "replace")
+        except OSError:
+            return None
+    found = list(_TERMINATE.finditer(tail))
+    return f"{found[-1].group(1)}: {found[-1].group(2).strip()}" if found else None
 
 
 def of_run(state_file: str, state: RankState, offset: float) -> Exit | None:

@@ -106,6 +106,25 @@ def unused_layer() -> None:
         opt.step()
 
 
+def log_metrics(loss: torch.Tensor) -> None:
+    """Averages the loss for a log line: a collective that only rank 0 issues."""
+    dist.all_reduce(loss.detach().reshape(1))  # rank 0's logging all-reduce
+
+
+def log_on_rank_0(at: str = "5") -> None:
+    """Rank 0 alone all-reduces a metric in its logging function; rank 1 goes on to the
+    next step's gradient all-reduce, so gloo meets two sizes under one sequence number."""
+    ddp, _mon, opt = setup("log-on-rank-0")
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        if RANK == 0 and step == int(at):
+            log_metrics(loss)
+
+
 class SlowMLP(MLP):
     """An MLP whose forward takes ``delay`` seconds longer on one rank."""
 
@@ -186,7 +205,8 @@ def all_kinds() -> None:
     dist.destroy_process_group()
 
 
-SCENARIOS = {f.__name__: f for f in (stuck, die, desync, straggle, train_until_frozen, all_kinds, unused_layer)}
+SCENARIOS = {f.__name__: f for f in (stuck, die, desync, straggle, train_until_frozen, all_kinds, unused_layer,
+                                     log_on_rank_0)}
 
 
 if __name__ == "__main__":

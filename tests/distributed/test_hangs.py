@@ -327,3 +327,29 @@ def test_the_same_error_on_every_rank_is_one_bug_and_its_cause_named(tmp_path: P
         assert text.startswith("ddpmon doctor: DEAD RANK - every rank failed in the same place"), text
     finally:
         harness.stop(procs)
+
+
+def test_a_collective_gloo_aborts_on_is_a_desync_in_gloos_words(tmp_path: Path) -> None:
+    """Rank 0 alone all-reduces a metric in its logging function while rank 1 all-reduces
+    its next step's gradients: gloo aborts rank 0 (SIGABRT) on the size it did not expect,
+    before its state file shows the call. The doctor calls it a desync, names both call
+    sites, and quotes gloo's reason from rank 0's stderr (a file here)."""
+    procs = launch("log_on_rank_0", 2, tmp_path, ("5",))
+    try:
+        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        assert procs[0].returncode == -6, harness.describe(harness.collect(procs, tmp_path))
+        code, report, _ = doctor(tmp_path / "state")
+        assert code == 1
+        assert report["verdict"] == "desync" and report["suspect_ranks"] == [0]
+        f = finding(report, "mismatch")
+        assert f["ranks"] == [0]
+        # (gloo aborts rank 0 within a millisecond of its call: its state file, written every
+        # 0.2 s, hardly ever shows the call; when it does, the calls are lined up by number)
+        assert site("# rank 0's logging all-reduce") + " in log_metrics" in f["summary"]
+        assert "DDP gradient bucket 0" in f["summary"]
+        reason = next(line for line in f["evidence"] if "after gloo::EnforceNotMet" in line)  # gloo's own words
+        assert reason.startswith("rank 0: SIGABRT (Aborted), after gloo::EnforceNotMet: ") and "op.preamble.length" in reason
+        assert "Every rank must issue the same collectives in the same order" in f["fix"]
+        assert not [x for x in report["findings"] if x["kind"] == "dead_rank"]
+    finally:
+        harness.stop(procs)
