@@ -63,10 +63,14 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     kinds = {f.kind for f in d.findings}
     headline = ("a node is lost" if "lost_node" in kinds else
                 "every rank failed in the same place" if "same_error" in kinds else _HEADLINE[d.verdict])
-    lines.append(
-        f"ddpmon doctor: {paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - "
-        f"{headline} ({where}{d.state_dir})"
-    )
+    warned = list(dict.fromkeys(f.kind for f in d.findings if f.severity == "warning"))
+    if d.verdict == "healthy" and warned:  # never "no problem found" above a warning
+        count = sum(f.severity == "warning" for f in d.findings)
+        title = (f"{paint(verdict, 'yellow')} (no hang or crash), {count} warning{'s' if count != 1 else ''}: "
+                 + ", ".join(warned))
+    else:
+        title = f"{paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - {headline}"
+    lines.append(f"ddpmon doctor: {title} ({where}{d.state_dir})")
     main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS
             and (f.kind != "cannot_write" or d.verdict == "cannot_write")]  # else a note beside the cause
     rest = [f for f in d.findings if f not in main]

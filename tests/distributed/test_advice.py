@@ -104,7 +104,8 @@ def test_cli_text_json_and_exit_codes(job) -> None:
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
 
     text = doctor()
-    assert text.returncode == 0, text.stderr
+    assert text.returncode == 0, text.stderr  # a warning leaves the verdict, and the exit code, healthy
+    assert text.stdout.startswith("ddpmon doctor: HEALTHY (no hang or crash), 1 warning: same_data ("), text.stdout
     assert "train on the same batches" in text.stdout and "- ranks 0, 1 fed identical batches" in text.stdout
     assert "DistributedSampler" in text.stdout  # the fix
     as_json = json.loads(doctor("--json").stdout)
@@ -113,3 +114,4 @@ def test_cli_text_json_and_exit_codes(job) -> None:
     clean = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", job[0]["correct"]["state_dir"],
                             "--no-stacks", "--fail-on-advice"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert clean.returncode == 0, clean.stdout
+    assert clean.stdout.startswith("ddpmon doctor: HEALTHY - no problem found ("), clean.stdout
