@@ -4,8 +4,9 @@
     ddpmon run python train.py                          # a script that starts its own ranks
 
 Every rank runs the script through ``python -m ddpmon.launch``, which attaches ddpmon to each
-DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS -m
-ddpmon.launch SCRIPT ARGS``). In the ``python`` form (another launcher program, and
+DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS --no-python
+PYTHON -u -mddpmon.launch SCRIPT ARGS``, so that torchrun names a failure after the script).
+In the ``python`` form (another launcher program, and
 torchrun's ``--no-python`` and ``--run-path``) ddpmon does not start the ranks, so the run
 puts a ``sitecustomize`` of its own in a temporary directory on PYTHONPATH, for this run's
 processes only: it calls ``ddpmon.launch.install()``, then the ``sitecustomize`` it stands in
@@ -208,10 +209,31 @@ def plan_command(command: list[str]) -> Plan:
     if targs.no_python or targs.run_path:  # torchrun does not start `python`: reach it through site
         return Plan(launcher + rest, True, script, rdzv_id)
     shim = ["-m", "ddpmon.launch"]
+    python = _ranks_python(launcher)
+    if python is not None:
+        # torchrun names a failure ("train.py FAILED") after the first argument of the rank's
+        # python command line without a leading "-": -mddpmon.launch leaves that to the script
+        shim = ["--no-python", python, "-u", "-mddpmon.launch"]
     if targs.module:
         opts = [o for o in opts if o not in ("-m", "--module")]
         shim += ["-m"]
     return Plan(launcher + opts + shim + [script] + script_args, False, script, rdzv_id)
+
+
+def _ranks_python(launcher: list[str]) -> str | None:
+    """The python torchrun would start the ranks with (``PYTHON_EXEC``, else its own
+    interpreter: this one, or the one its script's ``#!`` line names), None when not known."""
+    if os.environ.get("PYTHON_EXEC"):
+        return os.environ["PYTHON_EXEC"]
+    if launcher[0] == sys.executable:
+        return sys.executable
+    try:
+        with open(shutil.which(launcher[0]) or launcher[0], "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    python = first[2:].split()[0] if first.startswith("#!") and first[2:].split() else ""
+    return python if os.path.isabs(python) and _PYTHON.fullmatch(os.path.basename(python)) else None
 
 
 def _check_debug_server(args: argparse.Namespace, plan: Plan, env: dict[str, str]) -> None:
