@@ -333,16 +333,38 @@ def _run_child(argv: list[str], env: dict[str, str]) -> int:
         except ProcessLookupError:
             pass
 
-    # Ctrl-C reaches the whole foreground process group, the command included: the launcher
-    # only waits for it to finish. TERM and HUP sent to the launcher are passed on.
+    # TERM and HUP sent to the launcher are passed on; so is INT sent to it alone (`kill -INT
+    # PID`), but not the terminal's Ctrl-C, which reaches the whole foreground process group,
+    # the command included: passed on, it would reach the command twice.
     previous = {sig: signal.signal(sig, handler) for sig, handler in (
         (signal.SIGINT, lambda *_: None), (signal.SIGTERM, forward), (signal.SIGHUP, forward))}
     try:
-        code = proc.wait()
+        code = _wait_passing_on_interrupts(proc, forward)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - code if code < 0 else code
+
+
+SI_KERNEL = 0x80
+"""``si_code`` of a signal the kernel sent: the terminal's Ctrl-C, to the foreground group."""
+
+
+def _wait_passing_on_interrupts(proc: subprocess.Popen, forward: Any) -> int:
+    """Wait for ``proc``; a SIGINT that a process sent (``si_code`` not the kernel's) is
+    passed on to it, as torchrun ends the job on one. Where ``sigtimedwait`` is missing
+    (not Linux), SIGINT is left to the process group."""
+    if not hasattr(signal, "sigtimedwait"):
+        return proc.wait()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # (after the start: the child keeps it open)
+    try:
+        while proc.poll() is None:
+            info = signal.sigtimedwait({signal.SIGINT}, 0.2)
+            if info is not None and info.si_code != SI_KERNEL:
+                forward(signal.SIGINT, None)
+        return proc.wait()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _print_summary(code: int, state_dir: str | None) -> None:

@@ -193,3 +193,36 @@ def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
 def test_bad_usage_exits_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     proc = ddpmon_run(*args, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_sigint_to_ddpmon_run_alone_ends_the_job_as_torchrun(tmp_path: Path) -> None:
+    """`kill -INT` of ddpmon run's pid (not its process group): passed on to torchrun, which
+    ends the ranks and exits; a training that would run for hours ends within seconds."""
+    import signal
+    import time
+
+    out, state_dir = tmp_path / "out", tmp_path / "state"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "ddpmon", "run", "--port", "0", "--state-dir", str(state_dir),
+                             "--job", "interrupted", "--nproc-per-node=2", "--max-restarts=0", SCRIPT, str(out),
+                             "--steps", "100000000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((state_dir / f"rank-{r}.json").exists() and state(state_dir / f"rank-{r}.json")["step"] > 20
+                      for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=30)
+            time.sleep(0.2)
+        pids = [state(state_dir / f"rank-{r}.json")["pid"] for r in (0, 1)]
+        os.kill(proc.pid, signal.SIGINT)  # this pid alone
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, err  # torchrun's status for an interrupted job
+    assert "got signal: 2" in err, err  # torchrun's own words for it
+    for pid in pids:  # every rank ended
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
