@@ -43,23 +43,15 @@ def path_for(state_file: str) -> str:
 def read(state_file: str, since: float | None = None) -> Exit | None:
     """The fault record beside ``state_file``; None when there is none (or it is older than
     ``since``, an earlier run's, or it is not a regular file of the state file's owner)."""
-    path = path_for(state_file)
     try:  # a regular file of the state file's owner, never through a link (the daemon reads as root)
         owner = os.lstat(state_file).st_uid
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
-                return None
-            if st.st_size == 0 or (since is not None and st.st_mtime < since):
-                return None
-            text = f.read(MAX_BYTES).decode("utf-8", "replace")
-        except OSError:
-            return None
-    record = parse(text, st.st_mtime)
+    found = _read_owned(path_for(state_file), owner, MAX_BYTES)
+    if found is None or not found[0] or (since is not None and found[1] < since):
+        return None
+    text, mtime = found
+    record = parse(text, mtime)
     log = _STDERR.search(text)
     if record is not None and log is not None and (reason := abort_reason(log.group(1), owner)):
         record.exception = f"{record.exception}, after {reason}"
@@ -68,10 +60,18 @@ def read(state_file: str, since: float | None = None) -> Exit | None:
 
 def abort_reason(log: str, owner: int) -> str | None:
     """``Type: what()`` of the last C++ exception that ended a process through
-    ``std::terminate`` in the tail of ``log`` (a regular file of ``owner``, never through a
-    link): the backend's own words for an abort."""
+    ``std::terminate`` in the tail of ``log`` (a regular file of ``owner``): the backend's
+    own words for an abort."""
+    found = _read_owned(log, owner, LOG_TAIL_BYTES, last=True)
+    matches = list(_TERMINATE.finditer(found[0])) if found else []
+    return f"{matches[-1].group(1)}: {matches[-1].group(2).strip()}" if matches else None
+
+
+def _read_owned(path: str, owner: int, limit: int, last: bool = False) -> tuple[str, float] | None:
+    """Up to ``limit`` bytes of ``path`` (its last ones with ``last``) and its mtime, when it
+    is a regular file of ``owner``, opened without following a link; else None."""
     try:
-        fd = os.open(log, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -79,12 +79,11 @@ def abort_reason(log: str, owner: int) -> str | None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
                 return None
-            f.seek(max(0, st.st_size - LOG_TAIL_BYTES))
-            tail = f.read(LOG_TAIL_BYTES).decode("utf-8", "replace")
+            if last:
+                f.seek(max(0, st.st_size - limit))
+            return f.read(limit).decode("utf-8", "replace"), st.st_mtime
         except OSError:
             return None
-    found = list(_TERMINATE.finditer(tail))
-    return f"{found[-1].group(1)}: {found[-1].group(2).strip()}" if found else None
 
 
 def of_run(state_file: str, state: RankState, offset: float) -> Exit | None:
