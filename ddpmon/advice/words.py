@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+REDUCTION_ERROR = "Expected to have finished reduction in the prior iteration"
+"""DDP's error at the forward after a step in which parameters got no gradient (without
+find_unused_parameters): the rank adds their names to it, the doctor names them its cause."""
+
 FIX: dict[str, str] = {
     "same_data": (
         "give the DataLoader a DistributedSampler (sampler=DistributedSampler(dataset), shuffle only "

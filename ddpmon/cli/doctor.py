@@ -1,6 +1,6 @@
 """``ddpmon doctor [STATE_DIR] [--json]``: which rank stopped the job, doing what, what to do.
 
-Exit codes: 0 healthy (advice findings too, unless --fail-on-advice), 1 a problem was found, 2 bad usage or input (a missing directory,
+Exit codes: 0 healthy (warnings too: they never change the verdict; --fail-on-advice makes advice exit 1), 1 a problem was found, 2 bad usage or input (a missing directory,
 nothing to diagnose), 3 ddpmon itself failed.
 """
 

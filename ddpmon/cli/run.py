@@ -4,8 +4,9 @@
     ddpmon run python train.py                          # a script that starts its own ranks
 
 Every rank runs the script through ``python -m ddpmon.launch``, which attaches ddpmon to each
-DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS -m
-ddpmon.launch SCRIPT ARGS``). In the ``python`` form (another launcher program, and
+DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS --no-python
+PYTHON -u -mddpmon.launch SCRIPT ARGS``, so that torchrun names a failure after the script).
+In the ``python`` form (another launcher program, and
 torchrun's ``--no-python`` and ``--run-path``) ddpmon does not start the ranks, so the run
 puts a ``sitecustomize`` of its own in a temporary directory on PYTHONPATH, for this run's
 processes only: it calls ``ddpmon.launch.install()``, then the ``sitecustomize`` it stands in
@@ -208,10 +209,31 @@ def plan_command(command: list[str]) -> Plan:
     if targs.no_python or targs.run_path:  # torchrun does not start `python`: reach it through site
         return Plan(launcher + rest, True, script, rdzv_id)
     shim = ["-m", "ddpmon.launch"]
+    python = _ranks_python(launcher)
+    if python is not None:
+        # torchrun names a failure ("train.py FAILED") after the first argument of the rank's
+        # python command line without a leading "-": -mddpmon.launch leaves that to the script
+        shim = ["--no-python", python, "-u", "-mddpmon.launch"]
     if targs.module:
         opts = [o for o in opts if o not in ("-m", "--module")]
         shim += ["-m"]
     return Plan(launcher + opts + shim + [script] + script_args, False, script, rdzv_id)
+
+
+def _ranks_python(launcher: list[str]) -> str | None:
+    """The python torchrun would start the ranks with (``PYTHON_EXEC``, else its own
+    interpreter: this one, or the one its script's ``#!`` line names), None when not known."""
+    if os.environ.get("PYTHON_EXEC"):
+        return os.environ["PYTHON_EXEC"]
+    if launcher[0] == sys.executable:
+        return sys.executable
+    try:
+        with open(shutil.which(launcher[0]) or launcher[0], "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    python = first[2:].split()[0] if first.startswith("#!") and first[2:].split() else ""
+    return python if os.path.isabs(python) and _PYTHON.fullmatch(os.path.basename(python)) else None
 
 
 def _check_debug_server(args: argparse.Namespace, plan: Plan, env: dict[str, str]) -> None:
@@ -311,16 +333,38 @@ def _run_child(argv: list[str], env: dict[str, str]) -> int:
         except ProcessLookupError:
             pass
 
-    # Ctrl-C reaches the whole foreground process group, the command included: the launcher
-    # only waits for it to finish. TERM and HUP sent to the launcher are passed on.
+    # TERM and HUP sent to the launcher are passed on; so is INT sent to it alone (`kill -INT
+    # PID`), but not the terminal's Ctrl-C, which reaches the whole foreground process group,
+    # the command included: passed on, it would reach the command twice.
     previous = {sig: signal.signal(sig, handler) for sig, handler in (
         (signal.SIGINT, lambda *_: None), (signal.SIGTERM, forward), (signal.SIGHUP, forward))}
     try:
-        code = proc.wait()
+        code = _wait_passing_on_interrupts(proc, forward)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - code if code < 0 else code
+
+
+SI_KERNEL = 0x80
+"""``si_code`` of a signal the kernel sent: the terminal's Ctrl-C, to the foreground group."""
+
+
+def _wait_passing_on_interrupts(proc: subprocess.Popen, forward: Any) -> int:
+    """Wait for ``proc``; a SIGINT that a process sent (``si_code`` not the kernel's) is
+    passed on to it, as torchrun ends the job on one. Where ``sigtimedwait`` is missing
+    (not Linux), SIGINT is left to the process group."""
+    if not hasattr(signal, "sigtimedwait"):
+        return proc.wait()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # (after the start: the child keeps it open)
+    try:
+        while proc.poll() is None:
+            info = signal.sigtimedwait({signal.SIGINT}, 0.2)
+            if info is not None and info.si_code != SI_KERNEL:
+                forward(signal.SIGINT, None)
+        return proc.wait()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _print_summary(code: int, state_dir: str | None) -> None:

@@ -60,11 +60,17 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     lines = []
     verdict = d.verdict.upper().replace("_", " ")
     where = f"job {d.job!r}, {len(d.ranks)} rank{'s' if len(d.ranks) != 1 else ''}, " if d.job else ""
-    headline = "a node is lost" if any(f.kind == "lost_node" for f in d.findings) else _HEADLINE[d.verdict]
-    lines.append(
-        f"ddpmon doctor: {paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - "
-        f"{headline} ({where}{d.state_dir})"
-    )
+    kinds = {f.kind for f in d.findings}
+    headline = ("a node is lost" if "lost_node" in kinds else
+                "every rank failed in the same place" if "same_error" in kinds else _HEADLINE[d.verdict])
+    warned = list(dict.fromkeys(f.kind for f in d.findings if f.severity == "warning"))
+    if d.verdict == "healthy" and warned:  # never "no problem found" above a warning
+        count = sum(f.severity == "warning" for f in d.findings)
+        title = (f"{paint(verdict, 'yellow')} (no hang or crash), {count} warning{'s' if count != 1 else ''}: "
+                 + ", ".join(warned))
+    else:
+        title = f"{paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - {headline}"
+    lines.append(f"ddpmon doctor: {title} ({where}{d.state_dir})")
     main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS
             and (f.kind != "cannot_write" or d.verdict == "cannot_write")]  # else a note beside the cause
     rest = [f for f in d.findings if f not in main]
@@ -105,8 +111,8 @@ def attempt_line(a: dict[str, Any]) -> str:
     return f"attempt {a['attempt']}: {a['ended']}, {who}; {a['steps']} steps{after}"
 
 
-_ROOT_KINDS = ("dead_rank", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank", "not_joining", "desync",
-               "comm_hang", "missing_rank", "gpu_behind", "straggler")
+_ROOT_KINDS = ("dead_rank", "same_error", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank",
+               "not_joining", "desync", "comm_hang", "missing_rank", "gpu_behind", "straggler")
 
 
 GROUP_FROM = 8

@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from .. import steps
 from ..activity import Status
+from ..advice.words import REDUCTION_ERROR
 from ..state.fault import path_for as fault_path
 from ..state.files import ROOM_BYTES
 from ..state.schema import Collective, WriteFailure
@@ -130,15 +131,45 @@ def fix_crashed(v: RankView) -> str:
             "with that status (its log, the condition before that call). The other ranks failed "
             "or wait because of it."
         )
+    unused = failed_on_unused(v)
+    if unused:
+        return (f"Rank {v.rank} raised DDP's \"{REDUCTION_ERROR}\"{at}: {unused_cause(unused)}. "
+                + fix_unused_failure(unused) + " The other ranks failed or wait because of it.")
     return (
         f"Rank {v.rank} raised {short_exception(v.exception or '?')}{at}"
         + ": fix that error. The other ranks failed or wait because of it."
     )
 
 
+def failed_on_unused(v: RankView) -> list[str]:
+    """The parameters whose missing gradients made the rank fail: DDP's "Expected to have
+    finished reduction" error, with the names the rank recorded; [] for any other end (or
+    when the unused parameters are on another rank)."""
+    return list(v.state.unused_parameters) if REDUCTION_ERROR in (v.exception or "") else []
+
+
+def unused_cause(names: Sequence[str]) -> str:
+    """Why DDP raised its reduction error, in a clause."""
+    return (f"{len(names)} parameter(s) received no gradient in the step before ({names_shown(names)}) "
+            "and DDP runs with find_unused_parameters=False")
+
+
+def fix_unused_failure(names: Sequence[str]) -> str:
+    return (f"Make {names_shown(names)} take part in the loss on every rank (or drop them from the "
+            "model), or pass find_unused_parameters=True to DistributedDataParallel if they are "
+            "skipped on purpose (it costs a traversal of the autograd graph every step).")
+
+
+def names_shown(names: Sequence[str], most: int = 8) -> str:
+    """Parameter names for a sentence: folded (``fold_names``), the first ``most`` of them."""
+    folded = fold_names(names)
+    return ", ".join(folded[:most]) + (f" (+{len(folded) - most} more below)" if len(folded) > most else "")
+
+
 FIX_SIGNAL = {
-    "SIGABRT": "A backend abort is typical (gloo aborts when ranks all-reduce tensors of "
-               "different sizes or dtypes: see any desync finding), as is a failed C++ assertion.",
+    "SIGABRT": "A backend abort is typical (gloo aborts when a message of another size than "
+               "it expects arrives: ranks that issue different collectives), as is a failed C++ "
+               "assertion; the reason is on the rank's stderr (\"terminate called after throwing ...\").",
     "SIGSEGV": "A crash in native code (an extension, a mismatched library build, a bad pointer "
                "from a custom op).",
     "SIGBUS": "Often shared memory exhausted (/dev/shm too small for DataLoader workers or NCCL).",

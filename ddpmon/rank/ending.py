@@ -24,6 +24,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import stat
 import sys
 import time
 import traceback
@@ -31,20 +32,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..frames import is_library
-from ..state import files, schema
+from ..state import fault, files, schema
 from .recorder import Recorder
 
 log = logging.getLogger("ddpmon")
 
-FAULT_SUFFIX = ".fault"
 _FORK_HOOKED = False
 _ACTIVE: list[Ending] = []
-
-
-def fault_path(state_file: str) -> str:
-    """The faulthandler file of the rank whose state file is ``state_file``."""
-    base = state_file[:-5] if state_file.endswith(".json") else state_file
-    return base + FAULT_SUFFIX
 
 
 class Ending:
@@ -54,7 +48,7 @@ class Ending:
                  state_file: str | None = None) -> None:
         self._recorder = recorder
         self._flush = flush
-        self._fault_path = fault_path(state_file) if state_file else None
+        self._fault_path = fault.path_for(state_file) if state_file else None
         self._fault_file: Any = None
         self._pid = os.getpid()
         self._installed = False
@@ -103,6 +97,10 @@ class Ending:
         try:
             # truncates an earlier run's; as private as the state file (it holds stacks)
             self._fault_file = os.fdopen(files.open_private(self._fault_path), "w")
+            log = stderr_log()
+            if log is not None:  # where a backend's abort says why (state/fault.py)
+                self._fault_file.write(f"{fault.STDERR_LINE}{log}\n")
+                self._fault_file.flush()
             faulthandler.enable(file=self._fault_file, all_threads=True)
             if not _FORK_HOOKED:
                 os.register_at_fork(after_in_child=_forked)
@@ -179,6 +177,18 @@ class Ending:
 
     def _mine(self) -> bool:
         return self._installed and os.getpid() == self._pid
+
+
+def stderr_log() -> str | None:
+    """The path of this process's stderr when it is a regular file (a per-rank log), else
+    None (a terminal, a pipe)."""
+    try:
+        if not stat.S_ISREG(os.fstat(2).st_mode):
+            return None
+        path = os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
+    return path if path.startswith("/") and "\n" not in path else None
 
 
 def _forked() -> None:

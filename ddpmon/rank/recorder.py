@@ -253,6 +253,11 @@ class Recorder:
         return self._cur.backward_start is not None
 
     @property
+    def backward_passes(self) -> int:
+        """Backward passes so far, those of the step in progress included."""
+        return self.micro_steps + self._cur.micro_steps
+
+    @property
     def step_has_synced(self) -> bool:
         """True once the step in progress has launched its gradient all-reduce."""
         return self._cur.buckets_launched > 0 or self._cur.synced

@@ -1,5 +1,11 @@
 """A rank's faulthandler file (``rank-<R>.fault``): the fatal signal that killed it and
-every thread's Python stack at that moment, as an exit record (``Exit.signal``)."""
+every thread's Python stack at that moment, as an exit record (``Exit.signal``).
+
+A backend that aborts says why on the rank's stderr, not in Python (gloo: "terminate called
+after throwing an instance of 'gloo::EnforceNotMet' what(): ... Is there a distributed
+collective mismatch in your code?"). When the rank's stderr is a regular file (a per-rank
+log), the rank names it in the fault file's first line (``STDERR_LINE``) and the reader
+adds the last such reason in that log to the record's ``exception``."""
 
 from __future__ import annotations
 
@@ -18,12 +24,18 @@ SIGNALS = {
     "Illegal instruction": "SIGILL",
 }
 MAX_BYTES = 1 << 20
+STDERR_LINE = "ddpmon: stderr "
+"""The fault file's first line, written by the rank at attach: ``ddpmon: stderr PATH``."""
+LOG_TAIL_BYTES = 64 << 10
+_STDERR = re.compile("^" + re.escape(STDERR_LINE) + "(.+)$", re.MULTILINE)
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
 _HEADER = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 
 
 def path_for(state_file: str) -> str:
+    """The faulthandler file of the rank whose state file is ``state_file``."""
     base = state_file[:-5] if state_file.endswith(".json") else state_file
     return base + ".fault"
 
@@ -31,9 +43,34 @@ def path_for(state_file: str) -> str:
 def read(state_file: str, since: float | None = None) -> Exit | None:
     """The fault record beside ``state_file``; None when there is none (or it is older than
     ``since``, an earlier run's, or it is not a regular file of the state file's owner)."""
-    path = path_for(state_file)
     try:  # a regular file of the state file's owner, never through a link (the daemon reads as root)
         owner = os.lstat(state_file).st_uid
+    except OSError:
+        return None
+    found = _read_owned(path_for(state_file), owner, MAX_BYTES)
+    if found is None or not found[0] or (since is not None and found[1] < since):
+        return None
+    text, mtime = found
+    record = parse(text, mtime)
+    log = _STDERR.search(text)
+    if record is not None and log is not None and (reason := abort_reason(log.group(1), owner)):
+        record.exception = f"{record.exception}, after {reason}"
+    return record
+
+
+def abort_reason(log: str, owner: int) -> str | None:
+    """``Type: what()`` of the last C++ exception that ended a process through
+    ``std::terminate`` in the tail of ``log`` (a regular file of ``owner``): the backend's
+    own words for an abort."""
+    found = _read_owned(log, owner, LOG_TAIL_BYTES, last=True)
+    matches = list(_TERMINATE.finditer(found[0])) if found else []
+    return f"{matches[-1].group(1)}: {matches[-1].group(2).strip()}" if matches else None
+
+
+def _read_owned(path: str, owner: int, limit: int, last: bool = False) -> tuple[str, float] | None:
+    """Up to ``limit`` bytes of ``path`` (its last ones with ``last``) and its mtime, when it
+    is a regular file of ``owner``, opened without following a link; else None."""
+    try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
@@ -42,12 +79,11 @@ def read(state_file: str, since: float | None = None) -> Exit | None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
                 return None
-            if st.st_size == 0 or (since is not None and st.st_mtime < since):
-                return None
-            text = f.read(MAX_BYTES).decode("utf-8", "replace")
+            if last:
+                f.seek(max(0, st.st_size - limit))
+            return f.read(limit).decode("utf-8", "replace"), st.st_mtime
         except OSError:
             return None
-    return parse(text, st.st_mtime)
 
 
 def of_run(state_file: str, state: RankState, offset: float) -> Exit | None:

@@ -401,8 +401,11 @@ class DataInfo:
     shuffle: bool | None = None
     batch_size: int | None = None
     """Per-rank batch size: the first dimension of the model's first input."""
+    micro_batches: int | None = None
+    """Forward-backward passes per optimizer step (gradient accumulation), from the first
+    step; null until a step has ended."""
     global_batch_size: int | None = None
-    """``batch_size`` x DDP's world size."""
+    """Samples per optimizer step: ``batch_size`` x ``micro_batches`` x DDP's world size."""
     epoch: int | None = None
     gpu_uuid: str | None = None
     """The UUID of this rank's GPU (``GPU-...``), to find ranks that share one."""

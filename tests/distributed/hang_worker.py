@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpmon
-from tests.distributed.worker import MLP, batch
+from tests.distributed.worker import MLP, TwoHeads, batch
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
@@ -89,6 +89,40 @@ def desync(odd_rank: str = "1", at: str = "5") -> None:
         if RANK == int(odd_rank) and step == int(at):
             report_progress(step)
         train_step(ddp, opt, *batch(step))
+
+
+def unused_layer() -> None:
+    """Every rank leaves one layer unused with find_unused_parameters=False: DDP raises
+    "Expected to have finished reduction" at the next forward, on every rank alike."""
+    init()
+    torch.manual_seed(0)
+    ddp = DDP(TwoHeads())
+    ddpmon.attach(ddp, job="unused-layer", hang_timeout=2.0, state_interval=0.2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x, use_a=True), y).backward()  # head_b never used
+        opt.step()
+
+
+def log_metrics(loss: torch.Tensor) -> None:
+    """Averages the loss for a log line: a collective that only rank 0 issues."""
+    dist.all_reduce(loss.detach().reshape(1))  # rank 0's logging all-reduce
+
+
+def log_on_rank_0(at: str = "5") -> None:
+    """Rank 0 alone all-reduces a metric in its logging function; rank 1 goes on to the
+    next step's gradient all-reduce, so gloo meets two sizes under one sequence number."""
+    ddp, _mon, opt = setup("log-on-rank-0")
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        if RANK == 0 and step == int(at):
+            log_metrics(loss)
 
 
 class SlowMLP(MLP):
@@ -171,7 +205,8 @@ def all_kinds() -> None:
     dist.destroy_process_group()
 
 
-SCENARIOS = {f.__name__: f for f in (stuck, die, desync, straggle, train_until_frozen, all_kinds)}
+SCENARIOS = {f.__name__: f for f in (stuck, die, desync, straggle, train_until_frozen, all_kinds, unused_layer,
+                                     log_on_rank_0)}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,9 +92,19 @@ def test_diverged_replicas_name_rank_tensor_and_cause(doctor, job) -> None:
     assert any("broadcast_buffers" in e for e in buffers.evidence)
 
 
-def test_batch_sizes_are_published(job) -> None:
-    logs = job[0]["correct"]["logs"]
-    assert any("per-rank batch 8, global batch 16, sampler DistributedSampler" in line for line in logs), logs
+def test_the_global_batch_counts_accumulation(job) -> None:
+    """Samples per optimizer step: 2 micro-batches of 8 under no_sync (correct) and 3
+    without it (accumulation) on 2 ranks; one micro-batch of 8 elsewhere."""
+    for phase, micro, line in (
+        ("correct", 2, "per-rank batch 8 x 2 micro-batches, global batch 32 per optimizer step, sampler DistributedSampler"),
+        ("accumulation", 3, "per-rank batch 8 x 3 micro-batches, global batch 48 per optimizer step"),
+        ("static_graph", 1, "per-rank batch 8, global batch 16 per optimizer step"),
+    ):
+        logs = job[0][phase]["logs"]
+        assert sum(line in m for m in logs) == 1, (phase, logs)
+        for rank in (0, 1):
+            data = json.loads((Path(job[0][phase]["state_dir"]) / f"rank-{rank}.json").read_text())["data"]
+            assert (data["batch_size"], data["micro_batches"], data["global_batch_size"]) == (8, micro, 16 * micro)
 
 
 def test_cli_text_json_and_exit_codes(job) -> None:
@@ -104,7 +115,8 @@ def test_cli_text_json_and_exit_codes(job) -> None:
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
 
     text = doctor()
-    assert text.returncode == 0, text.stderr
+    assert text.returncode == 0, text.stderr  # a warning leaves the verdict, and the exit code, healthy
+    assert text.stdout.startswith("ddpmon doctor: HEALTHY (no hang or crash), 1 warning: same_data ("), text.stdout
     assert "train on the same batches" in text.stdout and "- ranks 0, 1 fed identical batches" in text.stdout
     assert "DistributedSampler" in text.stdout  # the fix
     as_json = json.loads(doctor("--json").stdout)
@@ -113,3 +125,4 @@ def test_cli_text_json_and_exit_codes(job) -> None:
     clean = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", job[0]["correct"]["state_dir"],
                             "--no-stacks", "--fail-on-advice"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert clean.returncode == 0, clean.stdout
+    assert clean.stdout.startswith("ddpmon doctor: HEALTHY - no problem found ("), clean.stdout

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ddpmon.state import fault
 from tests.support.commands import get, run_doctor, scrape
 
 for _package in ("jinja2", "aiohttp", "tabulate"):  # the test extra installs them
@@ -97,7 +98,7 @@ def check_ddpmon_saw_a_clean_run(state_dir: Path, log: str) -> None:
         assert (state["rank"], state["step"], state["phase"]) == (rank, STEPS, "detached"), log
         assert (state["exit"]["how"], state["exit"]["code"], state["exit"]["signal"]) == ("end", 0, None), log
         assert state["pid"] != os.getpid()
-        assert not (state_dir / f"rank-{rank}.fault").read_text(), log  # no fatal signal
+        assert fault.read(str(state_dir / f"rank-{rank}.json")) is None, log  # no fatal signal
     doctor = run_doctor(str(state_dir))
     assert doctor.returncode == 0 and "HEALTHY" in doctor.stdout, doctor.stdout + doctor.stderr
 

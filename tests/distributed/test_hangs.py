@@ -298,3 +298,58 @@ def test_comm_layer_hang_nobody_behind(tmp_path: Path) -> None:
         harness.stop(procs)
         holder.kill()
         holder.wait(10)
+
+
+def test_the_same_error_on_every_rank_is_one_bug_and_its_cause_named(tmp_path: Path) -> None:
+    """Every rank leaves one layer unused with find_unused_parameters=False: each raises
+    DDP's reduction error at the same line. No rank is "first": the code is the culprit,
+    and the unused parameters are named as the error's cause."""
+    procs = launch("unused_layer", 2, tmp_path)
+    try:
+        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        assert [p.returncode for p in procs] == [1, 1]
+        code, report, _ = doctor(tmp_path / "state")
+        assert code == 1
+        assert report["verdict"] == "dead_rank" and report["suspect_ranks"] == [0, 1]
+        assert [f["kind"] for f in report["findings"] if f["severity"] == "error"] == ["same_error"]
+        f = finding(report, "same_error")
+        assert f["ranks"] == [0, 1]
+        assert f["summary"].startswith("every rank failed in the same place: a bug in the code, not one rank")
+        assert f"at {harness.ROOT}/{site('head_b never used')} in unused_layer" in f["summary"]
+        assert "its cause: 2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)" \
+            in f["summary"]
+        assert "first" not in f["summary"]
+        assert f["fix"].startswith("Make head_b.weight, head_b.bias take part in the loss on every rank")
+        assert "find_unused_parameters=True" in f["fix"]
+        assert not [f for f in report["findings"] if f["kind"] == "unused_parameters"], "named once, as the cause"
+        text = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", str(tmp_path / "state")],
+                              cwd=harness.ROOT, capture_output=True, text=True, timeout=30).stdout
+        assert text.startswith("ddpmon doctor: DEAD RANK - every rank failed in the same place"), text
+    finally:
+        harness.stop(procs)
+
+
+def test_a_collective_gloo_aborts_on_is_a_desync_in_gloos_words(tmp_path: Path) -> None:
+    """Rank 0 alone all-reduces a metric in its logging function while rank 1 all-reduces
+    its next step's gradients: gloo aborts rank 0 (SIGABRT) on the size it did not expect,
+    before its state file shows the call. The doctor calls it a desync, names both call
+    sites, and quotes gloo's reason from rank 0's stderr (a file here)."""
+    procs = launch("log_on_rank_0", 2, tmp_path, ("5",))
+    try:
+        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        assert procs[0].returncode == -6, harness.describe(harness.collect(procs, tmp_path))
+        code, report, _ = doctor(tmp_path / "state")
+        assert code == 1
+        assert report["verdict"] == "desync" and report["suspect_ranks"] == [0]
+        f = finding(report, "mismatch")
+        assert f["ranks"] == [0]
+        # (gloo aborts rank 0 within a millisecond of its call: its state file, written every
+        # 0.2 s, hardly ever shows the call; when it does, the calls are lined up by number)
+        assert site("# rank 0's logging all-reduce") + " in log_metrics" in f["summary"]
+        assert "DDP gradient bucket 0" in f["summary"]
+        reason = next(line for line in f["evidence"] if "after gloo::EnforceNotMet" in line)  # gloo's own words
+        assert reason.startswith("rank 0: SIGABRT (Aborted), after gloo::EnforceNotMet: ") and "op.preamble.length" in reason
+        assert "Every rank must issue the same collectives in the same order" in f["fix"]
+        assert not [x for x in report["findings"] if x["kind"] == "dead_rank"]
+    finally:
+        harness.stop(procs)

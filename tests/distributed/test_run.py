@@ -82,6 +82,9 @@ def test_torchrun_form_two_models_traceback_and_exit_status(tmp_path: Path) -> N
     assert frames[0] == (SCRIPT, "<module>"), tb
     assert [name for f, name in frames if f == SCRIPT] == ["<module>", "train", "fail_here"], tb
     assert not any(f.startswith(str(ROOT / "ddpmon")) for f, _ in frames), tb
+    # torchrun's failure summary names the script, as without ddpmon
+    assert re.search(rf"^{re.escape(SCRIPT)} FAILED$", proc.stderr, re.MULTILINE), proc.stderr
+    assert "ddpmon.launch FAILED" not in proc.stderr
     assert f"ddpmon doctor {state_dir}\n" in proc.stderr
     assert f"ddpmon doctor {state_dir / 'model-1'}\n" in proc.stderr
     assert installed_hooks() == before
@@ -161,11 +164,14 @@ def test_python_form_chains_to_an_existing_sitecustomize(tmp_path: Path) -> None
 
 def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    shim = ["--no-python", sys.executable, "-u", "-mddpmon.launch"]  # torchrun's own python, as it would run
     plan = plan_command(["--nproc-per-node=2", "train.py", "--lr", "0.1", "-m"])
-    assert plan.argv == torchrun + ["--nproc-per-node=2", "-m", "ddpmon.launch", "train.py", "--lr", "0.1", "-m"]
+    assert plan.argv == torchrun + ["--nproc-per-node=2", *shim, "train.py", "--lr", "0.1", "-m"]
     assert not plan.sitecustomize
-    plan = plan_command(["torchrun", "--nnodes", "1", "--rdzv-id", "j7", "-m", "pkg.train", "x"])
-    assert plan.argv == ["torchrun", "--nnodes", "1", "--rdzv-id", "j7", "-m", "ddpmon.launch", "-m", "pkg.train", "x"]
+    plan = plan_command(["/nowhere/torchrun", "--nnodes", "1", "--rdzv-id", "j7", "-m", "pkg.train", "x"])
+    # (a torchrun whose python is not known: the shim as a module, its failures named after it)
+    assert plan.argv == ["/nowhere/torchrun", "--nnodes", "1", "--rdzv-id", "j7", "-m", "ddpmon.launch", "-m",
+                         "pkg.train", "x"]
     assert plan.rdzv_id == "j7"
     assert plan_command(["--no-python", "./train.sh"]).sitecustomize
     plan = plan_command(["bash", "-c", "torchrun --nproc-per-node=2 train.py"])  # a launcher of its own
@@ -176,7 +182,7 @@ def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
     restarts = ["--nnodes", "2", "--max-restarts=3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
                 "--rdzv-id", "run-9", "--rdzv-conf", "join_timeout=60", "train.py"]
     plan = plan_command(restarts)
-    assert plan.argv == torchrun + restarts[:-1] + ["-m", "ddpmon.launch", "train.py"] and plan.rdzv_id == "run-9"
+    assert plan.argv == torchrun + restarts[:-1] + [*shim, "train.py"] and plan.rdzv_id == "run-9"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -187,3 +193,36 @@ def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
 def test_bad_usage_exits_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     proc = ddpmon_run(*args, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_sigint_to_ddpmon_run_alone_ends_the_job_as_torchrun(tmp_path: Path) -> None:
+    """`kill -INT` of ddpmon run's pid (not its process group): passed on to torchrun, which
+    ends the ranks and exits; a training that would run for hours ends within seconds."""
+    import signal
+    import time
+
+    out, state_dir = tmp_path / "out", tmp_path / "state"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "ddpmon", "run", "--port", "0", "--state-dir", str(state_dir),
+                             "--job", "interrupted", "--nproc-per-node=2", "--max-restarts=0", SCRIPT, str(out),
+                             "--steps", "100000000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((state_dir / f"rank-{r}.json").exists() and state(state_dir / f"rank-{r}.json")["step"] > 20
+                      for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=30)
+            time.sleep(0.2)
+        pids = [state(state_dir / f"rank-{r}.json")["pid"] for r in (0, 1)]
+        os.kill(proc.pid, signal.SIGINT)  # this pid alone
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, err  # torchrun's status for an interrupted job
+    assert "got signal: 2" in err, err  # torchrun's own words for it
+    for pid in pids:  # every rank ended
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

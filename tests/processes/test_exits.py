@@ -88,6 +88,18 @@ def test_a_fatal_signal_leaves_every_threads_stack_in_the_fault_file(tmp_path: P
     assert len(record.threads) == 2 and not record.threads[1].main
 
 
+def test_a_rank_names_its_stderr_only_when_it_is_a_file(tmp_path: Path) -> None:
+    """Where a backend's abort says why: a per-rank log, yes; a pipe or a terminal, no."""
+    code = "from ddpmon.rank import ending; print(ending.stderr_log())"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(tmp_path / "err.log", "w") as err:
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
+                             env=env, timeout=60)
+    assert out.stdout.strip() == str(tmp_path / "err.log")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "None"
+
+
 # -- a killed history writer -------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from ddpmon.doctor.rules import (
     fingerprint,
     not_joining,
     rank_notes,
+    same_error,
     straggler,
     stuck_rank,
     unused_parameters,
@@ -178,6 +179,28 @@ def test_dead_rank() -> None:
     assert found.findings[0].summary.startswith("rank 1 stopped writing its state file")
     assert dead_rank.dead_rank(views("left_early"), []) is None
     assert dead_rank.dead_rank(views("stuck_rank"), []) is None
+
+
+def test_same_error() -> None:
+    """Both ranks raised DDP's reduction error at the same line (an unused head, and
+    find_unused_parameters=False): one bug in the code, every rank a suspect, the unused
+    parameters its cause. One rank alone failing so is that rank's failure, cause named."""
+    vs = views("same_error")
+    assert dead_rank.dead_rank(vs, []) is not None  # the rule after it would pick one rank
+    found = same_error.same_error(vs, [])
+    assert found is not None and (found.verdict, found.suspects) == ("dead_rank", [0, 1])
+    f = found.findings[0]
+    assert (f.kind, f.ranks, f.severity) == ("same_error", [0, 1], "error")
+    assert f.summary.startswith("every rank failed in the same place: a bug in the code, not one rank "
+                                "(ranks 0, 1 raised DDP's \"Expected to have finished reduction in the prior iteration\" at ")
+    assert f.summary.endswith("in unused_layer); its cause: 2 parameter(s) received no gradient in the step before "
+                              "(head_b.weight, head_b.bias) and DDP runs with find_unused_parameters=False")
+    assert f.fix.startswith("Make head_b.weight, head_b.bias take part in the loss on every rank")
+    assert unused_parameters.unused_parameters(vs) == []  # named once, as the cause
+    assert same_error.same_error(vs, [2]) is None  # a rank without a file: not every rank is known
+    assert "2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)" \
+        in words.fix_crashed(vs[1])  # dead_rank's fix, where one rank failed so
+    assert same_error.same_error(views("dead_rank"), []) is None  # os._exit, then connection errors
 
 
 def full_disk(monkeypatch: pytest.MonkeyPatch, free: tuple[int, int] = (12 * 1024, 500)) -> str:

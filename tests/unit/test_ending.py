@@ -22,12 +22,36 @@ def test_no_fault_file_or_an_older_one_is_no_record(tmp_path: Path) -> None:
     state = tmp_path / "rank-1.json"
     state.write_text("{}")
     assert fault.read(str(state)) is None
-    assert ending.fault_path(str(state)) == fault.path_for(str(state))
     Path(fault.path_for(str(state))).write_text("Fatal Python error: Segmentation fault\n")
     assert fault.read(str(state)).signal == "SIGSEGV"
     assert fault.read(str(state), since=os.stat(fault.path_for(str(state))).st_mtime + 10) is None
     Path(fault.path_for(str(state))).write_text("")
     assert fault.read(str(state)) is None
+
+
+def test_an_abort_says_why_in_the_backends_words_from_the_ranks_log(tmp_path: Path) -> None:
+    """A backend's abort leaves its reason on stderr; a rank whose stderr is a file names it
+    in its fault file, and the reader adds the last reason in that log's tail."""
+    state = tmp_path / "rank-0.json"
+    state.write_text("{}")
+    log = tmp_path / "rank-0.log"
+    log.write_text(
+        "terminate called after throwing an instance of 'c10::Error'\n  what():  an earlier run's\n"
+        + "x" * fault.LOG_TAIL_BYTES + "\ntraining...\n"
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 4680 vs 4. "
+        "Is there a distributed collective mismatch in your code?\n")
+    header = f"{fault.STDERR_LINE}{log}\n"
+    Path(fault.path_for(str(state))).write_text(header + "Fatal Python error: Aborted\n")
+    assert fault.read(str(state)).exception == (
+        "SIGABRT (Aborted), after gloo::EnforceNotMet: [enforce fail at pair.cc:456] op.preamble.length <= "
+        "op.nbytes. 4680 vs 4. Is there a distributed collective mismatch in your code?")
+    Path(fault.path_for(str(state))).write_text(header)  # attached, never signalled
+    assert fault.read(str(state)) is None
+    link = tmp_path / "link.log"
+    link.symlink_to(log)
+    Path(fault.path_for(str(state))).write_text(f"{fault.STDERR_LINE}{link}\nFatal Python error: Aborted\n")
+    assert fault.read(str(state)).exception == "SIGABRT (Aborted)"  # never through a link
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="files of another user's need root to make")

@@ -16,6 +16,8 @@ left_early           desync        the first rank to end exited cleanly while ot
 lost_node            dead_rank     every rank of a node is gone without a word (its
                                    daemon does not answer, or all went silent); the
                                    others failed on connections to it or wait
+same_error           dead_rank     every rank raised the same exception at the same
+                                   place: a bug in the code, not one rank
 dead_rank            dead_rank     a rank died, crashed or went silent first
 stuck_rank           hang          a rank makes no progress outside any collective
 cannot_write         cannot_write  ranks' state files are stale because they cannot
@@ -62,6 +64,7 @@ from . import (
     lost_node,
     not_joining,
     rank_notes,
+    same_error,
     straggler,
     stuck_rank,
     unused_parameters,
@@ -80,6 +83,7 @@ def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule,
         fingerprint.mismatch,
         dead_rank.left_early,
         functools.partial(lost_node.lost_node, unreachable=unreachable) if unreachable else lost_node.lost_node,
+        same_error.same_error,
         dead_rank.dead_rank,
         stuck_rank.stuck_rank,  # (busy never answers when this one does)
         cannot_write.cannot_write,

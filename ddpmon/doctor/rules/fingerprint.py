@@ -28,7 +28,7 @@ from ...frames import is_library_anywhere
 from ...state.schema import Collective
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import RankView
+from ..view import GONE, STALLED, RankView
 from .common import behind, parting
 
 
@@ -96,8 +96,6 @@ def aborted_in(v: RankView) -> str | None:
     return None
 
 
-
-
 TRACKED_OPS = frozenset((
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
@@ -163,7 +161,8 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
             fix = words.FIX_UNEVEN
         elif sorted(v.rank for v in last) == odd:
             evidence.append(_past(last, others, f"the place of {words.who(odd)}'s collective"))
-    ended = [v for v in views if v.ending is not None and v.exception]
+    evidence += _abort_reasons(by_rank, aborted)
+    ended = [v for v in views if v.ending is not None and v.exception and v.rank not in aborted]
     if ended:
         evidence.append(
             "the ranks that ended did so because of it: " + ", ".join(
@@ -223,29 +222,80 @@ def _shape(e: Collective) -> str:
 
 
 def _abort_only(views: list[RankView], aborted: dict[int, str]) -> Verdict | None:
-    """A rank aborted inside a collective (gloo's answer to mismatched sizes or dtypes) and
-    the ranks' records cannot line the call up (the aborted rank's file predates it)."""
+    """A rank aborted inside a collective (gloo's answer to a message of another size than
+    it expects) and the ranks' records cannot line the call up (the aborted rank's file
+    predates it). The others issued the same call (its tensors differ in size or dtype), or
+    at their end wait in another one: a DDP gradient bucket, or a call of the user's at
+    another place (a collective that only some ranks issue, such as a metric all-reduced in
+    rank 0's logging)."""
     if not aborted:
         return None
     first = min(aborted)
-    op, _, where = aborted[first].partition(" ")
-    peers = []
+    call = aborted[first]
+    same, other = [], []
     for v in views:
         if v.rank in aborted:
             continue
-        last = v.state.last_collective
-        if last is not None and _same_call(aborted[first], last):
-            peers.append((v.rank, last))
-    if not peers:
+        last, waiting = v.state.last_collective, v.waiting
+        if last is not None and _same_call(call, last):
+            same.append((v.rank, last))
+        elif waiting is not None and v.status in GONE + STALLED and not _same_call(call, waiting):
+            other.append((v.rank, waiting))
+    if not same and not other:
         return None
-    suspects = sorted([r for r in aborted] + [r for r, _ in peers])
-    summary = (
-        f"the backend aborted {words.who(sorted(aborted))} (SIGABRT) inside {op} at {where}, a "
-        "collective the other ranks issued at the same place: the ranks' tensors differ in "
-        "size or dtype"
-    )
-    evidence = [f"rank {r}: {words.entry_name(e)}{_shape(e)}" for r, e in peers]
-    evidence.append("the aborted rank's own tensor is not in its state file (it died before the next write)")
+    op, _, where = call.partition(" ")
     state = views[0].state
-    fix = words.fix_mismatch("numel") + " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
+    by_rank = {v.rank: v for v in views}
+    ending = by_rank[first].ending
+    if ending is not None and ending.where and where in ending.where:
+        where = ending.where  # with the function
+    if same:
+        suspects = sorted([*aborted, *(r for r, _ in same)])
+        summary = (
+            f"the backend aborted {words.who(sorted(aborted))} (SIGABRT) inside {op} at {where}, a "
+            "collective the other ranks issued at the same place: the ranks' tensors differ in "
+            "size or dtype"
+        )
+        evidence = [f"rank {r}: {words.entry_name(e)}{_shape(e)}" for r, e in same]
+        evidence.append("the aborted rank's own tensor is not in its state file (it died before the next write)")
+        fix = words.fix_mismatch("numel")
+    else:
+        alone = not any(_site_used(by_rank[r], call) for r, _ in other)
+        suspects = sorted(aborted) if alone else sorted([*aborted, *(r for r, _ in other)])
+        peers = [r for r, _ in other]
+        summary = (
+            f"the ranks issued different collectives: {state.backend or 'the backend'} aborted "
+            f"{words.who(sorted(aborted))} "
+            f"(SIGABRT) inside {op} at {where} while {words.who(peers)} "
+            f"{words.verb(peers, 'was', 'were')} in {describe(other[0][1])}"
+            + (f": a collective that only {words.who(sorted(aborted))} issued" if alone else "")
+        )
+        evidence = [f"rank {r}: aborted in {op} at {where}" for r in sorted(aborted)]
+        evidence += [f"rank {r}: {words.entry_name(e)}{_shape(e)}, at its end" for r, e in other]
+        fix = words.fix_mismatch("call")
+    evidence += _abort_reasons(by_rank, aborted)
+    fix += " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
     return Verdict("desync", suspects, [Finding("mismatch", "error", suspects, summary, evidence, fix)])
+
+
+def _abort_reasons(by_rank: dict[int, RankView], aborted: dict[int, str]) -> list[str]:
+    """Each aborted rank's end in the backend's own words (``state/fault.py`` reads them from
+    its stderr when that is a file), else where to find them."""
+    return [
+        f"rank {r}: {by_rank[r].exception}" if ", after " in (by_rank[r].exception or "") else
+        f"rank {r}: the backend's reason is on its stderr (\"terminate called after throwing ...\"), "
+        "not a file ddpmon could read"
+        for r in sorted(aborted)
+    ]
+
+
+def _site_used(v: RankView, call: str) -> bool:
+    """Has rank ``v`` ever issued ``call`` (``op file:line``, from a fault file's stack)?"""
+    op, _, where = call.partition(" ")
+    for key in v.state.collective_sites:
+        if key.endswith(" (DDP bucket)") or not key.startswith(op + " "):
+            continue
+        site = key[len(op) + 1:].split(" < ")[0]
+        if where.endswith(site):
+            return True
+    return False

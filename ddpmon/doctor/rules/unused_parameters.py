@@ -17,19 +17,19 @@ from ..view import RankView
 def unused_parameters(views: list[RankView]) -> list[Finding]:
     """unused_parameters: the parameters that received no gradient in a rank's last step.
     Ranks with the same list share one finding; long lists are folded, never cut: every name
-    is in the evidence."""
+    is in the evidence. A rank that failed on them (DDP's reduction error) has them named as
+    its failure's cause by the verdict (``words.failed_on_unused``), not here."""
     by_names: dict[tuple[str, ...], list[int]] = {}
     for v in sorted(views, key=lambda v: v.rank):
-        if v.state.unused_parameters:
+        if v.state.unused_parameters and not words.failed_on_unused(v):
             by_names.setdefault(tuple(v.state.unused_parameters), []).append(v.rank)
     out = []
     for names, ranks in by_names.items():
         folded = words.fold_names(names)
-        shown = ", ".join(folded[:8]) + (f" (+{len(folded) - 8} more below)" if len(folded) > 8 else "")
         out.append(Finding(
             "unused_parameters", "info", ranks,
             f"{words.who(ranks)}: {len(names)} parameter(s) received no gradient in "
-            f"{'its' if len(ranks) == 1 else 'their'} last step: {shown}",
+            f"{'its' if len(ranks) == 1 else 'their'} last step: {words.names_shown(names)}",
             evidence=[f"unused: {name}" for name in folded] if len(folded) > 8 else [],
             fix=words.FIX_UNUSED,
         ))

@@ -23,17 +23,35 @@ STATIC_STEPS = 50
 
 
 class OptimizerSteps:
-    """Synchronised backwards per optimizer step, from torch's global optimizer hook."""
+    """Synchronised backwards per optimizer step, and backward passes per optimizer step
+    (``micro_batches``, between the first two: gradient accumulation, with or without
+    ``no_sync()``), from torch's global optimizer hook."""
 
-    def __init__(self, synced_backwards: Callable[[], int], found: Callable[[int, int], None]) -> None:
+    def __init__(self, synced_backwards: Callable[[], int], backwards: Callable[[], int],
+                 found: Callable[[int, int], None]) -> None:
         self._synced = synced_backwards
+        self._backwards = backwards
         self._found = found
         self._last: int | None = None
         self._run = 0
         self.done = False
+        self.seen = 0
+        """Optimizer steps seen (counted up to the second)."""
+        self.micro_batches: int | None = None
+        self._first_backwards = 0
         self._handle = register_optimizer_step_pre_hook(self._before_step)
 
     def _before_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        try:
+            if self.micro_batches is None:
+                backwards = self._backwards()
+                self.seen += 1
+                if self.seen == 1:
+                    self._first_backwards = backwards
+                else:
+                    self.micro_batches = max(1, backwards - self._first_backwards)
+        except Exception:
+            self.micro_batches = self.micro_batches or 1
         if self.done:
             return
         try:

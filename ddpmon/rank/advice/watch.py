@@ -42,6 +42,9 @@ MAX_PEERS = 8
 """Peers each rank compares with: the next ranks, cyclically (mostly its own node's, where a
 shared GPU shows). A job of thousands of ranks sharing one state directory must not have
 every rank read every file; ``ddpmon doctor`` compares them all."""
+MICRO_FALLBACK_STEPS = 10
+"""Steps without a torch optimizer step after which micro-batches are counted per step of
+ddpmon's (a job whose optimizer torch's global hook does not see)."""
 CROSS_RANK = ("same_data", "replicas_diverged", "nonfinite_gradients", "shared_gpu")
 
 
@@ -60,6 +63,7 @@ class Advice:
         self._removed = False
         self._in_ddp_forward = False
         self._summary_logged = False
+        self._micro: int | None = None
         self._stop = threading.Event()
         self._peers: threading.Thread | None = None
         self._nonfinite: NonFiniteWatch | None = None
@@ -80,7 +84,8 @@ class Advice:
         self._nonfinite = NonFiniteWatch(parameters)
         self._static = (StaticGraph() if getattr(ddp, "find_unused_parameters", False)
                         and not getattr(ddp, "static_graph", False) else None)
-        self._optimizer = OptimizerSteps(self._synced_backwards, self._accumulating)
+        self._optimizer = OptimizerSteps(self._synced_backwards, lambda: self._rec.backward_passes,
+                                         self._accumulating)
         self._handles = [
             ddp.register_forward_pre_hook(self._before_ddp_forward, with_kwargs=True),
             ddp.register_forward_hook(self._after_ddp_forward, always_call=True),
@@ -118,6 +123,9 @@ class Advice:
             return
         try:
             changed = self._batches.collect() | self._params.collect()
+            if self._micro is None and (micro := self._micro_batches(steps)) is not None:
+                self._micro = micro
+                changed = True
             if self._nonfinite.step_ended(steps):
                 step, name = self._nonfinite.first  # type: ignore[misc]
                 self.record("nonfinite_gradients",
@@ -127,6 +135,8 @@ class Advice:
                 changed = True
             if changed or self._nonfinite.checked_step != self._rec.fingerprints.nonfinite_checked_step:
                 self._publish()
+            if not self._summary_logged and self._micro is not None and self._batches.batch_size is not None:
+                self._summarise()
             rec = self._rec
             if self._static is not None and self._static.step_ended(rec.unused_parameters):
                 shown = ", ".join(rec.unused_parameters[:5])
@@ -149,8 +159,6 @@ class Advice:
                 x = data.first_tensor(args, kwargs)
                 if x is not None:
                     self._batches.take(step, x)
-                    if not self._summary_logged:
-                        self._summarise()
         except Exception as exc:
             self._fail(exc)
 
@@ -174,6 +182,17 @@ class Advice:
                             [f"called at {site}, step {self._rec.steps + 1}, with gradients enabled"])
         except Exception as exc:
             self._fail(exc)
+
+    def _micro_batches(self, steps: int) -> int | None:
+        """Backward passes per optimizer step (gradient accumulation): between the first two
+        optimizer steps; for a job that steps no torch optimizer in its first
+        ``MICRO_FALLBACK_STEPS`` steps, per step of ddpmon's."""
+        optimizer = self._optimizer
+        if optimizer is not None and optimizer.micro_batches is not None:
+            return optimizer.micro_batches
+        if steps >= MICRO_FALLBACK_STEPS and (optimizer is None or optimizer.seen == 0):
+            return max(1, round(self._rec.micro_steps / steps))
+        return None
 
     def _synced_backwards(self) -> int:
         rec = self._rec
@@ -222,8 +241,9 @@ class Advice:
         if self._rank == 0:
             ident = self._rec.identity
             sampler = f", sampler {info.sampler}" if info.sampler else ""
-            log.warning("ddpmon: job: world size %s, backend %s, per-rank batch %s, global batch %s%s",
-                        ident.ddp_world_size, ident.backend, info.batch_size,
+            micro = f" x {info.micro_batches} micro-batches" if info.micro_batches and info.micro_batches > 1 else ""
+            log.warning("ddpmon: job: world size %s, backend %s, per-rank batch %s%s, global batch %s "
+                        "per optimizer step%s", ident.ddp_world_size, ident.backend, info.batch_size, micro,
                         info.global_batch_size, sampler)
 
     # -- devices ---------------------------------------------------------------------------------
@@ -250,8 +270,10 @@ class Advice:
         batch = self._batches.batch_size
         world = int(rec.identity.ddp_world_size or rec.world_size)
         name, shuffle, _ = self._sampler or (None, None, None)
+        micro = self._micro
         rec.data_info = schema.DataInfo(
-            sampler=name, shuffle=shuffle, batch_size=batch, global_batch_size=batch * world if batch else None,
+            sampler=name, shuffle=shuffle, batch_size=batch, micro_batches=micro,
+            global_batch_size=batch * micro * world if batch and micro else None,
             gpu_uuid=getattr(self, "_uuid", None), cuda_current_device=getattr(self, "_current", None),
         )
         first = self._nonfinite.first

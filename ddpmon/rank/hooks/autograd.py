@@ -19,14 +19,12 @@ from typing import Any
 
 import torch
 
+from ...advice.words import REDUCTION_ERROR
 from ...fuses import Fuse
 from ..recorder import Recorder
 from .step import is_compiling
 
 log = logging.getLogger("ddpmon")
-
-REDUCTION_ERROR = "Expected to have finished reduction in the prior iteration"
-
 
 class GradReadyHooks:
     """One post-accumulate-grad hook per trainable parameter, each a few attribute writes."""
