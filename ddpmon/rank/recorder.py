@@ -500,12 +500,38 @@ class Recorder:
             self._fold()
             return [copy.copy(row) for row in self._steps_book.history if row.step > step]
 
+    def throughput(self) -> schema.Throughput:
+        """Samples, tokens and FLOPs per second of step time, and MFU, over the recent steps."""
+        with self._fold_lock:
+            self._fold()
+            return self._throughput()
+
+    def _throughput(self) -> schema.Throughput:
+        """``throughput()``; the caller holds the fold lock. The rows are the recent settled
+        steps, less the one the FLOP counter slowed."""
+        book, count = self._steps_book, self.flop_count
+        rows = [r for r in book.recent if not r.gpu_pending and r.step != self.slowed_step]
+        seconds = sum(r.step_seconds for r in rows)
+        out = schema.Throughput(window_steps=len(rows), samples_total=book.samples_total,
+                                tokens_total=book.tokens_total, flop_count=count)
+        if seconds <= 0:
+            return out
+        out.step_seconds = seconds / len(rows)
+        samples, tokens = sum(r.samples for r in rows), sum(r.tokens for r in rows)
+        out.samples_per_second = samples / seconds if samples else None
+        out.tokens_per_second = tokens / seconds if tokens else None
+        if count is not None and count.per_step > 0:
+            out.achieved_flops_per_second = count.per_step / out.step_seconds
+            if count.peak_flops_per_second:
+                out.mfu = out.achieved_flops_per_second / count.peak_flops_per_second
+        return out
+
     def state(self) -> schema.RankState:
         """The latest view of this rank, a fresh record every call."""
         with self._fold_lock:
             self._fold()
             recent = [copy.copy(r) for r in self._steps_book.recent]
-            totals = (self._steps_book.samples_total, self._steps_book.tokens_total)
+            throughput = self._throughput()
             c = self._collectives
             identity = {name: getattr(self.identity, name) for name in _IDENTITY_FIELDS}
             identity["ddp"] = dict(identity["ddp"])
@@ -526,7 +552,7 @@ class Recorder:
                 activity=self.activity,
             )
         state.timings = _summaries(recent)
-        state.throughput = _throughput(recent, *totals, self.flop_count, self.slowed_step)
+        state.throughput = throughput
         state.now_unix = time.time()
         return state
 
@@ -569,23 +595,3 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         phases=steps.phases(recent),
     )
 
-
-def _throughput(recent: list[StepRow], samples_total: int, tokens_total: int,
-                count: schema.FlopCount | None, slowed: int | None) -> schema.Throughput:
-    """Samples, tokens and FLOPs per second of step time over the recent settled steps, the
-    one the FLOP counter slowed left out; MFU where the device's peak is known."""
-    rows = [r for r in recent if not r.gpu_pending and r.step != slowed]
-    seconds = sum(r.step_seconds for r in rows)
-    out = schema.Throughput(window_steps=len(rows), samples_total=samples_total, tokens_total=tokens_total,
-                            flop_count=count)
-    if seconds <= 0:
-        return out
-    out.step_seconds = seconds / len(rows)
-    samples, tokens = sum(r.samples for r in rows), sum(r.tokens for r in rows)
-    out.samples_per_second = samples / seconds if samples else None
-    out.tokens_per_second = tokens / seconds if tokens else None
-    if count is not None:
-        out.achieved_flops_per_second = count.per_step / out.step_seconds
-        if count.peak_flops_per_second:
-            out.mfu = out.achieved_flops_per_second / count.peak_flops_per_second
-    return out
