@@ -164,14 +164,15 @@ def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def throughput_text(t: dict[str, Any]) -> str | None:
-    """``1,234 samples/s, 56,789 tokens/s, 12.3 TFLOP/s, MFU 41%``: what is known of it."""
+    """``1,234 samples/s, 56,789 tokens/s, 405.2 TFLOP/s, MFU 41%``: what is known of it."""
     parts = []
     if t.get("samples_per_second") is not None:
         parts.append(f"{t['samples_per_second']:,.0f} samples/s")
     if t.get("tokens_per_second") is not None:
         parts.append(f"{t['tokens_per_second']:,.0f} tokens/s")
     if t.get("achieved_flops_per_second") is not None:
-        parts.append(f"{t['achieved_flops_per_second'] / 1e12:,.3g} TFLOP/s")
+        flops = t["achieved_flops_per_second"]
+        parts.append(f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.2f} GFLOP/s")
         parts.append(f"MFU {pct(t['mfu'])}" if t.get("mfu") is not None else "MFU unknown (no peak for this device)")
     return ", ".join(parts) or None
 
