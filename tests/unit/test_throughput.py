@@ -5,13 +5,11 @@ jobs in this process."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils import flop_counter
@@ -65,15 +63,6 @@ def test_dtype_keys() -> None:
 
 
 # -- a count that fails ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def train(model: nn.Module) -> list[torch.Tensor]:
