@@ -17,10 +17,9 @@ from torch.utils import flop_counter
 import ddpmon
 from ddpmon import peaks
 from ddpmon.rank import torch_api
+from tests.unit.test_torch_api import STEPS, train
 
 pytestmark = pytest.mark.timeout(120)
-
-STEPS = 6
 
 
 @pytest.mark.parametrize(("name", "dtype", "tflops"), [
@@ -65,14 +64,9 @@ def test_dtype_keys() -> None:
 # -- a count that fails ---------------------------------------------------------------------
 
 
-def train(model: nn.Module) -> list[torch.Tensor]:
-    """STEPS steps from seed 0; the parameters at the end."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        nn.functional.mse_loss(model(torch.randn(16, 32, generator=g)), torch.randn(16, 8, generator=g)).backward()
-        opt.step()
+def trained(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters after STEPS steps from seed 0."""
+    train(model)
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -84,14 +78,14 @@ def model() -> DDP:
 def run(tmp_path: Path) -> tuple[list[torch.Tensor], dict[str, Any]]:
     m = model()
     with ddpmon.attach(m, job="flops", port=-1, state_dir=str(tmp_path / "state")) as mon:
-        params = train(m)
+        params = trained(m)
         snap = mon.snapshot()
     return params, snap
 
 
 def test_a_formula_that_raises_switches_the_count_off_and_nothing_else(
         group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    plain = train(model())
+    plain = trained(model())
 
     def broken(*_args: Any, **_kwargs: Any) -> int:
         raise ValueError("no formula for this shape")
