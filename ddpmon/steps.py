@@ -98,6 +98,10 @@ class StepRow:
     """A bucket clock measured its exposed communication."""
     gpu_exposed: bool = False
     """The GPU measured its exposed communication (it wins over a bucket clock's)."""
+    samples: int = 0
+    """The first dimension of the model's first input, summed over the step's forwards."""
+    tokens: int = 0
+    """Elements of that input where it is a 2-D integer tensor (token ids), else 0."""
 
     def part(self, name: str) -> float | None:
         """Seconds of the part ``name`` (one of ``PARTS``)."""

@@ -46,6 +46,23 @@ METRICS: tuple[Metric, ...] = (
            "optimizer, synchronised backward passes)."),
     Metric("ddpmon_micro_steps_total", "counter",
            "Backward passes of the steps completed (gradient accumulation's no_sync passes included)."),
+    Metric("ddpmon_samples_total", "counter",
+           "Samples of the steps completed: the first dimension of the model's first input, summed "
+           "over each step's training forwards (sum by job of its rate: the job's samples per second)."),
+    Metric("ddpmon_tokens_total", "counter",
+           "Tokens of the steps completed, where the model's first input is a 2-D integer tensor "
+           "(token ids): its elements. Absent otherwise."),
+    Metric("ddpmon_model_flops_per_step", "gauge",
+           "The model's FLOPs in one optimizer step (forward, backward, every micro-step), counted once "
+           "on one real step with torch's FLOP counter. Absent until counted."),
+    Metric("ddpmon_achieved_flops_per_second", "gauge",
+           "The model's FLOPs per step over the mean step time of the recent steps."),
+    Metric("ddpmon_device_peak_flops_per_second", "gauge",
+           "The device's dense peak FLOP/s for the type most of the model's FLOPs run in (NVIDIA "
+           "datasheets, ddpmon/peaks.py). Absent where unknown (a CPU, an unlisted GPU)."),
+    Metric("ddpmon_mfu_ratio", "gauge",
+           "Model FLOPs utilisation: achieved FLOP/s over the device's dense peak (0..1). Absent where "
+           "the peak is unknown."),
     Metric("ddpmon_step_seconds", "histogram",
            "Wall time of a training step, from the end of the previous one to its optimizer step "
            "(or its synchronised backward)."),

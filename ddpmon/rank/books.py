@@ -67,6 +67,8 @@ class StepRecord(NamedTuple):
     micro_steps: int = 0
     gpu_parts_later: bool = False
     """The GPU's own parts of this step will follow (``add_gpu_parts``)."""
+    samples: int = 0
+    tokens: int = 0
 
 
 class Histogram:
@@ -138,6 +140,8 @@ class StepBook:
         self.phase_totals = dict.fromkeys(steps.PARTS, 0.0)
         self.recent: collections.deque[StepRow] = collections.deque(maxlen=RECENT_STEPS)
         self.history: collections.deque[StepRow] = collections.deque(maxlen=HISTORY_STEPS)
+        self.samples_total = 0
+        self.tokens_total = 0
 
     def add(self, record: StepRecord) -> None:
         row = StepRow(
@@ -146,7 +150,10 @@ class StepBook:
             forward_seconds=record.forward_seconds, backward_seconds=record.backward_seconds,
             exposed_comm_seconds=record.comm_wait_seconds, optimizer_seconds=record.optimizer_seconds,
             micro_steps=record.micro_steps, gpu_pending=record.gpu_parts_later,
+            samples=record.samples, tokens=record.tokens,
         )
+        self.samples_total += record.samples
+        self.tokens_total += record.tokens
         steps.balance(row)
         self.recent.append(row)
         self.history.append(row)

@@ -6,7 +6,8 @@ forward: ``hooks/step.py``), the optimizer hooks (a step ends at its optimizer s
 gradients were synchronised: ``hooks/optimizer.py``), and the loop itself through
 ``Monitor.step()`` (from then on, steps end only there) and ``detach()``. The boundary
 closes the step in the recorder, then tells every part that keeps per-step state, in one
-order: the bucket clocks and the GPU step clock fold in what they resolved, the unused
+order: a FLOP count that ran in the step ends (``throughput``), the bucket clocks and the
+GPU step clock fold in what they resolved, the unused
 parameter watch and the advice checks hear the step count, and a capture that
 ``ddpmon capture`` armed (``capture``: None while none is asked for) starts, steps or stops
 its profiler. A failure blows the step hooks' fuse; training never sees it.
@@ -24,11 +25,12 @@ from .recorder import Recorder
 
 class StepBoundary:
     """The end of each step on this rank. ``manual`` turns on at the first ``Monitor.step()``;
-    the parts it tells (``timing``, ``unused``, ``advice``) are set once they exist, and
+    the parts it tells (``throughput``, ``timing``, ``unused``, ``advice``) are set once they exist, and
     ``capture`` only while a capture is armed or recording (``rank/capture.py``)."""
 
     def __init__(self, recorder: Recorder, fuse: Fuse, notify: Callable[[], None]) -> None:
         self.manual = False
+        self.throughput: Any = None
         self.timing: Any = None
         self.unused: Any = None
         self.advice: Any = None
@@ -45,6 +47,8 @@ class StepBoundary:
         """The step in progress ended at ``end`` (None: ``now``); ``time.perf_counter``."""
         rec = self._recorder
         rec.close_step(now, end)
+        if self.throughput:
+            self.throughput.step_ended(rec.steps)
         if rec.steps == 1:  # the first step is news: a rank that dies early is then not
             self._notify()   # seen "at step 0, phase init"
         self.collect_resolved()

@@ -17,6 +17,7 @@ from ..metrics.exposition import (
     histogram_family,
     state_set,
 )
+from ..state import schema
 from ..version import __version__
 from .books import Histogram
 from .recorder import Recorder
@@ -56,6 +57,7 @@ class RankCollector:
             ("ddpmon_hang_suspected", base, 1.0 if r.hang else 0.0),
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
+        samples += _throughput(base, r.throughput())
         if ident.attempt is not None:
             samples.append(("ddpmon_attempt", base, float(ident.attempt)))
         act = r.activity  # the watchdog's last sample (None with the watchdog off)
@@ -124,3 +126,20 @@ class RankCollector:
                 samples.append(("ddpmon_bucket_ready_seconds", labels, b.last_ready_seconds))
         yield per_bucket
         yield from families(samples)
+
+
+def _throughput(base: dict[str, str], t: schema.Throughput) -> list[Sample]:
+    """Samples and tokens counted, and the FLOP figures where they are known."""
+    out: list[Sample] = [("ddpmon_samples_total", base, float(t.samples_total))]
+    if t.tokens_total:
+        out.append(("ddpmon_tokens_total", base, float(t.tokens_total)))
+    count = t.flop_count
+    if count is not None:
+        out.append(("ddpmon_model_flops_per_step", base, float(count.per_step)))
+        if count.peak_flops_per_second:
+            out.append(("ddpmon_device_peak_flops_per_second", base, count.peak_flops_per_second))
+    if t.achieved_flops_per_second is not None:
+        out.append(("ddpmon_achieved_flops_per_second", base, t.achieved_flops_per_second))
+    if t.mfu is not None:
+        out.append(("ddpmon_mfu_ratio", base, t.mfu))
+    return out

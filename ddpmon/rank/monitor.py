@@ -31,6 +31,7 @@ from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
 from .recorder import Recorder
 from .sources import rank_sources
+from .throughput import Throughput
 from .timing import Timing
 from .timing.layout import ddp_facts
 from .watchdog import Watchdog
@@ -61,6 +62,7 @@ class Monitor:
         self._unused: UnusedParameterWatch | None = None
         self._steps: StepHooks | None = None
         self._optimizer: OptimizerHooks | None = None
+        self._throughput: Throughput | None = None
         self._endpoint: Endpoint | None = None
         self._writer: writers.StateWriter | None = None
         self._collectives: CollectiveTracker | None = None
@@ -94,6 +96,9 @@ class Monitor:
         boundary.timing, boundary.unused = self._timing, self._unused
         self._steps = StepHooks(ddp, rec, boundary, self._fuses["step_hooks"], timelines=self._timing.timelines)
         self._optimizer = OptimizerHooks(rec, boundary, self._fuses["step_hooks"], [p for _, p in parameters])
+        # after the step hooks: a step that ends at the next forward is closed before it counts
+        self._throughput = boundary.throughput = Throughput(ddp, rec, device, Fuse("throughput", self._part_failed),
+                                                            Fuse("flop_count", self._part_failed))
         self._advice = boundary.advice = Advice(ddp, rec, parameters, config.resolved_state_dir(self.job),
                                                 self._notify, Fuse("advice", self._part_failed))
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
@@ -157,7 +162,8 @@ class Monitor:
             if self._writer:
                 self._writer.on_pass = None
             self._capture.detach()
-        for part in (self._timing, self._unused, self._steps, self._optimizer, self._collectives, self._advice):
+        for part in (self._timing, self._unused, self._steps, self._optimizer, self._throughput, self._collectives,
+                     self._advice):
             if part is not None:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]

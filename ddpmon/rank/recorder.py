@@ -54,7 +54,7 @@ class _Step:
     __slots__ = ("start", "first_forward", "forward_seconds", "forward_start", "backward_start",
                  "backward_seconds", "backward_open", "last_grad_ready", "buckets_launched", "synced",
                  "synced_at", "comm_wait", "optimizer_seconds", "optimizer_start", "optimizer_early",
-                 "optimizer_end", "micro_steps")
+                 "optimizer_end", "micro_steps", "samples", "tokens")
 
     def __init__(self, start: float) -> None:
         self.reset(start)
@@ -77,6 +77,8 @@ class _Step:
         self.optimizer_early = 0.0  # optimizer time before the first forward
         self.optimizer_end: float | None = None
         self.micro_steps = 0
+        self.samples = 0
+        self.tokens = 0
 
 
 # Event kinds in the log (first element of each tuple).
@@ -117,6 +119,10 @@ class Recorder:
         self.data_info = schema.DataInfo()
         self.gpu_steps: GpuStepClock | None = None
         """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
+        self.flop_count: schema.FlopCount | None = None
+        """The model's FLOPs per step, once counted (``rank/throughput.py``); replaced whole."""
+        self.slowed_step: int | None = None
+        """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._seq: dict[str, itertools.count[int]] = {}
@@ -155,6 +161,13 @@ class Recorder:
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.FORWARD_END)
         self.phase = "after_forward"
+
+    def batch_seen(self, samples: int, tokens: int) -> None:
+        """A training forward of the step in progress took ``samples`` samples (``tokens``
+        tokens: 0 unless its input holds token ids)."""
+        cur = self._cur
+        cur.samples += samples
+        cur.tokens += tokens
 
     def backward_started(self, now: float) -> None:
         cur = self._cur
@@ -283,7 +296,7 @@ class Recorder:
         self._events.append((_STEP, StepRecord(
             self.steps, wall - (now - cur.start), max(0.0, end - cur.start), cur.forward_seconds, backward,
             data_wait, cur.comm_wait, cur.optimizer_seconds, cur.micro_steps,
-            gpu_parts_later=clock is not None and clock.ok,
+            gpu_parts_later=clock is not None and clock.ok, samples=cur.samples, tokens=cur.tokens,
         )))
         if clock is not None:
             clock.close(self.steps, late=end < now)
@@ -492,11 +505,38 @@ class Recorder:
             self._fold()
             return [copy.copy(row) for row in self._steps_book.history if row.step > step]
 
+    def throughput(self) -> schema.Throughput:
+        """Samples, tokens and FLOPs per second of step time, and MFU, over the recent steps."""
+        with self._fold_lock:
+            self._fold()
+            return self._throughput()
+
+    def _throughput(self) -> schema.Throughput:
+        """``throughput()``; the caller holds the fold lock. The rows are the recent settled
+        steps, less the one the FLOP counter slowed."""
+        book, count = self._steps_book, self.flop_count
+        rows = [r for r in book.recent if not r.gpu_pending and r.step != self.slowed_step]
+        seconds = sum(r.step_seconds for r in rows)
+        out = schema.Throughput(window_steps=len(rows), samples_total=book.samples_total,
+                                tokens_total=book.tokens_total, flop_count=count)
+        if seconds <= 0:
+            return out
+        out.step_seconds = seconds / len(rows)
+        samples, tokens = sum(r.samples for r in rows), sum(r.tokens for r in rows)
+        out.samples_per_second = samples / seconds if samples else None
+        out.tokens_per_second = tokens / seconds if tokens else None
+        if count is not None and count.per_step > 0:
+            out.achieved_flops_per_second = count.per_step / out.step_seconds
+            if count.peak_flops_per_second:
+                out.mfu = out.achieved_flops_per_second / count.peak_flops_per_second
+        return out
+
     def state(self) -> schema.RankState:
         """The latest view of this rank, a fresh record every call."""
         with self._fold_lock:
             self._fold()
             recent = [copy.copy(r) for r in self._steps_book.recent]
+            throughput = self._throughput()
             c = self._collectives
             identity = {name: getattr(self.identity, name) for name in _IDENTITY_FIELDS}
             identity["ddp"] = dict(identity["ddp"])
@@ -517,6 +557,7 @@ class Recorder:
                 activity=self.activity,
             )
         state.timings = _summaries(recent)
+        state.throughput = throughput
         state.now_unix = time.time()
         return state
 
@@ -558,3 +599,4 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
         phases=steps.phases(recent),
     )
+

@@ -40,6 +40,9 @@ API                                                    without it
 ``torch.autograd._profiler_enabled``                   ``ddpmon capture``: a capture ends at once,
                                                        its status saying why
 ``torch.autograd.profiler._is_profiler_enabled``       nothing: the thread's own flag is asked
+``torch.utils.flop_counter.flop_registry`` (the        the model's FLOPs per step, achieved FLOP/s
+formulas of the public ``FlopCounterMode``; its        and MFU (samples and tokens per second stay)
+``mod_tracker`` is set aside where it has one)
 ``torch.distributed.debug._WORKER_SERVER``,            a rank that ends does not stop the debug
 ``torch.distributed.debug._DEBUG_SERVER_PROC``         server the program started first (see
                                                        ``debug_server.py``)
@@ -182,6 +185,55 @@ def profiler_running() -> bool:
 
     enabled = _find(torch.autograd, "_profiler_enabled", "torch.autograd._profiler_enabled", PROFILER)
     return bool(getattr(profiler, "_is_profiler_enabled", False)) or bool(enabled())
+
+
+# -- the FLOP counter ----------------------------------------------------------------------
+
+FLOPS = "the model's FLOPs per step, achieved FLOP/s and MFU"
+
+
+class _NoModules:
+    """What FlopCounterMode's module tracker is to it, without the tracker's hooks: every FLOP
+    counted at the top (``Global``), which is all ddpmon reads. The tracker would hook every
+    module's forward and the backward of its outputs, and its hooks raise into the training
+    loop where they fail (a torch without the engine's ``queue_callback``)."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _NoModules:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+def flop_counter(seen: Callable[[int, tuple[Any, ...]], None]) -> Any:
+    """torch's FLOP counter (``FlopCounterMode``, not yet entered) whose formulas each hand
+    ``seen(flops, args)`` what they counted. A formula that raises counts nothing and
+    re-raises nothing: ``seen(-1, args)`` says so, and the operator's own result stands, so
+    the training never sees it. Its module tracker (``mod_tracker``, where torch has one) is
+    left out: nothing of it runs in the training's forward or backward."""
+    from torch.utils import flop_counter as fc
+
+    registry = _find(fc, "flop_registry", "torch.utils.flop_counter.flop_registry", FLOPS)
+
+    def guarded(formula: Callable[..., int]) -> Callable[..., int]:
+        def count(*args: Any, **kwargs: Any) -> int:
+            try:
+                flops = int(formula(*args, **kwargs))
+            except Exception:
+                seen(-1, args)
+                return 0
+            seen(flops, args)
+            return flops
+
+        count._get_raw = True  # type: ignore[attr-defined]  # (shape-wrapped already: torch's mark)
+        return count
+
+    counter = fc.FlopCounterMode(display=False, custom_mapping={op: guarded(f) for op, f in dict(registry).items()})
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _NoModules()
+    return counter
 
 
 # -- process groups ------------------------------------------------------------------------

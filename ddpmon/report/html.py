@@ -22,7 +22,7 @@ from ..doctor.report import attempt_line
 from ..doctor.words import ms
 from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
-from .summary import missing_text, pct
+from .summary import missing_text, pct, throughput_text
 
 MAX_LINES = 16
 PHASE_COLOURS = {
@@ -213,7 +213,8 @@ def _summary_html(s: dict[str, Any]) -> str:
         *([("missing from the history", missing_text(s["missing_steps"]))] if s.get("missing_steps") else []),
         ("start", _t(s.get("start_unix"))), ("duration", _duration(s.get("duration_seconds"))),
         ("median step time", ms(s.get("median_step_seconds"))),
-        ("throughput", f"{s['steps_per_second']:.2f} steps/s" if s.get("steps_per_second") else "-"),
+        ("throughput", ", ".join(filter(None, (f"{s['steps_per_second']:.2f} steps/s" if s.get("steps_per_second") else None,
+                                                 throughput_text(s["throughput"])))) or "-"),
         ("exposed communication", pct(s.get("exposed_comm_share")) + " of the step"),
         ("GPU utilisation (median)", pct(s.get("gpu_utilization_ratio"))),
         ("slowest rank", slow_text),
@@ -234,6 +235,7 @@ def _ranks_html(s: dict[str, Any]) -> str:
             f'<td>{ms(r["median_step_seconds"])}</td><td>{ms(r["median_compute_seconds"])}</td>'
             f'<td>{ms(r["phases"].get("exposed_comm"))}</td>'
             f'<td>{score}</td>'
+            f'<td>{e(throughput_text(r) or "-")}</td>'
             f'<td>{e(how)}</td></tr>'
         )
     return "\n".join(out)
@@ -366,7 +368,7 @@ _BODY = """<h2>Summary</h2>
 </table>
 <h2>Ranks</h2>
 <table class="ranks"><tr><th>rank</th><th>host</th><th>device</th><th>steps</th><th>median step</th>
-<th>compute</th><th>exposed comm</th><th>slower than the others</th><th>how it ended</th></tr>
+<th>compute</th><th>exposed comm</th><th>slower than the others</th><th>throughput</th><th>how it ended</th></tr>
 {ranks}
 </table>
 <h2>Plots</h2>

@@ -6,7 +6,9 @@ spaced), then over ranks. A rank's *compute* here is its busy time, its step tim
 exposed communication: in DDP every rank's step takes as long as the slowest rank's, so the
 straggler is the rank that is busy longest, and the others wait for it in the all-reduce.
 How much *slower* a rank is comes from the doctor's rule (``steps.scores``) over the whole
-run: 0.37 = 37% slower.
+run: 0.37 = 37% slower. Throughput and FLOPs are each rank's own figures from its state file
+(``schema.Throughput``: over its last steps' time); the job's are their sums, and its MFU is
+the achieved FLOP/s over the ranks' summed peaks.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def summarize(run: Run) -> dict[str, Any]:
             "history_rows": h.rows if h else 0,
             "history": h.path if h else None,
             "missing_steps": missing_steps(h, v),
+            **rank_throughput(v.state.throughput if v is not None else None),
         })
     scores = run_scores(run)
     slowest = max(scores.values(), key=lambda sc: sc.score) if scores else None
@@ -111,6 +114,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "steps_per_second": (1.0 / step_median) if step_median else None,
         "phases": phases,
         "exposed_comm_share": (exposed / step_median) if exposed is not None and step_median else None,
+        "throughput": job_throughput(ranks_out),
         "gpu_utilization_ratio": _median([r["gpu_utilization_ratio"] for r in ranks_out]),
         "slowest_rank": _slowest(slowest),
         "straggler": _straggler(slowest),
@@ -127,6 +131,50 @@ def summarize(run: Run) -> dict[str, Any]:
         "generated_unix": time.time(),
     }
     return out
+
+
+def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
+    """A rank's samples, tokens and FLOPs per second and its MFU (null where unknown)."""
+    count = t.flop_count if t is not None else None
+    return {
+        "samples_per_second": t.samples_per_second if t else None,
+        "tokens_per_second": t.tokens_per_second if t else None,
+        "flops_per_step": count.per_step if count else None,
+        "flops_dtype": count.dtype if count else None,
+        "achieved_flops_per_second": t.achieved_flops_per_second if t else None,
+        "peak_flops_per_second": count.peak_flops_per_second if count else None,
+        "mfu": t.mfu if t else None,
+    }
+
+
+def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's rates, summed over its ranks; its MFU where every rank that counted its
+    FLOPs knows its device's peak."""
+    def total(key: str) -> float | None:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        return sum(values) if values else None
+
+    achieved = [r for r in ranks if r.get("achieved_flops_per_second") is not None]
+    peaks = [r["peak_flops_per_second"] for r in achieved if r.get("peak_flops_per_second")]
+    mfu = None
+    if achieved and len(peaks) == len(achieved):
+        mfu = sum(r["achieved_flops_per_second"] for r in achieved) / sum(peaks)
+    return {"samples_per_second": total("samples_per_second"), "tokens_per_second": total("tokens_per_second"),
+            "achieved_flops_per_second": total("achieved_flops_per_second"), "mfu": mfu}
+
+
+def throughput_text(t: dict[str, Any]) -> str | None:
+    """``1,234 samples/s, 56,789 tokens/s, 405.2 TFLOP/s, MFU 41%``: what is known of it."""
+    parts = []
+    if t.get("samples_per_second") is not None:
+        parts.append(f"{t['samples_per_second']:,.0f} samples/s")
+    if t.get("tokens_per_second") is not None:
+        parts.append(f"{t['tokens_per_second']:,.0f} tokens/s")
+    if t.get("achieved_flops_per_second") is not None:
+        flops = t["achieved_flops_per_second"]
+        parts.append(f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.2f} GFLOP/s")
+        parts.append(f"MFU {pct(t['mfu'])}" if t.get("mfu") is not None else "MFU unknown (no peak for this device)")
+    return ", ".join(parts) or None
 
 
 def run_span(run: Run, views: dict[int, Any]) -> tuple[float | None, float | None]:
@@ -303,6 +351,9 @@ def end_of_run(state_dir: str) -> str:
     lines = [f"ddpmon: run summary of job {s['job']!r}: {s['steps']} steps on {s['ranks']} ranks, "
              f"median step {ms(s['median_step_seconds'])}, exposed communication "
              f"{pct(s['exposed_comm_share'])} of the step"]
+    rates = throughput_text(s["throughput"])
+    if rates:
+        lines.append(f"  throughput: {rates}")
     slow = s["straggler"]  # the doctor's rule, over the whole run
     if slow and slow["named"]:
         lines.append(f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"

@@ -413,6 +413,53 @@ class DataInfo:
 
 
 @dataclass(slots=True)
+class FlopCount:
+    """The model's FLOPs in one optimizer step, counted once, on one real step, by torch's
+    FLOP counter (``torch.utils.flop_counter.FlopCounterMode``): forward, backward and every
+    micro-step of the step, as the operators that torch counts (matmuls, convolutions,
+    attention) ran them."""
+
+    per_step: int
+    step: int
+    """The step counted."""
+    dtype: str | None = None
+    """The type most of those FLOPs ran in (``bfloat16``; ``tf32`` for float32 matmuls
+    that torch lets use TF32)."""
+    device_name: str | None = None
+    """The GPU's name as NVML gives it (null on a CPU)."""
+    peak_flops_per_second: float | None = None
+    """The device's dense peak for ``dtype`` (``ddpmon/peaks.py``); null where unknown."""
+    peak_source: str | None = None
+    """Where that peak comes from."""
+
+
+@dataclass(slots=True)
+class Throughput:
+    """What this rank gets through per second of its steps, over its last ``window_steps``
+    steps (the step whose FLOPs were counted left out: the counter slows it)."""
+
+    window_steps: int = 0
+    step_seconds: float | None = None
+    """The mean step time over the window: what the rates divide by."""
+    samples_total: int = 0
+    """Samples of the steps done: the first dimension of the model's first input, summed
+    over each step's training forwards (micro-steps too)."""
+    tokens_total: int = 0
+    """Tokens of the steps done, where the first input is a 2-D integer tensor (its
+    elements); 0 otherwise."""
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+    """Null unless the first input is a 2-D integer tensor (token ids)."""
+    flop_count: FlopCount | None = None
+    """Null until the count is done, or when it failed (``errors`` says why)."""
+    achieved_flops_per_second: float | None = None
+    """``flop_count.per_step`` over the mean step time."""
+    mfu: float | None = None
+    """Model FLOPs utilisation: achieved over the device's dense peak (0..1); null where the
+    peak is unknown (a CPU, a GPU not in ``ddpmon/peaks.py``)."""
+
+
+@dataclass(slots=True)
 class Identity:
     """Who a rank is and where: the first fields of its state file and the labels of
     ``ddpmon_rank_info``. Set at attach; ``port``, ``bucket_timing``, ``ddp`` and
@@ -512,6 +559,8 @@ class RankState(Identity):
     data: DataInfo = field(default_factory=DataInfo)
     activity: Activity | None = None
     """What the main thread does (stepping, busy, waiting, stuck), from the watchdog."""
+    throughput: Throughput = field(default_factory=Throughput)
+    """Samples, tokens and FLOPs per second, and MFU."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None

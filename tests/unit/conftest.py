@@ -38,3 +38,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"a unit test started a process ({'; '.join(attempts)}): move it to {WHERE}"
     if report.when != "teardown":
         attempts.clear()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[None]:
+    """A one-rank gloo process group (a FileStore) for a DDP job in the test's own process."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

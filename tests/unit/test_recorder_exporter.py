@@ -25,6 +25,7 @@ def recorder_with_steps() -> Recorder:
     t = 0.0
     for _ in range(3):
         rec.forward_started(t)
+        rec.batch_seen(8, 8 * 128)  # token ids: 8 sequences of 128
         rec.forward_finished(t + 0.01)
         rec.backward_started(t + 0.02)
         rec.backward_done(t + 0.05)
@@ -34,6 +35,27 @@ def recorder_with_steps() -> Recorder:
         rec.add_bucket_timings([BucketTiming(0, 0.03, 10.0, 10.002), BucketTiming(1, 0.05, 10.001, 10.005)])
         t += 0.1
     return rec
+
+
+H100 = schema.FlopCount(per_step=10**12, step=2, dtype="bfloat16", device_name="NVIDIA H100 80GB HBM3",
+                        peak_flops_per_second=989.4e12, peak_source="datasheet")
+
+
+def test_throughput_is_per_second_of_step_time_without_the_counted_step() -> None:
+    rec = recorder_with_steps()  # 3 steps of 0.1 s, 8 samples and 1,024 tokens each
+    t = rec.throughput()
+    assert (t.samples_total, t.tokens_total, t.window_steps) == (24, 3072, 3)
+    assert t.samples_per_second == pytest.approx(80.0) and t.tokens_per_second == pytest.approx(10240.0)
+    assert t.flop_count is None and t.achieved_flops_per_second is None and t.mfu is None
+    rec.flop_count, rec.slowed_step = H100, 2
+    rec.forward_started(0.3)  # a fourth step, twice as long, without a batch seen
+    rec.close_step(0.5)
+    t = rec.throughput()
+    assert t.window_steps == 3 and t.step_seconds == pytest.approx((0.1 + 0.1 + 0.2) / 3)  # step 2 left out
+    assert t.samples_per_second == pytest.approx(16 / 0.4)
+    assert t.achieved_flops_per_second == pytest.approx(10**12 / t.step_seconds)
+    assert t.mfu == pytest.approx(t.achieved_flops_per_second / 989.4e12)
+    assert rec.state().throughput == t  # the state file's, the same figures
 
 
 def test_histogram_uses_prometheus_le_semantics() -> None:
@@ -110,6 +132,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.write_failures["state"] = schema.WriteFailure("No space left on device", 1.0, 1.0, "ENOSPC")  # once one failed
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
     rec.activity = schema.Activity(state="stepping")  # served once the watchdog sampled the rank
+    rec.flop_count = H100  # the FLOP figures: once counted, the peak and MFU on a known GPU
     served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
     for family in RankCollector(rec, "per_bucket").collect():
         name = family.name + "_total" if family.type == "counter" else family.name

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import re
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,6 @@ STEPS = 5
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test says its line anew."""
     monkeypatch.setattr(torch_api, "_said", set())
-
-
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Net(nn.Module):
