@@ -17,7 +17,7 @@ from torch.utils import flop_counter
 import ddpmon
 from ddpmon import peaks
 from ddpmon.rank import torch_api
-from tests.unit.test_torch_api import STEPS, train
+from tests.support.in_process import STEPS, train
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,6 +26,7 @@ from ddpmon.rank import flight_recorder, torch_api
 from ddpmon.rank.hooks.collectives import group_identity
 from ddpmon.rank.timing import c10d
 from ddpmon.state import root
+from tests.support.in_process import STEPS, train
 from tests.support.torch_features import COMPILE_CHECK
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,7 +35,6 @@ RANK_WING = Path(ddpmon.__file__).resolve().parent / "rank"
 PRIVATE = re.compile(r"\._(get_ddp_logging_data|check_comm_hook|comm_hooks|execution_engine|register_on_completion_hook"
                      r"|enable_collectives_timing|get_backend|get_process_group_name|get_default_store|dump_fr_trace"
                      r"|dump_nccl_trace|dynamo|C|orig_mod|profiler_enabled|is_profiler_enabled)\b")
-STEPS = 5
 
 
 @pytest.fixture(autouse=True)
@@ -52,15 +52,6 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.body(x)))
-
-
-def train(model: nn.Module, steps: int = STEPS) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        opt.zero_grad()
-        nn.functional.mse_loss(model(torch.randn(16, 32, generator=g)), torch.randn(16, 8, generator=g)).backward()
-        opt.step()
 
 
 def attached(tmp_path: Path, **options: Any) -> tuple[DDP, Any]:
