@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 
 from .. import steps
-from ..activity import Status
+from ..activity import CPU_BUSY, IO_BUSY, STILL_SECONDS, Status
 from ..advice.words import REDUCTION_ERROR
 from ..state.fault import path_for as fault_path
 from ..state.files import ROOM_BYTES
@@ -409,6 +409,10 @@ def group_timeout_end(waiting: list[RankView], working: list[RankView]) -> str:
             f"({timeout:.0f} s) ends the job in about {max(0.0, left):.0f} s")
 
 
+NOTABLE_CPU_WAIT = 0.05
+"""Share of the time a rank's threads waited for a CPU that the busy line names."""
+
+
 def busy_line(v: RankView) -> str:
     s = v.state
     act = s.activity
@@ -423,13 +427,13 @@ def busy_line(v: RankView) -> str:
         how.append("its watchdog last sampled it " + (f"{into:.1f} s " if into is not None and into >= 0 else "")
                    + f"into this silence ({act.state}), too soon to judge")
     elif act is not None:
-        if act.cpu_share >= 0.05:
+        if act.cpu_share >= CPU_BUSY:
             how.append(f"main thread at {act.cpu_share:.0%} CPU")
-        if act.wait_share >= 0.05:
+        if act.wait_share >= NOTABLE_CPU_WAIT:
             how.append(f"its threads waiting for a CPU {act.wait_share:.0%} of the time")
-        if act.io_bytes_per_second >= 1 << 20:
+        if act.io_bytes_per_second >= IO_BUSY:
             how.append(f"{act.io_bytes_per_second / 1e6:.0f} MB/s of I/O")
-        if act.still_seconds < 3:
+        if act.still_seconds < STILL_SECONDS:
             how.append("its stack moves")
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no step for {v.silent:.1f} s, busy at "
