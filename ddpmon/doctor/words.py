@@ -90,10 +90,6 @@ FIX_UNUSED = (
     "Expected for branches some ranks skip (DDP needs find_unused_parameters=True "
     "for them); otherwise make those parameters take part in the loss."
 )
-FIX_NEEDLESS_FIND_UNUSED = (
-    "Pass find_unused_parameters=False to DistributedDataParallel (or static_graph=True "
-    "if the graph never changes)."
-)
 FIX_PART_OFF = "Training is not affected; the rank's log has the traceback. Please report it."
 FIX_NO_STATE_FILES = (
     "Attach ddpmon in the training script (`ddpmon.attach(model)`) and point the "
