@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable, Sequence
 from .. import steps
 from ..activity import CPU_BUSY, IO_BUSY, STILL_SECONDS, Status
 from ..advice.words import REDUCTION_ERROR
+from ..formats import format_seconds
 from ..state.fault import path_for as fault_path
 from ..state.files import ROOM_BYTES
 from ..state.schema import Collective, WriteFailure
@@ -458,7 +459,7 @@ def ready_lines(views: list[RankView], slow: list[int]) -> list[str]:
     if not ready or not any(r in ready for r in slow):
         return []
     return ["last gradient bucket ready after the step began: " + ", ".join(
-        f"rank {r}: {ms(ready[r])}" for r in sorted(ready)
+        f"rank {r}: {format_seconds(ready[r])}" for r in sorted(ready)
     )]
 
 
@@ -536,10 +537,3 @@ def who(numbers: Iterable[int]) -> str:
 
 def verb(items: Collection[object], one: str, many: str) -> str:
     return one if len(items) == 1 else many
-
-
-def ms(seconds: float | None) -> str:
-    """A duration as every command writes it: "12.3 ms", from 10 s on "42.0 s", "-" unknown."""
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
