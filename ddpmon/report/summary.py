@@ -249,15 +249,16 @@ def _status(h: Any, v: Any) -> dict[str, Any]:
 
 
 def _max_memory(sample: dict[str, list[Any]]) -> float | None:
-    for column in ("gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes"):
+    """The largest memory reading of the first column the rank recorded (GPU, then torch's
+    allocator, then the process)."""
+    for column in history.BINNED_MAXES:
         values = [v for v in sample.get(column, []) if isinstance(v, (int, float))]
         if values:
             return max(values)
     return None
 
 
-_SCORED = ("step_seconds", "data_wait_seconds", "forward_seconds", "backward_seconds",
-           "exposed_comm_seconds", "optimizer_seconds", "other_seconds")
+_SCORED = ("step_seconds", *(f"{p}_seconds" for p in steps.PARTS))
 
 
 def run_scores(run: Run) -> dict[int, steps.Score]:
