@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import frames
+from .formats import format_milliseconds
 from .errors import StateFileError
 from .state import captures, files
 
@@ -245,16 +246,12 @@ def _site(profile: Profile, peer: Profile, key: tuple[str, str], more: bool) -> 
     return None if best in (None, "?") else best
 
 
-def ms(value: float) -> str:
-    return f"{value:.2f}" if abs(value) < 1 else f"{value:.1f}"
-
-
 def line(rank: int, peer: int, d: Difference) -> str:
     """``rank 1: +4.1 ms/step in aten::mm (9.3 vs 5.2 on rank 0), called from forward (model.py:40)``"""
     where = f", called from {d.site}" if d.site else ""
     what = d.name if d.device == "cpu" else f"{d.name} (GPU)"
-    return (f"rank {rank}: {'+' if d.delta >= 0 else '-'}{ms(abs(d.delta))} ms/step in {what} "
-            f"({ms(d.ms)} vs {ms(d.peer_ms)} on rank {peer}){where}")
+    return (f"rank {rank}: {'+' if d.delta >= 0 else '-'}{format_milliseconds(abs(d.delta))} ms/step in {what} "
+            f"({format_milliseconds(d.ms)} vs {format_milliseconds(d.peer_ms)} on rank {peer}){where}")
 
 
 COLLECTIVE_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
@@ -275,8 +272,9 @@ def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int
     own = [d for d in diffs if not is_collective(d)]
     more = [d for d in own if d.delta > 0][:top]
     less = [d for d in reversed(own) if d.delta < 0][:fewer]
-    lines = [f"operator self time per step: rank {rank} {ms(profile.total_ms_per_step)} ms over "
-             f"{profile.steps} steps, rank {peer_rank} {ms(peer.total_ms_per_step)} ms over {peer.steps} steps"]
+    lines = [f"operator self time per step: rank {rank} {format_milliseconds(profile.total_ms_per_step)} ms "
+             f"over {profile.steps} steps, rank {peer_rank} {format_milliseconds(peer.total_ms_per_step)} ms "
+             f"over {peer.steps} steps"]
     if more:
         lines.append(f"where rank {rank} spends more than rank {peer_rank}:")
         lines += ["  " + line(rank, peer_rank, d) for d in more]
@@ -288,7 +286,8 @@ def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int
     waiting = sum(d.delta for d in diffs if is_collective(d))
     if any(is_collective(d) for d in diffs):
         lines.append(f"in collectives (waiting for the other ranks, not its own work): rank {rank} "
-                     f"{'+' if waiting >= 0 else '-'}{ms(abs(waiting))} ms/step against rank {peer_rank}")
+                     f"{'+' if waiting >= 0 else '-'}{format_milliseconds(abs(waiting))} ms/step "
+                     f"against rank {peer_rank}")
     return lines
 
 

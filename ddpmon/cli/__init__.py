@@ -1,8 +1,7 @@
 """The ``ddpmon`` command. One module per subcommand; ``main()`` owns ``sys.exit``.
 
 Each subcommand module has ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Exit codes: 0 healthy, 1 a problem was found, 2 bad usage or input,
-3 ddpmon itself failed.
+``run(args) -> int``, an exit code from ``exits``.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from . import common
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+from .exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards", "report", "compare", "run", "capture")
 

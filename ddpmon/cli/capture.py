@@ -27,11 +27,11 @@ from .. import profiles
 from ..errors import StateFileError
 from ..state import captures, files, schema
 from .common import add_state_dir_argument, default_state_dir, no_state_dir, seconds
+from .exits import EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
 HELP = ("Profile a live rank's next steps with torch.profiler (a Chrome/Perfetto trace), and with "
         "--compare say which operators it spends more time in than a healthy peer.")
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 DEFAULT_TIMEOUT = 60.0
 LEAD_SECONDS = 3.0
 """With --compare, both ranks start this far ahead of where their state files say they are:

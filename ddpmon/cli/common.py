@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import default_state_root
 from ..state.discovery import DAEMON_JOBS
+from .exits import EXIT_USAGE
 
 if TYPE_CHECKING:
     from ..webconfig import HttpConfig
@@ -116,18 +117,18 @@ def daemon_sources(command: str, args: argparse.Namespace) -> DaemonSources | in
         if problem:
             print(f"ddpmon {command}: --from {without_credentials(address)!r} is not valid: {problem}",
                   file=sys.stderr)
-            return 2  # EXIT_USAGE
+            return EXIT_USAGE
     if (args.prometheus_job or args.prometheus_http_config) and not args.prometheus:
         print(f"ddpmon {command}: --prometheus-job and --prometheus-http-config need --prometheus URL",
               file=sys.stderr)
-        return 2  # EXIT_USAGE
+        return EXIT_USAGE
     clients = []
     for option, path in (("--http-config", args.http_config), ("--prometheus-http-config", args.prometheus_http_config)):
         try:
             clients.append(load_http_config(path))
         except WebConfigError as exc:
             print(f"ddpmon {command}: {option} {exc}", file=sys.stderr)
-            return 2  # EXIT_USAGE
+            return EXIT_USAGE
     return DaemonSources(args.remote, args.from_file, args.prometheus, args.prometheus_job, *clients)
 
 
@@ -151,7 +152,7 @@ def add_unavailable(subparsers: argparse._SubParsersAction, command: str, exc: B
 
         def run(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr)
-            return 2  # EXIT_USAGE
+            return EXIT_USAGE
     else:
         help_line = f"(broken: {type(exc).__name__}: {exc}; run it to see the traceback)"
 

@@ -18,10 +18,9 @@ import sys
 from ..errors import DiscoveryError, StateFileError
 from ..state.remote import HISTORY_DEADLINE_SECONDS
 from .common import add_daemon_sources, daemon_sources, seconds
+from .exits import EXIT_OK, EXIT_USAGE
 
 HELP = "Compare two runs: step time, phases, exposed communication, buckets, and what explains the change."
-
-EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

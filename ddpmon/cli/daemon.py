@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import default_state_root, web_config_file
 from ..state.owners import MAX_RANKS_PER_USER
-from . import EXIT_OK, EXIT_USAGE
+from .exits import EXIT_OK, EXIT_USAGE
 
 HELP = "Export this node's GPUs and the liveness of its ranks to Prometheus (run one per node)."
 

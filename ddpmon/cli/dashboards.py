@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .. import __version__, dashboards
-from . import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from .exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
 HELP = "Export ddpmon's Grafana dashboards to files, or push them to a Grafana."
 

@@ -14,10 +14,9 @@ from ..advice import KINDS as ADVICE_KINDS
 from ..errors import DiscoveryError, StateFileError
 from ..state.files import cycle_collection_paused
 from .common import add_daemon_sources, add_state_dir_argument, daemon_sources, default_state_dir, no_state_dir, seconds
+from .exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
 HELP = "Diagnose a hung, dying, out-of-step or slow DDP job from its ranks' state files."
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

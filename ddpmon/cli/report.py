@@ -19,10 +19,9 @@ import time
 from ..errors import DiscoveryError, StateFileError
 from ..state.remote import HISTORY_DEADLINE_SECONDS
 from .common import add_daemon_sources, daemon_sources, seconds
+from .exits import EXIT_OK, EXIT_USAGE
 
 HELP = "Write a self-contained HTML report (plots, summary, findings) of a running or finished job."
-
-EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -37,10 +37,10 @@ from ..config import (
 )
 from ..errors import ConfigError
 from ..state import attempts
+from .exits import EXIT_USAGE
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
-EXIT_USAGE = 2
 _OWN_FLAGS_WITH_VALUE = ("--job", "--state-dir", "--port", "--option", "-o", "--debug-server-interval")
 _OWN_FLAGS_WITHOUT_VALUE = ("-h", "--help", "-v", "--verbose", "--debug-server")  # --debug-server=PORT too
 DEBUG_SERVER_PORT = 25999  # torch's own default

@@ -13,6 +13,7 @@ from .. import steps
 from ..errors import StateFileError
 from ..state import files, records, schema
 from .common import add_state_dir_argument, default_state_dir, no_state_dir
+from .exits import EXIT_OK, EXIT_USAGE
 
 HELP = "show every rank of a job (steps, step time, communication, buckets) from its state files"
 
@@ -29,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir("top")
     if not state_dir:
         print(no_state_dir("top"), file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if not os.path.isdir(state_dir):
         print(f"ddpmon top: {state_dir!r} is not a directory", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     clear = not args.once and sys.stdout.isatty()
     while True:
         states, problems = load(state_dir)
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                 print("\033[2J\033[H", end="")
             print(render(states, problems, buckets=args.buckets), flush=True)
         if args.once or args.json:
-            return 0
+            return EXIT_OK
         time.sleep(args.interval)
 
 

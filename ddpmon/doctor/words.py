@@ -12,8 +12,9 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 
 from .. import steps
-from ..activity import Status
+from ..activity import CPU_BUSY, IO_BUSY, STILL_SECONDS, Status
 from ..advice.words import REDUCTION_ERROR
+from ..formats import format_seconds
 from ..state.fault import path_for as fault_path
 from ..state.files import ROOM_BYTES
 from ..state.schema import Collective, WriteFailure
@@ -89,10 +90,6 @@ FIX_PEERS_FAILED = (
 FIX_UNUSED = (
     "Expected for branches some ranks skip (DDP needs find_unused_parameters=True "
     "for them); otherwise make those parameters take part in the loss."
-)
-FIX_NEEDLESS_FIND_UNUSED = (
-    "Pass find_unused_parameters=False to DistributedDataParallel (or static_graph=True "
-    "if the graph never changes)."
 )
 FIX_PART_OFF = "Training is not affected; the rank's log has the traceback. Please report it."
 FIX_NO_STATE_FILES = (
@@ -409,6 +406,10 @@ def group_timeout_end(waiting: list[RankView], working: list[RankView]) -> str:
             f"({timeout:.0f} s) ends the job in about {max(0.0, left):.0f} s")
 
 
+NOTABLE_CPU_WAIT = 0.05
+"""Share of the time a rank's threads waited for a CPU that the busy line names."""
+
+
 def busy_line(v: RankView) -> str:
     s = v.state
     act = s.activity
@@ -423,13 +424,13 @@ def busy_line(v: RankView) -> str:
         how.append("its watchdog last sampled it " + (f"{into:.1f} s " if into is not None and into >= 0 else "")
                    + f"into this silence ({act.state}), too soon to judge")
     elif act is not None:
-        if act.cpu_share >= 0.05:
+        if act.cpu_share >= CPU_BUSY:
             how.append(f"main thread at {act.cpu_share:.0%} CPU")
-        if act.wait_share >= 0.05:
+        if act.wait_share >= NOTABLE_CPU_WAIT:
             how.append(f"its threads waiting for a CPU {act.wait_share:.0%} of the time")
-        if act.io_bytes_per_second >= 1 << 20:
+        if act.io_bytes_per_second >= IO_BUSY:
             how.append(f"{act.io_bytes_per_second / 1e6:.0f} MB/s of I/O")
-        if act.still_seconds < 3:
+        if act.still_seconds < STILL_SECONDS:
             how.append("its stack moves")
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no step for {v.silent:.1f} s, busy at "
@@ -458,7 +459,7 @@ def ready_lines(views: list[RankView], slow: list[int]) -> list[str]:
     if not ready or not any(r in ready for r in slow):
         return []
     return ["last gradient bucket ready after the step began: " + ", ".join(
-        f"rank {r}: {ms(ready[r])}" for r in sorted(ready)
+        f"rank {r}: {format_seconds(ready[r])}" for r in sorted(ready)
     )]
 
 
@@ -536,10 +537,3 @@ def who(numbers: Iterable[int]) -> str:
 
 def verb(items: Collection[object], one: str, many: str) -> str:
     return one if len(items) == 1 else many
-
-
-def ms(seconds: float | None) -> str:
-    """A duration as every command writes it: "12.3 ms", from 10 s on "42.0 s", "-" unknown."""
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ..doctor.words import ms
+from ..formats import format_seconds
 from ..state.remote import HISTORY_DEADLINE_SECONDS, address_problem
 from ..webconfig import HttpConfig
 from ..steps import PART_LABELS, PARTS
@@ -134,9 +134,9 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
         return ["no step times to compare (a run without history?)"]
     delta, rel = sb - sa, change(sa, sb) or 0.0
     if abs(rel) < NOISE:
-        return [f"step time unchanged ({ms(sa)} -> {ms(sb)}, {rel * 100:+.1f}%)"]
-    lines = [f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% ({ms(sa)} -> {ms(sb)}, "
-             f"{delta * 1e3:+.1f} ms per step)"]
+        return [f"step time unchanged ({format_seconds(sa)} -> {format_seconds(sb)}, {rel * 100:+.1f}%)"]
+    lines = [f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% "
+             f"({format_seconds(sa)} -> {format_seconds(sb)}, {delta * 1e3:+.1f} ms per step)"]
     phases = []
     for p in PARTS:
         pa, pb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
@@ -169,7 +169,7 @@ def _value(v: Any, unit: str) -> str:
     if v is None:
         return "-"
     if unit == "s":
-        return ms(v)
+        return format_seconds(v)
     if unit == "ratio":
         return pct(v)
     return f"{v:.2f} {unit}"
@@ -195,7 +195,8 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
     if result["ranks"]:
         out.append("ranks (median compute per step: step time minus exposed communication)")
         for r in result["ranks"]:
-            out.append(f"  rank {r['rank']:<25} {ms(r['a_compute']):>14} {ms(r['b_compute']):>14} "
+            out.append(f"  rank {r['rank']:<25} {format_seconds(r['a_compute']):>14} "
+                       f"{format_seconds(r['b_compute']):>14} "
                        f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
                        f"{PART_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)")
     out.append("")
@@ -211,7 +212,8 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
         f'<tr data-name="{e(r["name"])}"><td>{e(r["name"])}</td><td>{e(_value(r["a"], r["unit"]))}</td>'
         f'<td>{e(_value(r["b"], r["unit"]))}</td><td>{e(_pct(r["change"]))}</td></tr>' for r in result["rows"])
     ranks = "\n".join(
-        f'<tr><td>{r["rank"]}</td><td>{e(ms(r["a_compute"]))}</td><td>{e(ms(r["b_compute"]))}</td>'
+        f'<tr><td>{r["rank"]}</td><td>{e(format_seconds(r["a_compute"]))}</td>'
+        f'<td>{e(format_seconds(r["b_compute"]))}</td>'
         f'<td>{e(_pct(change(r["a_compute"], r["b_compute"])))}</td>'
         f'<td>{e(PART_LABELS.get(r["phase"], "-"))} ({(r["phase_delta"] or 0) * 1e3:+.1f} ms)</td></tr>'
         for r in result["ranks"])

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import steps
 from ..doctor.report import attempt_line
-from ..doctor.words import ms
+from ..formats import format_seconds
 from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
 from .summary import missing_text, pct, throughput_text
@@ -198,7 +198,7 @@ def _summary_html(s: dict[str, Any]) -> str:
         if slow.get("score") is not None:
             slow_text += f", {steps.slower(slow['score'])} than the others"
         if slow.get("phase"):
-            slow_text += f", most of it in {PART_LABELS[slow['phase']]} (+{ms(slow.get('excess_seconds'))})"
+            slow_text += f", most of it in {PART_LABELS[slow['phase']]} (+{format_seconds(slow.get('excess_seconds'))})"
     verdict = s.get("verdict") or "-"
     run_slow = s.get("straggler")
     if run_slow and run_slow["named"] and verdict != "straggler":  # the doctor reads the last steps
@@ -212,7 +212,7 @@ def _summary_html(s: dict[str, Any]) -> str:
         ("backend", s.get("backend") or "-"), ("steps", str(s["steps"])),
         *([("missing from the history", missing_text(s["missing_steps"]))] if s.get("missing_steps") else []),
         ("start", _t(s.get("start_unix"))), ("duration", _duration(s.get("duration_seconds"))),
-        ("median step time", ms(s.get("median_step_seconds"))),
+        ("median step time", format_seconds(s.get("median_step_seconds"))),
         ("throughput", ", ".join(filter(None, (f"{s['steps_per_second']:.2f} steps/s" if s.get("steps_per_second") else None,
                                                  throughput_text(s["throughput"])))) or "-"),
         ("exposed communication", pct(s.get("exposed_comm_share")) + " of the step"),
@@ -232,8 +232,8 @@ def _ranks_html(s: dict[str, Any]) -> str:
         out.append(
             f'<tr data-rank="{r["rank"]}"><td>{r["rank"]}</td><td>{e(str(r["host"] or "-"))}</td>'
             f'<td>{e(str(r["device"] or "-"))}</td><td>{r["steps"] if r["steps"] is not None else "-"}</td>'
-            f'<td>{ms(r["median_step_seconds"])}</td><td>{ms(r["median_compute_seconds"])}</td>'
-            f'<td>{ms(r["phases"].get("exposed_comm"))}</td>'
+            f'<td>{format_seconds(r["median_step_seconds"])}</td><td>{format_seconds(r["median_compute_seconds"])}</td>'
+            f'<td>{format_seconds(r["phases"].get("exposed_comm"))}</td>'
             f'<td>{score}</td>'
             f'<td>{e(throughput_text(r) or "-")}</td>'
             f'<td>{e(how)}</td></tr>'

@@ -24,7 +24,7 @@ from .. import steps
 from ..doctor import words
 from ..doctor.report import attempt_line
 from ..doctor.view import GONE
-from ..doctor.words import ms
+from ..formats import format_seconds
 from ..state import captures, history, schema
 from .run import RankHistory, Run, load
 
@@ -249,15 +249,16 @@ def _status(h: Any, v: Any) -> dict[str, Any]:
 
 
 def _max_memory(sample: dict[str, list[Any]]) -> float | None:
-    for column in ("gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes"):
+    """The largest memory reading of the first column the rank recorded (GPU, then torch's
+    allocator, then the process)."""
+    for column in history.BINNED_MAXES:
         values = [v for v in sample.get(column, []) if isinstance(v, (int, float))]
         if values:
             return max(values)
     return None
 
 
-_SCORED = ("step_seconds", "data_wait_seconds", "forward_seconds", "backward_seconds",
-           "exposed_comm_seconds", "optimizer_seconds", "other_seconds")
+_SCORED = ("step_seconds", *(f"{p}_seconds" for p in steps.PARTS))
 
 
 def run_scores(run: Run) -> dict[int, steps.Score]:
@@ -349,7 +350,7 @@ def end_of_run(state_dir: str) -> str:
     run = load([state_dir], max_points=200)
     s = summarize(run)
     lines = [f"ddpmon: run summary of job {s['job']!r}: {s['steps']} steps on {s['ranks']} ranks, "
-             f"median step {ms(s['median_step_seconds'])}, exposed communication "
+             f"median step {format_seconds(s['median_step_seconds'])}, exposed communication "
              f"{pct(s['exposed_comm_share'])} of the step"]
     rates = throughput_text(s["throughput"])
     if rates:
@@ -357,7 +358,8 @@ def end_of_run(state_dir: str) -> str:
     slow = s["straggler"]  # the doctor's rule, over the whole run
     if slow and slow["named"]:
         lines.append(f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"
-                     f" ({ms(slow['busy_seconds'])} against {ms(slow['baseline_seconds'])} of work per step)")
+                     f" ({format_seconds(slow['busy_seconds'])} against "
+                     f"{format_seconds(slow['baseline_seconds'])} of work per step)")
     elif slow:
         lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
                      "than the others, within their step-to-step noise")

@@ -13,9 +13,10 @@ from ..state import history
 
 def write_run(state_dir: str, ranks: int, steps: int, *, job: str = "synthetic", buckets: int = 4,
               slow_rank: int | None = None, slow_seconds: float = 0.02, step_seconds: float = 0.1,
-              gpu: bool = True, seed: int = 0, batch: int = 5000) -> list[str]:
-    """Write ``ranks`` databases of ``steps`` steps each; ``slow_rank`` computes
-    ``slow_seconds`` longer in backward, and the others wait that long in exposed comm."""
+              gpu: bool = True, seed: int = 0, batch: int = 5000, slow_part: str = "backward") -> list[str]:
+    """Write ``ranks`` databases of ``steps`` steps each; ``slow_rank`` spends ``slow_seconds``
+    longer in ``slow_part`` (one of ``steps.PARTS``), and the others wait that long in
+    exposed comm."""
     os.makedirs(state_dir, exist_ok=True)
     rng = random.Random(seed)
     start = time.time() - steps * step_seconds
@@ -34,15 +35,17 @@ def write_run(state_dir: str, ranks: int, steps: int, *, job: str = "synthetic",
             exposed = step_seconds * 0.1 + (0.0 if rank == slow_rank or slow_rank is None else slow_seconds)
             total = fwd + bwd + slow + exposed + step_seconds * 0.1
             t0 = start + (step - 1) * step_seconds
-            rows.append({
+            row: dict[str, Any] = {
                 "step": step, "start_unix": t0, "end_unix": t0 + total, "step_seconds": total,
-                "forward_seconds": fwd, "backward_seconds": bwd + slow, "exposed_comm_seconds": exposed,
+                "forward_seconds": fwd, "backward_seconds": bwd, "exposed_comm_seconds": exposed,
                 "buckets": [{"index": i, "seconds": 0.004 * (1 + i) * (1 + 0.1 * rng.random()),
                              "bytes": 25 * 2**20} for i in range(buckets)],
                 "gpu_utilization_ratio": 0.8 + 0.1 * rng.random() if gpu else None,
                 "gpu_memory_used_bytes": (20 + rank % 3) * 2**30 if gpu else None,
                 "process_resident_memory_bytes": 3 * 2**30,
-            })
+            }
+            row[f"{slow_part}_seconds"] = (row.get(f"{slow_part}_seconds") or 0.0) + slow
+            rows.append(row)
             if len(rows) >= batch:
                 store.add_steps(rows)
                 rows = []

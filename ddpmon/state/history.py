@@ -308,6 +308,8 @@ BINNED_MEANS = ("step_seconds", "forward_seconds", "backward_seconds", "exposed_
                 "data_wait_seconds", "h2d_seconds", "optimizer_seconds", "other_seconds",
                 "gpu_utilization_ratio")
 BINNED_MAXES = ("gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes")
+"""The memory readings, the most telling first (the GPU, torch's allocator, the process): a
+bin keeps their largest."""
 
 
 def read_binned(path: str, stride: int) -> dict[str, list[Any]]:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ddpmon import __version__
-from ddpmon.cli import EXIT_FAILED, EXIT_USAGE
+from ddpmon.cli.exits import EXIT_FAILED, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 

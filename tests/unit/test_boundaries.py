@@ -6,8 +6,8 @@
 - The node daemon and the offline readers (doctor, report, top, dashboards, the CLI) never
   import the rank wing or torch.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
-  ``activity``, ``metrics``, ``collectors``, ``advice``, ``profiles``, ``peaks``, config, errors,
-  frames, fuses, webconfig) import only each other; ``state/`` imports no reader.
+  ``activity``, ``metrics``, ``collectors``, ``advice``, ``profiles``, ``peaks``, ``formats``,
+  config, errors, frames, fuses, webconfig) import only each other; ``state/`` imports no reader.
 - No import circle anywhere, lazy imports included.
 
 Each rule names the import that breaks it, so the next feature cannot cross the line
@@ -25,7 +25,7 @@ FACES = ("ddpmon", "ddpmon.launch", "ddpmon.demo", "ddpmon.integrations")
 """May import the rank wing: what a training script calls."""
 LEAVES = ("ddpmon.state", "ddpmon.steps", "ddpmon.activity", "ddpmon.metrics", "ddpmon.collectors",
           "ddpmon.advice", "ddpmon.config", "ddpmon.errors", "ddpmon.frames", "ddpmon.fuses", "ddpmon.version",
-          "ddpmon.profiles", "ddpmon.webconfig", "ddpmon.peaks")
+          "ddpmon.profiles", "ddpmon.webconfig", "ddpmon.peaks", "ddpmon.formats")
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",
     "ddpmon.demo": "the demo is a training script",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpmon.cli import EXIT_USAGE, SUBCOMMANDS, build_parser, common
+from ddpmon.cli import SUBCOMMANDS, build_parser, common
+from ddpmon.cli.exits import EXIT_USAGE
 from ddpmon.config import Config, default_state_root
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -52,6 +52,13 @@ def test_the_end_of_run_summary_applies_the_doctors_straggler_rule(slow_run, eve
     assert "no straggler: the slowest rank" in summary.end_of_run(even_run)
 
 
+def test_the_end_of_run_summary_counts_host_to_device_copies_as_the_doctor_does(tmp_path):
+    synthetic.write_run(str(tmp_path), 4, 300, slow_rank=2, slow_seconds=0.03, slow_part="h2d")
+    s = summary.summarize(run.load([str(tmp_path)], findings=False))["straggler"]
+    assert (s["rank"], s["named"], s["cause"]) == (2, True, "h2d")
+    assert "in host-to-device copies" in summary.end_of_run(str(tmp_path))
+
+
 def test_html_is_self_contained_and_carries_the_runs_numbers(slow_run):
     r = run.load([slow_run], findings=False)
     s = summary.summarize(r)

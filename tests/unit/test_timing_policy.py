@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from ddpmon.config import BUCKET_TIMING_MODES
 from ddpmon.rank.timing.policy import ERROR, RULES, plan
 
-OPTIONS = ("auto", "hook", "c10d", "flight_recorder", "off")
 BOOLS = (True, False)
 
 
@@ -30,7 +30,7 @@ def expected(option: str, c10d: bool, user: bool, earlier: bool) -> tuple[str, s
     return ("hook", "install") if user else ("off", "none")
 
 
-COMBINATIONS = list(itertools.product(OPTIONS, BOOLS, BOOLS, BOOLS))
+COMBINATIONS = list(itertools.product(BUCKET_TIMING_MODES, BOOLS, BOOLS, BOOLS))
 
 
 @pytest.mark.parametrize("option,c10d,user,earlier", COMBINATIONS)

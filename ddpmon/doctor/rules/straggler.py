@@ -16,6 +16,7 @@ import statistics
 
 from ... import steps
 from ...activity import Status
+from ...formats import format_seconds
 from ...state import captures
 from .. import words
 from ..findings import Finding, Verdict
@@ -59,8 +60,8 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     return [Finding(
         "slowest_rank", "info", [top.rank],
         f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
-        f"step-to-step noise ({words.ms(top.gap_seconds)} more work per step over the last {top.steps} "
-        f"steps, where the noise asks for {words.ms(top.margin_seconds)}): not named a straggler yet",
+        f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step over the last {top.steps} "
+        f"steps, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
         [], "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
             "the Straggler score panel, which the DDPStraggler alert reads over 10 minutes.",
     )]
@@ -77,14 +78,14 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
     for s in slow:
         cause = s.cause
         evidence = [
-            f"rank {r}: busy {words.ms(scores[r].busy_seconds)} per step, {steps.slower(scores[r].score)} "
+            f"rank {r}: busy {format_seconds(scores[r].busy_seconds)} per step, {steps.slower(scores[r].score)} "
             f"than the others' median step by step (over its last {scores[r].steps} steps), waits "
-            f"{words.ms(exposed.get(r))} for communication"
+            f"{format_seconds(exposed.get(r))} for communication"
             for r in sorted(scores)
         ]
         parts = sorted(((p, e) for p, e in s.excess.items() if e > 0), key=lambda pe: -pe[1])
         evidence.append("over the others' median: " + ", ".join(
-            f"{words.PHASE_NAMES[p]} +{words.ms(e)} ({s.shares[p]:.0%})" for p, e in parts))
+            f"{words.PHASE_NAMES[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts))
         others = [r for r in scores if r not in suspects]
         if all(exposed.get(o, 0.0) >= exposed.get(s.rank, 0.0) for o in others):
             evidence.append("confirmed: the slow rank waits least for communication (the others wait for it)")
@@ -92,7 +93,7 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
         findings.append(Finding(
             "straggler", "warning", [s.rank],
             words.straggler_summary(s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0)
-            + f" ({words.ms(s.busy_seconds)} against {words.ms(s.baseline_seconds)} of work per step); "
+            + f" ({format_seconds(s.busy_seconds)} against {format_seconds(s.baseline_seconds)} of work per step); "
             "the whole job runs at its speed",
             evidence, f"{fix.rstrip('.')}. {_capture_hint(views, s.rank, scores)}",
         ))
@@ -131,8 +132,8 @@ def _by_compute(views: list[RankView]) -> Verdict | None:
     exposed = {v.rank: v.timing("exposed_comm_seconds") for v in views}
     others = [r for r in compute if r not in slow]
     evidence = [
-        f"rank {r}: compute {words.ms(compute[r])} per step (forward + backward, median), waits "
-        f"{words.ms(exposed.get(r))} for communication after backward"
+        f"rank {r}: compute {format_seconds(compute[r])} per step (forward + backward, median), waits "
+        f"{format_seconds(exposed.get(r))} for communication after backward"
         for r in sorted(compute)
     ]
     confirmed = all(
@@ -150,7 +151,7 @@ def _by_compute(views: list[RankView]) -> Verdict | None:
     return Verdict("straggler", slow, [Finding(
         "straggler", "warning", slow,
         f"{words.who(slow)} {words.verb(slow, 'computes', 'compute')} "
-        f"{ratio:.1f}x slower than the others ({words.ms(slowest)} against "
-        f"{words.ms(baseline)} per step); the whole job runs at its speed",
+        f"{ratio:.1f}x slower than the others ({format_seconds(slowest)} against "
+        f"{format_seconds(baseline)} per step); the whole job runs at its speed",
         evidence, words.FIX_STRAGGLER,
     )])

@@ -9,6 +9,7 @@ flag is needless: another rank may be the one with unused parameters.
 
 from __future__ import annotations
 
+from ...advice import FIX
 from .. import words
 from ..findings import Finding
 from ..view import RankView
@@ -47,5 +48,5 @@ def needless_find_unused_parameters(views: list[RankView]) -> list[Finding]:
         "find_unused_parameters=True, but no rank has had an unused parameter for "
         f"{min(v.state.step for v in views)}+ steps; it costs a traversal of the "
         "autograd graph every step",
-        fix=words.FIX_NEEDLESS_FIND_UNUSED,
+        fix=FIX["needless_find_unused_parameters"],
     )]

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...config import BUCKET_TIMING_MODES
+
 ANY = None
 ERROR = "error"
-OPTIONS = ("auto", "hook", "c10d", "flight_recorder", "off")
 
 # What ddpmon does with DDP's comm hook:
 #   install  register ddpmon's timing hook (around the user's hook or DDP's all-reduce)
@@ -73,8 +74,8 @@ class Plan:
 def plan(option: str, c10d: bool, user_hook: bool, earlier_hook: bool) -> Plan:
     """The first rule of RULES that matches; ``c10d`` is True when c10d can time this
     model's process group (NCCL serving its device)."""
-    if option not in OPTIONS:
-        raise ValueError(f"bucket_timing={option!r} is not one of {', '.join(OPTIONS)}")
+    if option not in BUCKET_TIMING_MODES:
+        raise ValueError(f"bucket_timing={option!r} is not one of {', '.join(BUCKET_TIMING_MODES)}")
     key = (option, c10d, user_hook, earlier_hook)
     for *pattern, source, comm_hook in RULES:
         if all(p is ANY or p == k for p, k in zip(pattern, key)):
