@@ -116,10 +116,8 @@ def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, i
         return Status.STEPPING
     if in_flight:
         return Status.WAITING
-    if still_for >= still and (gpu_behind or 0.0) >= still:
-        return Status.STUCK
-    if still_for >= still and not working(cpu_share, io_rate, runnable_share):
-        return Status.STUCK
+    if still_for >= still and ((gpu_behind or 0.0) >= still or not working(cpu_share, io_rate, runnable_share)):
+        return Status.STUCK  # (a host spinning for a stalled GPU uses CPU that is no work)
     return Status.BUSY
 
 

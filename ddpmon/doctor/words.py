@@ -237,6 +237,11 @@ def fix_missing_rank(unseen: list[int]) -> str:
     )
 
 
+def gpu_wait(seconds: float) -> str:
+    """What a rank's ``activity.gpu_behind_seconds`` says, in a clause."""
+    return f"waiting for its GPU, which has not finished the work the rank enqueued {seconds:.0f} s ago"
+
+
 def fix_gpu_behind(behind: list[int]) -> str:
     return (
         "Find what " + who(behind) + " enqueued on the GPU before this collective and never "
@@ -344,8 +349,7 @@ def stuck_line(v: RankView) -> str:
         act = s.activity
         what = "not in any collective" + (f", at {act.where}" if act is not None and act.where else "")
         if act is not None and act.gpu_behind_seconds:
-            what += (f", waiting for its GPU, which has not finished the work the rank enqueued "
-                     f"{act.gpu_behind_seconds:.0f} s ago (a kernel that does not end, or a collective "
+            what += (f", {gpu_wait(act.gpu_behind_seconds)} (a kernel that does not end, or a collective "
                      "whose peers never joined: see the flight recorder in its hang report)")
     after = f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
     return (

@@ -140,7 +140,7 @@ def test_a_gpu_that_stops_is_a_hang_of_that_rank(tmp_path: Path) -> None:
         # NCCL's flight recorder: the step's all-reduce enqueued behind the kernel, not started
         found = report["findings"][0]
         assert found["kind"] == "gpu_behind", found
-        assert any("its GPU had not finished the work" in line for line in found["evidence"]), found
+        assert any("waiting for its GPU, which has not finished the work" in line for line in found["evidence"]), found
     finally:
         harness.stop([proc])
 

@@ -363,10 +363,15 @@ def test_a_gpu_that_has_not_started_the_collective_is_the_culprit(tmp_path: Path
     end, while rank 0's GPU waits inside #43 for it (seen on an H100 with one rank: a GPU
     kernel that never ends, the collective enqueued behind it, answered comm_hang)."""
     write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce"))
-    write(tmp_path, _nccl_hang(1, 2, 44, 42, "all_reduce", started=42))
+    behind = _nccl_hang(1, 2, 44, 42, "all_reduce", started=42)
+    behind["activity"] = {"state": "stuck", "sampled_unix": states.NOW - 0.3, "still_seconds": 90.0,
+                          "cpu_share": 1.0, "where": "train.py:75 in main", "gpu_behind_seconds": 88.4}
+    write(tmp_path, behind)
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [1], "gpu_behind")
     assert d.findings[0].summary.startswith("the GPU of rank 1 has not started all_reduce #43")
+    assert ("rank 1: waiting for its GPU, which has not finished the work the rank enqueued 88 s ago, its "
+            "watchdog says (at train.py:75 in main)") in d.findings[0].evidence
     assert "Xid" in d.findings[0].fix
     write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce", started=42))  # neither GPU started it: both
     assert examine(str(tmp_path), live_stacks=False).suspect_ranks == [0, 1]

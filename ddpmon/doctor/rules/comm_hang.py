@@ -60,10 +60,8 @@ def gpu_behind(views: list[RankView], missing: list[int]) -> Verdict | None:
         return None
     e = next(v.waiting for v in waiting if v.waiting)
     evidence = [words.wait_line(v) for v in waiting] + words.flight_recorder_lines(waiting)
-    evidence += [f"rank {v.rank}: its GPU had not finished the work enqueued at its last step boundary "
-                 f"{v.state.activity.gpu_behind_seconds:.0f} s before (its watchdog; the host "
-                 f"waits at {v.state.activity.where or '?'})"
-                 for v in waiting if v.rank in behind and v.state.activity and v.state.activity.gpu_behind_seconds]
+    evidence += [f"rank {v.rank}: {words.gpu_wait(act.gpu_behind_seconds)}, its watchdog says (at {act.where or '?'})"
+                 for v in waiting if v.rank in behind and (act := v.state.activity) and act.gpu_behind_seconds]
     return Verdict("hang", behind, [Finding(
         "gpu_behind", "error", behind,
         f"the GPU of {words.who(behind)} has not started {words.entry_name(e)}: it still runs work "
