@@ -222,12 +222,8 @@ def flight_recorder_waits(s: RankState) -> list[Collective]:
     entries = [e for e in fr.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
     out = []
     for pg, status in sorted((fr.get("pg_status") or {}).items()):
-        try:
-            enqueued = int(status["last_enqueued_collective"])
-            completed = int(status["last_completed_collective"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if enqueued <= completed:
+        enqueued, completed = _count(status, "enqueued"), _count(status, "completed")
+        if enqueued is None or completed is None or enqueued <= completed:
             continue
         seq = completed + 1
         match = next((
@@ -246,17 +242,24 @@ def flight_recorder_waits(s: RankState) -> list[Collective]:
     return out
 
 
+def _count(status: Any, which: str) -> int | None:
+    """A group's ``last_<which>_collective`` in the flight recorder's ``pg_status``."""
+    try:
+        return int(status[f"last_{which}_collective"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def gpu_not_started(v: RankView) -> bool:
     """Has the rank's GPU not even started the collective the rank waits in? Its flight
     recorder (NCCL) counts the collectives the GPU started: below this one, the GPU still
     runs work enqueued before it."""
     e = v.waiting
-    fr = (v.state.hang.flight_recorder if v.state.hang else None) or {}
-    status = (fr.get("pg_status") or {}).get(e.group) if e is not None and e.source == "flight recorder" else None
-    try:
-        return status is not None and e is not None and int(status["last_started_collective"]) < int(e.seq or 0)
-    except (KeyError, TypeError, ValueError):
+    if e is None or e.source != "flight recorder":
         return False
+    fr = (v.state.hang.flight_recorder if v.state.hang else None) or {}
+    started = _count((fr.get("pg_status") or {}).get(e.group), "started")
+    return started is not None and started < (e.seq or 0)
 
 
 def state_interval(s: RankState) -> float:
