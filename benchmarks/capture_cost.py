@@ -30,7 +30,9 @@ def boundary_cost(repeat: int, number: int) -> list[float]:
     rec = Recorder(Identity(rank=0), world_size=2)
     boundary = StepBoundary(rec, Fuse("step_hooks"), lambda: None)
     # between runs a reader folds the recorder's events, as the state writer does every second
-    runs = timeit.repeat(lambda: boundary.end(time.perf_counter()), setup=rec.state, repeat=repeat, number=number)
+    runs = timeit.repeat(
+        lambda: boundary.end(time.perf_counter()), setup=rec.state, repeat=repeat, number=number
+    )
     return [r / number * 1e6 for r in runs]
 
 
@@ -41,8 +43,10 @@ def check_cost(number: int) -> float:
         capture = None
 
     b = B()
-    return min(timeit.repeat(lambda: b.capture is not None, repeat=7, number=number)) / number * 1e9 - \
-        min(timeit.repeat(lambda: None, repeat=7, number=number)) / number * 1e9
+    return (
+        min(timeit.repeat(lambda: b.capture is not None, repeat=7, number=number)) / number * 1e9
+        - min(timeit.repeat(lambda: None, repeat=7, number=number)) / number * 1e9
+    )
 
 
 def poll_cost(number: int) -> float:
@@ -55,8 +59,14 @@ def poll_cost(number: int) -> float:
 
     rec = Recorder(Identity(rank=0), world_size=2)
     with tempfile.TemporaryDirectory() as d:
-        part = Capture(d, rec, StepBoundary(rec, Fuse("step_hooks"), lambda: None), lambda: None,
-                       Fuse("capture"), "cpu")
+        part = Capture(
+            d,
+            rec,
+            StepBoundary(rec, Fuse("step_hooks"), lambda: None),
+            lambda: None,
+            Fuse("capture"),
+            "cpu",
+        )
 
         def look() -> None:
             part._next_look = 0.0  # every call looks (a rank looks at most once a second)
@@ -79,7 +89,9 @@ def recording_cost(steps: int, rounds: int) -> tuple[float, float, list[float]]:
     from ddpmon.state.schema import Identity
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 10))
+    model = nn.Sequential(
+        *[m for _ in range(8) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 10)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     x, y = torch.randn(64, 512), torch.randn(64, 10)
     rec = Recorder(Identity(rank=0, job="bench", pid=os.getpid()), world_size=1)
@@ -98,8 +110,20 @@ def recording_cost(steps: int, rounds: int) -> tuple[float, float, list[float]]:
                 boundary.end(time.perf_counter())
                 outside.append(time.perf_counter() - t)
             now = time.time()
-            captures.write_request(d, captures.Request(os.urandom(8).hex(), 0, "bench", os.getpid(),
-                                                       rec.started_unix, steps, None, now, now + 60))
+            captures.write_request(
+                d,
+                captures.Request(
+                    os.urandom(8).hex(),
+                    0,
+                    "bench",
+                    os.getpid(),
+                    rec.started_unix,
+                    steps,
+                    None,
+                    now,
+                    now + 60,
+                ),
+            )
             part._next_look = 0.0
             part.poll()
             n = 0
@@ -130,18 +154,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="captures")
     args = parser.parse_args()
     runs = boundary_cost(args.repeat, args.number)
-    print(f"StepBoundary.end: median {statistics.median(runs):.2f} us, min {min(runs):.2f} us "
-          f"({args.repeat} x {args.number} calls)")
+    print(
+        f"StepBoundary.end: median {statistics.median(runs):.2f} us, min {min(runs):.2f} us "
+        f"({args.repeat} x {args.number} calls)"
+    )
     if args.boundary_only:
         return
     print(f"the test it gains (boundary.capture is not None): {check_cost(1_000_000):.0f} ns")
     print(f"an idle look for a request (once a second): {poll_cost(2000):.1f} us")
     plain, recorded, starts = recording_cost(args.steps, args.rounds)
-    print(f"training step (8x512 MLP, batch 64): {plain:.2f} ms outside a capture, {recorded:.2f} ms "
-          f"recorded ({recorded / plain:.2f}x)")
-    print("the step's ends that start the profiler, then its recording: "
-          + ", ".join(f"{a:.1f} + {b:.1f}" for a, b in zip(starts[::2], starts[1::2]))
-          + " ms (capture by capture; the first initialises torch's profiler)")
+    print(
+        f"training step (8x512 MLP, batch 64): {plain:.2f} ms outside a capture, {recorded:.2f} ms "
+        f"recorded ({recorded / plain:.2f}x)"
+    )
+    print(
+        "the step's ends that start the profiler, then its recording: "
+        + ", ".join(f"{a:.1f} + {b:.1f}" for a, b in zip(starts[::2], starts[1::2]))
+        + " ms (capture by capture; the first initialises torch's profiler)"
+    )
 
 
 if __name__ == "__main__":

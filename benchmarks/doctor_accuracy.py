@@ -69,16 +69,36 @@ def load() -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("n", type=int, help="number of random scenarios")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
-    p.add_argument("--load", type=int, default=0, metavar="N", help="CPU hogs to run beside every job (default 0)")
-    p.add_argument("--max-world", type=int, default=4, metavar="W", help="largest world size drawn (default 4)")
-    p.add_argument("--slowdown", type=float, default=None, metavar="SHARE",
-                   help="what a straggler adds to one part, as a share of the paced work (default 0.3)")
-    p.add_argument("--paced-at", type=int, default=None, metavar="STEPS",
-                   help="steps into a straggler (or jitter) when the doctor is asked (default 24)")
+    p.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="CPU hogs to run beside every job (default 0)",
+    )
+    p.add_argument(
+        "--max-world", type=int, default=4, metavar="W", help="largest world size drawn (default 4)"
+    )
+    p.add_argument(
+        "--slowdown",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="what a straggler adds to one part, as a share of the paced work (default 0.3)",
+    )
+    p.add_argument(
+        "--paced-at",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="steps into a straggler (or jitter) when the doctor is asked (default 24)",
+    )
     args = p.parse_args()
     if args.max_world < 2:
         p.error(f"--max-world must be at least 2, not {args.max_world}")
@@ -96,8 +116,11 @@ def main() -> int:
     false_hangs = watchdog_hangs = false_stragglers = 0
     per_kind: Counter[tuple[str, bool]] = Counter()
     started = load()
-    print(f"load average at the start: {started}" + (f"; {args.load} CPU hogs beside every job" if args.load else ""),
-          flush=True)
+    print(
+        f"load average at the start: {started}"
+        + (f"; {args.load} CPU hogs beside every job" if args.load else ""),
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="ddpmon-accuracy-") as root, hogs(args.load):
         for i in range(args.n):
             s = draw(rng, kinds, args.max_world)
@@ -111,20 +134,31 @@ def main() -> int:
                 false_hangs += 1
             false_stragglers += want != "straggler" and outcome.verdict == "straggler"
             reported = want == "healthy" and any(
-                "made no progress" in p.read_text(errors="replace") for p in workdir.glob("stderr-*.txt"))
+                "made no progress" in p.read_text(errors="replace")
+                for p in workdir.glob("stderr-*.txt")
+            )
             watchdog_hangs += reported
             mark = "ok " if outcome.right else "BAD"
-            print(f"{mark} {s} -> {outcome.verdict} {outcome.suspects} ({outcome.seconds:.0f} s)"
-                  + (" (a watchdog reported a hang)" if reported else ""), flush=True)
+            print(
+                f"{mark} {s} -> {outcome.verdict} {outcome.suspects} ({outcome.seconds:.0f} s)"
+                + (" (a watchdog reported a hang)" if reported else ""),
+                flush=True,
+            )
             if not outcome.right:
                 wrong.append(f"{s}: {outcome.verdict} {outcome.suspects}: {outcome.summary[:200]}")
-    print(f"\nseed {seed}: {right}/{args.n} right ({right / args.n:.1%}), verdict macro-F1 "
-          f"{macro_f1(pairs):.3f}, false hangs on healthy runs: {false_hangs} (doctor), "
-          f"{watchdog_hangs} (a watchdog's hang report); false stragglers: {false_stragglers}")
-    print(f"load average (1, 5, 15 min) at the start {started}, at the end {load()}"
-          + (f", with {args.load} CPU hogs" if args.load else ""))
+    print(
+        f"\nseed {seed}: {right}/{args.n} right ({right / args.n:.1%}), verdict macro-F1 "
+        f"{macro_f1(pairs):.3f}, false hangs on healthy runs: {false_hangs} (doctor), "
+        f"{watchdog_hangs} (a watchdog's hang report); false stragglers: {false_stragglers}"
+    )
+    print(
+        f"load average (1, 5, 15 min) at the start {started}, at the end {load()}"
+        + (f", with {args.load} CPU hogs" if args.load else "")
+    )
     for kind in sorted({k for k, _ in per_kind}):
-        print(f"  {kind:<20} {per_kind[(kind, True)]}/{per_kind[(kind, True)] + per_kind[(kind, False)]}")
+        print(
+            f"  {kind:<20} {per_kind[(kind, True)]}/{per_kind[(kind, True)] + per_kind[(kind, False)]}"
+        )
     for line in wrong:
         print("wrong:", line)
     return 0

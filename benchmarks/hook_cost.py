@@ -46,12 +46,18 @@ def worker(args: argparse.Namespace) -> None:
         return dist.group.WORLD.allreduce([bucket.buffer()]).get_future().then(first)
 
     def scaled_after(state, bucket):  # type: ignore[no-untyped-def]
-        return dist.group.WORLD.allreduce([bucket.buffer()]).get_future().then(
-            lambda fut: first(fut).mul_(1.0 / world))
+        return (
+            dist.group.WORLD.allreduce([bucket.buffer()])
+            .get_future()
+            .then(lambda fut: first(fut).mul_(1.0 / world))
+        )
 
     def build() -> DDP:
         torch.manual_seed(0)
-        return DDP(build_model(args.width, args.depth), gradient_as_bucket_view=args.gradient_as_bucket_view)
+        return DDP(
+            build_model(args.width, args.depth),
+            gradient_as_bucket_view=args.gradient_as_bucket_view,
+        )
 
     hooks = {"passthrough": passthrough, "scaled": scaled, "scaled_after": scaled_after}
     variants = args.variants.split(",")
@@ -62,8 +68,14 @@ def worker(args: argparse.Namespace) -> None:
         if name in ("ddpmon", "ddpmon-read"):
             import ddpmon
 
-            monitor = ddpmon.attach(model, bucket_timing="hook", port=-1, state_dir="",
-                                    job=f"hook-cost-{len(models)}", hang_timeout=0)
+            monitor = ddpmon.attach(
+                model,
+                bucket_timing="hook",
+                port=-1,
+                state_dir="",
+                job=f"hook-cost-{len(models)}",
+                hang_timeout=0,
+            )
             if name == "ddpmon-read":
                 readers.append(monitor)
         elif name in hooks:
@@ -111,21 +123,27 @@ def worker(args: argparse.Namespace) -> None:
         for i in order:
             times[i].append(block(i, args.block))
     if dist.get_rank() == 0:
-        print(f"{world} ranks, {args.backend}, MLP {args.depth}x{args.width}, batch {args.batch}"
-              f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}: "
-              f"plain step {statistics.median(times[0]) * 1000:.2f} ms; {args.rounds} rounds of {args.block}-step blocks")
+        print(
+            f"{world} ranks, {args.backend}, MLP {args.depth}x{args.width}, batch {args.batch}"
+            f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}: "
+            f"plain step {statistics.median(times[0]) * 1000:.2f} ms; {args.rounds} rounds of {args.block}-step blocks"
+        )
         for name, series in list(zip(variants, times))[1:]:
             ratios = [a / b for a, b in zip(series, times[0])]
             q = statistics.quantiles(ratios, n=4)
             low, high = median_interval(ratios)
-            print(f"  {name:<13} median ratio to plain {statistics.median(ratios):.4f} "
-                  f"(95% interval {low:.3f}..{high:.3f}; quartiles {q[0]:.3f}..{q[2]:.3f})")
+            print(
+                f"  {name:<13} median ratio to plain {statistics.median(ratios):.4f} "
+                f"(95% interval {low:.3f}..{high:.3f}; quartiles {q[0]:.3f}..{q[2]:.3f})"
+            )
     stop_reading.set()
     dist.destroy_process_group()
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--backend", default="gloo")
     p.add_argument("--variants", default="plain,passthrough,scaled,plain")
@@ -134,8 +152,11 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--gradient-as-bucket-view", action="store_true",
-                   help="DDP(gradient_as_bucket_view=True) for every model")
+    p.add_argument(
+        "--gradient-as-bucket-view",
+        action="store_true",
+        help="DDP(gradient_as_bucket_view=True) for every model",
+    )
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:

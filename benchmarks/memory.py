@@ -23,8 +23,17 @@ from ddpmon.rank.timing.c10d import CompletionClock
 from ddpmon.rank.timing.hook import WallClock
 from ddpmon.state.schema import Identity
 
-IDENTITY = dict(rank=0, local_rank=0, world_size=8, host="node0", pid=1, job="bench",
-                backend="gloo", torch_version="2.13.0", debug_level="OFF")
+IDENTITY = dict(
+    rank=0,
+    local_rank=0,
+    world_size=8,
+    host="node0",
+    pid=1,
+    job="bench",
+    backend="gloo",
+    torch_version="2.13.0",
+    debug_level="OFF",
+)
 
 
 def main() -> None:
@@ -35,11 +44,13 @@ def main() -> None:
     p.add_argument("--clock", choices=("hook", "c10d"), default="hook")
     args = p.parse_args()
     rec = Recorder(Identity(**IDENTITY), world_size=8)
-    clock = WallClock() if args.clock == "hook" else CompletionClock("cpu", False, Fuse("comm_hook"))
+    clock = (
+        WallClock() if args.clock == "hook" else CompletionClock("cpu", False, Fuse("comm_hook"))
+    )
     seq = 0
     names = [f"layer{i}.weight" for i in range(args.params)]
     for b in range(args.buckets):
-        rec.set_bucket_layout(b, 4 << 20, "float32", names[b::args.buckets])
+        rec.set_bucket_layout(b, 4 << 20, "float32", names[b :: args.buckets])
     proc = psutil.Process()
     tracemalloc.start()
     checkpoints = max(1, args.steps // 10)
@@ -60,11 +71,16 @@ def main() -> None:
             t += 0.01
             rec.close_step(t)
             clock.new_step(rec.steps, args.buckets)
-            for b in range(args.buckets):
+            for _ in range(args.buckets):
                 seq += 1
-                clock.on_completion(SimpleNamespace(
-                    op_type=c10d.OpType.ALLREDUCE, seq=seq, time_started=started,
-                    active_duration=datetime.timedelta(milliseconds=2)))
+                clock.on_completion(
+                    SimpleNamespace(
+                        op_type=c10d.OpType.ALLREDUCE,
+                        seq=seq,
+                        time_started=started,
+                        active_duration=datetime.timedelta(milliseconds=2),
+                    )
+                )
         else:
             for b in range(args.buckets):
                 rec.bucket_launched(b == args.buckets - 1)
@@ -80,11 +96,16 @@ def main() -> None:
             gc.collect()
             heap, _ = tracemalloc.get_traced_memory()
             elapsed = time.perf_counter() - start
-            print(f"{step:>9} {proc.memory_info().rss / 2**20:>8.1f} {heap / 1024:>16.1f} {elapsed / step * 1e6:>8.1f}", flush=True)
+            print(
+                f"{step:>9} {proc.memory_info().rss / 2**20:>8.1f} {heap / 1024:>16.1f} {elapsed / step * 1e6:>8.1f}",
+                flush=True,
+            )
     snap = rec.snapshot()
     timed = min((b["count"] for b in snap["buckets"]), default=0)
-    print(f"done: {snap['step']} steps, {len(snap['buckets'])} buckets timed {timed} times each, "
-          f"window {snap['timings']['window_steps']} steps")
+    print(
+        f"done: {snap['step']} steps, {len(snap['buckets'])} buckets timed {timed} times each, "
+        f"window {snap['timings']['window_steps']} steps"
+    )
 
 
 if __name__ == "__main__":

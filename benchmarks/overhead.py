@@ -42,14 +42,25 @@ def build_model(args: argparse.Namespace):
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(args.vocab, args.width)
-            block = nn.TransformerEncoderLayer(args.width, 16, 4 * args.width, dropout=0.0, batch_first=True,
-                                               norm_first=True, activation="gelu")
+            block = nn.TransformerEncoderLayer(
+                args.width,
+                16,
+                4 * args.width,
+                dropout=0.0,
+                batch_first=True,
+                norm_first=True,
+                activation="gelu",
+            )
             self.blocks = nn.TransformerEncoder(block, args.depth, enable_nested_tensor=False)
             self.head = nn.Linear(args.width, args.vocab)
-            self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(args.seq), persistent=False)
+            self.register_buffer(
+                "causal", nn.Transformer.generate_square_subsequent_mask(args.seq), persistent=False
+            )
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            h = self.blocks(self.embed(tokens), mask=self.causal.to(self.embed.weight.dtype), is_causal=True)
+            h = self.blocks(
+                self.embed(tokens), mask=self.causal.to(self.embed.weight.dtype), is_causal=True
+            )
             return self.head(h).flatten(0, 1)
 
     return LM()
@@ -59,7 +70,9 @@ def median_interval(values: list[float], resamples: int = 2000) -> tuple[float, 
     """95% bootstrap interval of the median: how far the printed median may be from what
     more rounds would give on this machine."""
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples)
+    )
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
@@ -67,28 +80,39 @@ def under_torchrun(script: str, ranks: int, **env: str) -> int:
     """Run ``script --rank-worker`` with this command line's arguments on ``ranks`` local
     ranks under torchrun (one intra-op thread each unless OMP_NUM_THREADS says otherwise)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **env)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           os.path.abspath(script), "--rank-worker", *sys.argv[1:]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        os.path.abspath(script),
+        "--rank-worker",
+        *sys.argv[1:],
+    ]
     return subprocess.call(cmd, env=env)
 
 
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddpmon
 
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}" if args.device == "cuda" else "cpu")
+    device = torch.device(
+        f"cuda:{local % max(1, torch.cuda.device_count())}" if args.device == "cuda" else "cpu"
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(0)
-    kwargs: dict = {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
+    kwargs: dict = (
+        {"device_ids": [device.index]} if device.type == "cuda" and args.backend == "nccl" else {}
+    )
     if args.gradient_as_bucket_view:
         kwargs["gradient_as_bucket_view"] = True
     # On NCCL a process group each: c10d timing (bucket_timing=c10d) is switched on per group
@@ -115,7 +139,9 @@ def worker(args: argparse.Namespace) -> None:
         )
 
         plain.register_comm_hook(None, allreduce_hook)
-    monitor = ddpmon.attach(watched if not args.no_attach else DDP(nn.Linear(8, 8).to(device), **kwargs), **options)
+    monitor = ddpmon.attach(
+        watched if not args.no_attach else DDP(nn.Linear(8, 8).to(device), **kwargs), **options
+    )
     stop = threading.Event()
 
     def scrape() -> None:
@@ -179,7 +205,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ranks", type=int, default=2, help="processes (ranks) to start")
     p.add_argument("--backend", default="gloo")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -192,20 +220,37 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--block", type=int, default=10, help="steps per block")
     p.add_argument("--rounds", type=int, default=40, help="pairs of blocks")
-    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="an attach() option for the attached model, e.g. track_collectives=0")
-    p.add_argument("--baseline", choices=("plain", "python-hook"), default="plain",
-                   help="the model compared with: DDP as is, or with torch's Python allreduce_hook")
-    p.add_argument("--gradient-as-bucket-view", action="store_true",
-                   help="DDP(gradient_as_bucket_view=True) for both models")
-    p.add_argument("--no-attach", action="store_true",
-                   help="an A/A run: ddpmon runs beside both models but times neither (the noise floor)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an attach() option for the attached model, e.g. track_collectives=0",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=("plain", "python-hook"),
+        default="plain",
+        help="the model compared with: DDP as is, or with torch's Python allreduce_hook",
+    )
+    p.add_argument(
+        "--gradient-as-bucket-view",
+        action="store_true",
+        help="DDP(gradient_as_bucket_view=True) for both models",
+    )
+    p.add_argument(
+        "--no-attach",
+        action="store_true",
+        help="an A/A run: ddpmon runs beside both models but times neither (the noise floor)",
+    )
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:
         worker(args)
         return 0
-    return under_torchrun(__file__, args.ranks, DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"))
+    return under_torchrun(
+        __file__, args.ranks, DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-")
+    )
 
 
 if __name__ == "__main__":

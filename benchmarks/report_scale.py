@@ -35,10 +35,25 @@ def browser_ms(page: Path, tmp: Path) -> int | None:
     if not chromium:
         return None
     done = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
-         "--window-size=1280,1000", "--virtual-time-budget=20000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=300)
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp / 'profile'}",
+            "--window-size=1280,1000",
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     m = re.search(r'data-render-ms="(\d+)"', done.stdout)
     return int(m.group(1)) if m else None
 
@@ -46,9 +61,13 @@ def browser_ms(page: Path, tmp: Path) -> int | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", nargs="*", default=list(GRID), metavar="RANKSxSTEPS")
-    parser.add_argument("--browser", action="store_true", help="also time the drawing in headless chromium")
+    parser.add_argument(
+        "--browser", action="store_true", help="also time the drawing in headless chromium"
+    )
     args = parser.parse_args()
-    print("| ranks | steps | write stores | bytes/step (1 rank) | report (wall) | report (CPU) | HTML size | drawing (chromium) |")
+    print(
+        "| ranks | steps | write stores | bytes/step (1 rank) | report (wall) | report (CPU) | HTML size | drawing (chromium) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.grid:
         ranks, steps = (int(x) for x in size.lower().split("x"))
@@ -66,8 +85,11 @@ def main() -> None:
             page.write_text(page_text)
             took, cpu = time.perf_counter() - t0, time.process_time() - c0
             draw = browser_ms(page, tmp_path) if args.browser else None
-            print(f"| {ranks:,} | {steps:,} | {written:.1f} s | {per_step:.0f} | {took:.2f} s | {cpu:.2f} s | "
-                  f"{os.path.getsize(page) / 1e6:.2f} MB | {'-' if draw is None else f'{draw} ms'} |", flush=True)
+            print(
+                f"| {ranks:,} | {steps:,} | {written:.1f} s | {per_step:.0f} | {took:.2f} s | {cpu:.2f} s | "
+                f"{os.path.getsize(page) / 1e6:.2f} MB | {'-' if draw is None else f'{draw} ms'} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,17 @@ from ddpmon.rank.exporter import RankCollector
 from ddpmon.rank.recorder import BucketTiming, Recorder
 from ddpmon.state.schema import Identity
 
-IDENTITY = dict(rank=0, local_rank=0, world_size=1024, host="node0", pid=1, job="bench",
-                backend="nccl", torch_version="2.13.0", debug_level="OFF")
+IDENTITY = dict(
+    rank=0,
+    local_rank=0,
+    world_size=1024,
+    host="node0",
+    pid=1,
+    job="bench",
+    backend="nccl",
+    torch_version="2.13.0",
+    debug_level="OFF",
+)
 
 
 def recorder(buckets: int, steps: int = 20) -> Recorder:
@@ -32,7 +41,9 @@ def recorder(buckets: int, steps: int = 20) -> Recorder:
         rec.forward_finished(s * 1.0 + 0.1)
         rec.backward_done(s * 1.0 + 0.5)
         rec.close_step(s * 1.0 + 0.9)
-        rec.add_bucket_timings([BucketTiming(i, 0.2 + i * 1e-4, i * 1e-3, i * 1e-3 + 0.004) for i in range(buckets)])
+        rec.add_bucket_timings(
+            [BucketTiming(i, 0.2 + i * 1e-4, i * 1e-3, i * 1e-3 + 0.004) for i in range(buckets)]
+        )
     return rec
 
 
@@ -50,7 +61,7 @@ def measure(buckets: int, mode: str, repeats: int) -> tuple[float, int, int]:
 
 PROMETHEUS = {  # what Prometheus sends with every scrape
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
     "Accept-Encoding": "gzip",
 }
 
@@ -84,12 +95,18 @@ def main() -> None:
     p.add_argument("--buckets", type=int, nargs="*", default=[1, 100, 1000])
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args()
-    print(f"{'buckets':>8} {'mode':<11} {'scrape ms':>10} {'series/rank':>12} {'bytes':>9} {'series, 1024 ranks':>19}")
+    print(
+        f"{'buckets':>8} {'mode':<11} {'scrape ms':>10} {'series/rank':>12} {'bytes':>9} {'series, 1024 ranks':>19}"
+    )
     for n in args.buckets:
         for mode in ("auto", "per_bucket", "aggregate", "off"):
             seconds, series, size = measure(n, mode, args.repeats)
-            print(f"{n:>8} {mode:<11} {seconds * 1000:>10.2f} {series:>12} {size:>9} {series * 1024:>19,}")
-    print(f"\n{'buckets':>8} {'HTTP ms, new connection':>24} {'HTTP ms, as Prometheus':>23} {'gzip bytes':>11}")
+            print(
+                f"{n:>8} {mode:<11} {seconds * 1000:>10.2f} {series:>12} {size:>9} {series * 1024:>19,}"
+            )
+    print(
+        f"\n{'buckets':>8} {'HTTP ms, new connection':>24} {'HTTP ms, as Prometheus':>23} {'gzip bytes':>11}"
+    )
     for n in args.buckets:
         fresh, kept, size = measure_http(n, args.repeats)
         print(f"{n:>8} {fresh * 1000:>24.2f} {kept * 1000:>23.2f} {size:>11}")

@@ -61,7 +61,9 @@ def worker(args: argparse.Namespace) -> None:
     from ddpmon.steps import busy_seconds
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", store=dist.FileStore(args.store, world), rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(args.store, world), rank=rank, world_size=world
+    )
     extra: dict[str, float] = dict.fromkeys(PARTS, 0.0)
 
     def sleep(part: str) -> None:
@@ -80,7 +82,9 @@ def worker(args: argparse.Namespace) -> None:
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+            self.body = nn.Sequential(
+                nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             sleep("forward")
@@ -109,8 +113,14 @@ def worker(args: argparse.Namespace) -> None:
     # taken from a warm-up every rank agrees on: the slowest rank's median.
     for _ in range(CALIBRATION_STEPS):
         step()
-    measured = torch.tensor([statistics.median(
-        busy_seconds(r) for r in monitor.recorder.history_since(0)[-CALIBRATION_STEPS // 2:])])
+    measured = torch.tensor(
+        [
+            statistics.median(
+                busy_seconds(r)
+                for r in monitor.recorder.history_since(0)[-CALIBRATION_STEPS // 2 :]
+            )
+        ]
+    )
     dist.all_reduce(measured, op=dist.ReduceOp.MAX)
     busy = float(measured)
     marks: list[int] = []
@@ -127,8 +137,7 @@ def worker(args: argparse.Namespace) -> None:
         rows += monitor.recorder.history_since(rows[-1].step)  # it keeps the last thousand or so
     monitor.detach()
     with open(os.path.join(args.out, f"rows-{rank}.json"), "w") as f:
-        json.dump({"marks": marks, "busy": busy,
-                   "rows": [dataclasses.asdict(r) for r in rows]}, f)
+        json.dump({"marks": marks, "busy": busy, "rows": [dataclasses.asdict(r) for r in rows]}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -147,8 +156,16 @@ def run_job(world: int, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
         out = tempfile.mkdtemp(prefix=f"ddpmon-stragglers-{world}-")
     env = dict(os.environ, WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     store = os.path.join(tempfile.mkdtemp(prefix="ddpmon-stragglers-store-"), "store")
-    cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker", "--store", store,
-           "--out", out, *sys.argv[1:]]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--rank-worker",
+        "--store",
+        store,
+        "--out",
+        out,
+        *sys.argv[1:],
+    ]
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r))) for r in range(world)]
     if any(p.wait(timeout=1800) != 0 for p in procs):
         raise SystemExit(f"the {world}-rank job failed")
@@ -168,14 +185,22 @@ def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+def evaluate(
+    world: int, data: dict[int, dict[str, Any]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     """Score each segment after each of its steps, as the doctor would have."""
     from ddpmon import steps
 
     results = []
     for i, segment in enumerate(plan(world, args.segments, args.seed)):
-        rows = {r: [steps.StepRow(**row) for row in d["rows"] if d["marks"][i] < row["step"] <= d["marks"][i] + args.steps]
-                for r, d in data.items()}
+        rows = {
+            r: [
+                steps.StepRow(**row)
+                for row in d["rows"]
+                if d["marks"][i] < row["step"] <= d["marks"][i] + args.steps
+            ]
+            for r, d in data.items()
+        }
         named_at, cause_at_naming, ever_named, final = None, None, set(), {}
         for k in range(steps.MIN_STEPS, args.steps + 1):
             scores = steps.scores({r: steps.phases(rs[:k]) for r, rs in rows.items()})
@@ -184,23 +209,46 @@ def evaluate(world: int, data: dict[int, dict[str, Any]], args: argparse.Namespa
             if named_at is None and segment["slow"] in named and len(named) == 1:
                 named_at, cause_at_naming = k, named[segment["slow"]]
             final = named
-        results.append({"world": world, **segment, "named_at": named_at, "cause": cause_at_naming,
-                        "ever_named": sorted(ever_named), "final": final})
+        results.append(
+            {
+                "world": world,
+                **segment,
+                "named_at": named_at,
+                "cause": cause_at_naming,
+                "ever_named": sorted(ever_named),
+                "final": final,
+            }
+        )
     return results
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--worlds", default="2,3,4", help="world sizes, one job each")
     p.add_argument("--segments", type=int, default=16, help="segments per job")
     p.add_argument("--steps", type=int, default=40, help="steps per segment")
-    p.add_argument("--slowdown", type=float, default=0.10, help="the straggler's extra busy time (share)")
-    p.add_argument("--jitter", type=float, default=0.10, help="random jitter in straggler segments (share)")
-    p.add_argument("--healthy-jitter", type=float, default=0.30, help="random jitter in healthy segments (share)")
+    p.add_argument(
+        "--slowdown", type=float, default=0.10, help="the straggler's extra busy time (share)"
+    )
+    p.add_argument(
+        "--jitter", type=float, default=0.10, help="random jitter in straggler segments (share)"
+    )
+    p.add_argument(
+        "--healthy-jitter",
+        type=float,
+        default=0.30,
+        help="random jitter in healthy segments (share)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--load", type=int, default=0, metavar="N", help="run N busy CPU hogs beside the jobs")
+    p.add_argument(
+        "--load", type=int, default=0, metavar="N", help="run N busy CPU hogs beside the jobs"
+    )
     p.add_argument("--keep", metavar="DIR", help="keep every rank's step rows in DIR")
-    p.add_argument("--replay", metavar="DIR", help="score the rows kept in DIR instead of running jobs")
+    p.add_argument(
+        "--replay", metavar="DIR", help="score the rows kept in DIR instead of running jobs"
+    )
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -231,19 +279,27 @@ def main() -> int:
     false_pos = [r for r in healthy if r["ever_named"]]
     false_pos_final = [r for r in healthy if r["final"]]
     for r in results:
-        print(f"world {r['world']} {r['kind']:<9} slow {r['slow']!s:<4} named at {r['named_at']!s:<4} "
-              f"cause {r['cause']!s:<9} ever named {r['ever_named']}")
-    print(f"\n{len(stragglers)} stragglers ({args.slowdown:.0%} slower, jitter {args.jitter:.0%}), "
-          f"{len(healthy)} healthy segments (jitter {args.healthy_jitter:.0%}); worlds {args.worlds}; "
-          f"{args.load} CPU hogs beside")
+        print(
+            f"world {r['world']} {r['kind']:<9} slow {r['slow']!s:<4} named at {r['named_at']!s:<4} "
+            f"cause {r['cause']!s:<9} ever named {r['ever_named']}"
+        )
+    print(
+        f"\n{len(stragglers)} stragglers ({args.slowdown:.0%} slower, jitter {args.jitter:.0%}), "
+        f"{len(healthy)} healthy segments (jitter {args.healthy_jitter:.0%}); worlds {args.worlds}; "
+        f"{args.load} CPU hogs beside"
+    )
     print(f"named within 20 steps: {len(named20)}/{len(stragglers)}")
     named = [r["named_at"] for r in stragglers if r["named_at"] is not None]
     if named:
         print(f"steps to name it: median {sorted(named)[len(named) // 2]}, max {max(named)}")
-    print(f"cause right when named: {len(right)}/{len([r for r in stragglers if r['named_at'] is not None])}")
+    print(
+        f"cause right when named: {len(right)}/{len([r for r in stragglers if r['named_at'] is not None])}"
+    )
     print(f"another rank named in a straggler segment: {len(wrong_rank)}/{len(stragglers)}")
-    print(f"healthy segments called stragglers at any step: {len(false_pos)}/{len(healthy)}; "
-          f"after the last step: {len(false_pos_final)}/{len(healthy)}")
+    print(
+        f"healthy segments called stragglers at any step: {len(false_pos)}/{len(healthy)}; "
+        f"after the last step: {len(false_pos_final)}/{len(healthy)}"
+    )
     return 0
 
 

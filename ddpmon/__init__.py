@@ -1,7 +1,7 @@
 """ddpmon: observability and debugging for PyTorch DistributedDataParallel.
 
-    import ddpmon
-    monitor = ddpmon.attach(ddp_model)   # after DistributedDataParallel(...)
+import ddpmon
+monitor = ddpmon.attach(ddp_model)   # after DistributedDataParallel(...)
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ if TYPE_CHECKING:
     from .rank.monitor import Monitor
 
 __all__ = [
-    "attach", "Monitor", "Config", "DdpmonError", "AttachError", "ConfigError",
-    "StateFileError", "__version__",
+    "attach",
+    "Monitor",
+    "Config",
+    "DdpmonError",
+    "AttachError",
+    "ConfigError",
+    "StateFileError",
+    "__version__",
 ]
 
 

@@ -105,8 +105,16 @@ def working(cpu_share: float, io_rate: float, runnable_share: float = 0.0) -> bo
     return cpu_share >= CPU_BUSY or runnable_share >= RUNNABLE_BUSY or io_rate >= IO_BUSY
 
 
-def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, io_rate: float,
-             timeout: float | None = None, runnable_share: float = 0.0, gpu_behind: float | None = None) -> str:
+def classify(
+    idle: float,
+    in_flight: bool,
+    still_for: float,
+    cpu_share: float,
+    io_rate: float,
+    timeout: float | None = None,
+    runnable_share: float = 0.0,
+    gpu_behind: float | None = None,
+) -> str:
     """The rank's activity from its samples (see the module's table); ``cpu_share``,
     ``runnable_share`` and ``io_rate`` are measured over the seconds the stack has been
     still; ``gpu_behind``: seconds the GPU has not reached the last step boundary's mark.
@@ -116,7 +124,9 @@ def classify(idle: float, in_flight: bool, still_for: float, cpu_share: float, i
         return Status.STEPPING
     if in_flight:
         return Status.WAITING
-    if still_for >= still and ((gpu_behind or 0.0) >= still or not working(cpu_share, io_rate, runnable_share)):
+    if still_for >= still and (
+        (gpu_behind or 0.0) >= still or not working(cpu_share, io_rate, runnable_share)
+    ):
         return Status.STUCK  # (a host spinning for a stalled GPU uses CPU that is no work)
     return Status.BUSY
 
@@ -174,9 +184,12 @@ class Sampler:
     the work before a stall does not hide it, and a thread that works with a stack that
     looks still (a loop inside one line) shows its work over the whole stretch."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 times: Callable[[], tuple[float, float, float]] | None = None,
-                 io: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        times: Callable[[], tuple[float, float, float]] | None = None,
+        io: Callable[[], int] | None = None,
+    ) -> None:
         """``times`` and ``io`` replace the readings of (main thread's CPU seconds, the
         process's threads' seconds running, and waiting for a CPU) and of the process's
         I/O bytes (tests)."""
@@ -191,8 +204,12 @@ class Sampler:
             self._cpu_clock: int | None = time.pthread_getcpuclockid(main.ident)  # type: ignore[arg-type]
         except Exception:
             self._cpu_clock = None
-        self._threads: dict[str, tuple[int, int]] = {}  # thread id -> (ns run, ns waited), last read
-        self._ran = self._waited = 0  # ns, summed over the threads seen (threads that end keep theirs)
+        self._threads: dict[
+            str, tuple[int, int]
+        ] = {}  # thread id -> (ns run, ns waited), last read
+        self._ran = self._waited = (
+            0  # ns, summed over the threads seen (threads that end keep theirs)
+        )
         self._signature: tuple[Any, ...] | None = None
         self._changed = clock()
         self._where: str | None = None
@@ -216,7 +233,9 @@ class Sampler:
             code = frame.f_code
             if depth < _FRAMES:
                 signature.append((code, frame.f_lineno))
-            if len(user) <= _CALLERS and not (is_library(code.co_filename) or code.co_filename.startswith("<")):
+            if len(user) <= _CALLERS and not (
+                is_library(code.co_filename) or code.co_filename.startswith("<")
+            ):
                 user.append(f"{short_path(code.co_filename)}:{frame.f_lineno} in {code.co_name}")
                 loops.append(loop_lines(code, frame.f_lasti))
             frame = frame.f_back
@@ -255,7 +274,11 @@ class Sampler:
                     self._waited += max(0, waited_ns - before[1])
                 self._threads = now
                 main = now.get(self._main_tid)
-                return (main[0] / 1e9 if main else self._main_cpu()), self._ran / 1e9, self._waited / 1e9
+                return (
+                    (main[0] / 1e9 if main else self._main_cpu()),
+                    self._ran / 1e9,
+                    self._waited / 1e9,
+                )
             self._schedstat = False
         return self._main_cpu(), time.process_time(), 0.0
 
@@ -285,17 +308,32 @@ class Sampler:
         runnable = min(1.0, max(0.0, (r1 - r0) / span) + waited)
         return cpu, runnable, min(runnable, waited), max(0.0, (b1 - b0) / span)
 
-    def activity(self, idle: float, in_flight: bool, timeout: float | None, now_unix: float,
-                 gpu_behind: float | None = None) -> schema.Activity:
+    def activity(
+        self,
+        idle: float,
+        in_flight: bool,
+        timeout: float | None,
+        now_unix: float,
+        gpu_behind: float | None = None,
+    ) -> schema.Activity:
         now = self._clock()
         cpu_share, runnable_share, wait_share, io_rate = self.shares()
         still_for = now - self._changed
-        state = classify(idle, in_flight, still_for, cpu_share, io_rate, timeout, runnable_share, gpu_behind)
+        state = classify(
+            idle, in_flight, still_for, cpu_share, io_rate, timeout, runnable_share, gpu_behind
+        )
         return schema.Activity(
-            state=state, sampled_unix=now_unix, still_seconds=round(still_for, 3),
-            cpu_share=round(cpu_share, 3), runnable_share=round(runnable_share, 3),
-            wait_share=round(wait_share, 3), io_bytes_per_second=round(io_rate), where=self._where,
-            callers=list(self._callers), loops=list(self._loops), hang_timeout_seconds=timeout,
+            state=state,
+            sampled_unix=now_unix,
+            still_seconds=round(still_for, 3),
+            cpu_share=round(cpu_share, 3),
+            runnable_share=round(runnable_share, 3),
+            wait_share=round(wait_share, 3),
+            io_bytes_per_second=round(io_rate),
+            where=self._where,
+            callers=list(self._callers),
+            loops=list(self._loops),
+            hang_timeout_seconds=timeout,
             gpu_behind_seconds=None if gpu_behind is None else round(gpu_behind, 3),
         )
 
@@ -330,10 +368,17 @@ def _loops(code: Any) -> tuple[tuple[int, int, int, int], ...]:
     out = []
     for ins in instructions:
         target = ins.argval
-        if (ins.opcode in jumps and isinstance(target, int) and target < ins.offset
-                and ins.opname != "JUMP_BACKWARD_NO_INTERRUPT"):  # that one is await's, not a loop
-            lines = [line for i in instructions if target <= i.offset <= ins.offset
-                     and (line := line_at(i.offset)) is not None]
+        if (
+            ins.opcode in jumps
+            and isinstance(target, int)
+            and target < ins.offset
+            and ins.opname != "JUMP_BACKWARD_NO_INTERRUPT"
+        ):  # that one is await's, not a loop
+            lines = [
+                line
+                for i in instructions
+                if target <= i.offset <= ins.offset and (line := line_at(i.offset)) is not None
+            ]
             if lines:
                 out.append((target, ins.offset, min(lines), max(lines)))
     return tuple(out)
@@ -391,7 +436,9 @@ def holdouts(state_file: str, entry: schema.Collective, now: float) -> str | Non
         else:
             # stepping: it made progress moments ago and has not joined yet (it is starting
             # its own pause, or runs on without joining: the doctor's not_joining tells)
-            seen.append(Status.BUSY if act.state in (Status.BUSY, Status.STEPPING) else Status.STUCK)
+            seen.append(
+                Status.BUSY if act.state in (Status.BUSY, Status.STEPPING) else Status.STUCK
+            )
     if not seen:
         return None
     return Status.BUSY if all(s == Status.BUSY for s in seen) else Status.STUCK

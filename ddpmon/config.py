@@ -122,8 +122,11 @@ class Config:
         if isinstance(self.bucket_timing, bool):  # the older spelling
             object.__setattr__(self, "bucket_timing", "auto" if self.bucket_timing else "off")
         if self.bucket_timing not in BUCKET_TIMING_MODES:
-            raise ConfigError("bucket_timing", self.bucket_timing,
-                              " or ".join(BUCKET_TIMING_MODES) + " (or True/False)")
+            raise ConfigError(
+                "bucket_timing",
+                self.bucket_timing,
+                " or ".join(BUCKET_TIMING_MODES) + " (or True/False)",
+            )
         for name in ("nvml", "track_collectives", "history"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
@@ -133,9 +136,13 @@ class Config:
         if self.hang_action not in HANG_ACTIONS:
             raise ConfigError("hang_action", self.hang_action, " or ".join(HANG_ACTIONS))
         if self.bucket_metrics not in BUCKET_METRICS_MODES:
-            raise ConfigError("bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES))
+            raise ConfigError(
+                "bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES)
+            )
         if self.comm_hook is not None and not callable(self.comm_hook):
-            raise ConfigError("comm_hook", self.comm_hook, "a callable hook(state, bucket) -> Future")
+            raise ConfigError(
+                "comm_hook", self.comm_hook, "a callable hook(state, bucket) -> Future"
+            )
         if self.job is not None and not str(self.job).strip():
             raise ConfigError("job", self.job, "a non-empty name")
 

@@ -93,19 +93,34 @@ class StateFiles:
                 continue
             self.resolved(path, f"state file {path} is readable again")
             read.append((path, data, info))
-        separated, self.shared = owners.separate([(path, data, info.st_uid) for path, data, info in read])
+        separated, self.shared = owners.separate(
+            [(path, data, info.st_uid) for path, data, info in read]
+        )
         for job, uids in self.shared.items():
-            self.problem(f"{self.state_dir}#owners#{job}", (
-                f"state files of {len(uids)} users claim job {job!r} ({', '.join(f'uid {u}' for u in uids)}): "
-                "each user's are exported as a job of their own, "
-                f"{', '.join(repr(owners.owned_name(job, u)) for u in uids)}, since one of them may be "
-                "forged; give concurrent jobs distinct names"))
-        out = [Found(path, state, info.st_uid, files.written_unix(info))
-               for (path, state), (_, _, info) in zip(separated, read)]
-        for key in [k for k in self._problems
-                    if k.split("#")[0] != self.state_dir and not os.path.exists(k.split("#")[0])]:
+            self.problem(
+                f"{self.state_dir}#owners#{job}",
+                (
+                    f"state files of {len(uids)} users claim job {job!r} ({', '.join(f'uid {u}' for u in uids)}): "
+                    "each user's are exported as a job of their own, "
+                    f"{', '.join(repr(owners.owned_name(job, u)) for u in uids)}, since one of them may be "
+                    "forged; give concurrent jobs distinct names"
+                ),
+            )
+        out = [
+            Found(path, state, info.st_uid, files.written_unix(info))
+            for (path, state), (_, _, info) in zip(separated, read)
+        ]
+        for key in [
+            k
+            for k in self._problems
+            if k.split("#")[0] != self.state_dir and not os.path.exists(k.split("#")[0])
+        ]:
             del self._problems[key]  # the file is gone: a new one of that name is news again
-        for key in [k for k in self._problems if "#owners#" in k and k.split("#owners#")[1] not in self.shared]:
+        for key in [
+            k
+            for k in self._problems
+            if "#owners#" in k and k.split("#owners#")[1] not in self.shared
+        ]:
             del self._problems[key]
         return out
 
@@ -124,9 +139,12 @@ class StateFiles:
             key = f"{self.state_dir}#bound#{uid}"
             if len(found) > self.max_per_user:
                 found = sorted(found, reverse=True)[: self.max_per_user]
-                self.problem(key, f"uid {uid} has more than {self.max_per_user} state files here, the most the "
-                                  f"daemon reads per user (--max-ranks-per-user): the {self.max_per_user} "
-                                  "written last are read, the others skipped")
+                self.problem(
+                    key,
+                    f"uid {uid} has more than {self.max_per_user} state files here, the most the "
+                    f"daemon reads per user (--max-ranks-per-user): the {self.max_per_user} "
+                    "written last are read, the others skipped",
+                )
             else:
                 self.resolved(key, f"uid {uid}'s state files are within --max-ranks-per-user again")
             kept.update(path for _, path in found)
@@ -152,7 +170,9 @@ class StateFiles:
         for root in sorted(glob.glob(self.state_dir)):
             what = _foreign_root(root)
             if what:
-                self.problem(root, f"state directory {root} {what}; skipped (planted by another user?)")
+                self.problem(
+                    root, f"state directory {root} {what}; skipped (planted by another user?)"
+                )
                 continue
             self.resolved(root, f"state directory {root} is fine now")
             paths.extend(self._paths_under(root))
@@ -170,7 +190,9 @@ class StateFiles:
             paths = files.list_files(root)
             subdirs = sorted(e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
         except OSError as exc:
-            self.problem(root + "#list", f"state directory {root} cannot be listed ({exc.strerror or exc})")
+            self.problem(
+                root + "#list", f"state directory {root} cannot be listed ({exc.strerror or exc})"
+            )
             return []
         self.resolved(root + "#list", f"state directory {root} can be listed again")
         for sub in subdirs:
@@ -179,13 +201,17 @@ class StateFiles:
             try:
                 paths.extend(files.list_files(sub))
             except OSError as exc:
-                self.problem(sub + "#list", f"state directory {sub} cannot be listed ({exc.strerror or exc})")
+                self.problem(
+                    sub + "#list", f"state directory {sub} cannot be listed ({exc.strerror or exc})"
+                )
                 continue
             self.resolved(sub + "#list", f"state directory {sub} can be listed again")
         return paths
 
 
-def _activity(path: str, state: schema.RankState, proc: psutil.Process | None, fresh: bool) -> str | None:
+def _activity(
+    path: str, state: schema.RankState, proc: psutil.Process | None, fresh: bool
+) -> str | None:
     """What a rank of this node is doing: its own word (the state file's ``activity``) while
     its process runs and the file is fresh; else what only another process sees: frozen
     (stopped, or no longer writing its file), crashed (an exception, a fatal signal or a
@@ -283,9 +309,16 @@ class RankView:
 class Daemon:
     """Samples the node every ``interval`` seconds; its ``collect()`` serves the result."""
 
-    def __init__(self, state_dir: str, interval: float = 1.0, stale_after: float = 15.0,
-                 gpus: bool = True, node_local: bool = False,
-                 slow_interval: float = nvml.SLOW_INTERVAL, max_per_user: int = owners.MAX_RANKS_PER_USER) -> None:
+    def __init__(
+        self,
+        state_dir: str,
+        interval: float = 1.0,
+        stale_after: float = 15.0,
+        gpus: bool = True,
+        node_local: bool = False,
+        slow_interval: float = nvml.SLOW_INTERVAL,
+        max_per_user: int = owners.MAX_RANKS_PER_USER,
+    ) -> None:
         self.state_dir = state_dir
         self.interval = interval
         self.stale_after = stale_after
@@ -302,7 +335,9 @@ class Daemon:
         self._xid_lock = threading.Lock()
         self._watcher: nvml.XidWatcher | None = None
         self._procs: dict[str, tuple[tuple[int, Any, int], psutil.Process | None]] = {}
-        self._aborts: dict[str, tuple[float, str, int, bool]] = {}  # path -> (mtime, job, rank, aborted)
+        self._aborts: dict[
+            str, tuple[float, str, int, bool]
+        ] = {}  # path -> (mtime, job, rank, aborted)
         self._samples: list[Sample] = []
         self._last_pass = time.monotonic()
         self._failing: str | None = None
@@ -350,8 +385,11 @@ class Daemon:
         watcher = nvml.XidWatcher(nv, gpus, self._on_xid)
         if watcher.start():
             self._watcher = watcher
-        log.info("ddpmon: daemon: watching %d GPU(s): %s", len(gpus),
-                 ", ".join(f"{g.index} {g.name} {g.uuid}" for g in gpus))
+        log.info(
+            "ddpmon: daemon: watching %d GPU(s): %s",
+            len(gpus),
+            ", ".join(f"{g.index} {g.name} {g.uuid}" for g in gpus),
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -377,8 +415,13 @@ class Daemon:
         samples += self._gpu_samples(ranks)
         samples += self._xid_samples()
         samples += self._hang_abort_samples()
-        samples.append(("ddpmon_daemon_info",
-                        {"host": self.hostname, "version": __version__, "gpus": str(len(self._readers))}, 1.0))
+        samples.append(
+            (
+                "ddpmon_daemon_info",
+                {"host": self.hostname, "version": __version__, "gpus": str(len(self._readers))},
+                1.0,
+            )
+        )
         self._samples = samples
         self._last_pass = time.monotonic()
 
@@ -387,14 +430,18 @@ class Daemon:
         """Age of the last finished sampling pass beyond which the daemon is unhealthy."""
         return max(HEALTHY_PASSES * self.interval, HEALTHY_MIN_SECONDS)
 
-    def health_route(self, query: Query | None = None, reader: Reader | None = None) -> tuple[str, bytes]:
+    def health_route(
+        self, query: Query | None = None, reader: Reader | None = None
+    ) -> tuple[str, bytes]:
         """``/healthz``: 200 while sampling passes finish, 503 (Unhealthy) once the last one
         is older than ``stale_after_seconds`` (a hung file system or NVML call): serving
         old samples forever would hide it, so a liveness probe restarts the daemon."""
         age = time.monotonic() - self._last_pass
         if age > self.stale_after_seconds or not self._thread.is_alive():
-            raise Unhealthy(f"the last sampling pass finished {age:.0f} s ago "
-                            f"(interval {self.interval:g} s): sampling is stuck")
+            raise Unhealthy(
+                f"the last sampling pass finished {age:.0f} s ago "
+                f"(interval {self.interval:g} s): sampling is stuck"
+            )
         return "text/plain", f"ok: last sampling pass {age:.1f} s ago\n".encode()
 
     def states(self, reader: Reader | None = None) -> list[dict[str, Any]]:
@@ -408,15 +455,21 @@ class Daemon:
             if not self._is_local(state) or not may_read(path):
                 continue
             data = schema.to_json(state)
-            signalled = fault.of_run(path, state, mtime - state.now_unix if state.now_unix is not None else 0.0)
-            if signalled is not None:  # carried to a doctor elsewhere (--from), which cannot read it
+            signalled = fault.of_run(
+                path, state, mtime - state.now_unix if state.now_unix is not None else 0.0
+            )
+            if (
+                signalled is not None
+            ):  # carried to a doctor elsewhere (--from), which cannot read it
                 data["exit"] = records.dump(signalled)
             data["file_mtime_unix"] = mtime
             data["served_unix"] = served
             out.append(data)
         return out
 
-    def state_route(self, query: Query | None = None, reader: Reader | None = None) -> tuple[str, bytes]:
+    def state_route(
+        self, query: Query | None = None, reader: Reader | None = None
+    ) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.states(reader), default=str).encode()
 
     def histories(self, reader: Reader | None = None) -> list[HistoryFile]:
@@ -437,8 +490,11 @@ class Daemon:
             except OSError:
                 continue
             if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
-                self.files.problem(where, f"history {where} is not a regular file of the state file's owner "
-                                   "(a link?); not served")
+                self.files.problem(
+                    where,
+                    f"history {where} is not a regular file of the state file's owner "
+                    "(a link?); not served",
+                )
                 continue
             self.files.resolved(where, f"history {where} is served again")
             key = (state.job or "", state.rank)
@@ -457,21 +513,39 @@ class Daemon:
             raise BadRequest(str(exc)) from None
         found = [h for h in self.histories(reader) if ask.job is None or h.job == ask.job]
         if ask.rank is None:
-            return _json({"format": history.PAGE_FORMAT, "host": self.hostname, "served_unix": time.time(),
-                          "page_rows": history.PAGE_ROWS, "page_bytes": history.PAGE_BYTES,
-                          "histories": [self._listed(h) for h in found]})
+            return _json(
+                {
+                    "format": history.PAGE_FORMAT,
+                    "host": self.hostname,
+                    "served_unix": time.time(),
+                    "page_rows": history.PAGE_ROWS,
+                    "page_bytes": history.PAGE_BYTES,
+                    "histories": [self._listed(h) for h in found],
+                }
+            )
         mine = [h for h in found if h.rank == ask.rank]
         of_job = f" of job {ask.job!r}" if ask.job else ""
         if not mine:
-            raise LookupError(f"no history of rank {ask.rank}{of_job} on this node: /history lists those there")
+            raise LookupError(
+                f"no history of rank {ask.rank}{of_job} on this node: /history lists those there"
+            )
         if len(mine) > 1:
-            raise BadRequest(f"rank {ask.rank} has histories of jobs {', '.join(repr(h.job) for h in mine)} "
-                             "on this node: add job=JOB")
+            raise BadRequest(
+                f"rank {ask.rank} has histories of jobs {', '.join(repr(h.job) for h in mine)} "
+                "on this node: add job=JOB"
+            )
         try:
             body = history.page(mine[0].path, ask.since, ask.limit, ask.buckets)
         except history.HistoryError as exc:
-            raise LookupError(f"the history of rank {ask.rank}{of_job} cannot be served: {exc}") from None
-        body.update(job=mine[0].job, rank=mine[0].rank, file_mtime_unix=mine[0].mtime, served_unix=time.time())
+            raise LookupError(
+                f"the history of rank {ask.rank}{of_job} cannot be served: {exc}"
+            ) from None
+        body.update(
+            job=mine[0].job,
+            rank=mine[0].rank,
+            file_mtime_unix=mine[0].mtime,
+            served_unix=time.time(),
+        )
         return _json(body)
 
     def _listed(self, h: HistoryFile) -> dict[str, Any]:
@@ -499,8 +573,10 @@ class Daemon:
             if state.phase == "detached" or clean:
                 continue  # detached, or the process ended normally: nothing is down
             if state.pid is None or state.host is None or state.now_unix is None:
-                self.files.problem(path + "#keys", f"state file {path} has no pid, host or now_unix; "
-                                   "skipped until it is fixed")
+                self.files.problem(
+                    path + "#keys",
+                    f"state file {path} has no pid, host or now_unix; skipped until it is fixed",
+                )
                 continue
             self.files.resolved(path + "#keys", f"state file {path} is complete again")
             if not self._is_local(state):
@@ -510,15 +586,20 @@ class Daemon:
             # the future is fresh for at most stale_after past its last write (the slack is
             # for a network file system whose server's clock is behind this host's)
             beat = min(state.now_unix, written + self.stale_after)
-            proc = self._process(path, state.pid, state.started_unix, state.host == self.hostname, state.rank, owner)
+            proc = self._process(
+                path, state.pid, state.started_unix, state.host == self.hostname, state.rank, owner
+            )
             alive = proc is not None and host.is_alive(proc)
             fresh = now - beat <= self.stale_after
             view = RankView(
-                state.job or "", state.rank,
+                state.job or "",
+                state.rank,
                 up=alive and fresh,
                 last_progress_unix=min(state.last_progress_unix or 0.0, beat),
-                hang=state.hang is not None and alive,  # a killed job's last report is not a hang now
-                heartbeat_unix=beat, proc=proc,
+                hang=state.hang is not None
+                and alive,  # a killed job's last report is not a hang now
+                heartbeat_unix=beat,
+                proc=proc,
                 activity=_activity(path, state, proc if alive else None, fresh),
                 attempt=state.attempt,
             )
@@ -529,8 +610,9 @@ class Daemon:
             del self._procs[path]
         return sorted(views.values(), key=lambda v: (v.job, v.rank))
 
-    def _process(self, path: str, pid: int, started: float | None, same_host: bool,
-                 rank: int, owner: int) -> psutil.Process | None:
+    def _process(
+        self, path: str, pid: int, started: float | None, same_host: bool, rank: int, owner: int
+    ) -> psutil.Process | None:
         """The rank's process, looked up once per incarnation (pid, start) of the file: only
         a process of the file's owner (a file naming another user's process is not that
         process's word)."""
@@ -539,9 +621,14 @@ class Daemon:
         if cached is not None and cached[0] == key:
             return cached[1]
         proc = host.locate_process(pid, started, same_host, rank)
-        if proc is not None and host.uid_of(proc) != owner:  # said once per owner, however many files
-            self.files.problem(f"{self.state_dir}#pid#{owner}", f"state files of uid {owner} name processes of "
-                               "other users, which are not their ranks: such a rank counts as gone")
+        if (
+            proc is not None and host.uid_of(proc) != owner
+        ):  # said once per owner, however many files
+            self.files.problem(
+                f"{self.state_dir}#pid#{owner}",
+                f"state files of uid {owner} name processes of "
+                "other users, which are not their ranks: such a rank counts as gone",
+            )
             proc = None
         self._procs[path] = (key, proc)
         return proc
@@ -552,10 +639,14 @@ class Daemon:
         for v in ranks:
             labels = {"job": v.job, "rank": str(v.rank)}
             out.append(("ddpmon_rank_up", labels, 1.0 if v.up else 0.0))
-            out.append(("ddpmon_rank_last_progress_timestamp_seconds", labels, v.last_progress_unix))
+            out.append(
+                ("ddpmon_rank_last_progress_timestamp_seconds", labels, v.last_progress_unix)
+            )
             out.append(("ddpmon_rank_hang_suspected", labels, 1.0 if v.hang else 0.0))
             if v.activity is not None:
-                out += state_set("ddpmon_rank_activity", labels, "activity", DAEMON_ACTIVITIES, v.activity)
+                out += state_set(
+                    "ddpmon_rank_activity", labels, "activity", DAEMON_ACTIVITIES, v.activity
+                )
             if v.attempt is not None:
                 out.append(("ddpmon_rank_attempt", labels, float(v.attempt)))
         return out
@@ -575,7 +666,12 @@ class Daemon:
                     cached = self._aborts.get(path)
                     if cached is None or cached[0] != info.st_mtime:
                         state = files.read(path)
-                        cached = (info.st_mtime, state.job or "", state.rank, attempts.ended_by_hang_abort(state))
+                        cached = (
+                            info.st_mtime,
+                            state.job or "",
+                            state.rank,
+                            attempts.ended_by_hang_abort(state),
+                        )
                         self._aborts[path] = cached
                 except (OSError, StateFileError):
                     continue
@@ -583,8 +679,10 @@ class Daemon:
                 counts[key] = counts.get(key, 0) + (1 if cached[3] else 0)
         for path in [p for p in self._aborts if p not in seen]:
             del self._aborts[path]
-        return [("ddpmon_hang_aborts_total", {"job": job, "rank": str(rank)}, float(n))
-                for (job, rank), n in sorted(counts.items())]
+        return [
+            ("ddpmon_hang_aborts_total", {"job": job, "rank": str(rank)}, float(n))
+            for (job, rank), n in sorted(counts.items())
+        ]
 
     # -- GPUs ---------------------------------------------------------------------------------------
 
@@ -599,22 +697,43 @@ class Daemon:
                 if reader.slow_due():
                     reader.refresh_slow()
                 pids = reader.processes()
-                owners = sorted((by_pid[p] for p in pids if p in by_pid), key=lambda v: (v.job, v.rank))
+                owners = sorted(
+                    (by_pid[p] for p in pids if p in by_pid), key=lambda v: (v.job, v.rank)
+                )
                 owner = owners[0] if owners else None
-                labels = {"job": owner.job if owner else "", "rank": str(owner.rank) if owner else "",
-                          "gpu": str(gpu.index), "gpu_uuid": gpu.uuid}
+                labels = {
+                    "job": owner.job if owner else "",
+                    "rank": str(owner.rank) if owner else "",
+                    "gpu": str(gpu.index),
+                    "gpu_uuid": gpu.uuid,
+                }
                 out.extend(reader.read(labels))
             except nvml.GpuLost as exc:
                 self._lost.add(gpu.index)
-                log.warning("ddpmon: daemon: GPU %d (%s): %s; its metrics are off until the daemon "
-                            "restarts", gpu.index, gpu.uuid, exc)
+                log.warning(
+                    "ddpmon: daemon: GPU %d (%s): %s; its metrics are off until the daemon "
+                    "restarts",
+                    gpu.index,
+                    gpu.uuid,
+                    exc,
+                )
                 continue
             self._gpu_labels[gpu.index] = labels
             for pid in pids:
                 v = by_pid.get(pid)
-                out.append(("ddpmon_gpu_process_info",
-                            {"gpu": str(gpu.index), "gpu_uuid": gpu.uuid, "pid": str(pid),
-                             "job": v.job if v else "", "rank": str(v.rank) if v else ""}, 1.0))
+                out.append(
+                    (
+                        "ddpmon_gpu_process_info",
+                        {
+                            "gpu": str(gpu.index),
+                            "gpu_uuid": gpu.uuid,
+                            "pid": str(pid),
+                            "job": v.job if v else "",
+                            "rank": str(v.rank) if v else "",
+                        },
+                        1.0,
+                    )
+                )
         return out
 
     def _on_xid(self, gpu: nvml.Gpu, code: int, when: float) -> None:
@@ -630,8 +749,12 @@ class Daemon:
         uuids = {g.index: g.uuid for g in self.gpus}
         out: list[Sample] = []
         for (index, code), (count, last) in xids:
-            base = self._gpu_labels.get(index) or {"job": "", "rank": "", "gpu": str(index),
-                                                   "gpu_uuid": uuids.get(index, "")}
+            base = self._gpu_labels.get(index) or {
+                "job": "",
+                "rank": "",
+                "gpu": str(index),
+                "gpu_uuid": uuids.get(index, ""),
+            }
             labels = {**base, "xid": str(code)}
             out.append(("ddpmon_gpu_xid_errors_total", labels, count))
             out.append(("ddpmon_gpu_last_xid_timestamp_seconds", labels, last))

@@ -30,7 +30,9 @@ def _worker(steps: int) -> None:
 
         def __init__(self) -> None:
             super().__init__()
-            self.body = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(6)])
+            self.body = nn.Sequential(
+                *[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(6)]
+            )
             self.head = nn.Linear(256, 10)
             self.aux_head = nn.Linear(256, 10)
 
@@ -40,7 +42,10 @@ def _worker(steps: int) -> None:
 
     model = DDP(Model(), bucket_cap_mb=0.5, find_unused_parameters=True)
     monitor = ddpmon.attach(model, job="demo")
-    print(f"rank {rank}: metrics at {monitor.metrics_url}  state file {monitor.state_file}", flush=True)
+    print(
+        f"rank {rank}: metrics at {monitor.metrics_url}  state file {monitor.state_file}",
+        flush=True,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     for step in range(steps):
@@ -50,7 +55,11 @@ def _worker(steps: int) -> None:
         opt.step()
         if rank == 0 and step == steps // 2 and monitor.metrics_url:
             body = urllib.request.urlopen(monitor.metrics_url, timeout=5).read().decode()
-            lines = [l for l in body.splitlines() if l.startswith(("ddpmon_steps_total", "ddpmon_allreduce_seconds_count"))]
+            lines = [
+                line
+                for line in body.splitlines()
+                if line.startswith(("ddpmon_steps_total", "ddpmon_allreduce_seconds_count"))
+            ]
             print("rank 0: a live scrape of its endpoint:\n  " + "\n  ".join(lines[:4]), flush=True)
     monitor.step()
     monitor.detach()
@@ -74,16 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     # gloo has no cheap per-bucket timing source, so by default ddpmon leaves DDP's C++
     # all-reduce alone there; the demo shows what a Python comm hook's timing gives.
     env.setdefault("DDPMON_BUCKET_TIMING", "hook")
-    print(f"ddpmon demo: 2-rank CPU DDP (gloo) for {args.steps} steps; state files in {state_dir}\n"
-          f"  per-bucket timing: DDPMON_BUCKET_TIMING={env['DDPMON_BUCKET_TIMING']} (on gloo the default "
-          "is off: any Python comm hook costs a few percent of step time)", flush=True)
+    print(
+        f"ddpmon demo: 2-rank CPU DDP (gloo) for {args.steps} steps; state files in {state_dir}\n"
+        f"  per-bucket timing: DDPMON_BUCKET_TIMING={env['DDPMON_BUCKET_TIMING']} (on gloo the default "
+        "is off: any Python comm hook costs a few percent of step time)",
+        flush=True,
+    )
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "ddpmon.demo", "--rank-worker", "--steps", str(args.steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "ddpmon.demo",
+        "--rank-worker",
+        "--steps",
+        str(args.steps),
+    ]
     code = subprocess.call(cmd, env=env)
     states, problems = top.load(state_dir)
-    print(f"\nddpmon demo: training finished in {time.monotonic() - start:.1f} s (exit {code}). "
-          f"Summary from the state files ({state_dir}):\n")
+    print(
+        f"\nddpmon demo: training finished in {time.monotonic() - start:.1f} s (exit {code}). "
+        f"Summary from the state files ({state_dir}):\n"
+    )
     print(top.render(states, problems, buckets=True))
     print(f"\nSee it again with: ddpmon top --once --buckets {state_dir}")
     return code

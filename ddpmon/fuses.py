@@ -25,7 +25,9 @@ class Fuse:
         self.ok = False
         log.warning(
             "ddpmon: %s failed and is now switched off; training goes on: %r",
-            self.part, exc, exc_info=exc,
+            self.part,
+            exc,
+            exc_info=exc,
         )
         if self._on_blow is not None:
             try:

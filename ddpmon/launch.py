@@ -147,8 +147,11 @@ def _attach_built(ddp: Any) -> None:
                 options["port"] = 0
         monitor = _original_attach(ddp, **options)
     except Exception as exc:
-        log.warning("ddpmon: could not attach to the DistributedDataParallel model just built "
-                    "(%s); training goes on unmonitored", exc)
+        log.warning(
+            "ddpmon: could not attach to the DistributedDataParallel model just built "
+            "(%s); training goes on unmonitored",
+            exc,
+        )
         return
     _MONITORS.append((ddp, monitor, options))
 
@@ -221,14 +224,19 @@ def _run_script(script: str, args: list[str]) -> None:
         with open(path, "rb") as f:
             source = f.read()
     except OSError as exc:  # the words python itself uses
-        print(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
-              file=sys.stderr)
+        print(
+            f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     sys.argv[:] = [script, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     main_module = types.ModuleType("__main__")
     main_module.__dict__.update(
-        __file__=path, __cached__=None, __package__=None, __spec__=None,
+        __file__=path,
+        __cached__=None,
+        __package__=None,
+        __spec__=None,
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
         __builtins__=builtins,
     )

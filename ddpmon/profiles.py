@@ -22,16 +22,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import frames
-from .formats import format_milliseconds
 from .errors import StateFileError
+from .formats import format_milliseconds
 from .state import captures, files
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-LIBRARIES = frozenset({
-    "torch", "torchvision", "torchaudio", "torchtext", "functorch", "triton", "numpy", "ddpmon",
-    "apex", "deepspeed", "transformers", "accelerate", "lightning", "pytorch_lightning",
-}) | frozenset(getattr(sys, "stdlib_module_names", ()))
+LIBRARIES = frozenset(
+    {
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "torchtext",
+        "functorch",
+        "triton",
+        "numpy",
+        "ddpmon",
+        "apex",
+        "deepspeed",
+        "transformers",
+        "accelerate",
+        "lightning",
+        "pytorch_lightning",
+    }
+) | frozenset(getattr(sys, "stdlib_module_names", ()))
 """Top-level packages whose frames are not the user's: torch prints a frame's file relative
 to the import path it came from, so ``torch/nn/modules/module.py`` or ``threading.py``."""
 _FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
@@ -69,7 +83,9 @@ class Profile:
 
     @property
     def total_ms_per_step(self) -> float:
-        return sum(op.self_us for op in self.ops.values() if op.device == "cpu") / 1000.0 / self.steps
+        return (
+            sum(op.self_us for op in self.ops.values() if op.device == "cpu") / 1000.0 / self.steps
+        )
 
 
 def read(path: str) -> Profile:
@@ -93,7 +109,9 @@ def parse(data: Any, path: str = "<trace>") -> Profile:
             meta = json.loads(data["ddpmon"])
         except ValueError:
             meta = {}
-    threads: dict[tuple[Any, Any], list[tuple[float, float, int, str, dict[str, Any]]]] = defaultdict(list)
+    threads: dict[tuple[Any, Any], list[tuple[float, float, int, str, dict[str, Any]]]] = (
+        defaultdict(list)
+    )
     gpu: list[dict[str, Any]] = []
     step_spans = 0
     recording = float("inf")  # when the first recorded step began (no steps: every line kept)
@@ -128,12 +146,22 @@ def parse(data: Any, path: str = "<trace>") -> Profile:
         if site:
             op.sites[site] = op.sites.get(site, 0.0) + float(e["dur"])
     steps = step_spans or (meta.get("steps") if isinstance(meta.get("steps"), int) else 0) or 1
-    return Profile(path, _int(meta.get("rank")), steps, _int(meta.get("first_step")),
-                   _int(meta.get("last_step")), ops)
+    return Profile(
+        path,
+        _int(meta.get("rank")),
+        steps,
+        _int(meta.get("first_step")),
+        _int(meta.get("last_step")),
+        ops,
+    )
 
 
-def _fold_thread(events: list[tuple[float, float, int, str, dict[str, Any]]],
-                 ops: dict[tuple[str, str], Op], launch_sites: dict[Any, str], recording: float) -> None:
+def _fold_thread(
+    events: list[tuple[float, float, int, str, dict[str, Any]]],
+    ops: dict[tuple[str, str], Op],
+    launch_sites: dict[Any, str],
+    recording: float,
+) -> None:
     """One thread's events, sorted by start: self times of its operators (each less the
     operators it encloses) and the user's frame around each (frames begun before
     ``recording`` without their line)."""
@@ -145,9 +173,16 @@ def _fold_thread(events: list[tuple[float, float, int, str, dict[str, Any]]],
         if cat == "python_function":
             stack.append([end, cat, _user_site(e["name"], with_line=ts >= recording), 0.0])
             continue
-        site = next((entry[2] for entry in reversed(stack) if entry[1] == "python_function" and entry[2]), None)
+        site = next(
+            (entry[2] for entry in reversed(stack) if entry[1] == "python_function" and entry[2]),
+            None,
+        )
         if cat in LAUNCH_CATEGORIES:
-            correlation = (e.get("args") or {}).get("correlation") if isinstance(e.get("args"), dict) else None
+            correlation = (
+                (e.get("args") or {}).get("correlation")
+                if isinstance(e.get("args"), dict)
+                else None
+            )
             if correlation is not None and site:
                 launch_sites[correlation] = site
             continue
@@ -180,7 +215,11 @@ def _user_site(frame: str, with_line: bool = True) -> str | None:
     path = m.group("file")
     if is_library_file(path):
         return None
-    return f"{m.group('func')} ({path}:{m.group('line')})" if with_line else f"{m.group('func')} ({path})"
+    return (
+        f"{m.group('func')} ({path}:{m.group('line')})"
+        if with_line
+        else f"{m.group('func')} ({path})"
+    )
 
 
 def is_library_file(path: str) -> bool:
@@ -229,7 +268,9 @@ def compare(profile: Profile, peer: Profile) -> list[Difference]:
         ms, peer_ms = profile.ms_per_step(key), peer.ms_per_step(key)
         if abs(ms - peer_ms) < MIN_DIFFERENCE_MS:
             continue
-        out.append(Difference(key[0], key[1], ms, peer_ms, _site(profile, peer, key, ms >= peer_ms)))
+        out.append(
+            Difference(key[0], key[1], ms, peer_ms, _site(profile, peer, key, ms >= peer_ms))
+        )
     return sorted(out, key=lambda d: (-d.delta, d.name))
 
 
@@ -240,8 +281,10 @@ def _site(profile: Profile, peer: Profile, key: tuple[str, str], more: bool) -> 
     if a is None:
         return None
     a_steps, b_steps = (profile.steps, peer.steps) if more else (peer.steps, profile.steps)
-    deltas = {site: us / a_steps - (b.sites.get(site, 0.0) / b_steps if b else 0.0)
-              for site, us in a.sites.items()}
+    deltas = {
+        site: us / a_steps - (b.sites.get(site, 0.0) / b_steps if b else 0.0)
+        for site, us in a.sites.items()
+    }
     best = max(deltas, key=lambda s: (deltas[s], s != "?"), default=None)
     return None if best in (None, "?") else best
 
@@ -250,8 +293,10 @@ def line(rank: int, peer: int, d: Difference) -> str:
     """``rank 1: +4.1 ms/step in aten::mm (9.3 vs 5.2 on rank 0), called from forward (model.py:40)``"""
     where = f", called from {d.site}" if d.site else ""
     what = d.name if d.device == "cpu" else f"{d.name} (GPU)"
-    return (f"rank {rank}: {'+' if d.delta >= 0 else '-'}{format_milliseconds(abs(d.delta))} ms/step in {what} "
-            f"({format_milliseconds(d.ms)} vs {format_milliseconds(d.peer_ms)} on rank {peer}){where}")
+    return (
+        f"rank {rank}: {'+' if d.delta >= 0 else '-'}{format_milliseconds(abs(d.delta))} ms/step in {what} "
+        f"({format_milliseconds(d.ms)} vs {format_milliseconds(d.peer_ms)} on rank {peer}){where}"
+    )
 
 
 COLLECTIVE_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
@@ -263,8 +308,9 @@ def is_collective(d: Difference) -> bool:
     return d.name.startswith(COLLECTIVE_PREFIXES)
 
 
-def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int = 5,
-            fewer: int = 3) -> list[str]:
+def summary(
+    rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int = 5, fewer: int = 3
+) -> list[str]:
     """The comparison in words: operator time per step on each rank, where ``rank`` spends
     more of its own work (largest first), then where it spends less, then the collectives'
     difference on its own (waiting, which a busy machine's scheduling also moves)."""
@@ -272,9 +318,11 @@ def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int
     own = [d for d in diffs if not is_collective(d)]
     more = [d for d in own if d.delta > 0][:top]
     less = [d for d in reversed(own) if d.delta < 0][:fewer]
-    lines = [f"operator self time per step: rank {rank} {format_milliseconds(profile.total_ms_per_step)} ms "
-             f"over {profile.steps} steps, rank {peer_rank} {format_milliseconds(peer.total_ms_per_step)} ms "
-             f"over {peer.steps} steps"]
+    lines = [
+        f"operator self time per step: rank {rank} {format_milliseconds(profile.total_ms_per_step)} ms "
+        f"over {profile.steps} steps, rank {peer_rank} {format_milliseconds(peer.total_ms_per_step)} ms "
+        f"over {peer.steps} steps"
+    ]
     if more:
         lines.append(f"where rank {rank} spends more than rank {peer_rank}:")
         lines += ["  " + line(rank, peer_rank, d) for d in more]
@@ -285,14 +333,24 @@ def summary(rank: int, profile: Profile, peer_rank: int, peer: Profile, top: int
         lines += ["  " + line(rank, peer_rank, d) for d in less]
     waiting = sum(d.delta for d in diffs if is_collective(d))
     if any(is_collective(d) for d in diffs):
-        lines.append(f"in collectives (waiting for the other ranks, not its own work): rank {rank} "
-                     f"{'+' if waiting >= 0 else '-'}{format_milliseconds(abs(waiting))} ms/step "
-                     f"against rank {peer_rank}")
+        lines.append(
+            f"in collectives (waiting for the other ranks, not its own work): rank {rank} "
+            f"{'+' if waiting >= 0 else '-'}{format_milliseconds(abs(waiting))} ms/step "
+            f"against rank {peer_rank}"
+        )
     return lines
 
 
 def as_json(profile: Profile, peer: Profile) -> list[dict[str, Any]]:
     """``compare`` as plain data (``ddpmon capture --json``)."""
-    return [{"name": d.name, "device": d.device, "ms_per_step": round(d.ms, 4),
-             "peer_ms_per_step": round(d.peer_ms, 4), "delta_ms_per_step": round(d.delta, 4), "site": d.site}
-            for d in compare(profile, peer)]
+    return [
+        {
+            "name": d.name,
+            "device": d.device,
+            "ms_per_step": round(d.ms, 4),
+            "peer_ms_per_step": round(d.peer_ms, 4),
+            "delta_ms_per_step": round(d.delta, 4),
+            "site": d.site,
+        }
+        for d in compare(profile, peer)
+    ]

@@ -37,8 +37,13 @@ PARTS = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer",
 """The parts of a step, in the order they stack up to its wall time (``h2d`` only where
 visible)."""
 PART_LABELS = {
-    "data_wait": "data wait", "h2d": "host to device", "forward": "forward", "backward": "backward",
-    "exposed_comm": "exposed communication", "optimizer": "optimizer", "other": "other",
+    "data_wait": "data wait",
+    "h2d": "host to device",
+    "forward": "forward",
+    "backward": "backward",
+    "exposed_comm": "exposed communication",
+    "optimizer": "optimizer",
+    "other": "other",
 }
 WAITING_PARTS = frozenset({"exposed_comm"})
 """Parts spent waiting for the other ranks; the rest of a step is the rank's busy time."""
@@ -118,7 +123,13 @@ class StepRow:
         return out
 
 
-_HISTORY_FIELDS = ("step", "start_unix", "end_unix", "step_seconds", *(p + "_seconds" for p in PARTS))
+_HISTORY_FIELDS = (
+    "step",
+    "start_unix",
+    "end_unix",
+    "step_seconds",
+    *(p + "_seconds" for p in PARTS),
+)
 
 
 def balance(row: StepRow) -> None:
@@ -169,8 +180,11 @@ class Score:
 
     @property
     def straggler(self) -> bool:
-        return (self.score >= SCORE_WARN and self.gap_seconds >= MIN_GAP_SECONDS
-                and self.gap_seconds >= self.margin_seconds)
+        return (
+            self.score >= SCORE_WARN
+            and self.gap_seconds >= MIN_GAP_SECONDS
+            and self.gap_seconds >= self.margin_seconds
+        )
 
     @property
     def cause(self) -> str | None:
@@ -212,22 +226,44 @@ def _step_by_step(ranks: dict[int, StepPhases], common: list[int]) -> dict[int, 
     busy_others = _OthersMedian(busy_values)
     busy = {r: _against_others(v, busy_others.of(v)) for r, v in busy_values.items()}
     windows = sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
-    comparisons = (len(ranks) if len(ranks) > 2 else 1) * len(windows)  # two ranks' gaps are one, mirrored
+    comparisons = (len(ranks) if len(ranks) > 2 else 1) * len(
+        windows
+    )  # two ranks' gaps are one, mirrored
     out = {}
     for rank, (diffs, baselines) in busy.items():
         tested = []
         for w in windows:
             excess, error = typical(diffs[-w:])
             baseline = typical(baselines[-w:])[0]
-            tested.append(Score(rank, busy_ratio(baseline + excess, baseline), baseline + excess, baseline, error, w,
-                                comparisons))
+            tested.append(
+                Score(
+                    rank,
+                    busy_ratio(baseline + excess, baseline),
+                    baseline + excess,
+                    baseline,
+                    error,
+                    w,
+                    comparisons,
+                )
+            )
         out[rank] = _telling(tested)
     top = max(out.values(), key=lambda s: s.score)
     explained = [s for s in out.values() if s.score >= SCORE_WARN or s is top]
-    parts = {part: (values, _OthersMedian(values)) for part in BUSY_PARTS for values in [columns(part + "_seconds")]}
+    parts = {
+        part: (values, _OthersMedian(values))
+        for part in BUSY_PARTS
+        for values in [columns(part + "_seconds")]
+    }
     for s in explained:
-        _explain(s, {part: typical(_against_others(values[s.rank], others.of(values[s.rank]))[0][-s.steps:])[0]
-                     for part, (values, others) in parts.items()})
+        _explain(
+            s,
+            {
+                part: typical(
+                    _against_others(values[s.rank], others.of(values[s.rank]))[0][-s.steps :]
+                )[0]
+                for part, (values, others) in parts.items()
+            },
+        )
     return out
 
 
@@ -262,12 +298,20 @@ class _OthersMedian:
         k = (len(a) - 1) // 2
         if len(a) % 2 == 0:  # an odd number of others: their middle one
             return a[k], a[k], a[k], a[k], a[k + 1]
-        return a[k - 1], a[k], (a[k - 1] + a[k]) / 2, (a[k - 1] + a[k + 1]) / 2, (a[k] + a[k + 1]) / 2
+        return (
+            a[k - 1],
+            a[k],
+            (a[k - 1] + a[k]) / 2,
+            (a[k - 1] + a[k + 1]) / 2,
+            (a[k] + a[k + 1]) / 2,
+        )
 
     def of(self, mine: list[float]) -> list[float]:
         """The others' median in each step, ``mine`` being one rank's values."""
-        return [above if v > high else (between if v > low else below)
-                for v, (low, high, above, between, below) in zip(mine, self._table)]
+        return [
+            above if v > high else (between if v > low else below)
+            for v, (low, high, above, between, below) in zip(mine, self._table)
+        ]
 
 
 def _telling(tested: list[Score]) -> Score:
@@ -278,7 +322,10 @@ def _telling(tested: list[Score]) -> Score:
     named = [s for s in tested if s.straggler]
     if named:
         return named[0]
-    return max(tested, key=lambda s: s.gap_seconds / s.margin_seconds if s.margin_seconds > 0 else -math.inf)
+    return max(
+        tested,
+        key=lambda s: s.gap_seconds / s.margin_seconds if s.margin_seconds > 0 else -math.inf,
+    )
 
 
 def _explain(s: Score, excess: dict[str, float]) -> None:
@@ -291,9 +338,11 @@ def _explain(s: Score, excess: dict[str, float]) -> None:
 def _on_means(ranks: dict[int, StepPhases]) -> dict[int, Score]:
     """``scores`` from each rank's means alone (files of an older ddpmon): the gap between
     two trimmed means, and the standard error of their difference."""
-    values = {"busy": {r: p.busy_seconds for r, p in ranks.items()},
-              "error": {r: _error(p) for r, p in ranks.items()},
-              **{part: {r: _part(p, part) for r, p in ranks.items()} for part in BUSY_PARTS}}
+    values = {
+        "busy": {r: p.busy_seconds for r, p in ranks.items()},
+        "error": {r: _error(p) for r, p in ranks.items()},
+        **{part: {r: _part(p, part) for r, p in ranks.items()} for part in BUSY_PARTS},
+    }
     ordered = {name: sorted(by_rank.values()) for name, by_rank in values.items()}
 
     def others(name: str, rank: int) -> float:
@@ -303,8 +352,15 @@ def _on_means(ranks: dict[int, StepPhases]) -> dict[int, Score]:
     for rank, mine in ranks.items():
         baseline = others("busy", rank)
         noise = math.sqrt(2.0) * max(values["error"][rank], others("error", rank))
-        s = Score(rank, busy_ratio(mine.busy_seconds, baseline), mine.busy_seconds, baseline, noise, mine.steps,
-                  len(ranks))
+        s = Score(
+            rank,
+            busy_ratio(mine.busy_seconds, baseline),
+            mine.busy_seconds,
+            baseline,
+            noise,
+            mine.steps,
+            len(ranks),
+        )
         _explain(s, {part: values[part][rank] - others(part, rank) for part in BUSY_PARTS})
         out[rank] = s
     return out
@@ -318,8 +374,12 @@ def critical_value(steps: int, comparisons: int = 1) -> float:
     short window needs a wider margin."""
     df = max(1, steps - 2 * int(TRIM * steps) - 1)
     z = statistics.NormalDist().inv_cdf(1.0 - FALSE_ALARM / max(1, comparisons))
-    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
 
 
 def median_of_others(ordered: list[float], value: float) -> float:
@@ -373,23 +433,32 @@ def phases(rows: list[StepRow], whole: bool = False) -> StepPhases | None:
     middle = statistics.median(busy)
     typical_busy, error = typical(busy)
     return StepPhases(
-        steps=n, step_seconds=mean("step_seconds"), data_wait_seconds=mean("data_wait_seconds"),
-        h2d_seconds=None, forward_seconds=mean("forward_seconds"), backward_seconds=mean("backward_seconds"),
-        exposed_comm_seconds=mean("exposed_comm_seconds"), optimizer_seconds=mean("optimizer_seconds"),
-        other_seconds=mean("other_seconds"), busy_seconds=typical_busy,
-        busy_spread_seconds=statistics.median(abs(b - middle) for b in busy), busy_error_seconds=error,
+        steps=n,
+        step_seconds=mean("step_seconds"),
+        data_wait_seconds=mean("data_wait_seconds"),
+        h2d_seconds=None,
+        forward_seconds=mean("forward_seconds"),
+        backward_seconds=mean("backward_seconds"),
+        exposed_comm_seconds=mean("exposed_comm_seconds"),
+        optimizer_seconds=mean("optimizer_seconds"),
+        other_seconds=mean("other_seconds"),
+        busy_seconds=typical_busy,
+        busy_spread_seconds=statistics.median(abs(b - middle) for b in busy),
+        busy_error_seconds=error,
         micro_steps=sum(r.micro_steps for r in last) / n,
-        recent=recent_steps(rows if whole else rows[-SCORE_WINDOWS[-1]:]),
+        recent=recent_steps(rows if whole else rows[-SCORE_WINDOWS[-1] :]),
     )
 
 
 def recent_steps(rows: list[StepRow]) -> RecentSteps:
     """The rows one by one, rounded to the microsecond (the state file is rewritten every second)."""
+
     def column(values: Any) -> list[float]:
         return [round(v or 0.0, 6) for v in values]
 
     return RecentSteps(
-        step=[r.step for r in rows], busy_seconds=column(busy_seconds(r) for r in rows),
+        step=[r.step for r in rows],
+        busy_seconds=column(busy_seconds(r) for r in rows),
         **{p + "_seconds": column(r.part(p) for r in rows) for p in BUSY_PARTS},
     )
 
@@ -403,7 +472,7 @@ def typical(values: list[float]) -> tuple[float, float]:
     ordered = sorted(values)
     n = len(ordered)
     cut = int(TRIM * n)
-    trimmed = ordered[cut:n - cut]
+    trimmed = ordered[cut : n - cut]
     winsorized = [trimmed[0]] * cut + trimmed + [trimmed[-1]] * cut
     middle = sum(winsorized) / n
     deviation = math.sqrt(sum((v - middle) ** 2 for v in winsorized) / (n - 1)) if n > 1 else 0.0

@@ -32,8 +32,12 @@ CLIENT_AUTH_TYPES = {
     "RequireAnyClientCert": ssl.CERT_REQUIRED,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
-                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
 
 
 class WebConfigError(DdpmonError):
@@ -65,19 +69,30 @@ def _load(path: str) -> dict[str, Any]:
     return data
 
 
-def _section(path: str, data: Mapping[str, Any], where: str, known: tuple[str, ...],
-             unsupported: tuple[str, ...] = ()) -> dict[str, Any]:
+def _section(
+    path: str,
+    data: Mapping[str, Any],
+    where: str,
+    known: tuple[str, ...],
+    unsupported: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """``data`` checked: a mapping whose keys ddpmon reads (``known``); a key of the format
     that ddpmon does not implement, or a misspelt one, is refused by name."""
     if not isinstance(data, dict):
         raise WebConfigError(path, f"{where} is not a mapping")
     for key in data:
         if key in unsupported:
-            raise WebConfigError(path, f"{where}{key} is not supported by ddpmon; remove it (supported: "
-                                       f"{', '.join(known)})")
+            raise WebConfigError(
+                path,
+                f"{where}{key} is not supported by ddpmon; remove it (supported: "
+                f"{', '.join(known)})",
+            )
         if key not in known:
-            raise WebConfigError(path, f"{where}{key!r} is not a setting of this file (expected one of "
-                                       f"{', '.join(known)})")
+            raise WebConfigError(
+                path,
+                f"{where}{key!r} is not a setting of this file (expected one of "
+                f"{', '.join(known)})",
+            )
     return dict(data)
 
 
@@ -104,21 +119,28 @@ def _secret_file(path: str, value: Any, name: str) -> str:
         with open(found, encoding="utf-8") as f:
             return f.read().strip()
     except OSError as exc:
-        raise WebConfigError(path, f"{name} {found} cannot be read ({exc.strerror or exc})") from None
+        raise WebConfigError(
+            path, f"{name} {found} cannot be read ({exc.strerror or exc})"
+        ) from None
 
 
 def _tls_version(path: str, tls: Mapping[str, Any], key: str) -> ssl.TLSVersion | None:
     if key not in tls:
         return None
     if tls[key] not in TLS_VERSIONS:
-        raise WebConfigError(path, f"tls config's {key}={tls[key]!r} is not valid: expected one of "
-                                   f"{', '.join(TLS_VERSIONS)}")
+        raise WebConfigError(
+            path,
+            f"tls config's {key}={tls[key]!r} is not valid: expected one of "
+            f"{', '.join(TLS_VERSIONS)}",
+        )
     return TLS_VERSIONS[tls[key]]
 
 
 # -- servers: exporter-toolkit's web config ---------------------------------------------------------
 
-_DUMMY_HASH = b"$2b$10$" + b"." * 53  # compared against when the user is unknown: the same time either way
+_DUMMY_HASH = (
+    b"$2b$10$" + b"." * 53
+)  # compared against when the user is unknown: the same time either way
 
 
 @dataclass
@@ -129,13 +151,17 @@ class WebConfig:
     path: str
     ssl: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)
-    _verified: collections.OrderedDict[bytes, bool] = field(default_factory=collections.OrderedDict, repr=False)
+    _verified: collections.OrderedDict[bytes, bool] = field(
+        default_factory=collections.OrderedDict, repr=False
+    )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def guarded(self) -> bool:
         """Whether a request must prove who it is (basic auth, or a verified client certificate)."""
-        return bool(self.users) or (self.ssl is not None and self.ssl.verify_mode == ssl.CERT_REQUIRED)
+        return bool(self.users) or (
+            self.ssl is not None and self.ssl.verify_mode == ssl.CERT_REQUIRED
+        )
 
     def allows(self, authorization: str | None) -> bool:
         """Whether an ``Authorization`` header's basic credentials are a user's. A bcrypt check
@@ -171,7 +197,9 @@ def _basic(authorization: str | None) -> tuple[str | None, str | None]:
     if not authorization or not authorization[:6].lower() == "basic ":
         return None, None
     try:
-        user, _, password = base64.b64decode(authorization[6:].strip(), validate=True).decode().partition(":")
+        user, _, password = (
+            base64.b64decode(authorization[6:].strip(), validate=True).decode().partition(":")
+        )
     except (binascii.Error, UnicodeDecodeError):
         return None, None
     return user, password
@@ -179,45 +207,81 @@ def _basic(authorization: str | None) -> tuple[str | None, str | None]:
 
 def load_web_config(path: str) -> WebConfig:
     """Read exporter-toolkit's web config file (``tls_server_config``, ``basic_auth_users``)."""
-    data = _section(path, _load(path), "", ("tls_server_config", "basic_auth_users", "http_server_config"))
+    data = _section(
+        path, _load(path), "", ("tls_server_config", "basic_auth_users", "http_server_config")
+    )
     config = WebConfig(path)
     if data.get("http_server_config"):
         _section(path, data["http_server_config"], "http_server_config.", (), ("http2", "headers"))
     tls = data.get("tls_server_config")
     if tls:
-        tls = _section(path, tls, "tls_server_config.",
-                       ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"),
-                       ("cert", "key", "cipher_suites", "curve_preferences", "prefer_server_cipher_suites",
-                        "client_allowed_sans"))
+        tls = _section(
+            path,
+            tls,
+            "tls_server_config.",
+            (
+                "cert_file",
+                "key_file",
+                "client_auth_type",
+                "client_ca_file",
+                "min_version",
+                "max_version",
+            ),
+            (
+                "cert",
+                "key",
+                "cipher_suites",
+                "curve_preferences",
+                "prefer_server_cipher_suites",
+                "client_allowed_sans",
+            ),
+        )
         if "cert_file" not in tls or "key_file" not in tls:
             raise WebConfigError(path, "tls_server_config needs both cert_file and key_file")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = _tls_version(path, tls, "min_version") or ssl.TLSVersion.TLSv1_2
         if "max_version" in tls:
-            context.maximum_version = _tls_version(path, tls, "max_version") or ssl.TLSVersion.MAXIMUM_SUPPORTED
+            context.maximum_version = (
+                _tls_version(path, tls, "max_version") or ssl.TLSVersion.MAXIMUM_SUPPORTED
+            )
         try:
-            context.load_cert_chain(_file(path, tls["cert_file"], "cert_file"), _file(path, tls["key_file"], "key_file"))
+            context.load_cert_chain(
+                _file(path, tls["cert_file"], "cert_file"), _file(path, tls["key_file"], "key_file")
+            )
         except ssl.SSLError as exc:
-            raise WebConfigError(path, f"cert_file and key_file are not a certificate and its key ({exc})") from None
+            raise WebConfigError(
+                path, f"cert_file and key_file are not a certificate and its key ({exc})"
+            ) from None
         auth_type = tls.get("client_auth_type", "NoClientCert")
         if auth_type not in CLIENT_AUTH_TYPES:
-            raise WebConfigError(path, f"client_auth_type={auth_type!r} is not valid: expected one of "
-                                       f"{', '.join(CLIENT_AUTH_TYPES)}")
+            raise WebConfigError(
+                path,
+                f"client_auth_type={auth_type!r} is not valid: expected one of "
+                f"{', '.join(CLIENT_AUTH_TYPES)}",
+            )
         if auth_type != "NoClientCert":
             if "client_ca_file" not in tls:
-                raise WebConfigError(path, f"client_auth_type {auth_type} needs client_ca_file, the CA that "
-                                           "signs the clients' certificates")
+                raise WebConfigError(
+                    path,
+                    f"client_auth_type {auth_type} needs client_ca_file, the CA that "
+                    "signs the clients' certificates",
+                )
             context.load_verify_locations(_file(path, tls["client_ca_file"], "client_ca_file"))
             context.verify_mode = CLIENT_AUTH_TYPES[auth_type]
         config.ssl = context
     users = data.get("basic_auth_users") or {}
     if not isinstance(users, dict):
-        raise WebConfigError(path, "basic_auth_users is not a mapping of user names to bcrypt hashes")
+        raise WebConfigError(
+            path, "basic_auth_users is not a mapping of user names to bcrypt hashes"
+        )
     for user, hashed in users.items():
         text = str(hashed)
         if not text.startswith(("$2a$", "$2b$", "$2y$")) or len(text) != 60:
-            raise WebConfigError(path, f"basic_auth_users.{user} is not a bcrypt hash (make one with "
-                                       "`htpasswd -nBC 10 '' | tr -d ':\\n'`, as for node_exporter)")
+            raise WebConfigError(
+                path,
+                f"basic_auth_users.{user} is not a bcrypt hash (make one with "
+                "`htpasswd -nBC 10 '' | tr -d ':\\n'`, as for node_exporter)",
+            )
         config.users[str(user)] = text.encode()
     return config
 
@@ -242,8 +306,11 @@ class HttpConfig:
             request.add_unredirected_header("Authorization", self.authorization)
         handlers: list[Any] = []
         if self.ssl is not None:
-            handlers.append(_NamedHttpsHandler(self.ssl, self.server_name) if self.server_name
-                            else urllib.request.HTTPSHandler(context=self.ssl))
+            handlers.append(
+                _NamedHttpsHandler(self.ssl, self.server_name)
+                if self.server_name
+                else urllib.request.HTTPSHandler(context=self.ssl)
+            )
         return urllib.request.build_opener(*handlers).open(request, timeout=timeout)
 
 
@@ -255,8 +322,11 @@ class _NamedHttpsHandler(urllib.request.HTTPSHandler):
         self._ssl, self._server_name = context, server_name
 
     def https_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(functools.partial(_NamedConnection, server_name=self._server_name), req,
-                            context=self._ssl)
+        return self.do_open(
+            functools.partial(_NamedConnection, server_name=self._server_name),
+            req,
+            context=self._ssl,
+        )
 
 
 class _NamedConnection(http.client.HTTPSConnection):
@@ -274,46 +344,88 @@ def load_http_config(path: str | None) -> HttpConfig:
     None: plain defaults (https checked against the system's CAs)."""
     if path is None:
         return HttpConfig()
-    data = _section(path, _load(path), "", ("basic_auth", "authorization", "tls_config", "follow_redirects",
-                                            "enable_http2"),
-                    ("oauth2", "bearer_token", "bearer_token_file", "proxy_url", "no_proxy", "proxy_from_environment",
-                     "proxy_connect_header", "http_headers"))
+    data = _section(
+        path,
+        _load(path),
+        "",
+        ("basic_auth", "authorization", "tls_config", "follow_redirects", "enable_http2"),
+        (
+            "oauth2",
+            "bearer_token",
+            "bearer_token_file",
+            "proxy_url",
+            "no_proxy",
+            "proxy_from_environment",
+            "proxy_connect_header",
+            "http_headers",
+        ),
+    )
     config = HttpConfig(path)
     basic = data.get("basic_auth")
     if basic:
-        basic = _section(path, basic, "basic_auth.", ("username", "username_file", "password", "password_file"))
-        user = (_secret_file(path, basic["username_file"], "basic_auth.username_file") if "username_file" in basic
-                else _text(path, basic.get("username", ""), "basic_auth.username"))
+        basic = _section(
+            path, basic, "basic_auth.", ("username", "username_file", "password", "password_file")
+        )
+        user = (
+            _secret_file(path, basic["username_file"], "basic_auth.username_file")
+            if "username_file" in basic
+            else _text(path, basic.get("username", ""), "basic_auth.username")
+        )
         if "password" in basic and "password_file" in basic:
             raise WebConfigError(path, "basic_auth has both password and password_file: keep one")
-        password = (_secret_file(path, basic["password_file"], "basic_auth.password_file") if "password_file" in basic
-                    else _text(path, basic.get("password", ""), "basic_auth.password"))
+        password = (
+            _secret_file(path, basic["password_file"], "basic_auth.password_file")
+            if "password_file" in basic
+            else _text(path, basic.get("password", ""), "basic_auth.password")
+        )
         config.authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
     auth = data.get("authorization")
     if auth:
         if config.authorization:
             raise WebConfigError(path, "basic_auth and authorization are both set: keep one")
         auth = _section(path, auth, "authorization.", ("type", "credentials", "credentials_file"))
-        secret = (_secret_file(path, auth["credentials_file"], "authorization.credentials_file")
-                  if "credentials_file" in auth else _text(path, auth.get("credentials", ""), "authorization.credentials"))
+        secret = (
+            _secret_file(path, auth["credentials_file"], "authorization.credentials_file")
+            if "credentials_file" in auth
+            else _text(path, auth.get("credentials", ""), "authorization.credentials")
+        )
         config.authorization = f"{auth.get('type', 'Bearer')} {secret}"
-    tls = _section(path, data.get("tls_config") or {}, "tls_config.",
-                   ("ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify", "min_version",
-                    "max_version"), ("ca", "cert", "key"))
-    context = ssl.create_default_context(cafile=_file(path, tls["ca_file"], "tls_config.ca_file")
-                                         if "ca_file" in tls else None)
+    tls = _section(
+        path,
+        data.get("tls_config") or {},
+        "tls_config.",
+        (
+            "ca_file",
+            "cert_file",
+            "key_file",
+            "server_name",
+            "insecure_skip_verify",
+            "min_version",
+            "max_version",
+        ),
+        ("ca", "cert", "key"),
+    )
+    context = ssl.create_default_context(
+        cafile=_file(path, tls["ca_file"], "tls_config.ca_file") if "ca_file" in tls else None
+    )
     if "cert_file" in tls or "key_file" in tls:
         if "cert_file" not in tls or "key_file" not in tls:
-            raise WebConfigError(path, "tls_config needs both cert_file and key_file for a client certificate")
-        context.load_cert_chain(_file(path, tls["cert_file"], "tls_config.cert_file"),
-                                _file(path, tls["key_file"], "tls_config.key_file"))
+            raise WebConfigError(
+                path, "tls_config needs both cert_file and key_file for a client certificate"
+            )
+        context.load_cert_chain(
+            _file(path, tls["cert_file"], "tls_config.cert_file"),
+            _file(path, tls["key_file"], "tls_config.key_file"),
+        )
     if tls.get("insecure_skip_verify"):
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     for key in ("min_version", "max_version"):
         version = _tls_version(path, tls, key)
         if version is not None:
-            setattr(context, "minimum_version" if key == "min_version" else "maximum_version", version)
+            setattr(
+                context, "minimum_version" if key == "min_version" else "maximum_version", version
+            )
     config.ssl = context
     config.server_name = tls.get("server_name") or None
     return config

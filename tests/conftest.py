@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ddpmon.state import files, schema
+from tests.support import states
 
 pytest_plugins = ["tests.support.runs", "tests.support.roots"]  # fixtures shared by several folders
-from tests.support import states
 
 
 @pytest.fixture(autouse=True)
@@ -23,17 +23,24 @@ def state_clock() -> None:
 
 
 @pytest.fixture(autouse=True)
-def state_files_fit_the_schema(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def state_files_fit_the_schema(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
     """After a test that ran a real job, validate the rank files it wrote (in its tmp_path)
     with JSON Schema and with the readers' own parser. Tests that plant bad files on
     purpose say so with ``@pytest.mark.bad_state_files``."""
-    wanted = "tmp_path" in request.fixturenames and not request.node.get_closest_marker("bad_state_files")
+    wanted = "tmp_path" in request.fixturenames and not request.node.get_closest_marker(
+        "bad_state_files"
+    )
     root = Path(request.getfixturevalue("tmp_path")) if wanted else None
     yield
     if root is None:
         return
-    paths = [p for p in root.rglob("rank-*.json") if p.is_file() and not p.is_symlink()
-             and files.NAME_PATTERN.match(p.name)]
+    paths = [
+        p
+        for p in root.rglob("rank-*.json")
+        if p.is_file() and not p.is_symlink() and files.NAME_PATTERN.match(p.name)
+    ]
     if not paths:
         return
     import jsonschema
@@ -44,5 +51,7 @@ def state_files_fit_the_schema(request: pytest.FixtureRequest, tmp_path_factory:
         if data.get("format") != schema.FORMAT:
             continue  # a test's own older or hand-made file
         errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
-        assert not errors, f"{path} does not fit the state schema: {errors[0].message} at {list(errors[0].path)}"
+        assert not errors, (
+            f"{path} does not fit the state schema: {errors[0].message} at {list(errors[0].path)}"
+        )
         files.read(str(path))

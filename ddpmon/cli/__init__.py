@@ -54,8 +54,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         sys.exit(EXIT_USAGE)
-    logging.getLogger("ddpmon").info("ddpmon %s: %s (Python %s, from %s)", __version__, args._name,
-                                     platform.python_version(), os.path.dirname(os.path.dirname(__file__)))
+    logging.getLogger("ddpmon").info(
+        "ddpmon %s: %s (Python %s, from %s)",
+        __version__,
+        args._name,
+        platform.python_version(),
+        os.path.dirname(os.path.dirname(__file__)),
+    )
     try:
         code = args._run(args)
     except KeyboardInterrupt:

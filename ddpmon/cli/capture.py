@@ -29,8 +29,10 @@ from ..state import captures, files, schema
 from .common import add_state_dir_argument, default_state_dir, no_state_dir, seconds
 from .exits import EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
-HELP = ("Profile a live rank's next steps with torch.profiler (a Chrome/Perfetto trace), and with "
-        "--compare say which operators it spends more time in than a healthy peer.")
+HELP = (
+    "Profile a live rank's next steps with torch.profiler (a Chrome/Perfetto trace), and with "
+    "--compare say which operators it spends more time in than a healthy peer."
+)
 
 DEFAULT_TIMEOUT = 60.0
 LEAD_SECONDS = 3.0
@@ -60,20 +62,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_state_dir_argument(parser)
-    parser.add_argument("--rank", type=_rank, required=True, metavar="R", help="the rank to profile")
-    parser.add_argument("--steps", type=_steps, default=captures.DEFAULT_STEPS, metavar="N",
-                        help=f"steps to record, after one warm-up step (1 to {captures.MAX_STEPS}; "
-                        f"default {captures.DEFAULT_STEPS})")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help="copy the trace to FILE (it stays in STATE_DIR too; with --compare, the "
-                        "peer's goes to FILE with .rank<R2> before its extension)")
-    parser.add_argument("--compare", type=_rank, metavar="R2",
-                        help="also profile rank R2, a healthy peer, over the same steps, and list the "
-                        "operators whose self time per step differs most, with their call sites")
-    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                        help=f"how long to wait for the rank to reach a step boundary (default "
-                        f"{DEFAULT_TIMEOUT:.0f}); recording its steps gets more time")
-    parser.add_argument("--json", action="store_true", help="print the outcome (and the comparison) as JSON")
+    parser.add_argument(
+        "--rank", type=_rank, required=True, metavar="R", help="the rank to profile"
+    )
+    parser.add_argument(
+        "--steps",
+        type=_steps,
+        default=captures.DEFAULT_STEPS,
+        metavar="N",
+        help=f"steps to record, after one warm-up step (1 to {captures.MAX_STEPS}; "
+        f"default {captures.DEFAULT_STEPS})",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="copy the trace to FILE (it stays in STATE_DIR too; with --compare, the "
+        "peer's goes to FILE with .rank<R2> before its extension)",
+    )
+    parser.add_argument(
+        "--compare",
+        type=_rank,
+        metavar="R2",
+        help="also profile rank R2, a healthy peer, over the same steps, and list the "
+        "operators whose self time per step differs most, with their call sites",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long to wait for the rank to reach a step boundary (default "
+        f"{DEFAULT_TIMEOUT:.0f}); recording its steps gets more time",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the outcome (and the comparison) as JSON"
+    )
 
 
 @dataclass
@@ -101,14 +125,19 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     ranks = [args.rank] if args.compare is None else [args.rank, args.compare]
     if args.compare == args.rank:
-        print(f"ddpmon capture: --compare {args.compare} names rank {args.rank} itself: compare it "
-              "with another rank, a healthy one", file=sys.stderr)
+        print(
+            f"ddpmon capture: --compare {args.compare} names rank {args.rank} itself: compare it "
+            "with another rank, a healthy one",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.output:
         where = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(where) or not os.access(where, os.W_OK):
-            print(f"ddpmon capture: -o {args.output}: {where} is not a directory you can write to",
-                  file=sys.stderr)
+            print(
+                f"ddpmon capture: -o {args.output}: {where} is not a directory you can write to",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     states, problem = _find(state_dir, ranks)
     if problem:
@@ -125,9 +154,15 @@ def run(args: argparse.Namespace) -> int:
     for rank in ranks:
         state = states[rank]
         request = captures.Request(
-            nonce=uuid.uuid4().hex[:16], rank=rank, job=state.job, pid=state.pid or 0,
-            started_unix=state.started_unix or 0.0, steps=args.steps, at_step=at_step,
-            requested_unix=now, expires_unix=now + args.timeout,
+            nonce=uuid.uuid4().hex[:16],
+            rank=rank,
+            job=state.job,
+            pid=state.pid or 0,
+            started_unix=state.started_unix or 0.0,
+            steps=args.steps,
+            at_step=at_step,
+            requested_unix=now,
+            expires_unix=now + args.timeout,
         )
         targets.append(Target(rank, state, request))
     try:
@@ -145,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
                 t.copied_to = copy
             except OSError as exc:
                 t.outcome = EXIT_FAILED
-                t.message = f"cannot copy the trace to {copy} ({exc.strerror or exc}); it is at {t.trace}"
+                t.message = (
+                    f"cannot copy the trace to {copy} ({exc.strerror or exc}); it is at {t.trace}"
+                )
     return _report(args, state_dir, targets)
 
 
@@ -168,20 +205,26 @@ def _find(state_dir: str, ranks: list[int]) -> tuple[dict[int, schema.RankState]
                     break
                 except StateFileError:
                     pass
-            return states, (f"rank {rank} is not in this job: {state_dir} holds {has}{size}. Give a rank "
-                            "listed there (on several nodes without a shared directory, run this on "
-                            "the rank's node)")
+            return states, (
+                f"rank {rank} is not in this job: {state_dir} holds {has}{size}. Give a rank "
+                "listed there (on several nodes without a shared directory, run this on "
+                "the rank's node)"
+            )
         try:
             state = files.read(paths[rank])
         except StateFileError as exc:
             return states, f"rank {rank}: {exc}"
         dead = _not_alive(state)
         if dead:
-            return states, (f"rank {rank} is not alive: {dead}; there is nothing to capture "
-                            f"(ddpmon doctor {state_dir} says what happened)")
+            return states, (
+                f"rank {rank} is not alive: {dead}; there is nothing to capture "
+                f"(ddpmon doctor {state_dir} says what happened)"
+            )
         if not state.pid or state.started_unix is None:
-            return states, (f"rank {rank}: its state file names no process (pid, started_unix): it was not "
-                            "written by a live rank")
+            return states, (
+                f"rank {rank}: its state file names no process (pid, started_unix): it was not "
+                "written by a live rank"
+            )
         states[rank] = state
     return states, None
 
@@ -213,14 +256,19 @@ def _request_under_way(state_dir: str, rank: int) -> str | None:
     now = time.time()
     if other.expires_unix <= now:
         return None
-    return (f"a capture of rank {rank} was asked for {now - other.requested_unix:.0f} s ago by another "
-            f"ddpmon capture, which waits {other.expires_unix - now:.0f} s more: wait for it (or remove {path})")
+    return (
+        f"a capture of rank {rank} was asked for {now - other.requested_unix:.0f} s ago by another "
+        f"ddpmon capture, which waits {other.expires_unix - now:.0f} s more: wait for it (or remove {path})"
+    )
 
 
 def _common_start(states: dict[int, schema.RankState]) -> int:
     """The step count at whose boundary both ranks start: ahead of both by LEAD_SECONDS."""
-    medians = [s.timings.step_seconds.median for s in states.values()
-               if s.timings.step_seconds is not None and s.timings.step_seconds.median > 0]
+    medians = [
+        s.timings.step_seconds.median
+        for s in states.values()
+        if s.timings.step_seconds is not None and s.timings.step_seconds.median > 0
+    ]
     step_seconds = max(medians) if medians else 1.0
     lead = max(2, math.ceil(LEAD_SECONDS / step_seconds))
     return max(s.step for s in states.values()) + lead
@@ -234,7 +282,9 @@ def _wait(state_dir: str, targets: list[Target], timeout: float) -> None:
     started = time.monotonic()
     last_check = started
     # until every rank is done; with --compare, one rank's failure ends the wait for both
-    while any(t.outcome is None for t in targets) and not any(t.outcome not in (None, EXIT_OK) for t in targets):
+    while any(t.outcome is None for t in targets) and not any(
+        t.outcome not in (None, EXIT_OK) for t in targets
+    ):
         now = time.monotonic()
         for t in targets:
             if t.outcome is None:
@@ -277,8 +327,10 @@ def _follow(state_dir: str, t: Target, waited: float, timeout: float) -> None:
             else:
                 where = "a step boundary"
             t.outcome = EXIT_PROBLEM
-            t.message = (f"rank {t.rank} did not reach {where} within {timeout:.0f} s: it may be hung; "
-                         f"run ddpmon doctor {state_dir}")
+            t.message = (
+                f"rank {t.rank} did not reach {where} within {timeout:.0f} s: it may be hung; "
+                f"run ddpmon doctor {state_dir}"
+            )
         return
     # recording or writing: the steps asked for, each given room
     if t.recording_seen is None:
@@ -287,9 +339,11 @@ def _follow(state_dir: str, t: Target, waited: float, timeout: float) -> None:
     room = timeout + (t.request.steps + captures.WARMUP_STEPS) * max(3 * median, 1.0)
     if waited - t.recording_seen > room:
         t.outcome = EXIT_PROBLEM
-        t.message = (f"rank {t.rank} started recording at step {st.first_step} but did not finish its "
-                     f"{t.request.steps} steps within {room:.0f} s: it may be hung (run ddpmon doctor "
-                     f"{state_dir}); if it finishes, the trace appears in {state_dir}")
+        t.message = (
+            f"rank {t.rank} started recording at step {st.first_step} but did not finish its "
+            f"{t.request.steps} steps within {room:.0f} s: it may be hung (run ddpmon doctor "
+            f"{state_dir}); if it finishes, the trace appears in {state_dir}"
+        )
 
 
 def _not_picked_up(state_dir: str, t: Target, waited: float) -> tuple[int, str]:
@@ -300,23 +354,35 @@ def _not_picked_up(state_dir: str, t: Target, waited: float) -> tuple[int, str]:
     except OSError:
         written = None
     if written is not None and written < t.request.requested_unix:
-        return EXIT_PROBLEM, (f"rank {t.rank} did not pick up the request within {waited:.0f} s, and its state "
-                              f"file has not been rewritten since ({time.time() - written:.0f} s ago): the "
-                              "process is frozen (stopped, or stuck holding Python's lock); run ddpmon "
-                              f"doctor {state_dir}")
-    busy = [c for c in captures.listing(state_dir) if c.rank == t.rank and c.status is not None
-            and c.status.state not in captures.DONE and c.nonce != t.request.nonce
-            and c.status.written_unix >= (t.state.started_unix or 0.0)]  # (this run's)
+        return EXIT_PROBLEM, (
+            f"rank {t.rank} did not pick up the request within {waited:.0f} s, and its state "
+            f"file has not been rewritten since ({time.time() - written:.0f} s ago): the "
+            "process is frozen (stopped, or stuck holding Python's lock); run ddpmon "
+            f"doctor {state_dir}"
+        )
+    busy = [
+        c
+        for c in captures.listing(state_dir)
+        if c.rank == t.rank
+        and c.status is not None
+        and c.status.state not in captures.DONE
+        and c.nonce != t.request.nonce
+        and c.status.written_unix >= (t.state.started_unix or 0.0)
+    ]  # (this run's)
     if busy:
         st = busy[-1].status
         assert st is not None
-        return EXIT_FAILED, (f"rank {t.rank} did not pick up the request within {waited:.0f} s: it is still "
-                             f"busy with an earlier capture ({st.state}, {st.steps} steps, asked for at its step "
-                             f"{st.step}); wait for it and ask again")
-    return EXIT_FAILED, (f"rank {t.rank} did not pick up the request within {waited:.0f} s although it "
-                         f"rewrites its state file: its ddpmon ({t.state.version or 'an unknown version'}) "
-                         "may predate captures, or its captures switched off after a failure (see "
-                         f"'errors' in {path})")
+        return EXIT_FAILED, (
+            f"rank {t.rank} did not pick up the request within {waited:.0f} s: it is still "
+            f"busy with an earlier capture ({st.state}, {st.steps} steps, asked for at its step "
+            f"{st.step}); wait for it and ask again"
+        )
+    return EXIT_FAILED, (
+        f"rank {t.rank} did not pick up the request within {waited:.0f} s although it "
+        f"rewrites its state file: its ddpmon ({t.state.version or 'an unknown version'}) "
+        "may predate captures, or its captures switched off after a failure (see "
+        f"'errors' in {path})"
+    )
 
 
 def _check_alive(state_dir: str, t: Target) -> None:
@@ -357,25 +423,42 @@ def _report(args: argparse.Namespace, state_dir: str, targets: list[Target]) -> 
         for t in targets:
             st = t.status
             assert st is not None and t.trace is not None
-            lines.append(f"rank {t.rank}: steps {st.first_step} to {st.last_step} recorded ({st.steps} steps): "
-                         f"{t.trace} ({(st.trace_bytes or 0) / 2**20:.1f} MiB)"
-                         + (f", copied to {t.copied_to}" if t.copied_to else ""))
+            lines.append(
+                f"rank {t.rank}: steps {st.first_step} to {st.last_step} recorded ({st.steps} steps): "
+                f"{t.trace} ({(st.trace_bytes or 0) / 2**20:.1f} MiB)"
+                + (f", copied to {t.copied_to}" if t.copied_to else "")
+            )
         lines.append("open a trace in https://ui.perfetto.dev or chrome://tracing")
         if len(targets) == 2:
             slow, peer = targets
             a, b = profiles.read(slow.trace or ""), profiles.read(peer.trace or "")
             comparison = profiles.as_json(a, b)
-            if (slow.status and peer.status and slow.status.first_step != peer.status.first_step):
-                lines.append(f"note: the ranks recorded different steps (rank {slow.rank} from step "
-                             f"{slow.status.first_step}, rank {peer.rank} from step {peer.status.first_step})")
+            if slow.status and peer.status and slow.status.first_step != peer.status.first_step:
+                lines.append(
+                    f"note: the ranks recorded different steps (rank {slow.rank} from step "
+                    f"{slow.status.first_step}, rank {peer.rank} from step {peer.status.first_step})"
+                )
             lines += profiles.summary(slow.rank, a, peer.rank, b)
     if args.json:
-        print(json.dumps({
-            "ranks": [{"rank": t.rank, "outcome": t.outcome, "message": t.message, "trace": t.trace,
-                       "copied_to": t.copied_to, "status": asdict(t.status) if t.status else None}
-                      for t in targets],
-            "comparison": comparison,
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "ranks": [
+                        {
+                            "rank": t.rank,
+                            "outcome": t.outcome,
+                            "message": t.message,
+                            "trace": t.trace,
+                            "copied_to": t.copied_to,
+                            "status": asdict(t.status) if t.status else None,
+                        }
+                        for t in targets
+                    ],
+                    "comparison": comparison,
+                },
+                indent=1,
+            )
+        )
     else:
         for text in lines:
             print(text)
@@ -418,5 +501,6 @@ def _steps(text: str) -> int:
     if not 1 <= value <= captures.MAX_STEPS:
         raise argparse.ArgumentTypeError(
             f"{value} steps: a capture records 1 to {captures.MAX_STEPS} (the profiler holds every "
-            "event in memory until the end)")
+            "event in memory until the end)"
+        )
     return value

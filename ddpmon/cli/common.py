@@ -35,8 +35,13 @@ EXTRAS = {
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
     """-v/--verbose on a subcommand and on its own subcommands, so that ``ddpmon doctor -v``
     means ``ddpmon -v doctor``. Left unset when not given: the top level's value stands."""
-    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="log what ddpmon does")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log what ddpmon does",
+    )
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):  # an alias is the same parser
@@ -46,30 +51,43 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
 def add_daemon_sources(parser: argparse.ArgumentParser, from_help: str) -> None:
     """Where the node daemons are (``--from``, ``--from-file``, ``--prometheus``) and how to
     connect to them and to Prometheus (``--http-config``, ``--prometheus-http-config``)."""
-    parser.add_argument("--from", dest="remote", action="append", default=[], metavar="HOST:PORT", help=from_help)
     parser.add_argument(
-        "--from-file", action="append", default=[], metavar="FILE",
+        "--from", dest="remote", action="append", default=[], metavar="HOST:PORT", help=from_help
+    )
+    parser.add_argument(
+        "--from-file",
+        action="append",
+        default=[],
+        metavar="FILE",
         help="the daemons' addresses in a file, one HOST:PORT a line (blank lines and # comments skipped); "
-             "read as --from",
+        "read as --from",
     )
     parser.add_argument(
-        "--prometheus", metavar="URL",
+        "--prometheus",
+        metavar="URL",
         help="find the daemons among the targets of this Prometheus (http://HOST:9090), up or down, and read "
-             f"them as --from: those of the scrape job {' or '.join(DAEMON_JOBS)} (also NAMESPACE/NAME, as the "
-             "Prometheus Operator names a PodMonitor's), unless --prometheus-job names others",
+        f"them as --from: those of the scrape job {' or '.join(DAEMON_JOBS)} (also NAMESPACE/NAME, as the "
+        "Prometheus Operator names a PodMonitor's), unless --prometheus-job names others",
     )
     parser.add_argument(
-        "--prometheus-job", action="append", default=[], metavar="NAME",
+        "--prometheus-job",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="with --prometheus: the scrape job of the daemons (its job label, or its scrape pool as "
-             "Prometheus' targets page shows it); repeat for several",
+        "Prometheus' targets page shows it); repeat for several",
     )
     parser.add_argument(
-        "--http-config", metavar="FILE",
+        "--http-config",
+        metavar="FILE",
         help="TLS and credentials for the daemons, in Prometheus' http_config format "
-             "(basic_auth, authorization, tls_config: the same file as promtool's --http.config.file)",
+        "(basic_auth, authorization, tls_config: the same file as promtool's --http.config.file)",
     )
-    parser.add_argument("--prometheus-http-config", metavar="FILE",
-                        help="TLS and credentials for --prometheus, in the same format")
+    parser.add_argument(
+        "--prometheus-http-config",
+        metavar="FILE",
+        help="TLS and credentials for --prometheus, in the same format",
+    )
 
 
 @dataclass
@@ -99,8 +117,15 @@ class DaemonSources:
         for path in self.files:
             found.update(dict.fromkeys(discovery.read_address_file(path)))
         if self.prometheus:
-            listed = discovery.prometheus_daemons(self.prometheus, self.jobs, self.prometheus_client)
-            log.info("ddpmon: Prometheus at %s lists %d daemons: %s", self.prometheus, len(listed), ", ".join(listed))
+            listed = discovery.prometheus_daemons(
+                self.prometheus, self.jobs, self.prometheus_client
+            )
+            log.info(
+                "ddpmon: Prometheus at %s lists %d daemons: %s",
+                self.prometheus,
+                len(listed),
+                ", ".join(listed),
+            )
             found.update(dict.fromkeys(listed))
         return list(found)
 
@@ -115,21 +140,30 @@ def daemon_sources(command: str, args: argparse.Namespace) -> DaemonSources | in
     for address in args.remote:
         problem = address_problem(address)
         if problem:
-            print(f"ddpmon {command}: --from {without_credentials(address)!r} is not valid: {problem}",
-                  file=sys.stderr)
+            print(
+                f"ddpmon {command}: --from {without_credentials(address)!r} is not valid: {problem}",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     if (args.prometheus_job or args.prometheus_http_config) and not args.prometheus:
-        print(f"ddpmon {command}: --prometheus-job and --prometheus-http-config need --prometheus URL",
-              file=sys.stderr)
+        print(
+            f"ddpmon {command}: --prometheus-job and --prometheus-http-config need --prometheus URL",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     clients = []
-    for option, path in (("--http-config", args.http_config), ("--prometheus-http-config", args.prometheus_http_config)):
+    for option, path in (
+        ("--http-config", args.http_config),
+        ("--prometheus-http-config", args.prometheus_http_config),
+    ):
         try:
             clients.append(load_http_config(path))
         except WebConfigError as exc:
             print(f"ddpmon {command}: {option} {exc}", file=sys.stderr)
             return EXIT_USAGE
-    return DaemonSources(args.remote, args.from_file, args.prometheus, args.prometheus_job, *clients)
+    return DaemonSources(
+        args.remote, args.from_file, args.prometheus, args.prometheus_job, *clients
+    )
 
 
 def missing_extra(exc: BaseException) -> tuple[str, str] | None:
@@ -139,7 +173,9 @@ def missing_extra(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
-def add_unavailable(subparsers: argparse._SubParsersAction, command: str, exc: BaseException) -> None:
+def add_unavailable(
+    subparsers: argparse._SubParsersAction, command: str, exc: BaseException
+) -> None:
     """The subcommand ``command`` whose module failed to import with ``exc``: listed, taking
     any arguments, and when run, a missing extra is named with how to install it (exit 2);
     any other error is raised again, so its traceback shows (exit 3). Never "invalid choice"."""
@@ -147,8 +183,10 @@ def add_unavailable(subparsers: argparse._SubParsersAction, command: str, exc: B
     if extra:
         package, name = extra
         help_line = f"(unavailable: needs {package}: pip install 'ddpmon[{name}]')"
-        message = (f"ddpmon {command} needs the {package} package, which is not installed: "
-                   f"pip install 'ddpmon[{name}]'  (or: pip install {package})")
+        message = (
+            f"ddpmon {command} needs the {package} package, which is not installed: "
+            f"pip install 'ddpmon[{name}]'  (or: pip install {package})"
+        )
 
         def run(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr)
@@ -172,7 +210,9 @@ def add_unavailable(subparsers: argparse._SubParsersAction, command: str, exc: B
 def add_state_dir_argument(parser: argparse.ArgumentParser) -> None:
     """The optional positional STATE_DIR of the commands that read one job's state files."""
     parser.add_argument(
-        "state_dir", nargs="?", metavar="STATE_DIR",
+        "state_dir",
+        nargs="?",
+        metavar="STATE_DIR",
         help="directory of the ranks' state files (default: $DDPMON_STATE_DIR, else the job "
         f"directory under {default_state_root()} written last)",
     )
@@ -201,7 +241,9 @@ def default_state_dir(command: str, job: str | None = None) -> str | None:
         return None
     chosen = max(candidates, key=os.path.getmtime)
     if len(candidates) > 1:
-        print(f"ddpmon {command}: reading {chosen} (the job directory written last)", file=sys.stderr)
+        print(
+            f"ddpmon {command}: reading {chosen} (the job directory written last)", file=sys.stderr
+        )
     else:
         log.info("ddpmon %s: reading %s (the only job directory under %s)", command, chosen, root)
     return chosen
@@ -209,9 +251,11 @@ def default_state_dir(command: str, job: str | None = None) -> str | None:
 
 def no_state_dir(command: str) -> str:
     """The usage error when no state directory was given and none was found."""
-    return (f"ddpmon {command}: no state directory given, DDPMON_STATE_DIR is not set and "
-            f"{default_state_root()} (your jobs' default root) holds no job: pass STATE_DIR "
-            "(another user's job: its DDPMON_STATE_DIR, or <tmp>/ddpmon-<their uid>/<job>)")
+    return (
+        f"ddpmon {command}: no state directory given, DDPMON_STATE_DIR is not set and "
+        f"{default_state_root()} (your jobs' default root) holds no job: pass STATE_DIR "
+        "(another user's job: its DDPMON_STATE_DIR, or <tmp>/ddpmon-<their uid>/<job>)"
+    )
 
 
 def seconds(text: str) -> float:

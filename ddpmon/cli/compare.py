@@ -24,18 +24,30 @@ HELP = "Compare two runs: step time, phases, exposed communication, buckets, and
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_a", metavar="RUN_A", help="the first run: its state directory, a report --json "
-                        "file, [JOB@]HOST:PORT[,HOST:PORT...] of the node daemons (--serve-state) that hold it, or "
-                        "JOB@ on the daemons of --from, --from-file or --prometheus")
+    parser.add_argument(
+        "run_a",
+        metavar="RUN_A",
+        help="the first run: its state directory, a report --json "
+        "file, [JOB@]HOST:PORT[,HOST:PORT...] of the node daemons (--serve-state) that hold it, or "
+        "JOB@ on the daemons of --from, --from-file or --prometheus",
+    )
     parser.add_argument("run_b", metavar="RUN_B", help="the second run, as RUN_A")
-    parser.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML file")
+    parser.add_argument(
+        "--html", metavar="FILE", help="also write the comparison as a self-contained HTML file"
+    )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument(
-        "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
+        "--deadline",
+        type=seconds,
+        default=HISTORY_DEADLINE_SECONDS,
+        metavar="SECONDS",
         help="the longest to wait for a run's node daemons, all together (default: %(default)g)",
     )
-    add_daemon_sources(parser, "a node daemon (--serve-state) of the runs given as JOB@ (repeat per node); "
-                       "HOST:PORT, or https://HOST:PORT")
+    add_daemon_sources(
+        parser,
+        "a node daemon (--serve-state) of the runs given as JOB@ (repeat per node); "
+        "HOST:PORT, or https://HOST:PORT",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             with open(args.html, "w", encoding="utf-8") as f:
                 f.write(compare.render_html(result, (sides[0][1], sides[1][1])))
         except OSError as exc:
-            print(f"ddpmon compare: cannot write {args.html} ({exc.strerror or exc})", file=sys.stderr)
+            print(
+                f"ddpmon compare: cannot write {args.html} ({exc.strerror or exc})", file=sys.stderr
+            )
             return EXIT_USAGE
     return EXIT_OK

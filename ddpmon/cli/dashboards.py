@@ -26,29 +26,48 @@ TOKEN_ENV = "GRAFANA_TOKEN"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     export = actions.add_parser(
-        "export", help="write the dashboards' JSON into a directory",
+        "export",
+        help="write the dashboards' JSON into a directory",
         description="Write ddpmon's dashboards (Grafana JSON, for file provisioning or import) "
-                    f"into DIR. They target {dashboards.GRAFANA_VERSIONS}.",
+        f"into DIR. They target {dashboards.GRAFANA_VERSIONS}.",
     )
-    export.add_argument("directory", metavar="DIR", nargs="?", default=".",
-                        help="directory to write into, created if missing (default: the current "
-                             "directory)")
+    export.add_argument(
+        "directory",
+        metavar="DIR",
+        nargs="?",
+        default=".",
+        help="directory to write into, created if missing (default: the current directory)",
+    )
     push = actions.add_parser(
-        "push", help="create or update the dashboards in a Grafana",
+        "push",
+        help="create or update the dashboards in a Grafana",
         description="Create or update ddpmon's dashboards in a running Grafana through its HTTP "
-                    "API (needs grafana-client: pip install 'ddpmon[grafana]').",
+        "API (needs grafana-client: pip install 'ddpmon[grafana]').",
     )
-    push.add_argument("--url", required=True,
-                      help="Grafana's address, e.g. https://grafana.example.com (user:password@ "
-                           "in it works when no token is given)")
-    push.add_argument("--token", default=None,
-                      help=f"API token: a service account token with the Editor role "
-                           f"(default: ${TOKEN_ENV})")
-    push.add_argument("--folder", default="ddpmon",
-                      help="folder to put the dashboards in, created if missing; '' = General "
-                           "(default: %(default)s)")
-    push.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                      help="seconds to wait for each request (default: %(default)s)")
+    push.add_argument(
+        "--url",
+        required=True,
+        help="Grafana's address, e.g. https://grafana.example.com (user:password@ "
+        "in it works when no token is given)",
+    )
+    push.add_argument(
+        "--token",
+        default=None,
+        help=f"API token: a service account token with the Editor role (default: ${TOKEN_ENV})",
+    )
+    push.add_argument(
+        "--folder",
+        default="ddpmon",
+        help="folder to put the dashboards in, created if missing; '' = General "
+        "(default: %(default)s)",
+    )
+    push.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds to wait for each request (default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         return _export(args.directory)
     if args.action == "push":
         return _push(args)
-    _err("choose what to do: `ddpmon dashboards export [DIR]` or `ddpmon dashboards push --url URL`")
+    _err(
+        "choose what to do: `ddpmon dashboards export [DIR]` or `ddpmon dashboards push --url URL`"
+    )
     return EXIT_USAGE
 
 
@@ -69,15 +90,19 @@ def _export(directory: str) -> int:
         _err(f"DIR={directory!r} is not valid: it is a file, expected a directory")
         return EXIT_USAGE
     if os.path.isdir(directory) and not os.access(directory, os.W_OK | os.X_OK):
-        _err(f"DIR={directory!r} is not writable: pick a directory you can write to, or fix its "
-             "permissions")
+        _err(
+            f"DIR={directory!r} is not writable: pick a directory you can write to, or fix its "
+            "permissions"
+        )
         return EXIT_USAGE
     try:
         paths = dashboards.export(directory)
     except OSError as exc:  # a parent that is a file or not writable, a full or read-only disk
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != directory else ""
-        _err(f"cannot write into DIR={directory!r}{where}: {exc.strerror or exc}; pick a directory "
-             "you can write to")
+        _err(
+            f"cannot write into DIR={directory!r}{where}: {exc.strerror or exc}; pick a directory "
+            "you can write to"
+        )
         return EXIT_USAGE
     for path in paths:
         print(path)
@@ -92,8 +117,10 @@ def _push(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if token is None and not (parsed.username and parsed.password):
-        _err(f"no Grafana API token: pass --token TOKEN or set {TOKEN_ENV} (a service account "
-             "token with the Editor role), or put user:password@ in --url")
+        _err(
+            f"no Grafana API token: pass --token TOKEN or set {TOKEN_ENV} (a service account "
+            "token with the Editor role), or put user:password@ in --url"
+        )
         return EXIT_USAGE
     if args.timeout <= 0:
         _err(f"--timeout={args.timeout} is not valid: expected a positive number of seconds")
@@ -102,8 +129,10 @@ def _push(args: argparse.Namespace) -> int:
         from grafana_client import GrafanaApi
         from grafana_client.client import GrafanaException
     except ImportError:
-        _err("`ddpmon dashboards push` needs the grafana-client package, which is not installed: "
-             "pip install 'ddpmon[grafana]'  (or: pip install grafana-client)")
+        _err(
+            "`ddpmon dashboards push` needs the grafana-client package, which is not installed: "
+            "pip install 'ddpmon[grafana]'  (or: pip install grafana-client)"
+        )
         return EXIT_USAGE
 
     api = GrafanaApi.from_url(url, credential=token, timeout=args.timeout)
@@ -114,7 +143,8 @@ def _push(args: argparse.Namespace) -> int:
         for board in dashboards.build().values():
             current = f"dashboard {board['title']!r}"
             payload: dict[str, Any] = {
-                "dashboard": {**board, "id": None}, "overwrite": True,
+                "dashboard": {**board, "id": None},
+                "overwrite": True,
                 "message": f"ddpmon {__version__}",
             }
             if folder_uid:
@@ -125,8 +155,10 @@ def _push(args: argparse.Namespace) -> int:
         _err(f"Grafana at {where} refused {current}: {_explain(exc)}")
         return EXIT_PROBLEM
     except OSError as exc:  # requests/niquests connection errors are OSErrors
-        _err(f"cannot reach Grafana at {where} ({exc.__class__.__name__}: {exc}): check --url "
-             "and that Grafana is running and reachable from here")
+        _err(
+            f"cannot reach Grafana at {where} ({exc.__class__.__name__}: {exc}): check --url "
+            "and that Grafana is running and reachable from here"
+        )
         return EXIT_PROBLEM
     return EXIT_OK
 
@@ -147,8 +179,10 @@ def _explain(exc: Any) -> str:
     if status == 401:
         return f"{detail}: the token or password was not accepted; check --token or ${TOKEN_ENV}"
     if status == 403:
-        return (f"{detail}: the token may not write dashboards; use a service account with the "
-                "Editor role (or Admin for a new folder)")
+        return (
+            f"{detail}: the token may not write dashboards; use a service account with the "
+            "Editor role (or Admin for a new folder)"
+        )
     if status == 404:
         return f"{detail}: no Grafana API there; check --url (include the sub-path Grafana is served under)"
     if status == 412:

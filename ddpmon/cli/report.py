@@ -26,19 +26,37 @@ HELP = "Write a self-contained HTML report (plots, summary, findings) of a runni
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "state_dirs", nargs="*", metavar="STATE_DIR",
+        "state_dirs",
+        nargs="*",
+        metavar="STATE_DIR",
         help="the job's state directory, once per node without a shared file system (default: "
         "$DDPMON_STATE_DIR, else the job directory under <tmp>/ddpmon written last)",
     )
-    parser.add_argument("-o", "--output", default="report.html", metavar="FILE",
-                        help="where to write the HTML report (default: report.html; - for stdout)")
-    parser.add_argument("--json", action="store_true", help="print the run's summary as JSON instead")
-    parser.add_argument("--job", help="the job to report when the directories or daemons hold several "
-                        "(with --from, default: the job written last on the daemons)")
-    add_daemon_sources(parser, "also read the state files and step histories from a node daemon started with "
-                       "--serve-state (repeat per node; no shared file system needed); HOST:PORT, or https://HOST:PORT")
     parser.add_argument(
-        "--deadline", type=seconds, default=HISTORY_DEADLINE_SECONDS, metavar="SECONDS",
+        "-o",
+        "--output",
+        default="report.html",
+        metavar="FILE",
+        help="where to write the HTML report (default: report.html; - for stdout)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the run's summary as JSON instead"
+    )
+    parser.add_argument(
+        "--job",
+        help="the job to report when the directories or daemons hold several "
+        "(with --from, default: the job written last on the daemons)",
+    )
+    add_daemon_sources(
+        parser,
+        "also read the state files and step histories from a node daemon started with "
+        "--serve-state (repeat per node; no shared file system needed); HOST:PORT, or https://HOST:PORT",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=seconds,
+        default=HISTORY_DEADLINE_SECONDS,
+        metavar="SECONDS",
         help="the longest to wait for the --from daemons' histories, all together; a history "
         "still coming then is cut where it got to (default: %(default)g)",
     )
@@ -56,12 +74,17 @@ def run(args: argparse.Namespace) -> int:
     if not dirs and not daemons.asked:
         found = default_state_dir("report", args.job)
         if found is None:
-            print("ddpmon report: no state directory given and none found: pass STATE_DIR", file=sys.stderr)
+            print(
+                "ddpmon report: no state directory given and none found: pass STATE_DIR",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
         dirs = [found]
     started = time.perf_counter()
     try:
-        loaded = run_mod.load(dirs, daemons.addresses(), job=args.job, deadline=args.deadline, client=daemons.client)
+        loaded = run_mod.load(
+            dirs, daemons.addresses(), job=args.job, deadline=args.deadline, client=daemons.client
+        )
     except (StateFileError, DiscoveryError) as exc:
         print(f"ddpmon report: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -79,9 +102,15 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(page)
     except OSError as exc:
-        print(f"ddpmon report: cannot write {args.output} ({exc.strerror or exc}); pass -o FILE "
-              "in a writable directory", file=sys.stderr)
+        print(
+            f"ddpmon report: cannot write {args.output} ({exc.strerror or exc}); pass -o FILE "
+            "in a writable directory",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    print(f"wrote {args.output} ({os.path.getsize(args.output) / 1e6:.2f} MB, job {s['job']!r}, "
-          f"{s['ranks']} ranks, {s['steps']} steps) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    print(
+        f"wrote {args.output} ({os.path.getsize(args.output) / 1e6:.2f} MB, job {s['job']!r}, "
+        f"{s['ranks']} ranks, {s['steps']} steps) in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
     return EXIT_OK

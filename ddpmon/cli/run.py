@@ -41,8 +41,21 @@ from .exits import EXIT_USAGE
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
-_OWN_FLAGS_WITH_VALUE = ("--job", "--state-dir", "--port", "--option", "-o", "--debug-server-interval")
-_OWN_FLAGS_WITHOUT_VALUE = ("-h", "--help", "-v", "--verbose", "--debug-server")  # --debug-server=PORT too
+_OWN_FLAGS_WITH_VALUE = (
+    "--job",
+    "--state-dir",
+    "--port",
+    "--option",
+    "-o",
+    "--debug-server-interval",
+)
+_OWN_FLAGS_WITHOUT_VALUE = (
+    "-h",
+    "--help",
+    "-v",
+    "--verbose",
+    "--debug-server",
+)  # --debug-server=PORT too
 DEBUG_SERVER_PORT = 25999  # torch's own default
 _PYTHON = re.compile(r"python[0-9.]*(\.exe)?")
 
@@ -78,25 +91,53 @@ if _spec is not None and _spec.loader is not None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "ddpmon run [OPTIONS] [TORCHRUN-ARGS...] SCRIPT [ARGS...] | ddpmon run [OPTIONS] python SCRIPT [ARGS...]"
-    parser.epilog = ("ddpmon's options come first; everything from the first other argument on is "
-                     "torchrun's (or the python command line). Any option can also be a DDPMON_* variable.")
-    parser.add_argument("--job", help="job name: the `job` label and the state directory's name "
-                        "(default: torchrun's --rdzv-id, else SCRIPT-YYYYMMDD-HHMMSS)")
-    parser.add_argument("--state-dir", help="directory of the state files (default: <tmp>/ddpmon-<uid>/JOB)")
-    parser.add_argument("--port", help="base metrics port: LOCAL_RANK k serves on PORT+k; 0 = ephemeral; "
-                        "negative = off (default 9500)")
-    parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="any other ddpmon option, as for attach() (repeatable): "
-                        "-o hang_timeout=120 -o bucket_timing=hook")
-    parser.add_argument("--debug-server", nargs="?", const=DEBUG_SERVER_PORT, type=int, metavar="PORT",
-                        help="also start torch's debug server (torch.distributed.debug) in every rank: "
-                        f"rank 0 serves its pages on PORT (--debug-server=PORT; default {DEBUG_SERVER_PORT}) "
-                        "and dumps every rank's stacks into STATE_DIR/debug-server/. Experimental in "
-                        "torch, and not secure: it binds every interface without authentication (trusted "
-                        "networks only). Needs jinja2, aiohttp and tabulate: pip install 'ddpmon[debug-server]'")
-    parser.add_argument("--debug-server-interval", type=float, metavar="SECONDS",
-                        help=f"seconds between the debug server's dumps (default {DEBUG_SERVER_INTERVAL:g})")
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="TORCHRUN-ARGS... SCRIPT [ARGS...]")
+    parser.epilog = (
+        "ddpmon's options come first; everything from the first other argument on is "
+        "torchrun's (or the python command line). Any option can also be a DDPMON_* variable."
+    )
+    parser.add_argument(
+        "--job",
+        help="job name: the `job` label and the state directory's name "
+        "(default: torchrun's --rdzv-id, else SCRIPT-YYYYMMDD-HHMMSS)",
+    )
+    parser.add_argument(
+        "--state-dir", help="directory of the state files (default: <tmp>/ddpmon-<uid>/JOB)"
+    )
+    parser.add_argument(
+        "--port",
+        help="base metrics port: LOCAL_RANK k serves on PORT+k; 0 = ephemeral; "
+        "negative = off (default 9500)",
+    )
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other ddpmon option, as for attach() (repeatable): "
+        "-o hang_timeout=120 -o bucket_timing=hook",
+    )
+    parser.add_argument(
+        "--debug-server",
+        nargs="?",
+        const=DEBUG_SERVER_PORT,
+        type=int,
+        metavar="PORT",
+        help="also start torch's debug server (torch.distributed.debug) in every rank: "
+        f"rank 0 serves its pages on PORT (--debug-server=PORT; default {DEBUG_SERVER_PORT}) "
+        "and dumps every rank's stacks into STATE_DIR/debug-server/. Experimental in "
+        "torch, and not secure: it binds every interface without authentication (trusted "
+        "networks only). Needs jinja2, aiohttp and tabulate: pip install 'ddpmon[debug-server]'",
+    )
+    parser.add_argument(
+        "--debug-server-interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"seconds between the debug server's dumps (default {DEBUG_SERVER_INTERVAL:g})",
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="TORCHRUN-ARGS... SCRIPT [ARGS...]"
+    )
     _stop_at_command(parser)
 
 
@@ -111,10 +152,13 @@ def _stop_at_command(parser: argparse.ArgumentParser) -> None:
         while i < len(args):
             arg = args[i]
             if arg == "--":
-                head, rest = args[:i], args[i + 1:]
+                head, rest = args[:i], args[i + 1 :]
                 break
-            if arg in _OWN_FLAGS_WITHOUT_VALUE or arg.startswith("--debug-server=") \
-                    or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--")):
+            if (
+                arg in _OWN_FLAGS_WITHOUT_VALUE
+                or arg.startswith("--debug-server=")
+                or (arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--"))
+            ):
                 i += 1
             elif arg.split("=", 1)[0] in _OWN_FLAGS_WITH_VALUE:
                 i += 1 if "=" in arg else 2
@@ -156,15 +200,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"ddpmon run: job {job!r}, state files in {state_dir or '(off)'}", file=sys.stderr)
     if args.debug_server is not None:
         dumps = f"; dumps into {os.path.join(state_dir, 'debug-server')}" if state_dir else ""
-        print(f"ddpmon run: torch's debug server: http://<rank 0's host>:{args.debug_server}/{dumps} "
-              "(not secure: trusted networks only)", file=sys.stderr)
+        print(
+            f"ddpmon run: torch's debug server: http://<rank 0's host>:{args.debug_server}/{dumps} "
+            "(not secure: trusted networks only)",
+            file=sys.stderr,
+        )
     sitedir = None
     try:
         if plan.sitecustomize:
             sitedir = tempfile.mkdtemp(prefix="ddpmon-run-")
             with open(os.path.join(sitedir, "sitecustomize.py"), "w") as f:
                 f.write(SITECUSTOMIZE.format(ddpmon_parent=_ddpmon_parent()))
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (sitedir, env.get("PYTHONPATH", "")) if p)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (sitedir, env.get("PYTHONPATH", "")) if p
+            )
         code = _run_child(plan.argv, env)
     finally:
         if sitedir:
@@ -176,13 +225,19 @@ def run(args: argparse.Namespace) -> int:
 def plan_command(command: list[str]) -> Plan:
     """How to start ``command`` (torchrun's arguments, or a python command line)."""
     if not command:
-        raise UsageError("name what to run: ddpmon run --nproc-per-node=2 train.py [ARGS...], "
-                         "or ddpmon run python train.py [ARGS...]")
+        raise UsageError(
+            "name what to run: ddpmon run --nproc-per-node=2 train.py [ARGS...], "
+            "or ddpmon run python train.py [ARGS...]"
+        )
     first = os.path.basename(command[0])
     if _PYTHON.fullmatch(first) or command[0] == sys.executable:
         return Plan(list(command), True, _python_target(command[1:]))
-    if first != "torchrun" and not command[0].startswith("-") and not command[0].endswith(".py") \
-            and shutil.which(command[0]):  # a launcher of its own: accelerate launch, a shell script
+    if (
+        first != "torchrun"
+        and not command[0].startswith("-")
+        and not command[0].endswith(".py")
+        and shutil.which(command[0])
+    ):  # a launcher of its own: accelerate launch, a shell script
         return Plan(list(command), True, _python_target(command[1:]))
     if first == "torchrun":
         launcher, rest = [command[0]], command[1:]
@@ -191,8 +246,10 @@ def plan_command(command: list[str]) -> Plan:
     try:
         from torch.distributed.run import get_args_parser
     except ImportError as exc:
-        raise UsageError(f"torchrun's arguments need torch here ({exc}); with another "
-                         "interpreter's torch use: ddpmon run /path/to/python -m torch.distributed.run ...") from None
+        raise UsageError(
+            f"torchrun's arguments need torch here ({exc}); with another "
+            "interpreter's torch use: ddpmon run /path/to/python -m torch.distributed.run ..."
+        ) from None
 
     parser = get_args_parser()
     parser.prog = "ddpmon run"
@@ -202,9 +259,11 @@ def plan_command(command: list[str]) -> Plan:
         raise UsageError("torchrun could not read these arguments (see above)") from None
     cut = len(rest) - len(targs.training_script_args) - 1
     if cut < 0 or rest[cut] != targs.training_script:
-        raise UsageError(f"cannot tell torchrun's arguments from the script's in {rest!r}: "
-                         "put ddpmon's options first, then torchrun's, then SCRIPT and its arguments")
-    opts, script, script_args = rest[:cut], rest[cut], rest[cut + 1:]
+        raise UsageError(
+            f"cannot tell torchrun's arguments from the script's in {rest!r}: "
+            "put ddpmon's options first, then torchrun's, then SCRIPT and its arguments"
+        )
+    opts, script, script_args = rest[:cut], rest[cut], rest[cut + 1 :]
     rdzv_id = targs.rdzv_id if targs.rdzv_id and targs.rdzv_id != "none" else None
     if targs.no_python or targs.run_path:  # torchrun does not start `python`: reach it through site
         return Plan(launcher + rest, True, script, rdzv_id)
@@ -241,7 +300,9 @@ def _check_debug_server(args: argparse.Namespace, plan: Plan, env: dict[str, str
     server and the packages its frontend imports, before any rank starts."""
     if not 0 < args.debug_server < 65536:
         raise UsageError(f"--debug-server={args.debug_server}: expected a port, 1 to 65535")
-    interval = DEBUG_SERVER_INTERVAL if args.debug_server_interval is None else args.debug_server_interval
+    interval = (
+        DEBUG_SERVER_INTERVAL if args.debug_server_interval is None else args.debug_server_interval
+    )
     if not interval > 0:
         raise UsageError(f"--debug-server-interval {interval!r}: expected seconds, more than 0")
     env[DEBUG_SERVER_PORT_VAR] = str(args.debug_server)
@@ -255,9 +316,11 @@ def _check_debug_server(args: argparse.Namespace, plan: Plan, env: dict[str, str
     except ImportError as exc:
         import torch
 
-        raise UsageError(f"--debug-server needs torch.distributed.debug, which torch {torch.__version__} "
-                         f"here cannot import ({exc}): use a torch that has it, or leave --debug-server "
-                         "out") from None
+        raise UsageError(
+            f"--debug-server needs torch.distributed.debug, which torch {torch.__version__} "
+            f"here cannot import ({exc}): use a torch that has it, or leave --debug-server "
+            "out"
+        ) from None
     broken = []
     for name in DEBUG_SERVER_PACKAGES:
         try:
@@ -265,9 +328,11 @@ def _check_debug_server(args: argparse.Namespace, plan: Plan, env: dict[str, str
         except Exception as exc:  # ImportError, or a package broken another way
             broken.append(f"{name} ({exc})")
     if broken:
-        raise UsageError(f"--debug-server needs {', '.join(DEBUG_SERVER_PACKAGES)} in the ranks' Python; "
-                         f"missing or broken here: {'; '.join(broken)}. Fix: pip install "
-                         f"'ddpmon[debug-server]' (or pip install {' '.join(DEBUG_SERVER_PACKAGES)})")
+        raise UsageError(
+            f"--debug-server needs {', '.join(DEBUG_SERVER_PACKAGES)} in the ranks' Python; "
+            f"missing or broken here: {'; '.join(broken)}. Fix: pip install "
+            f"'ddpmon[debug-server]' (or pip install {' '.join(DEBUG_SERVER_PACKAGES)})"
+        )
 
 
 def _python_target(args: list[str]) -> str:
@@ -293,7 +358,9 @@ def _child_env(args: argparse.Namespace) -> dict[str, str]:
         name, sep, value = item.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or name not in names:
-            raise UsageError(f"-o {item!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(names))}")
+            raise UsageError(
+                f"-o {item!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(names))}"
+            )
         given.append((name, value))
     for name, value in given:
         if value is not None:
@@ -336,8 +403,14 @@ def _run_child(argv: list[str], env: dict[str, str]) -> int:
     # TERM and HUP sent to the launcher are passed on; so is INT sent to it alone (`kill -INT
     # PID`), but not the terminal's Ctrl-C, which reaches the whole foreground process group,
     # the command included: passed on, it would reach the command twice.
-    previous = {sig: signal.signal(sig, handler) for sig, handler in (
-        (signal.SIGINT, lambda *_: None), (signal.SIGTERM, forward), (signal.SIGHUP, forward))}
+    previous = {
+        sig: signal.signal(sig, handler)
+        for sig, handler in (
+            (signal.SIGINT, lambda *_: None),
+            (signal.SIGTERM, forward),
+            (signal.SIGHUP, forward),
+        )
+    }
     try:
         code = _wait_passing_on_interrupts(proc, forward)
     finally:
@@ -356,7 +429,9 @@ def _wait_passing_on_interrupts(proc: subprocess.Popen, forward: Any) -> int:
     (not Linux), SIGINT is left to the process group."""
     if not hasattr(signal, "sigtimedwait"):
         return proc.wait()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # (after the start: the child keeps it open)
+    signal.pthread_sigmask(
+        signal.SIG_BLOCK, {signal.SIGINT}
+    )  # (after the start: the child keeps it open)
     try:
         while proc.poll() is None:
             info = signal.sigtimedwait({signal.SIGINT}, 0.2)
@@ -379,15 +454,26 @@ def _print_summary(code: int, state_dir: str | None) -> None:
         if ranks:
             found.append((root, len(ranks)))
     if not found:
-        print(f"ddpmon run: exit status {code}; no state file in {state_dir} (did the script "
-              "build a torch.nn.parallel.DistributedDataParallel model?)", file=out)
+        print(
+            f"ddpmon run: exit status {code}; no state file in {state_dir} (did the script "
+            "build a torch.nn.parallel.DistributedDataParallel model?)",
+            file=out,
+        )
         return
-    listed = ", ".join(f"{os.path.relpath(d, state_dir) + '/: ' if d != state_dir else ''}"
-                       f"{n} rank{'s' if n != 1 else ''}" for d, n in found)
+    listed = ", ".join(
+        f"{os.path.relpath(d, state_dir) + '/: ' if d != state_dir else ''}"
+        f"{n} rank{'s' if n != 1 else ''}"
+        for d, n in found
+    )
     print(f"ddpmon run: exit status {code}; state files in {state_dir} ({listed})", file=out)
     for directory, _ in found:
         print(f"  ddpmon doctor {directory}\n  ddpmon report {directory}", file=out)
     earlier = attempts.earlier(state_dir)
     if earlier:
-        print(f"ddpmon run: {len(earlier) + 1} attempts; before the last, "
-              + "; ".join(f"attempt {n} (files in {os.path.relpath(d, state_dir)}/)" for n, d in earlier), file=out)
+        print(
+            f"ddpmon run: {len(earlier) + 1} attempts; before the last, "
+            + "; ".join(
+                f"attempt {n} (files in {os.path.relpath(d, state_dir)}/)" for n, d in earlier
+            ),
+            file=out,
+        )

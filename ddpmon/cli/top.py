@@ -79,8 +79,14 @@ def _bytes(n: float | None) -> str:
     return str(n)
 
 
-_PART_COLUMNS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"),
-                 ("exposed_comm", "comm"), ("optimizer", "optim"), ("other", "other"))
+_PART_COLUMNS = (
+    ("data_wait", "data"),
+    ("forward", "fwd"),
+    ("backward", "bwd"),
+    ("exposed_comm", "comm"),
+    ("optimizer", "optim"),
+    ("other", "other"),
+)
 
 
 def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
@@ -96,7 +102,8 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
     scores = steps.scores(phases)
     lines = [
         f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in phases.values())} steps)",
-        f"{'rank':>4} " + " ".join(f"{label:>7}" for _, label in _PART_COLUMNS)
+        f"{'rank':>4} "
+        + " ".join(f"{label:>7}" for _, label in _PART_COLUMNS)
         + f" {'step':>8} {'busy':>7} {'slower':>6}  straggler",
     ]
     for rank in sorted(phases):
@@ -105,7 +112,8 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
         if sc is not None and sc.straggler:
             verdict = f"yes: {sc.cause.replace('_', ' ')}" if sc.cause else "yes"
         lines.append(
-            f"{rank:>4} " + " ".join(f"{_cell_ms(getattr(p, part + '_seconds')):>7}" for part, _ in _PART_COLUMNS)
+            f"{rank:>4} "
+            + " ".join(f"{_cell_ms(getattr(p, part + '_seconds')):>7}" for part, _ in _PART_COLUMNS)
             + f" {_cell_ms(p.step_seconds):>8} {_cell_ms(p.busy_seconds):>7} "
             + f"{(f'{sc.score:+.0%}' if sc else '-'):>6}  {verdict}"
         )
@@ -126,7 +134,11 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
     ]
     for s in sorted(states, key=lambda s: s.get("rank", 0)):
         idle = (s.get("now_unix") or 0) - (s.get("last_progress_unix") or s.get("now_unix") or 0)
-        status = "HANG suspected" if s.get("hang") else ("detached" if s.get("phase") == "detached" else "ok")
+        status = (
+            "HANG suspected"
+            if s.get("hang")
+            else ("detached" if s.get("phase") == "detached" else "ok")
+        )
         lines.append(
             f"{s.get('rank', '?'):>4} {str(s.get('host') or '?')[:12]:<12} {s.get('pid') or '?':>7} "
             f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_cell_ms(_median(s, 'step_seconds')):>8} "
@@ -138,19 +150,26 @@ def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool
     for s in states:
         if s.get("unused_parameters"):
             names = s["unused_parameters"]
-            lines.append(f"rank {s['rank']} unused parameters: {', '.join(names[:8])}"
-                         + (f" (+{len(names) - 8})" if len(names) > 8 else ""))
+            lines.append(
+                f"rank {s['rank']} unused parameters: {', '.join(names[:8])}"
+                + (f" (+{len(names) - 8})" if len(names) > 8 else "")
+            )
         for note in (s.get("notes") or {}).values():
             lines.append(f"rank {s['rank']}: {note}")
     if buckets:
         for s in sorted(states, key=lambda s: s.get("rank", 0)):
             lines.append(f"\nrank {s.get('rank')} buckets:")
-            lines.append(f"  {'bucket':>6} {'size':>10} {'dtype':<9} {'params':>6} {'ready ms':>9} "
-                         f"{'mean ms':>8} {'last ms':>8} {'last busbw':>12}  count")
+            lines.append(
+                f"  {'bucket':>6} {'size':>10} {'dtype':<9} {'params':>6} {'ready ms':>9} "
+                f"{'mean ms':>8} {'last ms':>8} {'last busbw':>12}  count"
+            )
             if not s.get("buckets"):
-                why = ("bucket timing is off (the default on gloo, where a Python comm hook costs "
-                       "step time): attach(model, bucket_timing='hook') times them"
-                       if s.get("bucket_timing") == "off" else "none seen yet (DDP builds them after its first step)")
+                why = (
+                    "bucket timing is off (the default on gloo, where a Python comm hook costs "
+                    "step time): attach(model, bucket_timing='hook') times them"
+                    if s.get("bucket_timing") == "off"
+                    else "none seen yet (DDP builds them after its first step)"
+                )
                 lines.append(f"  {why}")
             for b in s.get("buckets") or []:
                 bw = b.get("busbw_bytes_per_second")

@@ -120,7 +120,10 @@ def uid_of(proc: psutil.Process) -> int | None:
 def is_stopped(proc: psutil.Process) -> bool:
     """True while ``proc`` is stopped (SIGSTOP, a debugger): it cannot make progress."""
     try:
-        return proc.status() in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop"))
+        return proc.status() in (
+            psutil.STATUS_STOPPED,
+            getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop"),
+        )
     except psutil.Error:
         return False
 
@@ -137,8 +140,9 @@ def namespace_pids(pid: int) -> list[int] | None:
     return None
 
 
-def locate_process(pid: int, started_unix: float | None, same_host: bool,
-                   rank: int | None = None) -> psutil.Process | None:
+def locate_process(
+    pid: int, started_unix: float | None, same_host: bool, rank: int | None = None
+) -> psutil.Process | None:
     """The live process that wrote a state file naming ``pid``, or None.
 
     ``started_unix`` (when ddpmon started in that process) rules out pids reused by later
@@ -155,7 +159,9 @@ def locate_process(pid: int, started_unix: float | None, same_host: bool,
     return direct
 
 
-def _nested_candidates(pid: int, started_unix: float | None, rank: int | None) -> list[psutil.Process]:
+def _nested_candidates(
+    pid: int, started_unix: float | None, rank: int | None
+) -> list[psutil.Process]:
     if not sys.platform.startswith("linux"):
         return []
     found = []
@@ -174,8 +180,9 @@ def _nested_candidates(pid: int, started_unix: float | None, rank: int | None) -
     return found
 
 
-def _candidate(pid: int, started_unix: float | None, rank: int | None,
-               nested: bool = False) -> psutil.Process | None:
+def _candidate(
+    pid: int, started_unix: float | None, rank: int | None, nested: bool = False
+) -> psutil.Process | None:
     """``pid`` as a psutil.Process when it could be the rank: alive, started before ddpmon
     did, a user process, in our namespace (unless ``nested``), and, where its environment
     is readable, not another rank's."""
@@ -235,7 +242,7 @@ def _endpoint(text: str) -> tuple[str, int]:
     """``0100007F:1F90`` (the kernel's byte order, 32-bit words) as ("127.0.0.1", 8080)."""
     address, port = text.split(":")
     raw = bytes.fromhex(address)
-    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
     return _normal(socket.inet_ntop(family, raw)), int(port, 16)
 

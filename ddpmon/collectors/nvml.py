@@ -199,12 +199,17 @@ def _strip_uuid(text: str) -> str:
     text = text.strip()
     for prefix in ("GPU-", "MIG-"):
         if text.upper().startswith(prefix):
-            return text[len(prefix):].lower()
+            return text[len(prefix) :].lower()
     return text.lower()
 
 
-def resolve(nv: Any, cuda_index: int, visible: str | None = None, uuid: str | None = None,
-            pci_bus_id: str | None = None) -> tuple[Gpu, str]:
+def resolve(
+    nv: Any,
+    cuda_index: int,
+    visible: str | None = None,
+    uuid: str | None = None,
+    pci_bus_id: str | None = None,
+) -> tuple[Gpu, str]:
     """The NVML device behind torch's ``cuda:<cuda_index>``, and how it was confirmed.
 
     CUDA numbers only the devices in CUDA_VISIBLE_DEVICES (indices, or GPU-/MIG- UUIDs,
@@ -241,7 +246,9 @@ def resolve(nv: Any, cuda_index: int, visible: str | None = None, uuid: str | No
             ) from None
         count = nv.nvmlDeviceGetCount()
         if not 0 <= index < count:
-            raise LookupError(f"CUDA_VISIBLE_DEVICES entry {entry!r} is not one of NVML's {count} GPU(s)")
+            raise LookupError(
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} is not one of NVML's {count} GPU(s)"
+            )
         gpu = describe_gpu(nv, nv.nvmlDeviceGetHandleByIndex(index))
     if not pci_bus_id:
         return gpu, "unconfirmed"
@@ -320,13 +327,18 @@ class GpuReader:
             add("ddpmon_gpu_memory_total_bytes", memory.total)
         power = self._query("power", nv.nvmlDeviceGetPowerUsage)
         add("ddpmon_gpu_power_watts", power / 1000.0 if power is not None else None)
-        add("ddpmon_gpu_temperature_celsius", self._query("temperature", nv.nvmlDeviceGetTemperature, 0))
+        add(
+            "ddpmon_gpu_temperature_celsius",
+            self._query("temperature", nv.nvmlDeviceGetTemperature, 0),
+        )
         sm = self._query("sm_clock", nv.nvmlDeviceGetClockInfo, 1)  # NVML_CLOCK_SM, in MHz
         add("ddpmon_gpu_sm_clock_hertz", sm * 1e6 if sm is not None else None)
         reasons = self._clock_event_reasons()
         if reasons is not None:
             for name, bit in CLOCK_EVENT_REASONS:
-                add("ddpmon_gpu_clock_event_active", 1.0 if reasons & bit else 0.0, {"reason": name})
+                add(
+                    "ddpmon_gpu_clock_event_active", 1.0 if reasons & bit else 0.0, {"reason": name}
+                )
         for name, extra, value in self._slow:
             add(name, value, extra)
         return out
@@ -350,8 +362,10 @@ class GpuReader:
     def processes(self) -> list[int]:
         """Pids of the processes using this GPU (compute and graphics), as NVML sees them."""
         pids: list[int] = []
-        for what, fn in (("compute_processes", self.nv.nvmlDeviceGetComputeRunningProcesses),
-                         ("graphics_processes", self.nv.nvmlDeviceGetGraphicsRunningProcesses)):
+        for what, fn in (
+            ("compute_processes", self.nv.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics_processes", self.nv.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
             for proc in self._query(what, fn) or ():
                 if proc.pid not in pids:
                     pids.append(int(proc.pid))
@@ -374,7 +388,10 @@ class GpuReader:
             except Exception as exc:
                 if is_lost(exc):
                     raise GpuLost(explain(exc)) from None
-                if not isinstance(exc, AttributeError) and type(exc).__name__ != "NVMLError_FunctionNotFound":
+                if (
+                    not isinstance(exc, AttributeError)
+                    and type(exc).__name__ != "NVMLError_FunctionNotFound"
+                ):
                     return self._switch_off("clock_events", exc)
                 self._off.add("clock_events")  # drivers before 535 call them throttle reasons
         return self._query("throttle_reasons", self.nv.nvmlDeviceGetCurrentClocksThrottleReasons)
@@ -392,8 +409,14 @@ class GpuReader:
     def _switch_off(self, what: str, exc: BaseException) -> None:
         self._off.add(what)
         level = logging.INFO if type(exc).__name__ in _UNSUPPORTED else logging.WARNING
-        log.log(level, "ddpmon: GPU %d (%s): %s is not available (%s); not read again",
-                self.gpu.index, self.gpu.uuid, what.replace("_", " "), explain(exc))
+        log.log(
+            level,
+            "ddpmon: GPU %d (%s): %s is not available (%s); not read again",
+            self.gpu.index,
+            self.gpu.uuid,
+            what.replace("_", " "),
+            explain(exc),
+        )
         return None
 
 
@@ -466,9 +489,16 @@ class RankGpu:
                 self._note(text)
 
 
-def rank_gpu(job: str, rank: int | str, cuda_index: int, uuid: str | None = None,
-             pci_bus_id: str | None = None, visible: str | None = None,
-             slow_interval: float = SLOW_INTERVAL, note: Note | None = None) -> RankGpu | None:
+def rank_gpu(
+    job: str,
+    rank: int | str,
+    cuda_index: int,
+    uuid: str | None = None,
+    pci_bus_id: str | None = None,
+    visible: str | None = None,
+    slow_interval: float = SLOW_INTERVAL,
+    note: Note | None = None,
+) -> RankGpu | None:
     """The GPU source of one rank, or None (after one log line, also given to ``note``)
     when NVML cannot serve it. A mapping it could not confirm, or a MIG instance, is served
     with one warning (and note) that says so. ``visible`` defaults to this process's
@@ -483,25 +513,39 @@ def rank_gpu(job: str, rank: int | str, cuda_index: int, uuid: str | None = None
         gpu, how = resolve(nv, cuda_index, visible, uuid, pci_bus_id)
     except Exception as exc:
         reason = str(exc) if isinstance(exc, LookupError) else explain(exc)
-        _off(who, f"cannot find cuda:{cuda_index} in NVML: {reason} (the node daemon, `ddpmon "
-                  "daemon`, still exports every GPU of the node)", note)
+        _off(
+            who,
+            f"cannot find cuda:{cuda_index} in NVML: {reason} (the node daemon, `ddpmon "
+            "daemon`, still exports every GPU of the node)",
+            note,
+        )
         close_nvml(nv)
         return None
     caveat = None
     if in_mig_mode(nv, gpu):
-        caveat = (f"cuda:{cuda_index} is a MIG instance of NVML GPU {gpu.index} ({gpu.uuid}): the GPU "
-                  "metrics are the whole GPU's, shared with its other instances, and NVML has no "
-                  "utilization in MIG mode (dcgm-exporter has per-instance figures)")
+        caveat = (
+            f"cuda:{cuda_index} is a MIG instance of NVML GPU {gpu.index} ({gpu.uuid}): the GPU "
+            "metrics are the whole GPU's, shared with its other instances, and NVML has no "
+            "utilization in MIG mode (dcgm-exporter has per-instance figures)"
+        )
     elif how == "unconfirmed":
-        caveat = (f"cuda:{cuda_index} taken to be NVML GPU {gpu.index} ({gpu.uuid}) without "
-                  "confirmation by UUID or PCI bus id (torch reports neither)")
+        caveat = (
+            f"cuda:{cuda_index} taken to be NVML GPU {gpu.index} ({gpu.uuid}) without "
+            "confirmation by UUID or PCI bus id (torch reports neither)"
+        )
     if caveat is not None:
         log.warning("ddpmon: %s: %s", who, caveat)
         if note is not None:
             note(caveat)
     else:
-        log.info("ddpmon: %s: cuda:%d is NVML GPU %d (%s), confirmed by %s", who, cuda_index,
-                 gpu.index, gpu.uuid, how)
+        log.info(
+            "ddpmon: %s: cuda:%d is NVML GPU %d (%s), confirmed by %s",
+            who,
+            cuda_index,
+            gpu.index,
+            gpu.uuid,
+            how,
+        )
     labels = {"job": str(job), "rank": str(rank), "gpu": str(gpu.index), "gpu_uuid": gpu.uuid}
     return RankGpu(GpuReader(nv, gpu, slow_interval), labels, note)
 
@@ -521,8 +565,13 @@ class XidWatcher:
     """Waits for XID error events on every GPU (a thread) and reports each to ``on_xid(gpu,
     code, unix_time)``. GPUs that do not support the event are skipped with one log line."""
 
-    def __init__(self, nv: Any, gpus: list[Gpu], on_xid: Callable[[Gpu, int, float], None],
-                 wait_ms: int = 500) -> None:
+    def __init__(
+        self,
+        nv: Any,
+        gpus: list[Gpu],
+        on_xid: Callable[[Gpu, int, float], None],
+        wait_ms: int = 500,
+    ) -> None:
         self.nv = nv
         self._on_xid = on_xid
         self._wait_ms = wait_ms
@@ -549,8 +598,12 @@ class XidWatcher:
                 self._by_handle[_handle_key(gpu.handle)] = gpu
             except Exception as exc:
                 why = explain(exc) if type(exc).__name__.startswith("NVMLError") else str(exc)
-                log.warning("ddpmon: daemon: GPU %d (%s): XID errors are not watched: %s",
-                            gpu.index, gpu.uuid, why)
+                log.warning(
+                    "ddpmon: daemon: GPU %d (%s): XID errors are not watched: %s",
+                    gpu.index,
+                    gpu.uuid,
+                    why,
+                )
         if not self._by_handle:
             self._free()
             return False
@@ -582,7 +635,9 @@ class XidWatcher:
                     continue
                 if name != failing:  # say each kind of failure once, then keep waiting
                     failing = name
-                    log.warning("ddpmon: daemon: waiting for XID events failed: %s; retrying", explain(exc))
+                    log.warning(
+                        "ddpmon: daemon: waiting for XID events failed: %s; retrying", explain(exc)
+                    )
                 self._stop.wait(1.0)
                 continue
             failing = None

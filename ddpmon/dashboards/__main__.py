@@ -20,12 +20,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ddpmon.dashboards",
         description="Rewrite (or check) the generated dashboards and Kubernetes manifests of a "
-                    "ddpmon source checkout. To write the boards anywhere else: "
-                    "`ddpmon dashboards export [DIR]`.",
+        "ddpmon source checkout. To write the boards anywhere else: "
+        "`ddpmon dashboards export [DIR]`.",
     )
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write-repo", metavar="ROOT", help="rewrite the generated files under ROOT")
-    action.add_argument("--check", metavar="ROOT", help="exit 1 when a generated file under ROOT is stale")
+    action.add_argument(
+        "--write-repo", metavar="ROOT", help="rewrite the generated files under ROOT"
+    )
+    action.add_argument(
+        "--check", metavar="ROOT", help="exit 1 when a generated file under ROOT is stale"
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
@@ -36,7 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in stale:
                 print(f"stale: {path}")
             if stale:
-                print(f"regenerate: python -m ddpmon.dashboards --write-repo {args.check}", file=sys.stderr)
+                print(
+                    f"regenerate: python -m ddpmon.dashboards --write-repo {args.check}",
+                    file=sys.stderr,
+                )
             return 1 if stale else 0
         for path in write_generated(args.write_repo):
             print(path)
@@ -44,7 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"{parser.prog}: cannot write {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"{parser.prog}: cannot write {exc.filename or ''}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -55,8 +55,11 @@ def generated_files(root: str | os.PathLike[str]) -> dict[Path, str]:
 
 def stale_files(root: str | os.PathLike[str]) -> list[Path]:
     """The generated files of ``root`` that are missing or differ from what the code makes."""
-    return [path for path, text in generated_files(root).items()
-            if not path.is_file() or path.read_text(encoding="utf-8") != text]
+    return [
+        path
+        for path, text in generated_files(root).items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    ]
 
 
 def write_generated(root: str | os.PathLike[str]) -> list[Path]:

@@ -66,10 +66,15 @@ def thresholds(*steps: tuple[float | None, str]) -> dict[str, Any]:
 
 def mapping(*states: tuple[int, str, str]) -> list[dict[str, Any]]:
     """Value mappings from (value, text, colour): how a state-timeline names 0/1 states."""
-    return [{
-        "type": "value",
-        "options": {str(v): {"text": text, "color": color, "index": i} for i, (v, text, color) in enumerate(states)},
-    }]
+    return [
+        {
+            "type": "value",
+            "options": {
+                str(v): {"text": text, "color": color, "index": i}
+                for i, (v, text, color) in enumerate(states)
+            },
+        }
+    ]
 
 
 def _kind_defaults(kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,33 +82,51 @@ def _kind_defaults(kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
     reduce_last = {"calcs": ["lastNotNull"], "fields": "", "values": False}
     by_value = {"color": {"mode": "thresholds"}}
     if kind == "timeseries":
-        return {"custom": {
-            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never",
-            "spanNulls": False, "axisSoftMin": 0, "stacking": {"mode": "none", "group": "A"},
-        }}, {
+        return {
+            "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": False,
+                "axisSoftMin": 0,
+                "stacking": {"mode": "none", "group": "A"},
+            }
+        }, {
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
             "tooltip": {"mode": "multi", "sort": "desc"},
         }
     if kind == "stat":
         return by_value, {
             "reduceOptions": reduce_last,
-            "colorMode": "value", "graphMode": "area", "justifyMode": "auto",
-            "orientation": "auto", "textMode": "auto",
+            "colorMode": "value",
+            "graphMode": "area",
+            "justifyMode": "auto",
+            "orientation": "auto",
+            "textMode": "auto",
         }
     if kind == "bargauge":
         return {**by_value, "min": 0}, {
             "reduceOptions": reduce_last,
-            "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
-            "valueMode": "color", "minVizHeight": 16, "minVizWidth": 0,
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+            "valueMode": "color",
+            "minVizHeight": 16,
+            "minVizWidth": 0,
         }
     if kind == "state-timeline":
         return {**by_value, "custom": {"lineWidth": 0, "fillOpacity": 70}}, {
-            "mergeValues": True, "showValue": "auto", "alignValue": "left", "rowHeight": 0.9,
+            "mergeValues": True,
+            "showValue": "auto",
+            "alignValue": "left",
+            "rowHeight": 0.9,
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
             "tooltip": {"mode": "single", "sort": "none"},
         }
-    raise ValueError(f"panel type {kind!r} is not one the generator knows: use one of "
-                     f"{', '.join(PANEL_KINDS)}")
+    raise ValueError(
+        f"panel type {kind!r} is not one the generator knows: use one of {', '.join(PANEL_KINDS)}"
+    )
 
 
 def panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
@@ -112,20 +135,34 @@ def panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         check_expr(q.expr)
     kind_defaults, options = _kind_defaults(panel.kind)
     defaults: dict[str, Any] = {
-        "unit": panel.unit, "color": {"mode": "palette-classic"}, "thresholds": thresholds((None, "green")),
+        "unit": panel.unit,
+        "color": {"mode": "palette-classic"},
+        "thresholds": thresholds((None, "green")),
     }
     defaults.update(kind_defaults)
     _merge(defaults, panel.defaults)
     _merge(options, panel.options)
-    targets = [{
-        "refId": chr(ord("A") + i), "datasource": DATASOURCE, "editorMode": "code",
-        "expr": q.expr, "legendFormat": q.legend or "__auto",
-        "range": not q.instant, "instant": q.instant,
-    } for i, q in enumerate(panel.queries)]
+    targets = [
+        {
+            "refId": chr(ord("A") + i),
+            "datasource": DATASOURCE,
+            "editorMode": "code",
+            "expr": q.expr,
+            "legendFormat": q.legend or "__auto",
+            "range": not q.instant,
+            "instant": q.instant,
+        }
+        for i, q in enumerate(panel.queries)
+    ]
     return {
-        "id": pid, "type": panel.kind, "title": panel.title, "description": panel.description,
-        "datasource": DATASOURCE, "gridPos": {"h": panel.h, "w": panel.w, "x": x, "y": y},
-        "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": panel.h, "w": panel.w, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
         "targets": targets,
     }
 
@@ -160,36 +197,82 @@ def variables() -> list[dict[str, Any]]:
         check_expr(q)
     common = {"hide": 0, "options": [], "current": {}, "regex": "", "skipUrlSync": False}
     return [
-        {**common, "type": "datasource", "name": "datasource", "label": "Data source",
-         "query": "prometheus", "refresh": 1, "multi": False, "includeAll": False},
-        {**common, "type": "query", "name": "job", "label": "DDP job", "datasource": DATASOURCE,
-         "query": job_query, "definition": job_query, "refresh": 2, "sort": 1,
-         "multi": False, "includeAll": False},
-        {**common, "type": "query", "name": "rank", "label": "Rank", "datasource": DATASOURCE,
-         "query": rank_query, "definition": rank_query, "refresh": 2, "sort": 3,
-         "multi": True, "includeAll": True, "allValue": ".*",
-         "current": {"selected": True, "text": ["All"], "value": ["$__all"]}},
+        {
+            **common,
+            "type": "datasource",
+            "name": "datasource",
+            "label": "Data source",
+            "query": "prometheus",
+            "refresh": 1,
+            "multi": False,
+            "includeAll": False,
+        },
+        {
+            **common,
+            "type": "query",
+            "name": "job",
+            "label": "DDP job",
+            "datasource": DATASOURCE,
+            "query": job_query,
+            "definition": job_query,
+            "refresh": 2,
+            "sort": 1,
+            "multi": False,
+            "includeAll": False,
+        },
+        {
+            **common,
+            "type": "query",
+            "name": "rank",
+            "label": "Rank",
+            "datasource": DATASOURCE,
+            "query": rank_query,
+            "definition": rank_query,
+            "refresh": 2,
+            "sort": 3,
+            "multi": True,
+            "includeAll": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        },
     ]
 
 
 def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel]) -> dict[str, Any]:
     """A whole board: the panels laid out, the variables, and a link to the other ddpmon boards."""
     return {
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-            "name": "Annotations & Alerts", "type": "dashboard",
-        }]},
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
         "description": description,
         "editable": True,
         "fiscalYearStartMonth": 0,
         "graphTooltip": 1,
         "id": None,
-        "links": [{
-            "type": "dashboards", "title": "ddpmon", "tags": ["ddpmon"], "asDropdown": False,
-            "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
-            "tooltip": "", "url": "",
-        }],
+        "links": [
+            {
+                "type": "dashboards",
+                "title": "ddpmon",
+                "tags": ["ddpmon"],
+                "asDropdown": False,
+                "includeVars": True,
+                "keepTime": True,
+                "icon": "external link",
+                "targetBlank": False,
+                "tooltip": "",
+                "url": "",
+            }
+        ],
         "liveNow": False,
         "panels": layout(panels),
         "refresh": "30s",

@@ -21,10 +21,24 @@ _RANGES = re.compile(r"\[[^\[\]]*\]")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 _VARIABLES = re.compile(r"\$\{[^}]*\}|\$\w+")
 _IDENT = re.compile(r"(?<![\w.:$])([A-Za-z_:][\w:]*)(\s*\()?")
-_KEYWORDS = frozenset({
-    "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
-    "group_left", "group_right", "inf", "nan", "atan2",
-})
+_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "inf",
+        "nan",
+        "atan2",
+    }
+)
 _RATE_FUNCS = re.compile(r"\b(?:rate|irate|increase|resets)\s*\(\s*([A-Za-z_:][\w:]*)")
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.*?)\s*,\s*(\w+)\s*\)\s*$", re.S)
 _HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
@@ -73,7 +87,11 @@ def check_expr(expr: str) -> set[str]:
 def _is_counter(name: str) -> bool:
     for suffix in ("_bucket", "_sum", "_count"):
         base = name[: -len(suffix)]
-        if name.endswith(suffix) and base in catalog.BY_NAME and catalog.BY_NAME[base].kind == "histogram":
+        if (
+            name.endswith(suffix)
+            and base in catalog.BY_NAME
+            and catalog.BY_NAME[base].kind == "histogram"
+        ):
             return True
     spec = catalog.BY_NAME.get(name)
     return spec is not None and spec.kind == "counter"

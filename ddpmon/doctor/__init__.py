@@ -51,12 +51,27 @@ def examine(
     ``/state``, asked with ``client``'s TLS and credentials) replaces the directory. A
     missing directory, or a job that is not there, raises StateFileError.
     """
-    diagnosis = _examine(state_dir, job, live_stacks, stall, now, stack_timeout, remote, settle=now is None,
-                         client=client)
-    if not remote:  # a restarted job's earlier attempts (attempt-<N>/), each diagnosed from its files
+    diagnosis = _examine(
+        state_dir,
+        job,
+        live_stacks,
+        stall,
+        now,
+        stack_timeout,
+        remote,
+        settle=now is None,
+        client=client,
+    )
+    if (
+        not remote
+    ):  # a restarted job's earlier attempts (attempt-<N>/), each diagnosed from its files
         diagnosis.attempts = earlier_attempts(
-            state_dir, diagnosis.job,
-            lambda d: _examine(d, diagnosis.job, False, stall, now, stack_timeout, (), settle=False))
+            state_dir,
+            diagnosis.job,
+            lambda d: _examine(
+                d, diagnosis.job, False, stall, now, stack_timeout, (), settle=False
+            ),
+        )
     return diagnosis
 
 
@@ -64,9 +79,17 @@ SETTLE_MAX_SECONDS = 3.0
 """The longest the doctor waits to tell whether far ranks are gone (``lost_node.undecided``)."""
 
 
-def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | None, now: float | None,
-             stack_timeout: float, remote: Sequence[str], settle: bool,
-             client: HttpConfig | None = None) -> Diagnosis:
+def _examine(
+    state_dir: str,
+    job: str | None,
+    live_stacks: bool,
+    stall: float | None,
+    now: float | None,
+    stack_timeout: float,
+    remote: Sequence[str],
+    settle: bool,
+    client: HttpConfig | None = None,
+) -> Diagnosis:
     """examine(); with ``settle``, when ranks on other hosts stopped writing just before the
     others failed on their connections, it waits until they would have written again (at
     most a few seconds, only then) and reads everything anew: they are gone, or alive."""
@@ -107,8 +130,17 @@ def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | 
     wait = lost_node.undecided(views)
     if settle and 0 < wait <= SETTLE_MAX_SECONDS:
         time.sleep(wait)
-        return _examine(asked, job if chosen else None, live_stacks, stall, None, stack_timeout, remote,
-                        settle=False, client=client)
+        return _examine(
+            asked,
+            job if chosen else None,
+            live_stacks,
+            stall,
+            None,
+            stack_timeout,
+            remote,
+            settle=False,
+            client=client,
+        )
     notes += _read_only(state_dir if not remote else None, views)
     cannot_write.mark(views, state_dir if not remote else None)
     if live_stacks:
@@ -122,14 +154,18 @@ def _examine(state_dir: str, job: str | None, live_stacks: bool, stall: float | 
     return Diagnosis(verdict, suspects, findings, views, job, state_dir, job_ranks, now)
 
 
-def _guard_pid_namespace(files: list[StateFile], lives: dict[int, procs.Liveness], now: float) -> dict[int, procs.Liveness]:
+def _guard_pid_namespace(
+    files: list[StateFile], lives: dict[int, procs.Liveness], now: float
+) -> dict[int, procs.Liveness]:
     """A rank whose pid is gone while its file is fresh either died a moment ago or runs in
     another pid namespace (another container with this hostname). Its writer tells which:
     when the file is rewritten once more, the rank is alive and this host's pids are not the
     ranks', so no local pid is trusted. Waits at most a few seconds, only in that case."""
     doubtful = [
-        f for f in files
-        if lives[f.rank].alive is False and f.state.exit is None
+        f
+        for f in files
+        if lives[f.rank].alive is False
+        and f.state.exit is None
         and now - f.mtime < state_interval(f.state) + 0.5
     ]
     if not doubtful:
@@ -142,8 +178,13 @@ def _guard_pid_namespace(files: list[StateFile], lives: dict[int, procs.Liveness
             except OSError:
                 rewritten = False
             if rewritten:
-                unknown = procs.Liveness(None, "this host's pids are not the ranks' (another pid namespace?)")
-                return {rank: (unknown if live.alive is not None else live) for rank, live in lives.items()}
+                unknown = procs.Liveness(
+                    None, "this host's pids are not the ranks' (another pid namespace?)"
+                )
+                return {
+                    rank: (unknown if live.alive is not None else live)
+                    for rank, live in lives.items()
+                }
         time.sleep(0.05)
     return lives
 
@@ -153,9 +194,15 @@ def _live_stacks(views: list[RankView], timeout: float) -> None:
     (unknown), and of the running ones when others wait for them."""
     anyone_stalled = any(v.status in STALLED for v in views)
     wanted = [
-        (v, v.state.pid) for v in views
-        if v.liveness.alive and v.state.pid is not None
-        and (v.status in STALLED or v.status == Status.UNKNOWN or (anyone_stalled and v.status == Status.STEPPING))
+        (v, v.state.pid)
+        for v in views
+        if v.liveness.alive
+        and v.state.pid is not None
+        and (
+            v.status in STALLED
+            or v.status == Status.UNKNOWN
+            or (anyone_stalled and v.status == Status.STEPPING)
+        )
     ]
     if not wanted:
         return
@@ -187,15 +234,28 @@ def _read_only(state_dir: str | None, views: list[RankView]) -> list[Finding]:
         return []
     if not read_only:
         return []
-    unknown = [v for v in views if v.status == Status.FROZEN and v.liveness.alive and not v.liveness.stopped]
+    unknown = [
+        v
+        for v in views
+        if v.status == Status.FROZEN and v.liveness.alive and not v.liveness.stopped
+    ]
     for v in unknown:
         v.status = Status.UNKNOWN
     ranks = sorted(v.rank for v in unknown)
-    return [Finding(
-        "state_dir_read_only", "warning", ranks,
-        f"the state directory {state_dir} is on a read-only file system: the ranks cannot rewrite "
-        "their state files, so their files show what they did when the file system turned "
-        "read-only" + (f"; ranks {', '.join(map(str, ranks))} are alive, doing what is unknown" if ranks else ""),
-        fix="Remount it read-write (or point DDPMON_STATE_DIR at a writable directory for the next "
-        "run); for what the ranks do now, run `py-spy dump --pid PID` on them.",
-    )]
+    return [
+        Finding(
+            "state_dir_read_only",
+            "warning",
+            ranks,
+            f"the state directory {state_dir} is on a read-only file system: the ranks cannot rewrite "
+            "their state files, so their files show what they did when the file system turned "
+            "read-only"
+            + (
+                f"; ranks {', '.join(map(str, ranks))} are alive, doing what is unknown"
+                if ranks
+                else ""
+            ),
+            fix="Remount it read-write (or point DDPMON_STATE_DIR at a writable directory for the next "
+            "run); for what the ranks do now, run `py-spy dump --pid PID` on them.",
+        )
+    ]

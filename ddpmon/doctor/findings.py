@@ -24,8 +24,12 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "severity": self.severity, "ranks": self.ranks,
-            "summary": self.summary, "evidence": self.evidence, "fix": self.fix,
+            "kind": self.kind,
+            "severity": self.severity,
+            "ranks": self.ranks,
+            "summary": self.summary,
+            "evidence": self.evidence,
+            "fix": self.fix,
         }
 
 

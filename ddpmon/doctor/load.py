@@ -74,22 +74,29 @@ def load_dir(state_dir: str) -> Loaded:
         info = os.stat(state_dir)
     except FileNotFoundError:
         raise StateFileError(
-            state_dir, "no such directory; pass the directory of the ranks' state files "
+            state_dir,
+            "no such directory; pass the directory of the ranks' state files "
             "(the job's DDPMON_STATE_DIR; by default <tmp>/ddpmon-<uid>/<job>)",
         ) from None
     except PermissionError as exc:
         raise StateFileError(
-            state_dir, f"cannot be read by this user ({exc.strerror}): run the doctor as the job's "
+            state_dir,
+            f"cannot be read by this user ({exc.strerror}): run the doctor as the job's "
             "user, or ask them to share the directory with your group (docs/security.md)",
         ) from None
     if not stat.S_ISDIR(info.st_mode):
-        raise StateFileError(state_dir, "is not a directory; pass the directory that holds rank-<R>.json")
+        raise StateFileError(
+            state_dir, "is not a directory; pass the directory that holds rank-<R>.json"
+        )
     try:
         paths = files.list_files(state_dir)
     except OSError as exc:
         owner = f"owned by uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}"
-        raise StateFileError(state_dir, f"cannot be listed ({exc.strerror or exc}; {owner}): run the "
-                             "doctor as the job's user, or ask them to share it with your group") from None
+        raise StateFileError(
+            state_dir,
+            f"cannot be listed ({exc.strerror or exc}; {owner}): run the "
+            "doctor as the job's user, or ask them to share it with your group",
+        ) from None
     loaded = Loaded(state_dir)
     read = []
     with files.cycle_collection_paused():
@@ -122,8 +129,12 @@ class Unreachable:
     """The addresses its host name stands for (to match peers named in the ranks' errors)."""
 
 
-def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float = REMOTE_DEADLINE_SECONDS,
-                client: HttpConfig | None = None) -> Loaded:
+def load_remote(
+    addresses: Sequence[str],
+    timeout: float = 3.0,
+    deadline: float = REMOTE_DEADLINE_SECONDS,
+    client: HttpConfig | None = None,
+) -> Loaded:
     """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
     for jobs spread over nodes without a shared file system. Every daemon is read at once:
     ``timeout`` seconds to connect and between reads, ``deadline`` for all of them together,
@@ -134,8 +145,10 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
     answers = remote.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig())
     for address, url, answer in zip(addresses, urls, answers):
         if answer is None:
-            reason = (f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
-                      "daemons together)")
+            reason = (
+                f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
+                "daemons together)"
+            )
             ips = []
         else:
             ips, body, received = answer
@@ -145,8 +158,15 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
             reason = remote.why(body, timeout) if isinstance(body, BaseException) else ""
         if reason:
             loaded.unreachable.append(Unreachable(address, reason, ips))
-            loaded.bad.append((url, (f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
-                                     "running there, and is the port reachable?")))
+            loaded.bad.append(
+                (
+                    url,
+                    (
+                        f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
+                        "running there, and is the port reachable?"
+                    ),
+                )
+            )
             continue
         assert isinstance(body, bytes)
         try:
@@ -154,7 +174,11 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
             if not isinstance(entries, list) or len(entries) > schema.MAX_RANKS:
                 raise ValueError("not a JSON list of state files")
         except (ValueError, RecursionError) as exc:
-            why = "nests JSON too deeply" if isinstance(exc, RecursionError) else f"is not ddpmon's /state ({exc})"
+            why = (
+                "nests JSON too deeply"
+                if isinstance(exc, RecursionError)
+                else f"is not ddpmon's /state ({exc})"
+            )
             loaded.bad.append((f"{address}/state", f"{why}; is that address a ddpmon daemon?"))
             continue
         for data in entries:
@@ -166,7 +190,11 @@ def load_remote(addresses: Sequence[str], timeout: float = 3.0, deadline: float 
                 loaded.bad.append((name, exc.reason))
                 continue
             served, mtime = state.served_unix, state.file_mtime_unix
-            mtime = received - (served - mtime) if served is not None and mtime is not None else received
+            mtime = (
+                received - (served - mtime)
+                if served is not None and mtime is not None
+                else received
+            )
             loaded.files.append(StateFile(name, state, mtime))
     return loaded
 
@@ -191,18 +219,29 @@ def earlier_attempts(state_dir: str, job: str | None, diagnose: Any) -> list[dic
             verdict, suspects = "no_data", []
         ends = [s.exit.unix for s in ranks if s.exit is not None]
         if aborted:
-            ended = (f"ended by ddpmon after a hang (hang_action=abort, exit {attempts.HANG_EXIT_CODE})")
+            ended = (
+                f"ended by ddpmon after a hang (hang_action=abort, exit {attempts.HANG_EXIT_CODE})"
+            )
         else:
             ended = _how_ended(ranks, suspects)
-        out.append({
-            "attempt": number, "state_dir": directory, "verdict": verdict,
-            "culprit_ranks": culprits or suspects, "ended": ended,
-            "steps": max(s.step for s in ranks),
-            "started_unix": min((s.started_unix for s in ranks if s.started_unix), default=None),
-            "ended_unix": min(ends) if ends else max((s.now_unix or 0.0) for s in ranks) or None,
-            "last_progress_unix": max((s.last_progress_unix or 0.0) for s in ranks) or None,
-            "lost_seconds": None,
-        })
+        out.append(
+            {
+                "attempt": number,
+                "state_dir": directory,
+                "verdict": verdict,
+                "culprit_ranks": culprits or suspects,
+                "ended": ended,
+                "steps": max(s.step for s in ranks),
+                "started_unix": min(
+                    (s.started_unix for s in ranks if s.started_unix), default=None
+                ),
+                "ended_unix": min(ends)
+                if ends
+                else max((s.now_unix or 0.0) for s in ranks) or None,
+                "last_progress_unix": max((s.last_progress_unix or 0.0) for s in ranks) or None,
+                "lost_seconds": None,
+            }
+        )
     following = out[1:] + [None]
     for entry, after in zip(out, following):
         start = after["started_unix"] if after else _current_start(state_dir, job)
@@ -213,8 +252,10 @@ def earlier_attempts(state_dir: str, job: str | None, diagnose: Any) -> list[dic
 
 def _how_ended(ranks: list[schema.RankState], suspects: list[int]) -> str:
     """How an attempt ended, from its first failed rank's exit record."""
-    failed = sorted((s for s in ranks if s.exit is not None and (s.exit.exception or s.exit.code)),
-                    key=lambda s: (s.rank not in suspects, s.exit.unix if s.exit else 0.0))
+    failed = sorted(
+        (s for s in ranks if s.exit is not None and (s.exit.exception or s.exit.code)),
+        key=lambda s: (s.rank not in suspects, s.exit.unix if s.exit else 0.0),
+    )
     if failed:
         s = failed[0]
         assert s.exit is not None
@@ -227,6 +268,9 @@ def _how_ended(ranks: list[schema.RankState], suspects: list[int]) -> str:
 
 def _current_start(state_dir: str, job: str | None) -> float | None:
     """When the current attempt attached (its earliest rank)."""
-    starts = [f.state.started_unix for f in load_dir(state_dir).files
-              if f.state.started_unix and (job is None or f.state.job == job)]
+    starts = [
+        f.state.started_unix
+        for f in load_dir(state_dir).files
+        if f.state.started_unix and (job is None or f.state.job == job)
+    ]
     return min(starts) if starts else None

@@ -18,10 +18,22 @@ from .findings import Diagnosis, Finding
 from .view import GONE, RankView
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
-_VERDICT_COLOUR = {"healthy": "green", "straggler": "yellow", "cannot_write": "yellow", "no_data": "yellow"}
+_VERDICT_COLOUR = {
+    "healthy": "green",
+    "straggler": "yellow",
+    "cannot_write": "yellow",
+    "no_data": "yellow",
+}
 _STATUS_COLOUR = {
-    Status.STEPPING: "green", Status.WAITING: "yellow", Status.BUSY: "yellow", Status.STUCK: "red",
-    Status.FROZEN: "red", Status.DEAD: "red", Status.CRASHED: "red", Status.SILENT: "red", Status.EXITED: "dim",
+    Status.STEPPING: "green",
+    Status.WAITING: "yellow",
+    Status.BUSY: "yellow",
+    Status.STUCK: "red",
+    Status.FROZEN: "red",
+    Status.DEAD: "red",
+    Status.CRASHED: "red",
+    Status.SILENT: "red",
+    Status.EXITED: "dim",
     Status.UNKNOWN: "yellow",
 }
 _HEADLINE = {
@@ -59,20 +71,34 @@ def render(diagnosis: Diagnosis, colour: bool = False, width: int | None = None)
     d = diagnosis
     lines = []
     verdict = d.verdict.upper().replace("_", " ")
-    where = f"job {d.job!r}, {len(d.ranks)} rank{'s' if len(d.ranks) != 1 else ''}, " if d.job else ""
+    where = (
+        f"job {d.job!r}, {len(d.ranks)} rank{'s' if len(d.ranks) != 1 else ''}, " if d.job else ""
+    )
     kinds = {f.kind for f in d.findings}
-    headline = ("a node is lost" if "lost_node" in kinds else
-                "every rank failed in the same place" if "same_error" in kinds else _HEADLINE[d.verdict])
+    headline = (
+        "a node is lost"
+        if "lost_node" in kinds
+        else "every rank failed in the same place"
+        if "same_error" in kinds
+        else _HEADLINE[d.verdict]
+    )
     warned = list(dict.fromkeys(f.kind for f in d.findings if f.severity == "warning"))
     if d.verdict == "healthy" and warned:  # never "no problem found" above a warning
         count = sum(f.severity == "warning" for f in d.findings)
-        title = (f"{paint(verdict, 'yellow')} (no hang or crash), {count} warning{'s' if count != 1 else ''}: "
-                 + ", ".join(warned))
+        title = (
+            f"{paint(verdict, 'yellow')} (no hang or crash), {count} warning{'s' if count != 1 else ''}: "
+            + ", ".join(warned)
+        )
     else:
         title = f"{paint(verdict, _VERDICT_COLOUR.get(d.verdict, 'red'))} - {headline}"
     lines.append(f"ddpmon doctor: {title} ({where}{d.state_dir})")
-    main = [f for f in d.findings if f.severity in ("error", "warning") and f.kind in _ROOT_KINDS
-            and (f.kind != "cannot_write" or d.verdict == "cannot_write")]  # else a note beside the cause
+    main = [
+        f
+        for f in d.findings
+        if f.severity in ("error", "warning")
+        and f.kind in _ROOT_KINDS
+        and (f.kind != "cannot_write" or d.verdict == "cannot_write")
+    ]  # else a note beside the cause
     rest = [f for f in d.findings if f not in main]
     for f in main:
         lines.append("")
@@ -111,8 +137,21 @@ def attempt_line(a: dict[str, Any]) -> str:
     return f"attempt {a['attempt']}: {a['ended']}, {who}; {a['steps']} steps{after}"
 
 
-_ROOT_KINDS = ("dead_rank", "same_error", "lost_node", "mismatch", "left_early", "cannot_write", "stuck_rank",
-               "not_joining", "desync", "comm_hang", "missing_rank", "gpu_behind", "straggler")
+_ROOT_KINDS = (
+    "dead_rank",
+    "same_error",
+    "lost_node",
+    "mismatch",
+    "left_early",
+    "cannot_write",
+    "stuck_rank",
+    "not_joining",
+    "desync",
+    "comm_hang",
+    "missing_rank",
+    "gpu_behind",
+    "straggler",
+)
 
 
 GROUP_FROM = 8
@@ -161,10 +200,14 @@ def _block(f: Finding, width: int) -> list[str]:
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [first]
+    return textwrap.wrap(
+        text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    ) or [first]
 
 
-def _group_rows(rows: list[tuple[str, ...]], ranks: list[RankView]) -> tuple[list[tuple[str, ...]], list[RankView]]:
+def _group_rows(
+    rows: list[tuple[str, ...]], ranks: list[RankView]
+) -> tuple[list[tuple[str, ...]], list[RankView]]:
     """Rows equal but for rank, host, pid and silence become one row (the first one's
     silence shown)."""
     groups: dict[tuple[str, ...], list[int]] = {}
@@ -177,11 +220,23 @@ def _group_rows(rows: list[tuple[str, ...]], ranks: list[RankView]) -> tuple[lis
     for key, members in groups.items():
         v = first[key]
         row = next(r for w, r in zip(ranks, rows) if w is v)
-        hosts = {str(w.state.host) for w in ranks if w.rank in set(members)} if len(members) > 1 else {row[2]}
-        out.append((
-            words.ranks(members), row[1], row[2] if len(hosts) == 1 else f"{len(hosts)} hosts",
-            row[3] if len(members) == 1 else "-", row[4], row[5], row[6], row[7],
-        ))
+        hosts = (
+            {str(w.state.host) for w in ranks if w.rank in set(members)}
+            if len(members) > 1
+            else {row[2]}
+        )
+        out.append(
+            (
+                words.ranks(members),
+                row[1],
+                row[2] if len(hosts) == 1 else f"{len(hosts)} hosts",
+                row[3] if len(members) == 1 else "-",
+                row[4],
+                row[5],
+                row[6],
+                row[7],
+            )
+        )
         views.append(v)
     return out, views
 
@@ -197,16 +252,26 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
         s = v.state
         e = v.waiting
         waiting = "-"
-        unknown = v.status == Status.UNKNOWN  # its file is old: neither its silence nor its wait is known
+        unknown = (
+            v.status == Status.UNKNOWN
+        )  # its file is old: neither its silence nor its wait is known
         if e and v.status not in GONE and not unknown:
             waiting = f"{e.describe(short=True)}, {e.age_seconds or 0:.1f} s"
         step = str(s.step)
         if v.status in (Status.FROZEN, Status.SILENT, Status.UNKNOWN):
             step += f" ({v.age:.0f} s old)"  # facts as of its last write, not now
-        rows.append((
-            str(v.rank), v.status, str(s.host or "?"), str(s.pid or "?"),
-            step, str(s.phase), "?" if unknown else f"{v.silent:.1f} s", waiting,
-        ))
+        rows.append(
+            (
+                str(v.rank),
+                v.status,
+                str(s.host or "?"),
+                str(s.pid or "?"),
+                step,
+                str(s.phase),
+                "?" if unknown else f"{v.silent:.1f} s",
+                waiting,
+            )
+        )
     if len(rows) > GROUP_FROM:
         rows, ranks = _group_rows(rows, ranks)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]

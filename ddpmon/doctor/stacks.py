@@ -43,7 +43,9 @@ def dump(pid: int, py_spy: str, timeout: float = 5.0) -> Stack:
     try:
         out = subprocess.run(
             [py_spy, "dump", "--pid", str(pid), "--json"],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         return Stack(None, f"py-spy did not answer within {timeout:.0f} s for pid {pid}")
@@ -63,7 +65,8 @@ def dump_many(pids: list[int], timeout: float = 5.0) -> dict[int, Stack]:
     py_spy = find_py_spy()
     if py_spy is None:
         missing = Stack(
-            None, "py-spy is not installed: `pip install py-spy` (or ddpmon[stacks]) for live "
+            None,
+            "py-spy is not installed: `pip install py-spy` (or ddpmon[stacks]) for live "
             "stacks of ranks that cannot report their own",
         )
         return {pid: missing for pid in pids}
@@ -83,14 +86,17 @@ def convert(raw: Any, pid: int) -> list[Thread]:
             Frame(file=f.get("filename"), line=f.get("line"), function=f.get("name"))
             for f in reversed(t.get("frames") or [])
         ]
-        threads.append(Thread(
-            name=t.get("thread_name") or f"thread {t.get('os_thread_id') or t.get('thread_id')}",
-            ident=t.get("thread_id"),
-            main=t.get("os_thread_id") == pid,
-            owns_gil=bool(t.get("owns_gil")),
-            active=bool(t.get("active")),
-            frames=frames,
-        ))
+        threads.append(
+            Thread(
+                name=t.get("thread_name")
+                or f"thread {t.get('os_thread_id') or t.get('thread_id')}",
+                ident=t.get("thread_id"),
+                main=t.get("os_thread_id") == pid,
+                owns_gil=bool(t.get("owns_gil")),
+                active=bool(t.get("active")),
+                frames=frames,
+            )
+        )
     threads.sort(key=lambda t: not t.main)
     return threads
 
@@ -105,6 +111,10 @@ def explain(pid: int, message: str) -> str:
             "as the job's user with kernel.yama.ptrace_scope=0; in a container, add the "
             "SYS_PTRACE capability"
         )
-    if "no such file" in lowered or "no such process" in lowered or "check that the process is running" in lowered:
+    if (
+        "no such file" in lowered
+        or "no such process" in lowered
+        or "check that the process is running" in lowered
+    ):
         return f"pid {pid} exited before py-spy could read it"
     return f"py-spy could not read pid {pid}: {first}"

@@ -117,7 +117,9 @@ class RankView:
             "exit": records.dump(self.ending),
             "compute_seconds": self.timing("compute_seconds"),
             "exposed_comm_seconds": self.timing("exposed_comm_seconds"),
-            "stack": {"source": self.stack_source, "frames": records.dump(main.frames[-20:])} if main else None,
+            "stack": {"source": self.stack_source, "frames": records.dump(main.frames[-20:])}
+            if main
+            else None,
             "stack_error": self.stack_error,
             "backend": s.backend,
             "debug_level": s.debug_level,
@@ -133,7 +135,9 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
     age = max(0.0, now - f.mtime)
     off = f.offset
     last = s.last_progress_unix
-    silent = age + max(0.0, s.now_unix - last) if last is not None and s.now_unix is not None else age
+    silent = (
+        age + max(0.0, s.now_unix - last) if last is not None and s.now_unix is not None else age
+    )
     slowest = s.timings.step_seconds.max if s.timings.step_seconds else None
     stall_after = stall if stall is not None else max(STALL_MIN, STALL_FACTOR * (slowest or 0.0))
     in_flight = s.in_flight
@@ -170,22 +174,39 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.status = Status.FROZEN
     elif s.hang is not None or silent > stall_after:
         v.status = Status.WAITING if in_flight else Status.STUCK
-        if v.status == Status.STUCK and s.hang is None and activity.working_since(s.activity, silent, s.now_unix):
+        if (
+            v.status == Status.STUCK
+            and s.hang is None
+            and activity.working_since(s.activity, silent, s.now_unix)
+        ):
             v.status = Status.BUSY  # working outside a step: evaluation, checkpoint, post-loop
     written_silent = silent - age
-    v.stalled_when_written = s.hang is not None or (written_silent > stall_after and (
-        bool(in_flight) or not activity.working_since(s.activity, written_silent, s.now_unix)))
+    v.stalled_when_written = s.hang is not None or (
+        written_silent > stall_after
+        and (bool(in_flight) or not activity.working_since(s.activity, written_silent, s.now_unix))
+    )
     if v.status in GONE:  # the ages that matter are those at its last write
         for e in v.in_flight:
             e.age_seconds = round((s.now_unix or e.issued_unix) - e.issued_unix, 3)
     return v
 
 
-NEEDS_EVERY_RANK = frozenset((
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
-    "all_gather_object", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "monitored_barrier",
-))
+NEEDS_EVERY_RANK = frozenset(
+    (
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_coalesced",
+        "all_gather_object",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "monitored_barrier",
+    )
+)
 """Collectives that complete on no rank before every rank of the group has joined them."""
 
 
@@ -196,13 +217,22 @@ def settle(views: list[RankView]) -> None:
     rule takes the moment between two writes for a hang."""
     for w in views:
         e = w.waiting
-        if w.status != Status.WAITING or e is None or e.source is not None or w.state.now_unix is None:
+        if (
+            w.status != Status.WAITING
+            or e is None
+            or e.source is not None
+            or w.state.now_unix is None
+        ):
             continue
         written = w.state.now_unix + w.file.offset
         for p in views:
             if p is not w and any(
-                c.group == e.group and c.seq >= e.seq and c.op in NEEDS_EVERY_RANK and not c.error
-                and c.completed_unix is not None and c.completed_unix + p.file.offset > written
+                c.group == e.group
+                and c.seq >= e.seq
+                and c.op in NEEDS_EVERY_RANK
+                and not c.error
+                and c.completed_unix is not None
+                and c.completed_unix + p.file.offset > written
                 for c in p.state.collective_log
             ):
                 w.status = Status.STEPPING
@@ -226,19 +256,27 @@ def flight_recorder_waits(s: RankState) -> list[Collective]:
         if enqueued is None or completed is None or enqueued <= completed:
             continue
         seq = completed + 1
-        match = next((
-            e for e in entries
-            if e.get("collective_seq_id") == seq
-            and pg in (str(e.get("pg_id")), str((e.get("process_group") or [None])[0]))
-        ), {})
+        match = next(
+            (
+                e
+                for e in entries
+                if e.get("collective_seq_id") == seq
+                and pg in (str(e.get("pg_id")), str((e.get("process_group") or [None])[0]))
+            ),
+            {},
+        )
         created = match.get("time_created_ns")
-        out.append(Collective(
-            seq=seq,
-            op=str(match.get("profiling_name", "?")).split(":")[-1],
-            group=pg,
-            issued_unix=created / 1e9 if isinstance(created, (int, float)) else (s.last_progress_unix or 0.0),
-            source="flight recorder",
-        ))
+        out.append(
+            Collective(
+                seq=seq,
+                op=str(match.get("profiling_name", "?")).split(":")[-1],
+                group=pg,
+                issued_unix=created / 1e9
+                if isinstance(created, (int, float))
+                else (s.last_progress_unix or 0.0),
+                source="flight recorder",
+            )
+        )
     return out
 
 
@@ -273,7 +311,17 @@ def main_thread(threads: list[Thread] | None) -> Thread | None:
     return next((t for t in threads if t.main), threads[0])
 
 
-_BRIEF = ("op", "seq", "group", "group_size", "bytes", "call_site", "function", "bucket", "age_seconds")
+_BRIEF = (
+    "op",
+    "seq",
+    "group",
+    "group_size",
+    "bytes",
+    "call_site",
+    "function",
+    "bucket",
+    "age_seconds",
+)
 
 
 def brief_entry(e: Collective) -> dict[str, Any]:

@@ -50,21 +50,25 @@ FIX_STRAGGLER = (
     "nvidia-smi), or work only that rank does (logging, evaluation, checkpointing)."
 )
 PHASE_NAMES = {
-    "data_wait": "data wait", "h2d": "host-to-device copies", "forward": "forward",
-    "backward": "backward compute", "optimizer": "the optimizer step", "other": "other work",
+    "data_wait": "data wait",
+    "h2d": "host-to-device copies",
+    "forward": "forward",
+    "backward": "backward compute",
+    "optimizer": "the optimizer step",
+    "other": "other work",
 }
 FIX_STRAGGLER_PHASE = {
     "data_wait": "look at its data loader (num_workers, storage, decoding, augmentation, "
-                 "pin_memory) and at what the loop does before the forward",
+    "pin_memory) and at what the loop does before the forward",
     "h2d": "look at its host-to-device copies (pin_memory=True and .to(device, non_blocking=True))",
     "forward": "look at its forward: bigger or longer inputs on that rank, or a slower device "
-               "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
+    "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
     "backward": "look at its backward: bigger or longer inputs on that rank, or a slower device "
-                "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
+    "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
     "optimizer": "look at its optimizer step: a slower device or CPU, CPU offload, or "
-                 "rank-specific work in a custom optimizer",
+    "rank-specific work in a custom optimizer",
     "other": "look at work only that rank does between backward and the next step: logging, "
-             "metrics, .item() or other host syncs, checkpointing, evaluation",
+    "metrics, .item() or other host syncs, checkpointing, evaluation",
 }
 
 
@@ -120,7 +124,8 @@ def fix_crashed(v: RankView) -> str:
         return (
             f"Rank {v.rank} was killed by {e.signal}{at} (its Python stack is in "
             f"{os.path.basename(fault_path(v.file.path))} beside its state file). "
-            + FIX_SIGNAL.get(e.signal, "") + " The other ranks failed or wait because of it."
+            + FIX_SIGNAL.get(e.signal, "")
+            + " The other ranks failed or wait because of it."
         )
     if e is not None and not e.exception:
         return (
@@ -130,8 +135,11 @@ def fix_crashed(v: RankView) -> str:
         )
     unused = failed_on_unused(v)
     if unused:
-        return (f"Rank {v.rank} raised DDP's \"{REDUCTION_ERROR}\"{at}: {unused_cause(unused)}. "
-                + fix_unused_failure(unused) + " The other ranks failed or wait because of it.")
+        return (
+            f'Rank {v.rank} raised DDP\'s "{REDUCTION_ERROR}"{at}: {unused_cause(unused)}. '
+            + fix_unused_failure(unused)
+            + " The other ranks failed or wait because of it."
+        )
     return (
         f"Rank {v.rank} raised {short_exception(v.exception or '?')}{at}"
         + ": fix that error. The other ranks failed or wait because of it."
@@ -147,28 +155,34 @@ def failed_on_unused(v: RankView) -> list[str]:
 
 def unused_cause(names: Sequence[str]) -> str:
     """Why DDP raised its reduction error, in a clause."""
-    return (f"{len(names)} parameter(s) received no gradient in the step before ({names_shown(names)}) "
-            "and DDP runs with find_unused_parameters=False")
+    return (
+        f"{len(names)} parameter(s) received no gradient in the step before ({names_shown(names)}) "
+        "and DDP runs with find_unused_parameters=False"
+    )
 
 
 def fix_unused_failure(names: Sequence[str]) -> str:
-    return (f"Make {names_shown(names)} take part in the loss on every rank (or drop them from the "
-            "model), or pass find_unused_parameters=True to DistributedDataParallel if they are "
-            "skipped on purpose (it costs a traversal of the autograd graph every step).")
+    return (
+        f"Make {names_shown(names)} take part in the loss on every rank (or drop them from the "
+        "model), or pass find_unused_parameters=True to DistributedDataParallel if they are "
+        "skipped on purpose (it costs a traversal of the autograd graph every step)."
+    )
 
 
 def names_shown(names: Sequence[str], most: int = 8) -> str:
     """Parameter names for a sentence: folded (``fold_names``), the first ``most`` of them."""
     folded = fold_names(names)
-    return ", ".join(folded[:most]) + (f" (+{len(folded) - most} more below)" if len(folded) > most else "")
+    return ", ".join(folded[:most]) + (
+        f" (+{len(folded) - most} more below)" if len(folded) > most else ""
+    )
 
 
 FIX_SIGNAL = {
     "SIGABRT": "A backend abort is typical (gloo aborts when a message of another size than "
-               "it expects arrives: ranks that issue different collectives), as is a failed C++ "
-               "assertion; the reason is on the rank's stderr (\"terminate called after throwing ...\").",
+    "it expects arrives: ranks that issue different collectives), as is a failed C++ "
+    'assertion; the reason is on the rank\'s stderr ("terminate called after throwing ...").',
     "SIGSEGV": "A crash in native code (an extension, a mismatched library build, a bad pointer "
-               "from a custom op).",
+    "from a custom op).",
     "SIGBUS": "Often shared memory exhausted (/dev/shm too small for DataLoader workers or NCCL).",
     "SIGFPE": "An integer division by zero in native code.",
     "SIGILL": "A binary built for another CPU (instruction set) than this one.",
@@ -212,8 +226,10 @@ def fix_cannot_write(state_dir: str, ended: bool) -> str:
         "lose). What a live rank does now: `py-spy dump --pid PID`."
     )
     if ended:
-        text += (" A rank that ended could not record how: its log says (its exit status, a "
-                 "traceback), and `dmesg` names the OOM killer if it was killed.")
+        text += (
+            " A rank that ended could not record how: its log says (its exit status, a "
+            "traceback), and `dmesg` names the OOM killer if it was killed."
+        )
     return text
 
 
@@ -275,8 +291,8 @@ def rerun_advice(backend: str | None, debug_level: str | None = None, desync: bo
     text = (
         "To see more, rerun with TORCH_DISTRIBUTED_DEBUG=INFO TORCH_CPP_LOG_LEVEL=INFO "
         "(not DETAIL with gloo: it crashes while building DDP on torch 2.11-2.13)"
-        if debug_level in (None, "OFF") else
-        f"The job runs with TORCH_DISTRIBUTED_DEBUG={debug_level}: its logs have more"
+        if debug_level in (None, "OFF")
+        else f"The job runs with TORCH_DISTRIBUTED_DEBUG={debug_level}: its logs have more"
     )
     if desync:
         text += "; a `dist.monitored_barrier()` before the suspect code names the ranks that never reach it"
@@ -286,13 +302,15 @@ def rerun_advice(backend: str | None, debug_level: str | None = None, desync: bo
 def fix_comm(backend: str | None, debug_level: str | None = None) -> str:
     if "nccl" in str(backend):
         return (
-            "No rank is behind: check the network and NCCL. " + rerun_advice(backend, debug_level)
+            "No rank is behind: check the network and NCCL. "
+            + rerun_advice(backend, debug_level)
             + " Check NCCL_SOCKET_IFNAME and NCCL_IB_* settings, firewalls between hosts, and "
             "the GPUs (nvidia-smi; `dmesg` for Xid errors)."
         )
     return (
         "No rank is behind: check the network between the ranks (GLOO_SOCKET_IFNAME picks the "
-        "interface; firewalls, MTU, a link that drops packets). " + rerun_advice(backend, debug_level)
+        "interface; firewalls, MTU, a link that drops packets). "
+        + rerun_advice(backend, debug_level)
     )
 
 
@@ -313,10 +331,16 @@ def ended(v: RankView, brief: bool = False) -> str:
         return "stopped writing its state file (on another host: dead or frozen)"
     if v.status == Status.EXITED:
         return "exited"
-    return "died" if brief else "vanished without a trace (killed from outside: SIGKILL, the OOM killer)"
+    return (
+        "died"
+        if brief
+        else "vanished without a trace (killed from outside: SIGKILL, the OOM killer)"
+    )
 
 
-_WRAPPED = re.compile(r"^(?:\w+(?:Error|Exception): )?Got the following error when running the callback: ")
+_WRAPPED = re.compile(
+    r"^(?:\w+(?:Error|Exception): )?Got the following error when running the callback: "
+)
 
 
 def short_exception(text: str, limit: int = 160) -> str:
@@ -343,15 +367,23 @@ def gone_line(v: RankView) -> str:
 def stuck_line(v: RankView) -> str:
     s = v.state
     if v.status == Status.FROZEN:
-        what = (f"frozen: its state file was last written {v.age:.0f} s ago while its process "
-                "lives (step and phase are as of then; its live stack is below where py-spy could read it)")
+        what = (
+            f"frozen: its state file was last written {v.age:.0f} s ago while its process "
+            "lives (step and phase are as of then; its live stack is below where py-spy could read it)"
+        )
     else:
         act = s.activity
-        what = "not in any collective" + (f", at {act.where}" if act is not None and act.where else "")
+        what = "not in any collective" + (
+            f", at {act.where}" if act is not None and act.where else ""
+        )
         if act is not None and act.gpu_behind_seconds:
-            what += (f", {gpu_wait(act.gpu_behind_seconds)} (a kernel that does not end, or a collective "
-                     "whose peers never joined: see the flight recorder in its hang report)")
-    after = f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
+            what += (
+                f", {gpu_wait(act.gpu_behind_seconds)} (a kernel that does not end, or a collective "
+                "whose peers never joined: see the flight recorder in its hang report)"
+            )
+    after = (
+        f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
+    )
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
         f"step {s.step}, phase {s.phase}, {what}{after}"
@@ -362,20 +394,29 @@ def unwritten_line(v: RankView) -> str:
     """A rank that cannot write its state file: what its old file says, and its process."""
     s = v.state
     alive = v.liveness.alive
-    process = ("its process runs" if alive else "its process has ended" if alive is False
-               else "its process is on another host") + f" ({v.liveness.detail})"
+    process = (
+        "its process runs"
+        if alive
+        else "its process has ended"
+        if alive is False
+        else "its process is on another host"
+    ) + f" ({v.liveness.detail})"
     if alive is False:
         process += ", without a record of how"
-    return (f"rank {v.rank} (host {s.host}, pid {s.pid}): its state file was last written {v.age:.0f} s ago, "
-            f"at step {s.step}, phase {s.phase}; {process}")
+    return (
+        f"rank {v.rank} (host {s.host}, pid {s.pid}): its state file was last written {v.age:.0f} s ago, "
+        f"at step {s.step}, phase {s.phase}; {process}"
+    )
 
 
 def write_failure_line(v: RankView, what: str, f: WriteFailure) -> str:
     """A spell of failed writes that a rank's last file records."""
     written = v.state.now_unix
     lasted = f" for {written - f.since_unix:.0f} s" if written is not None else ""
-    return (f"rank {v.rank}: its last state file that got through says writing its {what} had failed"
-            f"{lasted} ({f.count} {'try' if f.count == 1 else 'tries'}: {f.error})")
+    return (
+        f"rank {v.rank}: its last state file that got through says writing its {what} had failed"
+        f"{lasted} ({f.count} {'try' if f.count == 1 else 'tries'}: {f.error})"
+    )
 
 
 def free_space_line(state_dir: str, free: tuple[int, int]) -> str:
@@ -401,13 +442,21 @@ def wait_line(v: RankView) -> str:
 def group_timeout_end(waiting: list[RankView], working: list[RankView]) -> str:
     """When the waiting ranks' process group's own timeout ends their wait (and the job),
     should the busy ranks never join: "" when their files do not say."""
-    ends = [(v.state.group_timeout_seconds - (v.waiting.age_seconds or 0.0), v.state.group_timeout_seconds)
-            for v in waiting if v.waiting is not None and v.state.group_timeout_seconds]
+    ends = [
+        (
+            v.state.group_timeout_seconds - (v.waiting.age_seconds or 0.0),
+            v.state.group_timeout_seconds,
+        )
+        for v in waiting
+        if v.waiting is not None and v.state.group_timeout_seconds
+    ]
     if not ends:
         return ""
     left, timeout = min(ends)
-    return (f"; should {who([v.rank for v in working])} never join, the process group's timeout "
-            f"({timeout:.0f} s) ends the job in about {max(0.0, left):.0f} s")
+    return (
+        f"; should {who([v.rank for v in working])} never join, the process group's timeout "
+        f"({timeout:.0f} s) ends the job in about {max(0.0, left):.0f} s"
+    )
 
 
 NOTABLE_CPU_WAIT = 0.05
@@ -425,8 +474,11 @@ def busy_line(v: RankView) -> str:
     how = []
     if act is not None and act.state != Status.BUSY:  # activity.working_since: not judged yet
         into = act.sampled_unix - s.last_progress_unix if s.last_progress_unix is not None else None
-        how.append("its watchdog last sampled it " + (f"{into:.1f} s " if into is not None and into >= 0 else "")
-                   + f"into this silence ({act.state}), too soon to judge")
+        how.append(
+            "its watchdog last sampled it "
+            + (f"{into:.1f} s " if into is not None and into >= 0 else "")
+            + f"into this silence ({act.state}), too soon to judge"
+        )
     elif act is not None:
         if act.cpu_share >= CPU_BUSY:
             how.append(f"main thread at {act.cpu_share:.0%} CPU")
@@ -445,7 +497,9 @@ def busy_line(v: RankView) -> str:
 def stack_lines(v: RankView) -> list[str]:
     main = main_thread(v.stack)
     if not main:
-        return [f"rank {v.rank}: no stack ({v.stack_error or 'no hang report yet and py-spy not used'})"]
+        return [
+            f"rank {v.rank}: no stack ({v.stack_error or 'no hang report yet and py-spy not used'})"
+        ]
     frames = [f for f in main.frames if not str(f.file).startswith("<frozen")][-8:]
     gil = " (holds the GIL)" if main.owns_gil else ""
     lines = [f"rank {v.rank} main thread{gil}, from {v.stack_source}, innermost last:"]
@@ -462,9 +516,10 @@ def ready_lines(views: list[RankView], slow: list[int]) -> list[str]:
             ready[v.rank] = max(times)
     if not ready or not any(r in ready for r in slow):
         return []
-    return ["last gradient bucket ready after the step began: " + ", ".join(
-        f"rank {r}: {format_seconds(ready[r])}" for r in sorted(ready)
-    )]
+    return [
+        "last gradient bucket ready after the step began: "
+        + ", ".join(f"rank {r}: {format_seconds(ready[r])}" for r in sorted(ready))
+    ]
 
 
 def flight_recorder_lines(waiting: list[RankView]) -> list[str]:
@@ -498,7 +553,7 @@ def ranks(numbers: Iterable[int]) -> str:
         if j - i >= 2:
             parts.append(f"{numbers[i]}\u2013{numbers[j]}")
         else:
-            parts += [str(n) for n in numbers[i:j + 1]]
+            parts += [str(n) for n in numbers[i : j + 1]]
         i = j + 1
     return ", ".join(parts)
 
@@ -513,7 +568,7 @@ def fold_names(names: Sequence[str]) -> list[str]:
     for name in names:
         groups.setdefault(_DIGITS.sub("#", name), []).append(name)
     out = []
-    for pattern, members in groups.items():
+    for _pattern, members in groups.items():
         numbers = [_DIGITS.findall(m) for m in members]
         if len(members) < 3 or len({len(n) for n in numbers}) != 1:
             out += members

@@ -16,7 +16,9 @@ def check_options(options: dict[str, Any]) -> None:
     ddpmon.Config.from_env(**options)
 
 
-def attach_wrapped(model: Any, options: dict[str, Any], framework: str, single_process_ok: bool = False) -> Any:
+def attach_wrapped(
+    model: Any, options: dict[str, Any], framework: str, single_process_ok: bool = False
+) -> Any:
     """``ddpmon.attach(model)`` for the model ``framework`` built; None (and one warning)
     when it is not a DistributedDataParallel model or cannot be attached."""
     from torch.nn.parallel import DistributedDataParallel
@@ -26,11 +28,16 @@ def attach_wrapped(model: Any, options: dict[str, Any], framework: str, single_p
         (log.info if single_process_ok else log.warning)(
             "ddpmon: %s did not wrap the model in DistributedDataParallel (it is a %s); "
             "ddpmon monitors DDP only, so this run is not monitored",
-            framework, type(inner).__qualname__)
+            framework,
+            type(inner).__qualname__,
+        )
         return None
     try:
         return ddpmon.attach(inner, **options)
     except ddpmon.DdpmonError as exc:
-        log.warning("ddpmon: cannot attach to the model %s wrapped (%s); training goes on "
-                    "unmonitored", framework, exc)
+        log.warning(
+            "ddpmon: cannot attach to the model %s wrapped (%s); training goes on unmonitored",
+            framework,
+            exc,
+        )
         return None

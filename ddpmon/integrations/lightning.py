@@ -38,7 +38,9 @@ class DDPMonCallback(Callback):
         self.monitor = attach_wrapped(trainer.strategy.model, self.options, "Lightning's strategy")
         self._global_step = trainer.global_step
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.monitor is not None and trainer.global_step != self._global_step:
             self._global_step = trainer.global_step
             self.monitor.step()

@@ -39,8 +39,10 @@ class DDPMonCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = self.trainer or _calling_trainer()
         if trainer is None:
-            log.warning("ddpmon: DDPMonCallback cannot find its Trainer; pass it: "
-                        "trainer.add_callback(DDPMonCallback(trainer=trainer))")
+            log.warning(
+                "ddpmon: DDPMonCallback cannot find its Trainer; pass it: "
+                "trainer.add_callback(DDPMonCallback(trainer=trainer))"
+            )
             return
         self.monitor = attach_wrapped(trainer.model_wrapped, self.options, "the Trainer")
 

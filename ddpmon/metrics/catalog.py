@@ -25,10 +25,14 @@ RANK = ("job", "rank")
 BUCKET = ("job", "rank", "bucket")
 GPU = ("job", "rank", "gpu", "gpu_uuid")
 
-RANK_ACTIVITIES: tuple[str, ...] = tuple(map(str, (Status.STEPPING, Status.BUSY, Status.WAITING, Status.STUCK)))
+RANK_ACTIVITIES: tuple[str, ...] = tuple(
+    map(str, (Status.STEPPING, Status.BUSY, Status.WAITING, Status.STUCK))
+)
 """The values of ``activity`` a rank exports about itself (``ddpmon_activity``): its
 watchdog's word (``ddpmon/activity.py``)."""
-DAEMON_ACTIVITIES: tuple[str, ...] = RANK_ACTIVITIES + tuple(map(str, (Status.FROZEN, Status.DEAD, Status.CRASHED)))
+DAEMON_ACTIVITIES: tuple[str, ...] = RANK_ACTIVITIES + tuple(
+    map(str, (Status.FROZEN, Status.DEAD, Status.CRASHED))
+)
 """The values the node daemon exports for a rank (``ddpmon_rank_activity``): the rank's
 word from its state file while its process runs and the file is fresh, else what only
 another process sees: stopped or no longer writing (frozen), gone without a word (dead),
@@ -36,142 +40,361 @@ gone with an exception, a fatal signal or a non-zero exit status (crashed)."""
 
 METRICS: tuple[Metric, ...] = (
     # -- the training rank ------------------------------------------------------------------
-    Metric("ddpmon_rank_info", "gauge",
-           "Always 1; labels describe the rank (world size, local rank, host, backend, versions, "
-           "where bucket timing comes from).",
-           RANK + ("world_size", "local_rank", "host", "backend", "torch_version", "debug_level",
-                   "version", "bucket_timing")),
-    Metric("ddpmon_steps_total", "counter",
-           "Training steps completed: optimizer steps after synchronised gradients (without an "
-           "optimizer, synchronised backward passes)."),
-    Metric("ddpmon_micro_steps_total", "counter",
-           "Backward passes of the steps completed (gradient accumulation's no_sync passes included)."),
-    Metric("ddpmon_samples_total", "counter",
-           "Samples of the steps completed: the first dimension of the model's first input, summed "
-           "over each step's training forwards (sum by job of its rate: the job's samples per second)."),
-    Metric("ddpmon_tokens_total", "counter",
-           "Tokens of the steps completed, where the model's first input is a 2-D integer tensor "
-           "(token ids): its elements. Absent otherwise."),
-    Metric("ddpmon_model_flops_per_step", "gauge",
-           "The model's FLOPs in one optimizer step (forward, backward, every micro-step), counted once "
-           "on one real step with torch's FLOP counter. Absent until counted."),
-    Metric("ddpmon_achieved_flops_per_second", "gauge",
-           "The model's FLOPs per step over the mean step time of the recent steps."),
-    Metric("ddpmon_device_peak_flops_per_second", "gauge",
-           "The device's dense peak FLOP/s for the type most of the model's FLOPs run in (NVIDIA "
-           "datasheets, ddpmon/peaks.py). Absent where unknown (a CPU, an unlisted GPU)."),
-    Metric("ddpmon_mfu_ratio", "gauge",
-           "Model FLOPs utilisation: achieved FLOP/s over the device's dense peak (0..1). Absent where "
-           "the peak is unknown."),
-    Metric("ddpmon_step_seconds", "histogram",
-           "Wall time of a training step, from the end of the previous one to its optimizer step "
-           "(or its synchronised backward)."),
-    Metric("ddpmon_step_phase_seconds_total", "counter",
-           "Seconds of the steps completed, by part of the step (data_wait, h2d, forward, "
-           "backward, exposed_comm, optimizer, other); the parts sum to the step time.",
-           RANK + ("phase",)),
-    Metric("ddpmon_data_wait_seconds", "histogram",
-           "Time per step from the end of the previous step to the first forward: the data "
-           "loader (and host-to-device copies)."),
-    Metric("ddpmon_optimizer_seconds", "histogram",
-           "Time per step in torch.optim optimizer steps (torch's global step hooks)."),
-    Metric("ddpmon_other_seconds", "histogram",
-           "The rest of a step's wall time: outside forward, backward, communication, optimizer "
-           "and data wait (logging, gradient clipping, the loop's own work)."),
+    Metric(
+        "ddpmon_rank_info",
+        "gauge",
+        "Always 1; labels describe the rank (world size, local rank, host, backend, versions, "
+        "where bucket timing comes from).",
+        RANK
+        + (
+            "world_size",
+            "local_rank",
+            "host",
+            "backend",
+            "torch_version",
+            "debug_level",
+            "version",
+            "bucket_timing",
+        ),
+    ),
+    Metric(
+        "ddpmon_steps_total",
+        "counter",
+        "Training steps completed: optimizer steps after synchronised gradients (without an "
+        "optimizer, synchronised backward passes).",
+    ),
+    Metric(
+        "ddpmon_micro_steps_total",
+        "counter",
+        "Backward passes of the steps completed (gradient accumulation's no_sync passes included).",
+    ),
+    Metric(
+        "ddpmon_samples_total",
+        "counter",
+        "Samples of the steps completed: the first dimension of the model's first input, summed "
+        "over each step's training forwards (sum by job of its rate: the job's samples per second).",
+    ),
+    Metric(
+        "ddpmon_tokens_total",
+        "counter",
+        "Tokens of the steps completed, where the model's first input is a 2-D integer tensor "
+        "(token ids): its elements. Absent otherwise.",
+    ),
+    Metric(
+        "ddpmon_model_flops_per_step",
+        "gauge",
+        "The model's FLOPs in one optimizer step (forward, backward, every micro-step), counted once "
+        "on one real step with torch's FLOP counter. Absent until counted.",
+    ),
+    Metric(
+        "ddpmon_achieved_flops_per_second",
+        "gauge",
+        "The model's FLOPs per step over the mean step time of the recent steps.",
+    ),
+    Metric(
+        "ddpmon_device_peak_flops_per_second",
+        "gauge",
+        "The device's dense peak FLOP/s for the type most of the model's FLOPs run in (NVIDIA "
+        "datasheets, ddpmon/peaks.py). Absent where unknown (a CPU, an unlisted GPU).",
+    ),
+    Metric(
+        "ddpmon_mfu_ratio",
+        "gauge",
+        "Model FLOPs utilisation: achieved FLOP/s over the device's dense peak (0..1). Absent where "
+        "the peak is unknown.",
+    ),
+    Metric(
+        "ddpmon_step_seconds",
+        "histogram",
+        "Wall time of a training step, from the end of the previous one to its optimizer step "
+        "(or its synchronised backward).",
+    ),
+    Metric(
+        "ddpmon_step_phase_seconds_total",
+        "counter",
+        "Seconds of the steps completed, by part of the step (data_wait, h2d, forward, "
+        "backward, exposed_comm, optimizer, other); the parts sum to the step time.",
+        RANK + ("phase",),
+    ),
+    Metric(
+        "ddpmon_data_wait_seconds",
+        "histogram",
+        "Time per step from the end of the previous step to the first forward: the data "
+        "loader (and host-to-device copies).",
+    ),
+    Metric(
+        "ddpmon_optimizer_seconds",
+        "histogram",
+        "Time per step in torch.optim optimizer steps (torch's global step hooks).",
+    ),
+    Metric(
+        "ddpmon_other_seconds",
+        "histogram",
+        "The rest of a step's wall time: outside forward, backward, communication, optimizer "
+        "and data wait (logging, gradient clipping, the loop's own work).",
+    ),
     Metric("ddpmon_forward_seconds", "histogram", "Time in the DDP module's forward per step."),
-    Metric("ddpmon_backward_seconds", "histogram",
-           "Backward compute time per step: from backward start to the last gradient ready."),
-    Metric("ddpmon_exposed_comm_seconds", "histogram",
-           "Communication not hidden behind compute: end of backward compute to DDP having "
-           "every bucket's all-reduce done."),
-    Metric("ddpmon_allreduce_seconds", "histogram",
-           "A bucket's gradient all-reduce: launch (bucket ready) to completion; "
-           "with bucket_timing=c10d or flight_recorder, NCCL's GPU time.",
-           BUCKET),
-    Metric("ddpmon_allreduce_bytes_total", "counter", "Gradient bytes all-reduced per bucket.", BUCKET),
-    Metric("ddpmon_allreduce_bus_bandwidth_bytes_per_second", "gauge",
-           "Bus bandwidth of the bucket's last all-reduce (nccl-tests: bytes/time x 2(n-1)/n).",
-           BUCKET),
-    Metric("ddpmon_bucket_ready_seconds", "gauge",
-           "When the bucket's gradients were all ready, seconds after its step began (last step).",
-           BUCKET),
+    Metric(
+        "ddpmon_backward_seconds",
+        "histogram",
+        "Backward compute time per step: from backward start to the last gradient ready.",
+    ),
+    Metric(
+        "ddpmon_exposed_comm_seconds",
+        "histogram",
+        "Communication not hidden behind compute: end of backward compute to DDP having "
+        "every bucket's all-reduce done.",
+    ),
+    Metric(
+        "ddpmon_allreduce_seconds",
+        "histogram",
+        "A bucket's gradient all-reduce: launch (bucket ready) to completion; "
+        "with bucket_timing=c10d or flight_recorder, NCCL's GPU time.",
+        BUCKET,
+    ),
+    Metric(
+        "ddpmon_allreduce_bytes_total", "counter", "Gradient bytes all-reduced per bucket.", BUCKET
+    ),
+    Metric(
+        "ddpmon_allreduce_bus_bandwidth_bytes_per_second",
+        "gauge",
+        "Bus bandwidth of the bucket's last all-reduce (nccl-tests: bytes/time x 2(n-1)/n).",
+        BUCKET,
+    ),
+    Metric(
+        "ddpmon_bucket_ready_seconds",
+        "gauge",
+        "When the bucket's gradients were all ready, seconds after its step began (last step).",
+        BUCKET,
+    ),
     Metric("ddpmon_bucket_size_bytes", "gauge", "Size of the bucket's gradient buffer.", BUCKET),
     Metric("ddpmon_bucket_parameters", "gauge", "Number of parameters in the bucket.", BUCKET),
-    Metric("ddpmon_unused_parameters", "gauge", "Parameters that received no gradient in the last step."),
-    Metric("ddpmon_last_progress_timestamp_seconds", "gauge",
-           "Unix time of the rank's last observed progress (step, bucket, collective)."),
+    Metric(
+        "ddpmon_unused_parameters",
+        "gauge",
+        "Parameters that received no gradient in the last step.",
+    ),
+    Metric(
+        "ddpmon_last_progress_timestamp_seconds",
+        "gauge",
+        "Unix time of the rank's last observed progress (step, bucket, collective).",
+    ),
     Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
-    Metric("ddpmon_attempt", "gauge",
-           "The job's attempt under a launcher that restarts it (TORCHELASTIC_RESTART_COUNT: 0 "
-           "first); absent without one."),
-    Metric("ddpmon_activity", "gauge",
-           "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
-           f"the others (a state set: {', '.join(RANK_ACTIVITIES)}). Absent with the watchdog off.",
-           RANK + ("activity",)),
-    Metric("ddpmon_collectives_issued_total", "counter",
-           "Collectives this rank issued while monitored, by operation "
-           "(DDP's buckets too, except on NCCL with bucket_timing c10d or off).", RANK + ("op",)),
-    Metric("ddpmon_collectives_completed_total", "counter",
-           "Collectives this rank saw complete, by operation.", RANK + ("op",)),
+    Metric(
+        "ddpmon_attempt",
+        "gauge",
+        "The job's attempt under a launcher that restarts it (TORCHELASTIC_RESTART_COUNT: 0 "
+        "first); absent without one.",
+    ),
+    Metric(
+        "ddpmon_activity",
+        "gauge",
+        "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
+        f"the others (a state set: {', '.join(RANK_ACTIVITIES)}). Absent with the watchdog off.",
+        RANK + ("activity",),
+    ),
+    Metric(
+        "ddpmon_collectives_issued_total",
+        "counter",
+        "Collectives this rank issued while monitored, by operation "
+        "(DDP's buckets too, except on NCCL with bucket_timing c10d or off).",
+        RANK + ("op",),
+    ),
+    Metric(
+        "ddpmon_collectives_completed_total",
+        "counter",
+        "Collectives this rank saw complete, by operation.",
+        RANK + ("op",),
+    ),
     Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),
-    Metric("ddpmon_bucket_timing_unmatched_steps_total", "counter",
-           "Steps whose all-reduces could not be matched to buckets (bucket_timing=c10d or flight_recorder), so untimed."),
-    Metric("ddpmon_advice", "gauge",
-           "1 per silent DDP mistake this rank has seen, by kind (docs/advice.md): same data on "
-           "every rank, no set_epoch, diverged replicas, NaN/Inf origin, device mapping, costly options.",
-           RANK + ("kind",)),
-    Metric("ddpmon_internal_errors_total", "counter",
-           "Parts of ddpmon that failed and switched themselves off.", RANK + ("part",)),
-    Metric("ddpmon_state_write_failures_total", "counter",
-           "Writes of the rank's files that failed (a full disk, a read-only directory), by file: "
-           "state (rank-<R>.json) or history (rank-<R>.history.sqlite); each is tried again with "
-           "backoff, and training goes on.", RANK + ("file",)),
+    Metric(
+        "ddpmon_bucket_timing_unmatched_steps_total",
+        "counter",
+        "Steps whose all-reduces could not be matched to buckets (bucket_timing=c10d or flight_recorder), so untimed.",
+    ),
+    Metric(
+        "ddpmon_advice",
+        "gauge",
+        "1 per silent DDP mistake this rank has seen, by kind (docs/advice.md): same data on "
+        "every rank, no set_epoch, diverged replicas, NaN/Inf origin, device mapping, costly options.",
+        RANK + ("kind",),
+    ),
+    Metric(
+        "ddpmon_internal_errors_total",
+        "counter",
+        "Parts of ddpmon that failed and switched themselves off.",
+        RANK + ("part",),
+    ),
+    Metric(
+        "ddpmon_state_write_failures_total",
+        "counter",
+        "Writes of the rank's files that failed (a full disk, a read-only directory), by file: "
+        "state (rank-<R>.json) or history (rank-<R>.history.sqlite); each is tried again with "
+        "backoff, and training goes on.",
+        RANK + ("file",),
+    ),
     # -- the rank's GPU (NVML and torch's allocator) ----------------------------------------
-    Metric("ddpmon_gpu_utilization_ratio", "gauge", "GPU busy ratio over NVML's last sample period (0..1).", GPU, "gpu"),
+    Metric(
+        "ddpmon_gpu_utilization_ratio",
+        "gauge",
+        "GPU busy ratio over NVML's last sample period (0..1).",
+        GPU,
+        "gpu",
+    ),
     Metric("ddpmon_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", GPU, "gpu"),
     Metric("ddpmon_gpu_memory_total_bytes", "gauge", "GPU memory in total (NVML).", GPU, "gpu"),
     Metric("ddpmon_gpu_power_watts", "gauge", "GPU power draw.", GPU, "gpu"),
-    Metric("ddpmon_gpu_energy_joules_total", "counter", "GPU energy since the driver loaded.", GPU, "gpu"),
+    Metric(
+        "ddpmon_gpu_energy_joules_total",
+        "counter",
+        "GPU energy since the driver loaded.",
+        GPU,
+        "gpu",
+    ),
     Metric("ddpmon_gpu_temperature_celsius", "gauge", "GPU core temperature.", GPU, "gpu"),
     Metric("ddpmon_gpu_sm_clock_hertz", "gauge", "GPU SM clock.", GPU, "gpu"),
-    Metric("ddpmon_gpu_clock_event_active", "gauge",
-           "1 while a clock event (throttle reason) holds the clocks down, by reason.", GPU + ("reason",), "gpu"),
-    Metric("ddpmon_gpu_ecc_errors_total", "counter", "ECC errors since the driver loaded, by type.", GPU + ("type",), "gpu"),
+    Metric(
+        "ddpmon_gpu_clock_event_active",
+        "gauge",
+        "1 while a clock event (throttle reason) holds the clocks down, by reason.",
+        GPU + ("reason",),
+        "gpu",
+    ),
+    Metric(
+        "ddpmon_gpu_ecc_errors_total",
+        "counter",
+        "ECC errors since the driver loaded, by type.",
+        GPU + ("type",),
+        "gpu",
+    ),
     Metric("ddpmon_gpu_pcie_replays_total", "counter", "PCIe replay events.", GPU, "gpu"),
-    Metric("ddpmon_gpu_xid_errors_total", "counter", "XID errors seen by the daemon, by code.", GPU + ("xid",), "daemon"),
-    Metric("ddpmon_gpu_last_xid_timestamp_seconds", "gauge", "When an XID code was last seen.", GPU + ("xid",), "daemon"),
-    Metric("ddpmon_torch_memory_allocated_bytes", "gauge", "Bytes held by tensors (torch allocator).", GPU, "gpu"),
-    Metric("ddpmon_torch_memory_reserved_bytes", "gauge", "Bytes reserved by torch's caching allocator.", GPU, "gpu"),
-    Metric("ddpmon_torch_memory_peak_allocated_bytes", "gauge", "Peak bytes held by tensors.", GPU, "gpu"),
+    Metric(
+        "ddpmon_gpu_xid_errors_total",
+        "counter",
+        "XID errors seen by the daemon, by code.",
+        GPU + ("xid",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_gpu_last_xid_timestamp_seconds",
+        "gauge",
+        "When an XID code was last seen.",
+        GPU + ("xid",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_torch_memory_allocated_bytes",
+        "gauge",
+        "Bytes held by tensors (torch allocator).",
+        GPU,
+        "gpu",
+    ),
+    Metric(
+        "ddpmon_torch_memory_reserved_bytes",
+        "gauge",
+        "Bytes reserved by torch's caching allocator.",
+        GPU,
+        "gpu",
+    ),
+    Metric(
+        "ddpmon_torch_memory_peak_allocated_bytes",
+        "gauge",
+        "Peak bytes held by tensors.",
+        GPU,
+        "gpu",
+    ),
     # -- the rank's host process (psutil) ---------------------------------------------------
-    Metric("ddpmon_process_cpu_seconds_total", "counter", "CPU time of the rank's process.", RANK, "host"),
-    Metric("ddpmon_process_resident_memory_bytes", "gauge", "Resident memory of the rank's process.", RANK, "host"),
+    Metric(
+        "ddpmon_process_cpu_seconds_total",
+        "counter",
+        "CPU time of the rank's process.",
+        RANK,
+        "host",
+    ),
+    Metric(
+        "ddpmon_process_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the rank's process.",
+        RANK,
+        "host",
+    ),
     Metric("ddpmon_process_threads", "gauge", "Threads of the rank's process.", RANK, "host"),
     Metric("ddpmon_host_memory_used_bytes", "gauge", "Memory in use on the host.", RANK, "host"),
     Metric("ddpmon_host_memory_total_bytes", "gauge", "Memory of the host.", RANK, "host"),
-    Metric("ddpmon_dataloader_workers", "gauge", "Child processes of the rank (data-loader workers).", RANK, "host"),
-    Metric("ddpmon_dataloader_workers_cpu_seconds_total", "counter", "CPU time of the rank's child processes.", RANK, "host"),
+    Metric(
+        "ddpmon_dataloader_workers",
+        "gauge",
+        "Child processes of the rank (data-loader workers).",
+        RANK,
+        "host",
+    ),
+    Metric(
+        "ddpmon_dataloader_workers_cpu_seconds_total",
+        "counter",
+        "CPU time of the rank's child processes.",
+        RANK,
+        "host",
+    ),
     # -- the node daemon ------------------------------------------------------------------------
-    Metric("ddpmon_rank_up", "gauge",
-           "1 while the rank's process is alive and its heartbeat fresh (node daemon).", RANK, "daemon"),
-    Metric("ddpmon_rank_last_progress_timestamp_seconds", "gauge",
-           "The rank's last progress as read from its state file (node daemon).", RANK, "daemon"),
-    Metric("ddpmon_rank_hang_suspected", "gauge",
-           "1 while the rank's state file carries a hang report (node daemon).", RANK, "daemon"),
-    Metric("ddpmon_rank_attempt", "gauge",
-           "The attempt the rank's state file names (TORCHELASTIC_RESTART_COUNT; node daemon).", RANK, "daemon"),
-    Metric("ddpmon_hang_aborts_total", "counter",
-           "Attempts, among those kept in the state directory, that ddpmon ended on this rank after a "
-           "proven hang (hang_action=abort; node daemon).", RANK, "daemon"),
-    Metric("ddpmon_rank_activity", "gauge",
-           "What the rank is doing as the node daemon sees it: 1 for the current activity, 0 for the "
-           f"others (a state set: {', '.join(DAEMON_ACTIVITIES)}); frozen, dead and crashed are what "
-           "a rank cannot say itself (node daemon).",
-           RANK + ("activity",), "daemon"),
-    Metric("ddpmon_gpu_process_info", "gauge",
-           "1 per process on a GPU, with the rank it belongs to when known (node daemon).",
-           ("gpu", "gpu_uuid", "pid", "job", "rank"), "daemon"),
-    Metric("ddpmon_daemon_info", "gauge", "Always 1; the daemon's host and version.", ("host", "version", "gpus"), "daemon"),
+    Metric(
+        "ddpmon_rank_up",
+        "gauge",
+        "1 while the rank's process is alive and its heartbeat fresh (node daemon).",
+        RANK,
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_rank_last_progress_timestamp_seconds",
+        "gauge",
+        "The rank's last progress as read from its state file (node daemon).",
+        RANK,
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_rank_hang_suspected",
+        "gauge",
+        "1 while the rank's state file carries a hang report (node daemon).",
+        RANK,
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_rank_attempt",
+        "gauge",
+        "The attempt the rank's state file names (TORCHELASTIC_RESTART_COUNT; node daemon).",
+        RANK,
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_hang_aborts_total",
+        "counter",
+        "Attempts, among those kept in the state directory, that ddpmon ended on this rank after a "
+        "proven hang (hang_action=abort; node daemon).",
+        RANK,
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_rank_activity",
+        "gauge",
+        "What the rank is doing as the node daemon sees it: 1 for the current activity, 0 for the "
+        f"others (a state set: {', '.join(DAEMON_ACTIVITIES)}); frozen, dead and crashed are what "
+        "a rank cannot say itself (node daemon).",
+        RANK + ("activity",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_gpu_process_info",
+        "gauge",
+        "1 per process on a GPU, with the rank it belongs to when known (node daemon).",
+        ("gpu", "gpu_uuid", "pid", "job", "rank"),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_daemon_info",
+        "gauge",
+        "Always 1; the daemon's host and version.",
+        ("host", "version", "gpus"),
+        "daemon",
+    ),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
@@ -182,7 +405,9 @@ def get(name: str) -> Metric:
     try:
         return BY_NAME[name]
     except KeyError:
-        raise KeyError(f"{name!r} is not in ddpmon's metric catalog (ddpmon/metrics/catalog.py)") from None
+        raise KeyError(
+            f"{name!r} is not in ddpmon's metric catalog (ddpmon/metrics/catalog.py)"
+        ) from None
 
 
 def series_names() -> set[str]:

@@ -60,7 +60,9 @@ def families(samples: Iterable[Sample]) -> list[Family]:
     return list(by_name.values())
 
 
-def state_set(name: str, labels: dict[str, str], label: str, states: Iterable[str], current: str) -> list[Sample]:
+def state_set(
+    name: str, labels: dict[str, str], label: str, states: Iterable[str], current: str
+) -> list[Sample]:
     """A state set (Prometheus' convention for an enumeration): one sample per state, under
     ``label``, 1 for ``current`` and 0 for the others, so a change moves no series."""
     return [(name, {**labels, label: state}, 1.0 if state == current else 0.0) for state in states]
@@ -119,8 +121,14 @@ class Endpoint:
         self._server.close()
 
 
-def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Route] | None = None,
-          quick_routes: dict[str, Route] | None = None, web: WebConfig | None = None) -> Endpoint:
+def serve(
+    collector: Any,
+    port: int,
+    bind: str = "0.0.0.0",
+    routes: dict[str, Route] | None = None,
+    quick_routes: dict[str, Route] | None = None,
+    web: WebConfig | None = None,
+) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral): at
     ``/metrics`` (and, as prometheus_client does, at any path that is not a route).
     ``routes`` adds read-only paths: path -> (query, reader) -> (content type, body),
@@ -134,8 +142,13 @@ def serve(collector: Any, port: int, bind: str = "0.0.0.0", routes: dict[str, Ro
     Raises OSError when the port cannot be bound."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server = _Server(_listen(bind, port), registry, dict(routes or {}), dict(quick_routes or {}),
-                     web or WebConfig(""))
+    server = _Server(
+        _listen(bind, port),
+        registry,
+        dict(routes or {}),
+        dict(quick_routes or {}),
+        web or WebConfig(""),
+    )
     return Endpoint(server, bind)
 
 
@@ -228,7 +241,9 @@ class _Connection:
     since: float  # when it started waiting in its state (the oldest idle one goes first)
     deadline: float
     peer: tuple[Any, ...] = ()
-    state: str = "new"  # handshake (TLS), new, idle (kept alive), request (part of one), working, writing
+    state: str = (
+        "new"  # handshake (TLS), new, idle (kept alive), request (part of one), working, writing
+    )
     http: h11.Connection = field(default_factory=_http)
     head: bytearray = field(default_factory=bytearray)
     """What h11 holds while it waits for a request's head: h11 reads a head whole but says
@@ -287,8 +302,14 @@ class _Connection:
 class _Server:
     """The loop (thread ``ddpmon-endpoint``) and its worker (``ddpmon-endpoint-worker``)."""
 
-    def __init__(self, listener: socket.socket, registry: CollectorRegistry,
-                 routes: dict[str, Route], quick_routes: dict[str, Route], web: WebConfig) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        registry: CollectorRegistry,
+        routes: dict[str, Route],
+        quick_routes: dict[str, Route],
+        web: WebConfig,
+    ) -> None:
         self._listener = listener
         self._web = web
         self.port: int = listener.getsockname()[1]
@@ -311,7 +332,9 @@ class _Server:
         self._sel.register(listener, selectors.EVENT_READ)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._loop = threading.Thread(target=self._run, name="ddpmon-endpoint", daemon=True)
-        self._worker = threading.Thread(target=self._work, name="ddpmon-endpoint-worker", daemon=True)
+        self._worker = threading.Thread(
+            target=self._work, name="ddpmon-endpoint-worker", daemon=True
+        )
         self._loop.start()
         self._worker.start()
 
@@ -394,7 +417,9 @@ class _Server:
         if self._accepting_at and now >= self._accepting_at:
             self._accepting_at = 0.0
             self._sel.register(self._listener, selectors.EVENT_READ)
-        upcoming = [c.deadline for c in self._conns] + ([self._accepting_at] if self._accepting_at else [])
+        upcoming = [c.deadline for c in self._conns] + (
+            [self._accepting_at] if self._accepting_at else []
+        )
         self._next_sweep = max(min(upcoming, default=math.inf), now + 0.05)
 
     def _expect(self, conn: _Connection, state: str, seconds: float) -> None:
@@ -424,7 +449,10 @@ class _Server:
             except BlockingIOError:
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and not self._evict():
+                if (
+                    exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+                    and not self._evict()
+                ):
                     # out of file descriptors and nothing to drop: stop accepting for a while
                     # (the listener stays readable, which would spin the loop)
                     self._sel.unregister(self._listener)
@@ -442,7 +470,9 @@ class _Server:
             now = time.monotonic()
             state = "new"
             if self._web.ssl is not None:  # the handshake, like the head, within HEADER_SECONDS
-                sock = self._web.ssl.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                sock = self._web.ssl.wrap_socket(
+                    sock, server_side=True, do_handshake_on_connect=False
+                )
                 state = "handshake"
             conn = _Connection(sock, now, now + HEADER_SECONDS, peer, state=state)
             self._conns[conn] = None
@@ -466,7 +496,8 @@ class _Server:
         sent a whole request first (a kept-alive scraper outlives a slowloris)."""
         waiting = (c for c in self._conns if c.state != "working")
         victim = next((c for c in waiting if not c.served), None) or next(
-            (c for c in self._conns if c.state != "working"), None)
+            (c for c in self._conns if c.state != "working"), None
+        )
         if victim is None:
             return False
         self._close(victim)
@@ -540,14 +571,18 @@ class _Server:
         except h11.RemoteProtocolError as exc:
             if exc.error_status_hint == 431:
                 return _refused(431, f"request head over {MAX_HEAD_BYTES // 1024} KiB")
-            return _refused(exc.error_status_hint,
-                            f"{exc}: expected a request such as 'GET /metrics HTTP/1.1' with a Host "
-                            "header (and one Content-Length, in digits, before a body)")
+            return _refused(
+                exc.error_status_hint,
+                f"{exc}: expected a request such as 'GET /metrics HTTP/1.1' with a Host "
+                "header (and one Content-Length, in digits, before a body)",
+            )
         if isinstance(event, h11.Request):
             head = bytes(conn.head[: len(conn.head) - len(http.trailing_data[0])])
             conn.head = bytearray()
             conn.request = _request(event)
-            conn.deadline = conn.since + REQUEST_SECONDS  # a body may follow: the whole request has a bound
+            conn.deadline = (
+                conn.since + REQUEST_SECONDS
+            )  # a body may follow: the whole request has a bound
             problem = _refusal(conn.request, head)
             if problem is not None:
                 return _refused(*problem)
@@ -560,7 +595,9 @@ class _Server:
         conn.served += 1
         quick = self._quick.get(request.path)
         if quick is not None:
-            self._respond(conn, self._route_answer(request, quick, Reader(conn.peer, _local(conn), False)))
+            self._respond(
+                conn, self._route_answer(request, quick, Reader(conn.peer, _local(conn), False))
+            )
             return
         self._watch(conn, 0)
         self._expect(conn, "working", math.inf)
@@ -569,13 +606,24 @@ class _Server:
     def _respond(self, conn: _Connection, answer: _Answer) -> None:
         """Frame ``answer`` with h11 and start writing it; the rest as the socket drains."""
         request = conn.request
-        headers = [("Content-Type", answer.content_type), ("Date", formatdate(usegmt=True)), *answer.headers,
-                   ("Content-Length", str(len(answer.body)))]
+        headers = [
+            ("Content-Type", answer.content_type),
+            ("Date", formatdate(usegmt=True)),
+            *answer.headers,
+            ("Content-Length", str(len(answer.body))),
+        ]
         if answer.close or (request is not None and request.close):
             headers.append(("Connection", "close"))
         http = conn.http
-        parts = [http.send(h11.Response(status_code=answer.status, headers=headers,
-                                        reason=HTTPStatus(answer.status).phrase))]
+        parts = [
+            http.send(
+                h11.Response(
+                    status_code=answer.status,
+                    headers=headers,
+                    reason=HTTPStatus(answer.status).phrase,
+                )
+            )
+        ]
         if answer.body and (request is None or request.method != "HEAD"):
             parts += http.send_with_data_passthrough(h11.Data(data=answer.body)) or []
         parts.append(http.send(h11.EndOfMessage()))
@@ -613,12 +661,19 @@ class _Server:
             route = self._routes.get(request.path)
             try:
                 authenticated = conn.verified or (
-                    bool(self._web.users) and self._web.allows(request.headers.get("authorization")))
+                    bool(self._web.users) and self._web.allows(request.headers.get("authorization"))
+                )
                 if self._web.guarded and not authenticated:
-                    answer = _Answer(401, "text/plain", b"credentials needed (basic auth, or a client certificate)\n",
-                                     [("WWW-Authenticate", 'Basic realm="ddpmon"')])
+                    answer = _Answer(
+                        401,
+                        "text/plain",
+                        b"credentials needed (basic auth, or a client certificate)\n",
+                        [("WWW-Authenticate", 'Basic realm="ddpmon"')],
+                    )
                 elif route:
-                    answer = self._route_answer(request, route, Reader(conn.peer, _local(conn), authenticated))
+                    answer = self._route_answer(
+                        request, route, Reader(conn.peer, _local(conn), authenticated)
+                    )
                 else:
                     answer = self._metrics(request)
             except Exception as exc:  # (gzip out of memory, ...): never lose the worker
@@ -644,7 +699,9 @@ class _Server:
         try:
             content_type, body = route(parse_qs(request.query, keep_blank_values=True), reader)
         except (BadRequest, LookupError, Unhealthy) as exc:  # a bad query, not served now, failing
-            status = 400 if isinstance(exc, BadRequest) else 503 if isinstance(exc, Unhealthy) else 404
+            status = (
+                400 if isinstance(exc, BadRequest) else 503 if isinstance(exc, Unhealthy) else 404
+            )
             message = str(exc.args[0] if exc.args else exc) + "\n"
             return _answer(status, "text/plain", message.encode(), request)
         except Exception as exc:  # a bug in a route: answer, and say it where it can be fixed
@@ -706,8 +763,14 @@ def _answer(status: int, content_type: str, body: bytes, request: _Request) -> _
     return _Answer(status, content_type, body, [("Content-Encoding", "gzip")])
 
 
-def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, rank: int,
-                   web_config_file: str | None = None) -> Endpoint | None:
+def start_endpoint(
+    collector: Any,
+    base_port: int,
+    local_rank: int,
+    bind: str,
+    rank: int,
+    web_config_file: str | None = None,
+) -> Endpoint | None:
     """A rank's endpoint on ``base_port + local_rank`` (0: ephemeral; negative: none), with
     the TLS and basic auth of ``web_config_file``. A port in use falls back to an ephemeral
     one, with a warning that names the state file's ``port``; an address that cannot be
@@ -720,20 +783,28 @@ def start_endpoint(collector: Any, base_port: int, local_rank: int, bind: str, r
         try:
             web = load_web_config(web_config_file)
         except WebConfigError as exc:
-            log.warning("ddpmon: rank %d: no metrics endpoint (training goes on): DDPMON_WEB_CONFIG_FILE %s",
-                        rank, exc)
+            log.warning(
+                "ddpmon: rank %d: no metrics endpoint (training goes on): DDPMON_WEB_CONFIG_FILE %s",
+                rank,
+                exc,
+            )
             return None
     port = base_port + local_rank if base_port > 0 else 0
     try:
         return serve(collector, port, bind, web=web)
     except (OSError, OverflowError) as exc:
         if port == 0:
-            log.warning("ddpmon: rank %d: no metrics endpoint: cannot bind %s (%s)", rank, bind, exc)
+            log.warning(
+                "ddpmon: rank %d: no metrics endpoint: cannot bind %s (%s)", rank, bind, exc
+            )
             return None
         log.warning(
             "ddpmon: rank %d: cannot serve metrics on %s:%d (%s); serving on an ephemeral port "
             "instead (see the state file's 'port'). Set DDPMON_PORT to a free base port.",
-            rank, bind, port, getattr(exc, "strerror", None) or exc,
+            rank,
+            bind,
+            port,
+            getattr(exc, "strerror", None) or exc,
         )
         try:
             return serve(collector, 0, bind, web=web)

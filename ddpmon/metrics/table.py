@@ -27,7 +27,9 @@ def markdown() -> str:
     rows = ["| name | type | labels | served by | meaning |", "|---|---|---|---|---|"]
     for m in catalog.METRICS:
         meaning = m.help.replace("|", "\\|")
-        rows.append(f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {SERVED_BY[m.source]} | {meaning} |")
+        rows.append(
+            f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {SERVED_BY[m.source]} | {meaning} |"
+        )
     return "\n".join(rows)
 
 
@@ -43,7 +45,9 @@ def replace(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1 or argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: python -m ddpmon.metrics.table [FILE]  (default: {DEFAULT})", file=sys.stderr)
+        print(
+            f"usage: python -m ddpmon.metrics.table [FILE]  (default: {DEFAULT})", file=sys.stderr
+        )
         return 2
     path = Path(argv[0] if argv else DEFAULT)
     try:

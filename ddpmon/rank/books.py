@@ -18,8 +18,40 @@ from .. import steps
 from ..state import schema
 from ..steps import StepRow
 
-STEP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-COMM_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+STEP_BOUNDS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+COMM_BOUNDS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
 RECENT_STEPS = 256
 HISTORY_STEPS = 1024  # per-step rows kept for the history writer (rank/writers.py)
 HISTORY_BUCKETS = 256  # buckets per step kept in those rows
@@ -116,16 +148,31 @@ class BucketStats:
     last_busbw: float | None = None
 
     def copy(self) -> BucketStats:
-        return BucketStats(self.index, self.bytes, self.dtype, self.parameters, self.seconds.copy(),
-                           self.bytes_total, self.last_seconds, self.last_ready_seconds, self.last_busbw)
+        return BucketStats(
+            self.index,
+            self.bytes,
+            self.dtype,
+            self.parameters,
+            self.seconds.copy(),
+            self.bytes_total,
+            self.last_seconds,
+            self.last_ready_seconds,
+            self.last_busbw,
+        )
 
     def record(self) -> schema.Bucket:
         count = self.seconds.count
         return schema.Bucket(
-            index=self.index, bytes=self.bytes, dtype=self.dtype, num_parameters=len(self.parameters),
-            parameters=list(self.parameters[:MAX_PARAMETER_NAMES]), count=count,
-            last_seconds=self.last_seconds, mean_seconds=self.seconds.sum / count if count else None,
-            ready_seconds=self.last_ready_seconds, busbw_bytes_per_second=self.last_busbw,
+            index=self.index,
+            bytes=self.bytes,
+            dtype=self.dtype,
+            num_parameters=len(self.parameters),
+            parameters=list(self.parameters[:MAX_PARAMETER_NAMES]),
+            count=count,
+            last_seconds=self.last_seconds,
+            mean_seconds=self.seconds.sum / count if count else None,
+            ready_seconds=self.last_ready_seconds,
+            busbw_bytes_per_second=self.last_busbw,
             bytes_total=self.bytes_total,
         )
 
@@ -135,8 +182,18 @@ class StepBook:
     history rows (``recent`` holds the same rows as ``history``)."""
 
     def __init__(self) -> None:
-        self.hist = {name: Histogram(STEP_BOUNDS) for name in (
-            "step", "data_wait", "forward", "backward", "exposed_comm", "optimizer", "other")}
+        self.hist = {
+            name: Histogram(STEP_BOUNDS)
+            for name in (
+                "step",
+                "data_wait",
+                "forward",
+                "backward",
+                "exposed_comm",
+                "optimizer",
+                "other",
+            )
+        }
         self.phase_totals = dict.fromkeys(steps.PARTS, 0.0)
         self.recent: collections.deque[StepRow] = collections.deque(maxlen=RECENT_STEPS)
         self.history: collections.deque[StepRow] = collections.deque(maxlen=HISTORY_STEPS)
@@ -145,12 +202,19 @@ class StepBook:
 
     def add(self, record: StepRecord) -> None:
         row = StepRow(
-            step=record.step, start_unix=record.start_unix, end_unix=record.start_unix + record.step_seconds,
-            step_seconds=record.step_seconds, data_wait_seconds=record.data_wait_seconds,
-            forward_seconds=record.forward_seconds, backward_seconds=record.backward_seconds,
-            exposed_comm_seconds=record.comm_wait_seconds, optimizer_seconds=record.optimizer_seconds,
-            micro_steps=record.micro_steps, gpu_pending=record.gpu_parts_later,
-            samples=record.samples, tokens=record.tokens,
+            step=record.step,
+            start_unix=record.start_unix,
+            end_unix=record.start_unix + record.step_seconds,
+            step_seconds=record.step_seconds,
+            data_wait_seconds=record.data_wait_seconds,
+            forward_seconds=record.forward_seconds,
+            backward_seconds=record.backward_seconds,
+            exposed_comm_seconds=record.comm_wait_seconds,
+            optimizer_seconds=record.optimizer_seconds,
+            micro_steps=record.micro_steps,
+            gpu_pending=record.gpu_parts_later,
+            samples=record.samples,
+            tokens=record.tokens,
         )
         self.samples_total += record.samples
         self.tokens_total += record.tokens
@@ -246,8 +310,14 @@ class BucketBook:
 
     def summary(self, step: StepTimings) -> list[tuple[int, float, int | None]]:
         """(index, seconds, bytes) of each bucket of one step, for its history row."""
-        return [(t.index, max(0.0, t.end - t.start), self.buckets[t.index].bytes if t.index in self.buckets else None)
-                for t in sorted(step.buckets, key=lambda t: t.start)]
+        return [
+            (
+                t.index,
+                max(0.0, t.end - t.start),
+                self.buckets[t.index].bytes if t.index in self.buckets else None,
+            )
+            for t in sorted(step.buckets, key=lambda t: t.start)
+        ]
 
     def timings(self, step: StepTimings) -> float | None:
         """Fold one step's bucket collectives in; returns its exposed communication.
@@ -303,13 +373,20 @@ class CollectiveBook:
             entry["bytes"] = buckets.buckets[bucket].bytes  # (only readers hold bucket entries)
         in_flight = self.in_flight
         step = entry.get("step")
-        if step is not None and in_flight and in_flight[0].get("step") is not None and in_flight[0]["step"] < step:
+        if (
+            step is not None
+            and in_flight
+            and in_flight[0].get("step") is not None
+            and in_flight[0]["step"] < step
+        ):
             # by the next step DDP has waited for every bucket: drop any left behind
             in_flight[:] = [e for e in in_flight if e.get("step") is None or e["step"] >= step]
         in_flight.append(entry)
         if len(in_flight) > MAX_IN_FLIGHT:
             del in_flight[0]
-        site = schema.site_key(entry.get("op"), entry.get("call_site"), entry.get("callers"), entry.get("bucket"))
+        site = schema.site_key(
+            entry.get("op"), entry.get("call_site"), entry.get("callers"), entry.get("bucket")
+        )
         if site in self.sites or len(self.sites) < MAX_CALL_SITES:
             self.sites[site] = self.sites.get(site, 0) + 1
 

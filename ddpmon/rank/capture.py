@@ -56,8 +56,15 @@ class Capture:
     """Captures of one rank whose state files go to ``state_dir``; ``boundary`` is the rank's
     ``StepBoundary``, ``notify`` wakes the state writer's thread."""
 
-    def __init__(self, state_dir: str, recorder: Recorder, boundary: Any, notify: Callable[[], None],
-                 fuse: Fuse, device: str) -> None:
+    def __init__(
+        self,
+        state_dir: str,
+        recorder: Recorder,
+        boundary: Any,
+        notify: Callable[[], None],
+        fuse: Fuse,
+        device: str,
+    ) -> None:
         self._dir = state_dir
         self._rec = recorder
         self._rank = recorder.identity.rank
@@ -115,30 +122,47 @@ class Capture:
             if why is None and time.time() > request.expires_unix:
                 why = "it expired (the command that wrote it has given up)"
         if why is not None:
-            log.info("ddpmon: rank %d: ignored the capture request %s: %s", self._rank, self._request, why)
+            log.info(
+                "ddpmon: rank %d: ignored the capture request %s: %s",
+                self._rank,
+                self._request,
+                why,
+            )
             return
         assert request is not None
         captures.prune(self._dir, self._rank, captures.KEEP - 1)
         self._plan = request
         self._ended = 0
         self._write(self._status("accepted"))
-        log.info("ddpmon: rank %d: capturing %d steps (%s)", self._rank, request.steps,
-                 f"from step {request.at_step}" if request.at_step is not None else "from the next step")
+        log.info(
+            "ddpmon: rank %d: capturing %d steps (%s)",
+            self._rank,
+            request.steps,
+            f"from step {request.at_step}" if request.at_step is not None else "from the next step",
+        )
         self._boundary.capture = self  # armed: the boundary tells us its next ends
 
     def _drop_expired(self) -> None:
         """A request still waiting for a step boundary after the command gave up (a hung
         training loop): dropped, so that the next request is taken."""
         plan = self._plan
-        if plan is None or self._prof is not None or time.time() < plan.expires_unix + EXPIRED_GRACE:
+        if (
+            plan is None
+            or self._prof is not None
+            or time.time() < plan.expires_unix + EXPIRED_GRACE
+        ):
             return
         with self._arming:
             if self._plan is not plan or self._prof is not None:
                 return
             self._boundary.capture = None
-            status = self._status("error", reason=(
-                f"no step boundary came before the command gave up (the rank stayed at step "
-                f"{self._rec.steps}): it may be hung; run ddpmon doctor"))
+            status = self._status(
+                "error",
+                reason=(
+                    f"no step boundary came before the command gave up (the rank stayed at step "
+                    f"{self._rec.steps}): it may be hung; run ddpmon doctor"
+                ),
+            )
             self._plan = None
         log.warning("ddpmon: rank %d: capture dropped: %s", self._rank, status.reason)
         self._write(status)
@@ -147,9 +171,16 @@ class Capture:
         plan = self._plan
         assert plan is not None
         first = {"first_step": self._first, "last_step": self._last} if self._first else {}
-        return captures.Status(nonce=plan.nonce, rank=self._rank, state=state, steps=plan.steps,
-                               step=self._rec.steps, job=self._rec.identity.job, written_unix=time.time(),
-                               **{**first, **fields})
+        return captures.Status(
+            nonce=plan.nonce,
+            rank=self._rank,
+            state=state,
+            steps=plan.steps,
+            step=self._rec.steps,
+            job=self._rec.identity.job,
+            written_unix=time.time(),
+            **{**first, **fields},
+        )
 
     def _write(self, status: captures.Status) -> None:
         """Write ``status`` unless a later one of the same capture was written already (the
@@ -163,8 +194,12 @@ class Capture:
             try:
                 captures.write_status(self._dir, status)
             except OSError as exc:
-                log.warning("ddpmon: rank %d: cannot write the capture status into %s (%s)",
-                            self._rank, self._dir, exc.strerror or exc)
+                log.warning(
+                    "ddpmon: rank %d: cannot write the capture status into %s (%s)",
+                    self._rank,
+                    self._dir,
+                    exc.strerror or exc,
+                )
 
     def _write_pending(self) -> None:
         while self._pending:
@@ -196,8 +231,10 @@ class Capture:
         if plan.at_step is not None and steps < plan.at_step:
             return
         if time.time() > plan.expires_unix:
-            self._give_up(f"the rank reached a step boundary (step {steps}) only after the command had "
-                          "given up; ask again")
+            self._give_up(
+                f"the rank reached a step boundary (step {steps}) only after the command had "
+                "given up; ask again"
+            )
             return
         try:
             busy = profiler_busy()
@@ -205,9 +242,11 @@ class Capture:
             self._give_up(missing.line)
             return
         if busy:
-            self._give_up("profiler busy: torch's profiler is already running in this process (the "
-                          "program's own torch.profiler): capture once it has stopped, or read that "
-                          "profiler's trace")
+            self._give_up(
+                "profiler busy: torch's profiler is already running in this process (the "
+                "program's own torch.profiler): capture once it has stopped, or read that "
+                "profiler's trace"
+            )
             return
         from torch import profiler
 
@@ -215,7 +254,8 @@ class Capture:
         if self._device.startswith("cuda"):
             activities.append(profiler.ProfilerActivity.CUDA)
         prof = profiler.profile(
-            activities=activities, with_stack=True,
+            activities=activities,
+            with_stack=True,
             schedule=profiler.schedule(wait=0, warmup=WARMUP_STEPS, active=plan.steps, repeat=1),
         )
         prof.start()
@@ -231,16 +271,27 @@ class Capture:
         self._ended += 1
         prof.step()
         if self._ended == WARMUP_STEPS:  # recording from here on: say what it is
-            prof.add_metadata_json("ddpmon", json.dumps({
-                "rank": self._rank, "job": self._rec.identity.job, "steps": plan.steps,
-                "first_step": self._first, "last_step": self._last, "nonce": plan.nonce,
-            }))
+            prof.add_metadata_json(
+                "ddpmon",
+                json.dumps(
+                    {
+                        "rank": self._rank,
+                        "job": self._rec.identity.job,
+                        "steps": plan.steps,
+                        "first_step": self._first,
+                        "last_step": self._last,
+                        "nonce": plan.nonce,
+                    }
+                ),
+            )
         if self._ended < WARMUP_STEPS + plan.steps:
             return
         prof.stop()
         self._prof = None
         self._boundary.capture = None
-        threading.Thread(target=self._export, args=(prof, plan), name="ddpmon-capture", daemon=True).start()
+        threading.Thread(
+            target=self._export, args=(prof, plan), name="ddpmon-capture", daemon=True
+        ).start()
 
     def _give_up(self, reason: str) -> None:
         """End the capture under way with ``reason`` (training thread: the status is written
@@ -253,7 +304,9 @@ class Capture:
             except Exception:
                 pass
         if self._plan is not None:
-            log.warning("ddpmon: rank %d: capture failed (training goes on): %s", self._rank, reason)
+            log.warning(
+                "ddpmon: rank %d: capture failed (training goes on): %s", self._rank, reason
+            )
             self._pending.append(self._status("error", reason=reason))
             self._plan = None
             self._first = 0
@@ -270,13 +323,19 @@ class Capture:
         tmp = os.path.join(self._dir, f".{name}.{secrets.token_hex(16)}")
         try:
             prof.export_chrome_trace(tmp)
-            size = files.own_private(tmp)  # the state files' mode, set on the file itself, never a link
+            size = files.own_private(
+                tmp
+            )  # the state files' mode, set on the file itself, never a link
             if size > captures.MAX_TRACE_BYTES:
                 os.unlink(tmp)
                 fewer = max(1, plan.steps * captures.MAX_TRACE_BYTES // size)
-                status = self._status("error", reason=(
-                    f"the trace of {plan.steps} steps is {_mib(size)}, over the cap of "
-                    f"{_mib(captures.MAX_TRACE_BYTES)}: it was deleted; capture fewer steps (--steps {fewer})"))
+                status = self._status(
+                    "error",
+                    reason=(
+                        f"the trace of {plan.steps} steps is {_mib(size)}, over the cap of "
+                        f"{_mib(captures.MAX_TRACE_BYTES)}: it was deleted; capture fewer steps (--steps {fewer})"
+                    ),
+                )
             else:
                 os.replace(tmp, final)
                 status = self._status("ok", trace=name, trace_bytes=size)
@@ -285,12 +344,24 @@ class Capture:
                 os.unlink(tmp)
             except OSError:
                 pass
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            why = (
+                exc.strerror
+                if isinstance(exc, OSError) and exc.strerror
+                else f"{type(exc).__name__}: {exc}"
+            )
             status = self._status("error", reason=f"cannot write the trace into {self._dir}: {why}")
         if status.state == "error":
-            log.warning("ddpmon: rank %d: capture failed (training goes on): %s", self._rank, status.reason)
+            log.warning(
+                "ddpmon: rank %d: capture failed (training goes on): %s", self._rank, status.reason
+            )
         else:
-            log.info("ddpmon: rank %d: steps %d to %d captured in %s", self._rank, self._first, self._last, final)
+            log.info(
+                "ddpmon: rank %d: steps %d to %d captured in %s",
+                self._rank,
+                self._first,
+                self._last,
+                final,
+            )
         self._write(status)
         self._first = 0
         self._plan = None  # ready for the next request
@@ -301,10 +372,14 @@ class Capture:
         """The rank detaches: a capture under way ends with an error status (bounded)."""
         if self._plan is not None and self._prof is not None:
             done = max(0, self._ended - WARMUP_STEPS)
-            self._give_up(f"the rank detached from ddpmon (its training ended) after {done} of "
-                          f"{self._plan.steps} steps; nothing was written")
+            self._give_up(
+                f"the rank detached from ddpmon (its training ended) after {done} of "
+                f"{self._plan.steps} steps; nothing was written"
+            )
         elif self._plan is not None and self._boundary.capture is self:
-            self._give_up("the rank detached from ddpmon (its training ended) before its next step boundary")
+            self._give_up(
+                "the rank detached from ddpmon (its training ended) before its next step boundary"
+            )
         bounded(self._write_pending, files.FINAL_WRITE_SECONDS, "the last capture status")
 
 

@@ -42,28 +42,48 @@ by a minute for a rank whose main thread keeps the GIL (its stacks cannot be fet
 def start(port: int, dump_dir: str | None, interval: float, backend: str) -> None:
     """Start torch's debug server in this rank (the frontend on rank 0, with periodic dumps
     into ``dump_dir``). A rank where it cannot start logs one warning and trains on."""
-    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE") if not os.environ.get(name)]
+    missing = [
+        name
+        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+        if not os.environ.get(name)
+    ]
     if missing:
-        log.warning("ddpmon: torch's debug server not started: it needs %s (torchrun sets them); "
-                    "training goes on", ", ".join(missing))
+        log.warning(
+            "ddpmon: torch's debug server not started: it needs %s (torchrun sets them); "
+            "training goes on",
+            ", ".join(missing),
+        )
         return
     try:
         from torch.distributed.debug import start_debug_server
     except ImportError as exc:
-        log.warning("ddpmon: torch's debug server not started (%s); training goes on. Fix: "
-                    "pip install 'ddpmon[debug-server]' (%s) into a torch that has "
-                    "torch.distributed.debug", exc, ", ".join(DEBUG_SERVER_PACKAGES))
+        log.warning(
+            "ddpmon: torch's debug server not started (%s); training goes on. Fix: "
+            "pip install 'ddpmon[debug-server]' (%s) into a torch that has "
+            "torch.distributed.debug",
+            exc,
+            ", ".join(DEBUG_SERVER_PACKAGES),
+        )
         return
     dumps = {"stacks"}
-    if "nccl" in backend:  # torch's flight recorder tables fail on gloo's entries (KeyError), each dump
+    if (
+        "nccl" in backend
+    ):  # torch's flight recorder tables fail on gloo's entries (KeyError), each dump
         dumps.add("fr_trace")
     if shutil.which("py-spy"):  # stacks without the GIL: a frozen rank's too
         dumps.add("pyspy_dump")
     try:
-        if dump_dir is not None:  # the dumps hold stacks, as state files do: 0700, ours, never a link
+        if (
+            dump_dir is not None
+        ):  # the dumps hold stacks, as state files do: 0700, ours, never a link
             root.make_subdir(dump_dir)
-        start_debug_server(port=port, dump_dir=dump_dir, dump_interval=interval,
-                           enabled_dumps=dumps, fetch_timeout=FETCH_TIMEOUT)
+        start_debug_server(
+            port=port,
+            dump_dir=dump_dir,
+            dump_interval=interval,
+            enabled_dumps=dumps,
+            fetch_timeout=FETCH_TIMEOUT,
+        )
     except Exception as exc:  # a port in use, a store that does not answer: training goes on
         log.warning("ddpmon: torch's debug server not started: %r; training goes on", exc)
 

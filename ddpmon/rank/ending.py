@@ -44,8 +44,12 @@ _ACTIVE: list[Ending] = []
 class Ending:
     """Records this process's end into ``recorder`` (``flush`` writes the state file)."""
 
-    def __init__(self, recorder: Recorder, flush: Callable[[], Any] | None = None,
-                 state_file: str | None = None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        flush: Callable[[], Any] | None = None,
+        state_file: str | None = None,
+    ) -> None:
         self._recorder = recorder
         self._flush = flush
         self._fault_path = fault.path_for(state_file) if state_file else None
@@ -91,8 +95,11 @@ class Ending:
     def _enable_faulthandler(self) -> None:
         global _FORK_HOOKED
         if faulthandler.is_enabled():
-            self._recorder.note("faulthandler", "faulthandler was already enabled by the program: "
-                                "fatal signals go where it writes, not to the rank's .fault file")
+            self._recorder.note(
+                "faulthandler",
+                "faulthandler was already enabled by the program: "
+                "fatal signals go where it writes, not to the rank's .fault file",
+            )
             return
         try:
             # truncates an earlier run's; as private as the state file (it holds stacks)
@@ -129,8 +136,12 @@ class Ending:
                         # torch.multiprocessing's _wrap: sys.exit(1) while handling the error
                         self._failed(exception_record(handled, "exception", status))
                     else:
-                        record = schema.Exit(unix=time.time(), code=status, how="sys.exit",
-                                             where=caller_site(sys._getframe(1)))
+                        record = schema.Exit(
+                            unix=time.time(),
+                            code=status,
+                            how="sys.exit",
+                            where=caller_site(sys._getframe(1)),
+                        )
                         if isinstance(code, str):
                             record.exception = f"SystemExit: {code}"[:2000]
                         self._failed(record)
@@ -141,8 +152,12 @@ class Ending:
     def _os_exit_wrapper(self, code: int) -> Any:
         try:
             if self._mine() and self._recorder.exit is None:
-                record = schema.Exit(unix=time.time(), code=int(code), how="os._exit",
-                                     where=caller_site(sys._getframe(1)))
+                record = schema.Exit(
+                    unix=time.time(),
+                    code=int(code),
+                    how="os._exit",
+                    where=caller_site(sys._getframe(1)),
+                )
                 self._recorder.set_exit(record)
                 self._write(1.0)
         except Exception:
@@ -158,7 +173,9 @@ class Ending:
         if exc is not None:
             self._recorder.set_exit(exception_record(exc, "exception", 1))
         else:
-            self._recorder.set_exit(schema.Exit(unix=time.time(), code=self._exit_code or 0, how="end"))
+            self._recorder.set_exit(
+                schema.Exit(unix=time.time(), code=self._exit_code or 0, how="end")
+            )
 
     def _failed(self, record: schema.Exit) -> None:
         """The first failure is the one that counts (spawn's own sys.exit follows _wrap's)."""
@@ -239,7 +256,3 @@ def caller_site(frame: Any) -> str | None:
         fallback = fallback or here
         frame = frame.f_back
     return fallback
-
-
-
-

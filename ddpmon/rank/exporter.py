@@ -43,10 +43,14 @@ class RankCollector:
         names, values = list(base), list(base.values())
         info = dict(base)
         info.update(
-            world_size=str(ident.world_size), local_rank=str(ident.local_rank),
-            host=str(ident.host), backend=str(ident.backend),
-            torch_version=str(ident.torch_version), debug_level=str(ident.debug_level),
-            version=__version__, bucket_timing=ident.bucket_timing or "",
+            world_size=str(ident.world_size),
+            local_rank=str(ident.local_rank),
+            host=str(ident.host),
+            backend=str(ident.backend),
+            torch_version=str(ident.torch_version),
+            debug_level=str(ident.debug_level),
+            version=__version__,
+            bucket_timing=ident.bucket_timing or "",
         )
         samples: list[Sample] = [
             ("ddpmon_rank_info", info, 1.0),
@@ -64,10 +68,14 @@ class RankCollector:
         if act is not None:
             samples += state_set("ddpmon_activity", base, "activity", RANK_ACTIVITIES, act.state)
         if ident.bucket_timing == "c10d":
-            samples.append(("ddpmon_bucket_timing_unmatched_steps_total", base, float(r.unmatched_steps)))
+            samples.append(
+                ("ddpmon_bucket_timing_unmatched_steps_total", base, float(r.unmatched_steps))
+            )
         for op, (issued, completed) in sorted(r.collectives_by_op().items()):
             samples.append(("ddpmon_collectives_issued_total", {**base, "op": op}, float(issued)))
-            samples.append(("ddpmon_collectives_completed_total", {**base, "op": op}, float(completed)))
+            samples.append(
+                ("ddpmon_collectives_completed_total", {**base, "op": op}, float(completed))
+            )
         for phase, seconds in r.phase_totals().items():
             samples.append(("ddpmon_step_phase_seconds_total", {**base, "phase": phase}, seconds))
         for advice in list(r.advice):
@@ -75,7 +83,9 @@ class RankCollector:
         for part in sorted(r.errors):
             samples.append(("ddpmon_internal_errors_total", {**base, "part": part}, 1.0))
         for what, failure in sorted(r.write_failures.items()):
-            samples.append(("ddpmon_state_write_failures_total", {**base, "file": what}, float(failure.total)))
+            samples.append(
+                ("ddpmon_state_write_failures_total", {**base, "file": what}, float(failure.total))
+            )
         yield from families(samples)
 
         for key, h in r.histograms().items():
@@ -121,7 +131,9 @@ class RankCollector:
             samples.append(("ddpmon_bucket_size_bytes", labels, float(b.bytes)))
             samples.append(("ddpmon_bucket_parameters", labels, float(len(b.parameters))))
             if b.last_busbw is not None:
-                samples.append(("ddpmon_allreduce_bus_bandwidth_bytes_per_second", labels, b.last_busbw))
+                samples.append(
+                    ("ddpmon_allreduce_bus_bandwidth_bytes_per_second", labels, b.last_busbw)
+                )
             if b.last_ready_seconds is not None:
                 samples.append(("ddpmon_bucket_ready_seconds", labels, b.last_ready_seconds))
         yield per_bucket

@@ -16,9 +16,21 @@ from typing import Any
 ENTRIES = 32
 WAIT_SECONDS = 2.0
 KEEP = (
-    "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id",
-    "profiling_name", "input_sizes", "input_dtypes", "state", "time_created_ns",
-    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "is_p2p",
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "input_sizes",
+    "input_dtypes",
+    "state",
+    "time_created_ns",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "retired",
+    "is_p2p",
     "timeout_ms",
 )
 

@@ -66,8 +66,14 @@ class GpuStepClock:
     ``capturing`` says whether that stream is being captured into a CUDA graph. A failure
     blows ``fuse``: the steps keep their host-side parts."""
 
-    def __init__(self, device: str, fuse: Fuse, event: Callable[[], Any] | None = None,
-                 stream: Callable[[], Any] | None = None, capturing: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        fuse: Fuse,
+        event: Callable[[], Any] | None = None,
+        stream: Callable[[], Any] | None = None,
+        capturing: Callable[[], bool] | None = None,
+    ) -> None:
         if event is None or stream is None or capturing is None:
             import torch
 

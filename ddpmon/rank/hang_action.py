@@ -40,9 +40,15 @@ ABORT_SECONDS = 5.0
 class HangAbort:
     """``hang_action=abort``: called with the hang report at the moment it is proven."""
 
-    def __init__(self, recorder: Recorder, state_file: str | None, flush: Callable[..., Any] | None,
-                 history: Callable[[], Any] | None = None, exit: Callable[[int], Any] | None = None,
-                 abort_groups: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        state_file: str | None,
+        flush: Callable[..., Any] | None,
+        history: Callable[[], Any] | None = None,
+        exit: Callable[[int], Any] | None = None,
+        abort_groups: Callable[[], str] | None = None,
+    ) -> None:
         self._recorder = recorder
         self._state_file = state_file
         self._flush = flush
@@ -57,8 +63,9 @@ class HangAbort:
         self.fired = True
         rec = self._recorder
         culprits = self.culprits(report)
-        record = schema.Exit(unix=time.time(), code=attempts.HANG_EXIT_CODE, how="hang_abort",
-                             culprits=culprits)
+        record = schema.Exit(
+            unix=time.time(), code=attempts.HANG_EXIT_CODE, how="hang_abort", culprits=culprits
+        )
         main = next((t for t in report.threads if t.main and t.frames), None)
         if main is not None:
             f = main.frames[-1]
@@ -67,16 +74,27 @@ class HangAbort:
         log.error(
             "ddpmon: rank %s ends itself after a proven hang (hang_action=abort): no progress for "
             "%.1f s, culprit rank%s %s; exit status %d so that the launcher restarts the job",
-            rec.identity.rank, report.silent_seconds, "s" if len(culprits) != 1 else "",
-            ", ".join(map(str, culprits)) or "unknown", attempts.HANG_EXIT_CODE,
+            rec.identity.rank,
+            report.silent_seconds,
+            "s" if len(culprits) != 1 else "",
+            ", ".join(map(str, culprits)) or "unknown",
+            attempts.HANG_EXIT_CODE,
         )
         if self._flush is not None:
-            bounded(lambda: self._flush(WRITE_SECONDS), WRITE_SECONDS + 0.5, "the state file before ending")
+            bounded(
+                lambda: self._flush(WRITE_SECONDS),
+                WRITE_SECONDS + 0.5,
+                "the state file before ending",
+            )
         if self._history is not None:
             bounded(self._history, WRITE_SECONDS + 1.0, "the step history before ending")
         said = bounded(self._abort_groups, ABORT_SECONDS, "aborting the process groups")
-        log.error("ddpmon: rank %s: %s; exiting with status %d", rec.identity.rank,
-                  said or "the process groups did not abort in time", attempts.HANG_EXIT_CODE)
+        log.error(
+            "ddpmon: rank %s: %s; exiting with status %d",
+            rec.identity.rank,
+            said or "the process groups did not abort in time",
+            attempts.HANG_EXIT_CODE,
+        )
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -90,7 +108,12 @@ class HangAbort:
         rec = self._recorder
         seen = rec.activity
         waiting = [e for e in report.in_flight if e.seq is not None]
-        if seen is None or seen.state != activity.Status.WAITING or not waiting or not self._state_file:
+        if (
+            seen is None
+            or seen.state != activity.Status.WAITING
+            or not waiting
+            or not self._state_file
+        ):
             return [rec.identity.rank]
         entry = min(waiting, key=lambda e: e.issued_unix)
         out = []
@@ -111,14 +134,16 @@ def abort_process_groups() -> str:
         return "no process group to abort"
     backend = str(dist.get_backend())
     if "nccl" not in backend:
-        return (f"the {backend} backend has no abort: its peers see closed connections once this "
-                "process has ended")
+        return (
+            f"the {backend} backend has no abort: its peers see closed connections once this "
+            "process has ended"
+        )
     c10d = dist.distributed_c10d
     abort_all = getattr(c10d, "_abort_process_group", None)
     if abort_all is not None:
         abort_all()
         return "aborted the NCCL process groups"
-    for pg in list(getattr(c10d, "_world").pg_names):
+    for pg in list(c10d._world.pg_names):
         abort = getattr(pg, "abort", None)
         if abort is not None:
             abort()

@@ -51,17 +51,25 @@ def check_attachable(ddp: Any) -> None:
         )
 
 
-def check_options(ddp: DistributedDataParallel, config: Any, local_rank: int, recorder: Any = None) -> None:
+def check_options(
+    ddp: DistributedDataParallel, config: Any, local_rank: int, recorder: Any = None
+) -> None:
     """ConfigError for options that cannot work with this model on this rank."""
     if config.port > 0 and config.port + local_rank > 65535:
-        raise ConfigError("port", config.port, f"a base port such that port + LOCAL_RANK "
-                          f"({local_rank}) is at most 65535")
+        raise ConfigError(
+            "port",
+            config.port,
+            f"a base port such that port + LOCAL_RANK ({local_rank}) is at most 65535",
+        )
     if config.comm_hook is not None:
         try:
             check_comm_hook(ddp, config.comm_hook, recorder)
         except Exception as exc:
-            raise ConfigError("comm_hook", config.comm_hook,
-                              f"a comm hook that torch accepts here; torch refused it: {exc}") from None
+            raise ConfigError(
+                "comm_hook",
+                config.comm_hook,
+                f"a comm hook that torch accepts here; torch refused it: {exc}",
+            ) from None
 
 
 def check_comm_hook(ddp: DistributedDataParallel, hook: Any, recorder: Any = None) -> None:
@@ -76,7 +84,11 @@ def check_comm_hook(ddp: DistributedDataParallel, hook: Any, recorder: Any = Non
 def trainable_parameters(ddp: DistributedDataParallel) -> list[tuple[str, torch.nn.Parameter]]:
     """(fully qualified name, parameter) of every parameter DDP reduces, in its order."""
     ignored = getattr(ddp, "parameters_to_ignore", ())
-    return [(name, p) for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
+    return [
+        (name, p)
+        for name, p in ddp.module.named_parameters()
+        if p.requires_grad and name not in ignored
+    ]
 
 
 def identity(ddp: DistributedDataParallel, job: str) -> Identity:
@@ -95,7 +107,9 @@ def identity(ddp: DistributedDataParallel, job: str) -> Identity:
         job=job,
         attempt=attempts.attempt_of(),
         backend=str(dist.get_backend(ddp.process_group)),
-        group_timeout_seconds=group_timeout(ddp.process_group, params[0].device if params else None),
+        group_timeout_seconds=group_timeout(
+            ddp.process_group, params[0].device if params else None
+        ),
         device=str(params[0].device) if params else "cpu",
         torch_version=torch.__version__,
         debug_level=getattr(level, "name", str(level)),

@@ -38,6 +38,7 @@ from .watchdog import Watchdog
 
 log = logging.getLogger("ddpmon")
 
+
 class Monitor:
     """Watches one DDP model on this rank. Made by ``ddpmon.attach``; ``detach()`` undoes it."""
 
@@ -48,9 +49,16 @@ class Monitor:
         self._detached = False
         self.job = config.resolved_job()
         identity = model.identity(ddp, self.job)
-        self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
+        self.rank, self.world_size, self.local_rank = (
+            identity.rank,
+            identity.world_size,
+            identity.local_rank,
+        )
         self.recorder = Recorder(identity, identity.ddp_world_size)  # bus bandwidth: DDP's group
-        self._fuses = {name: Fuse(name, self._part_failed) for name in ("bucket_timing", "grad_hooks", "step_hooks")}
+        self._fuses = {
+            name: Fuse(name, self._part_failed)
+            for name in ("bucket_timing", "grad_hooks", "step_hooks")
+        }
         self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
         model.check_options(ddp, config, self.local_rank, self.recorder)
         state_dir = config.resolved_state_dir(self.job)
@@ -77,8 +85,14 @@ class Monitor:
         except BaseException:
             self.detach()
             raise
-        log.info("ddpmon: rank %d of %d attached (job %r): metrics %s, state file %s",
-                 self.rank, self.world_size, self.job, self.metrics_url or "off", self.state_file or "off")
+        log.info(
+            "ddpmon: rank %d of %d attached (job %r): metrics %s, state file %s",
+            self.rank,
+            self.world_size,
+            self.job,
+            self.metrics_url or "off",
+            self.state_file or "off",
+        )
 
     def _install(self, ddp: DistributedDataParallel, config: Config, device: str) -> None:
         rec = self.recorder
@@ -86,43 +100,92 @@ class Monitor:
         rec.ddp_group = group_identity(ddp.process_group)
         rec.identity.ddp, rec.identity.state_interval = ddp_facts(ddp, rec), config.state_interval
         transparent.install(ddp)
-        self._timing = Timing(ddp, config.bucket_timing, config.comm_hook, config.comm_state, rec,
-                              parameters, device, self._fuses["bucket_timing"])
-        self._unused = UnusedParameterWatch(ddp, parameters, rec, self._fuses["grad_hooks"],
-                                            config.unused_parameters_advice_steps, self._notify)
+        self._timing = Timing(
+            ddp,
+            config.bucket_timing,
+            config.comm_hook,
+            config.comm_state,
+            rec,
+            parameters,
+            device,
+            self._fuses["bucket_timing"],
+        )
+        self._unused = UnusedParameterWatch(
+            ddp,
+            parameters,
+            rec,
+            self._fuses["grad_hooks"],
+            config.unused_parameters_advice_steps,
+            self._notify,
+        )
         if device.startswith("cuda"):  # the step's parts as the GPU ran them
             rec.gpu_steps = GpuStepClock(device, Fuse("gpu_step_parts", self._part_failed))
         boundary = self._boundary
         boundary.timing, boundary.unused = self._timing, self._unused
-        self._steps = StepHooks(ddp, rec, boundary, self._fuses["step_hooks"], timelines=self._timing.timelines)
-        self._optimizer = OptimizerHooks(rec, boundary, self._fuses["step_hooks"], [p for _, p in parameters])
+        self._steps = StepHooks(
+            ddp, rec, boundary, self._fuses["step_hooks"], timelines=self._timing.timelines
+        )
+        self._optimizer = OptimizerHooks(
+            rec, boundary, self._fuses["step_hooks"], [p for _, p in parameters]
+        )
         # after the step hooks: a step that ends at the next forward is closed before it counts
-        self._throughput = boundary.throughput = Throughput(ddp, rec, device, Fuse("throughput", self._part_failed),
-                                                            Fuse("flop_count", self._part_failed))
-        self._advice = boundary.advice = Advice(ddp, rec, parameters, config.resolved_state_dir(self.job),
-                                                self._notify, Fuse("advice", self._part_failed))
+        self._throughput = boundary.throughput = Throughput(
+            ddp,
+            rec,
+            device,
+            Fuse("throughput", self._part_failed),
+            Fuse("flop_count", self._part_failed),
+        )
+        self._advice = boundary.advice = Advice(
+            ddp,
+            rec,
+            parameters,
+            config.resolved_state_dir(self.job),
+            self._notify,
+            Fuse("advice", self._part_failed),
+        )
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
-        self._endpoint = start_endpoint(collector, config.port, self.local_rank, config.bind, self.rank,
-                                        config.web_config_file)
+        self._endpoint = start_endpoint(
+            collector, config.port, self.local_rank, config.bind, self.rank, config.web_config_file
+        )
         rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
         if self._writer is not None:  # `ddpmon capture` asks through the state directory
-            self._capture = Capture(os.path.dirname(self._writer.path), rec, boundary, self._notify,
-                                    Fuse("capture", self._part_failed), device)
+            self._capture = Capture(
+                os.path.dirname(self._writer.path),
+                rec,
+                boundary,
+                self._notify,
+                Fuse("capture", self._part_failed),
+                device,
+            )
             self._writer.on_pass = self._capture.poll
-        self._history = writers.start_history(self.state_file, self.rank, rec, device) if config.history else None
+        self._history = (
+            writers.start_history(self.state_file, self.rank, rec, device)
+            if config.history
+            else None
+        )
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
             self._collectives.install()
-        self._watchdog = Watchdog(rec, config.hang_timeout, config.hang_timeout_floor, notify=self._notify,
-                                  flush=self._writer.write_final if self._writer else None,
-                                  extras=_flight_recorder, state_file=self.state_file)
+        self._watchdog = Watchdog(
+            rec,
+            config.hang_timeout,
+            config.hang_timeout_floor,
+            notify=self._notify,
+            flush=self._writer.write_final if self._writer else None,
+            extras=_flight_recorder,
+            state_file=self.state_file,
+        )
         if config.hang_action == "abort":  # a proven hang ends the rank (rank/hang_action.py)
             history = self._history
             self._watchdog.on_hang = HangAbort(
-                rec, self.state_file, self._writer.write_final if self._writer else None,
-                history=(lambda: history.stop(summary=False)) if history is not None else None)
+                rec,
+                self.state_file,
+                self._writer.write_final if self._writer else None,
+                history=(lambda: history.stop(summary=False)) if history is not None else None,
+            )
         self._watchdog.start()
         debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
         ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
@@ -162,8 +225,15 @@ class Monitor:
             if self._writer:
                 self._writer.on_pass = None
             self._capture.detach()
-        for part in (self._timing, self._unused, self._steps, self._optimizer, self._throughput, self._collectives,
-                     self._advice):
+        for part in (
+            self._timing,
+            self._unused,
+            self._steps,
+            self._optimizer,
+            self._throughput,
+            self._collectives,
+            self._advice,
+        ):
             if part is not None:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
@@ -207,13 +277,27 @@ class Monitor:
         if state_dir is None:
             return None
         # an earlier attempt's files of this rank go to attempt-<N>/ first (state/attempts.py)
-        moved = bounded(lambda: attempts.keep_earlier(state_dir, self.rank, self.job, self.recorder.identity.attempt),
-                        stateroot.ATTACH_FS_SECONDS, "keeping the earlier attempt's state files")
+        moved = bounded(
+            lambda: attempts.keep_earlier(
+                state_dir, self.rank, self.job, self.recorder.identity.attempt
+            ),
+            stateroot.ATTACH_FS_SECONDS,
+            "keeping the earlier attempt's state files",
+        )
         if moved is not None:
-            log.info("ddpmon: rank %d: the files of attempt %s are in %s", self.rank, moved,
-                     os.path.join(state_dir, f"attempt-{moved}"))
-        self._writer = writers.start_writer(state_dir, self.rank, self.recorder.snapshot, config.state_interval,
-                                            self.recorder.write_failures)
+            log.info(
+                "ddpmon: rank %d: the files of attempt %s are in %s",
+                self.rank,
+                moved,
+                os.path.join(state_dir, f"attempt-{moved}"),
+            )
+        self._writer = writers.start_writer(
+            state_dir,
+            self.rank,
+            self.recorder.snapshot,
+            config.state_interval,
+            self.recorder.write_failures,
+        )
         return self._writer.path
 
 

@@ -51,10 +51,27 @@ MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader
 class _Step:
     """Scratch for the step in progress, owned by the training thread; reset, not rebuilt."""
 
-    __slots__ = ("start", "first_forward", "forward_seconds", "forward_start", "backward_start",
-                 "backward_seconds", "backward_open", "last_grad_ready", "buckets_launched", "synced",
-                 "synced_at", "comm_wait", "optimizer_seconds", "optimizer_start", "optimizer_early",
-                 "optimizer_end", "micro_steps", "samples", "tokens")
+    __slots__ = (
+        "start",
+        "first_forward",
+        "forward_seconds",
+        "forward_start",
+        "backward_start",
+        "backward_seconds",
+        "backward_open",
+        "last_grad_ready",
+        "buckets_launched",
+        "synced",
+        "synced_at",
+        "comm_wait",
+        "optimizer_seconds",
+        "optimizer_start",
+        "optimizer_early",
+        "optimizer_end",
+        "micro_steps",
+        "samples",
+        "tokens",
+    )
 
     def __init__(self, start: float) -> None:
         self.reset(start)
@@ -252,8 +269,13 @@ class Recorder:
         """Nothing happened since the last step ended: no forward, backward, optimizer step
         or bucket."""
         cur = self._cur
-        return (cur.first_forward is None and cur.backward_start is None and cur.optimizer_end is None
-                and cur.buckets_launched == 0 and not cur.synced)
+        return (
+            cur.first_forward is None
+            and cur.backward_start is None
+            and cur.optimizer_end is None
+            and cur.buckets_launched == 0
+            and not cur.synced
+        )
 
     @property
     def launched_bucket(self) -> int:
@@ -293,11 +315,25 @@ class Recorder:
         self.micro_steps += cur.micro_steps
         wall = time.time()
         clock = self.gpu_steps
-        self._events.append((_STEP, StepRecord(
-            self.steps, wall - (now - cur.start), max(0.0, end - cur.start), cur.forward_seconds, backward,
-            data_wait, cur.comm_wait, cur.optimizer_seconds, cur.micro_steps,
-            gpu_parts_later=clock is not None and clock.ok, samples=cur.samples, tokens=cur.tokens,
-        )))
+        self._events.append(
+            (
+                _STEP,
+                StepRecord(
+                    self.steps,
+                    wall - (now - cur.start),
+                    max(0.0, end - cur.start),
+                    cur.forward_seconds,
+                    backward,
+                    data_wait,
+                    cur.comm_wait,
+                    cur.optimizer_seconds,
+                    cur.micro_steps,
+                    gpu_parts_later=clock is not None and clock.ok,
+                    samples=cur.samples,
+                    tokens=cur.tokens,
+                ),
+            )
+        )
         if clock is not None:
             clock.close(self.steps, late=end < now)
         cur.reset(end)
@@ -336,9 +372,13 @@ class Recorder:
     def add_step_timings(self, step: StepTimings) -> None:
         """One step's bucket collectives, as a clock resolved them (see ``_fold_timings``)."""
         if step.buckets or step.exposed is not None:
-            self._events.append((_TIMINGS, step if step.step is not None else step._replace(step=self.steps)))
+            self._events.append(
+                (_TIMINGS, step if step.step is not None else step._replace(step=self.steps))
+            )
 
-    def bucket_launched(self, is_last: bool, index: int | None = None, nbytes: int | None = None) -> None:
+    def bucket_launched(
+        self, is_last: bool, index: int | None = None, nbytes: int | None = None
+    ) -> None:
         """DDP launched a bucket's collective: counted, and in flight until it completes
         (whatever the comm hook calls inside is attributed to the bucket). ``nbytes``
         when the bucket has no timings to hold its size."""
@@ -351,9 +391,16 @@ class Recorder:
         group, group_size = self.ddp_group
         now = time.time()
         entry = {
-            "seq": self._next_seq(group), "op": BUCKET_OP, "group": group, "group_size": group_size,
-            "bytes": nbytes, "call_site": "DDP backward", "function": "backward", "issued_unix": now,
-            "bucket": index, "step": self.steps,
+            "seq": self._next_seq(group),
+            "op": BUCKET_OP,
+            "group": group,
+            "group_size": group_size,
+            "bytes": nbytes,
+            "call_site": "DDP backward",
+            "function": "backward",
+            "issued_unix": now,
+            "bucket": index,
+            "step": self.steps,
         }
         self._events.append((_BEGAN, entry, True))
         self.last_progress_unix = now
@@ -368,8 +415,17 @@ class Recorder:
         self.last_progress_unix = now
 
     def collective_began(
-        self, op: str, group: str, group_size: int, nbytes: int | None, site: str,
-        function: str, *, bucket: int | None = None, p2p: bool = False, counted: bool = True,
+        self,
+        op: str,
+        group: str,
+        group_size: int,
+        nbytes: int | None,
+        site: str,
+        function: str,
+        *,
+        bucket: int | None = None,
+        p2p: bool = False,
+        counted: bool = True,
         callers: Sequence[str] = (),
     ) -> dict[str, Any]:
         """A collective this rank issued: give it the next sequence number of its process
@@ -378,8 +434,13 @@ class Recorder:
         user frames that led to ``site``."""
         now = time.time()
         entry: dict[str, Any] = {
-            "seq": self._next_seq("p2p:" + group if p2p else group), "op": op, "group": group,
-            "group_size": group_size, "bytes": nbytes, "call_site": site, "function": function,
+            "seq": self._next_seq("p2p:" + group if p2p else group),
+            "op": op,
+            "group": group,
+            "group_size": group_size,
+            "bytes": nbytes,
+            "call_site": site,
+            "function": function,
             "issued_unix": now,
         }
         if callers:
@@ -392,7 +453,9 @@ class Recorder:
         self.last_progress_unix = now
         return entry
 
-    def collective_ended(self, entry: dict[str, Any], error: str | None = None, counted: bool = True) -> None:
+    def collective_ended(
+        self, entry: dict[str, Any], error: str | None = None, counted: bool = True
+    ) -> None:
         """The collective of ``entry`` (from ``collective_began``) completed or failed."""
         now = time.time()
         self._events.append((_ENDED, entry, error, counted, now))
@@ -425,7 +488,12 @@ class Recorder:
 
     def _fold(self) -> None:
         """Hand the pending events to the books; the caller holds the fold lock."""
-        events, steps, buckets, collectives = self._events, self._steps_book, self._buckets, self._collectives
+        events, steps, buckets, collectives = (
+            self._events,
+            self._steps_book,
+            self._buckets,
+            self._collectives,
+        )
         while events:
             event = events.popleft()
             kind = event[0]
@@ -517,8 +585,12 @@ class Recorder:
         book, count = self._steps_book, self.flop_count
         rows = [r for r in book.recent if not r.gpu_pending and r.step != self.slowed_step]
         seconds = sum(r.step_seconds for r in rows)
-        out = schema.Throughput(window_steps=len(rows), samples_total=book.samples_total,
-                                tokens_total=book.tokens_total, flop_count=count)
+        out = schema.Throughput(
+            window_steps=len(rows),
+            samples_total=book.samples_total,
+            tokens_total=book.tokens_total,
+            flop_count=count,
+        )
         if seconds <= 0:
             return out
         out.step_seconds = seconds / len(rows)
@@ -542,18 +614,27 @@ class Recorder:
             identity["ddp"] = dict(identity["ddp"])
             state = schema.RankState(
                 **identity,
-                step=self.steps, micro_steps=self.micro_steps, phase=self.phase, started_unix=self.started_unix,
+                step=self.steps,
+                micro_steps=self.micro_steps,
+                phase=self.phase,
+                started_unix=self.started_unix,
                 last_progress_unix=self.last_progress_unix,
                 collectives=schema.Counts(c.issued, c.completed),
                 in_flight=[_collective(e) for e in c.in_flight],
                 last_collective=_collective(c.last) if c.last else None,
                 collective_log=[_collective(e) for e in c.log],
-                collective_seq=dict(c.last_seq), collective_sites=dict(c.sites),
+                collective_seq=dict(c.last_seq),
+                collective_sites=dict(c.sites),
                 unused_parameters=list(self.unused_parameters),
                 buckets=[b.record() for b in self._buckets.sorted()],
-                notes=dict(self.notes), errors=dict(self.errors),
-                write_failures=dict(self.write_failures), hang=self.hang, exit=self.exit,
-                advice=list(self.advice), fingerprints=self.fingerprints, data=self.data_info,
+                notes=dict(self.notes),
+                errors=dict(self.errors),
+                write_failures=dict(self.write_failures),
+                hang=self.hang,
+                exit=self.exit,
+                advice=list(self.advice),
+                fingerprints=self.fingerprints,
+                data=self.data_info,
                 activity=self.activity,
             )
         state.timings = _summaries(recent)
@@ -579,8 +660,11 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
 def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
     time of the last steps went (``schema.StepPhases``)."""
+
     def summary(values: list[float]) -> schema.Summary | None:
-        return schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
+        return (
+            schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
+        )
 
     def column(name: str) -> list[float]:
         return [getattr(r, name) or 0.0 for r in recent]
@@ -592,11 +676,12 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         forward_seconds=summary(forward),
         backward_seconds=summary(backward),
         compute_seconds=summary([f + b for f, b in zip(forward, backward)]),
-        exposed_comm_seconds=summary([r.exposed_comm_seconds for r in recent if r.exposed_comm_seconds is not None]),
+        exposed_comm_seconds=summary(
+            [r.exposed_comm_seconds for r in recent if r.exposed_comm_seconds is not None]
+        ),
         data_wait_seconds=summary(column("data_wait_seconds")),
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
         phases=steps.phases(recent),
     )
-

@@ -12,9 +12,13 @@ from ..collectors import Sample, host, nvml
 log = logging.getLogger("ddpmon")
 
 
-def rank_sources(job: str, rank: int, device: str, use_nvml: bool,
-                 note: Callable[[str, str | None], None] | None = None,
-                 ) -> tuple[list[Callable[[], Iterable[Sample]]], list[Callable[[], None]]]:
+def rank_sources(
+    job: str,
+    rank: int,
+    device: str,
+    use_nvml: bool,
+    note: Callable[[str, str | None], None] | None = None,
+) -> tuple[list[Callable[[], Iterable[Sample]]], list[Callable[[], None]]]:
     """The sample sources of one rank and what to close at detach: host metrics (psutil)
     always; on a CUDA device also its GPU (NVML, when ``use_nvml``) and torch's allocator.
     A part that cannot start logs why, once, and stays off; what is wrong with the GPU's

@@ -42,7 +42,9 @@ class Throughput:
     """The batch of each training forward, and the FLOP count of step ``COUNT_STEP``;
     ``step_ended`` from the step boundary, ``remove()`` at detach."""
 
-    def __init__(self, ddp: torch.nn.Module, recorder: Recorder, device: str, fuse: Fuse, flop_fuse: Fuse) -> None:
+    def __init__(
+        self, ddp: torch.nn.Module, recorder: Recorder, device: str, fuse: Fuse, flop_fuse: Fuse
+    ) -> None:
         self._rec = recorder
         self._fuse = fuse
         self._waiting: FlopCount | None = FlopCount(recorder, device, flop_fuse)
@@ -54,7 +56,11 @@ class Throughput:
         if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
             return
         try:
-            x = args[0] if args and isinstance(args[0], torch.Tensor) else first_tensor(args, kwargs)
+            x = (
+                args[0]
+                if args and isinstance(args[0], torch.Tensor)
+                else first_tensor(args, kwargs)
+            )
             if x is not None and x.dim() > 0:
                 tokens = x.numel() if x.dim() == 2 and x.dtype in TOKEN_IDS else 0
                 self._rec.batch_seen(int(x.shape[0]), tokens)
@@ -119,7 +125,9 @@ class FlopCount:
             if steps is None:
                 return True  # detached before the counted step ended: no count, nothing failed
             if steps != self._step:
-                raise RuntimeError(f"step {self._step} was not seen to end (the count stopped at step {steps})")
+                raise RuntimeError(
+                    f"step {self._step} was not seen to end (the count stopped at step {steps})"
+                )
             if self._failed:
                 raise RuntimeError("torch's FLOP counter failed on an operator of the step")
             self._rec.flop_count = self._result(int(mode.get_total_flops()))
@@ -145,5 +153,11 @@ class FlopCount:
         name = torch.cuda.get_device_name(self._device) if self._device.startswith("cuda") else None
         # (CUDA's device name is the one NVML gives: the driver's, e.g. "NVIDIA H100 80GB HBM3")
         peak = peaks.peak(name, dtype)
-        return schema.FlopCount(total, self._step, dtype, name, peak.flops_per_second if peak else None,
-                                peak.source if peak else None)
+        return schema.FlopCount(
+            total,
+            self._step,
+            dtype,
+            name,
+            peak.flops_per_second if peak else None,
+            peak.source if peak else None,
+        )

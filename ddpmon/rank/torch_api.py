@@ -103,7 +103,9 @@ def off(missing: Missing, recorder: Any = None) -> str:
         rank = getattr(getattr(recorder, "identity", None), "rank", None)
         if rank is None and dist.is_available() and dist.is_initialized():
             rank = dist.get_rank()
-        log.warning("ddpmon: %s%s; training goes on", "" if rank is None else f"rank {rank}: ", text)
+        log.warning(
+            "ddpmon: %s%s; training goes on", "" if rank is None else f"rank {rank}: ", text
+        )
     return text
 
 
@@ -116,25 +118,39 @@ def _find(owner: Any, name: str, api: str, part: str) -> Any:
 
 # -- DistributedDataParallel ---------------------------------------------------------------
 
-LOGGING_DATA = ("DDP's settings in the state file, its bucket layout (bucket series without a comm "
-                "hook, c10d bucket timing) and the check for a built-in comm hook at attach")
+LOGGING_DATA = (
+    "DDP's settings in the state file, its bucket layout (bucket series without a comm "
+    "hook, c10d bucket timing) and the check for a built-in comm hook at attach"
+)
 
 
 def ddp_logging_data(ddp: Any) -> dict[str, Any]:
     """DDP's logging data (its settings, its bucket layout); takes the reducer's lock."""
-    return dict(_find(ddp, "_get_ddp_logging_data", "DistributedDataParallel._get_ddp_logging_data",
-                      LOGGING_DATA)())
+    return dict(
+        _find(
+            ddp,
+            "_get_ddp_logging_data",
+            "DistributedDataParallel._get_ddp_logging_data",
+            LOGGING_DATA,
+        )()
+    )
 
 
 def check_ddp_logging_data(ddp: Any) -> None:
     """Missing unless DDP has its logging data (looked up, not read)."""
-    _find(ddp, "_get_ddp_logging_data", "DistributedDataParallel._get_ddp_logging_data", LOGGING_DATA)
+    _find(
+        ddp, "_get_ddp_logging_data", "DistributedDataParallel._get_ddp_logging_data", LOGGING_DATA
+    )
 
 
 def check_comm_hook(ddp: Any, hook: Any) -> None:
     """DDP's own check of a comm hook's signature (raises what DDP raises)."""
-    _find(ddp, "_check_comm_hook", "DistributedDataParallel._check_comm_hook",
-          "checking a comm hook before ddpmon runs it (a bad one fails at its first bucket)")(hook)
+    _find(
+        ddp,
+        "_check_comm_hook",
+        "DistributedDataParallel._check_comm_hook",
+        "checking a comm hook before ddpmon runs it (a bad one fails at its first bucket)",
+    )(hook)
 
 
 def registered_comm_hooks(ddp: Any) -> list[tuple[Any, Any]] | None:
@@ -146,8 +162,10 @@ def registered_comm_hooks(ddp: Any) -> list[tuple[Any, Any]] | None:
 
 # -- autograd ------------------------------------------------------------------------------
 
-BACKWARD_MARKS = ("the end-of-backward and gradient-sync marks (backward time and the wait for the "
-                  "gradients are not measured; steps end at their optimizer step)")
+BACKWARD_MARKS = (
+    "the end-of-backward and gradient-sync marks (backward time and the wait for the "
+    "gradients are not measured; steps end at their optimizer step)"
+)
 
 
 def autograd_callback_queue() -> Callable[[Callable[[], None]], None]:
@@ -164,15 +182,19 @@ def autograd_callback_queue() -> Callable[[Callable[[], None]], None]:
     return _find(engine, "queue_callback", api, BACKWARD_MARKS)  # type: ignore[no-any-return]
 
 
-COMPILE = ("watching torch.compile'd models (Dynamo breaks the graph at ddpmon's hooks, and steps "
-           "may go uncounted)")
+COMPILE = (
+    "watching torch.compile'd models (Dynamo breaks the graph at ddpmon's hooks, and steps "
+    "may go uncounted)"
+)
 
 
 def compiling_check() -> Callable[[], bool]:
     """The function that says whether torch.compile (Dynamo) is tracing now, which the hooks
     ask so as to step aside (public; torch 2.2 has none, and Dynamo there cannot trace past
     ddpmon's hooks whatever they ask)."""
-    return _find(getattr(torch, "compiler", None), "is_compiling", "torch.compiler.is_compiling", COMPILE)  # type: ignore[no-any-return]
+    return _find(
+        getattr(torch, "compiler", None), "is_compiling", "torch.compiler.is_compiling", COMPILE
+    )  # type: ignore[no-any-return]
 
 
 PROFILER = "ddpmon capture (it cannot tell whether the program's own profiler is on)"
@@ -183,7 +205,9 @@ def profiler_running() -> bool:
     profiler; where torch has none, this thread's alone is asked) or this thread's."""
     from torch.autograd import profiler
 
-    enabled = _find(torch.autograd, "_profiler_enabled", "torch.autograd._profiler_enabled", PROFILER)
+    enabled = _find(
+        torch.autograd, "_profiler_enabled", "torch.autograd._profiler_enabled", PROFILER
+    )
     return bool(getattr(profiler, "_is_profiler_enabled", False)) or bool(enabled())
 
 
@@ -230,7 +254,9 @@ def flop_counter(seen: Callable[[int, tuple[Any, ...]], None]) -> Any:
         count._get_raw = True  # type: ignore[attr-defined]  # (shape-wrapped already: torch's mark)
         return count
 
-    counter = fc.FlopCounterMode(display=False, custom_mapping={op: guarded(f) for op, f in dict(registry).items()})
+    counter = fc.FlopCounterMode(
+        display=False, custom_mapping={op: guarded(f) for op, f in dict(registry).items()}
+    )
     if hasattr(counter, "mod_tracker"):
         counter.mod_tracker = _NoModules()
     return counter
@@ -277,21 +303,37 @@ def process_group_name(group: Any) -> str:
     name = getattr(group, "group_name", "")
     if name:
         return str(name)
-    get = _find(dist.distributed_c10d, "_get_process_group_name", "distributed_c10d._get_process_group_name",
-                "process group names (the collectives of every group are numbered as one group, '?')")
+    get = _find(
+        dist.distributed_c10d,
+        "_get_process_group_name",
+        "distributed_c10d._get_process_group_name",
+        "process group names (the collectives of every group are numbered as one group, '?')",
+    )
     return str(get(group))
 
 
 # -- the flight recorder -------------------------------------------------------------------
 
-FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json", "_dump_fr_trace", "_dump_nccl_trace")
-NCCL_RECORDER_DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json", "_dump_nccl_trace", "_dump_fr_trace")
+FLIGHT_RECORDER_DUMPS = (
+    "_dump_fr_trace_json",
+    "_dump_nccl_trace_json",
+    "_dump_fr_trace",
+    "_dump_nccl_trace",
+)
+NCCL_RECORDER_DUMPS = (
+    "_dump_nccl_trace_json",
+    "_dump_fr_trace_json",
+    "_dump_nccl_trace",
+    "_dump_fr_trace",
+)
 """Before torch 2.15 ProcessGroupNCCL records into a recorder of its own (of CUDA events),
 which only ``_dump_nccl_trace*`` dumps; ``_dump_fr_trace*`` there dumps the other backends'
 recorder, empty on an NCCL job (seen on torch 2.11, CUDA 13)."""
 
 
-def flight_recorder_dump(backend: str | None = None, part: str = "the flight recorder in hang reports") -> dict[str, Any]:
+def flight_recorder_dump(
+    backend: str | None = None, part: str = "the flight recorder in hang reports"
+) -> dict[str, Any]:
     """torch's flight recorder, as its dump says it: ``{"version", "pg_status", "entries"}``.
     From torch 2.15 each backend records into its own recorder and the dump takes the
     backend's name (default ``gloo``): ``backend``, else the default group's, is asked for.
@@ -304,17 +346,33 @@ def flight_recorder_dump(backend: str | None = None, part: str = "the flight rec
         if dump is None:
             continue
         if name.endswith("_json"):
-            return dict(json.loads(_call(name, dump, backend, includeCollectives=True, onlyActive=False)))
-        return dict(pickle.loads(_call(name, dump, backend, includeCollectives=True, includeStackTraces=False,
-                                       onlyActive=False)))
+            return dict(
+                json.loads(_call(name, dump, backend, includeCollectives=True, onlyActive=False))
+            )
+        return dict(
+            pickle.loads(
+                _call(
+                    name,
+                    dump,
+                    backend,
+                    includeCollectives=True,
+                    includeStackTraces=False,
+                    onlyActive=False,
+                )
+            )
+        )
     raise Missing("torch._C._distributed_c10d._dump_fr_trace_json (nor _dump_fr_trace)", part)
 
 
 def enable_collectives_timing(group: Any) -> None:
     """Have ``group`` time its collectives (NCCL: CUDA events around each, the durations the
     flight recorder and the completion hook report)."""
-    _find(group, "_enable_collectives_timing", "ProcessGroup._enable_collectives_timing",
-          "collective durations in the flight recorder")()
+    _find(
+        group,
+        "_enable_collectives_timing",
+        "ProcessGroup._enable_collectives_timing",
+        "collective durations in the flight recorder",
+    )()
 
 
 def _call(name: str, dump: Callable[..., bytes], backend: str | None, **options: Any) -> bytes:
@@ -352,7 +410,9 @@ def debug_server() -> tuple[Any, Any]:
     if module is None:
         return None, None
     if not hasattr(module, "_WORKER_SERVER") or not hasattr(module, "_DEBUG_SERVER_PROC"):
-        raise Missing("torch.distributed.debug._WORKER_SERVER (and _DEBUG_SERVER_PROC)", DEBUG_SERVER)
+        raise Missing(
+            "torch.distributed.debug._WORKER_SERVER (and _DEBUG_SERVER_PROC)", DEBUG_SERVER
+        )
     return module._WORKER_SERVER, module._DEBUG_SERVER_PROC
 
 

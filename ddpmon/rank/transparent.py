@@ -15,9 +15,19 @@ import collections
 import weakref
 from typing import Any
 
-_ATTRIBUTES = ("forward", "register_comm_hook", "__getstate__", "_ddpmon_monitor", "_ddpmon_comm_hook")
+_ATTRIBUTES = (
+    "forward",
+    "register_comm_hook",
+    "__getstate__",
+    "_ddpmon_monitor",
+    "_ddpmon_comm_hook",
+)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
-_HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_HOOK_FLAGS = (
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
 
 
 def is_ddpmon(hook: Any) -> bool:
@@ -45,15 +55,21 @@ class StateWithoutDdpmon:
             hooks = state.get(name)
             if hooks:
                 removed.update(k for k, h in hooks.items() if is_ddpmon(h))
-                state[name] = collections.OrderedDict((k, h) for k, h in hooks.items() if not is_ddpmon(h))
+                state[name] = collections.OrderedDict(
+                    (k, h) for k, h in hooks.items() if not is_ddpmon(h)
+                )
         for name in _HOOK_FLAGS:
             flags = state.get(name)
             if flags:
-                state[name] = collections.OrderedDict((k, v) for k, v in flags.items() if k not in removed)
+                state[name] = collections.OrderedDict(
+                    (k, v) for k, v in flags.items() if k not in removed
+                )
         comm = ddp.__dict__.get("_ddpmon_comm_hook")
         if comm is not None and "_comm_hooks" in state:
             user = [(comm.hook, comm.state)] if comm.user_registered else []
-            state["_comm_hooks"] = [entry for entry in state["_comm_hooks"] if entry[0] is not comm] + user
+            state["_comm_hooks"] = [
+                entry for entry in state["_comm_hooks"] if entry[0] is not comm
+            ] + user
         return state
 
 

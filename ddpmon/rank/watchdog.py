@@ -71,7 +71,9 @@ class Watchdog:
         self._state_file = state_file
         # Activity sampling reads the real main thread: off under an injected clock (tests)
         # unless a sampler is given.
-        self._sampler = sampler if sampler is not None or clock is not time.time else activity.Sampler()
+        self._sampler = (
+            sampler if sampler is not None or clock is not time.time else activity.Sampler()
+        )
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -113,7 +115,11 @@ class Watchdog:
             except Exception as exc:  # never let the loop die
                 if not self._failed:
                     self._failed = True
-                    log.warning("ddpmon: the progress watchdog failed a pass (%r); retrying", exc, exc_info=exc)
+                    log.warning(
+                        "ddpmon: the progress watchdog failed a pass (%r); retrying",
+                        exc,
+                        exc_info=exc,
+                    )
 
     def _pause(self) -> float:
         if self._interval is not None:
@@ -153,7 +159,8 @@ class Watchdog:
             if last > report.last_progress_unix:
                 rec.set_hang(None)
                 log.warning(
-                    "ddpmon: rank %s makes progress again after %.1f s without", rec.identity.rank,
+                    "ddpmon: rank %s makes progress again after %.1f s without",
+                    rec.identity.rank,
                     last - report.last_progress_unix,
                 )
                 self._wake()
@@ -193,9 +200,15 @@ class Watchdog:
         rec = self._recorder
         in_flight = rec.in_flight_count() > 0
         clock = rec.gpu_steps
-        gpu_behind = clock.behind() if clock is not None and idle >= activity.still_seconds(timeout) else None
+        gpu_behind = (
+            clock.behind()
+            if clock is not None and idle >= activity.still_seconds(timeout)
+            else None
+        )
         if self._sampler is None:
-            state = activity.classify(idle, in_flight, float("inf"), 0.0, 0.0, timeout, gpu_behind=gpu_behind)
+            state = activity.classify(
+                idle, in_flight, float("inf"), 0.0, 0.0, timeout, gpu_behind=gpu_behind
+            )
             act = schema.Activity(state=state, sampled_unix=now, hang_timeout_seconds=timeout)
         else:
             self._sampler.sample()
@@ -209,9 +222,15 @@ class Watchdog:
         for e in in_flight:
             e.age_seconds = round(now - e.issued_unix, 3)
         report = schema.Hang(
-            detected_unix=now, last_progress_unix=last, silent_seconds=round(now - last, 3),
-            timeout_seconds=timeout, timeout_source=source, step=rec.steps, phase=rec.phase,
-            in_flight=in_flight, last_collective=rec.last_collective(),
+            detected_unix=now,
+            last_progress_unix=last,
+            silent_seconds=round(now - last, 3),
+            timeout_seconds=timeout,
+            timeout_source=source,
+            step=rec.steps,
+            phase=rec.phase,
+            in_flight=in_flight,
+            last_collective=rec.last_collective(),
             threads=thread_stacks(skip=_own_thread()),
         )
         if self._extras is not None:
@@ -266,8 +285,9 @@ def describe(report: schema.Hang, rank: Any) -> str:
     )
 
 
-def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
-                  max_threads: int = MAX_THREADS) -> list[schema.Thread]:
+def thread_stacks(
+    skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES, max_threads: int = MAX_THREADS
+) -> list[schema.Thread]:
     """Every Python thread's stack (innermost frame last), the main thread first."""
     frames = sys._current_frames()
     threads = {t.ident: t for t in threading.enumerate()}
@@ -280,12 +300,14 @@ def thread_stacks(skip: tuple[int, ...] = (), max_frames: int = MAX_FRAMES,
     for ident in order[:max_threads]:
         thread = threads.get(ident)
         summary = traceback.extract_stack(frames[ident], limit=max_frames)
-        out.append(schema.Thread(
-            name=thread.name if thread else f"thread-{ident}", ident=ident, main=ident == main,
-            daemon=thread.daemon if thread else None,
-            frames=[schema.Frame(fs.filename, fs.lineno, fs.name, fs.line) for fs in summary],
-        ))
+        out.append(
+            schema.Thread(
+                name=thread.name if thread else f"thread-{ident}",
+                ident=ident,
+                main=ident == main,
+                daemon=thread.daemon if thread else None,
+                frames=[schema.Frame(fs.filename, fs.lineno, fs.name, fs.line) for fs in summary],
+            )
+        )
     del frames
     return out
-
-

@@ -44,7 +44,9 @@ class WriteFailures:
     and once when it ends, and its retries spaced out (``due``). Used from one writer
     thread at a time."""
 
-    def __init__(self, what: str, path: str, records: dict[str, schema.WriteFailure], interval: float) -> None:
+    def __init__(
+        self, what: str, path: str, records: dict[str, schema.WriteFailure], interval: float
+    ) -> None:
         self.what = what
         self.path = path
         self._records = records
@@ -82,15 +84,23 @@ class WriteFailures:
             self._spell_logged = now - self._logged_unix >= LOG_QUIET_SECONDS
             if self._spell_logged:
                 self._logged_unix = now
-                log.warning("ddpmon: cannot write %s (%s); training goes on, ddpmon tries again with backoff "
-                            "(the rank's write_failures and ddpmon_state_write_failures_total count the tries)",
-                            self.path, text)
+                log.warning(
+                    "ddpmon: cannot write %s (%s); training goes on, ddpmon tries again with backoff "
+                    "(the rank's write_failures and ddpmon_state_write_failures_total count the tries)",
+                    self.path,
+                    text,
+                )
         else:
             self._delay = min(RETRY_MAX_SECONDS, self._delay * 2)
         self._next_try = time.monotonic() + self._delay
         self._records[self.what] = schema.WriteFailure(
-            error=text, errno=name, since_unix=last.since_unix if last and ongoing else now, last_unix=now,
-            count=last.count + 1 if last and ongoing else 1, total=(last.total if last else 0) + 1)
+            error=text,
+            errno=name,
+            since_unix=last.since_unix if last and ongoing else now,
+            last_unix=now,
+            count=last.count + 1 if last and ongoing else 1,
+            total=(last.total if last else 0) + 1,
+        )
 
     def succeeded(self) -> None:
         last = self._records.get(self.what)
@@ -99,8 +109,13 @@ class WriteFailures:
         now = time.time()
         self._records[self.what] = dataclasses.replace(last, ended_unix=now)
         if self._spell_logged:
-            log.warning("ddpmon: writing %s works again, after %d failed tries over %.0f s (%s)",
-                        self.path, last.count, now - last.since_unix, last.error)
+            log.warning(
+                "ddpmon: writing %s works again, after %d failed tries over %.0f s (%s)",
+                self.path,
+                last.count,
+                now - last.since_unix,
+                last.error,
+            )
 
 
 _SQLITE_ERRNO = {"SQLITE_FULL": errno.ENOSPC}
@@ -110,7 +125,11 @@ _SQLITE_ERRNO = {"SQLITE_FULL": errno.ENOSPC}
 def describe(exc: BaseException) -> tuple[str, str | None]:
     """A failed write as (the system's words, the errno's name): ``("No space left on
     device", "ENOSPC")``; without a system error, ``("Type: message", None)``."""
-    number = exc.errno if isinstance(exc, OSError) else _SQLITE_ERRNO.get(getattr(exc, "sqlite_errorname", ""))
+    number = (
+        exc.errno
+        if isinstance(exc, OSError)
+        else _SQLITE_ERRNO.get(getattr(exc, "sqlite_errorname", ""))
+    )
     if number:
         return os.strerror(number), errno.errorcode.get(number)
     return f"{type(exc).__name__}: {exc}", None
@@ -161,7 +180,7 @@ class Reserve:
                 return False
             view = memoryview(payload)
             while view:
-                view = view[os.pwrite(fd, view, len(payload) - len(view)):]
+                view = view[os.pwrite(fd, view, len(payload) - len(view)) :]
             os.ftruncate(fd, len(payload))
         finally:
             os.close(fd)
@@ -187,8 +206,13 @@ class StateWriter:
     ``failures`` is where the failed writes are recorded (the recorder's
     ``write_failures``); a last word that fails goes into the ``Reserve``."""
 
-    def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]], interval: float = 1.0,
-                 failures: dict[str, schema.WriteFailure] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        snapshot: Callable[[], dict[str, Any]],
+        interval: float = 1.0,
+        failures: dict[str, schema.WriteFailure] | None = None,
+    ) -> None:
         self.path = path
         self._snapshot = snapshot
         self._interval = interval
@@ -216,7 +240,9 @@ class StateWriter:
                 data = self._snapshot()
                 data["format"] = schema.FORMAT
                 own = (data.get("write_failures") or {}).get("state")
-                if own is not None and own.get("ended_unix") is None:  # a file written says its writes work
+                if (
+                    own is not None and own.get("ended_unix") is None
+                ):  # a file written says its writes work
                     own["ended_unix"] = data.get("now_unix") or time.time()
                 payload = files.encode(data)
                 files.write_atomic(self.path, payload)
@@ -242,7 +268,11 @@ class StateWriter:
         """One last write from the calling thread's point of view, waited for at most
         ``timeout`` seconds: a hung file system never holds up detach or exit; on a full
         disk it goes into the reserve."""
-        return bool(bounded(lambda: self.write_now(last_word=True), timeout, f"the last write of {self.path}"))
+        return bool(
+            bounded(
+                lambda: self.write_now(last_word=True), timeout, f"the last write of {self.path}"
+            )
+        )
 
     def _run(self) -> None:
         notified = True  # the first pass writes at once
@@ -287,8 +317,13 @@ def check_unclaimed(path: str) -> None:
         )
 
 
-def start_writer(state_dir: str, rank: int, snapshot: Callable[[], dict[str, Any]],
-                 interval: float, failures: dict[str, schema.WriteFailure] | None = None) -> StateWriter:
+def start_writer(
+    state_dir: str,
+    rank: int,
+    snapshot: Callable[[], dict[str, Any]],
+    interval: float,
+    failures: dict[str, schema.WriteFailure] | None = None,
+) -> StateWriter:
     """A running writer of ``<state_dir>/rank-<rank>.json``, in a directory that
     ``state.root.claim`` has prepared and checked (within its time bound, off the training
     thread's way); the writer's own thread makes the first write."""
@@ -313,11 +348,19 @@ class HistoryWriter:
     (``history.missing_steps``). The training never sees any of it.
     """
 
-    def __init__(self, path: str, history_since: Callable[[int], list[StepRow]],
-                 snapshot: Callable[[], dict[str, Any]], identity: Callable[[], dict[str, Any]], *,
-                 interval: float = 1.0, sample: Callable[[], dict[str, Any]] | None = None,
-                 hold_back: int = 2, max_rows: int = history.MAX_ROWS,
-                 failures: dict[str, schema.WriteFailure] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        history_since: Callable[[int], list[StepRow]],
+        snapshot: Callable[[], dict[str, Any]],
+        identity: Callable[[], dict[str, Any]],
+        *,
+        interval: float = 1.0,
+        sample: Callable[[], dict[str, Any]] | None = None,
+        hold_back: int = 2,
+        max_rows: int = history.MAX_ROWS,
+        failures: dict[str, schema.WriteFailure] | None = None,
+    ) -> None:
         self.path = path
         self._history_since = history_since
         self._snapshot = snapshot
@@ -331,7 +374,9 @@ class HistoryWriter:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.failures = WriteFailures("history", path, {} if failures is None else failures, interval)
+        self.failures = WriteFailures(
+            "history", path, {} if failures is None else failures, interval
+        )
         self._thread = threading.Thread(target=self._run, name="ddpmon-history", daemon=True)
 
     def start(self) -> None:
@@ -362,18 +407,27 @@ class HistoryWriter:
             # The newest steps may still get their bucket timings (resolved a step
             # or two later on a GPU); once training pauses they are final.
             recent = time.time() - 2 * self._interval
-            held = sum(1 for s in steps[-self._hold_back:] if s.end_unix > recent)
+            held = sum(1 for s in steps[-self._hold_back :] if s.end_unix > recent)
             steps = steps[: len(steps) - held]
         if not final:  # on a GPU, steps whose parts the GPU has not given yet (gpu_steps.py)
             pending = next((i for i, s in enumerate(steps) if s.gpu_pending), None)
             steps = steps if pending is None else steps[:pending]
         if steps:
-            lost = (self._written + 1, steps[0].step - 1) if steps[0].step > self._written + 1 else None
+            lost = (
+                (self._written + 1, steps[0].step - 1)
+                if steps[0].step > self._written + 1
+                else None
+            )
             self._store.add_steps([s.history() for s in steps], self._sample(), missing=lost)
             self._written = steps[-1].step
             if lost:
-                log.warning("ddpmon: the step history %s lacks steps %d-%d: they could not be written in "
-                            "time, and a rank keeps only its last %d steps in memory", self.path, *lost, HISTORY_STEPS)
+                log.warning(
+                    "ddpmon: the step history %s lacks steps %d-%d: they could not be written in "
+                    "time, and a rank keeps only its last %d steps in memory",
+                    self.path,
+                    *lost,
+                    HISTORY_STEPS,
+                )
         snap = self._snapshot()
         for kind, key, text in events(snap):
             if key not in self._seen:
@@ -381,7 +435,11 @@ class HistoryWriter:
                 self._seen.add(key)
         if final:
             exit_record = snap.get("exit")
-            how = ("crashed" if exit_record.get("exception") else "exited") if exit_record else "detached"
+            how = (
+                ("crashed" if exit_record.get("exception") else "exited")
+                if exit_record
+                else "detached"
+            )
             if exit_record and exit_record.get("how") == "hang_abort":
                 how = "hang_abort"
             self._store.set_exit(how, snap.get("step"), exit_record)
@@ -413,13 +471,20 @@ def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         yield "ddpmon_part_off", f"error:{key}", f"{key} switched off: {text}"
     for what, f in sorted((snap.get("write_failures") or {}).items()):
         if isinstance(f, dict) and f.get("ended_unix") is not None:
-            yield "write_failed", f"write:{what}:{f.get('since_unix')}", (
-                f"the {what} file could not be written for {f['ended_unix'] - f.get('since_unix', 0):.0f} s "
-                f"({f.get('count')} failed tries): {f.get('error')}")
+            yield (
+                "write_failed",
+                f"write:{what}:{f.get('since_unix')}",
+                (
+                    f"the {what} file could not be written for {f['ended_unix'] - f.get('since_unix', 0):.0f} s "
+                    f"({f.get('count')} failed tries): {f.get('error')}"
+                ),
+            )
     hang = snap.get("hang")
     if isinstance(hang, dict):
-        text = (f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
-                f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}")
+        text = (
+            f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
+            f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}"
+        )
         waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
         if waits:
             text += f", waiting in {waits[0].get('op')} #{waits[0].get('seq')}"
@@ -434,11 +499,13 @@ def process_sample() -> Callable[[], dict[str, Any]]:
         proc = psutil.Process()
     except Exception:
         return dict
+
     def sample() -> dict[str, Any]:
         try:
             return {"process_resident_memory_bytes": proc.memory_info().rss}
         except Exception:
             return {}
+
     return sample
 
 
@@ -446,14 +513,22 @@ class RunHistory:
     """The history of one monitored rank: a writer started at attach, stopped (its last
     batch bounded in time) at detach or at exit, after which rank 0 logs the run's summary."""
 
-    def __init__(self, state_file: str, rank: int, recorder: Any,
-                 sample: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        state_file: str,
+        rank: int,
+        recorder: Any,
+        sample: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         import atexit
 
         self._rank = rank
         self._writer: HistoryWriter | None = HistoryWriter(
-            history.path_for(os.path.dirname(state_file), rank), recorder.history_since, recorder.snapshot,
-            lambda: dataclasses.asdict(recorder.identity), sample=sample or process_sample(),
+            history.path_for(os.path.dirname(state_file), rank),
+            recorder.history_since,
+            recorder.snapshot,
+            lambda: dataclasses.asdict(recorder.identity),
+            sample=sample or process_sample(),
             failures=recorder.write_failures,
         )
         self._writer.start()
@@ -479,7 +554,9 @@ class RunHistory:
                 log.info("ddpmon: no end-of-run summary: %r", exc)
 
 
-def start_history(state_file: str | None, rank: int, recorder: Any, device: str) -> RunHistory | None:
+def start_history(
+    state_file: str | None, rank: int, recorder: Any, device: str
+) -> RunHistory | None:
     """The history of a rank whose state file is ``state_file`` (None: no state files, so no
     history), with GPU columns on a CUDA device; None, with one warning, when it cannot start."""
     if not state_file:

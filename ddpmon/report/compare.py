@@ -20,8 +20,8 @@ from typing import Any
 
 from ..formats import format_seconds
 from ..state.remote import HISTORY_DEADLINE_SECONDS, address_problem
-from ..webconfig import HttpConfig
 from ..steps import PART_LABELS, PARTS
+from ..webconfig import HttpConfig
 from . import html as html_page
 from .run import Run, load
 from .summary import pct, summarize
@@ -29,8 +29,12 @@ from .summary import pct, summarize
 NOISE = 0.02  # changes under 2% are shown but not called out
 
 
-def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS, client: HttpConfig | None = None,
-              found: Sequence[str] = ()) -> tuple[dict[str, Any], Run | None]:
+def load_side(
+    source: str,
+    deadline: float = HISTORY_DEADLINE_SECONDS,
+    client: HttpConfig | None = None,
+    found: Sequence[str] = (),
+) -> tuple[dict[str, Any], Run | None]:
     """A run's summary (and the Run when read from a directory or daemons, these asked with
     ``client``'s TLS and credentials; ``found``: the daemons of a run given as ``JOB@``)."""
     daemons = _daemons(source, found) if not os.path.exists(source) else None
@@ -39,15 +43,19 @@ def load_side(source: str, deadline: float = HISTORY_DEADLINE_SECONDS, client: H
         run = load((), addresses, job=job, findings=False, deadline=deadline, client=client)
         return summarize(run), run
     if not os.path.exists(source):
-        raise ValueError(f"{source}: no such directory or file; a run is a state directory, the JSON of "
-                         "`ddpmon report --json`, or [JOB@]HOST:PORT[,HOST:PORT...] of node daemons "
-                         "started with --serve-state")
+        raise ValueError(
+            f"{source}: no such directory or file; a run is a state directory, the JSON of "
+            "`ddpmon report --json`, or [JOB@]HOST:PORT[,HOST:PORT...] of node daemons "
+            "started with --serve-state"
+        )
     if os.path.isfile(source):
         try:
             with open(source) as f:
                 data = json.load(f)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{source}: not a readable summary of `ddpmon report --json` ({exc})") from None
+            raise ValueError(
+                f"{source}: not a readable summary of `ddpmon report --json` ({exc})"
+            ) from None
         if not isinstance(data, dict) or "per_rank" not in data:
             raise ValueError(f"{source}: not the JSON of `ddpmon report --json` (no 'per_rank')")
         return data, None
@@ -61,8 +69,10 @@ def _daemons(source: str, found: Sequence[str]) -> tuple[str | None, list[str]] 
     job, at, hosts = source.rpartition("@")
     if at and not hosts:
         if not found:
-            raise ValueError(f"{source}: names no daemon: write HOST:PORT[,HOST:PORT...] after the @, or "
-                             "find them with --from, --from-file or --prometheus")
+            raise ValueError(
+                f"{source}: names no daemon: write HOST:PORT[,HOST:PORT...] after the @, or "
+                "find them with --from, --from-file or --prometheus"
+            )
         return job or None, list(found)
     addresses = hosts.split(",")
     if not all(a and address_problem(a) is None for a in addresses):
@@ -82,15 +92,35 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
 
     def row(name: str, va: Any, vb: Any, unit: str = "s", group: str = "run") -> None:
-        rows.append({"group": group, "name": name, "a": va, "b": vb, "unit": unit,
-                     "delta": (vb - va) if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None,
-                     "change": change(va, vb)})
+        rows.append(
+            {
+                "group": group,
+                "name": name,
+                "a": va,
+                "b": vb,
+                "unit": unit,
+                "delta": (vb - va)
+                if isinstance(va, (int, float)) and isinstance(vb, (int, float))
+                else None,
+                "change": change(va, vb),
+            }
+        )
 
     row("median step time", a.get("median_step_seconds"), b.get("median_step_seconds"))
     row("throughput", a.get("steps_per_second"), b.get("steps_per_second"), "steps/s")
-    row("exposed communication share", a.get("exposed_comm_share"), b.get("exposed_comm_share"), "ratio")
+    row(
+        "exposed communication share",
+        a.get("exposed_comm_share"),
+        b.get("exposed_comm_share"),
+        "ratio",
+    )
     if a.get("gpu_utilization_ratio") is not None or b.get("gpu_utilization_ratio") is not None:
-        row("GPU utilisation", a.get("gpu_utilization_ratio"), b.get("gpu_utilization_ratio"), "ratio")
+        row(
+            "GPU utilisation",
+            a.get("gpu_utilization_ratio"),
+            b.get("gpu_utilization_ratio"),
+            "ratio",
+        )
     for p in PARTS:
         va, vb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
         if va is not None or vb is not None:
@@ -98,25 +128,46 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     ba = {x["index"]: x for x in a.get("buckets") or []}
     bb = {x["index"]: x for x in b.get("buckets") or []}
     for index in sorted(set(ba) | set(bb)):
-        row(f"bucket {index} all-reduce", (ba.get(index) or {}).get("median_seconds"),
-            (bb.get(index) or {}).get("median_seconds"), group="bucket")
+        row(
+            f"bucket {index} all-reduce",
+            (ba.get(index) or {}).get("median_seconds"),
+            (bb.get(index) or {}).get("median_seconds"),
+            group="bucket",
+        )
     ra = {r["rank"]: r for r in a.get("per_rank") or []}
     rb = {r["rank"]: r for r in b.get("per_rank") or []}
     ranks = []
     for rank in sorted(set(ra) & set(rb)):
         x, y = ra[rank], rb[rank]
-        deltas = {p: (y["phases"].get(p) or 0.0) - (x["phases"].get(p) or 0.0)
-                  for p in PARTS if x["phases"].get(p) is not None or y["phases"].get(p) is not None}
+        deltas = {
+            p: (y["phases"].get(p) or 0.0) - (x["phases"].get(p) or 0.0)
+            for p in PARTS
+            if x["phases"].get(p) is not None or y["phases"].get(p) is not None
+        }
         phase = max(deltas, key=lambda p: abs(deltas[p])) if deltas else None
-        ranks.append({
-            "rank": rank, "a_step": x.get("median_step_seconds"), "b_step": y.get("median_step_seconds"),
-            "a_compute": x.get("median_compute_seconds"), "b_compute": y.get("median_compute_seconds"),
-            "compute_delta": _minus(y.get("median_compute_seconds"), x.get("median_compute_seconds")),
-            "phase": phase, "phase_delta": deltas.get(phase) if phase else None,
-            "a_slower": x.get("slower"), "b_slower": y.get("slower"),
-        })
-    return {"a": _label(a), "b": _label(b), "rows": rows, "ranks": ranks,
-            "explanation": explain(a, b, ranks)}
+        ranks.append(
+            {
+                "rank": rank,
+                "a_step": x.get("median_step_seconds"),
+                "b_step": y.get("median_step_seconds"),
+                "a_compute": x.get("median_compute_seconds"),
+                "b_compute": y.get("median_compute_seconds"),
+                "compute_delta": _minus(
+                    y.get("median_compute_seconds"), x.get("median_compute_seconds")
+                ),
+                "phase": phase,
+                "phase_delta": deltas.get(phase) if phase else None,
+                "a_slower": x.get("slower"),
+                "b_slower": y.get("slower"),
+            }
+        )
+    return {
+        "a": _label(a),
+        "b": _label(b),
+        "rows": rows,
+        "ranks": ranks,
+        "explanation": explain(a, b, ranks),
+    }
 
 
 def _minus(x: Any, y: Any) -> float | None:
@@ -124,7 +175,12 @@ def _minus(x: Any, y: Any) -> float | None:
 
 
 def _label(s: dict[str, Any]) -> dict[str, Any]:
-    return {"job": s.get("job"), "sources": s.get("sources"), "ranks": s.get("ranks"), "steps": s.get("steps")}
+    return {
+        "job": s.get("job"),
+        "sources": s.get("sources"),
+        "ranks": s.get("ranks"),
+        "steps": s.get("steps"),
+    }
 
 
 def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
@@ -134,9 +190,13 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
         return ["no step times to compare (a run without history?)"]
     delta, rel = sb - sa, change(sa, sb) or 0.0
     if abs(rel) < NOISE:
-        return [f"step time unchanged ({format_seconds(sa)} -> {format_seconds(sb)}, {rel * 100:+.1f}%)"]
-    lines = [f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% "
-             f"({format_seconds(sa)} -> {format_seconds(sb)}, {delta * 1e3:+.1f} ms per step)"]
+        return [
+            f"step time unchanged ({format_seconds(sa)} -> {format_seconds(sb)}, {rel * 100:+.1f}%)"
+        ]
+    lines = [
+        f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% "
+        f"({format_seconds(sa)} -> {format_seconds(sb)}, {delta * 1e3:+.1f} ms per step)"
+    ]
     phases = []
     for p in PARTS:
         pa, pb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
@@ -145,7 +205,9 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
     phases.sort(key=lambda t: -abs(t[0]) if (t[0] > 0) == (delta > 0) else 0)
     for d, p in phases[:2]:
         if (d > 0) == (delta > 0) and abs(d) >= NOISE * sa:
-            lines.append(f"  {PART_LABELS[p]}: {d * 1e3:+.1f} ms per step ({abs(d / delta) * 100:.0f}% of the change)")
+            lines.append(
+                f"  {PART_LABELS[p]}: {d * 1e3:+.1f} ms per step ({abs(d / delta) * 100:.0f}% of the change)"
+            )
     moved = [r for r in ranks if r["compute_delta"] is not None]
     if moved:
         top = max(moved, key=lambda r: r["compute_delta"] * (1 if delta > 0 else -1))
@@ -155,10 +217,13 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
             lines.append(
                 f"  rank {top['rank']} explains it: its compute changed {top['compute_delta'] * 1e3:+.1f} ms "
                 f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PART_LABELS.get(top['phase'], top['phase'])} "
-                f"({(top['phase_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication")
+                f"({(top['phase_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication"
+            )
         else:
-            lines.append(f"  every rank changed alike (compute {typical * 1e3:+.1f} ms per rank): "
-                         "not one straggler")
+            lines.append(
+                f"  every rank changed alike (compute {typical * 1e3:+.1f} ms per rank): "
+                "not one straggler"
+            )
     return lines
 
 
@@ -181,24 +246,33 @@ def _pct(c: float | None) -> str:
 
 def render_text(result: dict[str, Any], width: int = 100) -> str:
     a, b = result["a"], result["b"]
-    out = [f"A: {a['job']} ({a['ranks']} ranks, {a['steps']} steps)  {', '.join(a['sources'] or [])}",
-           f"B: {b['job']} ({b['ranks']} ranks, {b['steps']} steps)  {', '.join(b['sources'] or [])}", ""]
+    out = [
+        f"A: {a['job']} ({a['ranks']} ranks, {a['steps']} steps)  {', '.join(a['sources'] or [])}",
+        f"B: {b['job']} ({b['ranks']} ranks, {b['steps']} steps)  {', '.join(b['sources'] or [])}",
+        "",
+    ]
     out.append(f"{'':32} {'A':>14} {'B':>14} {'change':>9}")
     group = None
     for r in result["rows"]:
         if r["group"] != group:
             group = r["group"]
-            out.append({"run": "run", "phase": "phases (median per step)", "bucket": "buckets"}[group])
+            out.append(
+                {"run": "run", "phase": "phases (median per step)", "bucket": "buckets"}[group]
+            )
         flag = " <" if r["change"] is not None and abs(r["change"]) >= 0.10 else ""
-        out.append(f"  {r['name']:30} {_value(r['a'], r['unit']):>14} {_value(r['b'], r['unit']):>14} "
-                   f"{_pct(r['change']):>9}{flag}")
+        out.append(
+            f"  {r['name']:30} {_value(r['a'], r['unit']):>14} {_value(r['b'], r['unit']):>14} "
+            f"{_pct(r['change']):>9}{flag}"
+        )
     if result["ranks"]:
         out.append("ranks (median compute per step: step time minus exposed communication)")
         for r in result["ranks"]:
-            out.append(f"  rank {r['rank']:<25} {format_seconds(r['a_compute']):>14} "
-                       f"{format_seconds(r['b_compute']):>14} "
-                       f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
-                       f"{PART_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)")
+            out.append(
+                f"  rank {r['rank']:<25} {format_seconds(r['a_compute']):>14} "
+                f"{format_seconds(r['b_compute']):>14} "
+                f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
+                f"{PART_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)"
+            )
     out.append("")
     out += result["explanation"]
     return "\n".join(out) + "\n"
@@ -210,37 +284,76 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
     e = html.escape
     rows = "\n".join(
         f'<tr data-name="{e(r["name"])}"><td>{e(r["name"])}</td><td>{e(_value(r["a"], r["unit"]))}</td>'
-        f'<td>{e(_value(r["b"], r["unit"]))}</td><td>{e(_pct(r["change"]))}</td></tr>' for r in result["rows"])
+        f"<td>{e(_value(r['b'], r['unit']))}</td><td>{e(_pct(r['change']))}</td></tr>"
+        for r in result["rows"]
+    )
     ranks = "\n".join(
-        f'<tr><td>{r["rank"]}</td><td>{e(format_seconds(r["a_compute"]))}</td>'
-        f'<td>{e(format_seconds(r["b_compute"]))}</td>'
-        f'<td>{e(_pct(change(r["a_compute"], r["b_compute"])))}</td>'
-        f'<td>{e(PART_LABELS.get(r["phase"], "-"))} ({(r["phase_delta"] or 0) * 1e3:+.1f} ms)</td></tr>'
-        for r in result["ranks"])
+        f"<tr><td>{r['rank']}</td><td>{e(format_seconds(r['a_compute']))}</td>"
+        f"<td>{e(format_seconds(r['b_compute']))}</td>"
+        f"<td>{e(_pct(change(r['a_compute'], r['b_compute'])))}</td>"
+        f"<td>{e(PART_LABELS.get(r['phase'], '-'))} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)</td></tr>"
+        for r in result["ranks"]
+    )
     a, b = result["a"], result["b"]
-    body = (f"<p>A: {e(str(a['job']))} ({e(', '.join(a['sources'] or []))})<br>"
-            f"B: {e(str(b['job']))} ({e(', '.join(b['sources'] or []))})</p>"
-            f"<h2>What changed</h2><pre id='explanation'>{e(chr(10).join(result['explanation']))}</pre>"
-            f"<table class='summary'><tr><th></th><th>A</th><th>B</th><th>change</th></tr>{rows}</table>"
-            f"<h2>Ranks (median compute per step)</h2><table><tr><th>rank</th><th>A</th><th>B</th>"
-            f"<th>change</th><th>phase that moved most</th></tr>{ranks}</table>"
-            f"<h2>Plots</h2><div id='charts'></div>")
+    body = (
+        f"<p>A: {e(str(a['job']))} ({e(', '.join(a['sources'] or []))})<br>"
+        f"B: {e(str(b['job']))} ({e(', '.join(b['sources'] or []))})</p>"
+        f"<h2>What changed</h2><pre id='explanation'>{e(chr(10).join(result['explanation']))}</pre>"
+        f"<table class='summary'><tr><th></th><th>A</th><th>B</th><th>change</th></tr>{rows}</table>"
+        f"<h2>Ranks (median compute per step)</h2><table><tr><th>rank</th><th>A</th><th>B</th>"
+        f"<th>change</th><th>phase that moved most</th></tr>{ranks}</table>"
+        f"<h2>Plots</h2><div id='charts'></div>"
+    )
     charts = []
     phase_rows = [r for r in result["rows"] if r["group"] == "phase"]
     if phase_rows:
-        charts.append({"id": "phases", "title": "Phases, median per step", "kind": "bars",
-                       "x": {"label": "phase", "values": list(range(len(phase_rows))),
-                             "labels": [r["name"] for r in phase_rows]},
-                       "y_label": "time per step", "unit": "ms", "note": "A left, B right",
-                       "series": [{"name": "A", "values": [None if r["a"] is None else round(r["a"] * 1e3, 3) for r in phase_rows]},
-                                  {"name": "B", "values": [None if r["b"] is None else round(r["b"] * 1e3, 3) for r in phase_rows]}]})
+        charts.append(
+            {
+                "id": "phases",
+                "title": "Phases, median per step",
+                "kind": "bars",
+                "x": {
+                    "label": "phase",
+                    "values": list(range(len(phase_rows))),
+                    "labels": [r["name"] for r in phase_rows],
+                },
+                "y_label": "time per step",
+                "unit": "ms",
+                "note": "A left, B right",
+                "series": [
+                    {
+                        "name": "A",
+                        "values": [
+                            None if r["a"] is None else round(r["a"] * 1e3, 3) for r in phase_rows
+                        ],
+                    },
+                    {
+                        "name": "B",
+                        "values": [
+                            None if r["b"] is None else round(r["b"] * 1e3, 3) for r in phase_rows
+                        ],
+                    },
+                ],
+            }
+        )
     if all(runs):
         steps = [_median_steps(r) for r in runs]  # type: ignore[arg-type]
         xs = sorted(set(steps[0]) | set(steps[1]))
-        charts.append({"id": "step_time", "title": "Step time, median of the ranks", "kind": "line",
-                       "x": {"label": "step", "values": xs}, "y_label": "step time", "unit": "ms", "note": "",
-                       "series": [{"name": name, "values": [_to_ms(s.get(x)) for x in xs]}
-                                  for name, s in zip(("A", "B"), steps)]})
+        charts.append(
+            {
+                "id": "step_time",
+                "title": "Step time, median of the ranks",
+                "kind": "line",
+                "x": {"label": "step", "values": xs},
+                "y_label": "step time",
+                "unit": "ms",
+                "note": "",
+                "series": [
+                    {"name": name, "values": [_to_ms(s.get(x)) for x in xs]}
+                    for name, s in zip(("A", "B"), steps)
+                ],
+            }
+        )
     return html_page.page("ddpmon compare", body, charts)
 
 

@@ -26,8 +26,13 @@ from .summary import missing_text, pct, throughput_text
 
 MAX_LINES = 16
 PHASE_COLOURS = {
-    "data_wait": "#8c564b", "h2d": "#e377c2", "forward": "#1f77b4", "backward": "#2ca02c",
-    "exposed_comm": "#d62728", "optimizer": "#9467bd", "other": "#7f7f7f",
+    "data_wait": "#8c564b",
+    "h2d": "#e377c2",
+    "forward": "#1f77b4",
+    "backward": "#2ca02c",
+    "exposed_comm": "#d62728",
+    "optimizer": "#9467bd",
+    "other": "#7f7f7f",
 }
 
 
@@ -49,11 +54,15 @@ def _x_steps(run: Run, bins: list[int]) -> list[int]:
 def _aligned(run: Run) -> tuple[list[int], dict[int, dict[int, int]]]:
     """The union of bins over ranks, and for each rank where each bin sits in its columns."""
     all_bins = sorted({b for h in run.ranks.values() for b in h.binned.get("bin", [])})
-    where = {rank: {b: i for i, b in enumerate(h.binned.get("bin", []))} for rank, h in run.ranks.items()}
+    where = {
+        rank: {b: i for i, b in enumerate(h.binned.get("bin", []))} for rank, h in run.ranks.items()
+    }
     return all_bins, where
 
 
-def _series(run: Run, bins: list[int], where: dict[int, dict[int, int]], column: str) -> dict[int, list[Any]]:
+def _series(
+    run: Run, bins: list[int], where: dict[int, dict[int, int]], column: str
+) -> dict[int, list[Any]]:
     """One binned column per rank, aligned on ``bins`` (None where a rank has no steps)."""
     out = {}
     for rank, h in run.ranks.items():
@@ -71,10 +80,25 @@ def _lines(per_rank: dict[int, list[Any]], chosen: list[int], scale: float) -> l
     series = [{"name": f"rank {r}", "values": [_r(v, scale) for v in per_rank[r]]} for r in chosen]
     if len(chosen) < len(per_rank):
         columns = list(zip(*per_rank.values()))
-        med = [statistics.median(k) if (k := [v for v in col if v is not None]) else None for col in columns]
+        med = [
+            statistics.median(k) if (k := [v for v in col if v is not None]) else None
+            for col in columns
+        ]
         top = [max(k) if (k := [v for v in col if v is not None]) else None for col in columns]
-        series.append({"name": f"median of {len(per_rank)} ranks", "values": [_r(v, scale) for v in med], "dash": True})
-        series.append({"name": f"max of {len(per_rank)} ranks", "values": [_r(v, scale) for v in top], "dash": True})
+        series.append(
+            {
+                "name": f"median of {len(per_rank)} ranks",
+                "values": [_r(v, scale) for v in med],
+                "dash": True,
+            }
+        )
+        series.append(
+            {
+                "name": f"max of {len(per_rank)} ranks",
+                "values": [_r(v, scale) for v in top],
+                "dash": True,
+            }
+        )
     return series
 
 
@@ -98,89 +122,195 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
     slower = {r["rank"]: r.get("slower") or 0.0 for r in summary["per_rank"]}
     chosen = sorted(run.ranks, key=lambda r: -slower.get(r, 0.0))[:MAX_LINES]
     chosen.sort()
-    bin_note = (f"each point is the mean of {run.stride} steps" if run.stride > 1 else "one point per step")
+    bin_note = (
+        f"each point is the mean of {run.stride} steps" if run.stride > 1 else "one point per step"
+    )
     step_x = {"label": "step", "values": x}
     out: list[dict[str, Any]] = []
 
     step = _series(run, bins, where, "step_seconds")
-    out.append({"id": "step_time", "title": "Step time per rank", "kind": "line", "x": step_x,
-                "y_label": "step time", "unit": "ms", "series": _lines(step, chosen, 1e3), "note": bin_note})
+    out.append(
+        {
+            "id": "step_time",
+            "title": "Step time per rank",
+            "kind": "line",
+            "x": step_x,
+            "y_label": "step time",
+            "unit": "ms",
+            "series": _lines(step, chosen, 1e3),
+            "note": bin_note,
+        }
+    )
 
     # Phase breakdown: stacked medians per rank.
     rows = summary["per_rank"]
     phases = [p for p in PARTS if any(r["phases"].get(p) for r in rows)]
-    out.append({
-        "id": "phases", "title": "Phase breakdown per rank (median step)", "kind": "stack",
-        "x": {"label": "rank", "values": [r["rank"] for r in rows]}, "y_label": "time per step", "unit": "ms",
-        "series": [{"name": PART_LABELS[p], "colour": PHASE_COLOURS[p],
-                    "values": [_r(r["phases"].get(p), 1e3) for r in rows]} for p in phases],
-        "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
-    })
+    out.append(
+        {
+            "id": "phases",
+            "title": "Phase breakdown per rank (median step)",
+            "kind": "stack",
+            "x": {"label": "rank", "values": [r["rank"] for r in rows]},
+            "y_label": "time per step",
+            "unit": "ms",
+            "series": [
+                {
+                    "name": PART_LABELS[p],
+                    "colour": PHASE_COLOURS[p],
+                    "values": [_r(r["phases"].get(p), 1e3) for r in rows],
+                }
+                for p in phases
+            ],
+            "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
+        }
+    )
 
     exposed = _series(run, bins, where, "exposed_comm_seconds")
     if any(v is not None for vs in exposed.values() for v in vs):
-        out.append({"id": "exposed_comm", "title": "Exposed communication per rank", "kind": "line",
-                    "x": step_x, "y_label": "exposed communication", "unit": "ms",
-                    "series": _lines(exposed, chosen, 1e3),
-                    "note": "communication that backward compute did not hide; " + bin_note})
+        out.append(
+            {
+                "id": "exposed_comm",
+                "title": "Exposed communication per rank",
+                "kind": "line",
+                "x": step_x,
+                "y_label": "exposed communication",
+                "unit": "ms",
+                "series": _lines(exposed, chosen, 1e3),
+                "note": "communication that backward compute did not hide; " + bin_note,
+            }
+        )
 
     buckets = summary["buckets"]
     if buckets:
         bx = {"label": "bucket", "values": [b["index"] for b in buckets]}
-        out.append({"id": "bucket_time", "title": "All-reduce time per bucket", "kind": "bars", "x": bx,
-                    "y_label": "all-reduce time", "unit": "ms", "series": [
-                        {"name": "median over steps and ranks", "values": [_r(b["median_seconds"], 1e3) for b in buckets]},
-                        {"name": "slowest rank's median", "values": [_r(b["max_rank_median_seconds"], 1e3) for b in buckets]},
-                    ], "note": "launch (bucket ready) to completion"})
-        out.append({"id": "bucket_busbw", "title": "Bus bandwidth per bucket", "kind": "bars", "x": bx,
-                    "y_label": "bus bandwidth", "unit": "GB/s", "series": [
-                        {"name": "at the median all-reduce time",
-                         "values": [_r(b["busbw_bytes_per_second"], 1e-9) for b in buckets]},
-                    ], "note": "nccl-tests' bus bandwidth: bytes / time x 2(n-1)/n"})
+        out.append(
+            {
+                "id": "bucket_time",
+                "title": "All-reduce time per bucket",
+                "kind": "bars",
+                "x": bx,
+                "y_label": "all-reduce time",
+                "unit": "ms",
+                "series": [
+                    {
+                        "name": "median over steps and ranks",
+                        "values": [_r(b["median_seconds"], 1e3) for b in buckets],
+                    },
+                    {
+                        "name": "slowest rank's median",
+                        "values": [_r(b["max_rank_median_seconds"], 1e3) for b in buckets],
+                    },
+                ],
+                "note": "launch (bucket ready) to completion",
+            }
+        )
+        out.append(
+            {
+                "id": "bucket_busbw",
+                "title": "Bus bandwidth per bucket",
+                "kind": "bars",
+                "x": bx,
+                "y_label": "bus bandwidth",
+                "unit": "GB/s",
+                "series": [
+                    {
+                        "name": "at the median all-reduce time",
+                        "values": [_r(b["busbw_bytes_per_second"], 1e-9) for b in buckets],
+                    },
+                ],
+                "note": "nccl-tests' bus bandwidth: bytes / time x 2(n-1)/n",
+            }
+        )
 
-    busy = {r: [None if s is None else max(0.0, s - (e or 0.0)) for s, e in zip(step[r], exposed[r])]
-            for r in step}
-    out.append({"id": "straggler", "title": "How much slower each rank is", "kind": "line", "x": step_x,
-                "y_label": "slower than the others", "unit": "%", "series": _lines(_slower(busy), chosen, 100.0),
-                "note": "the rank's busy time (step time minus exposed communication) against the median "
-                        "of the other ranks: 0 = typical, 25 = 25% slower; " + bin_note})
+    busy = {
+        r: [None if s is None else max(0.0, s - (e or 0.0)) for s, e in zip(step[r], exposed[r])]
+        for r in step
+    }
+    out.append(
+        {
+            "id": "straggler",
+            "title": "How much slower each rank is",
+            "kind": "line",
+            "x": step_x,
+            "y_label": "slower than the others",
+            "unit": "%",
+            "series": _lines(_slower(busy), chosen, 100.0),
+            "note": "the rank's busy time (step time minus exposed communication) against the median "
+            "of the other ranks: 0 = typical, 25 = 25% slower; " + bin_note,
+        }
+    )
 
     util = _series(run, bins, where, "gpu_utilization_ratio")
     has_util = any(v is not None for vs in util.values() for v in vs)
-    out.append({"id": "gpu_util", "title": "GPU utilisation per rank", "kind": "line", "x": step_x,
-                "y_label": "GPU utilisation", "unit": "%", "series": _lines(util, chosen, 100.0) if has_util else [],
-                "note": bin_note if has_util else "not recorded: no GPU (or no NVML) on these ranks"})
-    for column, label in (("gpu_memory_used_bytes", "GPU memory used"),
-                          ("torch_memory_allocated_bytes", "memory held by tensors (torch)"),
-                          ("process_resident_memory_bytes", "process resident memory (host)")):
+    out.append(
+        {
+            "id": "gpu_util",
+            "title": "GPU utilisation per rank",
+            "kind": "line",
+            "x": step_x,
+            "y_label": "GPU utilisation",
+            "unit": "%",
+            "series": _lines(util, chosen, 100.0) if has_util else [],
+            "note": bin_note if has_util else "not recorded: no GPU (or no NVML) on these ranks",
+        }
+    )
+    for column, label in (
+        ("gpu_memory_used_bytes", "GPU memory used"),
+        ("torch_memory_allocated_bytes", "memory held by tensors (torch)"),
+        ("process_resident_memory_bytes", "process resident memory (host)"),
+    ):
         mem = _series(run, bins, where, column)
         if any(v is not None for vs in mem.values() for v in vs):
-            out.append({"id": "memory", "title": "Memory per rank", "kind": "line", "x": step_x,
-                        "y_label": label, "unit": "MiB", "series": _lines(mem, chosen, 1 / 2**20),
-                        "note": f"{label}; the largest reading of each point's steps"})
+            out.append(
+                {
+                    "id": "memory",
+                    "title": "Memory per rank",
+                    "kind": "line",
+                    "x": step_x,
+                    "y_label": label,
+                    "unit": "MiB",
+                    "series": _lines(mem, chosen, 1 / 2**20),
+                    "note": f"{label}; the largest reading of each point's steps",
+                }
+            )
             break
     return out
 
 
 def render(run: Run, summary: dict[str, Any]) -> str:
     """The whole report page."""
-    body = _BODY.format(summary=_summary_html(summary), ranks=_ranks_html(summary),
-                        findings=_findings_html(summary), attempts=_attempts_html(summary),
-                        captures=_captures_html(summary))
+    body = _BODY.format(
+        summary=_summary_html(summary),
+        ranks=_ranks_html(summary),
+        findings=_findings_html(summary),
+        attempts=_attempts_html(summary),
+        captures=_captures_html(summary),
+    )
     return page(f"ddpmon report: {summary['job']}", body, charts(run, summary))
 
 
 def page(title: str, body: str, chart_specs: list[dict[str, Any]]) -> str:
     """A self-contained page: ``body`` (HTML with a ``<div id="charts">``) and the plots."""
-    payload = json.dumps({"charts": chart_specs}, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    return _PAGE.format(title=html.escape(title), css=_vendor("uPlot.min.css"), style=_STYLE,
-                        uplot=_vendor("uPlot.iife.min.js"), script=_SCRIPT, data=payload, body=body)
+    payload = json.dumps({"charts": chart_specs}, separators=(",", ":"), allow_nan=False).replace(
+        "</", "<\\/"
+    )
+    return _PAGE.format(
+        title=html.escape(title),
+        css=_vendor("uPlot.min.css"),
+        style=_STYLE,
+        uplot=_vendor("uPlot.iife.min.js"),
+        script=_SCRIPT,
+        data=payload,
+        body=body,
+    )
 
 
 def _t(unix: float | None) -> str:
     if unix is None:
         return "-"
-    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
 
 
 def _duration(seconds: float | None) -> str:
@@ -203,23 +333,48 @@ def _summary_html(s: dict[str, Any]) -> str:
     run_slow = s.get("straggler")
     if run_slow and run_slow["named"] and verdict != "straggler":  # the doctor reads the last steps
         cause = f", most of it in {PART_LABELS[run_slow['cause']]}" if run_slow["cause"] else ""
-        verdict += (f"; over the whole run rank {run_slow['rank']} was a straggler, "
-                    f"{steps.slower(run_slow['score'])} than the others{cause}")
+        verdict += (
+            f"; over the whole run rank {run_slow['rank']} was a straggler, "
+            f"{steps.slower(run_slow['score'])} than the others{cause}"
+        )
     rows = [
-        ("job", s["job"]), ("verdict (ddpmon doctor)", verdict),
+        ("job", s["job"]),
+        ("verdict (ddpmon doctor)", verdict),
         ("ranks", f"{s['ranks']}" + (f" of {s['world_size']}" if s.get("world_size") else "")),
-        ("hosts", ", ".join(s["hosts"]) or "-"), ("devices", ", ".join(s["devices"]) or "-"),
-        ("backend", s.get("backend") or "-"), ("steps", str(s["steps"])),
-        *([("missing from the history", missing_text(s["missing_steps"]))] if s.get("missing_steps") else []),
-        ("start", _t(s.get("start_unix"))), ("duration", _duration(s.get("duration_seconds"))),
+        ("hosts", ", ".join(s["hosts"]) or "-"),
+        ("devices", ", ".join(s["devices"]) or "-"),
+        ("backend", s.get("backend") or "-"),
+        ("steps", str(s["steps"])),
+        *(
+            [("missing from the history", missing_text(s["missing_steps"]))]
+            if s.get("missing_steps")
+            else []
+        ),
+        ("start", _t(s.get("start_unix"))),
+        ("duration", _duration(s.get("duration_seconds"))),
         ("median step time", format_seconds(s.get("median_step_seconds"))),
-        ("throughput", ", ".join(filter(None, (f"{s['steps_per_second']:.2f} steps/s" if s.get("steps_per_second") else None,
-                                                 throughput_text(s["throughput"])))) or "-"),
+        (
+            "throughput",
+            ", ".join(
+                filter(
+                    None,
+                    (
+                        f"{s['steps_per_second']:.2f} steps/s"
+                        if s.get("steps_per_second")
+                        else None,
+                        throughput_text(s["throughput"]),
+                    ),
+                )
+            )
+            or "-",
+        ),
         ("exposed communication", pct(s.get("exposed_comm_share")) + " of the step"),
         ("GPU utilisation (median)", pct(s.get("gpu_utilization_ratio"))),
         ("slowest rank", slow_text),
     ]
-    return "\n".join(f'<tr><th>{e(k)}</th><td data-key="{e(k)}">{e(str(v))}</td></tr>' for k, v in rows)
+    return "\n".join(
+        f'<tr><th>{e(k)}</th><td data-key="{e(k)}">{e(str(v))}</td></tr>' for k, v in rows
+    )
 
 
 def _ranks_html(s: dict[str, Any]) -> str:
@@ -231,12 +386,12 @@ def _ranks_html(s: dict[str, Any]) -> str:
         score = "-" if r.get("slower") is None else steps.slower(r["slower"])
         out.append(
             f'<tr data-rank="{r["rank"]}"><td>{r["rank"]}</td><td>{e(str(r["host"] or "-"))}</td>'
-            f'<td>{e(str(r["device"] or "-"))}</td><td>{r["steps"] if r["steps"] is not None else "-"}</td>'
-            f'<td>{format_seconds(r["median_step_seconds"])}</td><td>{format_seconds(r["median_compute_seconds"])}</td>'
-            f'<td>{format_seconds(r["phases"].get("exposed_comm"))}</td>'
-            f'<td>{score}</td>'
-            f'<td>{e(throughput_text(r) or "-")}</td>'
-            f'<td>{e(how)}</td></tr>'
+            f"<td>{e(str(r['device'] or '-'))}</td><td>{r['steps'] if r['steps'] is not None else '-'}</td>"
+            f"<td>{format_seconds(r['median_step_seconds'])}</td><td>{format_seconds(r['median_compute_seconds'])}</td>"
+            f"<td>{format_seconds(r['phases'].get('exposed_comm'))}</td>"
+            f"<td>{score}</td>"
+            f"<td>{e(throughput_text(r) or '-')}</td>"
+            f"<td>{e(how)}</td></tr>"
         )
     return "\n".join(out)
 
@@ -249,12 +404,16 @@ def _findings_html(s: dict[str, Any]) -> str:
         evidence = "".join(f"<li>{e(str(x))}</li>" for x in f.get("evidence") or [])
         items.append(
             f'<div class="finding {e(f["severity"])}" data-kind="{e(f["kind"])}"><b>{e(f["severity"])}</b> '
-            f'<code>{e(f["kind"])}</code> (ranks {e(ranks)}): {e(f["summary"])}'
+            f"<code>{e(f['kind'])}</code> (ranks {e(ranks)}): {e(f['summary'])}"
             + (f"<ul>{evidence}</ul>" if evidence else "")
-            + (f'<div class="fix">Fix: {e(f["fix"])}</div>' if f.get("fix") else "") + "</div>")
+            + (f'<div class="fix">Fix: {e(f["fix"])}</div>' if f.get("fix") else "")
+            + "</div>"
+        )
     for f in s.get("recorded_findings") or []:
-        items.append(f'<div class="finding recorded" data-kind="{e(f["kind"])}"><b>rank {f["rank"]}</b>, '
-                     f'step {f.get("step") or "-"}, {e(_t(f.get("unix")))}: {e(f["text"])}</div>')
+        items.append(
+            f'<div class="finding recorded" data-kind="{e(f["kind"])}"><b>rank {f["rank"]}</b>, '
+            f"step {f.get('step') or '-'}, {e(_t(f.get('unix')))}: {e(f['text'])}</div>"
+        )
     for p in s.get("problems") or []:
         items.append(f'<div class="finding warning"><b>warning</b> {e(p)}</div>')
     return "\n".join(items) or "<p>No findings.</p>"
@@ -264,24 +423,40 @@ def _attempts_html(s: dict[str, Any]) -> str:
     """A restarted job's earlier attempts: how each ended, its culprit, the time lost."""
     if not s.get("attempts"):
         return ""
-    items = "".join(f'<li data-attempt="{a["attempt"]}">{html.escape(attempt_line(a))}</li>' for a in s["attempts"])
-    return (f"<h2>Attempts</h2><p>This is attempt {len(s['attempts'])}; the launcher restarted the job "
-            f"{len(s['attempts'])} time(s) before it:</p><ul class=\"attempts\">{items}</ul>")
+    items = "".join(
+        f'<li data-attempt="{a["attempt"]}">{html.escape(attempt_line(a))}</li>'
+        for a in s["attempts"]
+    )
+    return (
+        f"<h2>Attempts</h2><p>This is attempt {len(s['attempts'])}; the launcher restarted the job "
+        f'{len(s["attempts"])} time(s) before it:</p><ul class="attempts">{items}</ul>'
+    )
 
 
 def _captures_html(s: dict[str, Any]) -> str:
     e = html.escape
     items = []
     for c in s.get("captures") or []:
-        steps = f"steps {c['first_step']} to {c['last_step']}" if c.get("first_step") else f"{c.get('steps') or '?'} steps"
-        what = (f"<code>{e(c['trace'])}</code> (open it in ui.perfetto.dev or chrome://tracing)" if c.get("trace")
-                else e(c.get("reason") or c["state"]))
-        items.append(f'<li data-rank="{c["rank"]}">rank {c["rank"]}, {steps}, {e(_t(c.get("written_unix")))}, '
-                     f'{e(c["state"])}: {what}</li>')
+        steps = (
+            f"steps {c['first_step']} to {c['last_step']}"
+            if c.get("first_step")
+            else f"{c.get('steps') or '?'} steps"
+        )
+        what = (
+            f"<code>{e(c['trace'])}</code> (open it in ui.perfetto.dev or chrome://tracing)"
+            if c.get("trace")
+            else e(c.get("reason") or c["state"])
+        )
+        items.append(
+            f'<li data-rank="{c["rank"]}">rank {c["rank"]}, {steps}, {e(_t(c.get("written_unix")))}, '
+            f"{e(c['state'])}: {what}</li>"
+        )
     if not items:
-        return ('<p>None. <code>ddpmon capture STATE_DIR --rank R --compare R2</code> profiles a live rank '
-                "beside a peer (docs/capture.md).</p>")
-    return "<ul class=\"captures\">" + "".join(items) + "</ul>"
+        return (
+            "<p>None. <code>ddpmon capture STATE_DIR --rank R --compare R2</code> profiles a live rank "
+            "beside a peer (docs/capture.md).</p>"
+        )
+    return '<ul class="captures">' + "".join(items) + "</ul>"
 
 
 _STYLE = """

@@ -69,9 +69,16 @@ class Run:
         return "?"
 
 
-def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str | None = None,
-         max_points: int = MAX_POINTS, findings: bool = True,
-         deadline: float = daemons.HISTORY_DEADLINE_SECONDS, client: HttpConfig | None = None) -> Run:
+def load(
+    state_dirs: Sequence[str] = (),
+    remote: Sequence[str] = (),
+    *,
+    job: str | None = None,
+    max_points: int = MAX_POINTS,
+    findings: bool = True,
+    deadline: float = daemons.HISTORY_DEADLINE_SECONDS,
+    client: HttpConfig | None = None,
+) -> Run:
     """Read a run from state directories and node daemons (``HOST:PORT``, their ``/history``
     read within ``deadline`` seconds in all, asked with ``client``'s TLS and credentials).
     Raises StateFileError when a directory is missing or nothing is there."""
@@ -80,17 +87,24 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
     paths: list[str] = []
     for d in state_dirs:
         if not os.path.isdir(d):
-            raise StateFileError(d, "no such directory; pass the job's state directory (DDPMON_STATE_DIR; "
-                                    "by default <tmp>/ddpmon-<uid>/<job>), once per node")
+            raise StateFileError(
+                d,
+                "no such directory; pass the job's state directory (DDPMON_STATE_DIR; "
+                "by default <tmp>/ddpmon-<uid>/<job>), once per node",
+            )
         paths += history.list_files(d)
     with tempfile.TemporaryDirectory(prefix="ddpmon-report-") as scratch:
         shown: dict[str, str] = {}
         if remote:
-            fetched = daemons.fetch_histories(remote, scratch, job, deadline=deadline, client=client)
+            fetched = daemons.fetch_histories(
+                remote, scratch, job, deadline=deadline, client=client
+            )
             problems += fetched.problems
             if job is None and fetched.job is not None and fetched.other_jobs:
-                notes.append(f"reading job {fetched.job!r}, the one written last on the daemons (they also hold "
-                             f"{', '.join(map(repr, fetched.other_jobs))}; --job picks another)")
+                notes.append(
+                    f"reading job {fetched.job!r}, the one written last on the daemons (they also hold "
+                    f"{', '.join(map(repr, fetched.other_jobs))}; --job picks another)"
+                )
             job = fetched.job if job is None else job
             shown = fetched.copies
             paths += list(shown)
@@ -99,19 +113,32 @@ def load(state_dirs: Sequence[str] = (), remote: Sequence[str] = (), *, job: str
     if findings:
         diagnosis = _diagnose(state_dirs, remote, job, problems, client)
     if not ranks and diagnosis is not None:
-        problems.append("no step history (rank-<R>.history.sqlite) was read, so the per-step plots are empty: "
-                        "pass the ranks' state directories, or --from the node daemons (--serve-state)")
+        problems.append(
+            "no step history (rank-<R>.history.sqlite) was read, so the per-step plots are empty: "
+            "pass the ranks' state directories, or --from the node daemons (--serve-state)"
+        )
     if not ranks and diagnosis is None:
         where = ", ".join(list(state_dirs) + list(remote)) or "(nothing given)"
-        raise StateFileError(where, "holds no ddpmon history (rank-<R>.history.sqlite) and no state files: "
-                                    "attach ddpmon in the training script (history is on by default; "
-                                    "DDPMON_HISTORY=0 turns it off) and pass its state directory"
-                             + (f" ({'; '.join(problems)})" if problems else ""))
-    return Run(list(state_dirs) + list(remote), dict(sorted(ranks.items())), stride, diagnosis, problems, notes)
+        raise StateFileError(
+            where,
+            "holds no ddpmon history (rank-<R>.history.sqlite) and no state files: "
+            "attach ddpmon in the training script (history is on by default; "
+            "DDPMON_HISTORY=0 turns it off) and pass its state directory"
+            + (f" ({'; '.join(problems)})" if problems else ""),
+        )
+    return Run(
+        list(state_dirs) + list(remote),
+        dict(sorted(ranks.items())),
+        stride,
+        diagnosis,
+        problems,
+        notes,
+    )
 
 
-def _read(paths: list[str], job: str | None, max_points: int, problems: list[str],
-          shown: dict[str, str]) -> tuple[dict[int, RankHistory], int]:
+def _read(
+    paths: list[str], job: str | None, max_points: int, problems: list[str], shown: dict[str, str]
+) -> tuple[dict[int, RankHistory], int]:
     """Every rank's history (of ``job``, when given) and the step stride of the plots' bins.
     A copy read from a daemon goes by the name ``shown`` gives it."""
     ranks: dict[int, RankHistory] = {}
@@ -136,19 +163,38 @@ def _read(paths: list[str], job: str | None, max_points: int, problems: list[str
             continue
         rank = int(identity.get("rank", h["rank"] or 0))
         if rank in ranks and ranks[rank].identity.get("job") != identity.get("job"):
-            problems.append(f"{shown.get(p, p)}: rank {rank} of job {identity.get('job')!r} also in "
-                            f"{shown.get(ranks[rank].path, ranks[rank].path)}; kept the one written last")
+            problems.append(
+                f"{shown.get(p, p)}: rank {rank} of job {identity.get('job')!r} also in "
+                f"{shown.get(ranks[rank].path, ranks[rank].path)}; kept the one written last"
+            )
             if os.path.getmtime(p) < os.path.getmtime(ranks[rank].path):
                 continue
-        ranks[rank] = RankHistory(rank, p, identity, h["rows"], last, h["steps"], binned,
-                                  h["findings"], h["exit"], h["meta"], h["first"], h["last"])
+        ranks[rank] = RankHistory(
+            rank,
+            p,
+            identity,
+            h["rows"],
+            last,
+            h["steps"],
+            binned,
+            h["findings"],
+            h["exit"],
+            h["meta"],
+            h["first"],
+            h["last"],
+        )
     for h in ranks.values():
         h.path = shown.get(h.path, h.path)
     return ranks, stride
 
 
-def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None, problems: list[str],
-              client: HttpConfig | None) -> Any:
+def _diagnose(
+    state_dirs: Sequence[str],
+    remote: Sequence[str],
+    job: str | None,
+    problems: list[str],
+    client: HttpConfig | None,
+) -> Any:
     """The doctor's diagnosis (no live stacks): per-rank status and the findings. Several
     directories are read one by one and their ranks joined."""
     from ..doctor import examine
@@ -156,7 +202,9 @@ def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None,
     results = []
     try:
         if remote:
-            results.append(examine("", job=job, live_stacks=False, remote=list(remote), client=client))
+            results.append(
+                examine("", job=job, live_stacks=False, remote=list(remote), client=client)
+            )
         for d in state_dirs:
             results.append(examine(d, job=job, live_stacks=False))
     except StateFileError as exc:
@@ -178,8 +226,16 @@ def _diagnose(state_dirs: Sequence[str], remote: Sequence[str], job: str | None,
     seen = {(f.kind, tuple(f.ranks)) for f in found}
     for r in results:
         for f in r.findings:
-            if (f.kind, tuple(f.ranks)) not in seen and f.kind not in ("missing_ranks", "missing_rank"):
+            if (f.kind, tuple(f.ranks)) not in seen and f.kind not in (
+                "missing_ranks",
+                "missing_rank",
+            ):
                 seen.add((f.kind, tuple(f.ranks)))
                 found.append(f)
-    first.verdict, first.suspect_ranks, first.findings, first.ranks = verdict, suspects, found, views
+    first.verdict, first.suspect_ranks, first.findings, first.ranks = (
+        verdict,
+        suspects,
+        found,
+        views,
+    )
     return first

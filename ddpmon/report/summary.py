@@ -39,8 +39,10 @@ def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
         out[p] = statistics.median(values) if values else None
     if out["other"] is None:
         measured = [sample[f"{p}_seconds"] for p in steps.PARTS[:-1] if out[p] is not None]
-        others = [max(0.0, step - sum(v for v in parts if v is not None))
-                  for step, *parts in zip(sample.get("step_seconds", []), *measured)]
+        others = [
+            max(0.0, step - sum(v for v in parts if v is not None))
+            for step, *parts in zip(sample.get("step_seconds", []), *measured)
+        ]
         out["other"] = statistics.median(others) if others else None
     return out
 
@@ -71,20 +73,25 @@ def summarize(run: Run) -> dict[str, Any]:
         steps_done = h.last_step if h else None
         if v is not None:
             steps_done = max(steps_done or 0, v.state.step)
-        ranks_out.append({
-            "rank": rank, "host": ident.get("host"), "device": ident.get("device"),
-            "backend": ident.get("backend"), "steps": steps_done,
-            "median_step_seconds": step,
-            "median_compute_seconds": None if step is None else step - (exposed or 0.0),
-            "phases": phases,
-            "gpu_utilization_ratio": h.median("gpu_utilization_ratio") if h else None,
-            "max_memory_bytes": _max_memory(h.sample) if h else None,
-            "status": _status(h, v),
-            "history_rows": h.rows if h else 0,
-            "history": h.path if h else None,
-            "missing_steps": missing_steps(h, v),
-            **rank_throughput(v.state.throughput if v is not None else None),
-        })
+        ranks_out.append(
+            {
+                "rank": rank,
+                "host": ident.get("host"),
+                "device": ident.get("device"),
+                "backend": ident.get("backend"),
+                "steps": steps_done,
+                "median_step_seconds": step,
+                "median_compute_seconds": None if step is None else step - (exposed or 0.0),
+                "phases": phases,
+                "gpu_utilization_ratio": h.median("gpu_utilization_ratio") if h else None,
+                "max_memory_bytes": _max_memory(h.sample) if h else None,
+                "status": _status(h, v),
+                "history_rows": h.rows if h else 0,
+                "history": h.path if h else None,
+                "missing_steps": missing_steps(h, v),
+                **rank_throughput(v.state.throughput if v is not None else None),
+            }
+        )
     scores = run_scores(run)
     slowest = max(scores.values(), key=lambda sc: sc.score) if scores else None
     for r in ranks_out:
@@ -96,7 +103,8 @@ def summarize(run: Run) -> dict[str, Any]:
     exposed = phases.get("exposed_comm")
     first = next(iter(run.ranks.values()), None)
     world = (first.identity.get("world_size") if first else None) or (
-        views[min(views)].state.world_size if views else None)
+        views[min(views)].state.world_size if views else None
+    )
     out: dict[str, Any] = {
         "job": run.job,
         "sources": run.sources,
@@ -109,11 +117,17 @@ def summarize(run: Run) -> dict[str, Any]:
         "start_unix": start,
         "end_unix": end,
         "duration_seconds": (end - start) if start is not None and end is not None else None,
-        "missing_steps": [{"rank": r["rank"], "first": a, "last": b} for r in ranks_out for a, b in r["missing_steps"]],
+        "missing_steps": [
+            {"rank": r["rank"], "first": a, "last": b}
+            for r in ranks_out
+            for a, b in r["missing_steps"]
+        ],
         "median_step_seconds": step_median,
         "steps_per_second": (1.0 / step_median) if step_median else None,
         "phases": phases,
-        "exposed_comm_share": (exposed / step_median) if exposed is not None and step_median else None,
+        "exposed_comm_share": (exposed / step_median)
+        if exposed is not None and step_median
+        else None,
         "throughput": job_throughput(ranks_out),
         "gpu_utilization_ratio": _median([r["gpu_utilization_ratio"] for r in ranks_out]),
         "slowest_rank": _slowest(slowest),
@@ -150,6 +164,7 @@ def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
 def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The job's rates, summed over its ranks; its MFU where every rank that counted its
     FLOPs knows its device's peak."""
+
     def total(key: str) -> float | None:
         values = [r[key] for r in ranks if r.get(key) is not None]
         return sum(values) if values else None
@@ -159,8 +174,12 @@ def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     mfu = None
     if achieved and len(peaks) == len(achieved):
         mfu = sum(r["achieved_flops_per_second"] for r in achieved) / sum(peaks)
-    return {"samples_per_second": total("samples_per_second"), "tokens_per_second": total("tokens_per_second"),
-            "achieved_flops_per_second": total("achieved_flops_per_second"), "mfu": mfu}
+    return {
+        "samples_per_second": total("samples_per_second"),
+        "tokens_per_second": total("tokens_per_second"),
+        "achieved_flops_per_second": total("achieved_flops_per_second"),
+        "mfu": mfu,
+    }
 
 
 def throughput_text(t: dict[str, Any]) -> str | None:
@@ -172,8 +191,14 @@ def throughput_text(t: dict[str, Any]) -> str | None:
         parts.append(f"{t['tokens_per_second']:,.0f} tokens/s")
     if t.get("achieved_flops_per_second") is not None:
         flops = t["achieved_flops_per_second"]
-        parts.append(f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.2f} GFLOP/s")
-        parts.append(f"MFU {pct(t['mfu'])}" if t.get("mfu") is not None else "MFU unknown (no peak for this device)")
+        parts.append(
+            f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.2f} GFLOP/s"
+        )
+        parts.append(
+            f"MFU {pct(t['mfu'])}"
+            if t.get("mfu") is not None
+            else "MFU unknown (no peak for this device)"
+        )
     return ", ".join(parts) or None
 
 
@@ -222,10 +247,18 @@ def capture_list(sources: list[str]) -> list[dict[str, Any]]:
             continue
         for c in captures.listing(d):
             st = c.status
-            out.append({"rank": c.rank, "state": st.state if st else "unreadable", "steps": st.steps if st else None,
-                        "first_step": st.first_step if st else None, "last_step": st.last_step if st else None,
-                        "trace": c.trace_path, "reason": (st.reason if st else c.problem),
-                        "written_unix": c.written_unix or None})
+            out.append(
+                {
+                    "rank": c.rank,
+                    "state": st.state if st else "unreadable",
+                    "steps": st.steps if st else None,
+                    "first_step": st.first_step if st else None,
+                    "last_step": st.last_step if st else None,
+                    "trace": c.trace_path,
+                    "reason": (st.reason if st else c.problem),
+                    "written_unix": c.written_unix or None,
+                }
+            )
     return out
 
 
@@ -233,19 +266,29 @@ def _status(h: Any, v: Any) -> dict[str, Any]:
     """How the rank ended: the doctor's status where a state file exists, else the history's."""
     ex = h.exit if h is not None else None
     own_exit = v.state.exit if v is not None else None
-    record = (ex or {}).get("record") or (schema.to_json(own_exit) if own_exit is not None else None) or {}
+    record = (
+        (ex or {}).get("record")
+        or (schema.to_json(own_exit) if own_exit is not None else None)
+        or {}
+    )
     if v is not None:
         status = v.status
         if v.cannot_write is not None and v.liveness.alive is False:
             status = f"ended, not recorded ({v.cannot_write.reason})"  # its last writes failed
         elif v.liveness.alive is False and status not in GONE:
-            status = f"dead (was {status})"  # the doctor's view when it stopped: a hang, then killed
+            status = (
+                f"dead (was {status})"  # the doctor's view when it stopped: a hang, then killed
+            )
     elif ex is not None:
         status = ex["how"]
     else:
         status = "killed or still running (no exit record)"
-    return {"status": status, "exit_code": record.get("exit_code", record.get("code")),
-            "exception": record.get("exception"), "unix": record.get("unix") or (ex or {}).get("unix")}
+    return {
+        "status": status,
+        "exit_code": record.get("exit_code", record.get("code")),
+        "exception": record.get("exception"),
+        "unix": record.get("unix") or (ex or {}).get("unix"),
+    }
 
 
 def _max_memory(sample: dict[str, list[Any]]) -> float | None:
@@ -268,9 +311,16 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
         numbers = h.sample.get("step") or []
-        rows = [steps.StepRow(numbers[i] if i < len(numbers) else i, 0.0, 0.0,
-                              **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED})
-                for i, step in enumerate(columns["step_seconds"]) if step is not None]
+        rows = [
+            steps.StepRow(
+                numbers[i] if i < len(numbers) else i,
+                0.0,
+                0.0,
+                **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED},
+            )
+            for i, step in enumerate(columns["step_seconds"])
+            if step is not None
+        ]
         phases[rank] = steps.phases(rows, whole=True)
     return steps.scores(phases)
 
@@ -283,8 +333,12 @@ def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
         return None
     losing = {p: e for p, e in top.excess.items() if e > 0}
     phase = top.cause or (max(losing, key=lambda p: losing[p]) if losing else None)
-    return {"rank": top.rank, "score": round(top.score, 4), "phase": phase,
-            "excess_seconds": top.excess[phase] if phase else None}
+    return {
+        "rank": top.rank,
+        "score": round(top.score, 4),
+        "phase": phase,
+        "excess_seconds": top.excess[phase] if phase else None,
+    }
 
 
 def _straggler(top: steps.Score | None) -> dict[str, Any] | None:
@@ -292,9 +346,15 @@ def _straggler(top: steps.Score | None) -> dict[str, Any] | None:
     straggler (out of its noise), and the part that explains it."""
     if top is None:
         return None
-    return {"rank": top.rank, "score": round(top.score, 4), "named": top.straggler, "cause": top.cause,
-            "share": round(top.shares.get(top.cause, 0.0), 4) if top.cause else None,
-            "busy_seconds": top.busy_seconds, "baseline_seconds": top.baseline_seconds}
+    return {
+        "rank": top.rank,
+        "score": round(top.score, 4),
+        "named": top.straggler,
+        "cause": top.cause,
+        "share": round(top.shares.get(top.cause, 0.0), 4) if top.cause else None,
+        "busy_seconds": top.busy_seconds,
+        "baseline_seconds": top.baseline_seconds,
+    }
 
 
 def bucket_summary(run: Run) -> list[dict[str, Any]]:
@@ -309,7 +369,11 @@ def bucket_summary(run: Run) -> list[dict[str, Any]]:
         n = max(n, int(h.identity.get("ddp_world_size") or h.identity.get("world_size") or 1))
         texts = [t for t in h.sample.get("buckets", []) if t]
         texts = texts[:: max(1, -(-len(texts) // per_rank_rows))]
-        rows = json.loads("[" + ",".join(texts) + "]") if texts and isinstance(texts[0], str) else texts
+        rows = (
+            json.loads("[" + ",".join(texts) + "]")
+            if texts and isinstance(texts[0], str)
+            else texts
+        )
         for row in rows:
             for index, secs, nbytes in row or ():
                 if isinstance(secs, (int, float)):
@@ -322,12 +386,18 @@ def bucket_summary(run: Run) -> list[dict[str, Any]]:
     for index in sorted(seconds):
         med = statistics.median(seconds[index])
         size = sizes.get(index)
-        out.append({
-            "index": index, "bytes": size, "median_seconds": med,
-            "max_rank_median_seconds": max(statistics.median(v) for v in per_rank[index].values()),
-            "busbw_bytes_per_second": (size / med * factor) if size and med > 0 else None,
-            "samples": len(seconds[index]),
-        })
+        out.append(
+            {
+                "index": index,
+                "bytes": size,
+                "median_seconds": med,
+                "max_rank_median_seconds": max(
+                    statistics.median(v) for v in per_rank[index].values()
+                ),
+                "busbw_bytes_per_second": (size / med * factor) if size and med > 0 else None,
+                "samples": len(seconds[index]),
+            }
+        )
     return out
 
 
@@ -340,8 +410,11 @@ def pct(ratio: float | None) -> str:
 
 def missing_text(missing: list[dict[str, Any]]) -> str:
     """``rank 0 steps 120-1340, rank 1 step 7``: the steps the histories lack."""
-    return ", ".join(f"rank {m['rank']} " + (f"step {m['first']}" if m["first"] == m["last"]
-                                              else f"steps {m['first']}-{m['last']}") for m in missing)
+    return ", ".join(
+        f"rank {m['rank']} "
+        + (f"step {m['first']}" if m["first"] == m["last"] else f"steps {m['first']}-{m['last']}")
+        for m in missing
+    )
 
 
 def end_of_run(state_dir: str) -> str:
@@ -349,25 +422,39 @@ def end_of_run(state_dir: str) -> str:
     rank and its phase, the exposed-communication share, findings, and the report command."""
     run = load([state_dir], max_points=200)
     s = summarize(run)
-    lines = [f"ddpmon: run summary of job {s['job']!r}: {s['steps']} steps on {s['ranks']} ranks, "
-             f"median step {format_seconds(s['median_step_seconds'])}, exposed communication "
-             f"{pct(s['exposed_comm_share'])} of the step"]
+    lines = [
+        f"ddpmon: run summary of job {s['job']!r}: {s['steps']} steps on {s['ranks']} ranks, "
+        f"median step {format_seconds(s['median_step_seconds'])}, exposed communication "
+        f"{pct(s['exposed_comm_share'])} of the step"
+    ]
     rates = throughput_text(s["throughput"])
     if rates:
         lines.append(f"  throughput: {rates}")
     slow = s["straggler"]  # the doctor's rule, over the whole run
     if slow and slow["named"]:
-        lines.append(f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"
-                     f" ({format_seconds(slow['busy_seconds'])} against "
-                     f"{format_seconds(slow['baseline_seconds'])} of work per step)")
+        lines.append(
+            f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"
+            f" ({format_seconds(slow['busy_seconds'])} against "
+            f"{format_seconds(slow['baseline_seconds'])} of work per step)"
+        )
     elif slow:
-        lines.append(f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
-                     "than the others, within their step-to-step noise")
-    logged = {a.kind for v in (run.diagnosis.ranks if run.diagnosis else []) for a in v.state.advice}
-    findings = [f for f in s["findings"]  # not what a rank logged as it found it, nor the straggler said above
-                if f["kind"] not in logged and not (slow and f["kind"] == "straggler")]
-    shown = [f for f in findings if f["severity"] in ("error", "warning")] + \
-            [f for f in findings if f["severity"] == "info"]
+        lines.append(
+            f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
+            "than the others, within their step-to-step noise"
+        )
+    logged = {
+        a.kind for v in (run.diagnosis.ranks if run.diagnosis else []) for a in v.state.advice
+    }
+    findings = [
+        f
+        for f in s[
+            "findings"
+        ]  # not what a rank logged as it found it, nor the straggler said above
+        if f["kind"] not in logged and not (slow and f["kind"] == "straggler")
+    ]
+    shown = [f for f in findings if f["severity"] in ("error", "warning")] + [
+        f for f in findings if f["severity"] == "info"
+    ]
     for f in shown[:3]:  # a finding the doctor makes only now must reach a log, with what to do
         fix = f" Fix: {f['fix']}" if f["severity"] != "info" and f.get("fix") else ""
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")

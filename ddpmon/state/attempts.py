@@ -73,7 +73,9 @@ def _rank_files(directory: str, rank: int) -> list[str]:
     return [os.path.join(directory, f"rank-{rank}{suffix}") for suffix in _SUFFIXES]
 
 
-def keep_earlier(state_dir: str, rank: int, job: str, attempt: int | None, keep: int = KEEP) -> int | None:
+def keep_earlier(
+    state_dir: str, rank: int, job: str, attempt: int | None, keep: int = KEEP
+) -> int | None:
     """Before this rank writes: move its own files of an earlier attempt of ``job`` into
     ``attempt-<N>/`` and drop its files of attempts older than the last ``keep``. Returns
     the attempt moved, or None (nothing of an earlier attempt there, or no attempt known)."""
@@ -93,7 +95,12 @@ def keep_earlier(state_dir: str, rank: int, job: str, attempt: int | None, keep:
     try:  # never more open than the state directory; never a link or another user's directory
         root.make_subdir(target, os.stat(state_dir).st_mode)
     except root.UnsafeStateDir as exc:
-        log.warning("ddpmon: rank %d: the files of attempt %d stay where they are: %s", rank, earlier_attempt, exc)
+        log.warning(
+            "ddpmon: rank %d: the files of attempt %d stay where they are: %s",
+            rank,
+            earlier_attempt,
+            exc,
+        )
         return None
     for source in _rank_files(state_dir, rank):
         if os.path.lexists(source):

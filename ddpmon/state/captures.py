@@ -133,14 +133,16 @@ def write_status(state_dir: str, status: Status) -> str:
 def _read(path: str, kind: str) -> dict[str, Any]:
     data = files.decode(path, files.read_bytes(path, MAX_FILE_BYTES))
     if data.get("kind") != kind:
-        raise StateFileError(path, f"is not a ddpmon capture file (no \"kind\": {kind!r})")
+        raise StateFileError(path, f'is not a ddpmon capture file (no "kind": {kind!r})')
     return data
 
 
 _NONCE = re.compile(r"^[0-9a-f]{8,32}$")
 
 
-def _field(path: str, data: dict[str, Any], name: str, types: tuple[type, ...], optional: bool = False) -> Any:
+def _field(
+    path: str, data: dict[str, Any], name: str, types: tuple[type, ...], optional: bool = False
+) -> Any:
     value = data.get(name)
     if value is None and optional:
         return None
@@ -160,9 +162,13 @@ def read_request(path: str) -> Request:
     if not 1 <= steps <= MAX_STEPS:
         raise StateFileError(path, f"has steps={steps}; expected 1 to {MAX_STEPS}")
     return Request(
-        nonce=nonce, rank=_field(path, data, "rank", (int,)), job=_field(path, data, "job", (str,), True),
-        pid=_field(path, data, "pid", (int,)), started_unix=float(_field(path, data, "started_unix", (int, float))),
-        steps=steps, at_step=_field(path, data, "at_step", (int,), True),
+        nonce=nonce,
+        rank=_field(path, data, "rank", (int,)),
+        job=_field(path, data, "job", (str,), True),
+        pid=_field(path, data, "pid", (int,)),
+        started_unix=float(_field(path, data, "started_unix", (int, float))),
+        steps=steps,
+        at_step=_field(path, data, "at_step", (int,), True),
         requested_unix=float(_field(path, data, "requested_unix", (int, float))),
         expires_unix=float(_field(path, data, "expires_unix", (int, float))),
     )
@@ -176,13 +182,20 @@ def read_status(path: str) -> Status:
         raise StateFileError(path, f"has state={state!r}; expected one of {', '.join(STATES)}")
     trace = _field(path, data, "trace", (str,), True)
     if trace is not None and (os.path.basename(trace) != trace or not trace.endswith(TRACE_SUFFIX)):
-        raise StateFileError(path, f"names the trace {trace!r}; expected a file name ending in {TRACE_SUFFIX}")
+        raise StateFileError(
+            path, f"names the trace {trace!r}; expected a file name ending in {TRACE_SUFFIX}"
+        )
     return Status(
-        nonce=_field(path, data, "nonce", (str,)), rank=_field(path, data, "rank", (int,)), state=state,
-        steps=_field(path, data, "steps", (int,)), step=_field(path, data, "step", (int,), True) or 0,
+        nonce=_field(path, data, "nonce", (str,)),
+        rank=_field(path, data, "rank", (int,)),
+        state=state,
+        steps=_field(path, data, "steps", (int,)),
+        step=_field(path, data, "step", (int,), True) or 0,
         first_step=_field(path, data, "first_step", (int,), True),
-        last_step=_field(path, data, "last_step", (int,), True), trace=trace,
-        trace_bytes=_field(path, data, "trace_bytes", (int,), True), reason=_field(path, data, "reason", (str,), True),
+        last_step=_field(path, data, "last_step", (int,), True),
+        trace=trace,
+        trace_bytes=_field(path, data, "trace_bytes", (int,), True),
+        reason=_field(path, data, "reason", (str,), True),
         job=_field(path, data, "job", (str,), True),
         written_unix=float(_field(path, data, "written_unix", (int, float), True) or 0.0),
     )
@@ -231,7 +244,9 @@ def listing(state_dir: str) -> list[Capture]:
         trace = None
         if status is not None and status.state == "ok" and status.trace:
             candidate = os.path.join(state_dir, status.trace)
-            trace = candidate if os.path.isfile(candidate) and not os.path.islink(candidate) else None
+            trace = (
+                candidate if os.path.isfile(candidate) and not os.path.islink(candidate) else None
+            )
         found.append(Capture(rank, nonce, status, path, trace, problem))
     return sorted(found, key=lambda c: (c.rank, c.written_unix, c.nonce))
 

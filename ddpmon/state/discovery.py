@@ -28,7 +28,9 @@ PROMETHEUS_TIMEOUT_SECONDS = 3.0
 PROMETHEUS_DEADLINE_SECONDS = 10.0
 """For its whole list of targets: a few MiB at ten thousand targets."""
 TARGETS_MAX_BYTES = 64 * 2**20
-PROMETHEUS = remote.Server("Prometheus", "http://prometheus:9090", "--prometheus-http-config", prefix=True)
+PROMETHEUS = remote.Server(
+    "Prometheus", "http://prometheus:9090", "--prometheus-http-config", prefix=True
+)
 
 
 def read_address_file(path: str) -> list[str]:
@@ -48,12 +50,16 @@ def read_address_file(path: str) -> list[str]:
             continue
         problem = remote.address_problem(address)
         if problem:
-            raise DiscoveryError(f"--from-file {path}, line {number}: {remote.without_credentials(address)!r} "
-                                 f"is not a daemon's address: {problem} (one HOST:PORT a line; # starts a comment)")
+            raise DiscoveryError(
+                f"--from-file {path}, line {number}: {remote.without_credentials(address)!r} "
+                f"is not a daemon's address: {problem} (one HOST:PORT a line; # starts a comment)"
+            )
         addresses.append(address)
     if not addresses:
-        raise DiscoveryError(f"--from-file {path}: holds no address; write one daemon a line, HOST:PORT "
-                             "(for example node1:9490)")
+        raise DiscoveryError(
+            f"--from-file {path}: holds no address; write one daemon a line, HOST:PORT "
+            "(for example node1:9490)"
+        )
     return addresses
 
 
@@ -74,9 +80,13 @@ def daemon_address(scrape_url: str) -> str:
     return f"https://{host}" if parts.scheme == "https" else host
 
 
-def prometheus_daemons(url: str, jobs: Sequence[str] = (), client: HttpConfig | None = None,
-                       timeout: float = PROMETHEUS_TIMEOUT_SECONDS,
-                       deadline: float = PROMETHEUS_DEADLINE_SECONDS) -> list[str]:
+def prometheus_daemons(
+    url: str,
+    jobs: Sequence[str] = (),
+    client: HttpConfig | None = None,
+    timeout: float = PROMETHEUS_TIMEOUT_SECONDS,
+    deadline: float = PROMETHEUS_DEADLINE_SECONDS,
+) -> list[str]:
     """The addresses of the node daemons that the Prometheus at ``url`` scrapes: its active
     targets (``/api/v1/targets``), up or down, of the scrape jobs ``jobs`` (default:
     ``DAEMON_JOBS``), each once, sorted. A daemon Prometheus cannot scrape is listed all the same, so
@@ -84,24 +94,35 @@ def prometheus_daemons(url: str, jobs: Sequence[str] = (), client: HttpConfig | 
     names = tuple(jobs) or DAEMON_JOBS
     problem = remote.address_problem(url, PROMETHEUS)
     if problem:
-        raise DiscoveryError(f"--prometheus {remote.without_credentials(url)!r} is not valid: {problem}")
+        raise DiscoveryError(
+            f"--prometheus {remote.without_credentials(url)!r} is not valid: {problem}"
+        )
     api = remote.base_url(url) + "/api/v1/targets?state=active"
-    _, body, _ = remote.fetch(api, timeout, time.monotonic() + deadline, TARGETS_MAX_BYTES, client or HttpConfig())
+    _, body, _ = remote.fetch(
+        api, timeout, time.monotonic() + deadline, TARGETS_MAX_BYTES, client or HttpConfig()
+    )
     if isinstance(body, BaseException):
-        hint = (" (give its credentials in an http_config file: --prometheus-http-config FILE)"
-                if getattr(body, "code", None) in (401, 403) else "")
-        raise DiscoveryError(f"--prometheus {url}: Prometheus cannot be asked for its targets at {api} "
-                             f"({remote.why(body, timeout)}){hint}; is Prometheus running there, and is that "
-                             "the URL of its web UI?")
+        hint = (
+            " (give its credentials in an http_config file: --prometheus-http-config FILE)"
+            if getattr(body, "code", None) in (401, 403)
+            else ""
+        )
+        raise DiscoveryError(
+            f"--prometheus {url}: Prometheus cannot be asked for its targets at {api} "
+            f"({remote.why(body, timeout)}){hint}; is Prometheus running there, and is that "
+            "the URL of its web UI?"
+        )
     try:
         data = json.loads(body)
         targets = data["data"]["activeTargets"] if data.get("status") == "success" else None
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         targets = None
     if not isinstance(targets, list):
-        raise DiscoveryError(f"--prometheus {url}: {api} answered, but not as Prometheus' targets API does "
-                             f"({bytes(body[:80])!r}); give the URL of the Prometheus server itself, such as "
-                             "http://prometheus:9090")
+        raise DiscoveryError(
+            f"--prometheus {url}: {api} answered, but not as Prometheus' targets API does "
+            f"({bytes(body[:80])!r}); give the URL of the Prometheus server itself, such as "
+            "http://prometheus:9090"
+        )
     found: set[str] = set()
     seen_jobs: set[str] = set()
     for target in targets:
@@ -115,6 +136,8 @@ def prometheus_daemons(url: str, jobs: Sequence[str] = (), client: HttpConfig | 
     if not found:
         looked = ", ".join(names) + ("" if jobs else " (ddpmon's own names for its daemons)")
         others = ", ".join(sorted(seen_jobs)) or "none: it scrapes nothing"
-        raise DiscoveryError(f"--prometheus {url}: no active target of the scrape job {looked}; its jobs: "
-                             f"{others}. Name the daemons' job with --prometheus-job NAME")
+        raise DiscoveryError(
+            f"--prometheus {url}: no active target of the scrape job {looked}; its jobs: "
+            f"{others}. Name the daemons' job with --prometheus-job NAME"
+        )
     return sorted(found)

@@ -28,7 +28,9 @@ STDERR_LINE = "ddpmon: stderr "
 """The fault file's first line, written by the rank at attach: ``ddpmon: stderr PATH``."""
 LOG_TAIL_BYTES = 64 << 10
 _STDERR = re.compile("^" + re.escape(STDERR_LINE) + "(.+)$", re.MULTILINE)
-_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
+_TERMINATE = re.compile(
+    r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)"
+)
 _HEADER = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
@@ -71,7 +73,9 @@ def _read_owned(path: str, owner: int, limit: int, last: bool = False) -> tuple[
     """Up to ``limit`` bytes of ``path`` (its last ones with ``last``) and its mtime, when it
     is a regular file of ``owner``, opened without following a link; else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -106,8 +110,13 @@ def parse(text: str, unix: float) -> Exit | None:
     for line in text.splitlines():
         t = _THREAD.match(line)
         if t:
-            threads.append(Thread(name=("current thread " if t.group(1) == "Current thread" else "thread ")
-                                  + t.group(2), main=t.group(1) == "Current thread"))
+            threads.append(
+                Thread(
+                    name=("current thread " if t.group(1) == "Current thread" else "thread ")
+                    + t.group(2),
+                    main=t.group(1) == "Current thread",
+                )
+            )
             continue
         fr = _FRAME.match(line)
         if fr and threads:
@@ -118,17 +127,26 @@ def parse(text: str, unix: float) -> Exit | None:
     if not any(t.main for t in threads):
         # the signal came from a thread without Python (a backend's own thread): the thread
         # that runs the script is the one that matters
-        script = next((t for t in threads if any(f.function == "<module>" for f in t.frames[:3])), None)
+        script = next(
+            (t for t in threads if any(f.function == "<module>" for f in t.frames[:3])), None
+        )
         if script is not None:
             script.main = True
     threads.sort(key=lambda t: not t.main)  # the thread that took the signal first
-    record = Exit(unix=unix, how="signal", signal=signal, threads=threads,
-                  exception=f"{signal} ({what})")
-    top = next((f for t in threads[:1] for f in reversed(t.frames) if not is_library_anywhere(f.file or "")), None)
+    record = Exit(
+        unix=unix, how="signal", signal=signal, threads=threads, exception=f"{signal} ({what})"
+    )
+    top = next(
+        (
+            f
+            for t in threads[:1]
+            for f in reversed(t.frames)
+            if not is_library_anywhere(f.file or "")
+        ),
+        None,
+    )
     if top is None and threads and threads[0].frames:
         top = threads[0].frames[-1]
     if top is not None:
         record.where = f"{top.file}:{top.line} in {top.function}"
     return record
-
-

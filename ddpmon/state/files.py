@@ -86,7 +86,9 @@ def own_private(path: str) -> int:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            raise OSError(errno.EPERM, f"{path} is not a regular file of yours (replaced by another user?)")
+            raise OSError(
+                errno.EPERM, f"{path} is not a regular file of yours (replaced by another user?)"
+            )
         os.fchmod(fd, file_mode(os.path.dirname(path) or "."))
         return info.st_size
     finally:
@@ -147,17 +149,22 @@ def _read_opened(path: str, limit: int) -> tuple[bytes, os.stat_result]:
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise StateFileError(path, "is a symbolic link; state files are regular files, "
-                                       "so it was not followed") from None
+            raise StateFileError(
+                path, "is a symbolic link; state files are regular files, so it was not followed"
+            ) from None
         raise StateFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise StateFileError(path, "is not a regular file (a FIFO, device or directory); "
-                                       "state files are regular files")
+            raise StateFileError(
+                path,
+                "is not a regular file (a FIFO, device or directory); "
+                "state files are regular files",
+            )
         if info.st_size > limit:
-            raise StateFileError(path, f"is {info.st_size} bytes, more than a state file holds "
-                                       f"({limit}); not read")
+            raise StateFileError(
+                path, f"is {info.st_size} bytes, more than a state file holds ({limit}); not read"
+            )
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))
@@ -220,8 +227,9 @@ def read_stat(path: str) -> tuple[schema.RankState, os.stat_result]:
     state = load(path, decode(path, raw))
     named = rank_of(path)
     if named is not None and named != state.rank:
-        raise StateFileError(path, f"is named for rank {named} but holds rank {state.rank} "
-                                   "(not written by ddpmon)")
+        raise StateFileError(
+            path, f"is named for rank {named} but holds rank {state.rank} (not written by ddpmon)"
+        )
     return state, info
 
 

@@ -36,10 +36,22 @@ NAME_PATTERN = re.compile(r"^rank-(\d+)\.history\.sqlite$")
 
 # Per-step columns, in table order; all seconds unless named otherwise.
 STEP_COLUMNS = (
-    "step", "start_unix", "end_unix", "step_seconds", "forward_seconds", "backward_seconds",
-    "exposed_comm_seconds", "data_wait_seconds", "h2d_seconds", "optimizer_seconds",
-    "other_seconds", "buckets", "gpu_utilization_ratio",
-    "gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes",
+    "step",
+    "start_unix",
+    "end_unix",
+    "step_seconds",
+    "forward_seconds",
+    "backward_seconds",
+    "exposed_comm_seconds",
+    "data_wait_seconds",
+    "h2d_seconds",
+    "optimizer_seconds",
+    "other_seconds",
+    "buckets",
+    "gpu_utilization_ratio",
+    "gpu_memory_used_bytes",
+    "torch_memory_allocated_bytes",
+    "process_resident_memory_bytes",
 )
 _FLOAT_COLUMNS = STEP_COLUMNS[1:11]
 _BUCKETS = STEP_COLUMNS.index("buckets")
@@ -110,28 +122,44 @@ class HistoryStore:
             made[p] = files.inode_of(fd)
             os.close(fd)
         uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
-        self._db = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(
+            uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False
+        )
         try:  # (a writer that fails here, a full disk, tries again later: no connection left open)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash loses no committed batch
+            self._db.execute(
+                "PRAGMA synchronous=NORMAL"
+            )  # WAL + NORMAL: a crash loses no committed batch
             self._db.executescript(_SCHEMA)
             for p, inode in made.items():
                 if files.inode_of(p) != inode:
-                    raise HistoryError(f"{p} was replaced by another file while it was opened (another user "
-                                       "of the state directory?); not written. Fix: a state directory "
-                                       "others may write needs the sticky bit (chmod +t)")
+                    raise HistoryError(
+                        f"{p} was replaced by another file while it was opened (another user "
+                        "of the state directory?); not written. Fix: a state directory "
+                        "others may write needs the sticky bit (chmod +t)"
+                    )
             with self._db:
                 self._db.execute("BEGIN")
-                meta = {"schema_version": SCHEMA_VERSION, "created_unix": time.time(),
-                        "identity": json.dumps(identity, default=str), "max_rows": self.max_rows}
-                self._db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
+                meta = {
+                    "schema_version": SCHEMA_VERSION,
+                    "created_unix": time.time(),
+                    "identity": json.dumps(identity, default=str),
+                    "max_rows": self.max_rows,
+                }
+                self._db.executemany(
+                    "INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()]
+                )
         except BaseException:
             self._db.close()
             raise
         self.rows = 0
 
-    def add_steps(self, steps: list[dict[str, Any]], sample: dict[str, Any] | None = None,
-                  missing: tuple[int, int] | None = None) -> None:
+    def add_steps(
+        self,
+        steps: list[dict[str, Any]],
+        sample: dict[str, Any] | None = None,
+        missing: tuple[int, int] | None = None,
+    ) -> None:
         """Insert (or replace) a batch of per-step dicts in one transaction, with the steps
         (first, last) before them that the rank lost (``missing_steps``)."""
         if not steps:
@@ -141,11 +169,17 @@ class HistoryStore:
         marks = ",".join("?" * len(STEP_COLUMNS))
         with self._db:
             self._db.execute("BEGIN")  # columns named: a file of an older ddpmon has more
-            self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})", rows)
+            self._db.executemany(
+                f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})", rows
+            )
             if missing is not None:
-                found = self._db.execute("SELECT value FROM meta WHERE key = 'missing_steps'").fetchone()
+                found = self._db.execute(
+                    "SELECT value FROM meta WHERE key = 'missing_steps'"
+                ).fetchone()
                 ranges = missing_steps({"missing_steps": found[0]} if found else {}) + [missing]
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('missing_steps', ?)", (json.dumps(ranges),))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('missing_steps', ?)", (json.dumps(ranges),)
+                )
         self.rows += len(rows)
         if self.rows > self.max_rows:
             self._thin()
@@ -153,14 +187,18 @@ class HistoryStore:
     def add_finding(self, kind: str, key: str, text: str, step: int | None) -> None:
         with self._db:
             self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?)", (time.time(), step, kind, key, text))
+            self._db.execute(
+                "INSERT INTO findings VALUES (?, ?, ?, ?, ?)", (time.time(), step, kind, key, text)
+            )
 
     def set_exit(self, how: str, step: int | None, record: dict[str, Any] | None) -> None:
         with self._db:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM exit")
-            self._db.execute("INSERT INTO exit VALUES (?, ?, ?, ?)",
-                             (time.time(), step, how, json.dumps(record, default=str) if record else None))
+            self._db.execute(
+                "INSERT INTO exit VALUES (?, ?, ?, ?)",
+                (time.time(), step, how, json.dumps(record, default=str) if record else None),
+            )
 
     def close(self) -> None:
         try:
@@ -179,13 +217,19 @@ class HistoryStore:
 
     def _thin_once(self, count: int) -> None:
         half = count // 2
-        (through,) = self._db.execute("SELECT step FROM steps ORDER BY step LIMIT 1 OFFSET ?", (half - 1,)).fetchone()
+        (through,) = self._db.execute(
+            "SELECT step FROM steps ORDER BY step LIMIT 1 OFFSET ?", (half - 1,)
+        ).fetchone()
         with self._db:
             self._db.execute("BEGIN")
             self._db.execute(
                 "DELETE FROM steps WHERE step IN (SELECT step FROM (SELECT step, row_number() "
-                "OVER (ORDER BY step) AS n FROM steps) WHERE n <= ? AND n % 2 = 0)", (half,))
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('thinned_through_step', ?)", (str(through),))
+                "OVER (ORDER BY step) AS n FROM steps) WHERE n <= ? AND n % 2 = 0)",
+                (half,),
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('thinned_through_step', ?)", (str(through),)
+            )
 
 
 def missing_steps(meta: Mapping[str, Any]) -> list[tuple[int, int]]:
@@ -206,8 +250,14 @@ def _row(s: dict[str, Any], sample: dict[str, Any]) -> tuple[Any, ...]:
         v = s.get(key)
         out.append(float(v) if isinstance(v, (int, float)) else None)
     buckets = s.get("buckets")
-    out.append(json.dumps([[b.get("index"), _round(b.get("seconds")), b.get("bytes")] for b in buckets],
-                          separators=(",", ":")) if buckets else None)
+    out.append(
+        json.dumps(
+            [[b.get("index"), _round(b.get("seconds")), b.get("bytes")] for b in buckets],
+            separators=(",", ":"),
+        )
+        if buckets
+        else None
+    )
     for key in SAMPLE_KEYS:
         v = s.get(key, sample.get(key))
         out.append(v if isinstance(v, (int, float)) else None)
@@ -221,8 +271,12 @@ def _round(v: Any) -> Any:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
-         bin_stride: int | None = None) -> dict[str, Any]:
+def read(
+    path: str,
+    max_points: int | None = None,
+    decode_buckets: bool = True,
+    bin_stride: int | None = None,
+) -> dict[str, Any]:
     """One rank's history: ``meta`` (with ``identity``), ``steps`` (column -> list, oldest
     first; ``buckets`` decoded unless ``decode_buckets=False``, then JSON text), ``findings``
     and ``exit`` (None when it never wrote one: killed, or still running), ``first`` and
@@ -237,11 +291,19 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
         (count,) = db.execute("SELECT count(*) FROM steps").fetchone()
         if max_points and count > max_points:
             stride = -(-count // max_points)
-            where = (f" WHERE step IN (SELECT step FROM (SELECT step, row_number() OVER (ORDER BY step) AS n "
-                     f"FROM steps) WHERE n % {stride} = 0 OR n = {count})")
-        rows = db.execute(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps{where} ORDER BY step").fetchall()
-        first, last = (db.execute(f"SELECT step, start_unix, end_unix FROM steps ORDER BY step {order} LIMIT 1")
-                       .fetchone() for order in ("ASC", "DESC"))
+            where = (
+                f" WHERE step IN (SELECT step FROM (SELECT step, row_number() OVER (ORDER BY step) AS n "
+                f"FROM steps) WHERE n % {stride} = 0 OR n = {count})"
+            )
+        rows = db.execute(
+            f"SELECT {', '.join(STEP_COLUMNS)} FROM steps{where} ORDER BY step"
+        ).fetchall()
+        first, last = (
+            db.execute(
+                f"SELECT step, start_unix, end_unix FROM steps ORDER BY step {order} LIMIT 1"
+            ).fetchone()
+            for order in ("ASC", "DESC")
+        )
         findings = _findings(db)
         ended = _exit(db)
         binned = _binned(db, bin_stride) if bin_stride else None
@@ -253,9 +315,17 @@ def read(path: str, max_points: int | None = None, decode_buckets: bool = True,
     if decode_buckets:
         columns["buckets"] = [json.loads(b) if b else None for b in columns["buckets"]]
     return {
-        "path": path, "meta": meta, "identity": identity, "rank": identity.get("rank"),
-        "rows": count, "steps": columns, "findings": findings, "binned": binned, "exit": ended,
-        "first": first, "last": last,
+        "path": path,
+        "meta": meta,
+        "identity": identity,
+        "rank": identity.get("rank"),
+        "rows": count,
+        "steps": columns,
+        "findings": findings,
+        "binned": binned,
+        "exit": ended,
+        "first": first,
+        "last": last,
     }
 
 
@@ -274,22 +344,33 @@ def _meta(db: sqlite3.Connection, path: str) -> dict[str, str]:
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
     version = int(meta.get("schema_version", 0))
     if version != SCHEMA_VERSION:
-        raise HistoryError(f"{path} has history schema {version}; this ddpmon reads {SCHEMA_VERSION}")
+        raise HistoryError(
+            f"{path} has history schema {version}; this ddpmon reads {SCHEMA_VERSION}"
+        )
     return meta
 
 
 def _findings(db: sqlite3.Connection, newest: int = -1) -> list[dict[str, Any]]:
     """The findings, oldest first (only the ``newest`` ones when not -1)."""
-    rows = db.execute("SELECT unix, step, kind, key, text FROM findings ORDER BY unix DESC, rowid DESC "
-                      "LIMIT ?",
-                      (newest,)).fetchall()
+    rows = db.execute(
+        "SELECT unix, step, kind, key, text FROM findings ORDER BY unix DESC, rowid DESC LIMIT ?",
+        (newest,),
+    ).fetchall()
     return [dict(zip(("unix", "step", "kind", "key", "text"), r)) for r in reversed(rows)]
 
 
 def _exit(db: sqlite3.Connection) -> dict[str, Any] | None:
     ex = db.execute("SELECT unix, step, how, record FROM exit").fetchone()
-    return None if ex is None else {"unix": ex[0], "step": ex[1], "how": ex[2],
-                                    "record": json.loads(ex[3]) if ex[3] else None}
+    return (
+        None
+        if ex is None
+        else {
+            "unix": ex[0],
+            "step": ex[1],
+            "how": ex[2],
+            "record": json.loads(ex[3]) if ex[3] else None,
+        }
+    )
 
 
 def bytes_per_step(path: str) -> float | None:
@@ -304,10 +385,22 @@ def bytes_per_step(path: str) -> float | None:
     return size / count if count else None
 
 
-BINNED_MEANS = ("step_seconds", "forward_seconds", "backward_seconds", "exposed_comm_seconds",
-                "data_wait_seconds", "h2d_seconds", "optimizer_seconds", "other_seconds",
-                "gpu_utilization_ratio")
-BINNED_MAXES = ("gpu_memory_used_bytes", "torch_memory_allocated_bytes", "process_resident_memory_bytes")
+BINNED_MEANS = (
+    "step_seconds",
+    "forward_seconds",
+    "backward_seconds",
+    "exposed_comm_seconds",
+    "data_wait_seconds",
+    "h2d_seconds",
+    "optimizer_seconds",
+    "other_seconds",
+    "gpu_utilization_ratio",
+)
+BINNED_MAXES = (
+    "gpu_memory_used_bytes",
+    "torch_memory_allocated_bytes",
+    "process_resident_memory_bytes",
+)
 """The memory readings, the most telling first (the GPU, torch's allocator, the process): a
 bin keeps their largest."""
 
@@ -329,8 +422,10 @@ def read_binned(path: str, stride: int) -> dict[str, list[Any]]:
 def _binned(db: sqlite3.Connection, stride: int) -> dict[str, list[Any]]:
     stride = max(1, int(stride))
     cols = ", ".join([f"avg({c})" for c in BINNED_MEANS] + [f"max({c})" for c in BINNED_MAXES])
-    rows = db.execute(f"SELECT (step - 1) / {stride} AS b, count(*), max(step_seconds), {cols} "
-                      f"FROM steps GROUP BY b ORDER BY b").fetchall()
+    rows = db.execute(
+        f"SELECT (step - 1) / {stride} AS b, count(*), max(step_seconds), {cols} "
+        f"FROM steps GROUP BY b ORDER BY b"
+    ).fetchall()
     names = ("bin", "steps", "max_step_seconds") + BINNED_MEANS + BINNED_MAXES
     return {n: [r[i] for r in rows] for i, n in enumerate(names)}
 
@@ -396,7 +491,9 @@ class Ask:
         """The request of a parsed query string (``parse_qs``); BadQuery says what is wrong."""
         unknown = sorted(set(query) - set(QUERY_KEYS))
         if unknown:
-            raise BadQuery(f"unknown parameter {unknown[0]!r}: /history takes {', '.join(QUERY_KEYS)}")
+            raise BadQuery(
+                f"unknown parameter {unknown[0]!r}: /history takes {', '.join(QUERY_KEYS)}"
+            )
         one: dict[str, str] = {}
         for key, values in query.items():
             if len(values) != 1:
@@ -405,16 +502,26 @@ class Ask:
         if "rank" not in one:
             extra = sorted(set(one) - {"job"})
             if extra:
-                raise BadQuery(f"{extra[0]} needs rank=R (without rank, /history lists this node's histories)")
+                raise BadQuery(
+                    f"{extra[0]} needs rank=R (without rank, /history lists this node's histories)"
+                )
             return cls(job=one.get("job") or None)
         buckets = one.get("buckets", "1")
         if buckets not in ("0", "1"):
-            raise BadQuery(f"buckets={buckets!r} is not valid: expected 1 (with each step's buckets) or 0")
-        return cls(job=one.get("job") or None, rank=_whole(one, "rank", "a rank number (0, 1, ...)", 0),
-                   since=_whole(one, "since", "a step number (0 for the first page)", 0) if "since" in one else 0,
-                   limit=_whole(one, "limit", f"1 to {PAGE_ROWS} steps per answer", 1, PAGE_ROWS)
-                   if "limit" in one else None,
-                   buckets=buckets == "1")
+            raise BadQuery(
+                f"buckets={buckets!r} is not valid: expected 1 (with each step's buckets) or 0"
+            )
+        return cls(
+            job=one.get("job") or None,
+            rank=_whole(one, "rank", "a rank number (0, 1, ...)", 0),
+            since=_whole(one, "since", "a step number (0 for the first page)", 0)
+            if "since" in one
+            else 0,
+            limit=_whole(one, "limit", f"1 to {PAGE_ROWS} steps per answer", 1, PAGE_ROWS)
+            if "limit" in one
+            else None,
+            buckets=buckets == "1",
+        )
 
     def query(self) -> str:
         """The query string that asks for this (the reader's side of ``parse``)."""
@@ -431,7 +538,9 @@ WHOLE_MAX = 2**63 - 1
 with a step, and would fail the read)."""
 
 
-def _whole(query: dict[str, str], key: str, expected: str, low: int, high: int | None = None) -> int:
+def _whole(
+    query: dict[str, str], key: str, expected: str, low: int, high: int | None = None
+) -> int:
     """``query[key]`` as a number from ``low`` to ``high`` (at most ``WHOLE_MAX``), in decimal
     digits only: ``int()`` also takes '+5', ' 5' and '1_0'."""
     text = query[key]
@@ -450,8 +559,13 @@ ROW_BYTES = 400
 buckets' length, the bound a page's bytes are counted by."""
 
 
-def page(path: str, since: int = 0, limit: int | None = None, buckets: bool = True,
-         max_bytes: int | None = None) -> dict[str, Any]:
+def page(
+    path: str,
+    since: int = 0,
+    limit: int | None = None,
+    buckets: bool = True,
+    max_bytes: int | None = None,
+) -> dict[str, Any]:
     """The steps after ``since`` of one history, oldest first, read in one snapshot: at most
     ``limit`` rows (default ``PAGE_ROWS``) and ``max_bytes`` (``PAGE_BYTES``) of them as JSON (counted as ``ROW_BYTES`` plus the
     buckets' text per row; the row that reaches it ends the page). ``columns`` names the
@@ -466,19 +580,29 @@ def page(path: str, since: int = 0, limit: int | None = None, buckets: bool = Tr
         db.execute("BEGIN")
         meta = _meta(db, path)
         total, last = db.execute("SELECT count(*), coalesce(max(step), 0) FROM steps").fetchone()
-        found = db.execute(f"SELECT {', '.join(columns)} FROM steps WHERE step > ? ORDER BY step LIMIT ?",
-                           (since, limit))
+        found = db.execute(
+            f"SELECT {', '.join(columns)} FROM steps WHERE step > ? ORDER BY step LIMIT ?",
+            (since, limit),
+        )
         rows: list[tuple[Any, ...]] = []
         size = 0
         for row in found:
             rows.append(row)
-            size += ROW_BYTES + (len(row[_BUCKETS]) if buckets and isinstance(row[_BUCKETS], str) else 0)
+            size += ROW_BYTES + (
+                len(row[_BUCKETS]) if buckets and isinstance(row[_BUCKETS], str) else 0
+            )
             if size >= max_bytes:
                 break
         more = bool(rows) and rows[-1][0] < last
         out: dict[str, Any] = {
-            "format": PAGE_FORMAT, "meta": meta, "identity": json.loads(meta.get("identity") or "{}"),
-            "rows_total": total, "last_step": last, "since": since, "columns": list(columns), "rows": rows,
+            "format": PAGE_FORMAT,
+            "meta": meta,
+            "identity": json.loads(meta.get("identity") or "{}"),
+            "rows_total": total,
+            "last_step": last,
+            "since": since,
+            "columns": list(columns),
+            "rows": rows,
             "next_since": rows[-1][0] if more else None,
         }
         if not more:
@@ -507,47 +631,76 @@ class HistoryCopy:
     def add(self, answer: Any) -> None:
         try:
             meta, columns, rows = answer["meta"], answer["columns"], answer["rows"]
-            if not (isinstance(meta, dict) and isinstance(columns, list) and isinstance(rows, list)):
+            if not (
+                isinstance(meta, dict) and isinstance(columns, list) and isinstance(rows, list)
+            ):
                 raise TypeError("meta, columns or rows of the wrong type")
             index = [columns.index(c) if c in columns else None for c in STEP_COLUMNS]
-            values = [tuple(_stored(c, row[i] if i is not None else None) for c, i in zip(STEP_COLUMNS, index))
-                      for row in rows]
+            values = [
+                tuple(
+                    _stored(c, row[i] if i is not None else None)
+                    for c, i in zip(STEP_COLUMNS, index)
+                )
+                for row in rows
+            ]
             last = answer.get("next_since") is None
-            findings = [tuple(f[k] for k in ("unix", "step", "kind", "key", "text")) for f in answer["findings"]] if last else []
+            findings = (
+                [
+                    tuple(f[k] for k in ("unix", "step", "kind", "key", "text"))
+                    for f in answer["findings"]
+                ]
+                if last
+                else []
+            )
             ended = answer["exit"] if last else None
             if ended is not None:
                 record = ended.get("record")
-                ended = (ended["unix"], ended.get("step"), ended["how"], json.dumps(record, default=str) if record else None)
+                ended = (
+                    ended["unix"],
+                    ended.get("step"),
+                    ended["how"],
+                    json.dumps(record, default=str) if record else None,
+                )
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise HistoryError(f"{self.where}: not a page of ddpmon's /history ({exc!r})") from None
         if self._db is None:
             self._start(meta)
         elif meta.get("created_unix") != self.created:
-            raise HistoryError(f"{self.where}: the rank's history started anew while it was read (a new run "
-                               "in the same directory); read it again")
+            raise HistoryError(
+                f"{self.where}: the rank's history started anew while it was read (a new run "
+                "in the same directory); read it again"
+            )
         assert self._db is not None
         marks = ",".join("?" * len(STEP_COLUMNS))
         try:
             with self._db:
                 self._db.execute("BEGIN")
-                self._db.executemany(f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})",
-                                     values)
+                self._db.executemany(
+                    f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({marks})",
+                    values,
+                )
                 self._db.executemany("INSERT INTO findings VALUES (?, ?, ?, ?, ?)", findings)
                 if ended is not None:
                     self._db.execute("INSERT INTO exit VALUES (?, ?, ?, ?)", ended)
-        except sqlite3.Error as exc:  # a NULL where the file needs a value, a value sqlite cannot store
+        except (
+            sqlite3.Error
+        ) as exc:  # a NULL where the file needs a value, a value sqlite cannot store
             raise HistoryError(f"{self.where}: not a page of ddpmon's /history ({exc})") from None
         self.rows += len(values)
 
     def _start(self, meta: dict[str, Any]) -> None:
         if str(meta.get("schema_version")) != str(SCHEMA_VERSION):
-            raise HistoryError(f"{self.where} has history schema {meta.get('schema_version')}; this ddpmon "
-                               f"reads {SCHEMA_VERSION}: read it with the daemon's ddpmon version")
+            raise HistoryError(
+                f"{self.where} has history schema {meta.get('schema_version')}; this ddpmon "
+                f"reads {SCHEMA_VERSION}: read it with the daemon's ddpmon version"
+            )
         self.created = meta.get("created_unix")
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._db.execute("PRAGMA synchronous=OFF")  # a scratch copy: nothing to keep after a crash
         self._db.executescript(_SCHEMA)
-        self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(str(k), str(v)) for k, v in meta.items()])
+        self._db.executemany(
+            "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(str(k), str(v)) for k, v in meta.items()]
+        )
 
     def close(self) -> None:
         if self._db is not None:

@@ -26,7 +26,9 @@ dozen ranks, so a user who writes thousands of files costs the daemon, and Prome
 many ranks' reads and series, not thousands (``ddpmon daemon --max-ranks-per-user``)."""
 
 
-def separate(found: Sequence[tuple[str, RankState, int]]) -> tuple[list[tuple[str, RankState]], dict[str, list[int]]]:
+def separate(
+    found: Sequence[tuple[str, RankState, int]],
+) -> tuple[list[tuple[str, RankState]], dict[str, list[int]]]:
     """(path, state) of each (path, state, owner uid), a job claimed by several owners
     renamed for each owner; and those jobs with their owners, to be said."""
     owners: dict[str, set[int]] = {}
@@ -36,7 +38,9 @@ def separate(found: Sequence[tuple[str, RankState, int]]) -> tuple[list[tuple[st
     out = []
     for path, state, uid in found:
         job = name_of(state.job or "", uid, shared)
-        out.append((path, state if job == (state.job or "") else dataclasses.replace(state, job=job)))
+        out.append(
+            (path, state if job == (state.job or "") else dataclasses.replace(state, job=job))
+        )
     return out, shared
 
 

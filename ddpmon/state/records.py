@@ -56,7 +56,9 @@ class SchemaError(ValueError):
         self.expected = expected
         shown = repr(value)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        super().__init__(message or f"has an invalid {path or 'value'} {shown} (expected {expected})")
+        super().__init__(
+            message or f"has an invalid {path or 'value'} {shown} (expected {expected})"
+        )
 
 
 def load(cls: type[T], data: object, path: str = "") -> T:
@@ -64,10 +66,14 @@ def load(cls: type[T], data: object, path: str = "") -> T:
     try:
         return _converter(cls)(data)
     except _Bad as bad:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(bad.path)).lstrip(".")
+        where = "".join(
+            f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(bad.path)
+        ).lstrip(".")
         where = f"{path}.{where}".strip(".") if path else where
         if bad.missing:
-            raise SchemaError(where, bad.expected, None, f"has no {where!r} (a required key)") from None
+            raise SchemaError(
+                where, bad.expected, None, f"has no {where!r} (a required key)"
+            ) from None
         raise SchemaError(where, bad.expected, bad.value) from None
 
 
@@ -97,7 +103,7 @@ def dump(record: object) -> Any:
 _PLAIN = frozenset((str, int, float, bool))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
@@ -113,7 +119,7 @@ def json_schema(cls: type) -> dict[str, Any]:
 # -- converters ------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _converter(tp: Any) -> Callable[[Any], Any]:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -125,30 +131,38 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
         convert = _converter(inner[0])
         return lambda value: None if value is None else convert(value)
     if tp is bool:
+
         def boolean(value: Any) -> bool:
             if value is True or value is False:
                 return value
             raise _Bad("true or false", value)
+
         return boolean
     if tp is int:
+
         def integer(value: Any) -> int:
             if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
                 return value
             raise _Bad("an integer", value)
+
         return integer
     if tp is float:
+
         def number(value: Any) -> float:
             if type(value) is float:
                 return value
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return float(value)
             raise _Bad("a number", value)
+
         return number
     if tp is str:
+
         def string(value: Any) -> str:
             if type(value) is str or isinstance(value, str):
                 return value
             raise _Bad("a string", value)
+
         return string
     if origin is list:
         (item_type,) = typing.get_args(tp)
@@ -173,6 +187,7 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
                         bad.path.append(i)
                         raise
                 raise
+
         return array
     if origin is dict:
         key_type, value_type = typing.get_args(tp)
@@ -180,18 +195,24 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
             raise TypeError(f"record dicts have string keys, not {key_type}")
         entry = _converter(value_type)
         if value_type is Any:
+
             def anything(value: Any) -> dict[str, Any]:
                 if not isinstance(value, dict):
                     raise _Bad("an object", value)
                 return value
+
             return anything
         as_is = _taken_as_is(value_type)
 
         def mapping(value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise _Bad("an object", value)
-            if (as_is and type(value) is dict and _STR.issuperset(map(type, value))
-                    and as_is.issuperset(map(type, value.values()))):
+            if (
+                as_is
+                and type(value) is dict
+                and _STR.issuperset(map(type, value))
+                and as_is.issuperset(map(type, value.values()))
+            ):
                 return dict(value)
             out = {}
             for k, v in value.items():
@@ -201,6 +222,7 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
                     bad.path.append(str(k))
                     raise
             return out
+
         return mapping
     if dataclasses.is_dataclass(tp):
         return _record_converters(tp)[0]
@@ -225,7 +247,7 @@ def _taken_as_is(tp: Any) -> frozenset[type]:
     return frozenset(([_NONE] if nullable else []) + ([inner] if inner in _PLAIN else []))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[Any]], list[Any]]]:
     """The converter of one ``cls`` value and that of a list of them: ``record`` and ``many``,
     over the fields' data below (the module's docstring says how and why)."""
@@ -241,8 +263,10 @@ def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[
     mendable: list[bool] = []  # a value of another type goes through the field's converter alone
     for i, f in enumerate(dataclasses.fields(cls)):
         if not f.init or f.kw_only:
-            raise TypeError(f"record {cls.__name__}.{f.name}: records are built positionally "
-                            "(no init=False or kw_only fields)")
+            raise TypeError(
+                f"record {cls.__name__}.{f.name}: records are built positionally "
+                "(no init=False or kw_only fields)"
+            )
         tp = hints[f.name]
         nullable, inner = _split(tp)
         as_is = _taken_as_is(tp)
@@ -257,13 +281,19 @@ def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[
         if inner is Any:
             accepts.append(_ANYTHING)
         elif built:
-            accepts.append(frozenset(([_NONE] if nullable else []) + [typing.get_origin(inner) or inner]))
+            accepts.append(
+                frozenset(([_NONE] if nullable else []) + [typing.get_origin(inner) or inner])
+            )
         else:
             accepts.append(as_is)
         if built or factory is not None:
             converted.append((i, factory))
         mendable.append(not built and factory is None)
-        taken = default is not _MISSING and type(default) in accepts[i] and (default is None or not built)
+        taken = (
+            default is not _MISSING
+            and type(default) in accepts[i]
+            and (default is None or not built)
+        )
         prefilled.append(default if taken else _MISSING)
     not_an_object = f"an object ({cls.__name__})"
     count = len(names)
@@ -357,6 +387,7 @@ def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[
         if all(map(_takes_all, accepts, columns)):
             return list(map(cls, *columns))
         return [record(v) for v in items]
+
     return record, many
 
 
@@ -396,25 +427,32 @@ def _taker(names: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
     return lambda value: ()
 
 
-def _finisher(built_of: list[Callable[[Any], Any]], i: int,
-              factory: Callable[[], Any] | None) -> Callable[[Any], Any]:
+def _finisher(
+    built_of: list[Callable[[Any], Any]], i: int, factory: Callable[[], Any] | None
+) -> Callable[[Any], Any]:
     """``many``'s step for field ``i`` if it is always converted: a missing value from its
     factory, ``None`` as it is (the type check decides), any other through its converter."""
+
     def finish(value: Any) -> Any:
         if value is None:
             return value
         if value is _MISSING:
             return value if factory is None else factory()
         return built_of[i](value)
+
     return finish
 
 
-def _resolve_at_first_use(converters: list[Callable[[Any], Any]], i: int, tp: Any) -> Callable[[Any], Any]:
+def _resolve_at_first_use(
+    converters: list[Callable[[Any], Any]], i: int, tp: Any
+) -> Callable[[Any], Any]:
     """A stand-in for the converter of ``tp`` that, on first use, puts the real one in its
     place (record classes may refer to later ones, or to themselves)."""
+
     def convert(value: Any) -> Any:
         converters[i] = real = _converter(tp)
         return real(value)
+
     return convert
 
 
@@ -450,14 +488,17 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                     required.append(f.name)
             defs[name] = {
-                "title": name, "description": (tp.__doc__ or "").strip().split("\n\n")[0],
-                "type": "object", "properties": props, "required": required,
+                "title": name,
+                "description": (tp.__doc__ or "").strip().split("\n\n")[0],
+                "type": "object",
+                "properties": props,
+                "required": required,
             }
         return {"$ref": f"#/$defs/{name}"}
     raise TypeError(f"records cannot hold {tp!r}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_docs(cls: type) -> dict[str, str]:
     """The docstring written under each field (``x: int = 0`` then ``\"\"\"...\"\"\"``)."""
     import ast
@@ -465,15 +506,21 @@ def _field_docs(cls: type) -> dict[str, str]:
     import textwrap
 
     docs: dict[str, str] = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # a base's fields too
+    for klass in reversed(
+        [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]
+    ):  # a base's fields too
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError, SyntaxError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
         for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(after.value.value.split())
     return docs

@@ -84,8 +84,10 @@ def address_problem(address: str, server: Server = DAEMON) -> str | None:
     except ValueError as exc:
         return f"{exc}" if "@" not in address else f"expected HOST:PORT of {server.name}"
     if parts.username is not None or parts.password is not None:
-        return ("it holds credentials (user:password@): an address is printed, logged and seen in "
-                f"process lists; put them in an http_config file's basic_auth ({server.config} FILE)")
+        return (
+            "it holds credentials (user:password@): an address is printed, logged and seen in "
+            f"process lists; put them in an http_config file's basic_auth ({server.config} FILE)"
+        )
     if parts.scheme not in ("http", "https"):
         return f"the scheme is {parts.scheme!r}; {server.name} answers http or https"
     if not parts.hostname or (port is None and not server.prefix):
@@ -119,18 +121,23 @@ def fetch(url: str, timeout: float, until: float, limit: int, client: HttpConfig
     return found, body, time.time()
 
 
-def fetch_all(urls: list[str], timeout: float, deadline: float, limit: int,
-              client: HttpConfig) -> list[Answer | None]:
+def fetch_all(
+    urls: list[str], timeout: float, deadline: float, limit: int, client: HttpConfig
+) -> list[Answer | None]:
     """Every URL read at once, each in a thread of its own; None for those that have not
     answered after ``deadline`` seconds (their threads end on their own timeout, unwaited)."""
     until = time.monotonic() + deadline
     answers: dict[int, Answer] = {}
 
-    def one(i: int, url: str) -> None:  # an answer that does not end is cut short before the deadline
+    def one(
+        i: int, url: str
+    ) -> None:  # an answer that does not end is cut short before the deadline
         answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit, client)
 
-    threads = [threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
-               for i, url in enumerate(urls)]
+    threads = [
+        threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
+        for i, url in enumerate(urls)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -182,8 +189,14 @@ class _Reading:
     done: bool = False
 
 
-def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None, timeout: float = 3.0,
-                    deadline: float = HISTORY_DEADLINE_SECONDS, client: HttpConfig | None = None) -> Histories:
+def fetch_histories(
+    addresses: Sequence[str],
+    into: str,
+    job: str | None = None,
+    timeout: float = 3.0,
+    deadline: float = HISTORY_DEADLINE_SECONDS,
+    client: HttpConfig | None = None,
+) -> Histories:
     """Copy the histories of ``job`` (default: the job written last) from the daemons at
     ``addresses`` into the directory ``into``, one subdirectory per daemon: every daemon's list
     (``/history``), then a page of every rank at a time, until each is whole or ``deadline``
@@ -197,15 +210,19 @@ def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None,
     for _, index in indexes:
         for e in index:
             mtime = e.get("file_mtime_unix")
-            latest[str(e.get("job"))] = max(latest.get(str(e.get("job")), 0.0),
-                                            mtime if isinstance(mtime, (int, float)) else 0.0)
+            latest[str(e.get("job"))] = max(
+                latest.get(str(e.get("job")), 0.0),
+                mtime if isinstance(mtime, (int, float)) else 0.0,
+            )
     if not latest:
         return out
     if job is None:
         out.job = job = max(latest, key=lambda j: latest[j])
     out.other_jobs = sorted(j for j in latest if j != job)
     if job not in latest:
-        out.problems.append(f"no daemon holds a history of job {job!r}; jobs there: {', '.join(sorted(latest))}")
+        out.problems.append(
+            f"no daemon holds a history of job {job!r}; jobs there: {', '.join(sorted(latest))}"
+        )
         return out
     readings = []
     for i, (address, index) in enumerate(indexes):
@@ -235,41 +252,68 @@ def fetch_histories(addresses: Sequence[str], into: str, job: str | None = None,
     return out
 
 
-def _indexes(addresses: Sequence[str], timeout: float, until: float, deadline: float,
-             problems: list[str], client: HttpConfig) -> list[tuple[str, list[dict[str, Any]]]]:
+def _indexes(
+    addresses: Sequence[str],
+    timeout: float,
+    until: float,
+    deadline: float,
+    problems: list[str],
+    client: HttpConfig,
+) -> list[tuple[str, list[dict[str, Any]]]]:
     """(address, its list of histories) of every daemon that answered with one."""
     urls = [base_url(a) + "/history" for a in addresses]
     out = []
     answers = fetch_all(urls, timeout, until - time.monotonic(), ANSWER_MAX_BYTES, client)
     for address, url, answer in zip(addresses, urls, answers):
-        body = _body(address, url, answer, timeout, deadline, problems, "its ranks are not in the report")
+        body = _body(
+            address, url, answer, timeout, deadline, problems, "its ranks are not in the report"
+        )
         if body is None:
             continue
         index = body.get("histories")
-        if not isinstance(index, list) or not all(isinstance(e, dict) and isinstance(e.get("rank"), int)
-                                                  for e in index):
-            problems.append(f"{url}: not ddpmon's list of histories; is that address a ddpmon daemon?")
+        if not isinstance(index, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("rank"), int) for e in index
+        ):
+            problems.append(
+                f"{url}: not ddpmon's list of histories; is that address a ddpmon daemon?"
+            )
             continue
         out.append((address, index))
     return out
 
 
-def _pages(readings: list[_Reading], timeout: float, until: float, deadline: float, problems: list[str],
-           client: HttpConfig) -> None:
+def _pages(
+    readings: list[_Reading],
+    timeout: float,
+    until: float,
+    deadline: float,
+    problems: list[str],
+    client: HttpConfig,
+) -> None:
     """Read a page from every daemon at a time (its first unfinished rank's), until every
     rank is whole or time is up. One request at a time per daemon: its one worker answers
     them in turn anyway, and a scrape waits behind one page at most, not behind a queue."""
     pending = list(readings)
     while pending and time.monotonic() < until:
         batch = list({r.address: r for r in reversed(pending)}.values())  # each daemon's first
-        urls = [f"{base_url(r.address)}/history?"
-                f"{history.Ask(job=r.entry.get('job'), rank=r.rank, since=r.since).query()}" for r in batch]
+        urls = [
+            f"{base_url(r.address)}/history?"
+            f"{history.Ask(job=r.entry.get('job'), rank=r.rank, since=r.since).query()}"
+            for r in batch
+        ]
         answers = fetch_all(urls, timeout, until - time.monotonic(), ANSWER_MAX_BYTES, client)
         for r, url, answer in zip(batch, urls, answers):
             if answer is None:
                 continue  # the deadline: said below
-            body = _body(r.address, url, answer, timeout, deadline, problems,
-                         f"rank {r.rank}'s plots stop at step {r.since}")
+            body = _body(
+                r.address,
+                url,
+                answer,
+                timeout,
+                deadline,
+                problems,
+                f"rank {r.rank}'s plots stop at step {r.since}",
+            )
             if body is None:
                 r.done = True
                 continue
@@ -283,8 +327,10 @@ def _pages(readings: list[_Reading], timeout: float, until: float, deadline: flo
             if following is None:
                 r.done = True
             elif not isinstance(following, int) or following <= r.since:
-                problems.append(f"{url}: its next page does not move on (next_since={following!r}); "
-                                "is that address a ddpmon daemon?")
+                problems.append(
+                    f"{url}: its next page does not move on (next_since={following!r}); "
+                    "is that address a ddpmon daemon?"
+                )
                 r.done = True
             else:
                 r.since = following
@@ -292,37 +338,54 @@ def _pages(readings: list[_Reading], timeout: float, until: float, deadline: flo
     for r in pending:
         total = r.entry.get("rows")
         of = f" of {total:,}" if isinstance(total, int) else ""
-        problems.append(f"{r.copy.where}: {r.copy.rows:,}{of} steps read within {deadline:g} s (the report "
-                        f"waits that long for all daemons together); its plots stop at step {r.since} "
-                        "(--deadline waits longer)")
+        problems.append(
+            f"{r.copy.where}: {r.copy.rows:,}{of} steps read within {deadline:g} s (the report "
+            f"waits that long for all daemons together); its plots stop at step {r.since} "
+            "(--deadline waits longer)"
+        )
 
 
-def _body(address: str, url: str, answer: Answer | None, timeout: float, deadline: float,
-          problems: list[str], then: str) -> dict[str, Any] | None:
+def _body(
+    address: str,
+    url: str,
+    answer: Answer | None,
+    timeout: float,
+    deadline: float,
+    problems: list[str],
+    then: str,
+) -> dict[str, Any] | None:
     """The JSON object of a /history answer, or None with the problem said in ``problems``,
     and ``then``, what it means for the report."""
     if answer is None:
-        problems.append(f"{address}: did not answer within {deadline:g} s (the report waits that long for "
-                        f"all daemons together); {then}")
+        problems.append(
+            f"{address}: did not answer within {deadline:g} s (the report waits that long for "
+            f"all daemons together); {then}"
+        )
         return None
     _, body, _ = answer
     if isinstance(body, Unbounded):
         problems.append(f"{url}: {body}; is that address a ddpmon daemon?")
         return None
     if isinstance(body, BaseException):
-        problems.append(f"{address}: {url} cannot be read ({why(body, timeout)}); {then}. Is "
-                        "`ddpmon daemon --serve-state` running there, and is the port reachable?")
+        problems.append(
+            f"{address}: {url} cannot be read ({why(body, timeout)}); {then}. Is "
+            "`ddpmon daemon --serve-state` running there, and is the port reachable?"
+        )
         return None
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict) or "format" not in data:
-        problems.append(f"{url}: not ddpmon's /history (a daemon of a ddpmon before histories were served? "
-                        "it answers with metrics): upgrade ddpmon there")
+        problems.append(
+            f"{url}: not ddpmon's /history (a daemon of a ddpmon before histories were served? "
+            "it answers with metrics): upgrade ddpmon there"
+        )
         return None
     if data["format"] != history.PAGE_FORMAT:
-        problems.append(f"{url}: /history format {data['format']!r}, this ddpmon reads {history.PAGE_FORMAT}: "
-                        "use the same ddpmon version here and on the node")
+        problems.append(
+            f"{url}: /history format {data['format']!r}, this ddpmon reads {history.PAGE_FORMAT}: "
+            "use the same ddpmon version here and on the node"
+        )
         return None
     return data

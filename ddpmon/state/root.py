@@ -108,10 +108,13 @@ def _launch_id_from_store() -> str | None:
         return None
     default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
     if default_store is None:  # a private API (see rank/torch_api.py): said once, in the same words
-        log.warning("ddpmon: rank %s: one job name through the job's store off (each node names the job "
-                    "from its launcher process; pass job= to name it): torch %s has no "
-                    "distributed_c10d._get_default_store; training goes on", dist.get_rank(),
-                    getattr(sys.modules.get("torch"), "__version__", "?"))
+        log.warning(
+            "ddpmon: rank %s: one job name through the job's store off (each node names the job "
+            "from its launcher process; pass job= to name it): torch %s has no "
+            "distributed_c10d._get_default_store; training goes on",
+            dist.get_rank(),
+            getattr(sys.modules.get("torch"), "__version__", "?"),
+        )
         return None
     store = default_store()
     mine = uuid.uuid4().hex[:8]
@@ -167,9 +170,11 @@ def prepare(state_dir: str, explicit: bool) -> None:
     else:
         _make(state_dir, group_writable_ok=True, parents=True)
     if not os.access(state_dir, os.W_OK | os.X_OK):
-        raise UnsafeStateDir(f"{state_dir} is not writable by you (read-only file system or "
-                             "permissions). Fix: set DDPMON_STATE_DIR (or state_dir=) to a "
-                             "writable directory of yours")
+        raise UnsafeStateDir(
+            f"{state_dir} is not writable by you (read-only file system or "
+            "permissions). Fix: set DDPMON_STATE_DIR (or state_dir=) to a "
+            "writable directory of yours"
+        )
 
 
 def _make(path: str, group_writable_ok: bool, parents: bool = False, mode: int = 0o700) -> None:
@@ -183,8 +188,10 @@ def _make(path: str, group_writable_ok: bool, parents: bool = False, mode: int =
         pass
     except OSError as exc:
         if not os.path.lexists(path):
-            raise UnsafeStateDir(f"{path} cannot be created ({exc.strerror or exc}). Fix: set "
-                                 "DDPMON_STATE_DIR (or state_dir=) to a writable directory of yours") from None
+            raise UnsafeStateDir(
+                f"{path} cannot be created ({exc.strerror or exc}). Fix: set "
+                "DDPMON_STATE_DIR (or state_dir=) to a writable directory of yours"
+            ) from None
     what = problem(path, group_writable_ok=group_writable_ok)
     if what is not None:
         raise UnsafeStateDir(f"{path} {what}. {_fix(path, what)}")
@@ -213,12 +220,16 @@ def _fix(path: str, what: str) -> str:
     if "writable by" in what and "owned" not in what:
         return f"Fix: chmod go-w {path} (or set DDPMON_STATE_DIR to a directory of yours)"
     if "symbolic link" in what:
-        return ("A link there is never followed. Fix: if the link is yours, set DDPMON_STATE_DIR "
-                "(or state_dir=) to its target; if not, remove it (ask an administrator) or set "
-                "DDPMON_STATE_DIR to a directory you own")
-    return ("Another user may have planted it. Fix: remove it if it is not yours (ask the "
-            "owner or an administrator), or set DDPMON_STATE_DIR (or state_dir=) to a "
-            "directory you own")
+        return (
+            "A link there is never followed. Fix: if the link is yours, set DDPMON_STATE_DIR "
+            "(or state_dir=) to its target; if not, remove it (ask an administrator) or set "
+            "DDPMON_STATE_DIR to a directory you own"
+        )
+    return (
+        "Another user may have planted it. Fix: remove it if it is not yours (ask the "
+        "owner or an administrator), or set DDPMON_STATE_DIR (or state_dir=) to a "
+        "directory you own"
+    )
 
 
 def _user(uid: int) -> str:
@@ -269,7 +280,10 @@ def claim(state_dir: str, rank: int, explicit: bool) -> str | None:
             "ddpmon: rank %d: %s belongs to a running process of another launch, %s; this "
             "launch writes to %s instead. Give concurrent jobs distinct names (job=... or "
             "DDPMON_JOB) to keep their state files and metrics apart.",
-            rank, files.path_for(state_dir, rank), other, distinct,
+            rank,
+            files.path_for(state_dir, rank),
+            other,
+            distinct,
         )
         prepare(distinct, explicit)
         return distinct
@@ -286,8 +300,13 @@ def claim(state_dir: str, rank: int, explicit: bool) -> str | None:
     chosen = bounded(guarded, ATTACH_FS_SECONDS, f"preparing the state directory {state_dir}")
     if chosen is not None:
         return str(chosen)
-    reason = failure[0] if failure else (
-        f"{state_dir} did not answer within {ATTACH_FS_SECONDS:.0f} s (a hung file system?) or "
-        "could not be prepared. Fix: set DDPMON_STATE_DIR (or state_dir=) to a local directory of yours")
+    reason = (
+        failure[0]
+        if failure
+        else (
+            f"{state_dir} did not answer within {ATTACH_FS_SECONDS:.0f} s (a hung file system?) or "
+            "could not be prepared. Fix: set DDPMON_STATE_DIR (or state_dir=) to a local directory of yours"
+        )
+    )
     log.warning("ddpmon: rank %d: state files are off (training goes on): %s", rank, reason)
     return None

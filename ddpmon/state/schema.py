@@ -117,7 +117,9 @@ class Collective:
         return f"{head}{bucket}, issued at {self.call_site}{func}{caller})"
 
 
-def site_key(op: str | None, call_site: str | None, callers: list[str] | None, bucket: int | None) -> str:
+def site_key(
+    op: str | None, call_site: str | None, callers: list[str] | None, bucket: int | None
+) -> str:
     """The key of ``RankState.collective_sites``: op, call site and its first caller; all
     DDP buckets issued from one place share a key."""
     key = f"{op} {call_site}"
@@ -577,13 +579,17 @@ class RankState(Identity):
 def parse(data: object) -> RankState:
     """A state file's parsed JSON as a RankState; SchemaError says what is wrong."""
     if not isinstance(data, dict):
-        raise SchemaError("", "a JSON object", data, "is not a ddpmon state file (not a JSON object)")
+        raise SchemaError(
+            "", "a JSON object", data, "is not a ddpmon state file (not a JSON object)"
+        )
     version = data.get("format", 1)
     if version not in READABLE:
         newer = isinstance(version, int) and version > FORMAT
         raise SchemaError(
-            "format", f"a state format this ddpmon reads ({', '.join(map(str, READABLE))})"
-            + ("; it was written by a newer ddpmon: upgrade ddpmon here" if newer else ""), version,
+            "format",
+            f"a state format this ddpmon reads ({', '.join(map(str, READABLE))})"
+            + ("; it was written by a newer ddpmon: upgrade ddpmon here" if newer else ""),
+            version,
         )
     if "rank" not in data:
         raise SchemaError("rank", "a rank", None, "is not a ddpmon state file (no 'rank' key)")
@@ -640,7 +646,9 @@ def markdown() -> str:
         out.append("| key | type | meaning |\n|---|---|---|")
         for key, prop in spec["properties"].items():
             required = " (required)" if key in spec.get("required", ()) else ""
-            out.append(f"| `{key}` | {_type_name(prop)}{required} | {prop.get('description', '')} |")
+            out.append(
+                f"| `{key}` | {_type_name(prop)}{required} | {prop.get('description', '')} |"
+            )
         out.append("")
     return "\n".join(out)
 

@@ -70,7 +70,9 @@ def same_data(model: nn.Module, opt: torch.optim.Optimizer) -> None:
 
 
 def no_set_epoch(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    loader = DataLoader(dataset(64), batch_size=8, sampler=DistributedSampler(dataset(64), shuffle=True))
+    loader = DataLoader(
+        dataset(64), batch_size=8, sampler=DistributedSampler(dataset(64), shuffle=True)
+    )
     for _epoch in range(2):
         for x, y in loader:
             step(model, opt, x, y)
@@ -187,7 +189,9 @@ def advice_job(*names: str) -> dict[str, Any]:
         out[name] = {
             "kinds": sorted(a.kind for a in mon.recorder.advice),
             "logs": [m for m in logs[first:] if "ddpmon: " in m],
-            "advice_metrics": [line for line in metrics.splitlines() if line.startswith("ddpmon_advice{")],
+            "advice_metrics": [
+                line for line in metrics.splitlines() if line.startswith("ddpmon_advice{")
+            ],
             "state_dir": state_dir,
         }
     return out

@@ -32,7 +32,10 @@ TRICKLE = HEAD + b"X-Trickle: "  # ... then one "a" a second, forever
 def raise_fd_limit(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard), hard))
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE,
+            (needed if hard == resource.RLIM_INFINITY else min(needed, hard), hard),
+        )
 
 
 def stopper() -> threading.Event:
@@ -83,7 +86,7 @@ class Conn:
         if self.sock is None:
             return
         request = TRICKLE if self.trickle else HEAD
-        data = request[self.sent:self.sent + n] or (b"a" * n if self.trickle else b"")
+        data = request[self.sent : self.sent + n] or (b"a" * n if self.trickle else b"")
         if not data:
             return
         try:
@@ -92,11 +95,15 @@ class Conn:
             pass
 
 
-def attack(port: int, half_open: int, trickle: int, seconds: float, grace: float) -> dict[str, float]:
+def attack(
+    port: int, half_open: int, trickle: int, seconds: float, grace: float
+) -> dict[str, float]:
     """Until ``seconds`` pass (then the wait) or SIGTERM comes (no wait)."""
     stop = stopper()
     raise_fd_limit(half_open + trickle + 64)
-    conns = [Conn(port, False) for _ in range(half_open)] + [Conn(port, True) for _ in range(trickle)]
+    conns = [Conn(port, False) for _ in range(half_open)] + [
+        Conn(port, True) for _ in range(trickle)
+    ]
     opened = len(conns)
     print("open", sum(c.sock is not None for c in conns), flush=True)
     started = time.monotonic()
@@ -122,8 +129,12 @@ def attack(port: int, half_open: int, trickle: int, seconds: float, grace: float
     while still and time.monotonic() < stopped + grace and not stop.is_set():
         time.sleep(0.05)
         still = sum(c.open() for c in conns)
-    report = {"opened": opened, "held_at_stop": held, "still_open": still,
-              "closed_all_after_seconds": round(time.monotonic() - stopped, 2)}
+    report = {
+        "opened": opened,
+        "held_at_stop": held,
+        "still_open": still,
+        "closed_all_after_seconds": round(time.monotonic() - stopped, 2),
+    }
     for c in conns:
         c.close()
     return report
@@ -138,7 +149,9 @@ def scrape(port: int, path: str, seconds: float) -> dict[str, float]:
         started = time.monotonic()
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+                s.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+                )
                 answer = b""
                 while chunk := s.recv(65536):
                     answer += chunk
@@ -147,7 +160,11 @@ def scrape(port: int, path: str, seconds: float) -> dict[str, float]:
             failed += 1
         times.append(time.monotonic() - started)
         stop.wait(max(0.0, 1.0 - times[-1]))
-    return {"scrapes": len(times), "failed": failed, "slowest_seconds": round(max(times, default=0.0), 4)}
+    return {
+        "scrapes": len(times),
+        "failed": failed,
+        "slowest_seconds": round(max(times, default=0.0), 4),
+    }
 
 
 def main() -> None:
@@ -163,7 +180,10 @@ def main() -> None:
         print("open 0", flush=True)
         print(json.dumps(scrape(args.port, args.scrape, args.seconds)), flush=True)
         return
-    print(json.dumps(attack(args.port, args.half_open, args.trickle, args.seconds, args.grace)), flush=True)
+    print(
+        json.dumps(attack(args.port, args.half_open, args.trickle, args.seconds, args.grace)),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -40,12 +40,19 @@ def run(kind: str, listeners: list[Any]) -> dict[str, Any]:
 
         def split(state, bucket):  # type: ignore[no-untyped-def]  # (DDP checks real annotations)
             for _ in range(2):
-                record = types.SimpleNamespace(op_type=torch._C._distributed_c10d.OpType.ALLREDUCE, seq=0,
-                                               time_started=datetime.datetime.now(),
-                                               active_duration=datetime.timedelta(milliseconds=1))
+                record = types.SimpleNamespace(
+                    op_type=torch._C._distributed_c10d.OpType.ALLREDUCE,
+                    seq=0,
+                    time_started=datetime.datetime.now(),
+                    active_duration=datetime.timedelta(milliseconds=1),
+                )
                 for fn in tuple(listeners):
                     fn(record)
-            return dist.group.WORLD.allreduce([bucket.buffer()]).get_future().then(lambda f: f.value()[0])
+            return (
+                dist.group.WORLD.allreduce([bucket.buffer()])
+                .get_future()
+                .then(lambda f: f.value()[0])
+            )
 
         model.register_comm_hook(None, split)
     listening = len(listeners)
@@ -55,12 +62,18 @@ def run(kind: str, listeners: list[Any]) -> dict[str, Any]:
     metrics = scrape(mon.port)
     mon.detach()
     state = read_state(os.path.join(state_dir, "rank-0.json"))
-    return {"modes": modes + [snap["bucket_timing"]], "steps": snap["step"], "notes": snap["notes"],
-            "listening": listening, "listeners_left": len(listeners),
-            "state_mode": state["bucket_timing"], "state_notes": state["notes"],
-            "info": [line for line in metrics.splitlines() if line.startswith("ddpmon_rank_info{")],
-            "off_lines": [line for line in logs if "timing from c10d is off" in line],
-            "warnings": [line for line in logs if "matched no step" in line]}
+    return {
+        "modes": modes + [snap["bucket_timing"]],
+        "steps": snap["step"],
+        "notes": snap["notes"],
+        "listening": listening,
+        "listeners_left": len(listeners),
+        "state_mode": state["bucket_timing"],
+        "state_notes": state["notes"],
+        "info": [line for line in metrics.splitlines() if line.startswith("ddpmon_rank_info{")],
+        "off_lines": [line for line in logs if "timing from c10d is off" in line],
+        "warnings": [line for line in logs if "matched no step" in line],
+    }
 
 
 def main() -> None:

@@ -61,7 +61,12 @@ def main(slow_rank: str, *options: str) -> dict[str, object]:
         step += 1
         time.sleep(0.01)  # a light load: the machine is shared
         if step % 10 == 0:
-            flag.fill_(float(os.path.exists(os.path.join(out, "stop")) or time.monotonic() - started > MAX_SECONDS))
+            flag.fill_(
+                float(
+                    os.path.exists(os.path.join(out, "stop"))
+                    or time.monotonic() - started > MAX_SECONDS
+                )
+            )
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item():
                 break
@@ -70,7 +75,9 @@ def main(slow_rank: str, *options: str) -> dict[str, object]:
         result["user_profiler_on"] = bool(torch.autograd._profiler_enabled())
         user.stop()
         # the program's own trace is whole (torch's raw events: its per-event parse would be slow)
-        result["user_profiler_ops"] = sum(1 for e in user.profiler.kineto_results.events() if e.name() == "aten::addmm")
+        result["user_profiler_ops"] = sum(
+            1 for e in user.profiler.kineto_results.events() if e.name() == "aten::addmm"
+        )
     monitor.detach()
     return result
 

@@ -33,7 +33,9 @@ model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
 if args.own_server:
     from torch.distributed.debug import start_debug_server
 
-    start_debug_server(port=args.own_server, dump_dir=os.path.join(args.out, "dumps"), dump_interval=0.2)
+    start_debug_server(
+        port=args.own_server, dump_dir=os.path.join(args.out, "dumps"), dump_interval=0.2
+    )
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.Generator().manual_seed(rank)
 losses = []

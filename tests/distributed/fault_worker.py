@@ -43,6 +43,7 @@ RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 OUT = os.environ["DDPMON_TEST_OUT"]
 
+
 def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -62,8 +63,21 @@ def attack(port: int, seconds: float) -> subprocess.Popen:
     """tests/distributed/attacker.py: 1,000 half-open connections and 50 trickling ones, at
     the lowest priority: what is measured is the endpoint's cost to the job, not the
     attacker's own CPU (on a real node it runs elsewhere)."""
-    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.distributed.attacker", str(port),
-                             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            "nice",
+            "-n",
+            "19",
+            sys.executable,
+            "-m",
+            "tests.distributed.attacker",
+            str(port),
+            "--seconds",
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     proc.opened = int(proc.stdout.readline().split()[1])  # every connection is open
     return proc
 
@@ -96,8 +110,20 @@ def stop_attack(attacker: subprocess.Popen) -> int:
 
 def scraper(port: int, seconds: float) -> subprocess.Popen:
     """A client that scrapes /metrics every second (at normal priority), until SIGTERM."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.distributed.attacker", str(port), "--scrape", "/metrics",
-                             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.distributed.attacker",
+            str(port),
+            "--scrape",
+            "/metrics",
+            "--seconds",
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.readline()
     return proc
 
@@ -124,9 +150,13 @@ def use_unbounded_server() -> None:
 
 def model_and_data(steps: int) -> tuple[DDP, list[tuple[torch.Tensor, torch.Tensor]]]:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+    net = nn.Sequential(
+        nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)
+    )
     g = torch.Generator().manual_seed(RANK)
-    data = [(torch.randn(64, 32, generator=g), torch.randn(64, 8, generator=g)) for _ in range(steps)]
+    data = [
+        (torch.randn(64, 32, generator=g), torch.randn(64, 8, generator=g)) for _ in range(steps)
+    ]
     return DDP(net, bucket_cap_mb=0.05), data
 
 
@@ -138,8 +168,12 @@ def digest(model: DDP) -> str:
 
 
 def run(mode: str, steps: str = "60") -> dict[str, Any]:
-    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
-                            rank=RANK, world_size=WORLD)
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+        rank=RANK,
+        world_size=WORLD,
+    )
     n = int(steps)
     model, data = model_and_data(n)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -171,9 +205,14 @@ def run(mode: str, steps: str = "60") -> dict[str, Any]:
             other = int(f.read())
         # rank 1 stops for 2 s (this rank waits in its all-reduce); a thread wakes it
         events[n // 3].append(lambda: os.kill(other, signal.SIGSTOP))
-        events[n // 3].append(lambda: threading.Timer(2.0, os.kill, (other, signal.SIGCONT)).start())
-        events[n // 2].append(lambda: subprocess.run(["mount", "-o", "remount,ro", os.environ["DDPMON_STATE_DIR"]],
-                                                     check=True))
+        events[n // 3].append(
+            lambda: threading.Timer(2.0, os.kill, (other, signal.SIGCONT)).start()
+        )
+        events[n // 2].append(
+            lambda: subprocess.run(
+                ["mount", "-o", "remount,ro", os.environ["DDPMON_STATE_DIR"]], check=True
+            )
+        )
     peak, times = 0, []
     for step, (x, y) in enumerate(data):
         for action in events.get(step, []):
@@ -202,9 +241,15 @@ def serving(limit: str = "120") -> dict[str, Any]:
     """Train until OUT/stop exists (at most ``limit`` seconds); every rank stops at the same step."""
     nofile = os.environ.get("DDPMON_TEST_NOFILE")
     if nofile:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
-                            rank=RANK, world_size=WORLD)
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+        rank=RANK,
+        world_size=WORLD,
+    )
     model, data = model_and_data(50)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     import ddpmon
@@ -233,11 +278,19 @@ def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
     order so that drift of a shared machine cancels: a list of (quiet, attacked) block pairs."""
     nofile = os.environ.get("DDPMON_TEST_NOFILE")
     if nofile:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
-                            rank=RANK, world_size=WORLD)
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+        rank=RANK,
+        world_size=WORLD,
+    )
     n_pairs, n = int(pairs), int(block)
-    order = [("quiet", "slowloris") if i % 2 == 0 else ("slowloris", "quiet") for i in range(n_pairs)]
+    order = [
+        ("quiet", "slowloris") if i % 2 == 0 else ("slowloris", "quiet") for i in range(n_pairs)
+    ]
     model, data = model_and_data(64)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if os.environ.get("DDPMON_BENCH_SERVER") == "prometheus_client":
@@ -245,10 +298,16 @@ def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
     import ddpmon
 
     mon = ddpmon.attach(model, state_dir="")
-    out: dict[str, Any] = {"pairs": [], "threads_peak": {"quiet": 0, "slowloris": 0}, "attack_opened": 0,
-                           "endpoint_cpu": {"quiet": [0.0, 0.0], "slowloris": [0.0, 0.0]}}  # CPU s, wall s
+    out: dict[str, Any] = {
+        "pairs": [],
+        "threads_peak": {"quiet": 0, "slowloris": 0},
+        "attack_opened": 0,
+        "endpoint_cpu": {"quiet": [0.0, 0.0], "slowloris": [0.0, 0.0]},
+    }  # CPU s, wall s
     client = scraper(mon.port, 3600) if RANK == 0 else None
-    elsewhere, target = decoy() if RANK == 0 and os.environ.get("DDPMON_BENCH_DECOY") else (None, mon.port)
+    elsewhere, target = (
+        decoy() if RANK == 0 and os.environ.get("DDPMON_BENCH_DECOY") else (None, mon.port)
+    )
     attacker = None
     step = 0
     for pair in order:
@@ -293,7 +352,13 @@ def bench(pairs: str = "8", block: str = "2500") -> dict[str, Any]:
 
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
-    finish(bench(*args) if mode == "bench" else serving(*args) if mode == "serving" else run(mode, *args))
+    finish(
+        bench(*args)
+        if mode == "bench"
+        else serving(*args)
+        if mode == "serving"
+        else run(mode, *args)
+    )
 
 
 if __name__ == "__main__":

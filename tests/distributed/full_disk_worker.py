@@ -43,8 +43,12 @@ per rank, and the suite runs timing-sensitive jobs beside it (stragglers, starve
 
 
 def train(mode: str, steps: int) -> dict[str, Any]:
-    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
-                            rank=RANK, world_size=WORLD)
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+        rank=RANK,
+        world_size=WORLD,
+    )
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)), bucket_cap_mb=0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -77,7 +81,12 @@ def train(mode: str, steps: int) -> dict[str, Any]:
     for p in model.module.parameters():
         h.update(p.detach().numpy().tobytes())
     dist.destroy_process_group()
-    return {"steps": step, "digest": h.hexdigest(), "first_step_unix": first, "last_step_unix": last}
+    return {
+        "steps": step,
+        "digest": h.hexdigest(),
+        "first_step_unix": first,
+        "last_step_unix": last,
+    }
 
 
 def main() -> None:

@@ -31,10 +31,14 @@ OUT = os.environ.get("DDPMON_TEST_OUT", ".")
 
 def init() -> None:
     store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD)
-    dist.init_process_group("gloo", store=store, rank=RANK, world_size=WORLD, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store, rank=RANK, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
 
 
-def setup(job: str, model: nn.Module | None = None, **options: Any) -> tuple[DDP, Any, torch.optim.Optimizer]:
+def setup(
+    job: str, model: nn.Module | None = None, **options: Any
+) -> tuple[DDP, Any, torch.optim.Optimizer]:
     init()
     torch.manual_seed(0)
     ddp = DDP(model or MLP(), bucket_cap_mb=0.01)
@@ -196,7 +200,9 @@ def all_kinds() -> None:
     mon.detach()
     restored = {name: getattr(dist, name) is fn for name, fn in saved.items()}
     result = {
-        "snapshot": snap, "wrapped_while_attached": wrapped, "restored_after_detach": restored,
+        "snapshot": snap,
+        "wrapped_while_attached": wrapped,
+        "restored_after_detach": restored,
         "by_op": {op: list(v) for op, v in mon.recorder.collectives_by_op().items()},
         "gathered_objects": objects,
     }
@@ -205,8 +211,19 @@ def all_kinds() -> None:
     dist.destroy_process_group()
 
 
-SCENARIOS = {f.__name__: f for f in (stuck, die, desync, straggle, train_until_frozen, all_kinds, unused_layer,
-                                     log_on_rank_0)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        stuck,
+        die,
+        desync,
+        straggle,
+        train_until_frozen,
+        all_kinds,
+        unused_layer,
+        log_on_rank_0,
+    )
+}
 
 
 if __name__ == "__main__":

@@ -64,8 +64,13 @@ def train(rank, world, args, net_class):
     import ddpmon.launch  # only to report what happened; the script never calls ddpmon
 
     seen = {
-        "argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
-        "monitors": [m.state_file for m in ddpmon.launch.monitors()] if "ddpmon.launch" in sys.modules else [],
+        "argv": sys.argv,
+        "name": __name__,
+        "file": __file__,
+        "path0": sys.path[0],
+        "monitors": [m.state_file for m in ddpmon.launch.monitors()]
+        if "ddpmon.launch" in sys.modules
+        else [],
         "net_module": net_class.__module__,
         "explicit_is_launched": explicit is not None and explicit is ddpmon.launch.monitors()[0],
         "pythonpath": os.environ.get("PYTHONPATH", ""),

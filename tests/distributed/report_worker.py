@@ -40,7 +40,9 @@ def train(steps: int, slow_rank: int, delay: float, end: str) -> dict[str, Any]:
     init()
     torch.manual_seed(0)
     model = DDP(SlowForward(delay if RANK == slow_rank else 0.0), bucket_cap_mb=0.01)
-    mon = ddpmon.attach(model, job=os.environ.get("DDPMON_TEST_JOB", "report"), bucket_timing="hook")
+    mon = ddpmon.attach(
+        model, job=os.environ.get("DDPMON_TEST_JOB", "report"), bucket_timing="hook"
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     same = os.environ.get("DDPMON_TEST_SAME_DATA") == "1"  # every rank trains on rank 0's batches
     for step in range(steps):
@@ -62,7 +64,9 @@ def main() -> None:
     scenario, args = sys.argv[1], sys.argv[2:]
     assert scenario == "train", f"unknown scenario {scenario!r}"
     result = train(int(args[0]), int(args[1]), float(args[2]), args[3])
-    (Path(os.environ["DDPMON_TEST_OUT"]) / f"result-{RANK}.json").write_text(json.dumps(result, default=str))
+    (Path(os.environ["DDPMON_TEST_OUT"]) / f"result-{RANK}.json").write_text(
+        json.dumps(result, default=str)
+    )
 
 
 if __name__ == "__main__":

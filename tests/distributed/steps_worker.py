@@ -127,7 +127,9 @@ class SlowSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def stragglers(slow: str, delay: str, steps: str, kinds: str, doctor_after: str = "") -> dict[str, Any]:
+def stragglers(
+    slow: str, delay: str, steps: str, kinds: str, doctor_after: str = ""
+) -> dict[str, Any]:
     """Segments of ``steps`` steps; in each, rank ``slow`` is slower by ``delay`` seconds in
     one part (data_wait, forward, backward, optimizer, other), or every rank jitters
     (``jitter``: a random 0..2 x delay before each forward). After each segment every rank
@@ -167,10 +169,17 @@ def stragglers(slow: str, delay: str, steps: str, kinds: str, doctor_after: str 
             monitor._writer.write_now()
             dist.barrier()
             if RANK == 0:
-                run = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--json", "--no-stacks", state_dir],
-                                     capture_output=True, text=True, timeout=60)
-                segments[-1]["doctor"] = {"code": run.returncode, "report": json.loads(run.stdout or "null"),
-                                          "stderr": run.stderr[-2000:]}
+                run = subprocess.run(
+                    [sys.executable, "-m", "ddpmon", "doctor", "--json", "--no-stacks", state_dir],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                segments[-1]["doctor"] = {
+                    "code": run.returncode,
+                    "report": json.loads(run.stdout or "null"),
+                    "stderr": run.stderr[-2000:],
+                }
             dist.barrier()
     monitor.detach()
     return {"segments": segments}

@@ -20,12 +20,22 @@ EXPECTED = {  # phase: (kinds the ranks record, per rank), kinds the doctor find
     "same_data": ({0: {"same_data"}, 1: {"same_data"}}, {"same_data"}),
     "no_set_epoch": ({0: {"set_epoch_missing"}, 1: {"set_epoch_missing"}}, {"set_epoch_missing"}),
     "peek_then_set_epoch": ({0: set(), 1: set()}, set()),  # PyTorch's DDP tutorial
-    "inner_forward": ({0: {"replicas_diverged"}, 1: {"inner_module_forward", "replicas_diverged"}},
-                      {"inner_module_forward", "replicas_diverged"}),
-    "drifting_buffers": ({0: {"replicas_diverged"}, 1: {"replicas_diverged"}}, {"replicas_diverged"}),
-    "nan_on_rank_1": ({0: {"nonfinite_gradients"}, 1: {"nonfinite_gradients"}}, {"nonfinite_gradients"}),
-    "accumulation": ({0: {"accumulation_without_no_sync"}, 1: {"accumulation_without_no_sync"}},
-                     {"accumulation_without_no_sync"}),
+    "inner_forward": (
+        {0: {"replicas_diverged"}, 1: {"inner_module_forward", "replicas_diverged"}},
+        {"inner_module_forward", "replicas_diverged"},
+    ),
+    "drifting_buffers": (
+        {0: {"replicas_diverged"}, 1: {"replicas_diverged"}},
+        {"replicas_diverged"},
+    ),
+    "nan_on_rank_1": (
+        {0: {"nonfinite_gradients"}, 1: {"nonfinite_gradients"}},
+        {"nonfinite_gradients"},
+    ),
+    "accumulation": (
+        {0: {"accumulation_without_no_sync"}, 1: {"accumulation_without_no_sync"}},
+        {"accumulation_without_no_sync"},
+    ),
     "static_graph": ({0: {"static_graph"}, 1: {"static_graph"}}, {"static_graph"}),
     "correct": ({0: set(), 1: set()}, set()),
 }
@@ -34,8 +44,13 @@ ADVICE_KINDS = {k for _, kinds in EXPECTED.values() for k in kinds}
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory):
-    results = run_ranks("advice_job", 2, tmp_path_factory.mktemp("advice"), timeout=180,
-                        module="tests.distributed.advice_worker")
+    results = run_ranks(
+        "advice_job",
+        2,
+        tmp_path_factory.mktemp("advice"),
+        timeout=180,
+        module="tests.distributed.advice_worker",
+    )
     return {r.rank: r.result for r in results}
 
 
@@ -96,33 +111,72 @@ def test_the_global_batch_counts_accumulation(job) -> None:
     """Samples per optimizer step: 2 micro-batches of 8 under no_sync (correct) and 3
     without it (accumulation) on 2 ranks; one micro-batch of 8 elsewhere."""
     for phase, micro, line in (
-        ("correct", 2, "per-rank batch 8 x 2 micro-batches, global batch 32 per optimizer step, sampler DistributedSampler"),
-        ("accumulation", 3, "per-rank batch 8 x 3 micro-batches, global batch 48 per optimizer step"),
+        (
+            "correct",
+            2,
+            "per-rank batch 8 x 2 micro-batches, global batch 32 per optimizer step, sampler DistributedSampler",
+        ),
+        (
+            "accumulation",
+            3,
+            "per-rank batch 8 x 3 micro-batches, global batch 48 per optimizer step",
+        ),
         ("static_graph", 1, "per-rank batch 8, global batch 16 per optimizer step"),
     ):
         logs = job[0][phase]["logs"]
         assert sum(line in m for m in logs) == 1, (phase, logs)
         for rank in (0, 1):
-            data = json.loads((Path(job[0][phase]["state_dir"]) / f"rank-{rank}.json").read_text())["data"]
-            assert (data["batch_size"], data["micro_batches"], data["global_batch_size"]) == (8, micro, 16 * micro)
+            data = json.loads((Path(job[0][phase]["state_dir"]) / f"rank-{rank}.json").read_text())[
+                "data"
+            ]
+            assert (data["batch_size"], data["micro_batches"], data["global_batch_size"]) == (
+                8,
+                micro,
+                16 * micro,
+            )
 
 
 def test_cli_text_json_and_exit_codes(job) -> None:
     state_dir = job[0]["same_data"]["state_dir"]
 
     def doctor(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ddpmon", "doctor", state_dir, "--no-stacks", *args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "ddpmon", "doctor", state_dir, "--no-stacks", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     text = doctor()
-    assert text.returncode == 0, text.stderr  # a warning leaves the verdict, and the exit code, healthy
-    assert text.stdout.startswith("ddpmon doctor: HEALTHY (no hang or crash), 1 warning: same_data ("), text.stdout
-    assert "train on the same batches" in text.stdout and "- ranks 0, 1 fed identical batches" in text.stdout
+    assert text.returncode == 0, (
+        text.stderr
+    )  # a warning leaves the verdict, and the exit code, healthy
+    assert text.stdout.startswith(
+        "ddpmon doctor: HEALTHY (no hang or crash), 1 warning: same_data ("
+    ), text.stdout
+    assert (
+        "train on the same batches" in text.stdout
+        and "- ranks 0, 1 fed identical batches" in text.stdout
+    )
     assert "DistributedSampler" in text.stdout  # the fix
     as_json = json.loads(doctor("--json").stdout)
     assert [f["ranks"] for f in as_json["findings"] if f["kind"] == "same_data"] == [[0, 1]]
     assert doctor("--fail-on-advice").returncode == 1
-    clean = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", job[0]["correct"]["state_dir"],
-                            "--no-stacks", "--fail-on-advice"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    clean = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddpmon",
+            "doctor",
+            job[0]["correct"]["state_dir"],
+            "--no-stacks",
+            "--fail-on-advice",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert clean.returncode == 0, clean.stdout
     assert clean.stdout.startswith("ddpmon doctor: HEALTHY - no problem found ("), clean.stdout

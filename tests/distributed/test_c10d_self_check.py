@@ -15,17 +15,23 @@ pytestmark = pytest.mark.timeout(120)
 
 REASONS = {
     "silent": "c10d's completion hook gave no WorkInfo in the first 20 steps",
-    "split": ("none of the first 20 steps could be matched to DDP's buckets (8 all-reduce(s) on "
-              "DDP's process group during backward for 4 bucket(s))"),
+    "split": (
+        "none of the first 20 steps could be matched to DDP's buckets (8 all-reduce(s) on "
+        "DDP's process group during backward for 4 bucket(s))"
+    ),
 }
 
 
 def test_c10d_timing_that_times_nothing_turns_itself_off(tmp_path: Path) -> None:
-    (rank,) = run_ranks("", 1, tmp_path, module="tests.distributed.c10d_self_check_job", timeout=100)
+    (rank,) = run_ranks(
+        "", 1, tmp_path, module="tests.distributed.c10d_self_check_job", timeout=100
+    )
     for kind, reason in REASONS.items():
         out = rank.result[kind]
-        note = (f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets "
-                "instead")
+        note = (
+            f"per-bucket timing from c10d is off: {reason}; bucket_timing='hook' times buckets "
+            "instead"
+        )
         assert out["modes"] == ["c10d", "off"], kind
         assert out["notes"]["bucket_timing"] == note
         assert out["state_mode"] == "off" and out["state_notes"]["bucket_timing"] == note

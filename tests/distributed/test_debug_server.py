@@ -36,19 +36,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tmp_path: Path, name: str, run_args: tuple[str, ...] = (),
-          script_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path, Path]:
+def start(
+    tmp_path: Path, name: str, run_args: tuple[str, ...] = (), script_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, Path, Path]:
     """``ddpmon run [run_args] --nproc-per-node=2 debug_server_train.py OUT [script_args]``."""
     out, state_dir = tmp_path / name, tmp_path / name / "state"
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     for var in ("DDPMON_STATE_DIR", "DDPMON_JOB"):
         env.pop(var, None)
-    proc = subprocess.Popen([sys.executable, "-m", "ddpmon", "run", "--port", "0", "--state-dir", str(state_dir),
-                             *run_args, "--nproc-per-node=2", "--max-restarts=0", SCRIPT, str(out),
-                             "--steps", str(STEPS), *script_args],
-                            cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddpmon",
+            "run",
+            "--port",
+            "0",
+            "--state-dir",
+            str(state_dir),
+            *run_args,
+            "--nproc-per-node=2",
+            "--max-restarts=0",
+            SCRIPT,
+            str(out),
+            "--steps",
+            str(STEPS),
+            *script_args,
+        ],
+        cwd=out,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, out, state_dir
 
 
@@ -96,7 +122,11 @@ def check_ddpmon_saw_a_clean_run(state_dir: Path, log: str) -> None:
     for rank in (0, 1):
         state = json.loads((state_dir / f"rank-{rank}.json").read_text())
         assert (state["rank"], state["step"], state["phase"]) == (rank, STEPS, "detached"), log
-        assert (state["exit"]["how"], state["exit"]["code"], state["exit"]["signal"]) == ("end", 0, None), log
+        assert (state["exit"]["how"], state["exit"]["code"], state["exit"]["signal"]) == (
+            "end",
+            0,
+            None,
+        ), log
         assert state["pid"] != os.getpid()
         assert fault.read(str(state_dir / f"rank-{rank}.json")) is None, log  # no fatal signal
     doctor = run_doctor(str(state_dir))
@@ -115,7 +145,9 @@ def check_nothing_left(out: Path, port: int) -> None:
             pass
     assert not left, left
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the frontend binds: no listener left
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as the frontend binds: no listener left
         s.bind(("::", port))
 
 
@@ -128,12 +160,18 @@ def test_a_debug_server_the_script_starts_leaves_the_job_and_ddpmon_alone(tmp_pa
     assert plain.returncode == 0, plain_log
 
     port = free_port()
-    proc, out, state_dir = start(tmp_path, "served", script_args=("--own-server", str(port), "--tail", "2"))
+    proc, out, state_dir = start(
+        tmp_path, "served", script_args=("--own-server", str(port), "--tail", "2")
+    )
     # both servers answer over HTTP while the job runs: ddpmon's metrics, torch's frontend
-    state = until("rank 0's state file", lambda: json.loads((state_dir / "rank-0.json").read_text()), proc)
+    state = until(
+        "rank 0's state file", lambda: json.loads((state_dir / "rank-0.json").read_text()), proc
+    )
     metrics = until("rank 0's metrics", lambda: scrape(state["port"]), proc)
-    assert 'ddpmon_steps_total{job=' in metrics
-    assert "Torch Distributed Debug Server" in until("the frontend", lambda: frontend_page(port, "/"), proc)
+    assert "ddpmon_steps_total{job=" in metrics
+    assert "Torch Distributed Debug Server" in until(
+        "the frontend", lambda: frontend_page(port, "/"), proc
+    )
     page = until("both ranks' stacks on the frontend", lambda: stacks_of_both_ranks(port), proc)
     assert "debug_server_train.py" in page
     dumps = until("a stacks dump", lambda: sorted((out / "dumps").glob("stacks_*.txt")), proc)
@@ -153,19 +191,32 @@ def test_ddpmon_run_debug_server(tmp_path: Path) -> None:
     """``ddpmon run --debug-server=PORT``: a script that knows nothing of it gets the debug
     server in every rank, its dumps in the state directory, and a clean end."""
     port = free_port()
-    proc, out, state_dir = start(tmp_path, "run", (f"--debug-server={port}", "--debug-server-interval", "0.3"),
-                                 ("--tail", "2"))
+    proc, out, state_dir = start(
+        tmp_path,
+        "run",
+        (f"--debug-server={port}", "--debug-server-interval", "0.3"),
+        ("--tail", "2"),
+    )
     page = until("both ranks' stacks on the frontend", lambda: stacks_of_both_ranks(port), proc)
     assert "debug_server_train.py" in page
     dump_dir = state_dir / "debug-server"
-    dumps = until("a stacks dump with both ranks", lambda: [
-        p for p in sorted(dump_dir.glob("stacks_*.txt")) if "=== Rank 1:" in p.read_text()], proc)
+    dumps = until(
+        "a stacks dump with both ranks",
+        lambda: [
+            p for p in sorted(dump_dir.glob("stacks_*.txt")) if "=== Rank 1:" in p.read_text()
+        ],
+        proc,
+    )
     log = finish(proc, out)
 
     assert proc.returncode == 0, log
-    assert f"torch's debug server: http://<rank 0's host>:{port}/; dumps into {dump_dir}" in log, log
+    assert f"torch's debug server: http://<rank 0's host>:{port}/; dumps into {dump_dir}" in log, (
+        log
+    )
     assert "=== Rank 0:" in dumps[-1].read_text()
     assert dump_dir.stat().st_mode & 0o777 == 0o700  # the dumps hold stacks, as state files do
-    assert not list(dump_dir.glob("fr_trace_*")), "gloo: torch's flight recorder tables are not asked for"
+    assert not list(dump_dir.glob("fr_trace_*")), (
+        "gloo: torch's flight recorder tables are not asked for"
+    )
     check_ddpmon_saw_a_clean_run(state_dir, log)
     check_nothing_left(out, port)

@@ -30,10 +30,14 @@ def run_jobs(jobs: list[tuple[str, Path, dict[str, str]]], timeout: float = 120)
     """Run several 2-rank jobs at once; every rank must succeed."""
     import time
 
-    started = [start_ranks(mode, 2, workdir, env, (STEPS,), module=MODULE) for mode, workdir, env in jobs]
+    started = [
+        start_ranks(mode, 2, workdir, env, (STEPS,), module=MODULE) for mode, workdir, env in jobs
+    ]
     deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline and any(p.poll() is None for procs in started for p in procs):
+        while time.monotonic() < deadline and any(
+            p.poll() is None for procs in started for p in procs
+        ):
             if any(p.poll() not in (None, 0) for procs in started for p in procs):
                 time.sleep(3)
                 break
@@ -51,8 +55,10 @@ def mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return False
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                       capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+    )
     return r.returncode == 0
 
 
@@ -68,12 +74,18 @@ def test_two_concurrent_default_jobs_never_collide(tmp_path: Path) -> None:
     shared_tmp.chmod(0o1777)
     env = {"TMPDIR": str(shared_tmp), "DDPMON_STATE_DIR": "", "DDPMON_JOB": ""}
     env_no_master = {k: "" for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
-    a, b, plain = run_jobs([("attached", tmp_path / "a", {**env, **env_no_master}),
-                            ("attached", tmp_path / "b", {**env, **env_no_master}),
-                            ("plain", tmp_path / "plain", {})])
+    a, b, plain = run_jobs(
+        [
+            ("attached", tmp_path / "a", {**env, **env_no_master}),
+            ("attached", tmp_path / "b", {**env, **env_no_master}),
+            ("plain", tmp_path / "plain", {}),
+        ]
+    )
     reference = reference_of(plain)
     jobs = [{r.result["job"] for r in a}, {r.result["job"] for r in b}]
-    assert len(jobs[0]) == 1 and len(jobs[1]) == 1, "one job name per launch, the same on every rank"
+    assert len(jobs[0]) == 1 and len(jobs[1]) == 1, (
+        "one job name per launch, the same on every rank"
+    )
     assert jobs[0] != jobs[1], "two launches never share a job label"
     files = [r.result["state_file"] for r in a + b]
     assert len(set(files)) == 4, files
@@ -91,7 +103,10 @@ def test_slowloris_sigstop_and_a_read_only_state_dir_leave_training_alone(tmp_pa
         full_ok = mount_tmpfs(full, "4k")  # a state directory with no room for a state file
         # (no step history: an open SQLite file keeps `mount -o remount,ro` from succeeding; a
         # file system the kernel turns read-only after an error does not ask)
-        jobs = [("attacked", tmp_path / "attacked", {"DDPMON_HISTORY": "0"}), ("plain", tmp_path / "plain", {})]
+        jobs = [
+            ("attacked", tmp_path / "attacked", {"DDPMON_HISTORY": "0"}),
+            ("plain", tmp_path / "plain", {}),
+        ]
         if full_ok:
             jobs.append(("attached", tmp_path / "full", {"DDPMON_STATE_DIR": str(full)}))
         results = run_jobs(jobs)
@@ -125,14 +140,33 @@ def siege(port: int, pid: int, paths: list[str]) -> dict[str, Any]:
         baseline.append(target.num_threads())
         time.sleep(0.1)
     attacker = subprocess.Popen(  # at the lowest priority: the test measures the server, not it
-        ["nice", "-n", "19", sys.executable, "-m", "tests.distributed.attacker", str(port),
-         "--half-open", "1000", "--trickle", "50", "--seconds", str(ATTACK_SECONDS),
-         "--grace", str(HEADER_SECONDS + 1.5)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        [
+            "nice",
+            "-n",
+            "19",
+            sys.executable,
+            "-m",
+            "tests.distributed.attacker",
+            str(port),
+            "--half-open",
+            "1000",
+            "--trickle",
+            "50",
+            "--seconds",
+            str(ATTACK_SECONDS),
+            "--grace",
+            str(HEADER_SECONDS + 1.5),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     scrapes: list[tuple[str, str, Any, float]] = []
     threads: list[int] = []
     kept = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    kept_ports: list[int | None] = []  # the kept-alive scraper's local port (None: closed after a response)
+    kept_ports: list[
+        int | None
+    ] = []  # the kept-alive scraper's local port (None: closed after a response)
 
     def scrape(kind: str, path: str) -> None:
         conn = kept if kind == "kept" else http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -170,30 +204,47 @@ def siege(port: int, pid: int, paths: list[str]) -> dict[str, Any]:
         attacker.wait()
     # the scrapers' own connections closed just now: the server sees them end within moments
     deadline = time.monotonic() + 2.0
-    while (lingering := [c.status for c in target.net_connections("tcp")
-                         if c.laddr.port == port and c.status != psutil.CONN_LISTEN]) and time.monotonic() < deadline:
+    while (
+        lingering := [
+            c.status
+            for c in target.net_connections("tcp")
+            if c.laddr.port == port and c.status != psutil.CONN_LISTEN
+        ]
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return {"baseline": statistics.median(baseline), "threads": threads, "scrapes": scrapes,
-            "attack": json.loads(out.splitlines()[-1]), "kept_ports": kept_ports, "lingering": lingering}
+    return {
+        "baseline": statistics.median(baseline),
+        "threads": threads,
+        "scrapes": scrapes,
+        "attack": json.loads(out.splitlines()[-1]),
+        "kept_ports": kept_ports,
+        "lingering": lingering,
+    }
 
 
 def check_siege(got: dict[str, Any], paths: list[str]) -> None:
     attack = got["attack"]
-    print(f"attack {attack}; slowest scrape {max(s[3] for s in got['scrapes']):.3f} s of "
-          f"{len(got['scrapes'])}; threads {got['baseline']} before, {min(got['threads'])} to "
-          f"{max(got['threads'])} during")
+    print(
+        f"attack {attack}; slowest scrape {max(s[3] for s in got['scrapes']):.3f} s of "
+        f"{len(got['scrapes'])}; threads {got['baseline']} before, {min(got['threads'])} to "
+        f"{max(got['threads'])} during"
+    )
     assert attack["opened"] >= 1050, attack
     slow = [s for s in got["scrapes"] if s[2] != 200 or s[3] >= 1.0]
     assert not slow, f"scrapes not answered within 1 s under the attack: {slow}"
     for path in paths:  # one a second, each way
         assert sum(s[1] == path for s in got["scrapes"]) >= 2 * (ATTACK_SECONDS - 2), got["scrapes"]
     ports = set(got["kept_ports"])
-    assert len(ports) == 1 and None not in ports, "the kept-alive scraper keeps its connection through the attack"
+    assert len(ports) == 1 and None not in ports, (
+        "the kept-alive scraper keeps its connection through the attack"
+    )
     off = [t for t in got["threads"] if abs(t - got["baseline"]) > 2]
     assert not off, f"threads {off} under the attack, {got['baseline']} before"
     # once the attack stops, the server closes everything it held within the head deadline
     assert attack["still_open"] == 0, attack
-    assert not got["lingering"], f"connections still held 2 s after the last scrape: {got['lingering']}"
+    assert not got["lingering"], (
+        f"connections still held 2 s after the last scrape: {got['lingering']}"
+    )
 
 
 def test_a_rank_answers_every_scrape_under_a_slowloris(tmp_path: Path) -> None:
@@ -202,9 +253,12 @@ def test_a_rank_answers_every_scrape_under_a_slowloris(tmp_path: Path) -> None:
     procs = start_ranks("serving", 2, tmp_path, {"DDPMON_TEST_NOFILE": "1024"}, module=MODULE)
     try:
         deadline = time.monotonic() + 90
-        while (states(tmp_path).get(0) or {}).get("step", 0) < 20:  # training, and its port published
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
-                describe(collect(procs, tmp_path))
+        while (states(tmp_path).get(0) or {}).get(
+            "step", 0
+        ) < 20:  # training, and its port published
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), describe(
+                collect(procs, tmp_path)
+            )
             time.sleep(0.2)
         before = states(tmp_path)[0]
         got = siege(before["port"], procs[0].pid, ["/metrics"])

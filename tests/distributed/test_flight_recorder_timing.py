@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(120)
 NOTE = re.compile(
     r"per-bucket timing from flight_recorder is off: torch's flight recorder recorded (\d+) all-reduce\(s\) "
     r"of DDP's process group, none with its duration \(this backend's recorder keeps when each was issued, "
-    r"not how long it ran\); bucket_timing='hook' times buckets instead")
+    r"not how long it ran\); bucket_timing='hook' times buckets instead"
+)
 
 
 def test_gloo_records_no_duration_and_the_source_says_so(tmp_path: Path) -> None:

@@ -28,8 +28,10 @@ from ddpmon.state import files, history
 from tests.support import harness
 from tests.support.commands import run_doctor
 
-pytestmark = [pytest.mark.timeout(420),
-              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs state directory needs root")]
+pytestmark = [
+    pytest.mark.timeout(420),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs state directory needs root"),
+]
 
 MODULE = "tests.distributed.full_disk_worker"
 FULL_SECONDS = 13.0  # past the doctor's 10 s after which a live rank's stale file read as frozen
@@ -79,8 +81,12 @@ def steps_of(port: int) -> float:
 def write_failures_of(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {m.group(1): float(m.group(2)) for m in
-            re.finditer(r'^ddpmon_state_write_failures_total\{[^}]*file="(\w+)"[^}]*\} (\S+)$', text, re.M)}
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(
+            r'^ddpmon_state_write_failures_total\{[^}]*file="(\w+)"[^}]*\} (\S+)$', text, re.M
+        )
+    }
 
 
 def doctor(state: Path, *args: str) -> dict[str, Any]:
@@ -120,28 +126,50 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     workdir = tmp_path_factory.mktemp("full")
     state = workdir / "state"
     state.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(state)],
-                             capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(state)],
+        capture_output=True,
+    )
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     seen: dict[str, Any] = {}
     procs = harness.start_ranks("attached", 2, workdir, module=MODULE)
     filler = None
     try:
-        wait_for("the first writes", lambda: all((workdir / f"port-{r}").exists() for r in (0, 1))
-                 and all(os.path.exists(history.path_for(str(state), r)) for r in (0, 1)), 60, procs)
+        wait_for(
+            "the first writes",
+            lambda: (
+                all((workdir / f"port-{r}").exists() for r in (0, 1))
+                and all(os.path.exists(history.path_for(str(state), r)) for r in (0, 1))
+            ),
+            60,
+            procs,
+        )
         port = int((workdir / "port-0").read_text())
-        wait_for("200 steps in the histories", lambda: min(recorded(state, r) for r in (0, 1)) >= 200, 60, procs)
+        wait_for(
+            "200 steps in the histories",
+            lambda: min(recorded(state, r) for r in (0, 1)) >= 200,
+            60,
+            procs,
+        )
 
         # -- the disk fills up under the running job ------------------------------------------------
         filler = Filler(state)
         assert filler.full.wait(30), "the filler did not fill the tmpfs"
         filled_at, step_at_fill = time.time(), steps_of(port)
-        seen["written_before"] = {r: history.max_step(history.path_for(str(state), r)) for r in (0, 1)}
+        seen["written_before"] = {
+            r: history.max_step(history.path_for(str(state), r)) for r in (0, 1)
+        }
         time.sleep(5.0)
         seen["doctor_5s"] = doctor(state)
-        wait_for("steps past the ring", lambda: steps_of(port) > step_at_fill + 2 * RING
-                 and time.time() > filled_at + FULL_SECONDS, 120, procs)
+        wait_for(
+            "steps past the ring",
+            lambda: (
+                steps_of(port) > step_at_fill + 2 * RING and time.time() > filled_at + FULL_SECONDS
+            ),
+            120,
+            procs,
+        )
         seen["file_age_at_doctor"] = time.time() - newest_write(state)
         seen["doctor_full"] = doctor(state)
         seen["doctor_full_text"] = run_doctor(str(state))
@@ -149,16 +177,25 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         seen["steps_while_full"] = steps_of(port) - step_at_fill
 
         # -- room again: the files are fresh, the history resumes ------------------------------------
-        tries = write_failures_of(port)["state"]  # space comes back just after a failed try, so that
-        wait_for("a try", lambda: write_failures_of(port)["state"] > tries, 30, procs)  # the next is 8 s off
+        tries = write_failures_of(port)[
+            "state"
+        ]  # space comes back just after a failed try, so that
+        wait_for(
+            "a try", lambda: write_failures_of(port)["state"] > tries, 30, procs
+        )  # the next is 8 s off
         filler.free()
         filler = None
         freed_at = time.time()
         wait_for("fresh state files", lambda: newest_write(state) > freed_at, 15, procs, must=False)
         seen["fresh_after_seconds"] = newest_write(state) - freed_at
         step_at_free = steps_of(port)
-        wait_for("the histories to resume", lambda: min(recorded(state, r) for r in (0, 1)) > step_at_free, 20, procs,
-            must=False)
+        wait_for(
+            "the histories to resume",
+            lambda: min(recorded(state, r) for r in (0, 1)) > step_at_free,
+            20,
+            procs,
+            must=False,
+        )
         seen["doctor_room"] = doctor(state, "--no-stacks")
         time.sleep(2.0)
 
@@ -175,9 +212,14 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         filler = None
         seen["doctor_ended"] = doctor(state, "--no-stacks")
         seen["doctor_ended_text"] = run_doctor(str(state), "--no-stacks")
-        report = subprocess.run([harness.sys.executable, "-m", "ddpmon", "report", str(state), "--json"],
-                                capture_output=True, text=True, timeout=120, cwd=harness.ROOT,
-                                env=dict(os.environ, PYTHONPATH=str(harness.ROOT)))
+        report = subprocess.run(
+            [harness.sys.executable, "-m", "ddpmon", "report", str(state), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=harness.ROOT,
+            env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+        )
         assert report.returncode == 0, report.stderr
         seen["report"] = json.loads(report.stdout)
         seen["histories"] = {r: history.read(history.path_for(str(state), r)) for r in (0, 1)}
@@ -191,8 +233,14 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results = harness.collect(procs, workdir)
     assert all(r.returncode == 0 for r in results), harness.describe(results)
     seen["results"] = results
-    plain = harness.run_ranks("plain", 2, workdir / "plain", args=(str(results[0].result["steps"]),),
-                              module=MODULE, timeout=240)
+    plain = harness.run_ranks(
+        "plain",
+        2,
+        workdir / "plain",
+        args=(str(results[0].result["steps"]),),
+        module=MODULE,
+        timeout=240,
+    )
     seen["plain"] = plain
     return seen
 
@@ -200,7 +248,11 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_training_is_unchanged(job: dict[str, Any]) -> None:
     results, plain = job["results"], job["plain"]
     assert results[0].result["steps"] == results[1].result["steps"] == plain[0].result["steps"]
-    assert {r.result["digest"] for r in results} == {plain[0].result["digest"]} == {plain[1].result["digest"]}
+    assert (
+        {r.result["digest"] for r in results}
+        == {plain[0].result["digest"]}
+        == {plain[1].result["digest"]}
+    )
     assert job["steps_while_full"] > 2 * RING  # it trained on while its files could not be written
 
 
@@ -217,15 +269,23 @@ def test_while_full_the_doctor_says_the_ranks_cannot_write_not_a_hang(job: dict[
         assert "DDPMON_STATE_DIR" in f["fix"] and "df -h" in f["fix"]
         assert [r["status"] for r in d["ranks"]] == ["unknown", "unknown"]
         assert [r["cannot_write"] for r in d["ranks"]] == ["no space left on device"] * 2
-    stacks = [line for line in job["doctor_full"]["findings"][0]["evidence"] if "from py-spy, live" in line]
+    stacks = [
+        line
+        for line in job["doctor_full"]["findings"][0]["evidence"]
+        if "from py-spy, live" in line
+    ]
     assert len(stacks) == 2, job["doctor_full"]["findings"][0]["evidence"]  # what they do now
     text = job["doctor_full_text"]
     assert text.returncode == 1
-    assert text.stdout.startswith("ddpmon doctor: CANNOT WRITE - ranks cannot write their state files")
+    assert text.stdout.startswith(
+        "ddpmon doctor: CANNOT WRITE - ranks cannot write their state files"
+    )
     assert "root cause: ranks 0, 1 cannot write their state: no space left on device" in text.stdout
     assert "frozen" not in text.stdout and "HANG" not in text.stdout
     for rank in (0, 1):  # its old file's silence and wait are not facts of now
-        assert re.search(rf"^{rank}\s+unknown\s+.*\(\d+ s old\)\s+\S+\s+\?\s+-$", text.stdout, re.M), text.stdout
+        assert re.search(
+            rf"^{rank}\s+unknown\s+.*\(\d+ s old\)\s+\S+\s+\?\s+-$", text.stdout, re.M
+        ), text.stdout
 
 
 def test_every_failed_write_is_counted_and_logged_once(job: dict[str, Any]) -> None:
@@ -234,7 +294,11 @@ def test_every_failed_write_is_counted_and_logged_once(job: dict[str, Any]) -> N
     for r in job["results"]:
         log = r.stderr
         for name in (f"rank-{r.rank}.json", f"rank-{r.rank}.history.sqlite"):
-            starts = [ln for ln in log.splitlines() if "cannot write" in ln and ln.split("(")[0].endswith(name + " ")]
+            starts = [
+                ln
+                for ln in log.splitlines()
+                if "cannot write" in ln and ln.split("(")[0].endswith(name + " ")
+            ]
             assert len(starts) == 1, (name, log[-4000:])  # two spells, the second within 5 minutes
             assert "(No space left on device); training goes on" in starts[0]
             assert sum(name + " works again" in ln for ln in log.splitlines()) == 1, log[-4000:]
@@ -245,21 +309,29 @@ def test_every_failed_write_is_counted_and_logged_once(job: dict[str, Any]) -> N
         assert spells["state"]["total"] > spells["state"]["count"] >= 1  # two spells
 
 
-def test_with_room_again_the_files_are_fresh_at_once_and_the_history_resumes(job: dict[str, Any]) -> None:
+def test_with_room_again_the_files_are_fresh_at_once_and_the_history_resumes(
+    job: dict[str, Any],
+) -> None:
     assert job["fresh_after_seconds"] < 3.0  # not after the 8 s to the next try
-    assert job["doctor_room"]["verdict"] not in ("cannot_write", "hang", "dead_rank"), job["doctor_room"]
+    assert job["doctor_room"]["verdict"] not in ("cannot_write", "hang", "dead_rank"), job[
+        "doctor_room"
+    ]
     for r in (0, 1):
         h = job["histories"][r]
         steps = h["steps"]["step"]
         missing = history.missing_steps(h["meta"])
-        assert missing and missing[0][0] > job["written_before"][r], missing  # lost while full, past the ring
+        assert missing and missing[0][0] > job["written_before"][r], (
+            missing
+        )  # lost while full, past the ring
         assert any(f["kind"] == "write_failed" for f in h["findings"]), h["findings"]
         kept = set(steps)
         lost = {s for a, b in missing for s in range(a, b + 1)}
         assert not kept & lost
         first_lost, last_lost = missing[0]
         assert steps[: first_lost - 1] == list(range(1, first_lost))  # whole up to the fill
-        assert set(range(last_lost + 1, last_lost + RING - 2)) <= kept  # the ring it kept (less the 2 held back)
+        assert (
+            set(range(last_lost + 1, last_lost + RING - 2)) <= kept
+        )  # the ring it kept (less the 2 held back)
 
 
 def test_a_clean_end_on_a_full_disk_reads_as_one(job: dict[str, Any]) -> None:
@@ -272,8 +344,12 @@ def test_a_clean_end_on_a_full_disk_reads_as_one(job: dict[str, Any]) -> None:
         assert [r["status"] for r in d["ranks"]] == ["exited", "exited"]
     text = job["doctor_ended_text"].stdout
     assert "OOM" not in text and "vanished" not in text and "DEAD" not in text, text
-    assert all(s["phase"] == "detached" for s in job["states"].values())  # its last word got through
-    assert [n for n in job["leftovers"] if n.startswith(".")] == [], job["leftovers"]  # reserves and temp files gone
+    assert all(
+        s["phase"] == "detached" for s in job["states"].values()
+    )  # its last word got through
+    assert [n for n in job["leftovers"] if n.startswith(".")] == [], job[
+        "leftovers"
+    ]  # reserves and temp files gone
 
 
 def test_the_report_names_the_missing_steps_and_the_runs_duration(job: dict[str, Any]) -> None:
@@ -283,15 +359,23 @@ def test_the_report_names_the_missing_steps_and_the_runs_duration(job: dict[str,
     for r in s["per_rank"]:
         h = job["histories"][r["rank"]]
         ranges = [list(x) for x in history.missing_steps(h["meta"])]
-        tail = [[h["last"][0] + 1, done]] if h["last"][0] < done else []  # lost at the end, on a full disk
+        tail = (
+            [[h["last"][0] + 1, done]] if h["last"][0] < done else []
+        )  # lost at the end, on a full disk
         assert r["missing_steps"] == ranges + tail, r["missing_steps"]
         assert r["status"]["status"] == "exited"
-    assert s["missing_steps"] == [{"rank": r["rank"], "first": a, "last": b}
-                                  for r in s["per_rank"] for a, b in r["missing_steps"]]
+    assert s["missing_steps"] == [
+        {"rank": r["rank"], "first": a, "last": b}
+        for r in s["per_rank"]
+        for a, b in r["missing_steps"]
+    ]
     trained = max(r.result["last_step_unix"] for r in job["results"]) - min(
-        r.result["first_step_unix"] for r in job["results"])
-    print(f"{done} steps in {trained:.1f} s (report: {s['duration_seconds']:.1f} s); "
-          f"{job['steps_while_full']:.0f} steps while full; missing {s['missing_steps']}; "
-          f"files fresh {job['fresh_after_seconds']:.2f} s after the space came back; "
-          f"doctor at a file age of {job['file_age_at_doctor']:.1f} s: {job['doctor_full']['verdict']}")
+        r.result["first_step_unix"] for r in job["results"]
+    )
+    print(
+        f"{done} steps in {trained:.1f} s (report: {s['duration_seconds']:.1f} s); "
+        f"{job['steps_while_full']:.0f} steps while full; missing {s['missing_steps']}; "
+        f"files fresh {job['fresh_after_seconds']:.2f} s after the space came back; "
+        f"doctor at a file age of {job['file_age_at_doctor']:.1f} s: {job['doctor_full']['verdict']}"
+    )
     assert abs(s["duration_seconds"] - trained) < 1.5, (s["duration_seconds"], trained)

@@ -25,19 +25,28 @@ from tests.support import harness
 pytestmark = pytest.mark.timeout(120)
 
 
-def launch(scenario: str, world: int, workdir: Path, args: tuple[str, ...] = (),
-           prefix: tuple[str, ...] = (), env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def launch(
+    scenario: str,
+    world: int,
+    workdir: Path,
+    args: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> list[subprocess.Popen]:
     """Like harness.start_ranks, for the scenarios of hang_worker."""
     workdir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(world):
-        procs.append(subprocess.Popen(
-            [*prefix, sys.executable, "-m", "tests.distributed.hang_worker", scenario, *args],
-            cwd=harness.ROOT, env=harness.rank_env(rank, world, workdir, env),
-            stdout=open(workdir / f"stdout-{rank}.txt", "w"),
-            stderr=open(workdir / f"stderr-{rank}.txt", "w"),
-            start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [*prefix, sys.executable, "-m", "tests.distributed.hang_worker", scenario, *args],
+                cwd=harness.ROOT,
+                env=harness.rank_env(rank, world, workdir, env),
+                stdout=open(workdir / f"stdout-{rank}.txt", "w"),
+                stderr=open(workdir / f"stderr-{rank}.txt", "w"),
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -52,22 +61,32 @@ def site(fragment: str) -> str:
     raise AssertionError(f"{fragment!r} is not in {WORKER}")
 
 
-def wait_for(what: str, check: Callable[[], bool], procs: list[subprocess.Popen], workdir: Path,
-             timeout: float = 45.0) -> None:
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    procs: list[subprocess.Popen],
+    workdir: Path,
+    timeout: float = 45.0,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.1)
     harness.stop(procs)
-    raise AssertionError(f"timed out waiting for {what}:\n" + harness.describe(harness.collect(procs, workdir)))
+    raise AssertionError(
+        f"timed out waiting for {what}:\n" + harness.describe(harness.collect(procs, workdir))
+    )
 
 
 def doctor(state_dir: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     out = subprocess.run(
         [sys.executable, "-m", "ddpmon", "doctor", str(state_dir), "--json", *args],
-        cwd=harness.ROOT, env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
-        capture_output=True, text=True, timeout=30,
+        cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.stdout, out.stderr
     return out.returncode, json.loads(out.stdout), out.stderr
@@ -83,6 +102,7 @@ def all_hung(workdir: Path, world: int) -> Callable[[], bool]:
     def check() -> bool:
         s = harness.states(workdir)
         return len(s) == world and all(d.get("hang") for d in s.values())
+
     return check
 
 
@@ -97,7 +117,10 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
             hang = s[rank]["hang"]
             assert hang["threads"][0]["main"] and hang["threads"][0]["name"] == "MainThread"
             # torch's own innermost Python frame: autograd's engine call (2.2: backward itself)
-            assert [f["function"] for f in hang["threads"][0]["frames"]][-1] in ("_engine_run_backward", "backward")
+            assert [f["function"] for f in hang["threads"][0]["frames"]][-1] in (
+                "_engine_run_backward",
+                "backward",
+            )
             waits = hang["in_flight"]
             assert waits and all(e["op"] == "all_reduce" and e["bucket"] is not None for e in waits)
             assert waits[0]["call_site"] == "DDP backward" and waits[0]["bucket"] == 0
@@ -110,7 +133,11 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
         stuck = s[2]["hang"]
         assert stuck["in_flight"] == [] and stuck["last_collective"]["op"] == "all_reduce"
         assert stuck["threads"][0]["frames"][-1]["function"] == "load_batch"
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{s[0]['port']}/metrics", timeout=10).read().decode()
+        metrics = (
+            urllib.request.urlopen(f"http://127.0.0.1:{s[0]['port']}/metrics", timeout=10)
+            .read()
+            .decode()
+        )
         assert 'ddpmon_hang_suspected{job="stuck",rank="0"} 1.0' in metrics
 
         code, report, _ = doctor(tmp_path / "state")
@@ -123,7 +150,9 @@ def test_rank_stuck_outside_collective(tmp_path: Path) -> None:
         ranks = {r["rank"]: r for r in report["ranks"]}
         assert [ranks[r]["status"] for r in (0, 1, 2)] == ["waiting", "waiting", "stuck"]
         # live from py-spy where it may read the process, else from the rank's own hang report
-        assert ranks[2]["stack"]["source"] in ("py-spy, live",) or ranks[2]["stack"]["source"].startswith("its hang report")
+        assert ranks[2]["stack"]["source"] in ("py-spy, live",) or ranks[2]["stack"][
+            "source"
+        ].startswith("its hang report")
         assert ranks[2]["stack"]["frames"][-1]["function"] == "load_batch"
         assert ranks[0]["waiting_in"]["op"] == "all_reduce"
     finally:
@@ -135,7 +164,9 @@ def test_dead_rank_first_to_die(tmp_path: Path) -> None:
     The doctor names rank 1 after all three are gone."""
     procs = launch("die", 3, tmp_path, ("1", "5"))
     try:
-        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        wait_for(
+            "every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path
+        )
         # rank 1 exits with 3; the others raise (1), or abort in gloo's teardown after that (-6)
         assert procs[1].returncode == 3 and procs[0].returncode != 0 and procs[2].returncode != 0
         code, report, _ = doctor(tmp_path / "state")
@@ -167,7 +198,9 @@ def test_desync_rank_conditional_barrier(tmp_path: Path) -> None:
         assert ranks[1]["waiting_in"]["op"] == "barrier"
         assert ranks[1]["waiting_in"]["call_site"] == site("# the odd rank's barrier")
         assert ranks[1]["waiting_in"]["function"] == "report_progress"
-        assert ranks[0]["waiting_in"]["op"] == "all_reduce" and ranks[0]["waiting_in"]["bucket"] == 0
+        assert (
+            ranks[0]["waiting_in"]["op"] == "all_reduce" and ranks[0]["waiting_in"]["bucket"] == 0
+        )
         assert ranks[0]["waiting_in"]["seq"] == ranks[1]["waiting_in"]["seq"]
         f = finding(report, "mismatch")  # the first collective where the ranks differ
         assert "the operation differs" in f["summary"]
@@ -185,9 +218,12 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
     job ends cleanly, and the doctor says both: it finished, and rank 1 straggled."""
     procs = launch("straggle", 2, tmp_path, ("1", "0.03"))
     try:
+
         def enough_steps() -> bool:
             s = harness.states(tmp_path)
-            return len(s) == 2 and all((d.get("timings") or {}).get("window_steps", 0) >= 12 for d in s.values())
+            return len(s) == 2 and all(
+                (d.get("timings") or {}).get("window_steps", 0) >= 12 for d in s.values()
+            )
 
         wait_for("12 steps on each rank", enough_steps, procs, tmp_path)
         code, report, _ = doctor(tmp_path / "state")
@@ -203,7 +239,9 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
 
         (tmp_path / "stop").touch()
         wait_for("a clean end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
-        assert [p.returncode for p in procs] == [0, 0], harness.describe(harness.collect(procs, tmp_path))
+        assert [p.returncode for p in procs] == [0, 0], harness.describe(
+            harness.collect(procs, tmp_path)
+        )
         code, report, _ = doctor(tmp_path / "state")
         assert code == 1
         assert report["verdict"] == "straggler" and report["suspect_ranks"] == [1]
@@ -217,32 +255,56 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
 def test_collectives_of_user_code_are_tracked(tmp_path: Path) -> None:
     procs = launch("all_kinds", 2, tmp_path)
     try:
-        wait_for("both ranks to finish", lambda: all(p.poll() is not None for p in procs), procs, tmp_path, 60)
+        wait_for(
+            "both ranks to finish",
+            lambda: all(p.poll() is not None for p in procs),
+            procs,
+            tmp_path,
+            60,
+        )
     finally:
         harness.stop(procs)
     results = harness.collect(procs, tmp_path)
     assert all(r.returncode == 0 for r in results), harness.describe(results)
     for r in results:
         out = r.result
-        assert out["wrapped_while_attached"] == {"all_reduce": True, "barrier": True, "broadcast": True}
-        assert out["restored_after_detach"] == {"all_reduce": True, "barrier": True, "broadcast": True}
+        assert out["wrapped_while_attached"] == {
+            "all_reduce": True,
+            "barrier": True,
+            "broadcast": True,
+        }
+        assert out["restored_after_detach"] == {
+            "all_reduce": True,
+            "barrier": True,
+            "broadcast": True,
+        }
         snap = out["snapshot"]
         p2p = "send" if r.rank == 0 else "recv"
         # DDP buckets are counted once each, under torch's name like the rest
         assert out["by_op"] == {
-            "all_reduce": [7, 7], "barrier": [1, 1], "broadcast": [1, 1],
-            "all_gather": [1, 1], "all_gather_object": [1, 1], p2p: [1, 1],
+            "all_reduce": [7, 7],
+            "barrier": [1, 1],
+            "broadcast": [1, 1],
+            "all_gather": [1, 1],
+            "all_gather_object": [1, 1],
+            p2p: [1, 1],
         }
         assert snap["collectives"] == {"issued": 12, "completed": 12}
         assert snap["in_flight"] == []
         assert snap["collective_seq"] == {"0": 11, "p2p:0": 1}
         user = [e for e in snap["collective_log"] if e.get("bucket") is None]
         assert [(e["op"], e["bytes"]) for e in user] == [
-            ("all_reduce", 1024), ("barrier", None), ("broadcast", 1024), ("all_reduce", 1024),
-            ("all_gather", 1024), ("all_gather_object", None), (p2p, 16),
+            ("all_reduce", 1024),
+            ("barrier", None),
+            ("broadcast", 1024),
+            ("all_reduce", 1024),
+            ("all_gather", 1024),
+            ("all_gather_object", None),
+            (p2p, 16),
         ]
         assert [e["call_site"] for e in user[:4]] == [
-            site(f"# user {what}") for what in ("all_reduce", "barrier", "broadcast", "async all_reduce")
+            site(f"# user {what}")
+            for what in ("all_reduce", "barrier", "broadcast", "async all_reduce")
         ]
         assert all(e["function"] == "all_kinds" and e["group"] == "0" for e in user)
         assert user[3]["async_op"] is True
@@ -259,13 +321,23 @@ def _network_freeze_possible() -> bool:
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "nsenter", "tc", "ip")):
         return False
     probe = subprocess.run(
-        ["unshare", "-n", "sh", "-c", "ip link set lo up && tc qdisc add dev lo root tbf rate 8bit burst 10 limit 1"],
-        capture_output=True, timeout=10,
+        [
+            "unshare",
+            "-n",
+            "sh",
+            "-c",
+            "ip link set lo up && tc qdisc add dev lo root tbf rate 8bit burst 10 limit 1",
+        ],
+        capture_output=True,
+        timeout=10,
     )
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _network_freeze_possible(), reason="needs root, unshare, nsenter and tc (tbf) to freeze a network")
+@pytest.mark.skipif(
+    not _network_freeze_possible(),
+    reason="needs root, unshare, nsenter and tc (tbf) to freeze a network",
+)
 def test_comm_layer_hang_nobody_behind(tmp_path: Path) -> None:
     """The ranks run in a network namespace of their own; mid-training its loopback link
     starts dropping every packet (tc tbf with a burst smaller than any packet). The TCP
@@ -275,7 +347,13 @@ def test_comm_layer_hang_nobody_behind(tmp_path: Path) -> None:
     procs: list[subprocess.Popen] = []
     try:
         time.sleep(0.3)
-        procs = launch("train_until_frozen", 2, tmp_path, prefix=("nsenter", netns), env={"GLOO_SOCKET_IFNAME": "lo"})
+        procs = launch(
+            "train_until_frozen",
+            2,
+            tmp_path,
+            prefix=("nsenter", netns),
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
 
         def training() -> bool:
             s = harness.states(tmp_path)
@@ -283,8 +361,25 @@ def test_comm_layer_hang_nobody_behind(tmp_path: Path) -> None:
 
         wait_for("training", training, procs, tmp_path)
         subprocess.run(
-            ["nsenter", netns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "8bit", "burst", "10", "limit", "1"],
-            check=True, timeout=10,
+            [
+                "nsenter",
+                netns,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "tbf",
+                "rate",
+                "8bit",
+                "burst",
+                "10",
+                "limit",
+                "1",
+            ],
+            check=True,
+            timeout=10,
         )
         wait_for("every rank's hang report", all_hung(tmp_path, 2), procs, tmp_path)
         code, report, _ = doctor(tmp_path / "state")
@@ -306,7 +401,9 @@ def test_the_same_error_on_every_rank_is_one_bug_and_its_cause_named(tmp_path: P
     and the unused parameters are named as the error's cause."""
     procs = launch("unused_layer", 2, tmp_path)
     try:
-        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        wait_for(
+            "every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path
+        )
         assert [p.returncode for p in procs] == [1, 1]
         code, report, _ = doctor(tmp_path / "state")
         assert code == 1
@@ -314,17 +411,32 @@ def test_the_same_error_on_every_rank_is_one_bug_and_its_cause_named(tmp_path: P
         assert [f["kind"] for f in report["findings"] if f["severity"] == "error"] == ["same_error"]
         f = finding(report, "same_error")
         assert f["ranks"] == [0, 1]
-        assert f["summary"].startswith("every rank failed in the same place: a bug in the code, not one rank")
+        assert f["summary"].startswith(
+            "every rank failed in the same place: a bug in the code, not one rank"
+        )
         assert f"at {harness.ROOT}/{site('head_b never used')} in unused_layer" in f["summary"]
-        assert "its cause: 2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)" \
+        assert (
+            "its cause: 2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)"
             in f["summary"]
+        )
         assert "first" not in f["summary"]
-        assert f["fix"].startswith("Make head_b.weight, head_b.bias take part in the loss on every rank")
+        assert f["fix"].startswith(
+            "Make head_b.weight, head_b.bias take part in the loss on every rank"
+        )
         assert "find_unused_parameters=True" in f["fix"]
-        assert not [f for f in report["findings"] if f["kind"] == "unused_parameters"], "named once, as the cause"
-        text = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", str(tmp_path / "state")],
-                              cwd=harness.ROOT, capture_output=True, text=True, timeout=30).stdout
-        assert text.startswith("ddpmon doctor: DEAD RANK - every rank failed in the same place"), text
+        assert not [f for f in report["findings"] if f["kind"] == "unused_parameters"], (
+            "named once, as the cause"
+        )
+        text = subprocess.run(
+            [sys.executable, "-m", "ddpmon", "doctor", str(tmp_path / "state")],
+            cwd=harness.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        assert text.startswith("ddpmon doctor: DEAD RANK - every rank failed in the same place"), (
+            text
+        )
     finally:
         harness.stop(procs)
 
@@ -336,7 +448,9 @@ def test_a_collective_gloo_aborts_on_is_a_desync_in_gloos_words(tmp_path: Path) 
     sites, and quotes gloo's reason from rank 0's stderr (a file here)."""
     procs = launch("log_on_rank_0", 2, tmp_path, ("5",))
     try:
-        wait_for("every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path)
+        wait_for(
+            "every rank to end", lambda: all(p.poll() is not None for p in procs), procs, tmp_path
+        )
         assert procs[0].returncode == -6, harness.describe(harness.collect(procs, tmp_path))
         code, report, _ = doctor(tmp_path / "state")
         assert code == 1
@@ -347,8 +461,13 @@ def test_a_collective_gloo_aborts_on_is_a_desync_in_gloos_words(tmp_path: Path) 
         # 0.2 s, hardly ever shows the call; when it does, the calls are lined up by number)
         assert site("# rank 0's logging all-reduce") + " in log_metrics" in f["summary"]
         assert "DDP gradient bucket 0" in f["summary"]
-        reason = next(line for line in f["evidence"] if "after gloo::EnforceNotMet" in line)  # gloo's own words
-        assert reason.startswith("rank 0: SIGABRT (Aborted), after gloo::EnforceNotMet: ") and "op.preamble.length" in reason
+        reason = next(
+            line for line in f["evidence"] if "after gloo::EnforceNotMet" in line
+        )  # gloo's own words
+        assert (
+            reason.startswith("rank 0: SIGABRT (Aborted), after gloo::EnforceNotMet: ")
+            and "op.preamble.length" in reason
+        )
         assert "Every rank must issue the same collectives in the same order" in f["fix"]
         assert not [x for x in report["findings"] if x["kind"] == "dead_rank"]
     finally:

@@ -54,7 +54,10 @@ def test_every_bucket_is_timed_on_every_rank(basic) -> None:
 def test_ddps_logging_data_gives_the_layout_the_comm_hook_sees(basic) -> None:
     """The c10d clock has no GradBucket: it reads the layout from DDP's logging data."""
     for r in basic:
-        hooked = [[b["index"], b["bytes"], b["dtype"], b["parameters"]] for b in r.result["snapshot"]["buckets"]]
+        hooked = [
+            [b["index"], b["bytes"], b["dtype"], b["parameters"]]
+            for b in r.result["snapshot"]["buckets"]
+        ]
         assert r.result["logged_count"] == 4
         assert r.result["logged_layout"] == hooked
         assert r.result["snapshot"]["bucket_timing"] == "hook", "auto on gloo: the Python comm hook"
@@ -64,7 +67,9 @@ def test_bus_bandwidth_follows_nccl_tests_definition(basic) -> None:
     """nccl-tests' bus bandwidth: the algorithm bandwidth (bytes over seconds) times
     2(n-1)/n, 4/3 for this job's 3 ranks."""
     b = basic[0].result["snapshot"]["buckets"][1]
-    assert b["busbw_bytes_per_second"] / (b["bytes"] / b["last_seconds"]) == pytest.approx(4 / 3, rel=1e-9)
+    assert b["busbw_bytes_per_second"] / (b["bytes"] / b["last_seconds"]) == pytest.approx(
+        4 / 3, rel=1e-9
+    )
 
 
 def test_steps_and_phases(basic) -> None:
@@ -92,14 +97,38 @@ def test_endpoint_serves_catalog_metrics_with_job_and_rank(basic) -> None:
         assert sample(text, "ddpmon_backward_seconds_count", job="basic", rank=rank) == 8
         assert sample(text, "ddpmon_exposed_comm_seconds_count", job="basic", rank=rank) >= 7
         assert sample(text, "ddpmon_unused_parameters", job="basic", rank=rank) == 0
-        assert sample(text, "ddpmon_rank_info", job="basic", rank=rank, world_size="3",
-                      local_rank=rank, backend="gloo", debug_level="OFF") == 1
+        assert (
+            sample(
+                text,
+                "ddpmon_rank_info",
+                job="basic",
+                rank=rank,
+                world_size="3",
+                local_rank=rank,
+                backend="gloo",
+                debug_level="OFF",
+            )
+            == 1
+        )
         for b in r.result["snapshot"]["buckets"]:
             idx = str(b["index"])
-            assert sample(text, "ddpmon_allreduce_seconds_count", job="basic", rank=rank, bucket=idx) == b["count"]
-            assert sample(text, "ddpmon_allreduce_bytes_total", job="basic", rank=rank, bucket=idx) == b["bytes_total"]
-            assert sample(text, "ddpmon_bucket_size_bytes", job="basic", rank=rank, bucket=idx) == b["bytes"]
-        names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+            assert (
+                sample(text, "ddpmon_allreduce_seconds_count", job="basic", rank=rank, bucket=idx)
+                == b["count"]
+            )
+            assert (
+                sample(text, "ddpmon_allreduce_bytes_total", job="basic", rank=rank, bucket=idx)
+                == b["bytes_total"]
+            )
+            assert (
+                sample(text, "ddpmon_bucket_size_bytes", job="basic", rank=rank, bucket=idx)
+                == b["bytes"]
+            )
+        names = {
+            line.split("{")[0].split(" ")[0]
+            for line in text.splitlines()
+            if line and line[0] != "#"
+        }
         assert names <= catalog.series_names(), names - catalog.series_names()
         for line in text.splitlines():
             if line and line[0] != "#":
@@ -110,8 +139,22 @@ def test_state_file_has_the_contract_keys(basic) -> None:
     for r in basic:
         state = r.result["state"]
         assert Path(r.result["state_file"]).name == f"rank-{r.rank}.json"
-        for key in ("rank", "local_rank", "world_size", "host", "pid", "port", "job", "step", "phase",
-                    "last_progress_unix", "collectives", "in_flight", "unused_parameters", "hang"):
+        for key in (
+            "rank",
+            "local_rank",
+            "world_size",
+            "host",
+            "pid",
+            "port",
+            "job",
+            "step",
+            "phase",
+            "last_progress_unix",
+            "collectives",
+            "in_flight",
+            "unused_parameters",
+            "hang",
+        ):
             assert key in state, key
         assert state["rank"] == r.rank and state["world_size"] == 3 and state["job"] == "basic"
         assert state["pid"] == r.pid
@@ -119,12 +162,17 @@ def test_state_file_has_the_contract_keys(basic) -> None:
         assert state["step"] == 8
 
 
-@pytest.mark.parametrize("hook,how,ranks", [
-    ("default", "option", 3),  # 3: a world size whose reciprocal is inexact in binary
-    ("fp16", "option", 2),
-    ("fp16", "after_attach", 2),
-])
-def test_gradients_identical_with_and_without_ddpmon(tmp_path: Path, hook: str, how: str, ranks: int) -> None:
+@pytest.mark.parametrize(
+    "hook,how,ranks",
+    [
+        ("default", "option", 3),  # 3: a world size whose reciprocal is inexact in binary
+        ("fp16", "option", 2),
+        ("fp16", "after_attach", 2),
+    ],
+)
+def test_gradients_identical_with_and_without_ddpmon(
+    tmp_path: Path, hook: str, how: str, ranks: int
+) -> None:
     results = run_ranks("grads_equal", ranks, tmp_path, args=(hook, how))
     for r in results:
         assert r.result["steps_compared"] == 5
@@ -142,8 +190,11 @@ def test_unused_parameters_named_on_the_rank_that_has_them(tmp_path: Path) -> No
     for r in results:
         assert r.result["snapshot"]["unused_parameters"] == expected[r.rank]
         assert r.result["state"]["unused_parameters"] == expected[r.rank]
-        assert sample(r.result["metrics"], "ddpmon_unused_parameters", job="unused", rank=str(r.rank)) == 2
-        warnings = [l for l in r.stderr.splitlines() if "received no gradient" in l]
+        assert (
+            sample(r.result["metrics"], "ddpmon_unused_parameters", job="unused", rank=str(r.rank))
+            == 2
+        )
+        warnings = [line for line in r.stderr.splitlines() if "received no gradient" in line]
         assert len(warnings) == 1, "one warning when the set changes, not one per step"
         assert ", ".join(expected[r.rank]) in warnings[0]
 
@@ -177,17 +228,27 @@ def test_attaching_twice_is_refused(bad_inputs: dict[int, dict]) -> None:
 def test_a_busy_port_falls_back_to_another_and_says_so(bad_inputs: dict[int, dict]) -> None:
     for out in bad_inputs.values():
         assert out["bound_port"] not in (None, out["busy_port"])
-        assert any(f"cannot serve metrics on 127.0.0.1:{out['busy_port']}" in line for line in out["logs"])
+        assert any(
+            f"cannot serve metrics on 127.0.0.1:{out['busy_port']}" in line for line in out["logs"]
+        )
 
 
-def test_an_unwritable_state_dir_turns_state_files_off_and_says_so(bad_inputs: dict[int, dict]) -> None:
+def test_an_unwritable_state_dir_turns_state_files_off_and_says_so(
+    bad_inputs: dict[int, dict],
+) -> None:
     for out in bad_inputs.values():
         assert out["state_file"] is None
-        assert any("state files are off" in line and "/proc/ddpmon-cannot-write" in line for line in out["logs"])
+        assert any(
+            "state files are off" in line and "/proc/ddpmon-cannot-write" in line
+            for line in out["logs"]
+        )
 
 
 def test_training_goes_on_through_the_bad_inputs(bad_inputs: dict[int, dict]) -> None:
-    assert [out["steps"] for out in bad_inputs.values()] == [3, 3]  # every step counted at its optimizer step
+    assert [out["steps"] for out in bad_inputs.values()] == [
+        3,
+        3,
+    ]  # every step counted at its optimizer step
 
 
 def test_bad_and_unknown_options_are_named(bad_inputs: dict[int, dict]) -> None:
@@ -196,7 +257,9 @@ def test_bad_and_unknown_options_are_named(bad_inputs: dict[int, dict]) -> None:
         assert "colour" in out["unknown_option"] and "hang_timeout" in out["unknown_option"]
 
 
-def test_a_port_past_the_range_is_refused_on_the_rank_it_falls_on(bad_inputs: dict[int, dict]) -> None:
+def test_a_port_past_the_range_is_refused_on_the_rank_it_falls_on(
+    bad_inputs: dict[int, dict],
+) -> None:
     assert bad_inputs[0]["port_past_range"] == "accepted"  # 65535 + LOCAL_RANK 0 is a port
     assert "port=65535" in bad_inputs[1]["port_past_range"]
     assert "LOCAL_RANK (1)" in bad_inputs[1]["port_past_range"]
@@ -216,7 +279,9 @@ def test_c10d_timing_on_gloo_is_refused_with_what_works(bad_inputs: dict[int, di
 
 def test_two_monitors_need_state_files_of_their_own(bad_inputs: dict[int, dict]) -> None:
     for rank, out in bad_inputs.items():
-        assert f"rank-{rank}.json" in out["same_state_file"] and "state_dir=" in out["same_state_file"]
+        assert (
+            f"rank-{rank}.json" in out["same_state_file"] and "state_dir=" in out["same_state_file"]
+        )
         assert out["second_state_file"] is True
 
 
@@ -225,10 +290,14 @@ def test_a_failed_attach_leaves_nothing_behind(bad_inputs: dict[int, dict]) -> N
         assert out["spare_clean"] == [0, False, None]
 
 
-def test_a_comm_hook_registered_after_attach_is_timed_after_a_refused_one(bad_inputs: dict[int, dict]) -> None:
+def test_a_comm_hook_registered_after_attach_is_timed_after_a_refused_one(
+    bad_inputs: dict[int, dict],
+) -> None:
     for out in bad_inputs.values():
         assert out.get("later_refused"), "DDP refuses a hook without (state, bucket)"
-        assert out["later_modes"] == ["off", "hook"] and out["later_counts"] == [2], out["later_counts"]
+        assert out["later_modes"] == ["off", "hook"] and out["later_counts"] == [2], out[
+            "later_counts"
+        ]
 
 
 def test_bucket_timing_off_registers_no_comm_hook(bad_inputs: dict[int, dict]) -> None:
@@ -248,8 +317,19 @@ def test_failure_inside_a_hook_is_logged_once_and_switches_it_off(tmp_path: Path
     for r in results:
         assert r.result["steps"] == 4, "training went on"
         assert "injected failure" in r.result["errors"]["bucket_timing"]
-        assert len([l for l in r.result["logs"] if "bucket_timing failed and is now switched off" in l]) == 1
-        assert sample(r.result["metrics"], "ddpmon_internal_errors_total", part="bucket_timing") == 1
+        assert (
+            len(
+                [
+                    line
+                    for line in r.result["logs"]
+                    if "bucket_timing failed and is now switched off" in line
+                ]
+            )
+            == 1
+        )
+        assert (
+            sample(r.result["metrics"], "ddpmon_internal_errors_total", part="bucket_timing") == 1
+        )
 
 
 def test_detach_restores_and_reattach_works(tmp_path: Path) -> None:
@@ -260,7 +340,9 @@ def test_detach_restores_and_reattach_works(tmp_path: Path) -> None:
         assert out["forward_restored"] and out["endpoint_closed"]
         assert out["steps_second"] == 3
         assert out["second_buckets"] and min(out["second_buckets"]) >= 2
-        assert out["second_mode"] == "hook", "DDP still holds ddpmon's hook: the default times with it"
+        assert out["second_mode"] == "hook", (
+            "DDP still holds ddpmon's hook: the default times with it"
+        )
 
 
 def test_no_sync_microbatches_fold_into_one_step(tmp_path: Path) -> None:
@@ -270,7 +352,9 @@ def test_no_sync_microbatches_fold_into_one_step(tmp_path: Path) -> None:
         assert snap["unused_parameters"] == []
 
 
-def test_by_default_gloo_keeps_ddps_own_allreduce_and_still_sees_exposed_comm(tmp_path: Path) -> None:
+def test_by_default_gloo_keeps_ddps_own_allreduce_and_still_sees_exposed_comm(
+    tmp_path: Path,
+) -> None:
     """gloo has no cheap per-bucket timing source: by default no comm hook is registered."""
     for r in run_ranks("without_bucket_timing", 2, tmp_path):
         out = r.result
@@ -279,18 +363,35 @@ def test_by_default_gloo_keeps_ddps_own_allreduce_and_still_sees_exposed_comm(tm
         assert out["comm_hook_at_attach"] == "", "DDP runs its C++ all-reduce, no hook"
         assert out["backward"]["median"] > 0
         assert out["exposed"]["median"] > 0, "exposed communication needs no comm hook on CPU"
-        assert sample(out["metrics"], "ddpmon_exposed_comm_seconds_count", job="untimed", rank=str(r.rank)) == 3
-        assert out["phases"] == ["after_backward"] * 4, "DDP's wait for its buckets is seen without a hook"
+        assert (
+            sample(
+                out["metrics"], "ddpmon_exposed_comm_seconds_count", job="untimed", rank=str(r.rank)
+            )
+            == 3
+        )
+        assert out["phases"] == ["after_backward"] * 4, (
+            "DDP's wait for its buckets is seen without a hook"
+        )
         assert out["synced_after_ddp"] == [True] * 4, "the sync callback runs after DDP's finalize"
         assert sample(out["metrics"], "ddpmon_steps_total", job="untimed", rank=str(r.rank)) == 3
-        assert sample(out["metrics"], "ddpmon_allreduce_seconds_count", job="untimed", rank=str(r.rank)) is None
+        assert (
+            sample(
+                out["metrics"], "ddpmon_allreduce_seconds_count", job="untimed", rank=str(r.rank)
+            )
+            is None
+        )
         assert out["registered"] == ["allreduce_hook"]
 
 
 def test_ddp_on_a_subgroup_keeps_the_jobs_world_size(tmp_path: Path) -> None:
     for r in run_ranks("subgroup", 2, tmp_path):
-        assert r.result == {"world_size": 2, "ddp_world_size": 1, "rank": r.rank, "steps": 3,
-                            "buckets": 1}
+        assert r.result == {
+            "world_size": 2,
+            "ddp_world_size": 1,
+            "rank": r.rank,
+            "steps": 3,
+            "buckets": 1,
+        }
 
 
 def test_backward_is_timed_when_the_loss_uses_a_later_output(tmp_path: Path) -> None:
@@ -313,7 +414,9 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
             assert 0 < b["last_seconds"] < 5 and b["busbw_bytes_per_second"] > 0
             assert 0 < b["ready_seconds"] < 5
         assert [b["ready_seconds"] for b in buckets] == sorted(b["ready_seconds"] for b in buckets)
-        notes = {k: v for k, v in out["notes"].items() if k != "torch_api" or COMPILE_CHECK}  # (2.2's line)
+        notes = {
+            k: v for k, v in out["notes"].items() if k != "torch_api" or COMPILE_CHECK
+        }  # (2.2's line)
         assert out["exposed"]["median"] >= 0 and notes == {}
         assert out["listeners_left"] == 0, "detach stops listening"
         labels = dict(job="c10d", rank=str(r.rank))
@@ -323,5 +426,7 @@ def test_c10d_clock_in_a_real_job_matches_completions_to_buckets(tmp_path: Path)
 
 def test_steps_are_found_when_the_model_returns_a_dataclass(tmp_path: Path) -> None:
     for r in run_ranks("dataclass_output", 2, tmp_path):
-        assert r.result["before_detach"] == 5 and r.result["steps"] == 5  # each at its optimizer step
+        assert (
+            r.result["before_detach"] == 5 and r.result["steps"] == 5
+        )  # each at its optimizer step
         assert r.result["backward"]["median"] > 0

@@ -23,11 +23,22 @@ STEPS = 30
 DELAY = 0.03  # seconds rank 1 sleeps in every forward of the slow run
 
 
-def train(workdir: Path, delay: float, end: str = "detach", job: str = "report",
-          env: dict[str, str] | None = None) -> list[harness.RankResult]:
+def train(
+    workdir: Path,
+    delay: float,
+    end: str = "detach",
+    job: str = "report",
+    env: dict[str, str] | None = None,
+) -> list[harness.RankResult]:
     """A 2-rank job of tests/distributed/report_worker.py, run to its end (bounded)."""
-    procs = harness.start_ranks("train", 2, workdir, env={"DDPMON_TEST_JOB": job, **(env or {})},
-                                args=(str(STEPS), "1", str(delay), end), module="tests.distributed.report_worker")
+    procs = harness.start_ranks(
+        "train",
+        2,
+        workdir,
+        env={"DDPMON_TEST_JOB": job, **(env or {})},
+        args=(str(STEPS), "1", str(delay), end),
+        module="tests.distributed.report_worker",
+    )
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -42,14 +53,22 @@ def train(workdir: Path, delay: float, end: str = "detach", job: str = "report",
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddpmon", *args], capture_output=True, text=True, timeout=120,
-                          cwd=harness.ROOT, env=dict(os.environ, PYTHONPATH=str(harness.ROOT)))
+    return subprocess.run(
+        [sys.executable, "-m", "ddpmon", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+    )
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
-    fast = train(base / "fast", 0.0, end="exit", job="fast")  # no detach: the interpreter's exit ends it
+    fast = train(
+        base / "fast", 0.0, end="exit", job="fast"
+    )  # no detach: the interpreter's exit ends it
     slow = train(base / "slow", DELAY, job="slow")
     return {"fast": (base / "fast", fast), "slow": (base / "slow", slow)}
 
@@ -61,7 +80,9 @@ def test_every_step_is_in_the_history_with_its_phases_and_buckets(runs):
         cols = h["steps"]
         assert cols["step"] == list(range(1, STEPS + 1)), cols["step"]
         assert h["identity"]["rank"] == rank and h["identity"]["job"] == "slow"
-        assert all(s > 0 for s in cols["step_seconds"]) and all(f is not None for f in cols["forward_seconds"])
+        assert all(s > 0 for s in cols["step_seconds"]) and all(
+            f is not None for f in cols["forward_seconds"]
+        )
         assert sum(e is not None for e in cols["exposed_comm_seconds"]) >= STEPS - 2
         assert sum(bool(b) for b in cols["buckets"]) >= STEPS - 2
         assert all(m and m > 10 * 2**20 for m in cols["process_resident_memory_bytes"])
@@ -105,11 +126,18 @@ def test_report_json_of_a_finished_job(runs):
     done = cli("report", str(workdir / "state"), "--json")
     assert done.returncode == 0, done.stderr
     s = json.loads(done.stdout)
-    assert s["steps"] == STEPS and s["ranks"] == 2 and s["devices"] == ["cpu"] and s["backend"] == "gloo"
+    assert (
+        s["steps"] == STEPS
+        and s["ranks"] == 2
+        and s["devices"] == ["cpu"]
+        and s["backend"] == "gloo"
+    )
     assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
     # one scale ("N% slower") from one rule in the summary, the per-rank table and the verdict
     slower = {r["rank"]: r["slower"] for r in s["per_rank"]}
-    assert slower[1] == s["slowest_rank"]["score"] == s["straggler"]["score"] > 0.5 and slower[0] < 0
+    assert (
+        slower[1] == s["slowest_rank"]["score"] == s["straggler"]["score"] > 0.5 and slower[0] < 0
+    )
     assert s["verdict"] == "straggler" and s["suspect_ranks"] == [1]  # the finished job keeps it
     assert s["median_step_seconds"] >= DELAY
     assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
@@ -120,12 +148,19 @@ def test_the_doctor_on_a_finished_job_says_what_happened_in_the_run(runs):
     workdir, _ = runs["slow"]
     done = cli("doctor", str(workdir / "state"), "--json")
     report = json.loads(done.stdout)
-    assert done.returncode == 1 and report["verdict"] == "straggler" and report["suspect_ranks"] == [1]
+    assert (
+        done.returncode == 1 and report["verdict"] == "straggler" and report["suspect_ranks"] == [1]
+    )
     kinds = [f["kind"] for f in report["findings"]]
     assert kinds[:2] == ["straggler", "finished"], kinds
-    assert "rank 1 is" in report["findings"][0]["summary"] and "in forward" in report["findings"][0]["summary"]
+    assert (
+        "rank 1 is" in report["findings"][0]["summary"]
+        and "in forward" in report["findings"][0]["summary"]
+    )
     fast = json.loads(cli("doctor", str(runs["fast"][0] / "state"), "--json").stdout)
-    assert fast["verdict"] == "healthy" and [f["kind"] for f in fast["findings"]][:1] == ["finished"]
+    assert fast["verdict"] == "healthy" and [f["kind"] for f in fast["findings"]][:1] == [
+        "finished"
+    ]
 
 
 def test_compare_two_real_runs_explains_the_difference(runs):
@@ -136,25 +171,39 @@ def test_compare_two_real_runs_explains_the_difference(runs):
     assert "step time up" in out and "rank 1 explains it" in out and "most in forward" in out, out
     result = json.loads(cli("compare", str(fast), str(slow), "--json").stdout)
     step = result["rows"][0]
-    assert step["delta"] > DELAY / 2  # every step of B waits for rank 1's sleep (a busy machine adds noise)
+    assert (
+        step["delta"] > DELAY / 2
+    )  # every step of B waits for rank 1's sleep (a busy machine adds noise)
     rank1 = next(r for r in result["ranks"] if r["rank"] == 1)
     assert rank1["phase"] == "forward" and rank1["phase_delta"] >= DELAY / 2
 
 
 def test_killed_and_live_jobs(tmp_path):
-    procs = harness.start_ranks("train", 2, tmp_path, env={"DDPMON_TEST_JOB": "held"},
-                                args=(str(STEPS), "1", "0.0", "hold"), module="tests.distributed.report_worker")
+    procs = harness.start_ranks(
+        "train",
+        2,
+        tmp_path,
+        env={"DDPMON_TEST_JOB": "held"},
+        args=(str(STEPS), "1", "0.0", "hold"),
+        module="tests.distributed.report_worker",
+    )
     state = tmp_path / "state"
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all((tmp_path / f"trained-{r}").exists() for r in (0, 1)):
-            assert all(p.poll() is None for p in procs), harness.describe(harness.collect(procs, tmp_path))
+        while time.monotonic() < deadline and not all(
+            (tmp_path / f"trained-{r}").exists() for r in (0, 1)
+        ):
+            assert all(p.poll() is None for p in procs), harness.describe(
+                harness.collect(procs, tmp_path)
+            )
             time.sleep(0.1)
         time.sleep(3.5)  # training paused: the writer's next batches hold every step
         live = json.loads(cli("report", str(state), "--json").stdout)
         assert live["steps"] >= STEPS - 1
         statuses = [r["status"]["status"] for r in live["per_rank"]]
-        assert all(st in ("stepping", "stuck", "frozen") for st in statuses), statuses  # alive, idle after training
+        assert all(st in ("stepping", "stuck", "frozen") for st in statuses), (
+            statuses
+        )  # alive, idle after training
     finally:
         harness.stop(procs)  # SIGKILL: no detach, no exit record
     killed = cli("report", str(state), "-o", str(tmp_path / "killed.html"))
@@ -184,10 +233,16 @@ def test_report_through_the_node_daemon(runs):
         daemon.kill()
         daemon.communicate()
     for rank, p in pages.items():
-        assert (p["job"], p["rank"], p["identity"]["rank"], p["next_since"]) == ("slow", rank, rank, None)
+        assert (p["job"], p["rank"], p["identity"]["rank"], p["next_since"]) == (
+            "slow",
+            rank,
+            rank,
+            None,
+        )
         local = history.read(history.path_for(state, rank), decode_buckets=False)
         assert [dict(zip(p["columns"], row)) for row in p["rows"]] == [
-            {c: local["steps"][c][i] for c in p["columns"]} for i in range(STEPS)]
+            {c: local["steps"][c][i] for c in p["columns"]} for i in range(STEPS)
+        ]
         assert p["exit"]["how"] == "detached" and p["findings"] == local["findings"]
     assert done.returncode == 0 and page.returncode == 0, done.stderr + page.stderr
     s = json.loads(done.stdout)
@@ -197,13 +252,16 @@ def test_report_through_the_node_daemon(runs):
     assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
     near = json.loads(cli("report", state, "--json").stdout)
     assert [{k: v for k, v in r.items() if k != "history"} for r in near["per_rank"]] == [
-        {k: v for k, v in r.items() if k != "history"} for r in s["per_rank"]]
+        {k: v for k, v in r.items() if k != "history"} for r in s["per_rank"]
+    ]
     for key in ("median_step_seconds", "phases", "buckets", "slowest_rank", "straggler", "verdict"):
         assert near[key] == s[key], key
     assert cli("report", state, "-o", str(workdir / "local.html")).returncode == 0
 
     def charts(path):
         text = path.read_text()
-        return json.loads(text.split('<script id="ddpmon-data" type="application/json">')[1].split("</script>")[0])["charts"]
+        return json.loads(
+            text.split('<script id="ddpmon-data" type="application/json">')[1].split("</script>")[0]
+        )["charts"]
 
     assert charts(workdir / "remote.html") == charts(workdir / "local.html")

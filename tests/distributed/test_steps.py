@@ -24,9 +24,17 @@ from tests.support.torch_features import COMPILE_CHECK
 PARTS = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
 
 
-def run(scenario: str, world: int, tmp_path: Path, *args: str, timeout: float = 120.0) -> list[harness.RankResult]:
-    return harness.run_ranks(scenario, world, tmp_path, timeout=timeout, args=args,
-                             module="tests.distributed.steps_worker")
+def run(
+    scenario: str, world: int, tmp_path: Path, *args: str, timeout: float = 120.0
+) -> list[harness.RankResult]:
+    return harness.run_ranks(
+        scenario,
+        world,
+        tmp_path,
+        timeout=timeout,
+        args=args,
+        module="tests.distributed.steps_worker",
+    )
 
 
 def test_readme_loop_counts_64_of_64_steps_and_its_parts_sum(tmp_path: Path) -> None:
@@ -41,7 +49,11 @@ def test_readme_loop_counts_64_of_64_steps_and_its_parts_sum(tmp_path: Path) -> 
         for row in rows:
             parts = sum(row[p + "_seconds"] or 0.0 for p in PARTS)
             assert parts == pytest.approx(row["step_seconds"], abs=1e-6), row
-            assert row["optimizer_seconds"] > 0 and row["forward_seconds"] > 0 and row["micro_steps"] == 1
+            assert (
+                row["optimizer_seconds"] > 0
+                and row["forward_seconds"] > 0
+                and row["micro_steps"] == 1
+            )
             assert row["h2d_seconds"] is None
         # Steps follow one another: each starts where the previous one ended.
         for a, b in zip(rows, rows[1:]):
@@ -61,12 +73,18 @@ def test_readme_loop_counts_64_of_64_steps_and_its_parts_sum(tmp_path: Path) -> 
 
 
 def scores_of(segment_by_rank: dict[int, dict[str, Any]]) -> dict[int, scoring.Score]:
-    return scoring.scores({r: records.load(StepPhases, s["phases"]) for r, s in segment_by_rank.items()})
+    return scoring.scores(
+        {r: records.load(StepPhases, s["phases"]) for r, s in segment_by_rank.items()}
+    )
 
 
-def test_stragglers_of_every_part_are_named_with_their_cause_and_jitter_is_healthy(tmp_path: Path) -> None:
+def test_stragglers_of_every_part_are_named_with_their_cause_and_jitter_is_healthy(
+    tmp_path: Path,
+) -> None:
     kinds = ("jitter", "data_wait", "forward", "backward", "optimizer", "other")
-    results = run("stragglers", 3, tmp_path, "2", "0.02", "24", ",".join(kinds), "data_wait", timeout=150)
+    results = run(
+        "stragglers", 3, tmp_path, "2", "0.02", "24", ",".join(kinds), "data_wait", timeout=150
+    )
     by_rank = {r.rank: r.result["segments"] for r in results}
     for i, kind in enumerate(kinds):
         scores = scores_of({rank: segs[i] for rank, segs in by_rank.items()})
@@ -84,6 +102,12 @@ def test_stragglers_of_every_part_are_named_with_their_cause_and_jitter_is_healt
     assert (report["verdict"], report["suspect_ranks"]) == ("straggler", [2]), report
     finding = next(f for f in report["findings"] if f["kind"] == "straggler")
     assert finding["ranks"] == [2]
-    assert "rank 2 is" in finding["summary"] and "in data wait: look at its data loader" in finding["summary"]
+    assert (
+        "rank 2 is" in finding["summary"]
+        and "in data wait: look at its data loader" in finding["summary"]
+    )
     # and how to see where its time goes, beside a healthy peer, in this state directory
-    assert re.search(r"To see where its time goes: ddpmon capture \S+/state --rank 2 --compare [01]$", finding["fix"])
+    assert re.search(
+        r"To see where its time goes: ddpmon capture \S+/state --rank 2 --compare [01]$",
+        finding["fix"],
+    )

@@ -16,7 +16,15 @@ import pytest
 
 from ddpmon.report.run import load
 from ddpmon.report.summary import end_of_run, summarize
-from tests.distributed.throughput_worker import LAYERS, LENGTH, MICRO, SEQUENCES, STEPS, VOCAB, WIDTH
+from tests.distributed.throughput_worker import (
+    LAYERS,
+    LENGTH,
+    MICRO,
+    SEQUENCES,
+    STEPS,
+    VOCAB,
+    WIDTH,
+)
 from tests.support import harness
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +52,9 @@ def metric(text: str, name: str) -> float | None:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[harness.RankResult], Path]:
     workdir = tmp_path_factory.mktemp("throughput")
-    results = harness.run_ranks("flops", 2, workdir, timeout=150, module="tests.distributed.throughput_worker")
+    results = harness.run_ranks(
+        "flops", 2, workdir, timeout=150, module="tests.distributed.throughput_worker"
+    )
     return results, workdir
 
 
@@ -57,14 +67,20 @@ def test_the_flop_count_is_the_hand_computed_figure_and_leaves_training_as_it_wa
         count = t["flop_count"]
         assert count is not None, r.stderr[-3000:]
         assert (count["per_step"], count["step"]) == (mlp_flops_per_step(), out["count_step"])
-        assert (count["dtype"], count["device_name"], count["peak_flops_per_second"]) == ("float32", None, None)
+        assert (count["dtype"], count["device_name"], count["peak_flops_per_second"]) == (
+            "float32",
+            None,
+            None,
+        )
         # Every step, the counted one included, bit for bit as without ddpmon.
         assert out["same"] == [True] * STEPS
         # The counter is gone once its step ended: no dispatch mode, no global module hook.
         assert out["dispatch_modes"] == [0] * STEPS and out["global_hooks_added"] == 0
 
 
-def test_achieved_flops_and_samples_per_second_are_the_hand_figures_over_the_step_time(job: Any) -> None:
+def test_achieved_flops_and_samples_per_second_are_the_hand_figures_over_the_step_time(
+    job: Any,
+) -> None:
     results, _ = job
     for r in results:
         out = r.result
@@ -73,16 +89,24 @@ def test_achieved_flops_and_samples_per_second_are_the_hand_figures_over_the_ste
         seconds = [s for step, s in enumerate(out["loop_seconds"], 1) if step != out["count_step"]]
         loop_step = sum(seconds) / len(seconds)
         assert t["window_steps"] == STEPS - 1
-        assert t["achieved_flops_per_second"] == pytest.approx(mlp_flops_per_step() / loop_step, rel=0.10)
+        assert t["achieved_flops_per_second"] == pytest.approx(
+            mlp_flops_per_step() / loop_step, rel=0.10
+        )
         assert t["samples_per_second"] == pytest.approx(MICRO_STEPS * MICRO / loop_step, rel=0.10)
         assert t["samples_total"] == STEPS * MICRO_STEPS * MICRO
-        assert t["tokens_total"] == 0 and t["tokens_per_second"] is None  # float inputs hold no tokens
+        assert (
+            t["tokens_total"] == 0 and t["tokens_per_second"] is None
+        )  # float inputs hold no tokens
         assert t["mfu"] is None  # a CPU has no peak
         text = out["metrics"]
         assert metric(text, "ddpmon_samples_total") == STEPS * MICRO_STEPS * MICRO
         assert metric(text, "ddpmon_model_flops_per_step") == mlp_flops_per_step()
-        assert metric(text, "ddpmon_achieved_flops_per_second") == pytest.approx(t["achieved_flops_per_second"])
-        assert metric(text, "ddpmon_mfu_ratio") is None and metric(text, "ddpmon_tokens_total") is None
+        assert metric(text, "ddpmon_achieved_flops_per_second") == pytest.approx(
+            t["achieved_flops_per_second"]
+        )
+        assert (
+            metric(text, "ddpmon_mfu_ratio") is None and metric(text, "ddpmon_tokens_total") is None
+        )
 
 
 def test_token_ids_count_tokens(job: Any) -> None:
@@ -105,8 +129,11 @@ def test_the_report_gives_each_rank_s_figures_and_the_job_s_sums(job: Any) -> No
         assert mine["flops_per_step"] == mlp_flops_per_step()
         assert mine["mfu"] is None and mine["achieved_flops_per_second"] > 0
     job_rates = s["throughput"]
-    assert job_rates["samples_per_second"] == pytest.approx(sum(r["samples_per_second"] for r in per_rank.values()))
+    assert job_rates["samples_per_second"] == pytest.approx(
+        sum(r["samples_per_second"] for r in per_rank.values())
+    )
     assert job_rates["achieved_flops_per_second"] == pytest.approx(
-        sum(r["achieved_flops_per_second"] for r in per_rank.values()))
+        sum(r["achieved_flops_per_second"] for r in per_rank.values())
+    )
     assert job_rates["mfu"] is None
     assert "samples/s" in end_of_run(state_dir) and "MFU unknown" in end_of_run(state_dir)

@@ -50,7 +50,9 @@ LONG = 15.0
 """Seconds of work after the loop in the third test: 7.5 hang timeouts (2 s)."""
 
 
-def run(workdir: Path, starve: bool, long: bool = False) -> list[tuple[str | None, str, list[int], str, str]]:
+def run(
+    workdir: Path, starve: bool, long: bool = False
+) -> list[tuple[str | None, str, list[int], str, str]]:
     """Run the job, ask the doctor until it ends; (phase, verdict, suspects, first finding's
     kind and summary) of every answer. Starved, the pauses before the loop's end are short
     and the work after it lasts ``STARVED`` seconds; long, it lasts ``LONG`` seconds, with
@@ -60,7 +62,9 @@ def run(workdir: Path, starve: bool, long: bool = False) -> list[tuple[str | Non
     pauses = (str(0.5), str(STARVED)) if starve else (str(PAUSE),)
     if long:
         env, pauses = {"DDPMON_HANG_ACTION": "abort"}, (str(0.5), str(LONG))
-    procs = harness.start_ranks(pauses[0], 2, workdir, env, args=pauses[1:], module="tests.distributed.transition_worker")
+    procs = harness.start_ranks(
+        pauses[0], 2, workdir, env, args=pauses[1:], module="tests.distributed.transition_worker"
+    )
     hog: subprocess.Popen | None = None
     answers = []
     deadline = time.monotonic() + 60
@@ -69,7 +73,11 @@ def run(workdir: Path, starve: bool, long: bool = False) -> list[tuple[str | Non
             now = phase(workdir)
             if starve and now == "post_loop" and hog is None:
                 hog = subprocess.Popen(
-                    [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"],
+                    [
+                        sys.executable,
+                        "-c",
+                        f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass",
+                    ],
                     start_new_session=True,
                 )
                 hog_until = time.monotonic() + STARVED - 1.0  # the final barrier is not starved
@@ -78,8 +86,15 @@ def run(workdir: Path, starve: bool, long: bool = False) -> list[tuple[str | Non
             if (workdir / "state").is_dir() and list((workdir / "state").glob("rank-*.json")):
                 d = examine(str(workdir / "state"), live_stacks=False, stall=1.0)
                 first = d.findings[0] if d.findings else None
-                answers.append((now, d.verdict, list(d.suspect_ranks), first.kind if first else "",
-                                first.summary if first else ""))
+                answers.append(
+                    (
+                        now,
+                        d.verdict,
+                        list(d.suspect_ranks),
+                        first.kind if first else "",
+                        first.summary if first else "",
+                    )
+                )
             time.sleep(0.25)
     finally:
         if hog is not None and hog.poll() is None:
@@ -95,7 +110,9 @@ def run(workdir: Path, starve: bool, long: bool = False) -> list[tuple[str | Non
     return answers
 
 
-def check(answers: list[tuple[str | None, str, list[int], str, str]], phases: tuple[str, ...]) -> None:
+def check(
+    answers: list[tuple[str | None, str, list[int], str, str]], phases: tuple[str, ...]
+) -> None:
     shown = "\n".join(map(str, answers))
     assert not [a for a in answers if a[1] == "hang"], shown
     for p in phases:  # each pause was judged, and judged busy (not a hang)
@@ -107,17 +124,25 @@ def test_evaluation_checkpoint_and_post_loop_work_are_never_a_hang(tmp_path: Pat
     check(answers, PHASES)
     # rank 1 waits in a barrier for rank 0's checkpoint: said, with when the process group's
     # own timeout (the workers' 60 s) would end the job
-    assert any(a[0] == "checkpoint" and a[3] == "busy" and a[4].startswith("rank 1 has waited ")
-               and re.search(r"the process group's timeout \(60 s\) ends the job in about 5\d s$", a[4])
-               for a in answers), "\n".join(map(str, answers))
+    assert any(
+        a[0] == "checkpoint"
+        and a[3] == "busy"
+        and a[4].startswith("rank 1 has waited ")
+        and re.search(r"the process group's timeout \(60 s\) ends the job in about 5\d s$", a[4])
+        for a in answers
+    ), "\n".join(map(str, answers))
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)"
+)
 def test_work_after_the_loop_while_hardly_ever_scheduled_is_not_a_hang(tmp_path: Path) -> None:
     check(run(tmp_path, starve=True), ("post_loop",))
 
 
-def test_work_after_the_loop_for_many_hang_timeouts_is_never_a_hang_nor_aborted(tmp_path: Path) -> None:
+def test_work_after_the_loop_for_many_hang_timeouts_is_never_a_hang_nor_aborted(
+    tmp_path: Path,
+) -> None:
     answers = run(tmp_path, starve=False, long=True)
     check(answers, ("post_loop",))
     busy = [a for a in answers if a[0] == "post_loop" and a[3] == "busy"]

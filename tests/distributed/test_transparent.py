@@ -9,15 +9,33 @@ import torch
 from tests.support.harness import run_ranks
 from tests.support.torch_features import COMPILE_CHECK
 
-CHECKS = ("pickle", "deepcopy", "deepcopy_find_unused", "torch_save", "torch_save_find_unused",
-          "state_dict", "no_sync", "join", "static_graph", "comm_hook_after_attach", "detach", "compile")
+CHECKS = (
+    "pickle",
+    "deepcopy",
+    "deepcopy_find_unused",
+    "torch_save",
+    "torch_save_find_unused",
+    "state_dict",
+    "no_sync",
+    "join",
+    "static_graph",
+    "comm_hook_after_attach",
+    "detach",
+    "compile",
+)
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     workdir = tmp_path_factory.mktemp("transparent")
-    results = run_ranks(",".join(CHECKS), 2, workdir, timeout=200,
-                        env={"DDPMON_STATE_DIR": ""}, module="tests.distributed.transparent_worker")
+    results = run_ranks(
+        ",".join(CHECKS),
+        2,
+        workdir,
+        timeout=200,
+        env={"DDPMON_STATE_DIR": ""},
+        module="tests.distributed.transparent_worker",
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         assert "Traceback" not in r.stderr, r.stderr[-3000:]  # the normal exit ran clean
@@ -28,15 +46,27 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 @pytest.mark.parametrize("check", CHECKS)
 def test_same_as_without_ddpmon(outcomes: dict[str, list[dict]], check: str) -> None:
     if check == "compile" and not COMPILE_CHECK:
-        pytest.skip(f"torch {torch.__version__} has no torch.compiler.is_compiling: compiled models are not watched")
+        pytest.skip(
+            f"torch {torch.__version__} has no torch.compiler.is_compiling: compiled models are not watched"
+        )
     for rank, result in enumerate(outcomes[check]):
-        assert "ok" in result["plain"], f"rank {rank}: the plain model itself failed: {result['plain']}"
-        assert result["watched"] == result["plain"], f"rank {rank}: {check} differs with ddpmon attached"
+        assert "ok" in result["plain"], (
+            f"rank {rank}: the plain model itself failed: {result['plain']}"
+        )
+        assert result["watched"] == result["plain"], (
+            f"rank {rank}: {check} differs with ddpmon attached"
+        )
 
 
 @pytest.mark.timeout(300)
 def test_copies_carry_no_ddpmon(outcomes: dict[str, list[dict]]) -> None:
-    for check in ("pickle", "deepcopy", "deepcopy_find_unused", "torch_save", "torch_save_find_unused"):
+    for check in (
+        "pickle",
+        "deepcopy",
+        "deepcopy_find_unused",
+        "torch_save",
+        "torch_save_find_unused",
+    ):
         for result in outcomes[check]:
             assert result["watched"]["ok"]["clean"] is True, check
 

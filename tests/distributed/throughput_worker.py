@@ -88,23 +88,33 @@ def flops() -> dict[str, Any]:
     time.sleep(0.05)
     out: dict[str, Any] = {
         "count_step": COUNT_STEP,
-        "same": [all(torch.equal(a, b) for a, b in zip(pa, pb)) for pa, pb in zip(plain_params, counted_params)],
-        "loop_seconds": seconds, "dispatch_modes": modes,
+        "same": [
+            all(torch.equal(a, b) for a, b in zip(pa, pb))
+            for pa, pb in zip(plain_params, counted_params)
+        ],
+        "loop_seconds": seconds,
+        "dispatch_modes": modes,
         "global_hooks_added": len(torch.nn.modules.module._global_forward_pre_hooks) - global_hooks,
-        "throughput": mon.snapshot()["throughput"], "errors": mon.snapshot()["errors"],
-        "metrics": scrape(mon.port), "state_dir": os.path.dirname(mon.state_file),
+        "throughput": mon.snapshot()["throughput"],
+        "errors": mon.snapshot()["errors"],
+        "metrics": scrape(mon.port),
+        "state_dir": os.path.dirname(mon.state_file),
     }
     mon.detach()
 
     lm = DDP(TinyLM())
-    with ddpmon.attach(lm, job="tokens", state_dir=os.path.join(os.environ["DDPMON_TEST_OUT"], "tokens")) as lm_mon:
+    with ddpmon.attach(
+        lm, job="tokens", state_dir=os.path.join(os.environ["DDPMON_TEST_OUT"], "tokens")
+    ) as lm_mon:
         opt = torch.optim.SGD(lm.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(RANK)
         for _ in range(8):
             ids = torch.randint(0, VOCAB, (SEQUENCES, LENGTH), generator=g)
             opt.zero_grad()
             logits = lm(ids)
-            nn.functional.cross_entropy(logits.flatten(0, 1), torch.roll(ids, -1, 1).flatten()).backward()
+            nn.functional.cross_entropy(
+                logits.flatten(0, 1), torch.roll(ids, -1, 1).flatten()
+            ).backward()
             opt.step()
         out["lm"] = lm_mon.snapshot()["throughput"]
         out["lm_metrics"] = scrape(lm_mon.port)

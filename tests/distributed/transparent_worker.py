@@ -79,15 +79,22 @@ def outcome(fn: Callable[[], Any]) -> Any:
 
 def both(fn: Callable[[DDP], Any], **ddp_options: Any) -> dict[str, Any]:
     plain, watched, monitor = twins(**ddp_options)
-    result = {"plain": outcome(lambda: fn(plain)), "watched": outcome(lambda: fn(watched)),
-              "steps": monitor.snapshot()["step"]}
+    result = {
+        "plain": outcome(lambda: fn(plain)),
+        "watched": outcome(lambda: fn(watched)),
+        "steps": monitor.snapshot()["step"],
+    }
     monitor.detach()
     return result
 
 
 def no_ddpmon_inside(model: nn.Module) -> bool:
     hooks = list(model._forward_pre_hooks.values()) + list(model._forward_hooks.values())
-    attrs = [k for k in vars(model) if "ddpmon" in k or k in ("forward", "register_comm_hook", "__getstate__")]
+    attrs = [
+        k
+        for k in vars(model)
+        if "ddpmon" in k or k in ("forward", "register_comm_hook", "__getstate__")
+    ]
     return not attrs and not any("ddpmon" in str(getattr(h, "__module__", "")) for h in hooks)
 
 
@@ -97,16 +104,23 @@ def no_ddpmon_inside(model: nn.Module) -> bool:
 def check_pickle(model: DDP) -> Any:
     train(model, 2)
     copy_ = pickle.loads(pickle.dumps(model))
-    return {"same_output": torch.equal(copy_(data(9)[0]), model(data(9)[0])), "clean": no_ddpmon_inside(copy_),
-            "trains": len(train(copy_, 2, start=5)) == 2}
+    return {
+        "same_output": torch.equal(copy_(data(9)[0]), model(data(9)[0])),
+        "clean": no_ddpmon_inside(copy_),
+        "trains": len(train(copy_, 2, start=5)) == 2,
+    }
 
 
 def check_deepcopy(model: DDP) -> Any:
     train(model, 2)
     copy_ = copy.deepcopy(model)
     trained = train(copy_, 2, start=5)
-    return {"same_output": torch.equal(copy_.module(data(9)[0]), copy_.module(data(9)[0])),
-            "clean": no_ddpmon_inside(copy_), "losses": trained, "weights": weights(copy_)}
+    return {
+        "same_output": torch.equal(copy_.module(data(9)[0]), copy_.module(data(9)[0])),
+        "clean": no_ddpmon_inside(copy_),
+        "losses": trained,
+        "weights": weights(copy_),
+    }
 
 
 def check_torch_save(model: DDP) -> Any:
@@ -115,7 +129,11 @@ def check_torch_save(model: DDP) -> Any:
     torch.save(model, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
-    return {"weights": weights(loaded), "clean": no_ddpmon_inside(loaded), "losses": train(loaded, 2, start=5)}
+    return {
+        "weights": weights(loaded),
+        "clean": no_ddpmon_inside(loaded),
+        "losses": train(loaded, 2, start=5),
+    }
 
 
 def check_state_dict(model: DDP) -> Any:
@@ -180,8 +198,12 @@ def check_compile(model: DDP) -> Any:
     # how many graphs it made; how often it re-counts one site while restarting its
     # analysis is not compared.
     breaks = sorted("".join(reason.split("\n")[:2]) for reason in counters["graph_break"])
-    return {"losses": losses, "graph_breaks": breaks, "graphs": counters["stats"]["unique_graphs"],
-            "weights": weights(model)}
+    return {
+        "losses": losses,
+        "graph_breaks": breaks,
+        "graphs": counters["stats"]["unique_graphs"],
+        "weights": weights(model),
+    }
 
 
 CHECKS: dict[str, tuple[Callable[[DDP], Any], dict[str, Any]]] = {
@@ -202,8 +224,12 @@ CHECKS: dict[str, tuple[Callable[[DDP], Any], dict[str, Any]]] = {
 
 def main() -> None:
     names = sys.argv[1].split(",")
-    dist.init_process_group("gloo", store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
-                            rank=RANK, world_size=WORLD)
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+        rank=RANK,
+        world_size=WORLD,
+    )
     results = {}
     for name in names:
         fn, options = CHECKS[name]

@@ -44,7 +44,9 @@ def _first_bucket_follows_the_cap() -> None:
     default, construct = dist._DEFAULT_FIRST_BUCKET_BYTES, DDP.__init__
 
     def init(self: DDP, *args: Any, bucket_cap_mb: float | None = None, **kwargs: Any) -> None:
-        dist._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_cap_mb * 1024 * 1024) if bucket_cap_mb else default
+        dist._DEFAULT_FIRST_BUCKET_BYTES = (
+            int(bucket_cap_mb * 1024 * 1024) if bucket_cap_mb else default
+        )
         construct(self, *args, bucket_cap_mb=bucket_cap_mb or 25, **kwargs)
 
     DDP.__init__ = init  # type: ignore[method-assign]
@@ -91,7 +93,9 @@ def batch(step: int, n: int = 16, rank: int | None = None) -> tuple[torch.Tensor
     return torch.randn(n, 32, generator=g), torch.randn(n, 8, generator=g)
 
 
-def train(model: nn.Module, steps: int, opt: torch.optim.Optimizer | None = None, **fwd: Any) -> None:
+def train(
+    model: nn.Module, steps: int, opt: torch.optim.Optimizer | None = None, **fwd: Any
+) -> None:
     opt = opt or torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(steps):
         x, y = batch(step)
@@ -161,9 +165,19 @@ def train_basic(steps: str = "8") -> dict[str, Any]:
     logged = Recorder(Identity(rank=0), WORLD)
     named = list(model.module.named_parameters())
     count = BucketLayout(model, [p for _, p in named], [n for n, _ in named]).refresh(logged)
-    layout = [[b["index"], b["bytes"], b["dtype"], b["parameters"]] for b in logged.snapshot()["buckets"]]
-    return {"snapshot": snap, "metrics": text, "state": state, "state_file": mon.state_file,
-            "port": mon.port, "param_bytes": sizes, "logged_layout": layout, "logged_count": count}
+    layout = [
+        [b["index"], b["bytes"], b["dtype"], b["parameters"]] for b in logged.snapshot()["buckets"]
+    ]
+    return {
+        "snapshot": snap,
+        "metrics": text,
+        "state": state,
+        "state_file": mon.state_file,
+        "port": mon.port,
+        "param_bytes": sizes,
+        "logged_layout": layout,
+        "logged_count": count,
+    }
 
 
 def _grads(model: nn.Module) -> dict[str, list[float]]:
@@ -271,7 +285,9 @@ def bad_inputs() -> dict[str, Any]:
     busy = blocker.getsockname()[1]
     logs = captured_logs()
     # base + LOCAL_RANK lands on the port this rank holds
-    mon = ddpmon.attach(model, job="bad", port=busy - RANK, bind="127.0.0.1", state_dir="/proc/ddpmon-cannot-write")
+    mon = ddpmon.attach(
+        model, job="bad", port=busy - RANK, bind="127.0.0.1", state_dir="/proc/ddpmon-cannot-write"
+    )
     try:
         ddpmon.attach(model)
     except ddpmon.AttachError as exc:
@@ -304,8 +320,11 @@ def bad_inputs() -> dict[str, Any]:
         ddpmon.attach(DDP(MLP()), bucket_timing="c10d")
     except ddpmon.ConfigError as exc:
         out["c10d_on_gloo"] = str(exc)
-    out["spare_clean"] = (len(spare._forward_pre_hooks), "forward" in spare.__dict__,
-                          getattr(spare, "_ddpmon_monitor", None))
+    out["spare_clean"] = (
+        len(spare._forward_pre_hooks),
+        "forward" in spare.__dict__,
+        getattr(spare, "_ddpmon_monitor", None),
+    )
     # auto on gloo: a hook registered after attach is timed, also after DDP refused a first one
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -328,8 +347,10 @@ def bad_inputs() -> dict[str, Any]:
     try:
         off_model = DDP(MLP())
         with ddpmon.attach(off_model, job="off", port=-1, bucket_timing="off"):
-            out["off_hooks"] = [getattr(off_model, "_ddpmon_comm_hook", None) is not None,
-                                off_model._get_ddp_logging_data().get("comm_hook", "")]
+            out["off_hooks"] = [
+                getattr(off_model, "_ddpmon_comm_hook", None) is not None,
+                off_model._get_ddp_logging_data().get("comm_hook", ""),
+            ]
     finally:
         completion.backend_name = real_backend_name
     second = DDP(MLP())
@@ -340,7 +361,9 @@ def bad_inputs() -> dict[str, Any]:
         out["same_state_file"] = str(exc)
     other_dir = os.path.join(os.environ["DDPMON_TEST_OUT"], "state-2")
     second_monitor = ddpmon.attach(second, job="pair", state_dir=other_dir)
-    out["second_state_file"] = second_monitor.state_file == os.path.join(other_dir, f"rank-{RANK}.json")
+    out["second_state_file"] = second_monitor.state_file == os.path.join(
+        other_dir, f"rank-{RANK}.json"
+    )
     second_monitor.detach()
     first.detach()
     import ddpmon.rank.monitor
@@ -358,8 +381,12 @@ def bad_inputs() -> dict[str, Any]:
     finally:
         ddpmon.rank.monitor.StepHooks = real
     # ddpmon's comm hook stays registered with DDP (it cannot be removed), as a pass-through
-    out["partway_clean"] = (fresh._ddpmon_comm_hook.timing, len(fresh._forward_pre_hooks),
-                            "forward" in fresh.__dict__, getattr(fresh, "_ddpmon_monitor", None))
+    out["partway_clean"] = (
+        fresh._ddpmon_comm_hook.timing,
+        len(fresh._forward_pre_hooks),
+        "forward" in fresh.__dict__,
+        getattr(fresh, "_ddpmon_monitor", None),
+    )
     train(fresh, 2)  # the model still trains
     mon_again = ddpmon.attach(fresh, job="rollback")  # and ddpmon attaches once the cause is gone
     train(fresh, 2)
@@ -388,8 +415,12 @@ def hook_failure() -> dict[str, Any]:
     train(model, 4)
     mon.step()
     snap = mon.snapshot()
-    return {"steps": snap["step"], "errors": snap["errors"], "logs": logs,
-            "metrics": scrape(mon.port)}
+    return {
+        "steps": snap["step"],
+        "errors": snap["errors"],
+        "logs": logs,
+        "metrics": scrape(mon.port),
+    }
 
 
 @scenario
@@ -471,7 +502,9 @@ def cuda_timing(backend: str = "gloo", timing: str = "auto") -> dict[str, Any]:
         for model in (plain, watched):
             model.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
-        for (_, a), (_, b) in zip(plain.module.named_parameters(), watched.module.named_parameters()):
+        for (_, a), (_, b) in zip(
+            plain.module.named_parameters(), watched.module.named_parameters()
+        ):
             max_diff = max(max_diff, (a.grad - b.grad).abs().max().item())
     torch.cuda.synchronize()
     # c10d reports completions from its watchdog thread, a little later; the flight recorder
@@ -483,9 +516,15 @@ def cuda_timing(backend: str = "gloo", timing: str = "auto") -> dict[str, Any]:
     snap = mon.snapshot()
     mon.detach()
     exposed = snap["timings"]["exposed_comm_seconds"]
-    return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
-            "exposed_median": exposed["median"] if exposed else None, "mode": snap["bucket_timing"],
-            "comm_hooks": len(getattr(watched, "_comm_hooks", [])), "notes": snap["notes"]}
+    return {
+        "max_diff": max_diff,
+        "steps": snap["step"],
+        "buckets": snap["buckets"],
+        "exposed_median": exposed["median"] if exposed else None,
+        "mode": snap["bucket_timing"],
+        "comm_hooks": len(getattr(watched, "_comm_hooks", [])),
+        "notes": snap["notes"],
+    }
 
 
 @scenario
@@ -553,11 +592,19 @@ def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
     mon.detach()  # ... or here: it synchronised its gradients, so it counts
     snap = mon.snapshot()
     watched.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's own: nothing in the way
-    return {"max_diff": max_diff, "steps": snap["step"], "buckets": snap["buckets"],
-            "backward": snap["timings"]["backward_seconds"], "metrics": metrics,
-            "registered": registered_hooks(watched),
-            "phases": phases, "mode": snap["bucket_timing"], "synced_after_ddp": synced_after_ddp,
-            "exposed": snap["timings"]["exposed_comm_seconds"], "comm_hook_at_attach": builtin_hook}
+    return {
+        "max_diff": max_diff,
+        "steps": snap["step"],
+        "buckets": snap["buckets"],
+        "backward": snap["timings"]["backward_seconds"],
+        "metrics": metrics,
+        "registered": registered_hooks(watched),
+        "phases": phases,
+        "mode": snap["bucket_timing"],
+        "synced_after_ddp": synced_after_ddp,
+        "exposed": snap["timings"]["exposed_comm_seconds"],
+        "comm_hook_at_attach": builtin_hook,
+    }
 
 
 @scenario
@@ -589,10 +636,15 @@ def flight_recorder_timing() -> dict[str, Any]:
     snap = mon.snapshot()
     metrics = scrape(mon.port)
     mon.detach()
-    return {"modes": modes + [snap["bucket_timing"]], "steps": steps, "notes": snap["notes"],
-            "buckets": len(snap["buckets"]), "max_diff": max_diff,
-            "info": [line for line in metrics.splitlines() if line.startswith("ddpmon_rank_info{")],
-            "off_lines": [line for line in logs if "timing from flight_recorder is off" in line]}
+    return {
+        "modes": modes + [snap["bucket_timing"]],
+        "steps": steps,
+        "notes": snap["notes"],
+        "buckets": len(snap["buckets"]),
+        "max_diff": max_diff,
+        "info": [line for line in metrics.splitlines() if line.startswith("ddpmon_rank_info{")],
+        "off_lines": [line for line in logs if "timing from flight_recorder is off" in line],
+    }
 
 
 @scenario
@@ -620,8 +672,11 @@ def c10d_wiring() -> dict[str, Any]:
     def replay(state, bucket):  # type: ignore[no-untyped-def]  # (DDP checks real annotations)
         tensor = bucket.buffer().mul_(1.0 / WORLD)
         seq[0] += 1
-        record = types.SimpleNamespace(op_type=torch._C._distributed_c10d.OpType.ALLREDUCE, seq=seq[0],
-                                       time_started=datetime.datetime.now())
+        record = types.SimpleNamespace(
+            op_type=torch._C._distributed_c10d.OpType.ALLREDUCE,
+            seq=seq[0],
+            time_started=datetime.datetime.now(),
+        )
         start = time.perf_counter()
 
         def done(fut: torch.futures.Future) -> torch.Tensor:
@@ -640,9 +695,17 @@ def c10d_wiring() -> dict[str, Any]:
     metrics = scrape(mon.port)
     mon.detach()
     sizes = {n: p.numel() * p.element_size() for n, p in model.module.named_parameters()}
-    return {"metrics": metrics, "mode": snap["bucket_timing"], "buckets": snap["buckets"], "steps": snap["step"],
-            "param_bytes": sizes, "listeners_left": len(listeners), "notes": snap["notes"],
-            "exposed": snap["timings"]["exposed_comm_seconds"], "phase_counts": snap["collectives"]}
+    return {
+        "metrics": metrics,
+        "mode": snap["bucket_timing"],
+        "buckets": snap["buckets"],
+        "steps": snap["step"],
+        "param_bytes": sizes,
+        "listeners_left": len(listeners),
+        "notes": snap["notes"],
+        "exposed": snap["timings"]["exposed_comm_seconds"],
+        "phase_counts": snap["collectives"],
+    }
 
 
 @scenario
@@ -659,8 +722,13 @@ def subgroup() -> dict[str, Any]:
     train(model, 3)
     mon.step()
     snap = mon.snapshot()
-    return {"world_size": snap["world_size"], "ddp_world_size": snap["ddp_world_size"],
-            "rank": snap["rank"], "steps": snap["step"], "buckets": len(snap["buckets"])}
+    return {
+        "world_size": snap["world_size"],
+        "ddp_world_size": snap["ddp_world_size"],
+        "rank": snap["rank"],
+        "steps": snap["step"],
+        "buckets": len(snap["buckets"]),
+    }
 
 
 class AuxFirst(nn.Module):
@@ -729,7 +797,11 @@ def dataclass_output() -> dict[str, Any]:
     steps_seen = mon.snapshot()["step"]  # five, each closed at its optimizer step
     mon.detach()  # nothing left to count
     snap = mon.snapshot()
-    return {"before_detach": steps_seen, "steps": snap["step"], "backward": snap["timings"]["backward_seconds"]}
+    return {
+        "before_detach": steps_seen,
+        "steps": snap["step"],
+        "backward": snap["timings"]["backward_seconds"],
+    }
 
 
 def main() -> None:

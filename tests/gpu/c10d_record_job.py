@@ -43,16 +43,23 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(0)
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    dist.init_process_group(backend, store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
-                            rank=RANK, world_size=WORLD)
+    dist.init_process_group(
+        backend,
+        store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
+        rank=RANK,
+        world_size=WORLD,
+    )
     listeners: list[Any] = []
     seq = [0]
 
     def report(started: datetime.datetime, begun: float) -> None:
         seq[0] += 1
-        info = types.SimpleNamespace(op_type=torch._C._distributed_c10d.OpType.ALLREDUCE, seq=seq[0],
-                                     time_started=started,
-                                     active_duration=datetime.timedelta(seconds=time.perf_counter() - begun))
+        info = types.SimpleNamespace(
+            op_type=torch._C._distributed_c10d.OpType.ALLREDUCE,
+            seq=seq[0],
+            time_started=started,
+            active_duration=datetime.timedelta(seconds=time.perf_counter() - begun),
+        )
         for fn in tuple(listeners):
             fn(info)
 
@@ -85,7 +92,10 @@ def main() -> None:
     for step in range(STEPS):
         opt.zero_grad()
         for micro in range(2 if step in ACCUMULATE else 1):
-            x, y = torch.randn(16, 32, device=device, generator=gen), torch.randn(16, 8, device=device, generator=gen)
+            x, y = (
+                torch.randn(16, 32, device=device, generator=gen),
+                torch.randn(16, 8, device=device, generator=gen),
+            )
             last = micro == (1 if step in ACCUMULATE else 0)
             if last:
                 loss = nn.functional.mse_loss(model(x), y)
@@ -105,9 +115,15 @@ def main() -> None:
     time.sleep(1.0)
     mon.step()
     clock = mon._timing.clock
-    result = {"backend": backend, "used_map_allreduce": False, "events": events,
-              "matched": clock.matched_steps, "unmatched": clock.unmatched_steps,
-              "mode": mon.snapshot()["bucket_timing"], "torch": torch.__version__}
+    result = {
+        "backend": backend,
+        "used_map_allreduce": False,
+        "events": events,
+        "matched": clock.matched_steps,
+        "unmatched": clock.unmatched_steps,
+        "mode": mon.snapshot()["bucket_timing"],
+        "torch": torch.__version__,
+    }
     mon.detach()
     stop()
     with open(os.path.join(os.environ["DDPMON_TEST_OUT"], f"result-{RANK}.json"), "w") as f:

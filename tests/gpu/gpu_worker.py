@@ -25,8 +25,13 @@ import ddpmon
 def main() -> None:
     out = sys.argv[1]
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", store=dist.FileStore(os.path.join(out, "store"), 1), rank=0, world_size=1)
-    model = DDP(nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda(), device_ids=[0])
+    dist.init_process_group(
+        "nccl", store=dist.FileStore(os.path.join(out, "store"), 1), rank=0, world_size=1
+    )
+    model = DDP(
+        nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda(),
+        device_ids=[0],
+    )
     mon = ddpmon.attach(model, job="gpu-test", port=0, state_dir=os.path.join(out, "state"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     keep = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB held throughout
@@ -37,7 +42,9 @@ def main() -> None:
         opt.step()
     torch.cuda.synchronize()  # the test's own check; ddpmon never synchronizes
     time.sleep(0.5)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{mon.port}/metrics", timeout=10).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{mon.port}/metrics", timeout=10).read().decode()
+    )
     result = {
         "metrics": text,
         "allocated": torch.cuda.memory_allocated(0),

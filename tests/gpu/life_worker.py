@@ -42,7 +42,9 @@ def load_batch(step: int, end: str) -> tuple[torch.Tensor, torch.Tensor]:
         while True:
             time.sleep(0.05)
     gen = torch.Generator(device="cuda").manual_seed(step)
-    return torch.randn(16, 32, device="cuda", generator=gen), torch.randn(16, 8, device="cuda", generator=gen)
+    return torch.randn(16, 32, device="cuda", generator=gen), torch.randn(
+        16, 8, device="cuda", generator=gen
+    )
 
 
 def main(end: str, hang_action: str = "report") -> None:
@@ -51,8 +53,13 @@ def main(end: str, hang_action: str = "report") -> None:
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
     torch.manual_seed(0)
     model = DDP(MLP(width=256).cuda(), device_ids=[0], bucket_cap_mb=0.1)
-    ddpmon.attach(model, job=f"life-{end}", hang_timeout=HANG_TIMEOUT, hang_action=hang_action,
-                  state_interval=0.2)
+    ddpmon.attach(
+        model,
+        job=f"life-{end}",
+        hang_timeout=HANG_TIMEOUT,
+        hang_action=hang_action,
+        state_interval=0.2,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step = 0
     while True:

@@ -94,8 +94,9 @@ def main() -> None:
         _, baseline_warnings = checked("warn", lambda: train(plain, STEPS))
 
     watched = make(backend)
-    mon = ddpmon.attach(watched, job="sync", port=0, bucket_timing=timing,
-                        state_dir=os.path.join(out, "state"))
+    mon = ddpmon.attach(
+        watched, job="sync", port=0, bucket_timing=timing, state_dir=os.path.join(out, "state")
+    )
     train(watched, WARMUP)
     error, watched_warnings = checked(mode, lambda: train(watched, STEPS, mon.port))
     torch.cuda.synchronize()  # the test's own; ddpmon never synchronizes
@@ -107,10 +108,15 @@ def main() -> None:
     result = {
         "gpu_parts_steps": sum(1 for r in rows if r.gpu_parts),
         "gpu_rows": [dataclasses.asdict(r) for r in rows if r.gpu_parts][-5:],
-        "mode": mode, "baseline_error": baseline_error, "error": error,
+        "mode": mode,
+        "baseline_error": baseline_error,
+        "error": error,
         "extra_warnings": [w for w in watched_warnings if w not in baseline_warnings],
-        "bucket_timing": snap["bucket_timing"], "notes": snap["notes"], "errors": snap["errors"],
-        "steps": snap["step"], "timed_buckets": [b["count"] for b in snap["buckets"]],
+        "bucket_timing": snap["bucket_timing"],
+        "notes": snap["notes"],
+        "errors": snap["errors"],
+        "steps": snap["step"],
+        "timed_buckets": [b["count"] for b in snap["buckets"]],
     }
     with open(os.path.join(out, f"result-{RANK}.json"), "w") as f:
         json.dump(result, f)

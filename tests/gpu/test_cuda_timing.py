@@ -12,12 +12,20 @@ from tests.support.harness import run_ranks
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 
-@pytest.mark.parametrize("backend,ranks,timing,mode", [
-    ("gloo", 2, "hook", "hook"),  # CUDA events around a Python comm hook (auto is off on gloo)
-    ("nccl", 1, "hook", "hook"),
-    ("nccl", 1, "auto", "c10d"),  # NCCL's own timing, DDP's C++ all-reduce untouched
-    ("nccl", 1, "flight_recorder", "flight_recorder"),  # the same, read from the flight recorder
-])
+@pytest.mark.parametrize(
+    "backend,ranks,timing,mode",
+    [
+        ("gloo", 2, "hook", "hook"),  # CUDA events around a Python comm hook (auto is off on gloo)
+        ("nccl", 1, "hook", "hook"),
+        ("nccl", 1, "auto", "c10d"),  # NCCL's own timing, DDP's C++ all-reduce untouched
+        (
+            "nccl",
+            1,
+            "flight_recorder",
+            "flight_recorder",
+        ),  # the same, read from the flight recorder
+    ],
+)
 def test_cuda_bucket_timing_and_identical_gradients(
     tmp_path: Path, backend: str, ranks: int, timing: str, mode: str
 ) -> None:
@@ -34,7 +42,9 @@ def test_cuda_bucket_timing_and_identical_gradients(
             assert b["count"] >= 10, b
             assert 0 < b["last_seconds"] < 5, b
             # nccl-tests' bus bandwidth factor 2(n-1)/n is 0 for one rank
-            assert b["busbw_bytes_per_second"] > 0 if ranks > 1 else b["busbw_bytes_per_second"] == 0, b
+            assert (
+                b["busbw_bytes_per_second"] > 0 if ranks > 1 else b["busbw_bytes_per_second"] == 0
+            ), b
         assert out["exposed_median"] is not None and out["exposed_median"] >= 0
 
 

@@ -73,8 +73,12 @@ def train_until(job: str, max_seconds: str) -> dict[str, Any]:
     mon.step()
     snapshot = mon.snapshot()
     mon.detach()
-    return {"steps": step, "snapshot_step": snapshot["step"], "port": mon.port,
-            "unused": snapshot.get("unused_parameters")}
+    return {
+        "steps": step,
+        "snapshot_step": snapshot["step"],
+        "port": mon.port,
+        "unused": snapshot.get("unused_parameters"),
+    }
 
 
 HANG_TIMEOUT = 2.0

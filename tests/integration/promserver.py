@@ -68,15 +68,18 @@ def rules_with_for(path: Path, for_: dict[str, str]) -> Path:
     return path
 
 
-def wait_state_ports(state_dir: Path, world: int, procs: list[subprocess.Popen], workdir: Path,
-                     timeout: float = 90.0) -> dict[int, int]:
+def wait_state_ports(
+    state_dir: Path, world: int, procs: list[subprocess.Popen], workdir: Path, timeout: float = 90.0
+) -> dict[int, int]:
     """Each rank's metrics port, from its state file, once every rank has written one."""
     deadline = time.monotonic() + timeout
     ports: dict[int, int] = {}
     while time.monotonic() < deadline and len(ports) < world:
         for p in procs:
             if p.poll() is not None:
-                raise AssertionError("a rank exited early:\n" + harness.describe(harness.collect(procs, workdir)))
+                raise AssertionError(
+                    "a rank exited early:\n" + harness.describe(harness.collect(procs, workdir))
+                )
         for rank in range(world):
             path = statefile.path_for(str(state_dir), rank)
             try:
@@ -87,8 +90,10 @@ def wait_state_ports(state_dir: Path, world: int, procs: list[subprocess.Popen],
                 ports[rank] = int(port)
         time.sleep(0.2)
     if len(ports) < world:
-        raise AssertionError(f"state files with ports did not appear in {timeout} s:\n"
-                             + harness.describe(harness.collect(procs, workdir)))
+        raise AssertionError(
+            f"state files with ports did not appear in {timeout} s:\n"
+            + harness.describe(harness.collect(procs, workdir))
+        )
     return ports
 
 
@@ -97,10 +102,23 @@ def start_daemon(state_dir: Path, log: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(state_dir),
-             "--port", str(port), "--bind", "127.0.0.1"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "ddpmon",
+                "daemon",
+                "--state-dir",
+                str(state_dir),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return proc, port
 
@@ -132,9 +150,15 @@ class Prometheus:
     """``enter``: a command prefix that runs it, and every request to it, elsewhere (``nsenter``
     into a host of tests/support/hosts.py), its address being that host's loopback."""
 
-    def __init__(self, workdir: Path, rules: Path = RULES, enter: list[str] | None = None,
-                 daemon_auth: tuple[str, str] | None = None, web_config: Path | None = None,
-                 auth: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        rules: Path = RULES,
+        enter: list[str] | None = None,
+        daemon_auth: tuple[str, str] | None = None,
+        web_config: Path | None = None,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.daemon_auth = daemon_auth
         """(user, password) of the daemons' basic auth (their --web-config-file), when they ask."""
@@ -157,7 +181,11 @@ class Prometheus:
         for sd in (self.ranks_sd, self.daemons_sd):
             sd.write_text("[]")
         # The same shape as deploy/prometheus/prometheus.yml, with test timings.
-        auth = ("\n    basic_auth: {username: %s, password: %s}" % self.daemon_auth) if self.daemon_auth else ""
+        auth = (
+            ("\n    basic_auth: {{username: {}, password: {}}}".format(*self.daemon_auth))
+            if self.daemon_auth
+            else ""
+        )
         self.config.write_text(f"""
 global:
   scrape_interval: 1s
@@ -182,16 +210,25 @@ scrape_configs:
         self.write_config()
         log = open(self.log, "w")
         self.proc = subprocess.Popen(
-            [*self.enter, binary() or "prometheus", f"--config.file={self.config}",
-             f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
-             *([f"--web.config.file={self.web_config}"] if self.web_config else [])],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                *self.enter,
+                binary() or "prometheus",
+                f"--config.file={self.config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+                *([f"--web.config.file={self.web_config}"] if self.web_config else []),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log.read_text()}")
+                raise RuntimeError(
+                    f"prometheus exited with {self.proc.returncode}:\n{self.log.read_text()}"
+                )
             try:
                 if self.get(self.url + "/-/ready")[0] == 200:
                     return
@@ -212,16 +249,27 @@ scrape_configs:
     def get(self, url: str) -> tuple[int, bytes]:
         """GET ``url``: (HTTP status, body); an OSError when there is no answer."""
         if self.enter:
-            done = subprocess.run([*self.enter, sys.executable, "-c", FETCH, url], capture_output=True,
-                                  timeout=30, check=False)
+            done = subprocess.run(
+                [*self.enter, sys.executable, "-c", FETCH, url],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
             if done.returncode != 0:
-                raise OSError(f"no answer from {url}: {done.stderr.decode(errors='replace')[-500:]}")
+                raise OSError(
+                    f"no answer from {url}: {done.stderr.decode(errors='replace')[-500:]}"
+                )
             status, _, body = done.stdout.partition(b"\n")
             return int(status), body
-        headers = {"Authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode()} \
-            if self.auth else {}
+        headers = (
+            {"Authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode()}
+            if self.auth
+            else {}
+        )
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=10
+            ) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
@@ -266,5 +314,7 @@ scrape_configs:
             except AssertionError as exc:
                 last = exc
             time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})\n"
-                             f"prometheus log:\n{self.log.read_text()[-3000:]}")
+        raise AssertionError(
+            f"timed out after {timeout} s waiting for {what} (last: {last!r})\n"
+            f"prometheus log:\n{self.log.read_text()[-3000:]}"
+        )

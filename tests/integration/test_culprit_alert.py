@@ -53,25 +53,43 @@ def watched(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Watched]
     how = request.param
     job = f"culprit-{how}"
     (tmp_path / "prometheus").mkdir()
-    rules = promserver.rules_with_for(tmp_path / "rules.yml",
-                                      {name: f"{FOR:.0f}s" for name in ("DDPHangCulprit", *QUIETED)})
+    rules = promserver.rules_with_for(
+        tmp_path / "rules.yml", {name: f"{FOR:.0f}s" for name in ("DDPHangCulprit", *QUIETED)}
+    )
     prom = Prometheus(tmp_path / "prometheus", rules)
     ranks = tmp_path / "ranks"
     procs: list = []
     daemon = None
     try:
         prom.start()
-        procs = harness.start_ranks("halt_on_cue", WORLD, ranks, args=(job, str(CULPRIT), how),
-                                    module="tests.integration.job_worker")
+        procs = harness.start_ranks(
+            "halt_on_cue",
+            WORLD,
+            ranks,
+            args=(job, str(CULPRIT), how),
+            module="tests.integration.job_worker",
+        )
         ports = promserver.wait_state_ports(ranks / "state", WORLD, procs, ranks)
         promserver.write_targets(prom.ranks_sd, [f"127.0.0.1:{ports[r]}" for r in sorted(ports)])
         daemon, daemon_port = promserver.start_daemon(ranks / "state", tmp_path / "daemon.log")
         promserver.write_targets(prom.daemons_sd, [f"127.0.0.1:{daemon_port}"])
-        prom.wait_for("every target up", lambda: (up := prom.vector("up")) and len(up) == WORLD + 1
-                      and all(v == 1 for v in up.values()), timeout=30)
+        prom.wait_for(
+            "every target up",
+            lambda: (
+                (up := prom.vector("up"))
+                and len(up) == WORLD + 1
+                and all(v == 1 for v in up.values())
+            ),
+            timeout=30,
+        )
         for metric in ("ddpmon_activity", "ddpmon_rank_activity"):
-            prom.wait_for(f"{metric}: every rank stepping", lambda m=metric: len(prom.vector(
-                f'{m}{{job="{job}", activity="stepping"}} == 1')) == WORLD, timeout=30)
+            prom.wait_for(
+                f"{metric}: every rank stepping",
+                lambda m=metric: (
+                    len(prom.vector(f'{m}{{job="{job}", activity="stepping"}} == 1')) == WORLD
+                ),
+                timeout=30,
+            )
         yield Watched(prom, ranks, job)
     finally:
         harness.stop(procs)
@@ -109,35 +127,61 @@ def _watch(w: Watched, halted: float) -> tuple[float, dict, list[tuple[float, st
             if fired is None and name == "DDPHangCulprit" and a["state"] == "firing":
                 fired = (time.time(), a)
         time.sleep(0.25)
-    assert fired is not None, f"DDPHangCulprit did not fire; seen: {seen}\n{w.prom.log.read_text()[-2000:]}"
+    assert fired is not None, (
+        f"DDPHangCulprit did not fire; seen: {seen}\n{w.prom.log.read_text()[-2000:]}"
+    )
     return fired[0] - halted, fired[1], seen
 
 
-@pytest.mark.parametrize(("watched", "activity"), [("stall", "stuck"), ("kill", "dead")],
-                         indirect=["watched"], ids=["stalled", "dead"])
+@pytest.mark.parametrize(
+    ("watched", "activity"),
+    [("stall", "stuck"), ("kill", "dead")],
+    indirect=["watched"],
+    ids=["stalled", "dead"],
+)
 def test_the_culprit_alert_fires_for_the_halted_rank_alone(watched: Watched, activity: str) -> None:
     """stalled: rank 2's data loader never returns (its own endpoint says stuck); dead: rank 2
     is SIGKILLed while its connections stay open (its node daemon says dead)."""
     w = watched
     halted = _halt(w)
     took, alert, seen = _watch(w, halted)
-    print(f"{w.job}: DDPHangCulprit fired {took:.1f} s after rank {CULPRIT} halted "
-          f"(hang timeout {HANG_TIMEOUT:g} s, for: {FOR:g} s); alerts seen: "
-          f"{sorted({(name, state, labels.get('rank')) for _, name, state, labels in seen})}")
+    print(
+        f"{w.job}: DDPHangCulprit fired {took:.1f} s after rank {CULPRIT} halted "
+        f"(hang timeout {HANG_TIMEOUT:g} s, for: {FOR:g} s); alerts seen: "
+        f"{sorted({(name, state, labels.get('rank')) for _, name, state, labels in seen})}"
+    )
     labels = dict(alert["labels"])
-    assert labels == {"alertname": "DDPHangCulprit", "job": w.job, "rank": str(CULPRIT),
-                      "host": socket.gethostname(), "activity": activity, "severity": "critical"}
+    assert labels == {
+        "alertname": "DDPHangCulprit",
+        "job": w.job,
+        "rank": str(CULPRIT),
+        "host": socket.gethostname(),
+        "activity": activity,
+        "severity": "critical",
+    }
     assert float(alert["value"]) == WORLD - 1  # the ranks waiting for it
     assert took < HANG_TIMEOUT + FOR + SLACK, seen
-    culprits = {(labels["rank"], labels["activity"]) for _, name, _, labels in seen if name == "DDPHangCulprit"}
+    culprits = {
+        (labels["rank"], labels["activity"])
+        for _, name, _, labels in seen
+        if name == "DDPHangCulprit"
+    }
     assert culprits == {(str(CULPRIT), activity)}
     assert not [s for s in seen if s[1] in QUIETED and s[2] == "firing"], seen
     # who said what: rank 2 itself (stuck) or its node daemon (dead); the others, waiting
     source = "ddpmon_activity" if activity == "stuck" else "ddpmon_rank_activity"
     assert w.prom.by(f'{source}{{job="{w.job}", activity="{activity}"}} == 1', "rank") == {"2": 1.0}
-    assert w.prom.by(f'ddpmon_activity{{job="{w.job}", activity="waiting"}} == 1', "rank") == {"0": 1.0, "1": 1.0}
+    assert w.prom.by(f'ddpmon_activity{{job="{w.job}", activity="waiting"}} == 1', "rank") == {
+        "0": 1.0,
+        "1": 1.0,
+    }
     # the board's activity panel shows the same (its numbers index DAEMON_ACTIVITIES)
-    (panel,) = [p for b in dashboards.build().values() for p in dashboards.panels(b) if p["title"] == "Activity per rank"]
+    (panel,) = [
+        p
+        for b in dashboards.build().values()
+        for p in dashboards.panels(b)
+        if p["title"] == "Activity per rank"
+    ]
     expr = panel["targets"][0]["expr"].replace('"$job"', f'"{w.job}"').replace('"$rank"', '".*"')
     shown = {rank: DAEMON_ACTIVITIES[int(v)] for rank, v in w.prom.by(expr, "rank").items()}
     assert shown == {"0": "waiting", "1": "waiting", "2": activity}
@@ -147,4 +191,8 @@ def test_the_culprit_alert_fires_for_the_halted_rank_alone(watched: Watched, act
         quieted = w.prom.by(f'ddpmon_hang_suspected{{job="{w.job}"}} == 1', "rank")
         assert set(quieted) >= {"0", "1"}, quieted
     else:
-        assert w.prom.by(f'ddpmon_rank_up{{job="{w.job}"}}', "rank") == {"0": 1.0, "1": 1.0, "2": 0.0}
+        assert w.prom.by(f'ddpmon_rank_up{{job="{w.job}"}}', "rank") == {
+            "0": 1.0,
+            "1": 1.0,
+            "2": 0.0,
+        }

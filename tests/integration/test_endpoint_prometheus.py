@@ -34,27 +34,51 @@ class One:
 
 def scraper_ports(port: int) -> set[int]:
     """The client ports of the connections this process (the server) holds on ``port``."""
-    return {c.raddr.port for c in psutil.Process().net_connections("tcp")
-            if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED and c.raddr}
+    return {
+        c.raddr.port
+        for c in psutil.Process().net_connections("tcp")
+        if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED and c.raddr
+    }
 
 
-def test_prometheus_keeps_its_connection_and_its_scrapes_through_a_slowloris(tmp_path: Path) -> None:
+def test_prometheus_keeps_its_connection_and_its_scrapes_through_a_slowloris(
+    tmp_path: Path,
+) -> None:
     endpoint = exposition.serve(One(), 0, "127.0.0.1")
     prom = Prometheus(tmp_path)
     attacker = None
     try:
         prom.start()
         promserver.write_targets(prom.ranks_sd, [f"127.0.0.1:{endpoint.port}"])
-        prom.wait_for("three scrapes", lambda: max(prom.vector("count_over_time(up[1m])").values(), default=0) >= 3, 30)
+        prom.wait_for(
+            "three scrapes",
+            lambda: max(prom.vector("count_over_time(up[1m])").values(), default=0) >= 3,
+            30,
+        )
         seen = set()
         for _ in range(8):  # 4 s: about four scrapes
             seen |= scraper_ports(endpoint.port)
             time.sleep(0.5)
         assert len(seen) == 1, f"Prometheus used {len(seen)} connections for its scrapes: {seen}"
 
-        attacker = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.distributed.attacker",
-                                     str(endpoint.port), "--seconds", "10", "--grace", "0"],
-                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        attacker = subprocess.Popen(
+            [
+                "nice",
+                "-n",
+                "19",
+                sys.executable,
+                "-m",
+                "tests.distributed.attacker",
+                str(endpoint.port),
+                "--seconds",
+                "10",
+                "--grace",
+                "0",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         attacker.stdout.readline()
         started = time.time()
         attacker.wait(30)

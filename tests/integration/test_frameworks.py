@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "integrations.md").read_text()
 EXAMPLES = {
     name: (command, code)
-    for name, command, code in re.findall(r"<!-- example: (\w+), run as: (.+?) -->\n```python\n(.*?)```", DOC, re.DOTALL)
+    for name, command, code in re.findall(
+        r"<!-- example: (\w+), run as: (.+?) -->\n```python\n(.*?)```", DOC, re.DOTALL
+    )
 }
 TIMEOUT = 200
 STEPS = 4
@@ -34,13 +36,28 @@ def run_example(name: str, tmp_path: Path, *packages: str) -> None:
     command, code = EXAMPLES[name]
     (tmp_path / "train.py").write_text(code)
     argv = command.split()
-    launcher = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone"]}
+    launcher = {
+        "python": [sys.executable],
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone"],
+    }
     env = {n: v for n, v in os.environ.items() if not n.startswith("DDPMON_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               DDPMON_STATE_DIR=str(tmp_path / "state"), DDPMON_PORT="0",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([*launcher[argv[0]], *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        DDPMON_STATE_DIR=str(tmp_path / "state"),
+        DDPMON_PORT="0",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
+    proc = subprocess.run(
+        [*launcher[argv[0]], *argv[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for rank in (0, 1):
         state = json.loads((tmp_path / "state" / f"rank-{rank}.json").read_text())
@@ -80,5 +97,7 @@ def test_core_import_stays_light_and_missing_frameworks_are_named() -> None:
         "        raise AssertionError(name)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr

@@ -46,9 +46,13 @@ class Job:
 
 def substitute(expr: str) -> str:
     """Replace Grafana's variables the way Grafana would for this job, all ranks."""
-    out = (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", "1m")
-           .replace("$__interval", "2s").replace('"$job"', f'"{JOB}"')
-           .replace('"$rank"', '".*"'))
+    out = (
+        expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$__range", "1m")
+        .replace("$__interval", "2s")
+        .replace('"$job"', f'"{JOB}"')
+        .replace('"$rank"', '".*"')
+    )
     assert "$" not in out, f"a Grafana variable is left in {out!r}"
     return out
 
@@ -73,12 +77,21 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     daemon_proc: subprocess.Popen | None = None
     try:
         prom.start()
-        procs = harness.start_ranks("train_until", 2, workdir / "ranks", args=(JOB, "120"),
-                                    module="tests.integration.job_worker")
-        ports = promserver.wait_state_ports(workdir / "ranks" / "state", 2, procs, workdir / "ranks")
+        procs = harness.start_ranks(
+            "train_until",
+            2,
+            workdir / "ranks",
+            args=(JOB, "120"),
+            module="tests.integration.job_worker",
+        )
+        ports = promserver.wait_state_ports(
+            workdir / "ranks" / "state", 2, procs, workdir / "ranks"
+        )
         promserver.write_targets(prom.ranks_sd, [f"127.0.0.1:{ports[r]}" for r in sorted(ports)])
         targets = 3  # two ranks and the daemon
-        daemon_proc, daemon_port = promserver.start_daemon(workdir / "ranks" / "state", workdir / "daemon.log")
+        daemon_proc, daemon_port = promserver.start_daemon(
+            workdir / "ranks" / "state", workdir / "daemon.log"
+        )
         promserver.write_targets(prom.daemons_sd, [f"127.0.0.1:{daemon_port}"])
 
         def all_up() -> bool:
@@ -87,16 +100,34 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 
         prom.wait_for(f"{targets} targets up", all_up, timeout=30)
         # enough history for every rate window, and the per-bucket series
-        prom.wait_for("10 s of samples from both ranks", lambda: len(prom.vector(
-            f'count_over_time(ddpmon_steps_total{{job="{JOB}"}}[30s]) >= 10')) == 2, timeout=40)
-        prom.wait_for("bus bandwidth series", lambda: prom.vector(
-            f'ddpmon_allreduce_bus_bandwidth_bytes_per_second{{job="{JOB}"}}'), timeout=20)
+        prom.wait_for(
+            "10 s of samples from both ranks",
+            lambda: (
+                len(prom.vector(f'count_over_time(ddpmon_steps_total{{job="{JOB}"}}[30s]) >= 10'))
+                == 2
+            ),
+            timeout=40,
+        )
+        prom.wait_for(
+            "bus bandwidth series",
+            lambda: prom.vector(f'ddpmon_allreduce_bus_bandwidth_bytes_per_second{{job="{JOB}"}}'),
+            timeout=20,
+        )
         if daemon_proc is not None:
-            prom.wait_for("the daemon's liveness series", lambda: len(prom.vector(
-                f'ddpmon_rank_up{{job="{JOB}"}} == 1')) == 2, timeout=20)
-        prom.wait_for("every rule evaluated", lambda: all(
-            r.get("health") != "unknown" for g in prom.api("rules")["data"]["groups"] for r in g["rules"]),
-            timeout=20)
+            prom.wait_for(
+                "the daemon's liveness series",
+                lambda: len(prom.vector(f'ddpmon_rank_up{{job="{JOB}"}} == 1')) == 2,
+                timeout=20,
+            )
+        prom.wait_for(
+            "every rule evaluated",
+            lambda: all(
+                r.get("health") != "unknown"
+                for g in prom.api("rules")["data"]["groups"]
+                for r in g["rules"]
+            ),
+            timeout=20,
+        )
         yield Job(prom, workdir, procs)
     finally:
         harness.finish(procs, workdir / "ranks")
@@ -107,7 +138,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 
 def _queries() -> list[tuple[str, str, dict[str, Any]]]:
     out = []
-    for name, board in dashboards.build().items():
+    for _name, board in dashboards.build().items():
         for panel in dashboards.panels(board):
             for target in panel.get("targets", []):
                 out.append((board["title"], panel["title"], target))
@@ -136,7 +167,9 @@ def test_every_panel_query_is_valid_and_returns_data(job: Job) -> None:
         if "{{rank}}" in target["legendFormat"]:
             ranks = sorted(r["metric"].get("rank", "") for r in result)
             if ranks != ["0", "1"]:
-                problems.append(f"{board} / {title} [{target['refId']}]: ranks {ranks}, expected 0 and 1")
+                problems.append(
+                    f"{board} / {title} [{target['refId']}]: ranks {ranks}, expected 0 and 1"
+                )
     assert not problems, "\n".join(problems)
     assert checked >= 40 and required >= 25, (checked, required)
 
@@ -178,12 +211,17 @@ def test_panels_show_the_straggler_and_its_waiting_peer(job: Job) -> None:
     assert wait["0"] > wait["1"] and wait["0"] > 0.005, wait
     assert score["1"] > 0.1 and score["0"] < 0, score
     parts = job.prom.by(substitute(_panel("Step parts")["targets"][0]["expr"]), "phase")
-    assert {"data_wait", "forward", "backward", "exposed_comm", "optimizer", "other"} <= set(parts), parts
+    assert {"data_wait", "forward", "backward", "exposed_comm", "optimizer", "other"} <= set(
+        parts
+    ), parts
     assert parts["forward"] > 0.01, parts
 
 
 def test_panels_show_unused_parameters_steps_and_buckets(job: Job) -> None:
-    assert _values(job, "Unused parameters per rank") == {"0": 0.0, "1": 2.0}  # spare.weight, spare.bias
+    assert _values(job, "Unused parameters per rank") == {
+        "0": 0.0,
+        "1": 2.0,
+    }  # spare.weight, spare.bias
     assert _values(job, "Unused parameters")[""] == 2.0
     steps = _values(job, "Steps per second per rank")
     assert steps["0"] > 5 and abs(steps["0"] - steps["1"]) / steps["0"] < 0.2, steps
@@ -228,8 +266,15 @@ def test_rules_see_the_straggler_and_nothing_wrong(job: Job) -> None:
     alerts = job.prom.api("alerts")["data"]["alerts"]
     active = {(a["labels"]["alertname"], a["labels"].get("rank")) for a in alerts}
     assert ("DDPStraggler", "1") in active, alerts  # pending: it needs 10 minutes to fire
-    for quiet in ("DDPHangCulprit", "DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
-                  "DDPUnusedParametersAppeared", "DDPMonitorPartOff"):
+    for quiet in (
+        "DDPHangCulprit",
+        "DDPJobNoProgress",
+        "DDPHangSuspected",
+        "DDPRankDown",
+        "DDPRankEndpointDown",
+        "DDPUnusedParametersAppeared",
+        "DDPMonitorPartOff",
+    ):
         assert not [a for a in active if a[0] == quiet], alerts
 
 
@@ -237,8 +282,12 @@ def test_promtool_accepts_the_test_config(job: Job) -> None:
     promtool = promserver.binary("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (it comes with Debian's prometheus package)")
-    done = subprocess.run([promtool, "check", "config", str(job.prom.config)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [promtool, "check", "config", str(job.prom.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

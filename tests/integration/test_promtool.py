@@ -17,12 +17,16 @@ DEPLOY = promserver.ROOT / "deploy" / "prometheus"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(PROMTOOL is None, reason=promserver.MISSING.replace("prometheus binary", "promtool binary")),
+    pytest.mark.skipif(
+        PROMTOOL is None, reason=promserver.MISSING.replace("prometheus binary", "promtool binary")
+    ),
 ]
 
 
 def promtool(*args: str, cwd: Path = promserver.ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PROMTOOL or "promtool", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [PROMTOOL or "promtool", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
 
 
 def test_check_config_accepts_the_shipped_prometheus_yml() -> None:
@@ -52,7 +56,9 @@ def test_rule_unit_tests_catch_a_wrong_expectation(tmp_path: Path) -> None:
     """The promtool tests compare labels and annotations: a changed expectation fails."""
     original = (DEPLOY / "tests" / "ddpmon-rules.test.yml").read_text()
     broken = original.replace("../ddpmon-rules.yml", str(DEPLOY / "ddpmon-rules.yml"))
-    broken = broken.replace("rank 1 made no progress for 13m 0s", "rank 1 made no progress for 12m 0s")
+    broken = broken.replace(
+        "rank 1 made no progress for 13m 0s", "rank 1 made no progress for 12m 0s"
+    )
     assert broken.count(str(DEPLOY)) == 1 and "12m 0s" in broken
     path = tmp_path / "broken.test.yml"
     path.write_text(broken)

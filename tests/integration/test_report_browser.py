@@ -25,21 +25,48 @@ pytestmark = pytest.mark.timeout(240)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
-    pytest.skip("needs Debian's chromium package (`make chromium` installs it as root; "
-                "`apt-get install chromium`)", allow_module_level=True)
+    pytest.skip(
+        "needs Debian's chromium package (`make chromium` installs it as root; "
+        "`apt-get install chromium`)",
+        allow_module_level=True,
+    )
 
 STEPS = 25
-CHARTS = ("step_time", "phases", "exposed_comm", "bucket_time", "bucket_busbw", "straggler", "memory")
+CHARTS = (
+    "step_time",
+    "phases",
+    "exposed_comm",
+    "bucket_time",
+    "bucket_busbw",
+    "straggler",
+    "memory",
+)
 
 
 def render(page: Path, tmp: Path) -> tuple[str, list[str]]:
     """The DOM after the page's scripts ran, and the console messages Chromium logged."""
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-         f"--user-data-dir={tmp / 'chromium-profile'}", "--enable-logging=stderr", "--v=0",
-         "--window-size=1280,1000", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={tmp / 'chromium-profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1280,1000",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
@@ -54,25 +81,42 @@ def chart(dom: str, chart_id: str) -> dict[str, str]:
 
 def test_the_console_check_can_fail(tmp_path):
     page = tmp_path / "bad.html"
-    page.write_text("<html><body><script>console.error('boom'); undefined_name();</script></body></html>")
+    page.write_text(
+        "<html><body><script>console.error('boom'); undefined_name();</script></body></html>"
+    )
     _, console = render(page, tmp_path)
-    assert any("boom" in line for line in console) and any("undefined_name" in line for line in console)
+    assert any("boom" in line for line in console) and any(
+        "undefined_name" in line for line in console
+    )
 
 
 def test_report_of_a_real_2_rank_job_renders_its_numbers(tmp_path):
-    procs = harness.start_ranks("train", 2, tmp_path, env={"DDPMON_TEST_JOB": "browser"},
-                                args=(str(STEPS), "1", "0.02", "detach"), module="tests.distributed.report_worker")
+    procs = harness.start_ranks(
+        "train",
+        2,
+        tmp_path,
+        env={"DDPMON_TEST_JOB": "browser"},
+        args=(str(STEPS), "1", "0.02", "detach"),
+        module="tests.distributed.report_worker",
+    )
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.05)
     finally:
         harness.stop(procs)
-    assert [p.returncode for p in procs] == [0, 0], harness.describe(harness.collect(procs, tmp_path))
+    assert [p.returncode for p in procs] == [0, 0], harness.describe(
+        harness.collect(procs, tmp_path)
+    )
     state, page = tmp_path / "state", tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "ddpmon", "report", str(state), "-o", str(page)],
-                          capture_output=True, text=True, timeout=120, cwd=harness.ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(harness.ROOT)))
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "report", str(state), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+    )
     assert done.returncode == 0, done.stderr
     dom, console = render(page, tmp_path)
     assert console == [], console
@@ -92,9 +136,13 @@ def test_report_of_a_real_2_rank_job_renders_its_numbers(tmp_path):
     assert float(step["y-max"]) == pytest.approx(slowest * 1e3, rel=1e-3)  # the run's own numbers
     phases = chart(dom, "phases")
     names = phases["series-names"].split("|")
-    assert {"forward", "backward"} <= set(names) and names.index("forward") < names.index("backward")
+    assert {"forward", "backward"} <= set(names) and names.index("forward") < names.index(
+        "backward"
+    )
     buckets = chart(dom, "bucket_time")
-    assert int(buckets["points"]) == 2 * 4  # 4 buckets (bucket_cap_mb=0.01), median and slowest rank
+    assert (
+        int(buckets["points"]) == 2 * 4
+    )  # 4 buckets (bucket_cap_mb=0.01), median and slowest rank
     assert re.search(r'data-key="steps">25<', dom) and re.search(r'data-key="ranks">2 of 2<', dom)
     assert re.search(r"rank 1, \d+% slower than the others, most of it in forward", dom)
     assert 'class="finding' in dom  # the doctor's findings close the report
@@ -103,9 +151,14 @@ def test_report_of_a_real_2_rank_job_renders_its_numbers(tmp_path):
 def test_8_ranks_by_20000_steps_small_and_fast(tmp_path):
     synthetic.write_run(str(tmp_path / "state"), 8, 20_000, slow_rank=5)
     page = tmp_path / "big.html"
-    done = subprocess.run([sys.executable, "-m", "ddpmon", "report", str(tmp_path / "state"), "-o", str(page)],
-                          capture_output=True, text=True, timeout=120, cwd=harness.ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(harness.ROOT)))
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "report", str(tmp_path / "state"), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+    )
     assert done.returncode == 0, done.stderr
     assert page.stat().st_size < 5_000_000
     dom, console = render(page, tmp_path)

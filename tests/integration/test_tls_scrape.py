@@ -29,7 +29,9 @@ pytestmark = [
 JOB = "itest-tls"
 
 
-def scrape_job(name: str, targets: list[str], ca: Path, password: str, scheme: str = "https") -> str:
+def scrape_job(
+    name: str, targets: list[str], ca: Path, password: str, scheme: str = "https"
+) -> str:
     return f"""
   - job_name: {name}
     honor_labels: true
@@ -56,65 +58,163 @@ basic_auth_users:
     procs: list[subprocess.Popen] = []
     daemon = None
     try:
-        procs = harness.start_ranks("train_until", 2, ranks, args=(JOB, "120"), module="tests.integration.job_worker",
-                                    env={"DDPMON_WEB_CONFIG_FILE": str(web)})
+        procs = harness.start_ranks(
+            "train_until",
+            2,
+            ranks,
+            args=(JOB, "120"),
+            module="tests.integration.job_worker",
+            env={"DDPMON_WEB_CONFIG_FILE": str(web)},
+        )
         ports = promserver.wait_state_ports(ranks / "state", 2, procs, ranks)
         daemon_port = promserver.free_port()
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(ranks / "state"), "--port", str(daemon_port),
-             "--bind", "0.0.0.0", "--serve-state", "--no-gpu", "--web-config-file", str(web)],
-            cwd=promserver.ROOT, env={**os.environ, "PYTHONPATH": str(promserver.ROOT)}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "ddpmon",
+                "daemon",
+                "--state-dir",
+                str(ranks / "state"),
+                "--port",
+                str(daemon_port),
+                "--bind",
+                "0.0.0.0",
+                "--serve-state",
+                "--no-gpu",
+                "--web-config-file",
+                str(web),
+            ],
+            cwd=promserver.ROOT,
+            env={**os.environ, "PYTHONPATH": str(promserver.ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         first = daemon.stdout.readline() if daemon.stdout else ""
-        assert f"serving https://0.0.0.0:{daemon_port}/metrics" in first, first + daemon.stdout.read()
-        assert "every state file of this node, to a client with credentials" in daemon.stdout.readline()
+        assert f"serving https://0.0.0.0:{daemon_port}/metrics" in first, (
+            first + daemon.stdout.read()
+        )
+        assert (
+            "every state file of this node, to a client with credentials"
+            in daemon.stdout.readline()
+        )
 
         rank_targets = [f"localhost:{ports[r]}" for r in sorted(ports)]
         prom.write_config()
-        prom.config.write_text(prom.config.read_text().split("scrape_configs:")[0] + "scrape_configs:"
-                               + scrape_job("ranks", rank_targets, pki.ca, "scrape-secret")
-                               + scrape_job("daemon", [f"localhost:{daemon_port}"], pki.ca, "scrape-secret")
-                               + scrape_job("wrong-password", [f"localhost:{daemon_port}"], pki.ca, "guess")
-                               + scrape_job("no-tls", [f"localhost:{daemon_port}"], pki.ca, "scrape-secret", "http"))
+        prom.config.write_text(
+            prom.config.read_text().split("scrape_configs:")[0]
+            + "scrape_configs:"
+            + scrape_job("ranks", rank_targets, pki.ca, "scrape-secret")
+            + scrape_job("daemon", [f"localhost:{daemon_port}"], pki.ca, "scrape-secret")
+            + scrape_job("wrong-password", [f"localhost:{daemon_port}"], pki.ca, "guess")
+            + scrape_job("no-tls", [f"localhost:{daemon_port}"], pki.ca, "scrape-secret", "http")
+        )
         prom.write_config = lambda: None  # type: ignore[method-assign]  # (start() keeps this one)
         prom.start()
 
         def up() -> dict[str, float]:
-            return {f"{dict(k)['job']}/{dict(k)['instance']}": v for k, v in prom.vector("up").items()}
+            return {
+                f"{dict(k)['job']}/{dict(k)['instance']}": v for k, v in prom.vector("up").items()
+            }
 
         prom.wait_for("every target scraped", lambda: len(up()) == 5, timeout=30)
-        prom.wait_for("the ranks and the daemon up over https", lambda: sum(
-            v for k, v in up().items() if k.startswith(("ranks/", "daemon/"))) == 3, timeout=30)
+        prom.wait_for(
+            "the ranks and the daemon up over https",
+            lambda: sum(v for k, v in up().items() if k.startswith(("ranks/", "daemon/"))) == 3,
+            timeout=30,
+        )
         assert up()[f"wrong-password/localhost:{daemon_port}"] == 0.0
         assert up()[f"no-tls/localhost:{daemon_port}"] == 0.0
-        prom.wait_for("the ranks' own series", lambda: len(prom.vector(f'ddpmon_steps_total{{job="{JOB}"}}')) == 2,
-                      timeout=30)
-        prom.wait_for("the daemon's liveness series", lambda: len(prom.vector(
-            f'ddpmon_rank_up{{job="{JOB}"}} == 1')) == 2, timeout=30)
-        errors = {t["labels"]["job"]: t["lastError"] for t in prom.api("targets")["data"]["activeTargets"]}
+        prom.wait_for(
+            "the ranks' own series",
+            lambda: len(prom.vector(f'ddpmon_steps_total{{job="{JOB}"}}')) == 2,
+            timeout=30,
+        )
+        prom.wait_for(
+            "the daemon's liveness series",
+            lambda: len(prom.vector(f'ddpmon_rank_up{{job="{JOB}"}} == 1')) == 2,
+            timeout=30,
+        )
+        errors = {
+            t["labels"]["job"]: t["lastError"] for t in prom.api("targets")["data"]["activeTargets"]
+        }
         assert "401" in errors["wrong-password"], errors
 
         # the doctor reads /state through the same TLS, with Prometheus' http_config
         (tmp_path / "password").write_text("scrape-secret\n")
         http_config = tmp_path / "http.yml"
-        http_config.write_text(f"basic_auth:\n  username: prometheus\n  password_file: password\n"
-                               f"tls_config:\n  ca_file: {pki.ca}\n")
-        done = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"https://localhost:{daemon_port}",
-                               "--http-config", str(http_config), "--json", "--no-stacks"],
-                              cwd=promserver.ROOT, capture_output=True, text=True, timeout=60)
+        http_config.write_text(
+            f"basic_auth:\n  username: prometheus\n  password_file: password\n"
+            f"tls_config:\n  ca_file: {pki.ca}\n"
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddpmon",
+                "doctor",
+                "--from",
+                f"https://localhost:{daemon_port}",
+                "--http-config",
+                str(http_config),
+                "--json",
+                "--no-stacks",
+            ],
+            cwd=promserver.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         report = json.loads(done.stdout)
-        assert report["job"] == JOB and sorted(r["rank"] for r in report["ranks"]) == [0, 1], done.stderr
+        assert report["job"] == JOB and sorted(r["rank"] for r in report["ranks"]) == [0, 1], (
+            done.stderr
+        )
         # by an address the certificate does not hold, checked against a name it does (server_name)
         named = tmp_path / "named.yml"
-        named.write_text(http_config.read_text().replace("tls_config:\n", "tls_config:\n  server_name: ddpmon-node\n"))
-        done = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"https://127.0.0.2:{daemon_port}",
-                               "--http-config", str(named), "--json", "--no-stacks"],
-                              cwd=promserver.ROOT, capture_output=True, text=True, timeout=60)
+        named.write_text(
+            http_config.read_text().replace(
+                "tls_config:\n", "tls_config:\n  server_name: ddpmon-node\n"
+            )
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddpmon",
+                "doctor",
+                "--from",
+                f"https://127.0.0.2:{daemon_port}",
+                "--http-config",
+                str(named),
+                "--json",
+                "--no-stacks",
+            ],
+            cwd=promserver.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert json.loads(done.stdout)["job"] == JOB, done.stderr
-        refused = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"https://localhost:{daemon_port}",
-                                  "--json", "--no-stacks"], cwd=promserver.ROOT, capture_output=True, text=True,
-                                 timeout=60)
-        assert "CERTIFICATE_VERIFY_FAILED" in refused.stdout + refused.stderr  # the system's CAs do not know it
+        refused = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddpmon",
+                "doctor",
+                "--from",
+                f"https://localhost:{daemon_port}",
+                "--json",
+                "--no-stacks",
+            ],
+            cwd=promserver.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (
+            "CERTIFICATE_VERIFY_FAILED" in refused.stdout + refused.stderr
+        )  # the system's CAs do not know it
     finally:
         harness.finish(procs, ranks)
         if daemon is not None:

@@ -38,15 +38,27 @@ pytestmark = pytest.mark.timeout(600)
 
 def clean_env() -> dict[str, str]:
     """This environment without what would make the venv import from elsewhere."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
     return dict(env, PYTHONUNBUFFERED="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
 
 
-def sh(*cmd: str | Path, cwd: Path, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(c) for c in cmd], cwd=cwd, env=clean_env(), capture_output=True,
-                         text=True, timeout=timeout)
+def sh(
+    *cmd: str | Path, cwd: Path, timeout: float = 60, check: bool = True
+) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
     return out
 
 
@@ -60,8 +72,20 @@ def make_venv(path: Path) -> Path:
 
 def require_index(python: Path, tmp: Path) -> None:
     """Skip (fail under CI) when pip cannot download from its index."""
-    out = sh(python, "-m", "pip", "download", "-q", "--no-deps", "--dest", tmp / "probe",
-             "prometheus-client", cwd=tmp, timeout=PIP_TIMEOUT, check=False)
+    out = sh(
+        python,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--dest",
+        tmp / "probe",
+        "prometheus-client",
+        cwd=tmp,
+        timeout=PIP_TIMEOUT,
+        check=False,
+    )
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines() or ["?"]
         why = next((line for line in lines if "Error" in line and "Connection" in line), lines[-1])
@@ -78,16 +102,27 @@ def source_copy(dest: Path) -> Path:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 if (ROOT / source).is_dir():
-                    shutil.copytree(ROOT / source, dest / source, ignore=shutil.ignore_patterns("__pycache__"))
+                    shutil.copytree(
+                        ROOT / source, dest / source, ignore=shutil.ignore_patterns("__pycache__")
+                    )
                 else:
                     dest.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(ROOT / source, dest / source)
-    assert (dest / "pyproject.toml").exists() and (dest / "ddpmon" / "__init__.py").exists(), DOCKERFILE
+    assert (dest / "pyproject.toml").exists() and (dest / "ddpmon" / "__init__.py").exists(), (
+        DOCKERFILE
+    )
     return dest
 
 
 def site_packages(python: Path) -> Path:
-    return Path(sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=python.parent).stdout.strip())
+    return Path(
+        sh(
+            python,
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            cwd=python.parent,
+        ).stdout.strip()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +141,20 @@ def test_installs_without_torch(bare: Path) -> None:
     assert names.get("ddpmon") == read_version()
     assert {"prometheus-client", "psutil", "nvidia-ml-py"} <= set(names)
     assert "torch" not in names
-    assert not [n for n in names if n.startswith("nvidia-") and n != "nvidia-ml-py"], names  # CUDA wheels
-    probe = sh(bare, "-c", "import importlib.util, ddpmon, importlib.metadata as m; "
-               "print(importlib.util.find_spec('torch')); print(ddpmon.__file__); print(m.requires('ddpmon'))",
-               cwd=bare.parent).stdout.splitlines()
+    assert not [n for n in names if n.startswith("nvidia-") and n != "nvidia-ml-py"], (
+        names
+    )  # CUDA wheels
+    probe = sh(
+        bare,
+        "-c",
+        "import importlib.util, ddpmon, importlib.metadata as m; "
+        "print(importlib.util.find_spec('torch')); print(ddpmon.__file__); print(m.requires('ddpmon'))",
+        cwd=bare.parent,
+    ).stdout.splitlines()
     assert probe[0] == "None"
-    assert Path(probe[1]).is_relative_to(site_packages(bare))  # the installed copy, not this checkout
+    assert Path(probe[1]).is_relative_to(
+        site_packages(bare)
+    )  # the installed copy, not this checkout
     assert "torch" not in probe[2], probe[2]
 
 
@@ -134,9 +177,24 @@ def test_daemon(bare: Path, tmp_path: Path) -> None:
     assert "--state-dir" in out.stdout and "--node-local" in out.stdout
     state = torch_free.copy_state(tmp_path / "state")
     proc = subprocess.Popen(
-        [str(bare.parent / "ddpmon"), "daemon", "--port", "0", "--bind", "127.0.0.1",
-         "--state-dir", str(state), "--node-local", "--interval", "0.2"],
-        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            str(bare.parent / "ddpmon"),
+            "daemon",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--state-dir",
+            str(state),
+            "--node-local",
+            "--interval",
+            "0.2",
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         port = serving_port(proc)
@@ -170,8 +228,11 @@ def test_torch_is_never_touched(tmp_path: Path) -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("torch is not installed in the environment running the tests")
     package = Path(str(dist.locate_file("torch")))
-    info = next(Path(str(dist.locate_file(f))).parent for f in dist.files or ()
-                if f.name == "METADATA" and f.parent.name.endswith(".dist-info"))
+    info = next(
+        Path(str(dist.locate_file(f))).parent
+        for f in dist.files or ()
+        if f.name == "METADATA" and f.parent.name.endswith(".dist-info")
+    )
     visible = tmp_path / "torch-site"
     visible.mkdir()
     for path in (package, info):
@@ -188,15 +249,32 @@ def test_torch_is_never_touched(tmp_path: Path) -> None:
 
     source = source_copy(tmp_path / "src")
     report = tmp_path / "report.json"  # first what pip would do, so a mistake downloads nothing
-    sh(python, "-m", "pip", "install", "-q", "--dry-run", "--report", report, source, cwd=tmp_path, timeout=PIP_TIMEOUT)
+    sh(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--dry-run",
+        "--report",
+        report,
+        source,
+        cwd=tmp_path,
+        timeout=PIP_TIMEOUT,
+    )
     planned = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
     assert "ddpmon" in planned and "torch" not in planned, planned
     assert not [n for n in planned if n.startswith("nvidia-") and n != "nvidia-ml-py"], planned
     out = sh(python, "-m", "pip", "install", source, cwd=tmp_path, timeout=PIP_TIMEOUT)
 
-    assert not re.search(r"^(Collecting|Downloading|Uninstalling|Requirement already satisfied:) torch\b",
-                         out.stdout, re.MULTILINE), out.stdout
-    installed = next(line for line in out.stdout.splitlines() if line.startswith("Successfully installed"))
+    assert not re.search(
+        r"^(Collecting|Downloading|Uninstalling|Requirement already satisfied:) torch\b",
+        out.stdout,
+        re.MULTILINE,
+    ), out.stdout
+    installed = next(
+        line for line in out.stdout.splitlines() if line.startswith("Successfully installed")
+    )
     assert not [n for n in installed.split()[2:] if n.startswith("torch-")], installed
     assert sh(python, "-c", show, cwd=tmp_path).stdout == before
     assert fingerprint(info) == record and package.is_dir()
@@ -205,7 +283,9 @@ def test_torch_is_never_touched(tmp_path: Path) -> None:
 
 def fingerprint(info: Path) -> str:
     """torch's RECORD (every installed file with its hash) and METADATA, hashed."""
-    return hashlib.sha256((info / "RECORD").read_bytes() + (info / "METADATA").read_bytes()).hexdigest()
+    return hashlib.sha256(
+        (info / "RECORD").read_bytes() + (info / "METADATA").read_bytes()
+    ).hexdigest()
 
 
 def read_version() -> str:

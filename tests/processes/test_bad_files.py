@@ -22,9 +22,20 @@ pytestmark = pytest.mark.bad_state_files
 
 def good_state(rank: int, world: int = 2) -> dict:
     now = time.time()
-    return {"format": 1, "rank": rank, "world_size": world, "local_rank": rank, "job": "j",
-            "host": os.uname().nodename, "pid": os.getpid(), "started_unix": now - 5,
-            "now_unix": now, "last_progress_unix": now, "step": 10, "phase": "forward"}
+    return {
+        "format": 1,
+        "rank": rank,
+        "world_size": world,
+        "local_rank": rank,
+        "job": "j",
+        "host": os.uname().nodename,
+        "pid": os.getpid(),
+        "started_unix": now - 5,
+        "now_unix": now,
+        "last_progress_unix": now,
+        "step": 10,
+        "phase": "forward",
+    }
 
 
 def plant(path: Path, kind: str) -> None:
@@ -55,7 +66,9 @@ def plant(path: Path, kind: str) -> None:
     elif kind == "not_object":
         path.write_text("[1, 2, 3]")
     elif kind == "wrong_types":
-        path.write_text(json.dumps({**good_state(1), "step": "x", "timings": 7, "buckets": {"a": 1}}))
+        path.write_text(
+            json.dumps({**good_state(1), "step": "x", "timings": 7, "buckets": {"a": 1}})
+        )
     elif kind == "forged_world":
         path.write_text(json.dumps({**good_state(1), "world_size": 10**12}))
     elif kind == "forged_rank":
@@ -69,9 +82,23 @@ def plant(path: Path, kind: str) -> None:
         raise AssertionError(kind)
 
 
-KINDS = ["fifo", "symlink_dev_zero", "symlink_regular", "directory", "huge", "deep", "deep_in_object",
-         "not_utf8", "truncated", "empty", "not_object", "wrong_types", "forged_world", "forged_rank",
-         "rank_beyond_world"] + (["unreadable"] if os.geteuid() != 0 else [])
+KINDS = [
+    "fifo",
+    "symlink_dev_zero",
+    "symlink_regular",
+    "directory",
+    "huge",
+    "deep",
+    "deep_in_object",
+    "not_utf8",
+    "truncated",
+    "empty",
+    "not_object",
+    "wrong_types",
+    "forged_world",
+    "forged_rank",
+    "rank_beyond_world",
+] + (["unreadable"] if os.geteuid() != 0 else [])
 
 
 @pytest.fixture
@@ -86,8 +113,14 @@ def job_dir(tmp_path: Path) -> Path:
 
 
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ddpmon", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ddpmon", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=timeout,
+    )
 
 
 def test_doctor_reports_every_bad_file_and_reads_the_good_one(job_dir: Path) -> None:
@@ -147,8 +180,14 @@ def test_doctor_from_a_hostile_state_endpoint_says_why(body: bytes) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = cli("doctor", "--from", f"127.0.0.1:{server.server_address[1]}", "--json", "--no-stacks",
-                timeout=8)
+        r = cli(
+            "doctor",
+            "--from",
+            f"127.0.0.1:{server.server_address[1]}",
+            "--json",
+            "--no-stacks",
+            timeout=8,
+        )
     finally:
         server.shutdown()
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -158,18 +197,29 @@ def test_doctor_from_a_hostile_state_endpoint_says_why(body: bytes) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only state directory needs root")
-def test_doctor_on_a_read_only_state_dir_of_a_live_job_does_not_call_it_hung(tmp_path: Path) -> None:
+def test_doctor_on_a_read_only_state_dir_of_a_live_job_does_not_call_it_hung(
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(state)]).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(state)]
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here")
-    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)
+    ]
     try:
         import psutil
 
         for rank, proc in enumerate(ranks):  # live ranks whose last writes were 60 s ago
-            data = {**good_state(rank), "pid": proc.pid, "started_unix": psutil.Process(proc.pid).create_time() + 1,
-                    "now_unix": time.time() - 60, "last_progress_unix": time.time() - 60}
+            data = {
+                **good_state(rank),
+                "pid": proc.pid,
+                "started_unix": psutil.Process(proc.pid).create_time() + 1,
+                "now_unix": time.time() - 60,
+                "last_progress_unix": time.time() - 60,
+            }
             path = state / f"rank-{rank}.json"
             files.write_atomic(str(path), data)
             os.utime(path, (time.time() - 60, time.time() - 60))

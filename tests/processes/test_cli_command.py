@@ -14,19 +14,34 @@ from ddpmon.cli.exits import EXIT_FAILED, EXIT_USAGE
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _ddpmon(*args: str, env: dict[str, str] | None = None, before: str = "") -> subprocess.CompletedProcess:
+def _ddpmon(
+    *args: str, env: dict[str, str] | None = None, before: str = ""
+) -> subprocess.CompletedProcess:
     """``python -m ddpmon ARGS`` in a process of its own (``before``: Python run first)."""
     code = f"import runpy, sys\n{before}\nsys.argv = ['ddpmon', *{list(args)!r}]\nrunpy.run_module('ddpmon', run_name='__main__')"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 def test_verbose_after_the_command_logs(tmp_path: Path) -> None:
-    for argv in (["doctor", str(tmp_path), "-v"], ["-v", "doctor", str(tmp_path)], ["top", "--once", "--verbose"],
-                 ["run", "-v", "--port", "x", "train.py"]):  # run's own `command` argument is not its name
+    for argv in (
+        ["doctor", str(tmp_path), "-v"],
+        ["-v", "doctor", str(tmp_path)],
+        ["top", "--once", "--verbose"],
+        ["run", "-v", "--port", "x", "train.py"],
+    ):  # run's own `command` argument is not its name
         out = _ddpmon(*argv, env={"DDPMON_STATE_DIR": str(tmp_path)})
         assert "unrecognized arguments" not in out.stderr, argv
-        assert f"INFO ddpmon {__version__}: {argv[argv[0] == '-v']}" in out.stderr, (argv, out.stderr)
+        assert f"INFO ddpmon {__version__}: {argv[argv[0] == '-v']}" in out.stderr, (
+            argv,
+            out.stderr,
+        )
     quiet = _ddpmon("doctor", str(tmp_path))
     assert "INFO" not in quiet.stderr and quiet.returncode == EXIT_USAGE
 
@@ -42,11 +57,17 @@ sys.meta_path.insert(0, _Broken())
 
 
 def test_a_broken_command_shows_its_real_error() -> None:
-    out = _ddpmon("doctor", "-v", before=BREAK.format(error="ImportError('cannot import name KINDS (broken here)')"))
+    out = _ddpmon(
+        "doctor",
+        "-v",
+        before=BREAK.format(error="ImportError('cannot import name KINDS (broken here)')"),
+    )
     assert "invalid choice" not in out.stderr
     assert "cannot import name KINDS (broken here)" in out.stderr and "Traceback" in out.stderr
     assert out.returncode == EXIT_FAILED
-    others = _ddpmon("dashboards", "export", "--help", before=BREAK.format(error="SyntaxError('broken')"))
+    others = _ddpmon(
+        "dashboards", "export", "--help", before=BREAK.format(error="SyntaxError('broken')")
+    )
     assert others.returncode == 0 and "DIR" in others.stdout  # the other commands still work
     listed = _ddpmon("--help", before=BREAK.format(error="SyntaxError('broken')"))
     assert "doctor" in listed.stdout and "broken" in listed.stdout

@@ -20,8 +20,12 @@ BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s
 
 def sleeper(env: dict[str, str] | None = None) -> subprocess.Popen:
     """A sleeping python process, returned once it runs (exec done, as a rank's is)."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
-                         env=env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -40,15 +44,26 @@ def test_process_metrics_match_psutil() -> None:
         pass
     after = _values(sampler)
     me = psutil.Process()
-    assert after["ddpmon_process_cpu_seconds_total"] - before["ddpmon_process_cpu_seconds_total"] >= 0.18
-    assert after["ddpmon_process_resident_memory_bytes"] == pytest.approx(me.memory_info().rss, rel=0.1)
+    assert (
+        after["ddpmon_process_cpu_seconds_total"] - before["ddpmon_process_cpu_seconds_total"]
+        >= 0.18
+    )
+    assert after["ddpmon_process_resident_memory_bytes"] == pytest.approx(
+        me.memory_info().rss, rel=0.1
+    )
     assert after["ddpmon_process_threads"] == me.num_threads()
     memory = psutil.virtual_memory()
     assert after["ddpmon_host_memory_total_bytes"] == memory.total
-    assert after["ddpmon_host_memory_used_bytes"] == pytest.approx(memory.total - memory.available, rel=0.1)
+    assert after["ddpmon_host_memory_used_bytes"] == pytest.approx(
+        memory.total - memory.available, rel=0.1
+    )
     assert set(after) == {
-        "ddpmon_process_cpu_seconds_total", "ddpmon_process_resident_memory_bytes", "ddpmon_process_threads",
-        "ddpmon_host_memory_used_bytes", "ddpmon_host_memory_total_bytes", "ddpmon_dataloader_workers",
+        "ddpmon_process_cpu_seconds_total",
+        "ddpmon_process_resident_memory_bytes",
+        "ddpmon_process_threads",
+        "ddpmon_host_memory_used_bytes",
+        "ddpmon_host_memory_total_bytes",
+        "ddpmon_dataloader_workers",
         "ddpmon_dataloader_workers_cpu_seconds_total",
     }
 
@@ -125,9 +140,18 @@ def test_locate_process_in_its_own_pid_namespace() -> None:
     """A rank in a container writes the pid it sees inside (here 1); the host's pid 1 is
     another process. The nested process must be found, by its NSpid."""
     child = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c",
-         "import os, time; print(os.getpid(), flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            sys.executable,
+            "-c",
+            "import os, time; print(os.getpid(), flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         inner = int(child.stdout.readline())

@@ -32,8 +32,11 @@ HOST = socket.gethostname()
 def sleeper() -> Iterator[subprocess.Popen]:
     """A live process standing in for a rank (not reaped when killed: a zombie, as a
     SIGKILLed rank is until its launcher reaps it)."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout.readline().strip() == "ready"
     yield p
     p.kill()
@@ -42,15 +45,32 @@ def sleeper() -> Iterator[subprocess.Popen]:
 
 def state(rank: int, pid: int, **over: Any) -> dict[str, Any]:
     now = time.time()
-    data = {"rank": rank, "local_rank": rank, "world_size": 2, "host": HOST, "pid": pid, "job": "jobA",
-            "step": 12, "phase": "forward", "started_unix": now, "last_progress_unix": now - 3,
-            "now_unix": now, "hang": None, "format": 1}
+    data = {
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": 2,
+        "host": HOST,
+        "pid": pid,
+        "job": "jobA",
+        "step": 12,
+        "phase": "forward",
+        "started_unix": now,
+        "last_progress_unix": now - 3,
+        "now_unix": now,
+        "hang": None,
+        "format": 1,
+    }
     data.update(over)
     return data
 
 
-HANG = {"detected_unix": 1.0, "last_progress_unix": 0.5, "silent_seconds": 300.0, "timeout_seconds": 60.0,
-        "timeout_source": "learned"}
+HANG = {
+    "detected_unix": 1.0,
+    "last_progress_unix": 0.5,
+    "silent_seconds": 300.0,
+    "timeout_seconds": 60.0,
+    "timeout_source": "learned",
+}
 
 
 def write(directory: Path, data: dict[str, Any]) -> Path:
@@ -86,19 +106,28 @@ def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
     write(tmp_path / "jobA", state(2, sleeper.pid, hang=HANG))
     write(tmp_path / "jobA", state(3, sleeper.pid, phase="detached"))  # finished on purpose
     write(tmp_path / "jobA", state(4, sleeper.pid, host="another-node"))  # another node's file
-    write(tmp_path / "jobA", state(5, sleeper.pid, exit={"unix": 1.0, "exception": None}))  # ended normally
-    write(tmp_path / "jobA", state(6, sleeper.pid, exit={"unix": 1.0, "exception": "ValueError: x"}))
+    write(
+        tmp_path / "jobA", state(5, sleeper.pid, exit={"unix": 1.0, "exception": None})
+    )  # ended normally
+    write(
+        tmp_path / "jobA", state(6, sleeper.pid, exit={"unix": 1.0, "exception": "ValueError: x"})
+    )
     daemon = Daemon(str(tmp_path), gpus=False)
     daemon.refresh()
     scrape = Scrape(daemon)
     assert scrape("ddpmon_rank_up", job="jobA", rank="0") == 1
-    assert scrape("ddpmon_rank_last_progress_timestamp_seconds", job="jobA", rank="0") == 1700000000.5
+    assert (
+        scrape("ddpmon_rank_last_progress_timestamp_seconds", job="jobA", rank="0") == 1700000000.5
+    )
     assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="0") == 0
     assert scrape("ddpmon_rank_up", job="jobA", rank="1") == 0
     assert scrape("ddpmon_rank_up", job="jobA", rank="2") == 1
     assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="2") == 1
     assert [s["rank"] for s in scrape.series("ddpmon_rank_up")] == ["0", "1", "2", "6"]
-    assert scrape("ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="0") == 1
+    assert (
+        scrape("ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="0")
+        == 1
+    )
 
     daemon.node_local = True  # a hostPath shared with containers: every file is this node's
     daemon.refresh()
@@ -126,7 +155,10 @@ def test_rank_activity(tmp_path: Path, sleeper: subprocess.Popen) -> None:
     try:
         write(tmp_path, state(0, sleeper.pid, activity={"state": "waiting"}))
         write(tmp_path, state(1, sleeper.pid, activity={"state": "stuck"}, hang=HANG))
-        write(tmp_path, state(2, sleeper.pid, activity={"state": "stepping"}, now_unix=time.time() - 60))
+        write(
+            tmp_path,
+            state(2, sleeper.pid, activity={"state": "stepping"}, now_unix=time.time() - 60),
+        )
         write(tmp_path, state(3, stopped.pid, activity={"state": "stepping"}))
         write(tmp_path, state(4, gone.pid, activity={"state": "stepping"}))  # killed: no word
         write(tmp_path, state(5, gone.pid, exit={"unix": 1.0, "exception": "ValueError: x"}))
@@ -143,13 +175,31 @@ def test_rank_activity(tmp_path: Path, sleeper: subprocess.Popen) -> None:
         scrape = Scrape(daemon)
 
         def doing(rank: int) -> list[str]:
-            values = {a: scrape("ddpmon_rank_activity", job="jobA", rank=str(rank), activity=a)
-                      for a in DAEMON_ACTIVITIES}
-            return [a for a, v in values.items() if v == 1] if set(values.values()) != {None} else []
+            values = {
+                a: scrape("ddpmon_rank_activity", job="jobA", rank=str(rank), activity=a)
+                for a in DAEMON_ACTIVITIES
+            }
+            return (
+                [a for a, v in values.items() if v == 1] if set(values.values()) != {None} else []
+            )
 
         assert [doing(r) for r in range(8)] == [
-            ["waiting"], ["stuck"], ["frozen"], ["frozen"], ["dead"], ["crashed"], ["crashed"], []]
-        assert sum(scrape("ddpmon_rank_activity", job="jobA", rank="0", activity=a) for a in DAEMON_ACTIVITIES) == 1
+            ["waiting"],
+            ["stuck"],
+            ["frozen"],
+            ["frozen"],
+            ["dead"],
+            ["crashed"],
+            ["crashed"],
+            [],
+        ]
+        assert (
+            sum(
+                scrape("ddpmon_rank_activity", job="jobA", rank="0", activity=a)
+                for a in DAEMON_ACTIVITIES
+            )
+            == 1
+        )
     finally:
         stopped.kill()
         stopped.wait()
@@ -166,8 +216,9 @@ def test_reused_pid_and_duplicate_ranks(tmp_path: Path, sleeper: subprocess.Pope
     assert scrape("ddpmon_rank_up", job="jobA", rank="0") == 1
 
 
-def test_state_dir_appears_later(tmp_path: Path, sleeper: subprocess.Popen,
-                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_state_dir_appears_later(
+    tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture
+) -> None:
     missing = tmp_path / "later"
     daemon = Daemon(str(missing), gpus=False)
     for _ in range(3):
@@ -181,20 +232,27 @@ def test_state_dir_appears_later(tmp_path: Path, sleeper: subprocess.Popen,
     assert len(_lines(caplog, "is there now")) == 1
 
 
-@pytest.mark.parametrize("body, words", [
-    (b"{\"rank\": 0, \"pid\": ", "is not valid JSON"),
-    (b"", "is empty"),
-    (b"[1, 2]", "not a JSON object"),
-    (b"{\"rank\": 1}", "has no pid, host or now_unix"),
-    (b"{\"rank\": 1, \"pid\": \"x\", \"now_unix\": 1}", "has an invalid pid 'x' (expected an integer)"),
-    (b"\xff\xfe\x00", "is not UTF-8"),
-    (b"[" * 50_000 + b"]" * 50_000, "nests JSON too deeply"),
-    (b"{\"rank\": 123456789, \"pid\": 1}", "invalid rank 123456789"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b'{"rank": 0, "pid": ', "is not valid JSON"),
+        (b"", "is empty"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"rank": 1}', "has no pid, host or now_unix"),
+        (b'{"rank": 1, "pid": "x", "now_unix": 1}', "has an invalid pid 'x' (expected an integer)"),
+        (b"\xff\xfe\x00", "is not UTF-8"),
+        (b"[" * 50_000 + b"]" * 50_000, "nests JSON too deeply"),
+        (b'{"rank": 123456789, "pid": 1}', "invalid rank 123456789"),
+    ],
+)
 @pytest.mark.bad_state_files
 def test_corrupt_state_file_one_line_and_keeps_serving(
-        tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture,
-        body: bytes, words: str) -> None:
+    tmp_path: Path,
+    sleeper: subprocess.Popen,
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    words: str,
+) -> None:
     write(tmp_path, state(0, sleeper.pid))
     bad = tmp_path / "rank-1.json"
     bad.write_bytes(body)
@@ -212,8 +270,9 @@ def test_corrupt_state_file_one_line_and_keeps_serving(
     assert len(_lines(caplog, str(bad))) == 2  # ... and said once that it is fine again
 
 
-def test_unreadable_state_file(tmp_path: Path, sleeper: subprocess.Popen,
-                               caplog: pytest.LogCaptureFixture) -> None:
+def test_unreadable_state_file(
+    tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture
+) -> None:
     write(tmp_path, state(0, sleeper.pid))
     (tmp_path / "rank-1.json").mkdir()  # unreadable as a file, even for root
     daemon = Daemon(str(tmp_path), gpus=False)
@@ -225,8 +284,9 @@ def test_unreadable_state_file(tmp_path: Path, sleeper: subprocess.Popen,
 
 
 @pytest.mark.bad_state_files
-def test_planted_fifo_and_symlinks_never_block_or_stop_a_pass(tmp_path: Path, sleeper: subprocess.Popen,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_planted_fifo_and_symlinks_never_block_or_stop_a_pass(
+    tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture
+) -> None:
     write(tmp_path, state(0, sleeper.pid))
     os.mkfifo(tmp_path / "rank-1.json")
     (tmp_path / "rank-2.json").symlink_to("/dev/zero")
@@ -252,8 +312,9 @@ def test_a_killed_hung_rank_is_no_longer_hung(tmp_path: Path) -> None:
     assert scrape("ddpmon_rank_hang_suspected", job="jobA", rank="0") == 0
 
 
-def test_state_dir_is_a_file(tmp_path: Path, sleeper: subprocess.Popen,
-                             caplog: pytest.LogCaptureFixture) -> None:
+def test_state_dir_is_a_file(
+    tmp_path: Path, sleeper: subprocess.Popen, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "state"
     path.write_text("not a directory")
     daemon = Daemon(str(path), gpus=False)
@@ -296,7 +357,9 @@ def test_serves_metrics_and_state(tmp_path: Path, sleeper: subprocess.Popen) -> 
             states = json.loads(r.read())
         assert [(s["rank"], s["pid"], s["host"]) for s in states] == [(0, sleeper.pid, HOST)]
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(urllib.request.Request(base + "/state", data=b"x", method="POST"), timeout=5)
+            urllib.request.urlopen(
+                urllib.request.Request(base + "/state", data=b"x", method="POST"), timeout=5
+            )
         assert err.value.code == 405
     finally:
         endpoint.close()
@@ -332,7 +395,10 @@ def test_a_fatal_signal_travels_to_a_doctor_on_another_node(tmp_path: Path) -> N
         endpoint.close()
         daemon.stop()
     (rank0,) = d.ranks
-    assert rank0.ending.signal == "SIGABRT" and rank0.ending.where == "/job/train.py:51 in reduce_metrics"
+    assert (
+        rank0.ending.signal == "SIGABRT"
+        and rank0.ending.where == "/job/train.py:51 in reduce_metrics"
+    )
     assert rank0.status == "crashed" and rank0.stack_source == "its faulthandler file (SIGABRT)"
     assert rank0.stack[0].frames[-1].function == "reduce_metrics"
 
@@ -341,8 +407,11 @@ def test_a_fatal_signal_travels_to_a_doctor_on_another_node(tmp_path: Path) -> N
 
 
 def test_every_gpu_mapped_to_ranks_xid_and_lost_gpu(
-        tmp_path: Path, sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path,
+    sleeper: subprocess.Popen,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, "ddpmon")
     stranger = os.getpid()  # a process on GPU 0 that is no rank
     driver = FakeDriver(two_gpus(pids=[sleeper.pid, stranger])).install(monkeypatch)
@@ -358,15 +427,40 @@ def test_every_gpu_mapped_to_ranks_xid_and_lost_gpu(
         assert scrape("ddpmon_gpu_memory_total_bytes", **g1) == 80 * 2**30
         assert scrape("ddpmon_gpu_energy_joules_total", **g0) == pytest.approx(123456.789)
         assert scrape("ddpmon_gpu_clock_event_active", **g1, reason="gpu_idle") == 1
-        assert scrape("ddpmon_gpu_process_info", gpu="0", gpu_uuid=uuid0, pid=str(sleeper.pid),
-                      job="jobA", rank="1") == 1
-        assert scrape("ddpmon_gpu_process_info", gpu="0", gpu_uuid=uuid0, pid=str(stranger),
-                      job="", rank="") == 1
-        assert scrape("ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="2") == 1
+        assert (
+            scrape(
+                "ddpmon_gpu_process_info",
+                gpu="0",
+                gpu_uuid=uuid0,
+                pid=str(sleeper.pid),
+                job="jobA",
+                rank="1",
+            )
+            == 1
+        )
+        assert (
+            scrape(
+                "ddpmon_gpu_process_info",
+                gpu="0",
+                gpu_uuid=uuid0,
+                pid=str(stranger),
+                job="",
+                rank="",
+            )
+            == 1
+        )
+        assert (
+            scrape(
+                "ddpmon_daemon_info", host=HOST, version=__import__("ddpmon").__version__, gpus="2"
+            )
+            == 1
+        )
 
         for _ in range(5):
             daemon.refresh()
-        assert driver.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2  # once per GPU per slow_interval
+        assert (
+            driver.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
+        )  # once per GPU per slow_interval
 
         driver.xid(0, 48)
         driver.xid(0, 48)
@@ -392,8 +486,9 @@ def test_every_gpu_mapped_to_ranks_xid_and_lost_gpu(
     assert driver.initialised == 0
 
 
-def test_gpu_without_xid_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                caplog: pytest.LogCaptureFixture) -> None:
+def test_gpu_without_xid_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     gpus = two_gpus()
     for g in gpus:
         g.xid_events = False
@@ -402,7 +497,11 @@ def test_gpu_without_xid_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     daemon.start()
     try:
         assert len(_lines(caplog, "XID errors are not watched")) == 2
-        assert Scrape(daemon)("ddpmon_gpu_temperature_celsius", job="", rank="", gpu="1",
-                              gpu_uuid=gpus[1].uuid) == 41
+        assert (
+            Scrape(daemon)(
+                "ddpmon_gpu_temperature_celsius", job="", rank="", gpu="1", gpu_uuid=gpus[1].uuid
+            )
+            == 41
+        )
     finally:
         daemon.stop()

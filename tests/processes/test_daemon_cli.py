@@ -40,16 +40,25 @@ def test_runs_without_nvml_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("args, words", [
-    (("--interval", "0"), "--interval=0.0 is not valid: expected a positive number of seconds"),
-    (("--stale-after", "-1"), "--stale-after=-1.0 is not valid"),
-    (("--interval", "5", "--stale-after", "2"), "expected more than --interval=5.0"),
-    (("--port", "70000"), "--port=70000 is not valid"),
-    (("--interval", "soon"), "invalid float value: 'soon'"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--interval", "0"), "--interval=0.0 is not valid: expected a positive number of seconds"),
+        (("--stale-after", "-1"), "--stale-after=-1.0 is not valid"),
+        (("--interval", "5", "--stale-after", "2"), "expected more than --interval=5.0"),
+        (("--port", "70000"), "--port=70000 is not valid"),
+        (("--interval", "soon"), "invalid float value: 'soon'"),
+    ],
+)
 def test_bad_arguments_exit_2(args: tuple[str, ...], words: str, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(tmp_path), *args],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(tmp_path), *args],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2, r.stderr
     assert words in r.stderr
 
@@ -57,16 +66,39 @@ def test_bad_arguments_exit_2(args: tuple[str, ...], words: str, tmp_path: Path)
 def test_state_dir_is_a_file_and_port_in_use(tmp_path: Path) -> None:
     afile = tmp_path / "file"
     afile.write_text("x")
-    r = subprocess.run([sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(afile)],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(afile)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "it is a file, expected a directory" in r.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "ddpmon", "daemon", "--state-dir", str(tmp_path),
-                            "--no-gpu", "--bind", "127.0.0.1", "--port", str(port)],
-                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddpmon",
+                "daemon",
+                "--state-dir",
+                str(tmp_path),
+                "--no-gpu",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert r.returncode == 2, r.stderr
     assert f"cannot serve on 127.0.0.1:{port}" in r.stderr and "choose another --port" in r.stderr
 
@@ -80,8 +112,14 @@ def test_daemon_never_imports_torch(tmp_path: Path) -> None:
         "d.start(); d.refresh(); d.stop()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
 
 

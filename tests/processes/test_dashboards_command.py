@@ -29,10 +29,18 @@ def run_cli(*argv: str) -> int:
 
 
 def test_generator_does_not_import_torch_or_grafana_client() -> None:
-    code = ("import sys, ddpmon.dashboards, ddpmon.cli.dashboards; ddpmon.dashboards.build(); "
-            "print(sorted(m for m in ('torch', 'grafana_client', 'prometheus_client') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
+    code = (
+        "import sys, ddpmon.dashboards, ddpmon.cli.dashboards; ddpmon.dashboards.build(); "
+        "print(sorted(m for m in ('torch', 'grafana_client', 'prometheus_client') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -46,8 +54,14 @@ def _source_tree(root: Path) -> Path:
 
 
 def _dev_command(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ddpmon.dashboards", *argv], capture_output=True, text=True,
-                          cwd=cwd, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ddpmon.dashboards", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
 
 
 def test_write_repo_regenerates_the_files_of_the_named_checkout(tmp_path: Path) -> None:
@@ -56,8 +70,10 @@ def test_write_repo_regenerates_the_files_of_the_named_checkout(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     written = sorted(Path(line).relative_to(tree) for line in done.stdout.split())
     assert [str(p) for p in written] == [
-        "dashboards/ddp-gpus.json", "dashboards/ddp-job-overview.json",
-        "deploy/kubernetes/dashboards-configmap.yaml", "deploy/kubernetes/prometheusrule.yaml",
+        "dashboards/ddp-gpus.json",
+        "dashboards/ddp-job-overview.json",
+        "deploy/kubernetes/dashboards-configmap.yaml",
+        "deploy/kubernetes/prometheusrule.yaml",
     ]
     for rel in written:  # the same bytes as the checked-in files
         assert (tree / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
@@ -106,7 +122,10 @@ def unwritable_dir(tmp_path: Path) -> Iterator[Path]:
     target.mkdir()
     target.chmod(0o555)
     immutable = os.geteuid() == 0
-    if immutable and subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
+    if (
+        immutable
+        and subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0
+    ):
         target.chmod(0o755)
         pytest.skip("running as root without chattr +i: no directory here is unwritable for root")
     try:
@@ -128,8 +147,12 @@ def test_export_into_an_unwritable_directory_is_bad_usage(
 
 def _files(*roots: Path) -> dict[str, tuple[int, int]]:
     """Size and modification time of every file under ``roots``, bytecode caches left out."""
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
-            for root in roots for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+        for root in roots
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def test_export_without_dir_writes_into_the_current_directory_only(tmp_path: Path) -> None:
@@ -138,12 +161,19 @@ def test_export_without_dir_writes_into_the_current_directory_only(tmp_path: Pat
     watched = (Path(dashboards.__file__).resolve().parents[1], ROOT / "dashboards", ROOT / "deploy")
     before = _files(*watched)
     assert before
-    done = subprocess.run([sys.executable, "-m", "ddpmon", "dashboards", "export"], capture_output=True,
-                          text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "dashboards", "export"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     after = _files(*watched)
-    assert after == before, f"written outside the current directory: {sorted(set(after) - set(before))}"
+    assert after == before, (
+        f"written outside the current directory: {sorted(set(after) - set(before))}"
+    )
     assert done.stdout.split() == list(dashboards.BOARDS)  # relative to the current directory
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(dashboards.BOARDS)
     for name in dashboards.BOARDS:
@@ -152,11 +182,19 @@ def test_export_without_dir_writes_into_the_current_directory_only(tmp_path: Pat
 
 def test_push_without_grafana_client_names_the_package() -> None:
     """In a fresh interpreter where grafana_client cannot be imported (as without the extra)."""
-    code = ("import sys; sys.modules['grafana_client'] = None\n"
-            "from ddpmon.cli import main\n"
-            "main(['dashboards', 'push', '--url', 'http://127.0.0.1:9', '--token', 't'])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
+    code = (
+        "import sys; sys.modules['grafana_client'] = None\n"
+        "from ddpmon.cli import main\n"
+        "main(['dashboards', 'push', '--url', 'http://127.0.0.1:9', '--token', 't'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "needs the grafana-client package" in done.stderr
     assert "pip install 'ddpmon[grafana]'" in done.stderr

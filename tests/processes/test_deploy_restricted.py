@@ -33,8 +33,10 @@ HOST = os.uname().nodename
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root"),
-    pytest.mark.skipif(not (shutil.which("unshare") and shutil.which("setpriv")),
-                       reason="unshare and setpriv (util-linux) are not installed"),
+    pytest.mark.skipif(
+        not (shutil.which("unshare") and shutil.which("setpriv")),
+        reason="unshare and setpriv (util-linux) are not installed",
+    ),
 ]
 
 
@@ -42,8 +44,9 @@ pytestmark = [
 def rank_of_nobody(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     """A directory standing for the host's state root: user nobody's private root with one
     job, whose rank 0 is a live process of nobody's."""
-    sleeper = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                "sleep", "120"])
+    sleeper = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "120"]
+    )
     try:
         src = tmp_path / "host"
         job = src / f"ddpmon-{NOBODY}" / "jobA"
@@ -51,9 +54,22 @@ def rank_of_nobody(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         src.chmod(0o1777)
         now = time.time()
         path = statefile.path_for(str(job), 0)
-        statefile.write_atomic(path, {
-            "rank": 0, "local_rank": 0, "world_size": 1, "host": HOST, "pid": sleeper.pid, "job": "jobA",
-            "step": 3, "phase": "forward", "started_unix": now, "last_progress_unix": now, "now_unix": now})
+        statefile.write_atomic(
+            path,
+            {
+                "rank": 0,
+                "local_rank": 0,
+                "world_size": 1,
+                "host": HOST,
+                "pid": sleeper.pid,
+                "job": "jobA",
+                "step": 3,
+                "phase": "forward",
+                "started_unix": now,
+                "last_progress_unix": now,
+                "now_unix": now,
+            },
+        )
         for p in (job.parent, job, Path(path)):
             os.chown(p, NOBODY, NOBODY)
         job.parent.chmod(0o700)
@@ -87,15 +103,39 @@ def _restricted(mounts: str, caps: list[str], argv: list[str]) -> subprocess.Pop
     """``argv`` (a ddpmon command line) in a mount namespace where ``mounts`` (shell) has
     run and every file system is then read-only, with only ``caps`` and no new privileges."""
     # (a mount that cannot be remounted, such as one another test is taking down, is left)
-    remount = ("findmnt -rno TARGET | sort -u | while read m; do mount -o remount,bind,ro \"$m\" 2>/dev/null "
-               "|| true; done")
+    remount = (
+        'findmnt -rno TARGET | sort -u | while read m; do mount -o remount,bind,ro "$m" 2>/dev/null '
+        "|| true; done"
+    )
     bounding = ",".join(["-all", *(f"+{c}" for c in caps)])
-    cmd = shlex.join(["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs",
-                      sys.executable, "-m", "ddpmon", *argv])
+    cmd = shlex.join(
+        [
+            "setpriv",
+            f"--bounding-set={bounding}",
+            "--inh-caps=-all",
+            "--no-new-privs",
+            sys.executable,
+            "-m",
+            "ddpmon",
+            *argv,
+        ]
+    )
     return subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-ec", f"{mounts}\n{remount}\nexec {cmd}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
-        env={"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-ec",
+            f"{mounts}\n{remount}\nexec {cmd}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env={"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)},
+    )
 
 
 def _serving(proc: subprocess.Popen[str]) -> int:
@@ -105,8 +145,10 @@ def _serving(proc: subprocess.Popen[str]) -> int:
     if m is None:
         proc.kill()
         _, err = proc.communicate(timeout=10)
-        pytest.fail(f"the daemon did not start under the deployment's restrictions (exit {proc.returncode}): "
-                    f"{line}{err[-3000:]}")
+        pytest.fail(
+            f"the daemon did not start under the deployment's restrictions (exit {proc.returncode}): "
+            f"{line}{err[-3000:]}"
+        )
     return int(m.group(1))
 
 
@@ -150,19 +192,26 @@ def test_systemd_unit_restrictions(rank_of_nobody: tuple[Path, int]) -> None:
 
 def test_daemonset_restrictions(rank_of_nobody: tuple[Path, int]) -> None:
     src, _ = rank_of_nobody
-    ds = next(d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/daemonset.yaml").read_text())
-              if d["kind"] == "DaemonSet")
+    ds = next(
+        d
+        for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/daemonset.yaml").read_text())
+        if d["kind"] == "DaemonSet"
+    )
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     security = container["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert (
+        security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    )
     assert security["capabilities"]["drop"] == ["ALL"]
     caps = [c.lower() for c in security["capabilities"]["add"]]
     (mount,) = container["volumeMounts"]
     assert mount["readOnly"] is True
     # the hostPath volume holds the ranks' files directly (DDPMON_STATE_DIR=/run/ddpmon/<job>)
     job_dir = src / f"ddpmon-{NOBODY}"
-    mounts = (f"mount -t tmpfs tmpfs /run && mkdir -p {mount['mountPath']} && "
-              f"mount --bind {shlex.quote(str(job_dir))} {mount['mountPath']}")
+    mounts = (
+        f"mount -t tmpfs tmpfs /run && mkdir -p {mount['mountPath']} && "
+        f"mount --bind {shlex.quote(str(job_dir))} {mount['mountPath']}"
+    )
     proc = _restricted(mounts, caps, [*container["args"], "--port=0"])
     try:
         port = _serving(proc)

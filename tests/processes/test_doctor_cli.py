@@ -44,7 +44,11 @@ def test_empty_directory_is_no_data(tmp_path: Path) -> None:
     assert body["verdict"] == "no_data" and body["suspect_ranks"] == [] and body["ranks"] == []
     assert body["findings"][0]["kind"] == "no_state_files"
     human = run_doctor(str(tmp_path))
-    assert human.returncode == 2 and "NO DATA" in human.stdout and "ddpmon.attach(model)" in human.stdout
+    assert (
+        human.returncode == 2
+        and "NO DATA" in human.stdout
+        and "ddpmon.attach(model)" in human.stdout
+    )
 
 
 @pytest.mark.bad_state_files
@@ -60,7 +64,11 @@ def test_corrupt_and_truncated_files_are_named(tmp_path: Path) -> None:
     out = run_doctor(str(tmp_path), "--json")
     assert "Traceback" not in out.stderr
     body = json.loads(out.stdout)
-    bad = {f["summary"].split(" ", 1)[0]: f["summary"] for f in body["findings"] if f["kind"] == "bad_state_file"}
+    bad = {
+        f["summary"].split(" ", 1)[0]: f["summary"]
+        for f in body["findings"]
+        if f["kind"] == "bad_state_file"
+    }
     assert set(bad) == {str(tmp_path / f"rank-{r}.json") for r in (2, 3, 4, 5, 6)}
     assert "not valid JSON (truncated or corrupt" in bad[str(tmp_path / "rank-2.json")]
     assert "no 'rank' key" in bad[str(tmp_path / "rank-4.json")]
@@ -109,8 +117,14 @@ def test_never_imports_torch(tmp_path: Path) -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "print('no torch')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=30,
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("no torch"), out.stderr
 
 
@@ -118,8 +132,12 @@ def test_from_an_unreachable_daemon_says_what_to_start(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = subprocess.run([sys.executable, "-m", "ddpmon", "doctor", "--from", f"127.0.0.1:{port}", "--json"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "doctor", "--from", f"127.0.0.1:{port}", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     diagnosis = json.loads(done.stdout)
     assert diagnosis["verdict"] == "no_data"
@@ -133,7 +151,9 @@ def test_job_picks_its_directory_and_leaves_other_jobs_out(tmp_path: Path) -> No
     write(root / "big", state(1, job="big"))
     write(root / "small", state(0, job="small"))
     write(root / "small", state(1, job="small"))
-    out = run_doctor("--job", "big", "--json", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})
+    out = run_doctor(
+        "--job", "big", "--json", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""}
+    )
     assert out.returncode in (0, 1), out.stderr  # (the files age as the test runs)
     assert f'"state_dir": "{root / "big"}"' in out.stdout and '"small"' not in out.stdout
     out = run_doctor("--job", "nope", env={"TMPDIR": str(tmp_path), "DDPMON_STATE_DIR": ""})

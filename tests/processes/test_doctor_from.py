@@ -55,24 +55,33 @@ def test_one_deadline_for_all(silent_daemons: list[str]) -> None:
     took = time.monotonic() - started
     assert took < 2.0, f"{took:.1f} s past a deadline of 1 s"
     assert {u.reason for u in loaded.unreachable} == {
-        "did not answer within 1 s (the doctor waits that long for all daemons together)"}
+        "did not answer within 1 s (the doctor waits that long for all daemons together)"
+    }
 
 
-def test_doctor_answers_within_10_s_with_four_silent_daemons(tmp_path: Path, silent_daemons: list[str]) -> None:
+def test_doctor_answers_within_10_s_with_four_silent_daemons(
+    tmp_path: Path, silent_daemons: list[str]
+) -> None:
     write(tmp_path, state(0, silent=30.0))  # on node-b: no process of theirs is checked here
     write(tmp_path, state(1, silent=30.0, in_flight=[states.waiting_in("all_reduce", 5, 30.0)]))
-    daemon, port = start_daemon("--state-dir", str(tmp_path), "--serve-state", "--no-gpu", "--node-local")
+    daemon, port = start_daemon(
+        "--state-dir", str(tmp_path), "--serve-state", "--no-gpu", "--node-local"
+    )
     try:
         addresses = [f"127.0.0.1:{port}", *silent_daemons]
         started = time.monotonic()
-        done = run_doctor(*(a for address in addresses for a in ("--from", address)), "--json", "--no-stacks")
+        done = run_doctor(
+            *(a for address in addresses for a in ("--from", address)), "--json", "--no-stacks"
+        )
         took = time.monotonic() - started
     finally:
         terminate(daemon)
     print(f"doctor --from 1 daemon + 4 that never answer: {took:.1f} s")
     assert took < 10.0
     report = json.loads(done.stdout)
-    assert (done.returncode, report["verdict"], report["suspect_ranks"]) == (1, "hang", [0]), done.stderr
+    assert (done.returncode, report["verdict"], report["suspect_ranks"]) == (1, "hang", [0]), (
+        done.stderr
+    )
     silent = [f["summary"] for f in report["findings"] if f["kind"] == "unreachable_daemon"]
     assert [s.split(" ")[0] for s in silent] == [f"http://{a}/state" for a in silent_daemons]
     assert all("no answer within 3 s" in s for s in silent), silent
@@ -81,13 +90,20 @@ def test_doctor_answers_within_10_s_with_four_silent_daemons(tmp_path: Path, sil
 def test_from_file_reads_the_daemons_as_from_does(tmp_path: Path) -> None:
     """An address file, with comments and a dead node's daemon, says what --from says."""
     write(tmp_path / "node", state(0, silent=30.0))
-    write(tmp_path / "node", state(1, silent=30.0, in_flight=[states.waiting_in("all_reduce", 5, 30.0)]))
+    write(
+        tmp_path / "node",
+        state(1, silent=30.0, in_flight=[states.waiting_in("all_reduce", 5, 30.0)]),
+    )
     with socket.socket() as s:  # a port nothing listens on: a dead node's daemon
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    daemon, port = start_daemon("--state-dir", str(tmp_path / "node"), "--serve-state", "--no-gpu", "--node-local")
+    daemon, port = start_daemon(
+        "--state-dir", str(tmp_path / "node"), "--serve-state", "--no-gpu", "--node-local"
+    )
     listed = tmp_path / "daemons.txt"
-    listed.write_text(f"# the job's nodes\n127.0.0.1:{port}   # node-b\n\n{dead}\n127.0.0.1:{port}\n")
+    listed.write_text(
+        f"# the job's nodes\n127.0.0.1:{port}   # node-b\n\n{dead}\n127.0.0.1:{port}\n"
+    )
     try:
         by_file = run_doctor("--from-file", str(listed), "--json", "--no-stacks")
         by_hand = run_doctor("--from", f"127.0.0.1:{port}", "--from", dead, "--json", "--no-stacks")
@@ -95,8 +111,15 @@ def test_from_file_reads_the_daemons_as_from_does(tmp_path: Path) -> None:
         terminate(daemon)
     assert by_file.returncode == by_hand.returncode == 1, by_file.stderr
     found, expected = json.loads(by_file.stdout), json.loads(by_hand.stdout)
-    assert (found["verdict"], found["suspect_ranks"]) == (expected["verdict"], expected["suspect_ranks"]) == ("hang", [0])
+    assert (
+        (found["verdict"], found["suspect_ranks"])
+        == (expected["verdict"], expected["suspect_ranks"])
+        == ("hang", [0])
+    )
     assert [f["kind"] for f in found["findings"]] == [f["kind"] for f in expected["findings"]]
     (unreachable,) = [f["summary"] for f in found["findings"] if f["kind"] == "unreachable_daemon"]
     assert unreachable.startswith(f"http://{dead}/state") and "refused" in unreachable
-    assert sorted(r["rank"] for r in found["ranks"]) == [0, 1]  # the daemon listed twice is read once
+    assert sorted(r["rank"] for r in found["ranks"]) == [
+        0,
+        1,
+    ]  # the daemon listed twice is read once

@@ -24,20 +24,28 @@ HERE = socket.gethostname()
 
 @pytest.fixture
 def python_sleeper() -> Any:
-    proc = subprocess.Popen([sys.executable, "-c", "import time\ndef blocked():\n    time.sleep(120)\nblocked()"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time\ndef blocked():\n    time.sleep(120)\nblocked()"]
+    )
     time.sleep(0.5)
     yield proc
     proc.kill()
     proc.wait(10)
 
 
-def test_frozen_local_rank_gets_a_live_stack(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
+def test_frozen_local_rank_gets_a_live_stack(
+    tmp_path: Path, python_sleeper: subprocess.Popen
+) -> None:
     """Its process is alive but its state file is no longer rewritten (the main thread holds
     the GIL, say): frozen; py-spy reads its stack from outside."""
     created = psutil.Process(python_sleeper.pid).create_time()
     # written 12 s ago (past the 10 s after which a file counts as no longer rewritten),
     # by a rank that attached right after its process started
-    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=created + 12.2, silent=12.0), age=12.0)
+    write(
+        tmp_path,
+        state(0, host=HERE, pid=python_sleeper.pid, started_unix=created + 12.2, silent=12.0),
+        age=12.0,
+    )
     write(tmp_path, state(1, silent=24.0, in_flight=[waiting_in("all_reduce", 5, 24.0)]))
     d = examine(str(tmp_path))
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
@@ -55,7 +63,10 @@ def test_frozen_local_rank_gets_a_live_stack(tmp_path: Path, python_sleeper: sub
 def test_stopped_and_dead_local_processes(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
     os.kill(python_sleeper.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 5
-    while psutil.Process(python_sleeper.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+    while (
+        psutil.Process(python_sleeper.pid).status() != psutil.STATUS_STOPPED
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
     try:
         write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=states.NOW))
@@ -74,8 +85,14 @@ def test_stopped_and_dead_local_processes(tmp_path: Path, python_sleeper: subpro
     assert d.ranks[0].liveness.alive is False and "does not exist" in d.ranks[0].liveness.detail
 
 
-def test_pid_reused_by_a_later_process_is_not_the_rank(tmp_path: Path, python_sleeper: subprocess.Popen) -> None:
-    write(tmp_path, state(0, host=HERE, pid=python_sleeper.pid, started_unix=states.NOW - 3600.0), age=3.0)
+def test_pid_reused_by_a_later_process_is_not_the_rank(
+    tmp_path: Path, python_sleeper: subprocess.Popen
+) -> None:
+    write(
+        tmp_path,
+        state(0, host=HERE, pid=python_sleeper.pid, started_unix=states.NOW - 3600.0),
+        age=3.0,
+    )
     write(tmp_path, state(1, silent=3.0))
     d = examine(str(tmp_path), live_stacks=False)
     assert d.ranks[0].status == "dead" and "later process" in d.ranks[0].liveness.detail

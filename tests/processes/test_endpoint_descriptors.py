@@ -47,12 +47,19 @@ sys.stdin.readline()
 
 
 def test_out_of_file_descriptors_the_loop_waits_instead_of_spinning() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", OUT_OF_DESCRIPTORS], cwd=ROOT, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS],
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         port = int(proc.stdout.readline())
-        waiting = silent(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # in the listen queue: no fd to accept it
+        waiting = silent(
+            port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        )  # in the listen queue: no fd to accept it
         cpu = psutil.Process(proc.pid)
         before = sum(cpu.cpu_times()[:2])
         time.sleep(1.5)

@@ -29,7 +29,7 @@ def _exit_script(tmp_path, destroy: str = "") -> str:  # type: ignore[no-untyped
 import atexit, time
 import torch.distributed as dist
 from ddpmon.rank.timing import c10d
-dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
+dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / "store")!r}, 1), rank=0, world_size=1)
 atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))  # runs last
 dist.ProcessGroup._register_on_completion_hook = lambda self, hook: None
 dist.ProcessGroup._enable_collectives_timing = lambda self: None
@@ -46,7 +46,9 @@ def test_groups_with_a_completion_hook_are_destroyed_at_exit(tmp_path) -> None: 
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _exit_script(tmp_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _exit_script(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["listening", "initialized at the end: False"]
 
@@ -58,7 +60,12 @@ def test_a_destroy_that_hangs_at_exit_is_not_waited_for(tmp_path) -> None:  # ty
 
     hang = "dist.destroy_process_group = lambda group=None: time.sleep(120)"
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", _exit_script(tmp_path, hang)], capture_output=True, text=True, timeout=90)
+    out = subprocess.run(
+        [sys.executable, "-c", _exit_script(tmp_path, hang)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - started < completion.DESTROY_AT_EXIT_SECONDS + 30
     assert "did not finish within" in out.stderr
@@ -93,10 +100,18 @@ def test_a_rank_names_its_stderr_only_when_it_is_a_file(tmp_path: Path) -> None:
     code = "from ddpmon.rank import ending; print(ending.stderr_log())"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with open(tmp_path / "err.log", "w") as err:
-        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
-                             env=env, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+            timeout=60,
+        )
     assert out.stdout.strip() == str(tmp_path / "err.log")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.stdout.strip() == "None"
 
 
@@ -125,11 +140,15 @@ _KILLED = textwrap.dedent("""
 
 def test_a_killed_writer_keeps_every_committed_batch(tmp_path):
     path = str(tmp_path / "rank-0.history.sqlite")
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, path, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, path, str(ROOT)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (not os.path.exists(path) or history.max_step(path) < 200):
+        while time.monotonic() < deadline and (
+            not os.path.exists(path) or history.max_step(path) < 200
+        ):
             time.sleep(0.05)
     finally:
         os.kill(proc.pid, signal.SIGKILL)

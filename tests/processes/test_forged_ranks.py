@@ -24,15 +24,19 @@ from tests.support import states
 from tests.support.commands import run_doctor, start_daemon, terminate
 from tests.support.roots import NOBODY
 
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.skipif(os.geteuid() != 0, reason="simulating another user needs root")]
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulating another user needs root"),
+]
 
 HOST = os.uname().nodename
 YEARS_AHEAD = 10 * 365 * 86400.0
 
 
 def sleeper(uid: int = 0) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"])
+    return subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"]
+    )
 
 
 @pytest.fixture
@@ -62,9 +66,21 @@ def write(directory: Path, uid: int, data: dict[str, Any]) -> None:
 
 def rank_state(rank: int, pid: int, **over: Any) -> dict[str, Any]:
     now = time.time()
-    data = {"rank": rank, "local_rank": rank, "world_size": 2, "host": HOST, "pid": pid, "job": "jobV",
-            "step": 12, "phase": "forward", "started_unix": now, "last_progress_unix": now,
-            "now_unix": now, "hang": None, "activity": {"state": "stepping", "since_unix": now - 5}}
+    data = {
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": 2,
+        "host": HOST,
+        "pid": pid,
+        "job": "jobV",
+        "step": 12,
+        "phase": "forward",
+        "started_unix": now,
+        "last_progress_unix": now,
+        "now_unix": now,
+        "hang": None,
+        "activity": {"state": "stepping", "since_unix": now - 5},
+    }
     data.update(over)
     return data
 
@@ -78,7 +94,8 @@ def tmp(tmp_path: Path) -> Path:
 
 
 def test_the_daemon_never_takes_a_forged_file_for_another_users_rank(
-        tmp: Path, procs: list[subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture) -> None:
+    tmp: Path, procs: list[subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
     alive, killed, forger, bystander = sleeper(), sleeper(), sleeper(NOBODY), sleeper(NOBODY)
     procs += [alive, killed, forger, bystander]
     killed.kill()
@@ -102,16 +119,27 @@ def test_the_daemon_never_takes_a_forged_file_for_another_users_rank(
 
     assert up("jobV", 1) is None and up("jobV", 0) is None  # nobody's file claims that name too
     assert (up("jobV@uid0", 0), up("jobV@uid0", 1)) == (1.0, 0.0)  # root's killed rank stays down
-    assert registry.get_sample_value("ddpmon_rank_activity",
-                                     {"job": "jobV@uid0", "rank": "1", "activity": "dead"}) == 1.0
+    assert (
+        registry.get_sample_value(
+            "ddpmon_rank_activity", {"job": "jobV@uid0", "rank": "1", "activity": "dead"}
+        )
+        == 1.0
+    )
     assert up("jobV@uid65534", 1) == 1.0  # nobody's own process, under its own name
     assert up("jobN", 0) == 0.0  # root's process is not nobody's rank
     said = caplog.text
     assert "state files of 2 users claim job 'jobV' (uid 0, uid 65534)" in said
-    assert f"state files of uid {NOBODY} name processes of other users, which are not their ranks" in said
+    assert (
+        f"state files of uid {NOBODY} name processes of other users, which are not their ranks"
+        in said
+    )
     # the stamp ten years ahead keeps nobody's file fresh for stale_after past its last write, no more
-    last = float(registry.get_sample_value("ddpmon_rank_last_progress_timestamp_seconds",
-                                           {"job": "jobV@uid65534", "rank": "1"}) or 0.0)
+    last = float(
+        registry.get_sample_value(
+            "ddpmon_rank_last_progress_timestamp_seconds", {"job": "jobV@uid65534", "rank": "1"}
+        )
+        or 0.0
+    )
     assert last <= time.time() + 1.0
     time.sleep(2.2)
     daemon.refresh()
@@ -127,26 +155,49 @@ def test_doctor_from_a_daemon_is_not_misled_by_a_forged_rank(tmp: Path) -> None:
     ended = {"unix": states.NOW, "exception": None, "code": 0}
     for r in (0, 1):
         write(victim, 0, states.state(r, job="jobV", host=HOST, exit=ended))
-    write(attacker, NOBODY, states.state(1, job="jobV", host=HOST, steps=11, silent=10.0,
-                                         in_flight=[states.waiting_in("all_reduce", 60, 10.0, bucket=0)]))
+    write(
+        attacker,
+        NOBODY,
+        states.state(
+            1,
+            job="jobV",
+            host=HOST,
+            steps=11,
+            silent=10.0,
+            in_flight=[states.waiting_in("all_reduce", 60, 10.0, bucket=0)],
+        ),
+    )
     daemon, port = start_daemon("--state-dir", str(tmp / "ddpmon-*"), "--serve-state", "--no-gpu")
     try:
         done = run_doctor("--from", f"127.0.0.1:{port}", "--job", "jobV", "--json", "--no-stacks")
-        served = json.loads(subprocess.run(
-            [sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen("
-                                   f"'http://127.0.0.1:{port}/state').read().decode())"],
-            capture_output=True, text=True, timeout=20).stdout)
+        served = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import urllib.request; print(urllib.request.urlopen("
+                    f"'http://127.0.0.1:{port}/state').read().decode())",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout
+        )
     finally:
         terminate(daemon)
     report = json.loads(done.stdout)
     assert (done.returncode, report["verdict"]) == (0, "healthy"), done.stdout + done.stderr
     assert report["job"] == "jobV@uid0"  # the doctor's user's files of that name
-    assert sorted((s["job"], s["rank"]) for s in served) == [("jobV@uid0", 0), ("jobV@uid0", 1),
-                                                            ("jobV@uid65534", 1)]
+    assert sorted((s["job"], s["rank"]) for s in served) == [
+        ("jobV@uid0", 0),
+        ("jobV@uid0", 1),
+        ("jobV@uid65534", 1),
+    ]
 
 
 def test_thousands_of_files_of_one_user_cost_the_daemon_a_bounded_number(
-        tmp: Path, procs: list[subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture) -> None:
+    tmp: Path, procs: list[subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
     """nobody writes 600 state files into its root; root's one rank is read and exported as
     always, nobody's files cost at most ``max_per_user`` ranks' reads and series."""
     alive = sleeper()
@@ -164,5 +215,7 @@ def test_thousands_of_files_of_one_user_cost_the_daemon_a_bounded_number(
     assert registry.get_sample_value("ddpmon_rank_up", {"job": "mine", "rank": "0"}) == 1.0
     daemon.refresh()
     said = [r.getMessage() for r in caplog.records if "more than 50 state files" in r.getMessage()]
-    assert said == [f"ddpmon: daemon: uid {NOBODY} has more than 50 state files here, the most the daemon reads "
-                    "per user (--max-ranks-per-user): the 50 written last are read, the others skipped"]
+    assert said == [
+        f"ddpmon: daemon: uid {NOBODY} has more than 50 state files here, the most the daemon reads "
+        "per user (--max-ranks-per-user): the 50 written last are read, the others skipped"
+    ]

@@ -45,8 +45,14 @@ CLI = "import sys, runpy; sys.argv[0] = 'ddpmon'; runpy.run_module('ddpmon', run
 
 
 def run(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", NO_TORCH, code, *args], cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", NO_TORCH, code, *args],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def env() -> dict[str, str]:
@@ -82,7 +88,10 @@ def test_doctor_names_the_killed_rank(tmp_path: Path) -> None:
     assert report["verdict"] == "dead_rank" and report["suspect_ranks"] == [torch_free.KILLED_RANK]
     assert report["job"] == torch_free.JOB
     ranks = {r["rank"]: r for r in report["ranks"]}
-    assert ranks[0]["status"] == "crashed" and "Connection reset by peer" in ranks[0]["exit"]["exception"]
+    assert (
+        ranks[0]["status"] == "crashed"
+        and "Connection reset by peer" in ranks[0]["exit"]["exception"]
+    )
     assert ranks[1]["status"] in ("dead", "silent")  # silent: recorded on another host
 
 
@@ -91,7 +100,9 @@ def test_capture_refuses_a_rank_that_is_not_alive(tmp_path: Path) -> None:
     out = run(CLI, "capture", str(state), "--rank", "0", "--compare", str(torch_free.KILLED_RANK))
     no_torch(out)
     assert out.returncode == 2, out.stderr
-    assert "rank 0 is not alive: it crashed (RuntimeError: " in out.stderr  # its exit record says so
+    assert (
+        "rank 0 is not alive: it crashed (RuntimeError: " in out.stderr
+    )  # its exit record says so
 
 
 def test_top_prints_every_rank(tmp_path: Path) -> None:
@@ -113,9 +124,27 @@ def test_dashboards_export(tmp_path: Path) -> None:
 def test_daemon_serves_the_recorded_ranks(tmp_path: Path) -> None:
     state = torch_free.copy_state(tmp_path / "state")
     proc = subprocess.Popen(
-        [sys.executable, "-c", NO_TORCH, CLI, "daemon", "--port", "0", "--bind", "127.0.0.1",
-         "--state-dir", str(state), "--node-local", "--interval", "0.2"],
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            NO_TORCH,
+            CLI,
+            "daemon",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--state-dir",
+            str(state),
+            "--node-local",
+            "--interval",
+            "0.2",
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         port = serving_port(proc)
@@ -151,6 +180,8 @@ def test_attach_says_torch_is_needed_and_how_to_get_it() -> None:
 
 
 def test_import_ddpmon_needs_no_torch() -> None:
-    out = run("import ddpmon, ddpmon.cli, ddpmon.doctor, ddpmon.daemon, ddpmon.dashboards; print(ddpmon.__version__)")
+    out = run(
+        "import ddpmon, ddpmon.cli, ddpmon.doctor, ddpmon.daemon, ddpmon.dashboards; print(ddpmon.__version__)"
+    )
     assert out.returncode == 0, out.stderr
     no_torch(out)

@@ -18,7 +18,13 @@ def test_report_and_compare_never_import_torch(slow_run, even_run, tmp_path):
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
     )
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank 2 explains it" in done.stdout

@@ -107,8 +107,12 @@ def expected(s: Scenario) -> tuple[str, list[int]]:
     return k.verdict, [s.culprit] if k.culprit_is_suspect else []
 
 
-CAUSE_WORDS = {"slow_data": "in data wait", "slow_forward": "in forward", "slow_backward": "in backward compute",
-               "slow_optimizer": "in the optimizer step"}
+CAUSE_WORDS = {
+    "slow_data": "in data wait",
+    "slow_forward": "in forward",
+    "slow_backward": "in backward compute",
+    "slow_optimizer": "in the optimizer step",
+}
 """How the straggler finding names each straggler kind's part: a right rank with the wrong
 cause is wrong."""
 
@@ -122,7 +126,9 @@ def right(s: Scenario, verdict: str, suspects: list[int], summary: str = "") -> 
     return KINDS[s.kind].symmetric and s.world == 2 and (verdict, suspects) == (want[0], [0, 1])
 
 
-def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] | None = None) -> Outcome:
+def run(
+    s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> Outcome:
     """Run the scenario's job, ask the doctor at the kind's moment, end the job."""
     workdir.mkdir(parents=True, exist_ok=True)
     procs = _start(s, workdir, env)
@@ -142,12 +148,18 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] |
             _wait(lambda: (workdir / f"mark-{s.culprit}-at").exists(), deadline)
             time.sleep(8.0)
         elif k.moment == "paced":
-            _wait(lambda: all((workdir / f"mark-{r}-paced").exists() for r in range(s.world)), deadline)
+            _wait(
+                lambda: all((workdir / f"mark-{r}-paced").exists() for r in range(s.world)),
+                deadline,
+            )
             answers.append(examine(str(workdir / "state")))
             _wait(lambda: all(p.poll() is not None for p in procs), deadline)
         elif k.moment in ("hold", "post"):
             name = "at" if k.moment == "hold" else "loop_done"
-            _wait(lambda: all((workdir / f"mark-{r}-{name}").exists() for r in range(s.world)), deadline)
+            _wait(
+                lambda: all((workdir / f"mark-{r}-{name}").exists() for r in range(s.world)),
+                deadline,
+            )
             time.sleep(ASK_DURING_HOLD)
             answers.append(examine(str(workdir / "state")))
             _wait(lambda: all(p.poll() is not None for p in procs), deadline)
@@ -159,11 +171,18 @@ def run(s: Scenario, workdir: Path, timeout: float = 60.0, env: dict[str, str] |
         return Outcome(s, "timeout", [], False, time.monotonic() - started, str(exc))
     finally:
         stop(procs)
-    wrong = [d for d in answers
-             if not right(s, d.verdict, list(d.suspect_ranks), d.findings[0].summary if d.findings else "")]
+    wrong = [
+        d
+        for d in answers
+        if not right(
+            s, d.verdict, list(d.suspect_ranks), d.findings[0].summary if d.findings else ""
+        )
+    ]
     d = wrong[0] if wrong else answers[-1]
     summary = d.findings[0].summary if d.findings else ""
-    return Outcome(s, d.verdict, list(d.suspect_ranks), not wrong, time.monotonic() - started, summary, d)
+    return Outcome(
+        s, d.verdict, list(d.suspect_ranks), not wrong, time.monotonic() - started, summary, d
+    )
 
 
 def _start(s: Scenario, workdir: Path, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
@@ -172,11 +191,23 @@ def _start(s: Scenario, workdir: Path, env: dict[str, str] | None = None) -> lis
     procs = []
     for rank in ranks:
         env = rank_env(rank, s.world, workdir, env_extra)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.scenarios.worker", s.kind, str(s.culprit), str(s.step)],
-            cwd=ROOT, env=env, start_new_session=True,
-            stdout=open(workdir / f"stdout-{rank}.txt", "w"), stderr=open(workdir / f"stderr-{rank}.txt", "w"),
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.scenarios.worker",
+                    s.kind,
+                    str(s.culprit),
+                    str(s.step),
+                ],
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+                stdout=open(workdir / f"stdout-{rank}.txt", "w"),
+                stderr=open(workdir / f"stderr-{rank}.txt", "w"),
+            )
+        )
     return procs
 
 

@@ -14,7 +14,13 @@ import pytest
 from tests.scenarios.runner import Scenario, draw, run
 
 SEED = 2026
-CI_WORLD = {"spawn_exception": 2, "size_mismatch": 3, "checkpoint_barrier": 2, "uneven": 2, "uneven_more": 3}
+CI_WORLD = {
+    "spawn_exception": 2,
+    "size_mismatch": 3,
+    "checkpoint_barrier": 2,
+    "uneven": 2,
+    "uneven_more": 3,
+}
 """World sizes kept small in CI (start-up dominates); the benchmark draws 2-4."""
 
 
@@ -50,12 +56,16 @@ def test_the_doctor_is_right(scenario, tmp_path: Path) -> None:
         # other waits in the final barrier, is named from where each one stands
         more, fewer = 1 - scenario.culprit, scenario.culprit
         assert (first.kind, d.suspect_ranks) == ("mismatch", [more])
-        assert first.summary.startswith(f"rank {more} has more batches than rank {fewer} (uneven inputs)")
+        assert first.summary.startswith(
+            f"rank {more} has more batches than rank {fewer} (uneven inputs)"
+        )
         assert first.fix.startswith("Give every rank the same number of batches")
     elif scenario.kind == "uneven_more":
         others = [r for r in range(scenario.world) if r != scenario.culprit]
         assert (first.kind, d.suspect_ranks) == ("mismatch", [scenario.culprit])
-        assert first.summary.startswith(f"rank {scenario.culprit} has more batches than ranks {others[0]}, {others[1]}")
+        assert first.summary.startswith(
+            f"rank {scenario.culprit} has more batches than ranks {others[0]}, {others[1]}"
+        )
     else:
         assert d.verdict == "healthy"
         logs = " ".join(p.read_text() for p in tmp_path.glob("stderr-*.txt"))

@@ -37,8 +37,12 @@ per paced step."""
 SLOW = float(os.environ.get("DDPMON_SCENARIO_SLOW_SHARE", "0.3")) * 4 * PACE
 """Seconds a straggler's part takes longer per step: by default 30% of the paced work (its
 busy time about 25% longer, compute and overheads counted)."""
-SLOW_PART = {"slow_data": "data_wait", "slow_forward": "forward", "slow_backward": "backward",
-             "slow_optimizer": "optimizer"}
+SLOW_PART = {
+    "slow_data": "data_wait",
+    "slow_forward": "forward",
+    "slow_backward": "backward",
+    "slow_optimizer": "optimizer",
+}
 HOLD = float(os.environ.get("DDPMON_SCENARIO_HOLD", "9"))
 """Seconds a long healthy pause (evaluation, checkpoint, post-loop work) lasts."""
 
@@ -109,14 +113,18 @@ def write_checkpoint(model: nn.Module, rank: int, seconds: float) -> None:
 
 def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
     store = dist.FileStore(os.environ["DDPMON_TEST_STORE"], world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     torch.manual_seed(0)
     model = MLP()
     ddp = DDP(model)
     ddpmon.attach(ddp, job="scenario", state_interval=0.2)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     slow_optimizer = [0.0]
-    opt.register_step_pre_hook(lambda *_: time.sleep(slow_optimizer[0]))  # inside the optimizer's step
+    opt.register_step_pre_hook(
+        lambda *_: time.sleep(slow_optimizer[0])
+    )  # inside the optimizer's step
     me = rank == culprit
     paced = kind in SLOW_PART or kind == "jitter"
     steps = at + (PACED_STEPS if paced else EXTRA_STEPS)

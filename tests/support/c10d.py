@@ -27,7 +27,9 @@ def info(op: str, seq: int, started_unix: float, ms: float) -> types.SimpleNames
     """What ProcessGroupNCCL hands the hook: naive local datetimes, a timedelta."""
     started = datetime.datetime.fromtimestamp(started_unix)
     return types.SimpleNamespace(
-        op_type=getattr(torch_c10d.OpType, op), seq=seq, time_started=started,
+        op_type=getattr(torch_c10d.OpType, op),
+        seq=seq,
+        time_started=started,
         time_finished=started + datetime.timedelta(milliseconds=ms),
         active_duration=datetime.timedelta(milliseconds=ms),
     )
@@ -61,25 +63,43 @@ def record(clock: CompletionClock, events: list[list[Any]]) -> Any:
 
     def on_completion(info: Any) -> None:
         op = getattr(info.op_type, "name", str(info.op_type).rpartition(".")[2])
-        events.append([time.time(), "completion", op, int(getattr(info, "seq", 0) or 0),
-                       completion._unix(info.time_started), completion._seconds(info.active_duration)])
+        events.append(
+            [
+                time.time(),
+                "completion",
+                op,
+                int(getattr(info, "seq", 0) or 0),
+                completion._unix(info.time_started),
+                completion._seconds(info.active_duration),
+            ]
+        )
 
     return on_completion
 
 
-def replay(events: list[list[Any]], used_map_allreduce: bool, monkeypatch: Any) -> tuple[CompletionClock, list[Any]]:
+def replay(
+    events: list[list[Any]], used_map_allreduce: bool, monkeypatch: Any
+) -> tuple[CompletionClock, list[Any]]:
     """Feed a recording to a fresh clock at its recorded moments: (the clock, for each
     recorded ``collect``, the live clock's bucket durations and the replayed ones)."""
     now = [0.0]
-    monkeypatch.setattr(completion, "time", types.SimpleNamespace(time=lambda: now[0], perf_counter=lambda: now[0]))
+    monkeypatch.setattr(
+        completion, "time", types.SimpleNamespace(time=lambda: now[0], perf_counter=lambda: now[0])
+    )
     clock = CompletionClock("cpu", used_map_allreduce, Fuse("replay"))
     pairs = []
     for t, name, *args in events:
         now[0] = t
         if name == "completion":
             op, seq, started, seconds = args
-            clock.on_completion(types.SimpleNamespace(op_type=types.SimpleNamespace(name=op), seq=seq,
-                                                      time_started=started, active_duration=seconds * 1000.0))
+            clock.on_completion(
+                types.SimpleNamespace(
+                    op_type=types.SimpleNamespace(name=op),
+                    seq=seq,
+                    time_started=started,
+                    active_duration=seconds * 1000.0,
+                )
+            )
         elif name == "backward_started":
             clock.backward_started(t - args[0])
         elif name == "collect":

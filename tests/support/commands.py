@@ -19,15 +19,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def env(**extra: str) -> dict[str, str]:
     """This environment, with the checkout first on the import path."""
-    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "PYTHONUNBUFFERED": "1", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
 
 
 def run_doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m ddpmon doctor ARGS``, with ``env`` on top of this environment."""
     return subprocess.run(
-        [sys.executable, "-m", "ddpmon", "doctor", *args], cwd=ROOT, capture_output=True, text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), timeout=30,
+        [sys.executable, "-m", "ddpmon", "doctor", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+        timeout=30,
     )
 
 
@@ -35,7 +43,11 @@ def start_daemon(*args: str, timeout: float = 20.0) -> tuple[subprocess.Popen, i
     """Start ``ddpmon daemon --port 0 ARGS``; returns the process and its bound port."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpmon", "daemon", "--port", "0", "--bind", "127.0.0.1", *args],
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     return proc, serving_port(proc, timeout)
 
@@ -57,10 +69,14 @@ def serving_port(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     pytest.fail(f"the daemon did not start:\nstdout: {out}\nstderr: {err}")
 
 
-def get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def get(
+    url: str, timeout: float = 10.0, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """GET ``url``: (status, body), for an HTTP error's answer too."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=timeout
+        ) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

@@ -27,13 +27,20 @@ class RankResult:
     pid: int = 0
 
 
-def rank_env(rank: int, world_size: int, workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+def rank_env(
+    rank: int, world_size: int, workdir: Path, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-        DDPMON_TEST_STORE=str(workdir / "store"), DDPMON_TEST_OUT=str(workdir),
-        DDPMON_STATE_DIR=str(workdir / "state"), DDPMON_PORT="0",
-        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        DDPMON_TEST_STORE=str(workdir / "store"),
+        DDPMON_TEST_OUT=str(workdir),
+        DDPMON_STATE_DIR=str(workdir / "state"),
+        DDPMON_PORT="0",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     )
     env.pop("TORCH_DISTRIBUTED_DEBUG", None)
@@ -41,19 +48,30 @@ def rank_env(rank: int, world_size: int, workdir: Path, extra: dict[str, str] | 
     return env
 
 
-def start_ranks(scenario: str, world_size: int, workdir: Path, env: dict[str, str] | None = None,
-                args: tuple[str, ...] = (), module: str = "tests.distributed.worker") -> list[subprocess.Popen]:
+def start_ranks(
+    scenario: str,
+    world_size: int,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    module: str = "tests.distributed.worker",
+) -> list[subprocess.Popen]:
     """Start one process per rank running ``python -m MODULE SCENARIO ARGS``."""
     workdir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(world_size):
         out = open(workdir / f"stdout-{rank}.txt", "w")
         err = open(workdir / f"stderr-{rank}.txt", "w")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", module, scenario, *args],
-            cwd=ROOT, env=rank_env(rank, world_size, workdir, env), stdout=out, stderr=err,
-            start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, scenario, *args],
+                cwd=ROOT,
+                env=rank_env(rank, world_size, workdir, env),
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -98,19 +116,29 @@ def collect(procs: list[subprocess.Popen], workdir: Path) -> list[RankResult]:
     results = []
     for rank, p in enumerate(procs):
         path = workdir / f"result-{rank}.json"
-        results.append(RankResult(
-            rank, p.poll(),
-            (workdir / f"stdout-{rank}.txt").read_text(),
-            (workdir / f"stderr-{rank}.txt").read_text(),
-            json.loads(path.read_text()) if path.exists() else {},
-            p.pid,
-        ))
+        results.append(
+            RankResult(
+                rank,
+                p.poll(),
+                (workdir / f"stdout-{rank}.txt").read_text(),
+                (workdir / f"stderr-{rank}.txt").read_text(),
+                json.loads(path.read_text()) if path.exists() else {},
+                p.pid,
+            )
+        )
     return results
 
 
-def run_ranks(scenario: str, world_size: int, workdir: Path, timeout: float = 90.0,
-              env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-              expect_failure: bool = False, module: str = "tests.distributed.worker") -> list[RankResult]:
+def run_ranks(
+    scenario: str,
+    world_size: int,
+    workdir: Path,
+    timeout: float = 90.0,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    expect_failure: bool = False,
+    module: str = "tests.distributed.worker",
+) -> list[RankResult]:
     """Run ``scenario`` on ``world_size`` ranks; raise with every rank's output on failure."""
     procs = start_ranks(scenario, world_size, workdir, env, args, module)
     deadline = time.monotonic() + timeout
@@ -122,7 +150,9 @@ def run_ranks(scenario: str, world_size: int, workdir: Path, timeout: float = 90
                 break
             if failed_at is None and any(c not in (None, 0) for c in codes):
                 failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > (10 if expect_failure else 3):
+            if failed_at is not None and time.monotonic() - failed_at > (
+                10 if expect_failure else 3
+            ):
                 break
             time.sleep(0.05)
     finally:

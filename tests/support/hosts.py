@@ -36,9 +36,18 @@ def unavailable() -> str | None:
     if missing:
         return f"needs {', '.join(missing)} on PATH"
     probe = subprocess.run(
-        ["unshare", "--net", "--uts", "sh", "-c",
-         "hostname probe && ip link add br0 type bridge && ip link add v0 type veth peer name v1"],
-        capture_output=True, text=True, timeout=20, check=False,
+        [
+            "unshare",
+            "--net",
+            "--uts",
+            "sh",
+            "-c",
+            "hostname probe && ip link add br0 type bridge && ip link add v0 type veth peer name v1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
     )
     if probe.returncode != 0:
         return f"cannot make a namespace with a bridge and a veth pair: {probe.stderr.strip()}"
@@ -49,8 +58,10 @@ def _holder(*flags: str, hostname: str | None = None) -> subprocess.Popen:
     """A process that holds new namespaces open until it is killed; returned once it sleeps
     in them (before that, its /proc/PID/ns would be this process's own namespaces)."""
     setup = f"hostname {hostname} && " if hostname else ""
-    proc = subprocess.Popen(["unshare", *flags, "sh", "-c", f"{setup}ip link set lo up && exec sleep 3600"],
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["unshare", *flags, "sh", "-c", f"{setup}ip link set lo up && exec sleep 3600"],
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -60,7 +71,9 @@ def _holder(*flags: str, hostname: str | None = None) -> subprocess.Popen:
             pass
         time.sleep(0.02)
     proc.kill()
-    raise RuntimeError(f"unshare {' '.join(flags)} did not set up its namespaces (exit {proc.wait()})")
+    raise RuntimeError(
+        f"unshare {' '.join(flags)} did not set up its namespaces (exit {proc.wait()})"
+    )
 
 
 class Host:
@@ -83,8 +96,13 @@ class Host:
         """This environment on the host: its TMPDIR (so its default state root is its own),
         the checkout first on the import path, no state directory of the caller's."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDPMON_")}
-        env.update(TMPDIR=str(self.tmp), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+        env.update(
+            TMPDIR=str(self.tmp),
+            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+            **extra,
+        )
         return env
 
     def ip(self, *args: str) -> None:
@@ -94,14 +112,27 @@ class Host:
         """Start ``cmd`` on this host (its own session), output in ``<host>/<log>.out|.err``."""
         base = self.tmp.parent
         with open(base / f"{log}.out", "w") as out, open(base / f"{log}.err", "w") as err:
-            proc = subprocess.Popen([*self.enter(), *cmd], cwd=ROOT, env=self.env(**env),
-                                    start_new_session=True, stdout=out, stderr=err)
+            proc = subprocess.Popen(
+                [*self.enter(), *cmd],
+                cwd=ROOT,
+                env=self.env(**env),
+                start_new_session=True,
+                stdout=out,
+                stderr=err,
+            )
         self.procs.append(proc)
         return proc
 
     def run(self, cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.enter(), *cmd], cwd=ROOT, env=self.env(**env),
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [*self.enter(), *cmd],
+            cwd=ROOT,
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def kill_all(self) -> None:
         """SIGKILL every process started on this host (each one's whole session)."""
@@ -119,7 +150,11 @@ class Host:
 
     def log(self, name: str) -> str:
         base = self.tmp.parent
-        return "".join(f"--- {p.name}:\n{p.read_text()[-3000:]}\n" for p in sorted(base.glob(f"{name}*")) if p.is_file())
+        return "".join(
+            f"--- {p.name}:\n{p.read_text()[-3000:]}\n"
+            for p in sorted(base.glob(f"{name}*"))
+            if p.is_file()
+        )
 
 
 class Cluster:
@@ -134,7 +169,9 @@ class Cluster:
         try:
             self.switch = _holder("--net")
             for i, name in enumerate(self.names):
-                self.hosts.append(Host(name, i, _holder("--net", "--uts", hostname=name), self.workdir))
+                self.hosts.append(
+                    Host(name, i, _holder("--net", "--uts", hostname=name), self.workdir)
+                )
             for net in NETS:
                 self._switch_ip("link", "add", f"br-{net}", "type", "bridge")
                 self._switch_ip("link", "set", f"br-{net}", "up")
@@ -164,8 +201,12 @@ class Cluster:
 
     def _switch_ip(self, *args: str) -> None:
         assert self.switch is not None
-        subprocess.run(["nsenter", f"--net=/proc/{self.switch.pid}/ns/net", "ip", *args],
-                       check=True, capture_output=True, timeout=20)
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{self.switch.pid}/ns/net", "ip", *args],
+            check=True,
+            capture_output=True,
+            timeout=20,
+        )
 
     def cut(self, host: Host, net: str = "job") -> None:
         """Take the host's port off the network's bridge: its frames are dropped both ways
@@ -194,8 +235,23 @@ def credentials() -> tuple[str, str]:
 def start_daemon(host: Host, port: int = 9490) -> subprocess.Popen:
     """``ddpmon daemon --serve-state`` on the host, reading its default state roots (its
     TMPDIR), with basic auth (``credentials``); returns once it serves."""
-    proc = host.start([sys.executable, "-m", "ddpmon", "daemon", "--port", str(port), "--bind", "0.0.0.0",
-                       "--serve-state", "--no-gpu", "--web-config-file", credentials()[0]], "daemon")
+    proc = host.start(
+        [
+            sys.executable,
+            "-m",
+            "ddpmon",
+            "daemon",
+            "--port",
+            str(port),
+            "--bind",
+            "0.0.0.0",
+            "--serve-state",
+            "--no-gpu",
+            "--web-config-file",
+            credentials()[0],
+        ],
+        "daemon",
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if "serving http://" in (host.tmp.parent / "daemon.out").read_text():
@@ -209,7 +265,9 @@ def start_daemon(host: Host, port: int = 9490) -> subprocess.Popen:
 MASTER_PORT = "29500"
 
 
-def start_job(cluster: Cluster, scenario: str, *args: str, per_host: int = 2, **env: str) -> list[subprocess.Popen]:
+def start_job(
+    cluster: Cluster, scenario: str, *args: str, per_host: int = 2, **env: str
+) -> list[subprocess.Popen]:
     """``tests.hosts.worker SCENARIO ARGS`` on every host, ``per_host`` ranks each, numbered
     as torchrun numbers them (host i holds ranks i * per_host ...); rank order."""
     world = per_host * len(cluster.hosts)
@@ -218,10 +276,19 @@ def start_job(cluster: Cluster, scenario: str, *args: str, per_host: int = 2, **
     for host in cluster.hosts:
         for local in range(per_host):
             rank = host.index * per_host + local
-            procs.append(host.start(
-                [sys.executable, "-m", "tests.hosts.worker", scenario, *args], f"rank-{rank}",
-                RANK=str(rank), LOCAL_RANK=str(local), GROUP_RANK=str(host.index), WORLD_SIZE=str(world),
-                LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=master, MASTER_PORT=MASTER_PORT,
-                GLOO_SOCKET_IFNAME=IFACE["job"], **env,
-            ))
+            procs.append(
+                host.start(
+                    [sys.executable, "-m", "tests.hosts.worker", scenario, *args],
+                    f"rank-{rank}",
+                    RANK=str(rank),
+                    LOCAL_RANK=str(local),
+                    GROUP_RANK=str(host.index),
+                    WORLD_SIZE=str(world),
+                    LOCAL_WORLD_SIZE=str(per_host),
+                    MASTER_ADDR=master,
+                    MASTER_PORT=MASTER_PORT,
+                    GLOO_SOCKET_IFNAME=IFACE["job"],
+                    **env,
+                )
+            )
     return procs

@@ -14,5 +14,7 @@ def train(model: nn.Module, steps: int = STEPS) -> None:
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         opt.zero_grad()
-        nn.functional.mse_loss(model(torch.randn(16, 32, generator=g)), torch.randn(16, 8, generator=g)).backward()
+        nn.functional.mse_loss(
+            model(torch.randn(16, 32, generator=g)), torch.randn(16, 8, generator=g)
+        ).backward()
         opt.step()

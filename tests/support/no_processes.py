@@ -19,9 +19,29 @@ from typing import Any
 
 import pytest
 
-OS_CALLS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system",
-            "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
-            "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe")
+OS_CALLS = (
+    "fork",
+    "forkpty",
+    "posix_spawn",
+    "posix_spawnp",
+    "system",
+    "execv",
+    "execve",
+    "execl",
+    "execle",
+    "execlp",
+    "execlpe",
+    "execvp",
+    "execvpe",
+    "spawnv",
+    "spawnve",
+    "spawnvp",
+    "spawnvpe",
+    "spawnl",
+    "spawnle",
+    "spawnlp",
+    "spawnlpe",
+)
 WHERE = "tests/processes, tests/distributed or tests/integration"
 
 
@@ -32,11 +52,15 @@ class ProcessStarted(RuntimeError):
 @contextmanager
 def refused(attempts: list[str]) -> Iterator[None]:
     """Within the block, every process start raises ProcessStarted and is appended to ``attempts``."""
+
     def refuse(what: str) -> Any:
         def refused_call(*args: Any, **kwargs: Any) -> Any:
             shown = args[1] if what == "subprocess.Popen" and len(args) > 1 else args[:1]
             attempts.append(f"{what}({shown!r})")
-            raise ProcessStarted(f"a unit test may not start a process ({what}): move it to {WHERE}")
+            raise ProcessStarted(
+                f"a unit test may not start a process ({what}): move it to {WHERE}"
+            )
+
         return refused_call
 
     patch = pytest.MonkeyPatch()

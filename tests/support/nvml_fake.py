@@ -63,8 +63,9 @@ class Handle:
 class FakeDriver:
     """``install(monkeypatch)`` puts it behind pynvml; ``calls`` counts each function's use."""
 
-    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None,
-                 missing: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, gpus: list[FakeGpu], init_error: int | None = None, missing: tuple[str, ...] = ()
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.missing = missing  # functions this "driver" lacks (NVMLError_FunctionNotFound)
@@ -166,13 +167,20 @@ class FakeDriver:
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Any:
         gpu = self._gpu(handle, "memory")
         if not version:  # v1: used = total - free, reserved memory included
-            return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used,
-                                         used=gpu.memory_used + gpu.memory_reserved)
+            return pynvml.c_nvmlMemory_t(
+                total=gpu.memory_total,
+                free=gpu.memory_total - gpu.memory_used,
+                used=gpu.memory_used + gpu.memory_reserved,
+            )
         if "memory_v2" in gpu.unsupported:
             raise error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return pynvml.c_nvmlMemory_v2_t(version=version, total=gpu.memory_total, reserved=gpu.memory_reserved,
-                                        free=gpu.memory_total - gpu.memory_used - gpu.memory_reserved,
-                                        used=gpu.memory_used)
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version,
+            total=gpu.memory_total,
+            reserved=gpu.memory_reserved,
+            free=gpu.memory_total - gpu.memory_used - gpu.memory_reserved,
+            used=gpu.memory_used,
+        )
 
     def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
         return self._gpu(handle, "power").power_mw
@@ -225,8 +233,15 @@ class FakeDriver:
             handle, code = self.events.get(timeout=timeout_ms / 1000.0)
         except queue.Empty:
             raise error(pynvml.NVML_ERROR_TIMEOUT) from None
-        return pynvml.nvmlFriendlyObject({"device": handle, "eventType": pynvml.nvmlEventTypeXidCriticalError,
-                                          "eventData": code, "gpuInstanceId": 0, "computeInstanceId": 0})
+        return pynvml.nvmlFriendlyObject(
+            {
+                "device": handle,
+                "eventType": pynvml.nvmlEventTypeXidCriticalError,
+                "eventData": code,
+                "gpuInstanceId": 0,
+                "computeInstanceId": 0,
+            }
+        )
 
     def nvmlEventSetFree(self, event_set: object) -> None:
         pass
@@ -234,7 +249,14 @@ class FakeDriver:
 
 def two_gpus(**first: Any) -> list[FakeGpu]:
     return [
-        FakeGpu(uuid="GPU-1f1e0c3a-0000-4000-8000-000000000000", bus_id="00000000:18:00.0", **first),
-        FakeGpu(uuid="GPU-2b2d9e77-0000-4000-8000-000000000001", bus_id="00000000:2A:00.0",
-                utilization=0, temperature=41, reasons=0x1),
+        FakeGpu(
+            uuid="GPU-1f1e0c3a-0000-4000-8000-000000000000", bus_id="00000000:18:00.0", **first
+        ),
+        FakeGpu(
+            uuid="GPU-2b2d9e77-0000-4000-8000-000000000001",
+            bus_id="00000000:2A:00.0",
+            utilization=0,
+            temperature=41,
+            reasons=0x1,
+        ),
     ]

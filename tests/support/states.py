@@ -34,42 +34,94 @@ def restart_clock() -> float:
     return NOW
 
 
-def state(rank: int, world: int = 2, job: str = "job", host: str = "node-b", *, steps: int = 20,
-          step_s: float = 0.05, forward_s: float = 0.01, backward_s: float = 0.02,
-          exposed_s: float | None = 0.01, silent: float = 0.1, skew: float = 0.0,
-          backend: str = "gloo", **fields: Any) -> dict[str, Any]:
+def state(
+    rank: int,
+    world: int = 2,
+    job: str = "job",
+    host: str = "node-b",
+    *,
+    steps: int = 20,
+    step_s: float = 0.05,
+    forward_s: float = 0.01,
+    backward_s: float = 0.02,
+    exposed_s: float | None = 0.01,
+    silent: float = 0.1,
+    skew: float = 0.0,
+    backend: str = "gloo",
+    **fields: Any,
+) -> dict[str, Any]:
     """A rank's state file body: ``silent`` seconds since its last progress at writing,
     its writer's clock ``skew`` seconds off."""
+
     def summary(value: float | None) -> schema.Summary | None:
         return None if value is None else schema.Summary(value, value, value)
 
-    snap = schema.to_json(schema.RankState(
-        rank=rank, local_rank=rank, world_size=world, host=host, pid=4000 + rank, port=None, job=job,
-        backend=backend, debug_level="OFF", state_interval=1.0, step=steps,
-        timings=schema.Timings(
-            window_steps=steps, step_seconds=summary(step_s), forward_seconds=summary(forward_s),
-            backward_seconds=summary(backward_s), compute_seconds=summary(forward_s + backward_s),
-            exposed_comm_seconds=summary(exposed_s),
-        ),
-    ))
+    snap = schema.to_json(
+        schema.RankState(
+            rank=rank,
+            local_rank=rank,
+            world_size=world,
+            host=host,
+            pid=4000 + rank,
+            port=None,
+            job=job,
+            backend=backend,
+            debug_level="OFF",
+            state_interval=1.0,
+            step=steps,
+            timings=schema.Timings(
+                window_steps=steps,
+                step_seconds=summary(step_s),
+                forward_seconds=summary(forward_s),
+                backward_seconds=summary(backward_s),
+                compute_seconds=summary(forward_s + backward_s),
+                exposed_comm_seconds=summary(exposed_s),
+            ),
+        )
+    )
     now = NOW + skew
-    snap.update(now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, phase="forward")
+    snap.update(
+        now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, phase="forward"
+    )
     snap.update(fields)
     return snap
 
 
 def hang_report(**fields: Any) -> dict[str, Any]:
     """A watchdog's hang report, as the schema has it."""
-    report = {"detected_unix": NOW, "last_progress_unix": NOW - 60, "silent_seconds": 60.0,
-              "timeout_seconds": 60.0, "timeout_source": "learned", "threads": [], "in_flight": []}
+    report = {
+        "detected_unix": NOW,
+        "last_progress_unix": NOW - 60,
+        "silent_seconds": 60.0,
+        "timeout_seconds": 60.0,
+        "timeout_source": "learned",
+        "threads": [],
+        "in_flight": [],
+    }
     report.update(fields)
     return report
 
 
-def waiting_in(op: str, seq: int, age: float, site: str = "train.py:88", group: str = "0",
-               size: int = 2, skew: float = 0.0, **extra: Any) -> dict[str, Any]:
-    entry = {"seq": seq, "op": op, "group": group, "group_size": size, "bytes": 4096,
-             "call_site": site, "function": "train_step", "issued_unix": NOW + skew - age}
+def waiting_in(
+    op: str,
+    seq: int,
+    age: float,
+    site: str = "train.py:88",
+    group: str = "0",
+    size: int = 2,
+    skew: float = 0.0,
+    **extra: Any,
+) -> dict[str, Any]:
+    entry = {
+        "seq": seq,
+        "op": op,
+        "group": group,
+        "group_size": size,
+        "bytes": 4096,
+        "call_site": site,
+        "function": "train_step",
+        "issued_unix": NOW + skew - age,
+    }
     entry.update(extra)
     return entry
 

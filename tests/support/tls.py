@@ -28,16 +28,62 @@ def _openssl(*args: str, cwd: Path) -> None:
 def make_pki(directory: Path) -> Pki:
     d = directory
     for ca in ("ca", "other-ca"):
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={ca}",
-                 "-keyout", f"{ca}.key", "-out", f"{ca}.crt", cwd=d)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={ca}",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.crt",
+            cwd=d,
+        )
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:ddpmon-node\n")
     for who, ext in (("server", ["-extfile", "san.ext"]), ("client", [])):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", f"{who}.key",
-                 "-out", f"{who}.csr", cwd=d)
-        _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-out", f"{who}.crt", *ext, cwd=d)
-    return Pki(d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key",
-               d / "other-ca.crt")
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={who}",
+            "-keyout",
+            f"{who}.key",
+            "-out",
+            f"{who}.csr",
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            f"{who}.crt",
+            *ext,
+            cwd=d,
+        )
+    return Pki(
+        d / "ca.crt",
+        d / "server.crt",
+        d / "server.key",
+        d / "client.crt",
+        d / "client.key",
+        d / "other-ca.crt",
+    )
 
 
 def bcrypt_hash(password: str) -> str:

@@ -35,7 +35,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     attempts = item.stash.get(ATTEMPTS, [])
     if attempts and report.passed:
         report.outcome = "failed"
-        report.longrepr = f"a unit test started a process ({'; '.join(attempts)}): move it to {WHERE}"
+        report.longrepr = (
+            f"a unit test started a process ({'; '.join(attempts)}): move it to {WHERE}"
+        )
     if report.when != "teardown":
         attempts.clear()
 
@@ -45,7 +47,9 @@ def group(tmp_path: Path) -> Iterator[None]:
     """A one-rank gloo process group (a FileStore) for a DDP job in the test's own process."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
     try:
         yield
     finally:

@@ -19,9 +19,9 @@ def test_classify() -> None:
     assert lv.classify(1.0, False, 10.0, 0.0, 0.0) == lv.Status.STEPPING
     assert lv.classify(9.0, True, 10.0, 0.0, 0.0) == lv.Status.WAITING
     assert lv.classify(9.0, False, 10.0, 0.0, 0.0) == lv.Status.STUCK
-    assert lv.classify(9.0, False, 0.5, 0.0, 0.0) == lv.Status.BUSY        # the stack moves
-    assert lv.classify(9.0, False, 10.0, 0.9, 0.0) == lv.Status.BUSY       # CPU
-    assert lv.classify(9.0, False, 10.0, 0.0, 50e6) == lv.Status.BUSY      # I/O (a checkpoint)
+    assert lv.classify(9.0, False, 0.5, 0.0, 0.0) == lv.Status.BUSY  # the stack moves
+    assert lv.classify(9.0, False, 10.0, 0.9, 0.0) == lv.Status.BUSY  # CPU
+    assert lv.classify(9.0, False, 10.0, 0.0, 50e6) == lv.Status.BUSY  # I/O (a checkpoint)
     assert lv.classify(0.5, False, 10.0, 0.0, 0.0, timeout=0.2) == lv.Status.STUCK  # short timeouts
     # runnable but not scheduled (an oversubscribed machine): working, whatever CPU it got
     assert lv.classify(9.0, False, 10.0, 0.008, 0.0, runnable_share=0.96) == lv.Status.BUSY
@@ -33,7 +33,7 @@ def test_is_hang_needs_evidence() -> None:
     assert not lv.is_hang(lv.Status.STUCK, 59.0, 60.0)
     assert lv.is_hang(lv.Status.STUCK, 61.0, 60.0)
     assert lv.is_hang(lv.Status.WAITING, 61.0, 60.0, peers_hold_out=lv.Status.STUCK)
-    assert not lv.is_hang(lv.Status.BUSY, 200.0, 60.0)            # evaluation, checkpoint
+    assert not lv.is_hang(lv.Status.BUSY, 200.0, 60.0)  # evaluation, checkpoint
     assert not lv.is_hang(lv.Status.WAITING, 200.0, 60.0, peers_hold_out=lv.Status.BUSY)
     # a rank that works is never hung, however long, nor are those that wait for it
     assert not lv.is_hang(lv.Status.BUSY, 1e6, 60.0)
@@ -42,8 +42,9 @@ def test_is_hang_needs_evidence() -> None:
 
 
 def _rank(directory: Path, rank: int, seq: int, state: str | None, exit: bool = False) -> str:
-    s = schema.RankState(rank=rank, world_size=3, collective_seq={"0": seq}, state_interval=1.0,
-                         now_unix=time.time())
+    s = schema.RankState(
+        rank=rank, world_size=3, collective_seq={"0": seq}, state_interval=1.0, now_unix=time.time()
+    )
     if state:
         s.activity = schema.Activity(state=state, sampled_unix=time.time())
     if exit:
@@ -56,12 +57,12 @@ def _rank(directory: Path, rank: int, seq: int, state: str | None, exit: bool = 
 def test_holdouts_from_the_peers_files(tmp_path: Path) -> None:
     mine = _rank(tmp_path, 1, 9, lv.Status.WAITING)
     entry = schema.Collective(seq=9, op="barrier", group="0", group_size=3)
-    _rank(tmp_path, 2, 9, lv.Status.WAITING)                   # joined
-    _rank(tmp_path, 0, 8, lv.Status.BUSY)                      # not yet: busy saving
+    _rank(tmp_path, 2, 9, lv.Status.WAITING)  # joined
+    _rank(tmp_path, 0, 8, lv.Status.BUSY)  # not yet: busy saving
     assert lv.holdouts(mine, entry, time.time()) == lv.Status.BUSY
     _rank(tmp_path, 0, 8, lv.Status.STUCK)
     assert lv.holdouts(mine, entry, time.time()) == lv.Status.STUCK
-    _rank(tmp_path, 0, 8, lv.Status.BUSY, exit=True)           # it ended
+    _rank(tmp_path, 0, 8, lv.Status.BUSY, exit=True)  # it ended
     assert lv.holdouts(mine, entry, time.time()) == lv.Status.STUCK
     _rank(tmp_path, 0, 9, lv.Status.WAITING)
     assert lv.holdouts(mine, entry, time.time()) is None  # everyone joined: unknown
@@ -97,8 +98,14 @@ class Times:
         self.waited += seconds * waited
 
 
-def _still(sampler: lv.Sampler, times: Times, ran: float, waited: float, seconds: int,
-           main: float | None = None) -> list[schema.Activity]:
+def _still(
+    sampler: lv.Sampler,
+    times: Times,
+    ran: float,
+    waited: float,
+    seconds: int,
+    main: float | None = None,
+) -> list[schema.Activity]:
     """``seconds`` of work inside one line (its stack still), sampled each second as the
     watchdog does; the activity after each second (silent since the first)."""
     acts = []
@@ -115,8 +122,14 @@ def _moving(sampler: lv.Sampler, times: Times, ran: float, waited: float, second
         sampler.sample()  # another line: the stack has another shape than in _still
 
 
-def _after_the_loop(sampler: lv.Sampler, times: Times, ran: float, waited: float, seconds: int,
-                    main: float | None = None) -> schema.Activity:
+def _after_the_loop(
+    sampler: lv.Sampler,
+    times: Times,
+    ran: float,
+    waited: float,
+    seconds: int,
+    main: float | None = None,
+) -> schema.Activity:
     """The activity ``seconds`` after the last step, spent working inside one line."""
     return _still(sampler, times, ran, waited, seconds, main)[-1]
 
@@ -133,7 +146,9 @@ def test_a_starved_rank_after_the_loop_is_busy_not_stuck() -> None:
     sampler.sample()
     act = _after_the_loop(sampler, times, ran=0.008, waited=0.95, seconds=6)
     assert act.still_seconds >= 3 and act.cpu_share < lv.CPU_BUSY
-    assert act.wait_share == pytest.approx(0.95, abs=0.01) and act.runnable_share == pytest.approx(0.958, abs=0.01)
+    assert act.wait_share == pytest.approx(0.95, abs=0.01) and act.runnable_share == pytest.approx(
+        0.958, abs=0.01
+    )
     assert act.state == lv.Status.BUSY
     times = Times()
     sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
@@ -180,11 +195,15 @@ def test_working_since_a_readers_view_of_the_last_activity() -> None:
     waiting = schema.Activity("waiting", sampled_unix=written - 1.0, hang_timeout_seconds=60.0)
     assert lv.working_since(waiting, 6.5, written)  # its collective completed since
     busy = schema.Activity("busy", sampled_unix=written - 0.3, hang_timeout_seconds=60.0)
-    assert lv.working_since(busy, 200.0, written) and lv.working_since(busy, 1e6, written)  # however long
+    assert lv.working_since(busy, 200.0, written) and lv.working_since(
+        busy, 1e6, written
+    )  # however long
     assert not lv.working_since(schema.Activity("stuck", sampled_unix=written), 6.5, written)
     assert not lv.working_since(None, 6.5, written)  # no watchdog: silence is all there is
     # a watchdog that has not sampled for a while (its thread blocked): silence decides
-    assert not lv.working_since(dataclasses.replace(stepping, sampled_unix=written - 6.0), 9.0, written)
+    assert not lv.working_since(
+        dataclasses.replace(stepping, sampled_unix=written - 6.0), 9.0, written
+    )
 
 
 LOOPS = """
@@ -211,7 +230,13 @@ def test_loop_lines_say_which_loop_a_line_is_in() -> None:
     code = namespace["run"].__code__  # type: ignore[attr-defined]
     first = {line: offset for offset, line in reversed(list(dis.findlinestarts(code))) if line}
     assert [lv.loop_lines(code, first[line]) for line in (3, 6, 9, 10, 12, 13)] == [
-        [], [5, 9], [5, 9], [4, 10], [11, 12], []]
+        [],
+        [5, 9],
+        [5, 9],
+        [4, 10],
+        [11, 12],
+        [],
+    ]
 
 
 def test_the_sampler_records_the_loops_around_the_main_thread() -> None:
@@ -232,5 +257,7 @@ def test_a_host_spinning_for_a_gpu_that_makes_no_progress_is_stuck_not_busy() ->
     assert lv.classify(9.0, False, 10.0, 1.0, 0.0, gpu_behind=None) == lv.Status.BUSY
     assert lv.classify(9.0, False, 10.0, 1.0, 0.0, gpu_behind=1.0) == lv.Status.BUSY  # a step's lag
     assert lv.classify(9.0, False, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.STUCK
-    assert lv.classify(9.0, True, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.WAITING  # in a collective
+    assert (
+        lv.classify(9.0, True, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.WAITING
+    )  # in a collective
     assert lv.classify(1.0, False, 10.0, 1.0, 0.0, gpu_behind=9.0) == lv.Status.STEPPING

@@ -23,11 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # -- device mapping (fakes of torch.cuda's answers) ---------------------------------------------
 
 
-@pytest.mark.parametrize("facts, cause", [
-    (DeviceFacts("cuda:0", 1, 1, 8, 0), "set_device(local_rank) missing"),
-    (DeviceFacts("cuda:9", 9, 1, 16, 9), "the global rank used as device index"),
-    (DeviceFacts("cuda:3", 1, 1, 8, 3), "a device index that is not LOCAL_RANK"),
-])
+@pytest.mark.parametrize(
+    "facts, cause",
+    [
+        (DeviceFacts("cuda:0", 1, 1, 8, 0), "set_device(local_rank) missing"),
+        (DeviceFacts("cuda:9", 9, 1, 16, 9), "the global rank used as device index"),
+        (DeviceFacts("cuda:3", 1, 1, 8, 3), "a device index that is not LOCAL_RANK"),
+    ],
+)
 def test_device_index_that_is_not_local_rank(facts: DeviceFacts, cause: str) -> None:
     found = check(facts)
     assert found is not None and found.kind == "device_mismatch"
@@ -40,12 +43,15 @@ def test_model_on_its_gpu_but_another_current_device() -> None:
     assert found is not None and "current CUDA device is cuda:0" in found.summary
 
 
-@pytest.mark.parametrize("facts", [
-    DeviceFacts("cuda:1", 1, 1, 2, 1),   # right
-    DeviceFacts("cuda:0", 3, 1, 1, 0),   # one GPU per process (CUDA_VISIBLE_DEVICES)
-    DeviceFacts("cpu", 1, 1, 0, None),   # no GPU
-    DeviceFacts("cuda:0", 0, None, 8, 0),  # no LOCAL_RANK: nothing to compare with
-])
+@pytest.mark.parametrize(
+    "facts",
+    [
+        DeviceFacts("cuda:1", 1, 1, 2, 1),  # right
+        DeviceFacts("cuda:0", 3, 1, 1, 0),  # one GPU per process (CUDA_VISIBLE_DEVICES)
+        DeviceFacts("cpu", 1, 1, 0, None),  # no GPU
+        DeviceFacts("cuda:0", 0, None, 8, 0),  # no LOCAL_RANK: nothing to compare with
+    ],
+)
 def test_right_device_mappings_give_no_advice(facts: DeviceFacts) -> None:
     assert check(facts) is None
 
@@ -58,9 +64,13 @@ def rank_state(rank: int, host: str = "node-a", **fields: object) -> schema.Rank
 
 
 def test_two_ranks_on_one_gpu_of_one_host() -> None:
-    states = [rank_state(r, data=schema.DataInfo(gpu_uuid=uuid))
-              for r, uuid in enumerate(["GPU-a", "GPU-a", "GPU-b"])]
-    states.append(rank_state(3, host="node-b", data=schema.DataInfo(gpu_uuid="GPU-a")))  # another host
+    states = [
+        rank_state(r, data=schema.DataInfo(gpu_uuid=uuid))
+        for r, uuid in enumerate(["GPU-a", "GPU-a", "GPU-b"])
+    ]
+    states.append(
+        rank_state(3, host="node-b", data=schema.DataInfo(gpu_uuid="GPU-a"))
+    )  # another host
     found = compare.shared_gpu(states)
     assert found is not None and found.ranks == [0, 1]
     assert "GPU-a" in found.evidence[0]
@@ -70,12 +80,30 @@ def test_same_data_needs_three_equal_steps_and_leaves_a_fixed_batch_alone() -> N
     varying = schema.Fingerprints(batch=[[s, 100 + s] for s in range(1, 6)])
     fixed = schema.Fingerprints(batch=[[s, 7] for s in range(1, 6)])
     two_steps = schema.Fingerprints(batch=[[1, 101], [2, 102]])
-    assert compare.same_data([rank_state(0, fingerprints=varying), rank_state(1, fingerprints=varying)]) is not None
-    assert compare.same_data([rank_state(0, fingerprints=fixed), rank_state(1, fingerprints=fixed)]) is None
-    assert compare.same_data([rank_state(0, fingerprints=two_steps), rank_state(1, fingerprints=two_steps)]) is None
+    assert (
+        compare.same_data(
+            [rank_state(0, fingerprints=varying), rank_state(1, fingerprints=varying)]
+        )
+        is not None
+    )
+    assert (
+        compare.same_data([rank_state(0, fingerprints=fixed), rank_state(1, fingerprints=fixed)])
+        is None
+    )
+    assert (
+        compare.same_data(
+            [rank_state(0, fingerprints=two_steps), rank_state(1, fingerprints=two_steps)]
+        )
+        is None
+    )
     other = schema.Fingerprints(batch=[[s, 200 + s] for s in range(1, 6)])
-    found = compare.same_data([rank_state(0, fingerprints=varying), rank_state(1, fingerprints=other),
-                               rank_state(2, fingerprints=varying)])
+    found = compare.same_data(
+        [
+            rank_state(0, fingerprints=varying),
+            rank_state(1, fingerprints=other),
+            rank_state(2, fingerprints=varying),
+        ]
+    )
     assert found is not None and found.ranks == [0, 2]
 
 
@@ -85,11 +113,16 @@ def test_the_odd_replica_is_named_with_its_first_differing_tensor() -> None:
     def prints(*per: int) -> schema.Fingerprints:
         return schema.Fingerprints(params=[schema.ParamPrint(10, sum(per), list(per))], names=names)
 
-    states = [rank_state(0, fingerprints=prints(1, 2, 3)), rank_state(1, fingerprints=prints(1, 2, 4)),
-              rank_state(2, fingerprints=prints(1, 2, 3))]
+    states = [
+        rank_state(0, fingerprints=prints(1, 2, 3)),
+        rank_state(1, fingerprints=prints(1, 2, 4)),
+        rank_state(2, fingerprints=prints(1, 2, 3)),
+    ]
     found = compare.replicas_diverged(states)
     assert found is not None
-    assert "rank(s) 1 differ from rank 0 at step 10, first in buffer:bn.running_mean" in found.summary
+    assert (
+        "rank(s) 1 differ from rank 0 at step 10, first in buffer:bn.running_mean" in found.summary
+    )
     assert any("broadcast_buffers" in e for e in found.evidence)
     same = [rank_state(r, fingerprints=prints(1, 2, 3)) for r in range(3)]
     assert compare.replicas_diverged(same) is None
@@ -97,10 +130,18 @@ def test_the_odd_replica_is_named_with_its_first_differing_tensor() -> None:
 
 def test_nan_origin_is_the_earliest_rank() -> None:
     states = [
-        rank_state(0, fingerprints=schema.Fingerprints(nonfinite=schema.NonFinite(8, "out.bias"),
-                                                       nonfinite_checked_step=9)),
-        rank_state(1, fingerprints=schema.Fingerprints(nonfinite=schema.NonFinite(7, "inp.weight"),
-                                                       nonfinite_checked_step=9)),
+        rank_state(
+            0,
+            fingerprints=schema.Fingerprints(
+                nonfinite=schema.NonFinite(8, "out.bias"), nonfinite_checked_step=9
+            ),
+        ),
+        rank_state(
+            1,
+            fingerprints=schema.Fingerprints(
+                nonfinite=schema.NonFinite(7, "inp.weight"), nonfinite_checked_step=9
+            ),
+        ),
         rank_state(2, fingerprints=schema.Fingerprints(nonfinite_checked_step=9)),
     ]
     found = compare.nonfinite_origin(states)
@@ -119,9 +160,15 @@ def test_every_kind_has_a_fix_and_is_documented() -> None:
 
 
 def test_invalid_device_ordinal_is_explained(tmp_path: Path) -> None:
-    crash = {"unix": states.NOW, "exception": "RuntimeError: CUDA error: invalid device ordinal",
-             "where": "train.py:12 in main"}
-    states.write(tmp_path, states.state(0, local_rank=0, exit={"unix": states.NOW, "exception": None, "where": None}))
+    crash = {
+        "unix": states.NOW,
+        "exception": "RuntimeError: CUDA error: invalid device ordinal",
+        "where": "train.py:12 in main",
+    }
+    states.write(
+        tmp_path,
+        states.state(0, local_rank=0, exit={"unix": states.NOW, "exception": None, "where": None}),
+    )
     states.write(tmp_path, states.state(1, local_rank=0, host="node-c", exit=crash))
     d = examine(str(tmp_path), live_stacks=False)
     found = [f for f in d.findings if f.kind == "rank_as_device"]
@@ -132,8 +179,13 @@ def test_invalid_device_ordinal_is_explained(tmp_path: Path) -> None:
 def test_advice_keeps_a_healthy_verdict(tmp_path: Path) -> None:
     for rank in (0, 1):
         body = states.state(rank)
-        body["advice"] = [schema.to_json(schema.Advice("static_graph", "info", "the graph is static",
-                                                       fix="static_graph=True", step=50))]
+        body["advice"] = [
+            schema.to_json(
+                schema.Advice(
+                    "static_graph", "info", "the graph is static", fix="static_graph=True", step=50
+                )
+            )
+        ]
         states.write(tmp_path, body)
     d = examine(str(tmp_path), live_stacks=False)
     assert d.verdict == "healthy"
@@ -155,6 +207,7 @@ def _epochs_seen(train: Callable[[DataLoader, DistributedSampler], None]) -> lis
 
     ds = TensorDataset(torch.arange(64.0).unsqueeze(1))
     sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True)
+
     def loader_seen(_loader: object) -> None:
         pass
 

@@ -13,7 +13,9 @@ from ddpmon.state import attempts, files, schema
 from tests.support.roots import NOBODY, as_root, plant_link
 
 
-def write_rank(directory: Path, rank: int, job: str = "j", attempt: int | None = 0, pid: int = 1) -> None:
+def write_rank(
+    directory: Path, rank: int, job: str = "j", attempt: int | None = 0, pid: int = 1
+) -> None:
     data = {"rank": rank, "job": job, "attempt": attempt, "pid": pid, "format": schema.FORMAT}
     files.write_atomic(str(directory / f"rank-{rank}.json"), data)
     (directory / f"rank-{rank}.history.sqlite").write_text("h")
@@ -80,8 +82,9 @@ def test_a_directory_another_rank_still_uses_stays(tmp_path: Path) -> None:
 
 
 @as_root
-def test_a_planted_attempt_directory_gets_none_of_the_ranks_files(tmp_path: Path, team_dir: Path,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_planted_attempt_directory_gets_none_of_the_ranks_files(
+    tmp_path: Path, team_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A team's state directory (group-writable): a member plants ``attempt-0`` as a link to a
     directory of its own, or as its own directory. The rank's files stay where they are."""
     shared = team_dir
@@ -92,7 +95,10 @@ def test_a_planted_attempt_directory_gets_none_of_the_ranks_files(tmp_path: Path
     plant_link(shared / "attempt-0", theirs)
     assert attempts.keep_earlier(str(shared), 1, "j", 1) is None
     assert list(theirs.iterdir()) == [] and (shared / "rank-1.json").exists()
-    assert "the files of attempt 0 stay where they are" in caplog.text and "symbolic link" in caplog.text
+    assert (
+        "the files of attempt 0 stay where they are" in caplog.text
+        and "symbolic link" in caplog.text
+    )
     (shared / "attempt-0").unlink()
     (shared / "attempt-0").mkdir()
     os.chown(shared / "attempt-0", NOBODY, NOBODY)

@@ -23,9 +23,23 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ddpmon"
 RANK = "ddpmon.rank"
 FACES = ("ddpmon", "ddpmon.launch", "ddpmon.demo", "ddpmon.integrations")
 """May import the rank wing: what a training script calls."""
-LEAVES = ("ddpmon.state", "ddpmon.steps", "ddpmon.activity", "ddpmon.metrics", "ddpmon.collectors",
-          "ddpmon.advice", "ddpmon.config", "ddpmon.errors", "ddpmon.frames", "ddpmon.fuses", "ddpmon.version",
-          "ddpmon.profiles", "ddpmon.webconfig", "ddpmon.peaks", "ddpmon.formats")
+LEAVES = (
+    "ddpmon.state",
+    "ddpmon.steps",
+    "ddpmon.activity",
+    "ddpmon.metrics",
+    "ddpmon.collectors",
+    "ddpmon.advice",
+    "ddpmon.config",
+    "ddpmon.errors",
+    "ddpmon.frames",
+    "ddpmon.fuses",
+    "ddpmon.version",
+    "ddpmon.profiles",
+    "ddpmon.webconfig",
+    "ddpmon.peaks",
+    "ddpmon.formats",
+)
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",
     "ddpmon.demo": "the demo is a training script",
@@ -33,8 +47,10 @@ TORCH_OUTSIDE_RANK = {
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
 }
 RANK_READS = {
-    ("ddpmon.rank.writers", "ddpmon.report.summary"):
-        "rank 0 logs the run's summary, the doctor's view of its history, at the end of the run",
+    (
+        "ddpmon.rank.writers",
+        "ddpmon.report.summary",
+    ): "rank 0 logs the run's summary, the doctor's view of its history, at the end of the run",
 }
 """Imports from the rank wing into the readers, each with its reason."""
 
@@ -85,36 +101,63 @@ def _ours(imported: set[str]) -> set[str]:
 
 
 def test_only_the_face_imports_the_rank_wing() -> None:
-    crossings = sorted(f"{m} imports {t}" for m, ts in IMPORTS.items() for t in _ours(ts)
-                       if _within(t, RANK) and not _within(m, RANK)
-                       and not (m in FACES or _within(m, FACES[1:])))
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        for t in _ours(ts)
+        if _within(t, RANK) and not _within(m, RANK) and not (m in FACES or _within(m, FACES[1:]))
+    )
     assert not crossings, crossings
 
 
 def test_torch_is_imported_inside_the_rank_wing_alone() -> None:
-    crossings = sorted(f"{m} imports {t}" for m, ts in IMPORTS.items() for t in ts
-                       if t.split(".")[0] == "torch" and not _within(m, RANK) and m not in TORCH_OUTSIDE_RANK)
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        for t in ts
+        if t.split(".")[0] == "torch" and not _within(m, RANK) and m not in TORCH_OUTSIDE_RANK
+    )
     assert not crossings, crossings
 
 
 def test_the_leaves_import_only_leaves() -> None:
-    crossings = sorted(f"{m} imports {t}" for m, ts in IMPORTS.items() if _within(m, LEAVES)
-                       for t in _ours(ts) if t != "ddpmon" and not _within(t, LEAVES))
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if _within(m, LEAVES)
+        for t in _ours(ts)
+        if t != "ddpmon" and not _within(t, LEAVES)
+    )
     assert not crossings, crossings
 
 
 def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
-    allowed = ("ddpmon.state", "ddpmon.errors", "ddpmon.fuses", "ddpmon.frames", "ddpmon.collectors.host",
-               "ddpmon.webconfig")
-    crossings = sorted(f"{m} imports {t}" for m, ts in IMPORTS.items() if _within(m, "ddpmon.state")
-                       for t in _ours(ts) if not _within(t, allowed))
+    allowed = (
+        "ddpmon.state",
+        "ddpmon.errors",
+        "ddpmon.fuses",
+        "ddpmon.frames",
+        "ddpmon.collectors.host",
+        "ddpmon.webconfig",
+    )
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if _within(m, "ddpmon.state")
+        for t in _ours(ts)
+        if not _within(t, allowed)
+    )
     assert not crossings, crossings
 
 
 def test_the_rank_wing_reads_nothing_offline_but_what_is_named() -> None:
-    crossings = sorted(f"{m} imports {t}" for m, ts in IMPORTS.items() if _within(m, RANK)
-                       for t in _ours(ts) if t != "ddpmon" and not _within(t, (RANK, *LEAVES))
-                       and (m, t) not in RANK_READS)
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if _within(m, RANK)
+        for t in _ours(ts)
+        if t != "ddpmon" and not _within(t, (RANK, *LEAVES)) and (m, t) not in RANK_READS
+    )
     assert not crossings, crossings
     for (m, t), why in RANK_READS.items():  # a named exception that no longer exists goes
         assert t in IMPORTS[m], f"{m} no longer imports {t} ({why}): drop it from RANK_READS"
@@ -156,6 +199,7 @@ def test_no_import_circle() -> None:
 def test_the_rules_see_a_crossing() -> None:
     """The reader finds relative, lazy and aliased imports (what the rules above stand on)."""
     assert "torch" in IMPORTS["ddpmon.rank.monitor"] or any(
-        t.startswith("torch.") for t in IMPORTS["ddpmon.rank.monitor"])
+        t.startswith("torch.") for t in IMPORTS["ddpmon.rank.monitor"]
+    )
     assert "ddpmon.rank.recorder" in IMPORTS["ddpmon.rank.monitor"]
     assert "ddpmon.rank.monitor" in IMPORTS["ddpmon"]  # lazily, in a function

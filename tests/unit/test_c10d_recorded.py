@@ -24,7 +24,9 @@ def load(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
-def test_replay_resolves_what_the_live_clock_did(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_resolves_what_the_live_clock_did(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rec = load(path)
     clock, pairs = replay(rec["events"], rec["used_map_allreduce"], monkeypatch)
     assert [replayed for _, replayed in pairs] == [live for live, _ in pairs]
@@ -37,13 +39,18 @@ def test_replay_resolves_what_the_live_clock_did(path: Path, monkeypatch: pytest
 def test_the_gloo_recording_is_what_its_loop_did(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = load(FIXTURES[0].with_name("gloo-standin.json"))
     names = [e[1] for e in rec["events"]]
-    assert names.count("new_step") == 24 and names.count("backward_started") == 28  # 4 steps of 2 microbatches
-    buckets = {e[3] for e in rec["events"] if e[1] == "new_step"}  # new_step(step, buckets, generation)
+    assert (
+        names.count("new_step") == 24 and names.count("backward_started") == 28
+    )  # 4 steps of 2 microbatches
+    buckets = {
+        e[3] for e in rec["events"] if e[1] == "new_step"
+    }  # new_step(step, buckets, generation)
     assert buckets == {1, 4}, "one bucket first, four once DDP rebuilt them"
 
 
 def test_an_allreduce_slipped_into_one_recorded_backward_leaves_only_that_step_untimed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rec = load(FIXTURES[0].with_name("gloo-standin.json"))
     events = copy.deepcopy(rec["events"])
     starts = [i for i, e in enumerate(events) if e[1] == "backward_started"]
@@ -53,4 +60,7 @@ def test_an_allreduce_slipped_into_one_recorded_backward_leaves_only_that_step_u
     events.insert(done + 1, [events[done][0], "completion", "ALLREDUCE", 0, middle, 0.001])
     clock, _ = replay(events, False, monkeypatch)
     assert (clock.matched_steps, clock.unmatched_steps) == (rec["matched"] - 1, 1)
-    assert clock.last_mismatch == "5 all-reduce(s) on DDP's process group during backward for 4 bucket(s)"
+    assert (
+        clock.last_mismatch
+        == "5 all-reduce(s) on DDP's process group during backward for 4 bucket(s)"
+    )

@@ -115,7 +115,9 @@ def test_iteration_0_is_kept_when_it_settles_before_the_rebuild_shows() -> None:
     job.backward(clock, *allreduces(3.0, 4.0))
     job.end_step(clock, 2, generation=1)
     steps = job.collect(clock)
-    assert [durations(s) for s in steps] == [[(0, 0.001), (1, 0.002)]], "iteration 0, its own layout"
+    assert [durations(s) for s in steps] == [[(0, 0.001), (1, 0.002)]], (
+        "iteration 0, its own layout"
+    )
 
 
 def test_a_users_collectives_outside_backward_are_ignored() -> None:
@@ -130,7 +132,9 @@ def test_a_users_collectives_outside_backward_are_ignored() -> None:
         job.end_step(clock, 2)
         job.collectives(("ALLREDUCE", 60.0), ("ALLGATHER", 1.0))  # logging between steps
     steps = job.collect(clock)
-    assert [(s.step, durations(s)) for s in steps] == [(n, [(0, 0.001), (1, 0.002)]) for n in (1, 2, 3)]
+    assert [(s.step, durations(s)) for s in steps] == [
+        (n, [(0, 0.001), (1, 0.002)]) for n in (1, 2, 3)
+    ]
     assert clock.unmatched_steps == 0
 
 
@@ -149,7 +153,10 @@ def test_a_users_allreduce_during_backward_leaves_the_step_untimed() -> None:
     steps = job.collect(clock)
     assert [(s.step, durations(s)) for s in steps] == [(2, [(0, 0.001), (1, 0.002)])]
     assert clock.unmatched_steps == 1
-    assert clock.last_mismatch == "3 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
+    assert (
+        clock.last_mismatch
+        == "3 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
+    )
 
 
 def test_two_ddp_models_on_one_group_one_after_the_other() -> None:
@@ -184,10 +191,18 @@ def test_two_ddp_models_in_one_backward_are_left_untimed() -> None:
         job.end_step(disc, 2)
         job.end_step(gen, 3)
     job.collect(gen), job.collect(disc)
-    assert gen.matched_steps == 0 and gen.unmatched_steps == 1  # the 2nd has no later collective yet
-    assert gen.last_mismatch == "5 all-reduce(s) on DDP's process group during backward for 3 bucket(s)"
+    assert (
+        gen.matched_steps == 0 and gen.unmatched_steps == 1
+    )  # the 2nd has no later collective yet
+    assert (
+        gen.last_mismatch
+        == "5 all-reduce(s) on DDP's process group during backward for 3 bucket(s)"
+    )
     assert disc.matched_steps == 0 and disc.unmatched_steps == 1
-    assert disc.last_mismatch == "5 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
+    assert (
+        disc.last_mismatch
+        == "5 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
+    )
 
 
 @pytest.mark.parametrize("find_unused", [False, True])
@@ -207,9 +222,15 @@ def test_gradient_accumulation_with_no_sync_microbatches(find_unused: bool) -> N
         job.backward(clock, *allreduces(1.0, 2.0), *extra)  # microbatch 2 synchronises
         job.end_step(clock, 2)
     steps = job.collect(clock)
-    assert [(s.step, durations(s)) for s in steps] == [(n, [(0, 0.001), (1, 0.002)]) for n in (1, 2)]
-    assert clock.unmatched_steps == 1 and clock.last_mismatch.startswith(f"{3 + len(extra)} all-reduce(s)")
-    assert all(0.009 < t.ready < 0.5 for s in steps for t in s.buckets), "ready: from the step's start"
+    assert [(s.step, durations(s)) for s in steps] == [
+        (n, [(0, 0.001), (1, 0.002)]) for n in (1, 2)
+    ]
+    assert clock.unmatched_steps == 1 and clock.last_mismatch.startswith(
+        f"{3 + len(extra)} all-reduce(s)"
+    )
+    assert all(0.009 < t.ready < 0.5 for s in steps for t in s.buckets), (
+        "ready: from the step's start"
+    )
 
 
 # -- the self-check ---------------------------------------------------------------------------
@@ -220,7 +241,9 @@ def settle_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
 
 
-def run_steps(job: Job, clock: CompletionClock, n: int, *ops_ms: tuple[str, float], buckets: int = 2) -> None:
+def run_steps(
+    job: Job, clock: CompletionClock, n: int, *ops_ms: tuple[str, float], buckets: int = 2
+) -> None:
     """``n`` steps, each settled at its own boundary (SETTLE_SECONDS = 0)."""
     for _ in range(n):
         job.backward(clock, *ops_ms)
@@ -228,8 +251,9 @@ def run_steps(job: Job, clock: CompletionClock, n: int, *ops_ms: tuple[str, floa
         job.collect(clock)
 
 
-def test_no_workinfo_in_the_first_steps_turns_the_source_off(settle_at_once: None,
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_no_workinfo_in_the_first_steps_turns_the_source_off(
+    settle_at_once: None, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = fresh()
     job = Job(clock)
     run_steps(job, clock, completion.SELF_CHECK_STEPS - 1)
@@ -241,16 +265,20 @@ def test_no_workinfo_in_the_first_steps_turns_the_source_off(settle_at_once: Non
     assert not clock._windows and clock.matched_steps == 0, "off: nothing is recorded any more"
 
 
-def test_workinfo_of_other_collectives_only(settle_at_once: None,
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_workinfo_of_other_collectives_only(
+    settle_at_once: None, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = fresh()
     job = Job(clock)
     run_steps(job, clock, completion.SELF_CHECK_STEPS, ("REDUCE_SCATTER", 1.0), ("ALLGATHER", 1.0))
-    assert clock.off_reason == "c10d reported 40 collective(s) but no all-reduce in the first 20 steps"
+    assert (
+        clock.off_reason == "c10d reported 40 collective(s) but no all-reduce in the first 20 steps"
+    )
 
 
-def test_workinfo_that_never_fits_the_buckets_turns_the_source_off(settle_at_once: None,
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_workinfo_that_never_fits_the_buckets_turns_the_source_off(
+    settle_at_once: None, caplog: pytest.LogCaptureFixture
+) -> None:
     """Two all-reduces per bucket (a comm hook that splits each bucket), every step."""
     clock = fresh()
     job = Job(clock)
@@ -271,7 +299,9 @@ def test_one_matched_step_keeps_the_source_on(settle_at_once: None) -> None:
     assert clock.warning, "a source that stops matching warns instead"
 
 
-def test_steps_whose_completions_never_come_count_for_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_whose_completions_never_come_count_for_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Fast steps and c10d silent: windows pile up to MAX_WINDOWS and the oldest are given
     up on before any settles; the check counts those."""
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 3600.0)
@@ -285,7 +315,9 @@ def test_steps_whose_completions_never_come_count_for_the_check(monkeypatch: pyt
 
 
 @pytest.mark.parametrize("given", ["datetime", "steady_clock", "unix_timedelta"])
-def test_the_start_time_of_a_completion_is_read_whatever_clock_pybind_hands_over(given: str) -> None:
+def test_the_start_time_of_a_completion_is_read_whatever_clock_pybind_hands_over(
+    given: str,
+) -> None:
     """torch's CUDA builds hand ``WorkInfo.time_started`` as a datetime (system_clock) or,
     on torch 2.11, as a timedelta of the steady clock (time.monotonic's): both are now."""
     import datetime
@@ -294,7 +326,9 @@ def test_the_start_time_of_a_completion_is_read_whatever_clock_pybind_hands_over
     from ddpmon.rank.timing.c10d import _unix
 
     now = time.time()
-    moment = {"datetime": datetime.datetime.fromtimestamp(now),
-              "steady_clock": datetime.timedelta(seconds=time.monotonic()),
-              "unix_timedelta": datetime.timedelta(seconds=now)}[given]
+    moment = {
+        "datetime": datetime.datetime.fromtimestamp(now),
+        "steady_clock": datetime.timedelta(seconds=time.monotonic()),
+        "unix_timedelta": datetime.timedelta(seconds=now),
+    }[given]
     assert _unix(moment) == pytest.approx(now, abs=0.5)

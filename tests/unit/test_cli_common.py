@@ -30,7 +30,9 @@ def test_every_reader_and_the_ranks_share_the_root(tmp_root: Path) -> None:
     assert build_parser().parse_args(["daemon"]).state_dir == str(tmp_root.parent / "ddpmon-*")
 
 
-def test_the_job_directory_written_last_is_chosen_and_named(tmp_root: Path, capsys: pytest.CaptureFixture) -> None:
+def test_the_job_directory_written_last_is_chosen_and_named(
+    tmp_root: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert common.default_state_dir("top") is None  # no root yet
     for i, job in enumerate(("old", "new")):
         (tmp_root / job).mkdir(parents=True)
@@ -40,7 +42,9 @@ def test_the_job_directory_written_last_is_chosen_and_named(tmp_root: Path, caps
     assert f"ddpmon top: reading {tmp_root / 'new'}" in capsys.readouterr().err
 
 
-def test_report_without_a_directory_reads_the_latest_job(tmp_root: Path, capsys: pytest.CaptureFixture) -> None:
+def test_report_without_a_directory_reads_the_latest_job(
+    tmp_root: Path, capsys: pytest.CaptureFixture
+) -> None:
     from ddpmon.cli import main
     from ddpmon.report import synthetic
 
@@ -62,8 +66,12 @@ def test_the_variable_wins(tmp_root: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 # -v/--verbose: on ddpmon itself and on every subcommand, before or after the subcommand's own
 # arguments
-REQUIRED = {"compare": ["A", "B"], "dashboards": ["export"], "run": ["python", "train.py"],
-            "capture": ["--rank", "0"]}
+REQUIRED = {
+    "compare": ["A", "B"],
+    "dashboards": ["export"],
+    "run": ["python", "train.py"],
+    "capture": ["--rank", "0"],
+}
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

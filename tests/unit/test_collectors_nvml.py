@@ -28,7 +28,11 @@ def test_real_nvml_absent_one_clear_line(caplog: pytest.LogCaptureFixture) -> No
     assert nvml.open_nvml("rank 0") is None
     lines = _lines(caplog, "GPU metrics are off")
     assert len(lines) == 1, lines
-    assert "rank 0" in lines[0] and "libnvidia-ml.so.1" in lines[0] and "NVMLError_LibraryNotFound" in lines[0]
+    assert (
+        "rank 0" in lines[0]
+        and "libnvidia-ml.so.1" in lines[0]
+        and "NVMLError_LibraryNotFound" in lines[0]
+    )
 
     caplog.clear()
     assert nvml.rank_gpu("job", 0, 0, uuid="0f0f0f0f-0000-0000-0000-000000000000") is None
@@ -42,14 +46,18 @@ def test_package_missing(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCapt
     assert "nvidia-ml-py package is not installed" in line and "pip install nvidia-ml-py" in line
 
 
-@pytest.mark.parametrize("code, words", [
-    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "different versions"),
-    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "kernel driver is not loaded"),
-    (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia"),
-    (pynvml.NVML_ERROR_UNKNOWN, "NVML failed"),
-])
-def test_init_failures_say_why(code: int, words: str, monkeypatch: pytest.MonkeyPatch,
-                               caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "different versions"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "kernel driver is not loaded"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia"),
+        (pynvml.NVML_ERROR_UNKNOWN, "NVML failed"),
+    ],
+)
+def test_init_failures_say_why(
+    code: int, words: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     FakeDriver(two_gpus(), init_error=code).install(monkeypatch)
     assert nvml.open_nvml("rank 1") is None
     assert nvml.rank_gpu("job", 1, 0) is None
@@ -62,8 +70,13 @@ def test_init_failures_say_why(code: int, words: str, monkeypatch: pytest.Monkey
 
 @pytest.fixture
 def four(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    gpus = [FakeGpu(uuid=f"GPU-{i}{i}aa0000-0000-4000-8000-00000000000{i}", bus_id=f"00000000:{16 * (i + 1):02X}:00.0")
-            for i in range(4)]
+    gpus = [
+        FakeGpu(
+            uuid=f"GPU-{i}{i}aa0000-0000-4000-8000-00000000000{i}",
+            bus_id=f"00000000:{16 * (i + 1):02X}:00.0",
+        )
+        for i in range(4)
+    ]
     gpus[3].mig_uuids = ("MIG-77770000-1111-5000-8000-000000000000",)
     return FakeDriver(gpus).install(monkeypatch)
 
@@ -84,16 +97,23 @@ def test_resolve_through_cuda_visible_devices(four: FakeDriver) -> None:
     gpu, how = nvml.resolve(nv, 0, "1", uuid=four.gpus[2].uuid[4:])  # as torch prints it
     assert (gpu.index, gpu.uuid, how) == (2, four.gpus[2].uuid, "uuid")
     assert nvml.resolve(nv, 0, "1", uuid=four.gpus[2].uuid) == (gpu, "uuid")
-    assert nvml.resolve(nv, 0, None, uuid="GPU-77770000-1111-5000-8000-000000000000")[0].index == 3  # MIG
+    assert (
+        nvml.resolve(nv, 0, None, uuid="GPU-77770000-1111-5000-8000-000000000000")[0].index == 3
+    )  # MIG
     # PCI bus id confirms, or corrects CUDA's fastest-first order
-    assert nvml.resolve(nv, 0, "1", pci_bus_id="0000:20:00.0") == (nvml.describe_gpu(nv, four.handles[1]), "pci_bus_id")
+    assert nvml.resolve(nv, 0, "1", pci_bus_id="0000:20:00.0") == (
+        nvml.describe_gpu(nv, four.handles[1]),
+        "pci_bus_id",
+    )
     gpu, how = nvml.resolve(nv, 0, "1", pci_bus_id="00000000:40:00.0")
     assert (gpu.index, how) == (3, "pci_bus_id")
 
 
 def test_resolve_bad_inputs_say_what(four: FakeDriver) -> None:
     nv = nvml.open_nvml("test")
-    with pytest.raises(LookupError, match=r"cuda:2 is not in CUDA_VISIBLE_DEVICES='0,1' \(2 entries\)"):
+    with pytest.raises(
+        LookupError, match=r"cuda:2 is not in CUDA_VISIBLE_DEVICES='0,1' \(2 entries\)"
+    ):
         nvml.resolve(nv, 2, "0,1")
     with pytest.raises(LookupError, match="neither an index nor a GPU-/MIG- UUID"):
         nvml.resolve(nv, 0, "abc")
@@ -120,7 +140,10 @@ def test_reader_values_units_and_labels(monkeypatch: pytest.MonkeyPatch) -> None
     reader = nvml.GpuReader(nv, nvml.list_gpus(nv)[0])
     labels = {"job": "j", "rank": "0", "gpu": "0", "gpu_uuid": driver.gpus[0].uuid}
     reader.refresh_slow()
-    got = {(n, tuple(sorted(set(lab.items()) - set(labels.items())))): v for n, lab, v in reader.read(labels)}
+    got = {
+        (n, tuple(sorted(set(lab.items()) - set(labels.items())))): v
+        for n, lab, v in reader.read(labels)
+    }
     assert all(set(labels.items()) <= set(lab.items()) for _, lab, _ in reader.read(labels))
     assert got[("ddpmon_gpu_utilization_ratio", ())] == pytest.approx(0.37)
     assert got[("ddpmon_gpu_memory_used_bytes", ())] == 10 * 2**30
@@ -133,13 +156,16 @@ def test_reader_values_units_and_labels(monkeypatch: pytest.MonkeyPatch) -> None
     assert got[("ddpmon_gpu_ecc_errors_total", (("type", "uncorrected"),))] == 1
     assert got[("ddpmon_gpu_pcie_replays_total", ())] == 7
     reasons = {k[1][0][1]: v for k, v in got.items() if k[0] == "ddpmon_gpu_clock_event_active"}
-    assert reasons == {name: float(name in ("sw_power_cap", "sw_thermal_slowdown"))
-                       for name, _ in nvml.CLOCK_EVENT_REASONS}
+    assert reasons == {
+        name: float(name in ("sw_power_cap", "sw_thermal_slowdown"))
+        for name, _ in nvml.CLOCK_EVENT_REASONS
+    }
     assert len(reasons) == 9
 
 
-def test_unsupported_query_is_skipped_for_good(monkeypatch: pytest.MonkeyPatch,
-                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_unsupported_query_is_skipped_for_good(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "ddpmon")
     driver = FakeDriver(two_gpus(unsupported={"ecc", "power"})).install(monkeypatch)
     nv = nvml.open_nvml("test")
@@ -167,7 +193,9 @@ def test_old_driver_throttle_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     FakeDriver(two_gpus(), missing=("nvmlDeviceGetCurrentClocksEventReasons",)).install(monkeypatch)
     nv = nvml.open_nvml("test")
     reader = nvml.GpuReader(nv, nvml.list_gpus(nv)[1])
-    active = {lab["reason"]: v for n, lab, v in reader.read({}) if n == "ddpmon_gpu_clock_event_active"}
+    active = {
+        lab["reason"]: v for n, lab, v in reader.read({}) if n == "ddpmon_gpu_clock_event_active"
+    }
     assert active["gpu_idle"] == 1.0 and sum(active.values()) == 1.0
 
 
@@ -191,7 +219,9 @@ def test_slow_queries_stay_off_the_scrape_path(monkeypatch: pytest.MonkeyPatch) 
         time.sleep(0.01)
 
 
-def test_gpu_lost_mid_run(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_gpu_lost_mid_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     driver = FakeDriver(two_gpus()).install(monkeypatch)
     gpu = nvml.rank_gpu("j", 5, 0)
     assert gpu is not None and gpu.samples()
@@ -207,13 +237,17 @@ def test_gpu_lost_mid_run(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCap
 # -- every failure says why, in the log and in the state file ----------------------------------
 
 
-def test_init_failure_is_noted_as_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_init_failure_is_noted_as_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED).install(monkeypatch)
     notes: list[str] = []
     assert nvml.rank_gpu("job", 2, 0, note=notes.append) is None
     (line,) = _lines(caplog, "GPU metrics are off")
-    assert notes == ["GPU metrics are off: the NVIDIA kernel driver is not loaded (nvidia-smi fails too): "
-                     "load it (modprobe nvidia) or reinstall the driver (NVMLError_DriverNotLoaded)"]
+    assert notes == [
+        "GPU metrics are off: the NVIDIA kernel driver is not loaded (nvidia-smi fails too): "
+        "load it (modprobe nvidia) or reinstall the driver (NVMLError_DriverNotLoaded)"
+    ]
     assert line == f"ddpmon: rank 2: {notes[0]}"
 
 
@@ -221,22 +255,44 @@ def test_package_missing_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     notes: list[str] = []
     assert nvml.rank_gpu("job", 0, 0, note=notes.append) is None
-    assert notes == ["GPU metrics are off: the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"]
+    assert notes == [
+        "GPU metrics are off: the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+    ]
 
 
-@pytest.mark.parametrize("cuda, visible, uuid, pci, why", [
-    (0, "7", None, None, "CUDA_VISIBLE_DEVICES entry '7' is not one of NVML's 2 GPU(s)"),
-    (3, "0,1", None, None, "cuda:3 is not in CUDA_VISIBLE_DEVICES='0,1' (2 entries)"),
-    # torch's UUID unknown to NVML and nothing to check the list's entry with: refused
-    (1, "0,1", "GPU-99990000-0000-4000-8000-000000000000", None,
-     "torch's UUID of cuda:1, GPU-99990000-0000-4000-8000-000000000000, is not one NVML knows, and "
-     "torch gives no PCI bus id to check the CUDA_VISIBLE_DEVICES entry '1' against: that GPU could be "
-     "another one"),
-    (0, "1", None, "0000:77:00.0", "cuda:0 has PCI bus id 00000000:77:00.0, which NVML does not know"),
-])
-def test_no_gpu_mapped_to_the_rank_says_why(cuda: int, visible: str, uuid: str | None, pci: str | None,
-                                            why: str, monkeypatch: pytest.MonkeyPatch,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "cuda, visible, uuid, pci, why",
+    [
+        (0, "7", None, None, "CUDA_VISIBLE_DEVICES entry '7' is not one of NVML's 2 GPU(s)"),
+        (3, "0,1", None, None, "cuda:3 is not in CUDA_VISIBLE_DEVICES='0,1' (2 entries)"),
+        # torch's UUID unknown to NVML and nothing to check the list's entry with: refused
+        (
+            1,
+            "0,1",
+            "GPU-99990000-0000-4000-8000-000000000000",
+            None,
+            "torch's UUID of cuda:1, GPU-99990000-0000-4000-8000-000000000000, is not one NVML knows, and "
+            "torch gives no PCI bus id to check the CUDA_VISIBLE_DEVICES entry '1' against: that GPU could be "
+            "another one",
+        ),
+        (
+            0,
+            "1",
+            None,
+            "0000:77:00.0",
+            "cuda:0 has PCI bus id 00000000:77:00.0, which NVML does not know",
+        ),
+    ],
+)
+def test_no_gpu_mapped_to_the_rank_says_why(
+    cuda: int,
+    visible: str,
+    uuid: str | None,
+    pci: str | None,
+    why: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     driver = FakeDriver(two_gpus()).install(monkeypatch)
     notes: list[str] = []
     assert nvml.rank_gpu("job", 1, cuda, uuid, pci, visible=visible, note=notes.append) is None
@@ -248,16 +304,26 @@ def test_no_gpu_mapped_to_the_rank_says_why(cuda: int, visible: str, uuid: str |
     assert driver.initialised == 0, "NVML released again"
 
 
-def test_a_torch_uuid_nvml_does_not_know_is_settled_by_the_pci_bus_id(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torch_uuid_nvml_does_not_know_is_settled_by_the_pci_bus_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     driver = FakeDriver(two_gpus()).install(monkeypatch)
     notes: list[str] = []
-    gpu = nvml.rank_gpu("job", 0, 0, "GPU-99990000-0000-4000-8000-000000000000", "0000:2A:00.0",
-                        visible="0", note=notes.append)
+    gpu = nvml.rank_gpu(
+        "job",
+        0,
+        0,
+        "GPU-99990000-0000-4000-8000-000000000000",
+        "0000:2A:00.0",
+        visible="0",
+        note=notes.append,
+    )
     assert gpu is not None and gpu.labels["gpu_uuid"] == driver.gpus[1].uuid and notes == []
 
 
-def test_a_mig_instance_is_served_as_its_gpu_and_says_so(monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_mig_instance_is_served_as_its_gpu_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """In MIG mode a rank runs on one instance; NVML's figures are the whole GPU's (and it
     has no utilization there): kept, labelled with the physical GPU, and said once."""
     gpus = two_gpus()
@@ -265,25 +331,37 @@ def test_a_mig_instance_is_served_as_its_gpu_and_says_so(monkeypatch: pytest.Mon
     gpus[1].unsupported = {"utilization"}
     FakeDriver(gpus).install(monkeypatch)
     notes: list[str] = []
-    gpu = nvml.rank_gpu("job", 4, 0, "GPU-5a5a0000-1111-5000-8000-000000000000", "00000000:2A:00.0",
-                        note=notes.append)  # torch's UUID of a MIG device, as device_identity writes it
+    gpu = nvml.rank_gpu(
+        "job",
+        4,
+        0,
+        "GPU-5a5a0000-1111-5000-8000-000000000000",
+        "00000000:2A:00.0",
+        note=notes.append,
+    )  # torch's UUID of a MIG device, as device_identity writes it
     assert gpu is not None and gpu.labels["gpu"] == "1"
     (text,) = notes
-    assert text.startswith(f"cuda:0 is a MIG instance of NVML GPU 1 ({gpus[1].uuid}): the GPU metrics are "
-                           "the whole GPU's, shared with its other instances")
+    assert text.startswith(
+        f"cuda:0 is a MIG instance of NVML GPU 1 ({gpus[1].uuid}): the GPU metrics are "
+        "the whole GPU's, shared with its other instances"
+    )
     assert _lines(caplog, "MIG instance") == [f"ddpmon: rank 4: {text}"]
     names = {n for n, _, _ in gpu.samples()}
     assert "ddpmon_gpu_memory_used_bytes" in names and "ddpmon_gpu_utilization_ratio" not in names
     gpu.close()
 
 
-def test_an_unconfirmed_mapping_and_a_gpu_without_mig_support(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unconfirmed_mapping_and_a_gpu_without_mig_support(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     FakeDriver(two_gpus(unsupported={"mig"})).install(monkeypatch)  # NVML_ERROR_NOT_SUPPORTED
     notes: list[str] = []
     gpu = nvml.rank_gpu("job", 0, 0, visible="0", note=notes.append)
     assert gpu is not None
-    assert notes == ["cuda:0 taken to be NVML GPU 0 (GPU-1f1e0c3a-0000-4000-8000-000000000000) without "
-                     "confirmation by UUID or PCI bus id (torch reports neither)"]
+    assert notes == [
+        "cuda:0 taken to be NVML GPU 0 (GPU-1f1e0c3a-0000-4000-8000-000000000000) without "
+        "confirmation by UUID or PCI bus id (torch reports neither)"
+    ]
     gpu.close()
 
 
@@ -295,7 +373,9 @@ def test_a_lost_gpu_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
     driver.gpus[0].lost = True
     assert gpu.samples() == []
     (text,) = notes
-    assert text.startswith(f"GPU 0 ({driver.gpus[0].uuid}): the GPU is lost") and text.endswith("its metrics are off")
+    assert text.startswith(f"GPU 0 ({driver.gpus[0].uuid}): the GPU is lost") and text.endswith(
+        "its metrics are off"
+    )
 
 
 def test_rank_sources_notes_the_gpu_in_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,8 +385,14 @@ def test_rank_sources_notes_the_gpu_in_the_state(monkeypatch: pytest.MonkeyPatch
     from ddpmon.rank.sources import rank_sources
     from ddpmon.state.schema import Identity
 
-    FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH).install(monkeypatch)
-    monkeypatch.setattr(torch_memory, "device_identity", lambda index: ("GPU-1f1e0c3a-0000-4000-8000-000000000000", None))
+    FakeDriver(two_gpus(), init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH).install(
+        monkeypatch
+    )
+    monkeypatch.setattr(
+        torch_memory,
+        "device_identity",
+        lambda index: ("GPU-1f1e0c3a-0000-4000-8000-000000000000", None),
+    )
     rec = Recorder(Identity(rank=0), world_size=1)
     sources, closers = rank_sources("j", 0, "cuda:0", True, rec.note)
     assert len(sources) == 2 and closers == [], "host metrics and torch's allocator go on"
@@ -315,7 +401,10 @@ def test_rank_sources_notes_the_gpu_in_the_state(monkeypatch: pytest.MonkeyPatch
     rec = Recorder(Identity(rank=0), world_size=1)
     monkeypatch.setattr(torch_memory, "device_identity", lambda index: 1 / 0)
     rank_sources("j", 0, "cuda:0", True, rec.note)
-    assert rec.state().notes["gpu_metrics"] == "GPU metrics are off: ZeroDivisionError('division by zero')"
+    assert (
+        rec.state().notes["gpu_metrics"]
+        == "GPU metrics are off: ZeroDivisionError('division by zero')"
+    )
     rec = Recorder(Identity(rank=0), world_size=1)
     rank_sources("j", 0, "cpu", True, rec.note)
     assert rec.state().notes == {}

@@ -25,13 +25,21 @@ def no_settle_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(completion, "SETTLE_MARGIN", 0.0)
 
 
-def run_step(clock: CompletionClock, buckets: int, collectives: list[tuple[str, float]], seq0: int,
-             generation: int = 0, step: int | None = None) -> int:
+def run_step(
+    clock: CompletionClock,
+    buckets: int,
+    collectives: list[tuple[str, float]],
+    seq0: int,
+    generation: int = 0,
+    step: int | None = None,
+) -> int:
     """One step: backward opens the window, the collectives are enqueued in it, backward
     ends, the boundary closes it. Completions arrive as c10d would send them."""
     clock.backward_started(time.perf_counter() - 0.010)  # the step began 10 ms ago
     t0 = time.time()
-    infos = [info(op, seq0 + i + 1, t0 + 0.0001 * (i + 1), ms) for i, (op, ms) in enumerate(collectives)]
+    infos = [
+        info(op, seq0 + i + 1, t0 + 0.0001 * (i + 1), ms) for i, (op, ms) in enumerate(collectives)
+    ]
     time.sleep(0.002)
     clock.backward_done()
     clock.sync_done()
@@ -54,21 +62,31 @@ def test_allreduces_of_a_backward_become_its_buckets_in_order() -> None:
     timings = resolved.buckets
     assert [t.index for t in timings] == [0, 1, 2]
     assert [round(t.end - t.start, 6) for t in timings] == [0.001, 0.002, 0.004]
-    assert all(0.009 < t.ready < 5 for t in timings), "ready: seconds after the step began (10 ms ago and more)"
+    assert all(0.009 < t.ready < 5 for t in timings), (
+        "ready: seconds after the step began (10 ms ago and more)"
+    )
     assert resolved.exposed is None and not resolved.measured  # on CPU there are no CUDA events
     assert clock.matched_steps == 1 and clock.unmatched_steps == 0
 
 
 def test_other_collectives_are_ignored_and_a_wrong_count_is_never_guessed() -> None:
     clock = fresh()
-    seq = run_step(clock, 2, [("BROADCAST", 1.0), ("ALLREDUCE", 1.0), ("ALLGATHER", 1.0), ("ALLREDUCE", 3.0)], 0)
+    seq = run_step(
+        clock,
+        2,
+        [("BROADCAST", 1.0), ("ALLREDUCE", 1.0), ("ALLGATHER", 1.0), ("ALLREDUCE", 3.0)],
+        0,
+    )
     seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 3, seq)  # PowerSGD-like: 3 for 2 buckets
     run_step(clock, 2, [("ALLREDUCE", 1.0)] * 2, seq)
     steps = clock.collect()
     assert len(steps) == 1, "the second step is refused, not guessed"
     assert [round(t.end - t.start, 6) for t in steps[0].buckets] == [0.001, 0.003]
     assert clock.unmatched_steps == 1
-    assert clock.last_mismatch == "3 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
+    assert (
+        clock.last_mismatch
+        == "3 all-reduce(s) on DDP's process group during backward for 2 bucket(s)"
+    )
 
 
 def test_find_unused_parameters_adds_ddps_used_map_allreduce_after_the_last_bucket() -> None:
@@ -81,7 +99,9 @@ def test_find_unused_parameters_adds_ddps_used_map_allreduce_after_the_last_buck
     assert clock.unmatched_steps == 1
 
 
-def test_a_step_with_no_later_collective_settles_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_with_no_later_collective_settles_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     clock = fresh()
     run_step(clock, 1, [("ALLREDUCE", 1.0)], 0)
     assert clock.collect() == []
@@ -107,15 +127,20 @@ def match_once(clock: CompletionClock) -> int:
     return seq
 
 
-def test_steps_that_keep_failing_to_match_say_so_once(monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_steps_that_keep_failing_to_match_say_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A source that worked and then stops matching (SyncBatchNorm switched on, say) warns
     once and keeps trying; one that never matched is the self-check's (test_c10d_sequences)."""
     monkeypatch.setattr(completion, "SETTLE_SECONDS", 0.0)
     clock = fresh()
     fail_to_match(clock, 2 * completion.WARN_AFTER_UNMATCHED, match_once(clock))
     assert clock.unmatched_steps == 2 * completion.WARN_AFTER_UNMATCHED
-    assert clock.warning and "bucket_timing='hook'" in clock.warning and "2 all-reduce(s)" in clock.warning
+    assert (
+        clock.warning
+        and "bucket_timing='hook'" in clock.warning
+        and "2 all-reduce(s)" in clock.warning
+    )
     assert len([r for r in caplog.records if "matched no step" in r.getMessage()]) == 1
     assert clock.off_reason is None
 
@@ -166,7 +191,9 @@ def test_a_step_may_match_the_layout_known_by_the_time_it_settles() -> None:
     iteration 0, which ran the old layout, is dropped rather than folded into the new one."""
     clock = fresh()
     seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 2, 0, generation=1)  # iteration 0: 2 buckets
-    seq = run_step(clock, 2, [("ALLREDUCE", 1.0)] * 4, seq, generation=1)  # rebuilt to 4, not yet shown
+    seq = run_step(
+        clock, 2, [("ALLREDUCE", 1.0)] * 4, seq, generation=1
+    )  # rebuilt to 4, not yet shown
     seq = run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq, generation=2)
     run_step(clock, 4, [("ALLREDUCE", 1.0)] * 4, seq, generation=2)
     steps = clock.collect()
@@ -202,7 +229,9 @@ def test_warning_clears_once_steps_match_again(monkeypatch: pytest.MonkeyPatch) 
     assert len(clock.collect()) == 1 and clock.warning is None
 
 
-def test_a_completion_reported_out_of_order_waits_for_the_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_completion_reported_out_of_order_waits_for_the_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """c10d's watchdog may report a later collective before an earlier one that completed
     during the same scan: a step settles only once its end is older than the margin."""
     monkeypatch.setattr(completion, "SETTLE_MARGIN", 0.3)

@@ -38,25 +38,36 @@ def test_daemonset_and_service() -> None:
     kinds = {d["kind"]: d for d in docs}
     assert set(kinds) == {"DaemonSet", "Service", "PodMonitor"}
     ds, svc, monitor = kinds["DaemonSet"], kinds["Service"], kinds["PodMonitor"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= ds["spec"]["template"]["metadata"]["labels"].items()
+    )
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
     pod = ds["spec"]["template"]["spec"]
-    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        ds["spec"]["selector"]["matchLabels"].items()
+        <= ds["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     assert pod["hostPID"] is True
     (container,) = pod["containers"]
     args = build_parser().parse_args(container["args"])
     assert args.node_local and args.state_dir == "/run/ddpmon" and args.port == DEFAULT_PORT
     assert container["command"] == ["ddpmon"]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"  # fails when sampling is stuck
+    assert (
+        container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    )  # fails when sampling is stuck
     assert "nvidia.com/gpu" not in str(container.get("resources"))  # takes no GPU away from jobs
     (port,) = container["ports"]
     assert port["containerPort"] == DEFAULT_PORT and port["name"] == "metrics"
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
     (mount,) = container["volumeMounts"]
     volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
-    assert mount["mountPath"] == volume["hostPath"]["path"] == args.state_dir and mount["readOnly"] is True
+    assert (
+        mount["mountPath"] == volume["hostPath"]["path"] == args.state_dir
+        and mount["readOnly"] is True
+    )
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(DEFAULT_PORT)
 
@@ -67,7 +78,9 @@ def test_network_policy_lets_only_prometheus_in() -> None:
     for policy in docs:
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         for rule in policy["spec"]["ingress"]:  # every rule names its peers: nothing open to all
-            assert rule["from"] and all("namespaceSelector" in p or "podSelector" in p for p in rule["from"])
+            assert rule["from"] and all(
+                "namespaceSelector" in p or "podSelector" in p for p in rule["from"]
+            )
 
 
 PODMONITOR_SCHEMA = ROOT / "tests/fixtures/prometheus_operator/podmonitor-v1.schema.json"
@@ -81,8 +94,11 @@ def _strict(schema: object) -> object:
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out \
-            and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -102,7 +118,10 @@ def test_the_podmonitors_fit_the_prometheus_operator_schema() -> None:
     assert set(monitors) == {"daemonset.yaml:ddpmon-daemon", "podmonitor.yaml:ddpmon-ranks"}
     for name, monitor in monitors.items():
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1", name
-        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(monitor)]
+        errors = [
+            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(monitor)
+        ]
         assert errors == [], name
 
 
@@ -124,6 +143,10 @@ def test_doctor_prometheus_finds_the_daemons_podmonitor_by_default(namespace: st
     rule finds the shipped one in whatever namespace it is applied."""
     monitor = _podmonitors()["daemonset.yaml:ddpmon-daemon"]
     name = monitor["metadata"]["name"]
-    assert scrape_job_matches(f"{namespace}/{name}", f"podMonitor/{namespace}/{name}/0", DAEMON_JOBS)
+    assert scrape_job_matches(
+        f"{namespace}/{name}", f"podMonitor/{namespace}/{name}/0", DAEMON_JOBS
+    )
     ranks = _podmonitors()["podmonitor.yaml:ddpmon-ranks"]["metadata"]["name"]
-    assert not scrape_job_matches(f"{namespace}/{ranks}", f"podMonitor/{namespace}/{ranks}/0", DAEMON_JOBS)
+    assert not scrape_job_matches(
+        f"{namespace}/{ranks}", f"podMonitor/{namespace}/{ranks}/0", DAEMON_JOBS
+    )

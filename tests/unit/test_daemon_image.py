@@ -42,7 +42,9 @@ def test_copies_what_the_build_needs_and_the_context_holds_it() -> None:
     readme = re.search(r'^readme = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
     sources = copied()
     assert readme and {"pyproject.toml", readme.group(1), "ddpmon"} <= set(sources)
-    patterns = [p.strip() for p in IGNORE.read_text().splitlines() if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip() for p in IGNORE.read_text().splitlines() if p.strip() and not p.startswith("#")
+    ]
     for source in sources:
         assert (ROOT / source).exists(), source
         kept = False  # .dockerignore: the last matching pattern wins; "!" re-includes

@@ -17,7 +17,17 @@ from ddpmon.metrics import catalog
 ROOT = Path(__file__).resolve().parents[2]
 BOARDS = dashboards.build()
 GRAFANA_UNITS = {
-    "s", "ms", "percentunit", "short", "bytes", "Bps", "watt", "joule", "celsius", "hertz", "none",
+    "s",
+    "ms",
+    "percentunit",
+    "short",
+    "bytes",
+    "Bps",
+    "watt",
+    "joule",
+    "celsius",
+    "hertz",
+    "none",
 }
 PANEL_TYPES = {"timeseries", "stat", "bargauge", "state-timeline"}
 
@@ -36,8 +46,10 @@ def _all_panels() -> list[tuple[str, dict[str, Any]]]:
 def test_checked_in_files_match_the_generator() -> None:
     generated = dashboards.generated_files(ROOT)
     assert sorted(str(p.relative_to(ROOT)) for p in generated) == [
-        "dashboards/ddp-gpus.json", "dashboards/ddp-job-overview.json",
-        "deploy/kubernetes/dashboards-configmap.yaml", "deploy/kubernetes/prometheusrule.yaml",
+        "dashboards/ddp-gpus.json",
+        "dashboards/ddp-job-overview.json",
+        "deploy/kubernetes/dashboards-configmap.yaml",
+        "deploy/kubernetes/prometheusrule.yaml",
     ]
     stale = [str(p.relative_to(ROOT)) for p in dashboards.stale_files(ROOT)]
     assert not stale, f"regenerate with `make dashboards`: {stale} differ from the generator"
@@ -63,7 +75,11 @@ def test_dashboard_top_level(name: str) -> None:
 
 
 def test_uids_and_titles_are_unique() -> None:
-    assert len({b["uid"] for b in BOARDS.values()}) == len({b["title"] for b in BOARDS.values()}) == len(BOARDS)
+    assert (
+        len({b["uid"] for b in BOARDS.values()})
+        == len({b["title"] for b in BOARDS.values()})
+        == len(BOARDS)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BOARDS))
@@ -74,7 +90,10 @@ def test_template_variables(name: str) -> None:
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
     job, rank = variables["job"], variables["rank"]
     for var in (job, rank):
-        assert var["type"] == "query" and var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert var["type"] == "query" and var["datasource"] == {
+            "type": "prometheus",
+            "uid": "${datasource}",
+        }
         assert var["query"].startswith("label_values(") and var["definition"] == var["query"]
     assert job["query"] == "label_values(ddpmon_rank_info, job)" and not job["multi"]
     assert rank["query"] == 'label_values(ddpmon_rank_info{job="$job"}, rank)'
@@ -89,25 +108,35 @@ def test_panel_ids_unique_and_grid_positions_valid(name: str) -> None:
     cells: set[tuple[int, int]] = set()
     for p in panels:
         g = p["gridPos"]
-        assert set(g) == {"h", "w", "x", "y"} and all(isinstance(v, int) for v in g.values()), p["title"]
+        assert set(g) == {"h", "w", "x", "y"} and all(isinstance(v, int) for v in g.values()), p[
+            "title"
+        ]
         assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["y"] >= 0
         assert g["x"] + g["w"] <= 24, f"{p['title']} is wider than Grafana's 24 columns"
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not mine & cells, f"{p['title']} overlaps another panel"
         cells |= mine
 
 
-@pytest.mark.parametrize(("board", "panel"), _all_panels(), ids=lambda v: v if isinstance(v, str) else v["title"])
+@pytest.mark.parametrize(
+    ("board", "panel"), _all_panels(), ids=lambda v: v if isinstance(v, str) else v["title"]
+)
 def test_every_panel_has_unit_description_and_datasource(board: str, panel: dict[str, Any]) -> None:
     assert panel["type"] in PANEL_TYPES
     unit = panel["fieldConfig"]["defaults"]["unit"]
     assert unit in GRAFANA_UNITS or unit.startswith("suffix:"), f"unknown unit {unit!r}"
     description = panel["description"]
     assert len(description) >= 80, "say what the panel shows and what a bad value looks like"
-    assert re.search(r"\b[Bb]ad\b", description), "the description must say what a bad value looks like"
+    assert re.search(r"\b[Bb]ad\b", description), (
+        "the description must say what a bad value looks like"
+    )
     assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     targets = panel["targets"]
-    assert targets and [t["refId"] for t in targets] == [chr(ord("A") + i) for i in range(len(targets))]
+    assert targets and [t["refId"] for t in targets] == [
+        chr(ord("A") + i) for i in range(len(targets))
+    ]
     for t in targets:
         assert t["datasource"] == panel["datasource"] and t["expr"].strip()
         assert t["legendFormat"]
@@ -115,7 +144,9 @@ def test_every_panel_has_unit_description_and_datasource(board: str, panel: dict
 
 def _steps(board: str, title: str) -> list[tuple[float | None, str]]:
     (panel,) = [p for p in _panels(BOARDS[board]) if p["title"] == title]
-    return [(s["value"], s["color"]) for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+    return [
+        (s["value"], s["color"]) for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    ]
 
 
 def test_each_panel_keeps_its_own_thresholds() -> None:
@@ -124,7 +155,11 @@ def test_each_panel_keeps_its_own_thresholds() -> None:
     overview, gpus = "ddp-job-overview.json", "ddp-gpus.json"
     assert _steps(overview, "Steps per second") == [(None, "green")]
     assert _steps(overview, "Ranks reporting") == [(None, "green")]
-    assert _steps(overview, "Exposed communication") == [(None, "green"), (0.2, "orange"), (0.3, "red")]
+    assert _steps(overview, "Exposed communication") == [
+        (None, "green"),
+        (0.2, "orange"),
+        (0.3, "red"),
+    ]
     assert _steps(overview, "Ranks suspected hung") == [(None, "green"), (1, "red")]
     assert _steps(overview, "Liveness per rank") == [(None, "red"), (1, "green")]
     assert _steps(gpus, "GPU temperature") == [(None, "green"), (80, "orange"), (87, "red")]
@@ -140,19 +175,32 @@ def test_titles_unique_within_each_board() -> None:
 
 
 def test_overview_covers_what_a_ddp_job_needs() -> None:
-    exprs = " ".join(t["expr"] for p in _panels(BOARDS["ddp-job-overview.json"]) for t in p["targets"])
-    for name in ("ddpmon_step_seconds", "ddpmon_steps_total", "ddpmon_step_phase_seconds_total",
-                 "ddpmon_exposed_comm_seconds", "ddpmon_allreduce_seconds",
-                 "ddpmon_allreduce_bus_bandwidth_bytes_per_second", "ddpmon_unused_parameters",
-                 "ddpmon_hang_suspected", "ddpmon_rank_up"):
+    exprs = " ".join(
+        t["expr"] for p in _panels(BOARDS["ddp-job-overview.json"]) for t in p["targets"]
+    )
+    for name in (
+        "ddpmon_step_seconds",
+        "ddpmon_steps_total",
+        "ddpmon_step_phase_seconds_total",
+        "ddpmon_exposed_comm_seconds",
+        "ddpmon_allreduce_seconds",
+        "ddpmon_allreduce_bus_bandwidth_bytes_per_second",
+        "ddpmon_unused_parameters",
+        "ddpmon_hang_suspected",
+        "ddpmon_rank_up",
+    ):
         assert name in exprs, name
 
 
 def test_gpu_board_covers_every_gpu_metric_of_the_catalog() -> None:
     exprs = " ".join(t["expr"] for p in _panels(BOARDS["ddp-gpus.json"]) for t in p["targets"])
-    missing = [m.name for m in catalog.METRICS
-               if "gpu" in m.labels and m.name not in exprs and m.name not in (
-                   "ddpmon_gpu_last_xid_timestamp_seconds", "ddpmon_gpu_process_info")]
+    missing = [
+        m.name
+        for m in catalog.METRICS
+        if "gpu" in m.labels
+        and m.name not in exprs
+        and m.name not in ("ddpmon_gpu_last_xid_timestamp_seconds", "ddpmon_gpu_process_info")
+    ]
     assert not missing
 
 
@@ -175,28 +223,43 @@ def test_every_query_uses_only_catalog_names() -> None:
     assert len(used) >= 30
 
 
-@pytest.mark.parametrize(("expr", "names"), [
-    ('sum by (rank) (rate(ddpmon_steps_total{job="$job", rank=~"$rank"}[$__rate_interval]))',
-     {"ddpmon_steps_total"}),
-    ("histogram_quantile(0.9, sum by (rank, le) (rate(ddpmon_step_seconds_bucket[5m])))",
-     {"ddpmon_step_seconds_bucket"}),
-    ("a > on (job) group_left () 1.2 * quantile by (job) (0.5, b offset 30m) and c == 1e3",
-     {"a", "b", "c"}),
-    ('max by (job) (x{reason=~"(?i).*thermal.*", a="by (q)"}) or vector(0) unless time() - y',
-     {"x", "y"}),
-    ("label_values(ddpmon_rank_info{job=\"$job\"}, rank)", {"ddpmon_rank_info"}),
-    ("max by (instance) (up) * on (instance) group_left last_over_time(z[1h:1m])", {"up", "z"}),
-])
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        (
+            'sum by (rank) (rate(ddpmon_steps_total{job="$job", rank=~"$rank"}[$__rate_interval]))',
+            {"ddpmon_steps_total"},
+        ),
+        (
+            "histogram_quantile(0.9, sum by (rank, le) (rate(ddpmon_step_seconds_bucket[5m])))",
+            {"ddpmon_step_seconds_bucket"},
+        ),
+        (
+            "a > on (job) group_left () 1.2 * quantile by (job) (0.5, b offset 30m) and c == 1e3",
+            {"a", "b", "c"},
+        ),
+        (
+            'max by (job) (x{reason=~"(?i).*thermal.*", a="by (q)"}) or vector(0) unless time() - y',
+            {"x", "y"},
+        ),
+        ('label_values(ddpmon_rank_info{job="$job"}, rank)', {"ddpmon_rank_info"}),
+        ("max by (instance) (up) * on (instance) group_left last_over_time(z[1h:1m])", {"up", "z"}),
+    ],
+)
 def test_metric_names_parses_promql(expr: str, names: set[str]) -> None:
     assert dashboards.metric_names(expr) == names
 
 
 def test_check_expr_rejects_unknown_names_and_rates_of_gauges() -> None:
-    with pytest.raises(ValueError, match="ddpmon_step_time_seconds.*not in ddpmon's metric catalog"):
+    with pytest.raises(
+        ValueError, match="ddpmon_step_time_seconds.*not in ddpmon's metric catalog"
+    ):
         dashboards.check_expr("rate(ddpmon_step_time_seconds_sum[5m])")
     with pytest.raises(ValueError, match="ddpmon_unused_parameters.*not a counter"):
         dashboards.check_expr("rate(ddpmon_unused_parameters[5m])")
-    assert dashboards.check_expr("increase(ddpmon_gpu_ecc_errors_total[10m])") == {"ddpmon_gpu_ecc_errors_total"}
+    assert dashboards.check_expr("increase(ddpmon_gpu_ecc_errors_total[10m])") == {
+        "ddpmon_gpu_ecc_errors_total"
+    }
 
 
 def test_source_of_tells_where_series_come_from() -> None:

@@ -37,7 +37,11 @@ class GrafanaAPI:
         if path == "/api/folders" and method == "GET":
             return 200, self.folders
         if path == "/api/folders" and method == "POST":
-            folder = {"id": len(self.folders) + 1, "uid": f"f{len(self.folders) + 1}", "title": body["title"]}
+            folder = {
+                "id": len(self.folders) + 1,
+                "uid": f"f{len(self.folders) + 1}",
+                "title": body["title"],
+            }
             self.folders.append(folder)
             return 200, folder
         if path == "/api/dashboards/db" and method == "POST":
@@ -47,9 +51,14 @@ class GrafanaAPI:
             if not board.get("title") or not board.get("uid") or board.get("id") is not None:
                 return 400, {"message": "Dashboard title cannot be empty"}
             self.saved.append(body)
-            return 200, {"id": len(self.saved), "uid": board["uid"], "status": "success",
-                         "url": f"/d/{board['uid']}/{board['title'].lower().replace(' ', '-')}",
-                         "version": 1, "slug": board["title"].lower().replace(" ", "-")}
+            return 200, {
+                "id": len(self.saved),
+                "uid": board["uid"],
+                "status": "success",
+                "url": f"/d/{board['uid']}/{board['title'].lower().replace(' ', '-')}",
+                "version": 1,
+                "slug": board["title"].lower().replace(" ", "-"),
+            }
         return 404, {"message": "Not found"}
 
 
@@ -61,8 +70,9 @@ def grafana() -> Iterator[tuple[str, GrafanaAPI]]:
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
-            status, payload = api.handle(self.command, self.path.split("?")[0],
-                                         self.headers.get("Authorization", ""), body)
+            status, payload = api.handle(
+                self.command, self.path.split("?")[0], self.headers.get("Authorization", ""), body
+            )
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -76,7 +86,9 @@ def grafana() -> Iterator[tuple[str, GrafanaAPI]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", api
@@ -104,14 +116,18 @@ def test_export_writes_every_board(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().out.split() == [str(out / n) for n in dashboards.BOARDS]
 
 
-def test_export_into_a_file_is_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_into_a_file_is_bad_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "a-file"
     target.write_text("x")
     assert run_cli("dashboards", "export", str(target)) == 2
     assert "is a file, expected a directory" in capsys.readouterr().err
 
 
-def test_export_into_a_path_under_a_file_is_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_into_a_path_under_a_file_is_bad_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "a-file").write_text("x")
     target = tmp_path / "a-file" / "boards"
     assert run_cli("dashboards", "export", str(target)) == 2
@@ -137,9 +153,14 @@ def test_push_creates_the_folder_and_saves_both_boards(
     assert [s["dashboard"]["title"] for s in api.saved] == ["DDP job overview", "DDP GPUs"]
     for s in api.saved:
         assert s["overwrite"] is True and s["folderUid"] == "f2"
-        assert s["dashboard"]["templating"] == dashboards.build()[
-            "ddp-job-overview.json" if s["dashboard"]["uid"] == "ddpmon-ddp-overview" else "ddp-gpus.json"
-        ]["templating"]
+        assert (
+            s["dashboard"]["templating"]
+            == dashboards.build()[
+                "ddp-job-overview.json"
+                if s["dashboard"]["uid"] == "ddpmon-ddp-overview"
+                else "ddp-gpus.json"
+            ]["templating"]
+        )
     out = capsys.readouterr().out
     assert f"DDP job overview: {url}/d/ddpmon-ddp-overview/" in out
 
@@ -190,18 +211,42 @@ def test_push_to_nothing_listening_says_unreachable(capsys: pytest.CaptureFixtur
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert run_cli("dashboards", "push", "--url", f"http://127.0.0.1:{port}", "--token", TOKEN,
-                   "--timeout", "2") == 1
+    assert (
+        run_cli(
+            "dashboards",
+            "push",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--token",
+            TOKEN,
+            "--timeout",
+            "2",
+        )
+        == 1
+    )
     assert f"cannot reach Grafana at http://127.0.0.1:{port}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--url", "http://127.0.0.1:3000"], "no Grafana API token: pass --token TOKEN or set GRAFANA_TOKEN"),
-    (["--url", "grafana:3000", "--token", TOKEN], "--url='grafana:3000' is not valid"),
-    (["--url", "http://127.0.0.1:3000", "--token", TOKEN, "--timeout", "0"], "--timeout=0.0 is not valid"),
-])
-def test_push_bad_usage(argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
-                        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--url", "http://127.0.0.1:3000"],
+            "no Grafana API token: pass --token TOKEN or set GRAFANA_TOKEN",
+        ),
+        (["--url", "grafana:3000", "--token", TOKEN], "--url='grafana:3000' is not valid"),
+        (
+            ["--url", "http://127.0.0.1:3000", "--token", TOKEN, "--timeout", "0"],
+            "--timeout=0.0 is not valid",
+        ),
+    ],
+)
+def test_push_bad_usage(
+    argv: list[str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
     assert run_cli("dashboards", "push", *argv) == 2
     assert message in capsys.readouterr().err

@@ -21,20 +21,35 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 METRICS_DOC = ROOT / table.DEFAULT  # docs/metrics.md
 CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
-DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+DOCS = {
+    p.relative_to(ROOT).as_posix(): p.read_text()
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 # where each command's flags are documented; the top-level ones and top's are in README
-DOC_OF = {"": "README.md", "top": "README.md", "doctor": "docs/doctor.md", "daemon": "docs/daemon.md",
-          "dashboards": "docs/dashboards.md", "run": "docs/integrations.md", "report": "docs/report.md",
-          "compare": "docs/report.md", "capture": "docs/capture.md"}
+DOC_OF = {
+    "": "README.md",
+    "top": "README.md",
+    "doctor": "docs/doctor.md",
+    "daemon": "docs/daemon.md",
+    "dashboards": "docs/dashboards.md",
+    "run": "docs/integrations.md",
+    "report": "docs/report.md",
+    "compare": "docs/report.md",
+    "capture": "docs/capture.md",
+}
 PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
 
 
 def test_the_metric_table_is_the_catalog() -> None:
     text = METRICS_DOC.read_text()
-    assert table.replace(text) == text, "regenerate it: make metrics-table (python -m ddpmon.metrics.table)"
+    assert table.replace(text) == text, (
+        "regenerate it: make metrics-table (python -m ddpmon.metrics.table)"
+    )
 
 
-def test_a_file_without_the_markers_is_refused_not_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_without_the_markers_is_refused_not_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ValueError, match="expected one"):
         table.replace(METRICS_DOC.read_text().replace(table.END, ""))
     monkeypatch.chdir(tmp_path)  # the default file is docs/metrics.md, from where it runs
@@ -47,7 +62,9 @@ def test_every_metric_name_the_docs_use_exists() -> None:
     known = catalog.series_names() | set(catalog.BY_NAME)
     known.add(rank_notes.ddpmon_part_off.__name__)  # a doctor finding's kind, not a metric
     for doc, text in DOCS.items():
-        names = {n for n in re.findall(r"\bddpmon_[a-z0-9_]+", text) if not n.endswith("_")}  # ddpmon_gpu_*: a prefix
+        names = {
+            n for n in re.findall(r"\bddpmon_[a-z0-9_]+", text) if not n.endswith("_")
+        }  # ddpmon_gpu_*: a prefix
         unknown = sorted(names - known)
         assert unknown == [], f"{doc} names metrics the catalog does not have"
 
@@ -62,10 +79,14 @@ def test_the_options_table_is_exactly_the_config() -> None:
 
 
 def test_every_ddpmon_variable_the_docs_name_is_an_option() -> None:
-    variables = {"DDPMON_" + f.name.upper() for f in dataclasses.fields(Config) if f.name != "comm_state"}
+    variables = {
+        "DDPMON_" + f.name.upper() for f in dataclasses.fields(Config) if f.name != "comm_state"
+    }
     for doc, text in DOCS.items():
         named = set(re.findall(r"\bDDPMON_[A-Z_]*[A-Z]\b", text))
-        assert named <= variables, f"{doc} names variables ddpmon does not read: {sorted(named - variables)}"
+        assert named <= variables, (
+            f"{doc} names variables ddpmon does not read: {sorted(named - variables)}"
+        )
 
 
 def _flags(parser: argparse.ArgumentParser, command: str = "") -> dict[str, set[str]]:
@@ -103,9 +124,13 @@ def test_every_flag_the_docs_give_a_command_exists() -> None:
     for doc, text in DOCS.items():
         for line in text.splitlines():
             # the flags after `ddpmon CMD` up to the next command on the line are CMD's
-            for command, rest in re.findall(rf"ddpmon ({commands})\b(.*?)(?=ddpmon (?:{commands})\b|$)", line):
+            for command, rest in re.findall(
+                rf"ddpmon ({commands})\b(.*?)(?=ddpmon (?:{commands})\b|$)", line
+            ):
                 unknown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest)) - FLAGS[command]
-                assert not unknown, f"{doc}: `ddpmon {command}` has no {sorted(unknown)}: {line.strip()}"
+                assert not unknown, (
+                    f"{doc}: `ddpmon {command}` has no {sorted(unknown)}: {line.strip()}"
+                )
 
 
 def test_quickstart_shows_the_two_commands() -> None:
@@ -115,12 +140,20 @@ def test_quickstart_shows_the_two_commands() -> None:
 
 def _code_lines(text: str) -> list[str]:
     """The lines of the fenced code blocks of a Markdown text."""
-    return [line for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S) for line in block.splitlines()]
+    return [
+        line
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S)
+        for line in block.splitlines()
+    ]
 
 
 def test_every_command_example_in_readme_parses() -> None:
-    examples = [line.split(" #", 1)[0].strip() for line in _code_lines(README) if line.startswith("ddpmon ")]
-    assert {e.split()[1] for e in examples} >= set(FLAGS) - {""}, "README gives every command an example"
+    examples = [
+        line.split(" #", 1)[0].strip() for line in _code_lines(README) if line.startswith("ddpmon ")
+    ]
+    assert {e.split()[1] for e in examples} >= set(FLAGS) - {""}, (
+        "README gives every command an example"
+    )
     for example in examples:
         argv = shlex.split(re.sub(r"<[a-z]+>", "job", example.replace("$(id -u)", "1000")))[1:]
         try:
@@ -135,7 +168,9 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(text: str) -> set[str]:
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # a `# comment` in a block is no heading
+    prose = re.sub(
+        r"^```.*?^```", "", text, flags=re.M | re.S
+    )  # a `# comment` in a block is no heading
     out: set[str] = set()
     for heading in re.findall(r"^#{1,6} (.+)$", prose, re.M):
         slug, n = _slug(heading), 1
@@ -155,4 +190,6 @@ def test_every_relative_link_leads_somewhere() -> None:
             file = (ROOT / doc).parent / path if path else ROOT / doc
             assert file.exists(), f"{doc}: the link {target} leads to no file"
             if anchor:
-                assert anchor in _anchors(file.read_text()), f"{doc}: the link {target} leads to no heading"
+                assert anchor in _anchors(file.read_text()), (
+                    f"{doc}: the link {target} leads to no heading"
+                )

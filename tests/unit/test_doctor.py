@@ -35,7 +35,9 @@ def doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, st
 # -- which files --------------------------------------------------------------------------------
 
 
-def test_two_jobs_in_one_directory_are_kept_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_two_jobs_in_one_directory_are_kept_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # job "big" (4 ranks) wrote ranks 0-3 first; job "small" (2 ranks) overwrote 0 and 1.
     for r in (2, 3):
         write(tmp_path, state(r, world=4, job="big", silent=40.0), age=30.0)
@@ -60,10 +62,26 @@ def test_clocks_that_differ_between_hosts(tmp_path: Path) -> None:
     write(tmp_path, state(1, skew=-3600.0, silent=0.3))
     d = examine(str(tmp_path), live_stacks=False)
     assert d.verdict == "healthy", d.as_dict()
-    assert [v.silent for v in d.ranks] == [pytest.approx(0.4, abs=0.05), pytest.approx(0.5, abs=0.05)]
+    assert [v.silent for v in d.ranks] == [
+        pytest.approx(0.4, abs=0.05),
+        pytest.approx(0.5, abs=0.05),
+    ]
     # the same skews in a hang: ages come out right, not an hour off
-    write(tmp_path, state(0, skew=+3600.0, silent=30.0, in_flight=[waiting_in("all_reduce", 7, 30.0, skew=3600.0)]))
-    write(tmp_path, state(1, skew=-3600.0, silent=30.0, in_flight=[waiting_in("all_reduce", 7, 30.0, skew=-3600.0)]))
+    write(
+        tmp_path,
+        state(
+            0, skew=+3600.0, silent=30.0, in_flight=[waiting_in("all_reduce", 7, 30.0, skew=3600.0)]
+        ),
+    )
+    write(
+        tmp_path,
+        state(
+            1,
+            skew=-3600.0,
+            silent=30.0,
+            in_flight=[waiting_in("all_reduce", 7, 30.0, skew=-3600.0)],
+        ),
+    )
     d = examine(str(tmp_path), live_stacks=False)
     assert d.verdict == "hang" and kinds(d)[0] == "comm_hang"
     assert [v.waiting.age_seconds for v in d.ranks] == [pytest.approx(30.2, abs=0.05)] * 2
@@ -84,29 +102,60 @@ def test_leftover_files_of_a_larger_earlier_run(tmp_path: Path) -> None:
 
 def test_comm_hang_same_collective_nobody_behind(tmp_path: Path) -> None:
     for r in range(3):
-        write(tmp_path, state(r, world=3, backend="nccl", silent=20.0,
-                              in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)]))
+        write(
+            tmp_path,
+            state(
+                r,
+                world=3,
+                backend="nccl",
+                silent=20.0,
+                in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)],
+            ),
+        )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [])
     f = d.findings[0]
     assert f.kind == "comm_hang" and f.ranks == [0, 1, 2]
-    for var in ("TORCH_DISTRIBUTED_DEBUG=DETAIL", "TORCH_CPP_LOG_LEVEL=INFO", "NCCL_DEBUG=WARN",
-                "TORCH_NCCL_TRACE_BUFFER_SIZE=2000"):
+    for var in (
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+        "TORCH_CPP_LOG_LEVEL=INFO",
+        "NCCL_DEBUG=WARN",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE=2000",
+    ):
         assert var in f.fix
     # a job that already runs with DETAIL is told where DETAIL's checks are, not to set it
     for r in range(3):
-        write(tmp_path, state(r, world=3, backend="nccl", silent=20.0, debug_level="DETAIL",
-                              in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)]))
+        write(
+            tmp_path,
+            state(
+                r,
+                world=3,
+                backend="nccl",
+                silent=20.0,
+                debug_level="DETAIL",
+                in_flight=[waiting_in("all_reduce", 41, 20.0, size=3, bucket=0)],
+            ),
+        )
     f = examine(str(tmp_path), live_stacks=False).findings[0]
-    assert "already runs with TORCH_DISTRIBUTED_DEBUG=DETAIL" in f.fix and "Detected mismatch" in f.fix
+    assert (
+        "already runs with TORCH_DISTRIBUTED_DEBUG=DETAIL" in f.fix and "Detected mismatch" in f.fix
+    )
 
 
 def test_comm_hang_one_rank_one_collective_ahead(tmp_path: Path) -> None:
     """Rank 0 completed all_reduce #17 and waits in #18; rank 1 still waits in #17: what
     rank 1 waits for has been delivered to rank 0, so nobody is behind."""
     done = dict(waiting_in("all_reduce", 17, 12.0), completed_unix=states.NOW - 11.0, seconds=1.0)
-    write(tmp_path, state(0, silent=11.0, in_flight=[waiting_in("all_reduce", 18, 11.0)],
-                          collective_log=[done], last_collective=done))
+    write(
+        tmp_path,
+        state(
+            0,
+            silent=11.0,
+            in_flight=[waiting_in("all_reduce", 18, 11.0)],
+            collective_log=[done],
+            last_collective=done,
+        ),
+    )
     write(tmp_path, state(1, silent=12.0, in_flight=[waiting_in("all_reduce", 17, 12.0)]))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [], "comm_hang")
@@ -119,10 +168,26 @@ def test_comm_hang_one_rank_one_collective_ahead(tmp_path: Path) -> None:
 def test_desync_odd_rank_is_the_one_with_an_unseen_call_site(tmp_path: Path) -> None:
     sites = {"all_reduce train.py:88 (DDP bucket)": 40}
     for r in (0, 2):
-        write(tmp_path, state(r, world=3, silent=9.0, collective_sites=sites,
-                              in_flight=[waiting_in("all_reduce", 81, 9.0, bucket=0, size=3)]))
-    write(tmp_path, state(1, world=3, silent=9.0, collective_sites=dict(sites, **{"barrier eval.py:12": 1}),
-                          in_flight=[waiting_in("barrier", 81, 9.0, site="eval.py:12", size=3)]))
+        write(
+            tmp_path,
+            state(
+                r,
+                world=3,
+                silent=9.0,
+                collective_sites=sites,
+                in_flight=[waiting_in("all_reduce", 81, 9.0, bucket=0, size=3)],
+            ),
+        )
+    write(
+        tmp_path,
+        state(
+            1,
+            world=3,
+            silent=9.0,
+            collective_sites=dict(sites, **{"barrier eval.py:12": 1}),
+            in_flight=[waiting_in("barrier", 81, 9.0, site="eval.py:12", size=3)],
+        ),
+    )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [1], "mismatch")
     assert "as #81 of group 0: the operation differs" in d.findings[0].summary
@@ -133,17 +198,36 @@ def test_desync_odd_rank_is_the_one_with_an_unseen_call_site(tmp_path: Path) -> 
 def test_desync_minority_when_every_site_was_seen(tmp_path: Path) -> None:
     sites = {"all_reduce train.py:88": 5, "broadcast train.py:90": 5}
     for r in (0, 1):
-        write(tmp_path, state(r, world=3, silent=9.0, collective_sites=sites,
-                              in_flight=[waiting_in("all_reduce", 11, 9.0, size=3)]))
-    write(tmp_path, state(2, world=3, silent=9.0, collective_sites=sites,
-                          in_flight=[waiting_in("broadcast", 11, 9.0, site="train.py:90", size=3)]))
+        write(
+            tmp_path,
+            state(
+                r,
+                world=3,
+                silent=9.0,
+                collective_sites=sites,
+                in_flight=[waiting_in("all_reduce", 11, 9.0, size=3)],
+            ),
+        )
+    write(
+        tmp_path,
+        state(
+            2,
+            world=3,
+            silent=9.0,
+            collective_sites=sites,
+            in_flight=[waiting_in("broadcast", 11, 9.0, site="train.py:90", size=3)],
+        ),
+    )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("desync", [2])
 
 
 def test_group_member_without_a_state_file(tmp_path: Path) -> None:
     for r in (0, 1):
-        write(tmp_path, state(r, world=3, silent=15.0, in_flight=[waiting_in("all_reduce", 3, 15.0, size=3)]))
+        write(
+            tmp_path,
+            state(r, world=3, silent=15.0, in_flight=[waiting_in("all_reduce", 3, 15.0, size=3)]),
+        )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [2], "missing_rank")
     assert "rank 2 has no state file" in d.findings[0].summary
@@ -157,24 +241,35 @@ def test_rank_running_on_without_joining(tmp_path: Path) -> None:
 
 
 def test_stuck_rank_stack_from_its_hang_report(tmp_path: Path) -> None:
-    frames = [{"file": "train.py", "line": 120, "function": "main", "code": ""},
-              {"file": "data.py", "line": 33, "function": "next_batch", "code": ""}]
+    frames = [
+        {"file": "train.py", "line": 120, "function": "main", "code": ""},
+        {"file": "data.py", "line": 33, "function": "next_batch", "code": ""},
+    ]
     hang = hang_report(threads=[{"name": "MainThread", "main": True, "frames": frames}])
     write(tmp_path, state(0, silent=70.0, hang=hang))
     write(tmp_path, state(1, silent=69.0, in_flight=[waiting_in("all_reduce", 50, 69.0, bucket=3)]))
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
     f = d.findings[0]
-    assert f.kind == "stuck_rank" and f.summary.startswith("rank 0 is stuck outside any collective; rank 1 waits")
+    assert f.kind == "stuck_rank" and f.summary.startswith(
+        "rank 0 is stuck outside any collective; rank 1 waits"
+    )
     assert "  data.py:33 in next_batch" in f.evidence
     assert any(line.startswith("rank 0 main thread, from its hang report") for line in f.evidence)
     assert d.as_dict()["ranks"][0]["stack"]["frames"][-1]["function"] == "next_batch"
 
 
 def test_dead_rank_with_its_own_exception_first(tmp_path: Path) -> None:
-    exit_bad = {"unix": states.NOW, "exception": "ValueError: bad sample 17", "where": "data.py:33 in load"}
-    exit_peer = {"unix": states.NOW, "exception": "RuntimeError: Got the following error when running the "
-                 "callback: RuntimeError: [pair.cc:537] Read error: Connection reset by peer"}
+    exit_bad = {
+        "unix": states.NOW,
+        "exception": "ValueError: bad sample 17",
+        "where": "data.py:33 in load",
+    }
+    exit_peer = {
+        "unix": states.NOW,
+        "exception": "RuntimeError: Got the following error when running the "
+        "callback: RuntimeError: [pair.cc:537] Read error: Connection reset by peer",
+    }
     write(tmp_path, state(0, world=3, exit=exit_peer), age=19.0)
     write(tmp_path, state(1, world=3, exit=exit_bad), age=20.0)
     write(tmp_path, state(2, world=3, exit=exit_peer), age=19.0)
@@ -196,7 +291,10 @@ def test_dead_rank_on_another_host_stops_writing(tmp_path: Path) -> None:
 
 def test_rank_that_left_early_is_a_desync(tmp_path: Path) -> None:
     write(tmp_path, state(0, steps=10, exit={"unix": states.NOW, "exception": None}), age=10.0)
-    write(tmp_path, state(1, steps=11, silent=10.0, in_flight=[waiting_in("all_reduce", 60, 10.0, bucket=0)]))
+    write(
+        tmp_path,
+        state(1, steps=11, silent=10.0, in_flight=[waiting_in("all_reduce", 60, 10.0, bucket=0)]),
+    )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("desync", [0], "left_early")
     assert "DistributedSampler(dataset, drop_last=True)" in d.findings[0].fix
@@ -206,7 +304,11 @@ def test_rank_that_left_early_is_a_desync(tmp_path: Path) -> None:
 def test_job_ended_while_hung_is_diagnosed_from_the_last_writes(tmp_path: Path) -> None:
     hang = hang_report()
     write(tmp_path, state(0, silent=30.0, hang=hang), age=100.0)
-    write(tmp_path, state(1, silent=30.0, hang=hang, in_flight=[waiting_in("all_reduce", 5, 30.0)]), age=100.0)
+    write(
+        tmp_path,
+        state(1, silent=30.0, hang=hang, in_flight=[waiting_in("all_reduce", 5, 30.0)]),
+        age=100.0,
+    )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
     assert "ended_while_hung" in kinds(d)
@@ -217,8 +319,17 @@ def test_straggler_compute_not_backward_wall_time(tmp_path: Path) -> None:
     # Equal step and backward wall times (DDP evens them out); rank 2 computes longer and waits least.
     for r in range(4):
         slow = r == 2
-        write(tmp_path, state(r, world=4, step_s=0.1, forward_s=0.06 if slow else 0.02,
-                              backward_s=0.03, exposed_s=0.002 if slow else 0.04))
+        write(
+            tmp_path,
+            state(
+                r,
+                world=4,
+                step_s=0.1,
+                forward_s=0.06 if slow else 0.02,
+                backward_s=0.03,
+                exposed_s=0.002 if slow else 0.04,
+            ),
+        )
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("straggler", [2])
     f = d.findings[0]
@@ -275,7 +386,9 @@ def test_pids_of_another_pid_namespace_are_not_trusted(tmp_path: Path) -> None:
 # -- output ---------------------------------------------------------------------------------------
 
 
-def test_human_output_culprit_first_then_a_row_per_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_human_output_culprit_first_then_a_row_per_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write(tmp_path, state(0, silent=30.0))
     write(tmp_path, state(1, silent=30.0, in_flight=[waiting_in("all_reduce", 5, 30.0)]))
     d = examine(str(tmp_path), live_stacks=False)
@@ -283,7 +396,7 @@ def test_human_output_culprit_first_then_a_row_per_rank(tmp_path: Path, capsys: 
     lines = text.splitlines()
     assert lines[0].startswith("ddpmon doctor: HANG - the job is hung (job 'job', 2 ranks")
     assert lines[2].startswith("root cause: rank 0 is stuck outside any collective")
-    table = lines[lines.index(next(line for line in lines if line.startswith("rank  status"))):]
+    table = lines[lines.index(next(line for line in lines if line.startswith("rank  status"))) :]
     assert [row.split()[:2] for row in table[1:]] == [["0", "stuck"], ["1", "waiting"]]
     assert "\033[" not in text
     coloured = report.render(d, colour=True)
@@ -304,8 +417,9 @@ def test_ddpmon_failure_exits_3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert exit_info.value.code == 3
 
 
-def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """64 ranks on 8 other hosts, hung in one all-reduce with one rank stuck: the files alone
     answer, with no per-rank process or py-spy work for ranks this host cannot see. How fast:
     ``python benchmarks/doctor_scale.py`` and ``benchmarks/hang_tracking.py``."""
@@ -313,9 +427,24 @@ def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(tmp_path: Path, m
     frames = [{"file": "train.py", "line": i, "function": f"f{i}", "code": ""} for i in range(40)]
     for r in range(64):
         hang = hang_report(threads=[{"name": "MainThread", "main": True, "frames": frames}] * 8)
-        in_flight = [] if r == 37 else [waiting_in("all_reduce", 900 + b, 20.0, size=64, bucket=b) for b in range(25)]
-        write(tmp_path, state(r, world=64, host=f"node-{r // 8}", silent=20.0, hang=hang,
-                              in_flight=in_flight, collective_sites=sites, steps=256))
+        in_flight = (
+            []
+            if r == 37
+            else [waiting_in("all_reduce", 900 + b, 20.0, size=64, bucket=b) for b in range(25)]
+        )
+        write(
+            tmp_path,
+            state(
+                r,
+                world=64,
+                host=f"node-{r // 8}",
+                silent=20.0,
+                hang=hang,
+                in_flight=in_flight,
+                collective_sites=sites,
+                steps=256,
+            ),
+        )
     calls: list[Any] = []
     monkeypatch.setattr(stacks, "dump_many", lambda *a, **k: calls.append(a) or {})
     d = examine(str(tmp_path))
@@ -325,19 +454,44 @@ def test_64_ranks_on_other_hosts_need_no_per_rank_process_work(tmp_path: Path, m
     assert code == 1 and json.loads(out)["suspect_ranks"] == [37]
 
 
-def _nccl_hang(rank: int, world: int, enqueued: int, completed: int, op: str, silent: float = 90.0,
-               started: int | None = None) -> dict[str, Any]:
+def _nccl_hang(
+    rank: int,
+    world: int,
+    enqueued: int,
+    completed: int,
+    op: str,
+    silent: float = 90.0,
+    started: int | None = None,
+) -> dict[str, Any]:
     """An NCCL rank: its collectives leave the CPU at once (nothing tracked in flight); its
     hang report carries torch's flight recorder."""
-    entries = [{"record_id": s, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
-                "profiling_name": f"nccl:{op if s == completed + 1 else 'all_reduce'}", "is_p2p": False,
-                "state": "scheduled" if s > completed else "completed",
-                "time_created_ns": int((states.NOW - silent) * 1e9)} for s in range(completed - 3, enqueued + 1)]
+    entries = [
+        {
+            "record_id": s,
+            "pg_id": 0,
+            "process_group": ["0", "default_pg"],
+            "collective_seq_id": s,
+            "profiling_name": f"nccl:{op if s == completed + 1 else 'all_reduce'}",
+            "is_p2p": False,
+            "state": "scheduled" if s > completed else "completed",
+            "time_created_ns": int((states.NOW - silent) * 1e9),
+        }
+        for s in range(completed - 3, enqueued + 1)
+    ]
     started = completed + 1 if started is None else started
-    fr = {"pg_status": {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": str(started),
-                              "last_completed_collective": str(completed)}}, "entries": entries}
-    return state(rank, world=world, backend="nccl", silent=silent,
-                 hang=hang_report(flight_recorder=fr))
+    fr = {
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": str(enqueued),
+                "last_started_collective": str(started),
+                "last_completed_collective": str(completed),
+            }
+        },
+        "entries": entries,
+    }
+    return state(
+        rank, world=world, backend="nccl", silent=silent, hang=hang_report(flight_recorder=fr)
+    )
 
 
 def test_nccl_waits_come_from_the_flight_recorder(tmp_path: Path) -> None:
@@ -364,16 +518,26 @@ def test_a_gpu_that_has_not_started_the_collective_is_the_culprit(tmp_path: Path
     kernel that never ends, the collective enqueued behind it, answered comm_hang)."""
     write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce"))
     behind = _nccl_hang(1, 2, 44, 42, "all_reduce", started=42)
-    behind["activity"] = {"state": "stuck", "sampled_unix": states.NOW - 0.3, "still_seconds": 90.0,
-                          "cpu_share": 1.0, "where": "train.py:75 in main", "gpu_behind_seconds": 88.4}
+    behind["activity"] = {
+        "state": "stuck",
+        "sampled_unix": states.NOW - 0.3,
+        "still_seconds": 90.0,
+        "cpu_share": 1.0,
+        "where": "train.py:75 in main",
+        "gpu_behind_seconds": 88.4,
+    }
     write(tmp_path, behind)
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("hang", [1], "gpu_behind")
     assert d.findings[0].summary.startswith("the GPU of rank 1 has not started all_reduce #43")
-    assert ("rank 1: waiting for its GPU, which has not finished the work the rank enqueued 88 s ago, its "
-            "watchdog says (at train.py:75 in main)") in d.findings[0].evidence
+    assert (
+        "rank 1: waiting for its GPU, which has not finished the work the rank enqueued 88 s ago, its "
+        "watchdog says (at train.py:75 in main)"
+    ) in d.findings[0].evidence
     assert "Xid" in d.findings[0].fix
-    write(tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce", started=42))  # neither GPU started it: both
+    write(
+        tmp_path, _nccl_hang(0, 2, 45, 42, "all_reduce", started=42)
+    )  # neither GPU started it: both
     assert examine(str(tmp_path), live_stacks=False).suspect_ranks == [0, 1]
 
 

@@ -53,12 +53,21 @@ def state_files_of(scenario: str) -> list[StateFile]:
     m = meta(scenario)
     return [
         StateFile(str(path), state_files.read(str(path)), m["mtime"][path.name])
-        for path in sorted((FIXTURES / scenario).glob("rank-*.json"), key=lambda p: state_files.rank_of(str(p)) or 0)
+        for path in sorted(
+            (FIXTURES / scenario).glob("rank-*.json"),
+            key=lambda p: state_files.rank_of(str(p)) or 0,
+        )
     ]
 
 
-def views(scenario: str, *, later: float = 0.0, alive: dict[int, bool | None] | None = None,
-          stopped: tuple[int, ...] = (), only: tuple[int, ...] | None = None) -> list[RankView]:
+def views(
+    scenario: str,
+    *,
+    later: float = 0.0,
+    alive: dict[int, bool | None] | None = None,
+    stopped: tuple[int, ...] = (),
+    only: tuple[int, ...] | None = None,
+) -> list[RankView]:
     """The ranks of a recorded job ``later`` seconds after the recording. Liveness is as the
     doctor saw it then, unless ``alive`` (by rank) or ``stopped`` say otherwise."""
     m = meta(scenario)
@@ -68,7 +77,9 @@ def views(scenario: str, *, later: float = 0.0, alive: dict[int, bool | None] | 
             continue
         name = Path(f.path).name
         live = (alive or {}).get(f.rank, m["alive"][name])
-        liveness = Liveness(live, f"given by the test: alive={live}", f.rank in stopped or m["stopped"][name])
+        liveness = Liveness(
+            live, f"given by the test: alive={live}", f.rank in stopped or m["stopped"][name]
+        )
         out.append(view(f, liveness, m["now"] + later, None))
     return out
 
@@ -87,10 +98,17 @@ def test_views_of_recorded_jobs() -> None:
     assert statuses(views("straggler")) == ["stepping", "stepping"]
     assert statuses(views("finished")) == ["exited", "exited"]
     # another host (liveness unknown): a file no longer rewritten is silent
-    assert statuses(views("straggler", later=60.0, alive={0: None, 1: None})) == ["silent", "silent"]
+    assert statuses(views("straggler", later=60.0, alive={0: None, 1: None})) == [
+        "silent",
+        "silent",
+    ]
     stuck = views("stuck_rank")
     waiting = stuck[0].waiting
-    assert waiting is not None and (waiting.op, waiting.bucket, waiting.call_site) == ("all_reduce", 0, "DDP backward")
+    assert waiting is not None and (waiting.op, waiting.bucket, waiting.call_site) == (
+        "all_reduce",
+        0,
+        "DDP backward",
+    )
     assert waiting.age_seconds is not None and waiting.age_seconds >= 2.0
     assert stuck[2].stack_source is not None and stuck[2].stack_source.startswith("its hang report")
     assert stuck[2].stack is not None and stuck[2].stack[0].frames[-1].function == "load_batch"
@@ -99,12 +117,17 @@ def test_views_of_recorded_jobs() -> None:
 def test_every_recorded_job_gets_the_answer_the_doctor_gave_when_recorded() -> None:
     for scenario in SCENARIOS:
         vs = views(scenario)
-        missing = [r for r in range(vs[0].state.world_size or len(vs)) if r not in {v.rank for v in vs}]
+        missing = [
+            r for r in range(vs[0].state.world_size or len(vs)) if r not in {v.rank for v in vs}
+        ]
         verdict, suspects, findings = rules.decide(vs, missing)
         findings += rules.notes(vs, suspects)
         expected = meta(scenario)["doctor"]
         assert (verdict, suspects, [f.kind for f in findings]) == (
-            expected["verdict"], expected["suspect_ranks"], expected["kinds"]), scenario
+            expected["verdict"],
+            expected["suspect_ranks"],
+            expected["kinds"],
+        ), scenario
 
 
 # -- verdict rules, in the order of rules.VERDICT_RULES -------------------------------------------
@@ -126,7 +149,9 @@ def test_left_early() -> None:
     assert found is not None and (found.verdict, found.suspects) == ("desync", [0])
     f = found.findings[0]
     assert (f.kind, f.ranks) == ("left_early", [0])
-    assert f.summary.startswith("rank 0 left the job (exited without an error at step 4) while rank 1 still needed it")
+    assert f.summary.startswith(
+        "rank 0 left the job (exited without an error at step 4) while rank 1 still needed it"
+    )
     assert f.fix == words.FIX_UNEVEN
     assert dead_rank.left_early(views("dead_rank"), []) is None
     assert dead_rank.left_early(views("finished"), []) is None
@@ -150,17 +175,23 @@ def test_mismatch_uneven_inputs_with_two_ranks() -> None:
     assert f.summary.startswith(
         "rank 0 has more batches than rank 1 (uneven inputs): as #15 of group 0, rank 0 runs another "
         "training step (all_reduce of DDP gradient bucket 0) while rank 1 has gone past the training "
-        "loop to barrier at tests/fixtures/doctor/record_worker.py:34 in uneven_more")
+        "loop to barrier at tests/fixtures/doctor/record_worker.py:34 in uneven_more"
+    )
     assert f.evidence[-1] == (
         "at the same step (5), rank 1 is at line 34 of uneven_more (tests/fixtures/doctor/record_worker.py), "
         "past the loop (lines 32-33) that rank 0 is in, at line 33: rank 1 went past the place of rank 0's "
-        "training step without running it")
+        "training step without running it"
+    )
     assert f.fix.startswith(words.FIX_UNEVEN)
     # positions that do not tell (other steps): the call site no other rank used, as before
     vs[0].state.step += 1
     assert common.ahead(vs[1], vs[0]) is None
     found = fingerprint.mismatch(vs, [])
-    assert found is not None and found.suspects == [1] and not found.findings[0].fix.startswith(words.FIX_UNEVEN)
+    assert (
+        found is not None
+        and found.suspects == [1]
+        and not found.findings[0].fix.startswith(words.FIX_UNEVEN)
+    )
 
 
 def test_dead_rank() -> None:
@@ -191,22 +222,30 @@ def test_same_error() -> None:
     assert found is not None and (found.verdict, found.suspects) == ("dead_rank", [0, 1])
     f = found.findings[0]
     assert (f.kind, f.ranks, f.severity) == ("same_error", [0, 1], "error")
-    assert f.summary.startswith("every rank failed in the same place: a bug in the code, not one rank "
-                                "(ranks 0, 1 raised DDP's \"Expected to have finished reduction in the prior iteration\" at ")
-    assert f.summary.endswith("in unused_layer); its cause: 2 parameter(s) received no gradient in the step before "
-                              "(head_b.weight, head_b.bias) and DDP runs with find_unused_parameters=False")
+    assert f.summary.startswith(
+        "every rank failed in the same place: a bug in the code, not one rank "
+        '(ranks 0, 1 raised DDP\'s "Expected to have finished reduction in the prior iteration" at '
+    )
+    assert f.summary.endswith(
+        "in unused_layer); its cause: 2 parameter(s) received no gradient in the step before "
+        "(head_b.weight, head_b.bias) and DDP runs with find_unused_parameters=False"
+    )
     assert f.fix.startswith("Make head_b.weight, head_b.bias take part in the loss on every rank")
     assert unused_parameters.unused_parameters(vs) == []  # named once, as the cause
     assert same_error.same_error(vs, [2]) is None  # a rank without a file: not every rank is known
-    assert "2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)" \
-        in words.fix_crashed(vs[1])  # dead_rank's fix, where one rank failed so
+    assert (
+        "2 parameter(s) received no gradient in the step before (head_b.weight, head_b.bias)"
+        in words.fix_crashed(vs[1])
+    )  # dead_rank's fix, where one rank failed so
     assert same_error.same_error(views("dead_rank"), []) is None  # os._exit, then connection errors
 
 
 def full_disk(monkeypatch: pytest.MonkeyPatch, free: tuple[int, int] = (12 * 1024, 500)) -> str:
     """A state directory whose file system has ``free`` (bytes, inodes) left, as statvfs says."""
     where = str(FIXTURES / "straggler")
-    monkeypatch.setattr(state_files, "free_space", lambda directory: free if directory == where else None)
+    monkeypatch.setattr(
+        state_files, "free_space", lambda directory: free if directory == where else None
+    )
     return where
 
 
@@ -221,26 +260,42 @@ def test_cannot_write(monkeypatch: pytest.MonkeyPatch) -> None:
     cannot_write.mark(running, where)
     assert statuses(running) == ["unknown", "unknown"]
     verdict, suspects, found = rules.decide(running, [])
-    assert (verdict, suspects, [f.kind for f in found]) == ("cannot_write", [0, 1], ["cannot_write"])
+    assert (verdict, suspects, [f.kind for f in found]) == (
+        "cannot_write",
+        [0, 1],
+        ["cannot_write"],
+    )
     f = found[0]
-    assert (f.severity, f.summary) == ("error", "ranks 0, 1 cannot write their state: no space left on device")
+    assert (f.severity, f.summary) == (
+        "error",
+        "ranks 0, 1 cannot write their state: no space left on device",
+    )
     assert f.evidence[0] == f"the file system of {where} has 12 KiB free (under 1 MiB: full)"
-    assert f.evidence[1].startswith("rank 0 (host ") and "its state file was last written " in f.evidence[1]
+    assert (
+        f.evidence[1].startswith("rank 0 (host ")
+        and "its state file was last written " in f.evidence[1]
+    )
     assert "its process runs (given by the test: alive=True)" in f.evidence[1]
     assert f"df -h {where}" in f.fix and "DDPMON_STATE_DIR" in f.fix and "OOM" not in f.fix
     # a clean finish whose last writes failed: ended, how not recorded; not killed
     ended = views("straggler", later=30.0, alive={0: False, 1: False})
-    assert rules.decide(ended, []).findings[0].kind == "dead_rank"  # "vanished ... the OOM killer" before
+    assert (
+        rules.decide(ended, []).findings[0].kind == "dead_rank"
+    )  # "vanished ... the OOM killer" before
     cannot_write.mark(ended, where)
     verdict, _, found = rules.decide(ended, [])
     assert verdict == "cannot_write" and found[0].summary == (
-        "ranks 0, 1 cannot write their state: no space left on device; ranks 0, 1 have ended, how is not recorded")
+        "ranks 0, 1 cannot write their state: no space left on device; ranks 0, 1 have ended, how is not recorded"
+    )
     assert "vanished" not in " ".join(found[0].evidence) and "dmesg" in found[0].fix
     # no free inode is as full
     monkeypatch.setattr(state_files, "free_space", lambda directory: (50 << 20, 0))
     late = views("straggler", later=14.0, alive={0: True, 1: True})
     cannot_write.mark(late, where)
-    assert statuses(late) == ["unknown", "unknown"] and "no free inode" in late[0].cannot_write.evidence[0]
+    assert (
+        statuses(late) == ["unknown", "unknown"]
+        and "no free inode" in late[0].cannot_write.evidence[0]
+    )
 
 
 def test_cannot_write_from_the_ranks_own_record(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,21 +306,33 @@ def test_cannot_write_from_the_ranks_own_record(monkeypatch: pytest.MonkeyPatch)
     vs = views("straggler", later=14.0, alive={0: True, 1: False})
     s = vs[1].state
     s.write_failures["history"] = schema.WriteFailure(
-        "No space left on device", (s.now_unix or 0) - 6, (s.now_unix or 0) - 1, "ENOSPC", count=5, total=5)
+        "No space left on device",
+        (s.now_unix or 0) - 6,
+        (s.now_unix or 0) - 1,
+        "ENOSPC",
+        count=5,
+        total=5,
+    )
     cannot_write.mark(vs, str(FIXTURES / "straggler"))
     assert statuses(vs) == ["frozen", "unknown"]  # rank 0 says nothing of the sort: frozen
     assert vs[1].cannot_write.evidence == [
         "rank 1: its last state file that got through says writing its history had failed for 6 s "
-        "(5 tries: No space left on device)"]
+        "(5 tries: No space left on device)"
+    ]
     cannot_write.mark(vs, None)  # read from node daemons: the record alone
     verdict, suspects, found = rules.decide(vs, [])
     assert verdict == "hang" and suspects == [0]  # rank 0 is frozen: the hang stays the cause...
     note = next(f for f in found if f.kind == "cannot_write")  # ...and rank 1's writes are a note
     assert (note.severity, note.ranks) == ("warning", [1])
-    assert note.summary == "rank 1 cannot write its state: no space left on device; rank 1 has ended, how is not recorded"
+    assert (
+        note.summary
+        == "rank 1 cannot write its state: no space left on device; rank 1 has ended, how is not recorded"
+    )
 
 
-def test_cannot_write_needs_a_late_file_and_a_running_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cannot_write_needs_a_late_file_and_a_running_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     where = full_disk(monkeypatch)
     fresh = views("straggler", alive={0: True, 1: True})
     cannot_write.mark(fresh, where)
@@ -293,7 +360,11 @@ def test_stuck_rank() -> None:
     assert f.fix == words.FIX_STUCK
     # its process stopped (SIGSTOP): frozen, and the fix says how to read its stack
     found = stuck_rank.stuck_rank(views("stuck_rank", stopped=(2,)), [])
-    assert found is not None and found.suspects == [2] and found.findings[0].fix.startswith(words.FIX_FROZEN)
+    assert (
+        found is not None
+        and found.suspects == [2]
+        and found.findings[0].fix.startswith(words.FIX_FROZEN)
+    )
     assert stuck_rank.stuck_rank(views("desync"), []) is None
 
 
@@ -305,7 +376,9 @@ def test_not_joining() -> None:
     assert found is not None and (found.verdict, found.suspects) == ("hang", [1])
     f = found.findings[0]
     assert (f.kind, f.ranks) == ("not_joining", [1])
-    assert f.summary.startswith("rank 0 waits in barrier #") and f.summary.endswith("rank 1 runs on without issuing it")
+    assert f.summary.startswith("rank 0 waits in barrier #") and f.summary.endswith(
+        "rank 1 runs on without issuing it"
+    )
     assert any(line.startswith("rank 1 keeps making progress") for line in f.evidence)
     barrier = vs[0].waiting  # a rank that has issued it is not the one that does not join
     vs[1].state.collective_seq[barrier.group] = barrier.seq
@@ -322,14 +395,22 @@ def test_a_wait_a_peer_has_seen_end_is_over() -> None:
         vs = views("not_joining")
         barrier = vs[0].waiting
         vs[0].state.hang = schema.Hang(0.0, 0.0, 3.0, 2.0, "test")
-        done = dataclasses.replace(barrier, completed_unix=vs[0].state.now_unix + after, seconds=0.1)
+        done = dataclasses.replace(
+            barrier, completed_unix=vs[0].state.now_unix + after, seconds=0.1
+        )
         vs[1].state.collective_log.append(done)
         vs[1].state.collective_seq[barrier.group] = barrier.seq
         assert rules.decide(vs, []).verdict == verdict, after
         assert statuses(vs)[0] == ("stepping" if verdict == "healthy" else "waiting")
         vs = views("not_joining")  # a collective that completes on a root alone proves nothing
-        vs[1].state.collective_log.append(dataclasses.replace(
-            barrier, op="broadcast", seq=barrier.seq + 1, completed_unix=vs[0].state.now_unix + 0.2))
+        vs[1].state.collective_log.append(
+            dataclasses.replace(
+                barrier,
+                op="broadcast",
+                seq=barrier.seq + 1,
+                completed_unix=vs[0].state.now_unix + 0.2,
+            )
+        )
         assert rules.decide(vs, []).verdict == "hang"
 
 
@@ -379,7 +460,10 @@ def test_straggler() -> None:
     f = found.findings[0]
     assert (f.kind, f.ranks, f.severity) == ("straggler", [1], "warning")
     assert "x slower than the others" in f.summary
-    assert "confirmed: the slow rank waits least for communication (the others wait for it)" in f.evidence
+    assert (
+        "confirmed: the slow rank waits least for communication (the others wait for it)"
+        in f.evidence
+    )
     assert straggler.straggler(views("stuck_rank"), []) is None
 
 
@@ -401,7 +485,9 @@ def test_the_first_rule_that_answers_wins() -> None:
     """Precedence: a stuck rank is blamed before the waiting ranks' collectives are compared."""
     vs = views("stuck_rank")
     assert comm_hang.comm_hang(vs, []) is not None  # on its own it would answer
-    assert rules.VERDICT_RULES.index(stuck_rank.stuck_rank) < rules.VERDICT_RULES.index(comm_hang.comm_hang)
+    assert rules.VERDICT_RULES.index(stuck_rank.stuck_rank) < rules.VERDICT_RULES.index(
+        comm_hang.comm_hang
+    )
     assert rules.decide(vs, []).suspects == [2]
     assert rules.decide([], []) == ("no_data", [], [])
     assert rules.decide(views("finished"), [])[0] == "healthy"
@@ -413,7 +499,10 @@ def test_the_first_rule_that_answers_wins() -> None:
 def test_unused_parameters() -> None:
     """Rank 0 uses head_a and never head_b; rank 1 the other way round."""
     found = unused_parameters.unused_parameters(views("unused_parameters"))
-    assert [(f.kind, f.ranks) for f in found] == [("unused_parameters", [0]), ("unused_parameters", [1])]
+    assert [(f.kind, f.ranks) for f in found] == [
+        ("unused_parameters", [0]),
+        ("unused_parameters", [1]),
+    ]
     assert "head_b.weight" in found[0].summary and "head_a.weight" in found[1].summary
     assert unused_parameters.unused_parameters(views("needless_find_unused")) == []
 
@@ -435,16 +524,26 @@ def test_no_stack() -> None:
     assert rank_notes.no_stack(vs[2], [2]) is None  # its hang report has its stack
     vs[2].stack, vs[2].stack_error = None, "py-spy is not installed"
     f = rank_notes.no_stack(vs[2], [2])
-    assert f is not None and (f.kind, f.ranks) == ("no_stack", [2]) and "py-spy is not installed" in f.summary
+    assert (
+        f is not None
+        and (f.kind, f.ranks) == ("no_stack", [2])
+        and "py-spy is not installed" in f.summary
+    )
     assert rank_notes.no_stack(vs[2], [0]) is None  # not a suspect
 
 
 def test_ddpmon_part_off() -> None:
     assert [rank_notes.ddpmon_part_off(v, []) for v in views("straggler")] == [None, None]
     v = views("straggler")[1]
-    v.file = dataclasses.replace(v.file, state=dataclasses.replace(v.state, errors={"bucket_timing": "boom"}))
+    v.file = dataclasses.replace(
+        v.file, state=dataclasses.replace(v.state, errors={"bucket_timing": "boom"})
+    )
     f = rank_notes.ddpmon_part_off(v, [])
-    assert f is not None and (f.kind, f.ranks) == ("ddpmon_part_off", [1]) and "bucket_timing: boom" in f.summary
+    assert (
+        f is not None
+        and (f.kind, f.ranks) == ("ddpmon_part_off", [1])
+        and "bucket_timing: boom" in f.summary
+    )
 
 
 # -- the state directory --------------------------------------------------------------------------
@@ -459,7 +558,8 @@ def test_bad_state_file_and_unreachable_daemon(tmp_path: Path) -> None:
     assert [f.rank for f in loaded.files] == [1]
     found = files.bad_files(loaded.bad + [("http://node-3:9400/state", "cannot be read (refused)")])
     assert [(f.kind, f.summary.split(" ")[0]) for f in found] == [
-        ("bad_state_file", str(tmp_path / "rank-0.json")), ("unreachable_daemon", "http://node-3:9400/state"),
+        ("bad_state_file", str(tmp_path / "rank-0.json")),
+        ("unreachable_daemon", "http://node-3:9400/state"),
     ]
     assert "not valid JSON" in found[0].summary and "--serve-state" in found[1].fix
 
@@ -473,11 +573,15 @@ def test_other_job_and_leftover_state_file() -> None:
     desync_files, stuck_files = state_files_of("desync"), state_files_of("stuck_rank")
     jobs = {"desync": [0, 1], "stuck": [0, 1, 2]}
     found = files.other_job("desync", jobs)
-    assert [(f.kind, f.ranks) for f in found] == [("other_job", [0, 1, 2])] and "--job stuck" in found[0].fix
+    assert [(f.kind, f.ranks) for f in found] == [
+        ("other_job", [0, 1, 2])
+    ] and "--job stuck" in found[0].fix
     # rank 2 of a 3-rank run beside the files of a 2-rank one
     kept, world, missing, notes = files.membership(desync_files + [stuck_files[2]])
     assert ([f.rank for f in kept], world, missing) == ([0, 1], 2, [])
-    assert [(f.kind, f.ranks) for f in notes] == [("leftover_state_file", [2])] and "rank-2.json" in notes[0].summary
+    assert [(f.kind, f.ranks) for f in notes] == [
+        ("leftover_state_file", [2])
+    ] and "rank-2.json" in notes[0].summary
 
 
 def test_missing_ranks() -> None:

@@ -37,20 +37,25 @@ def test_an_abort_says_why_in_the_backends_words_from_the_ranks_log(tmp_path: Pa
     log = tmp_path / "rank-0.log"
     log.write_text(
         "terminate called after throwing an instance of 'c10::Error'\n  what():  an earlier run's\n"
-        + "x" * fault.LOG_TAIL_BYTES + "\ntraining...\n"
+        + "x" * fault.LOG_TAIL_BYTES
+        + "\ntraining...\n"
         "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
         "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 4680 vs 4. "
-        "Is there a distributed collective mismatch in your code?\n")
+        "Is there a distributed collective mismatch in your code?\n"
+    )
     header = f"{fault.STDERR_LINE}{log}\n"
     Path(fault.path_for(str(state))).write_text(header + "Fatal Python error: Aborted\n")
     assert fault.read(str(state)).exception == (
         "SIGABRT (Aborted), after gloo::EnforceNotMet: [enforce fail at pair.cc:456] op.preamble.length <= "
-        "op.nbytes. 4680 vs 4. Is there a distributed collective mismatch in your code?")
+        "op.nbytes. 4680 vs 4. Is there a distributed collective mismatch in your code?"
+    )
     Path(fault.path_for(str(state))).write_text(header)  # attached, never signalled
     assert fault.read(str(state)) is None
     link = tmp_path / "link.log"
     link.symlink_to(log)
-    Path(fault.path_for(str(state))).write_text(f"{fault.STDERR_LINE}{link}\nFatal Python error: Aborted\n")
+    Path(fault.path_for(str(state))).write_text(
+        f"{fault.STDERR_LINE}{link}\nFatal Python error: Aborted\n"
+    )
     assert fault.read(str(state)).exception == "SIGABRT (Aborted)"  # never through a link
 
 
@@ -63,8 +68,10 @@ def test_a_fault_file_is_read_only_as_the_state_files_owner_wrote_it(tmp_path: P
     state.write_text("{}")
     os.chown(state, NOBODY, NOBODY)
     secret = tmp_path / "secret"
-    secret.write_text("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
-                      '  File "/root/token=hunter2.py", line 1 in <module>\n')
+    secret.write_text(
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+        '  File "/root/token=hunter2.py", line 1 in <module>\n'
+    )
     secret.chmod(0o600)
     planted = Path(fault.path_for(str(state)))
     os.symlink(secret, planted)

@@ -21,12 +21,30 @@ def no_settle_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(completion, "SETTLE_MARGIN", 0.0)
 
 
-def entry(record: int, seq: int, created: float, op: str = "nccl:all_reduce", group: str = "0",
-          ms: float | None = None, state: str = "completed", **more: Any) -> dict[str, Any]:
+def entry(
+    record: int,
+    seq: int,
+    created: float,
+    op: str = "nccl:all_reduce",
+    group: str = "0",
+    ms: float | None = None,
+    state: str = "completed",
+    **more: Any,
+) -> dict[str, Any]:
     """One entry as ``_dump_fr_trace_json`` gives it (the fields ddpmon reads)."""
-    e = {"record_id": record, "collective_seq_id": seq, "profiling_name": op, "process_group": [group, "default_pg"],
-         "pg_id": 0, "is_p2p": False, "state": state, "retired": state == "completed",
-         "time_created_ns": int(created * 1e9), "time_discovered_started_ns": 0, "time_discovered_completed_ns": 0}
+    e = {
+        "record_id": record,
+        "collective_seq_id": seq,
+        "profiling_name": op,
+        "process_group": [group, "default_pg"],
+        "pg_id": 0,
+        "is_p2p": False,
+        "state": state,
+        "retired": state == "completed",
+        "time_created_ns": int(created * 1e9),
+        "time_discovered_started_ns": 0,
+        "time_discovered_completed_ns": 0,
+    }
     if ms is not None:
         e["duration_ms"] = ms
     e.update(more)
@@ -51,13 +69,21 @@ def fed() -> tuple[CompletionClock, FlightRecorderFeed]:
 def test_nccl_entries_become_the_buckets_of_their_step() -> None:
     clock, feed = fed()
     t = step(clock, 3)
-    first = [entry(10, 5, t, ms=1.0), entry(11, 6, t + 1e-4, op="nccl:broadcast", ms=0.5),
-             entry(12, 7, t + 2e-4, group="1", ms=9.0),  # another group's
-             entry(13, 8, t + 3e-4, ms=2.0), entry(14, 9, t + 4e-4, ms=None, state="started")]
+    first = [
+        entry(10, 5, t, ms=1.0),
+        entry(11, 6, t + 1e-4, op="nccl:broadcast", ms=0.5),
+        entry(12, 7, t + 2e-4, group="1", ms=9.0),  # another group's
+        entry(13, 8, t + 3e-4, ms=2.0),
+        entry(14, 9, t + 4e-4, ms=None, state="started"),
+    ]
     feed.read(first)
     assert clock.received == 2, "the all-reduce still running stops the read"
     t2 = step(clock, 3)
-    feed.read(first[:4] + [entry(14, 9, t + 4e-4, ms=4.0)] + [entry(15 + i, 10 + i, t2 + i * 1e-4, ms=1.0) for i in range(3)])
+    feed.read(
+        first[:4]
+        + [entry(14, 9, t + 4e-4, ms=4.0)]
+        + [entry(15 + i, 10 + i, t2 + i * 1e-4, ms=1.0) for i in range(3)]
+    )
     assert clock.received == 6, "each record handed over once"
     resolved = clock.collect()
     assert [round(b.end - b.start, 6) for b in resolved[0].buckets] == [0.001, 0.002, 0.004]
@@ -75,11 +101,18 @@ def test_gloo_entries_have_no_duration_and_the_source_says_so() -> None:
     assert clock.received == 0 and clock.undated == SELF_CHECK_STEPS
     assert clock.off_reason == (
         f"torch's flight recorder recorded {SELF_CHECK_STEPS} all-reduce(s) of DDP's process group, none "
-        "with its duration (this backend's recorder keeps when each was issued, not how long it ran)")
+        "with its duration (this backend's recorder keeps when each was issued, not how long it ran)"
+    )
 
 
 def test_a_duration_where_the_recorder_has_one() -> None:
     assert duration(entry(0, 1, 0.0, ms=2.5)) == 0.0025
-    seen = entry(0, 1, 0.0, time_discovered_started_ns=1_000_000_000, time_discovered_completed_ns=1_003_000_000)
+    seen = entry(
+        0,
+        1,
+        0.0,
+        time_discovered_started_ns=1_000_000_000,
+        time_discovered_completed_ns=1_003_000_000,
+    )
     assert duration(seen) == pytest.approx(0.003)
     assert duration(entry(0, 1, 0.0, op="gloo:all_reduce", state="scheduled")) is None

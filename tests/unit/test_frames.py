@@ -32,7 +32,9 @@ def test_a_frame_recorded_anywhere_by_its_path_alone() -> None:
     called ddpmon is still the user's code."""
     assert is_library_anywhere("/srv/ddpmon/ddpmon/rank/hooks/collectives.py")  # a checkout
     assert is_library_anywhere("/opt/venv/lib/python3.12/site-packages/ddpmon/activity.py")
-    assert is_library_anywhere("/usr/lib/python3.12/threading.py") and is_library_anywhere("<frozen runpy>")
+    assert is_library_anywhere("/usr/lib/python3.12/threading.py") and is_library_anywhere(
+        "<frozen runpy>"
+    )
     assert not is_library_anywhere("/srv/ddpmon/tests/scenarios/worker.py")
     assert not is_library_anywhere("/home/me/ddpmon/train.py")
     assert not is_library_anywhere("/home/me/train.py")

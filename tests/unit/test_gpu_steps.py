@@ -45,26 +45,58 @@ def marks(*named: tuple[str, float]) -> list[list[Any]]:
 
 
 def clock(capturing: bool = False, failures: list[str] | None = None) -> GpuStepClock:
-    fuse = Fuse("gpu_step_parts", lambda part, msg: (failures if failures is not None else []).append(msg))
-    return GpuStepClock("cuda:0", fuse, event=HostEvent, stream=lambda: None, capturing=lambda: capturing)
+    fuse = Fuse(
+        "gpu_step_parts", lambda part, msg: (failures if failures is not None else []).append(msg)
+    )
+    return GpuStepClock(
+        "cuda:0", fuse, event=HostEvent, stream=lambda: None, capturing=lambda: capturing
+    )
 
 
 WHOLE = ("forward_start", "forward_end", "backward_start", "grad_ready", "synced")
 
 
 def test_intervals_become_parts_and_sum_to_the_span() -> None:
-    step = marks(("start", 0.0), ("forward_start", 0.010), ("forward_end", 0.030), ("backward_start", 0.032),
-                 ("grad_ready", 0.070), ("synced", 0.085), ("optimizer_start", 0.086),
-                 ("optimizer_end", 0.096), ("end", 0.100))
+    step = marks(
+        ("start", 0.0),
+        ("forward_start", 0.010),
+        ("forward_end", 0.030),
+        ("backward_start", 0.032),
+        ("grad_ready", 0.070),
+        ("synced", 0.085),
+        ("optimizer_start", 0.086),
+        ("optimizer_end", 0.096),
+        ("end", 0.100),
+    )
     got = parts(step)
-    assert got == pytest.approx({"data_wait": 0.010, "forward": 0.020, "backward": 0.038, "exposed_comm": 0.015,
-                                 "optimizer": 0.010, "other": 0.007, "step": 0.100, "exposed_measured": 1.0})
+    assert got == pytest.approx(
+        {
+            "data_wait": 0.010,
+            "forward": 0.020,
+            "backward": 0.038,
+            "exposed_comm": 0.015,
+            "optimizer": 0.010,
+            "other": 0.007,
+            "step": 0.100,
+            "exposed_measured": 1.0,
+        }
+    )
 
 
 def test_micro_steps_add_up_and_only_the_first_forward_waits_for_data() -> None:
-    step = marks(("start", 0.0), ("forward_start", 0.005), ("forward_end", 0.010), ("backward_start", 0.010),
-                 ("grad_ready", 0.020), ("forward_start", 0.024), ("forward_end", 0.029),
-                 ("backward_start", 0.029), ("grad_ready", 0.039), ("synced", 0.045), ("end", 0.046))
+    step = marks(
+        ("start", 0.0),
+        ("forward_start", 0.005),
+        ("forward_end", 0.010),
+        ("backward_start", 0.010),
+        ("grad_ready", 0.020),
+        ("forward_start", 0.024),
+        ("forward_end", 0.029),
+        ("backward_start", 0.029),
+        ("grad_ready", 0.039),
+        ("synced", 0.045),
+        ("end", 0.046),
+    )
     got = parts(step)
     assert got["data_wait"] == pytest.approx(0.005)  # the 4 ms between micro-steps is other
     assert got["forward"] == pytest.approx(0.010) and got["backward"] == pytest.approx(0.020)
@@ -91,8 +123,13 @@ def test_steps_wait_for_the_gpu_and_what_it_did_not_see_whole_keeps_the_hosts_pa
     # marks during CUDA graph capture would be replayed, not recorded now; and nothing is
     # queried while a capture runs (it would invalidate the capture)
     capturing = [True]
-    captured = GpuStepClock("cuda:0", Fuse("gpu_step_parts"), event=HostEvent, stream=lambda: None,
-                            capturing=lambda: capturing[0])
+    captured = GpuStepClock(
+        "cuda:0",
+        Fuse("gpu_step_parts"),
+        event=HostEvent,
+        stream=lambda: None,
+        capturing=lambda: capturing[0],
+    )
     for name in WHOLE:
         captured.mark(name)
     captured.close(1)
@@ -145,6 +182,7 @@ def test_steps_dropped_or_pending_at_detach_or_after_a_failure_keep_the_hosts_pa
 
     def fail() -> HostEvent:
         raise RuntimeError("CUDA error: an illegal memory access")
+
     broken._new_event, broken._free = fail, []
     broken.mark("forward_start")
     assert not broken.ok and failures == ["RuntimeError: CUDA error: an illegal memory access"]
@@ -152,11 +190,21 @@ def test_steps_dropped_or_pending_at_detach_or_after_a_failure_keep_the_hosts_pa
 
 
 def record(step: int, pending: bool, comm: float | None = 0.002) -> StepRecord:
-    return StepRecord(step, 1000.0 + step, 0.050, 0.010, 0.020, 0.005, comm, 0.004, 1, gpu_parts_later=pending)
+    return StepRecord(
+        step, 1000.0 + step, 0.050, 0.010, 0.020, 0.005, comm, 0.004, 1, gpu_parts_later=pending
+    )
 
 
-GPU = {"data_wait": 0.001, "forward": 0.030, "backward": 0.060, "exposed_comm": 0.004, "optimizer": 0.002,
-       "other": 0.003, "step": 0.100, "exposed_measured": 1.0}
+GPU = {
+    "data_wait": 0.001,
+    "forward": 0.030,
+    "backward": 0.060,
+    "exposed_comm": 0.004,
+    "optimizer": 0.002,
+    "other": 0.003,
+    "step": 0.100,
+    "exposed_measured": 1.0,
+}
 
 
 def test_the_book_counts_each_step_once_with_its_final_parts() -> None:
@@ -210,6 +258,7 @@ class SleepInBackward:
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 return Slow.apply(self.layers(x))
+
         return Net()
 
 
@@ -223,7 +272,9 @@ def train(tmp_path: Path, with_clock: bool, **ddp_options: Any) -> tuple[list[di
 
     import ddpmon
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
     try:
         model = DDP(SleepInBackward.build(0.010), **ddp_options)
         mon = ddpmon.attach(model, job="gpu-steps", port=-1, state_dir=None)
@@ -243,8 +294,12 @@ def train(tmp_path: Path, with_clock: bool, **ddp_options: Any) -> tuple[list[di
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("options", [{}, {"find_unused_parameters": True}], ids=["default", "find_unused"])
-def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path, options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "options", [{}, {"find_unused_parameters": True}], ids=["default", "find_unused"]
+)
+def test_a_real_ddp_job_gets_its_parts_from_the_clock(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
     """The hooks mark every boundary, once per backward even when every parameter's
     gradient is watched (find_unused_parameters): the clock's parts replace the host's."""
     rows, counted = train(tmp_path, True, **options)
@@ -262,7 +317,8 @@ def test_a_real_ddp_job_gets_its_parts_from_the_clock(tmp_path: Path, options: d
 
 @pytest.mark.timeout(120)
 def test_watching_every_gradient_neither_cuts_backward_nor_counts_micro_steps_per_parameter(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """With find_unused_parameters each parameter's gradient calls the recorder: backward
     compute still runs to its end, and one backward is one micro-step (host parts)."""
     rows, _ = train(tmp_path, False, find_unused_parameters=True)

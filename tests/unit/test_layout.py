@@ -25,9 +25,11 @@ def test_a_unit_test_cannot_start_a_process(request: pytest.FixtureRequest) -> N
         "os.popen": lambda: os.popen("true").read(),
         "os.system": lambda: os.system("true"),
         "os.fork": os.fork,
-        "multiprocessing": lambda: multiprocessing.get_context("spawn").Process(target=print).start(),
+        "multiprocessing": lambda: (
+            multiprocessing.get_context("spawn").Process(target=print).start()
+        ),
     }
-    for what, start in starts.items():
+    for _what, start in starts.items():
         with pytest.raises(ProcessStarted, match="move it to tests/processes"):
             start()
     attempts = request.node.stash[ATTEMPTS]
@@ -44,14 +46,19 @@ def _imported_modules(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
             names += [base] + [f"{base}.{a.name}" for a in node.names]
     return names
 
 
 def test_no_test_module_imports_another() -> None:
-    offenders = [f"{path.relative_to(TESTS.parent)} imports {name}"
-                 for path in sorted(TESTS.rglob("*.py"))
-                 for name in _imported_modules(path)
-                 if name.startswith("tests.") and name.rpartition(".")[2].startswith("test_")]
+    offenders = [
+        f"{path.relative_to(TESTS.parent)} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for name in _imported_modules(path)
+        if name.startswith("tests.") and name.rpartition(".")[2].startswith("test_")
+    ]
     assert not offenders, "put shared helpers in tests/support: " + "; ".join(offenders)

@@ -20,8 +20,10 @@ from ddpmon.doctor.view import view
 from tests.support import states
 from tests.support.states import state, waiting_in, write
 
-RESET = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
-         "[10.77.0.2]:3758: Connection reset by peer. This is typically caused by a remote worker hanging")
+RESET = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[10.77.0.2]:3758: Connection reset by peer. This is typically caused by a remote worker hanging"
+)
 DAEMON_B = Unreachable("10.77.0.2:9490", "[Errno 111] Connection refused", ["10.77.0.2"])
 
 
@@ -32,8 +34,17 @@ def rank(r: int, **fields: Any) -> dict[str, Any]:
 
 def crashed(r: int, error: str = RESET) -> dict[str, Any]:
     """A rank that failed: its exit record, ``error`` its exception."""
-    return rank(r, phase="allreduce", exit={"unix": states.NOW, "exception": error, "where": "train.py:40 in train",
-                                            "code": 1, "how": "exception"})
+    return rank(
+        r,
+        phase="allreduce",
+        exit={
+            "unix": states.NOW,
+            "exception": error,
+            "where": "train.py:40 in train",
+            "code": 1,
+            "how": "exception",
+        },
+    )
 
 
 def decide(directory: Path, unreachable: tuple[Unreachable, ...] = ()) -> rules.Verdict:
@@ -52,18 +63,28 @@ def test_unreachable_node_is_blamed_not_the_survivor_that_saw_the_reset(tmp_path
     assert (verdict, suspects) == ("dead_rank", [2, 3])
     f = findings[0]
     assert (f.kind, f.ranks) == ("lost_node", [2, 3])
-    assert f.summary.startswith("node 1 (GROUP_RANK 1) at 10.77.0.2:9490 is lost: its daemon does not answer "
-                                "and ranks 2, 3 left no state file")
+    assert f.summary.startswith(
+        "node 1 (GROUP_RANK 1) at 10.77.0.2:9490 is lost: its daemon does not answer "
+        "and ranks 2, 3 left no state file"
+    )
     assert f.summary.endswith("ranks 0, 1 failed on connections to it")
     assert "the daemon 10.77.0.2:9490 does not answer: [Errno 111] Connection refused" in f.evidence
-    assert "ranks 2, 3 are node 1 (GROUP_RANK 1): the ranks seen are numbered rank = GROUP_RANK x 2 + LOCAL_RANK" in f.evidence
-    assert "rank 0 lost its connection to 10.77.0.2, the address of the unreachable daemon 10.77.0.2:9490" in f.evidence
+    assert (
+        "ranks 2, 3 are node 1 (GROUP_RANK 1): the ranks seen are numbered rank = GROUP_RANK x 2 + LOCAL_RANK"
+        in f.evidence
+    )
+    assert (
+        "rank 0 lost its connection to 10.77.0.2, the address of the unreachable daemon 10.77.0.2:9490"
+        in f.evidence
+    )
     assert "Check node 1 (GROUP_RANK 1) at 10.77.0.2:9490" in f.fix
     # the missing ranks are named by lost_node, not again as a warning
     assert file_rules.missing_ranks([2, 3], 4, set(), findings) == []
 
 
-def test_without_the_unreachable_daemon_the_missing_ranks_are_not_a_lost_node(tmp_path: Path) -> None:
+def test_without_the_unreachable_daemon_the_missing_ranks_are_not_a_lost_node(
+    tmp_path: Path,
+) -> None:
     """One node's own directory: the other node's ranks were never here to begin with."""
     write(tmp_path, crashed(0), age=2.0)
     write(tmp_path, crashed(1), age=1.8)
@@ -92,13 +113,19 @@ def test_a_whole_host_that_stopped_writing_in_a_shared_directory(tmp_path: Path)
     write(tmp_path, crashed(0), age=3.0)
     write(tmp_path, crashed(1), age=2.9)
     for r in (2, 3):
-        write(tmp_path, rank(r, phase="allreduce", in_flight=[waiting_in("all_reduce", 14, 0.05, size=4)]), age=5.0)
+        write(
+            tmp_path,
+            rank(r, phase="allreduce", in_flight=[waiting_in("all_reduce", 14, 0.05, size=4)]),
+            age=5.0,
+        )
     d = examine(str(tmp_path), live_stacks=False, now=states.NOW)
     assert (d.verdict, d.suspect_ranks) == ("dead_rank", [2, 3])
     f = d.findings[0]
     assert f.kind == "lost_node"
-    assert f.summary == ("host host-b is lost: ranks 2, 3 stopped writing their state files together; "
-                         "ranks 0, 1 failed on connections to it")
+    assert f.summary == (
+        "host host-b is lost: ranks 2, 3 stopped writing their state files together; "
+        "ranks 0, 1 failed on connections to it"
+    )
     assert "rank 0 lost its connection to 10.77.0.2" in f.evidence
     assert [v.status for v in d.ranks] == ["crashed", "crashed", "silent", "silent"]
 
@@ -151,15 +178,21 @@ def test_far_ranks_that_stopped_just_before_the_failure_are_waited_for(tmp_path:
 
 
 def test_survivors_that_timed_out_cannot_tell_a_dead_node_from_a_cut_link(tmp_path: Path) -> None:
-    timeout = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
-               "waiting 60000ms for recv operation to complete")
+    timeout = (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+        "waiting 60000ms for recv operation to complete"
+    )
     write(tmp_path, crashed(0, timeout), age=2.0)
     write(tmp_path, crashed(1, timeout), age=1.8)
     verdict, suspects, findings = decide(tmp_path, (DAEMON_B,))
     assert (verdict, suspects, findings[0].kind) == ("dead_rank", [2, 3], "lost_node")
-    assert findings[0].summary.startswith("node 1 (GROUP_RANK 1) at 10.77.0.2:9490 is lost or cut off:")
-    assert ("no connection was closed by the far end (ranks 0, 1 timed out): the node is down, or the "
-            "network to it is cut") in findings[0].evidence
+    assert findings[0].summary.startswith(
+        "node 1 (GROUP_RANK 1) at 10.77.0.2:9490 is lost or cut off:"
+    )
+    assert (
+        "no connection was closed by the far end (ranks 0, 1 timed out): the node is down, or the "
+        "network to it is cut"
+    ) in findings[0].evidence
 
 
 def test_a_survivor_that_has_not_failed_yet_does_not_hide_the_node(tmp_path: Path) -> None:

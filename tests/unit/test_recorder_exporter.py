@@ -14,8 +14,17 @@ from ddpmon.rank.recorder import BucketTiming, Histogram, Recorder
 from ddpmon.state import schema
 from ddpmon.state.schema import Identity
 
-IDENTITY = dict(rank=1, local_rank=1, world_size=4, host="h", pid=1, job="j", backend="gloo",
-                torch_version="2.13.0", debug_level="OFF")
+IDENTITY = dict(
+    rank=1,
+    local_rank=1,
+    world_size=4,
+    host="h",
+    pid=1,
+    job="j",
+    backend="gloo",
+    torch_version="2.13.0",
+    debug_level="OFF",
+)
 
 
 def recorder_with_steps() -> Recorder:
@@ -32,26 +41,38 @@ def recorder_with_steps() -> Recorder:
         rec.bucket_launched(False)
         rec.bucket_launched(True)
         rec.close_step(t + 0.1)
-        rec.add_bucket_timings([BucketTiming(0, 0.03, 10.0, 10.002), BucketTiming(1, 0.05, 10.001, 10.005)])
+        rec.add_bucket_timings(
+            [BucketTiming(0, 0.03, 10.0, 10.002), BucketTiming(1, 0.05, 10.001, 10.005)]
+        )
         t += 0.1
     return rec
 
 
-H100 = schema.FlopCount(per_step=10**12, step=2, dtype="bfloat16", device_name="NVIDIA H100 80GB HBM3",
-                        peak_flops_per_second=989.4e12, peak_source="datasheet")
+H100 = schema.FlopCount(
+    per_step=10**12,
+    step=2,
+    dtype="bfloat16",
+    device_name="NVIDIA H100 80GB HBM3",
+    peak_flops_per_second=989.4e12,
+    peak_source="datasheet",
+)
 
 
 def test_throughput_is_per_second_of_step_time_without_the_counted_step() -> None:
     rec = recorder_with_steps()  # 3 steps of 0.1 s, 8 samples and 1,024 tokens each
     t = rec.throughput()
     assert (t.samples_total, t.tokens_total, t.window_steps) == (24, 3072, 3)
-    assert t.samples_per_second == pytest.approx(80.0) and t.tokens_per_second == pytest.approx(10240.0)
+    assert t.samples_per_second == pytest.approx(80.0) and t.tokens_per_second == pytest.approx(
+        10240.0
+    )
     assert t.flop_count is None and t.achieved_flops_per_second is None and t.mfu is None
     rec.flop_count, rec.slowed_step = H100, 2
     rec.forward_started(0.3)  # a fourth step, twice as long, without a batch seen
     rec.close_step(0.5)
     t = rec.throughput()
-    assert t.window_steps == 3 and t.step_seconds == pytest.approx((0.1 + 0.1 + 0.2) / 3)  # step 2 left out
+    assert t.window_steps == 3 and t.step_seconds == pytest.approx(
+        (0.1 + 0.1 + 0.2) / 3
+    )  # step 2 left out
     assert t.samples_per_second == pytest.approx(16 / 0.4)
     assert t.achieved_flops_per_second == pytest.approx(10**12 / t.step_seconds)
     assert t.mfu == pytest.approx(t.achieved_flops_per_second / 989.4e12)
@@ -71,7 +92,9 @@ def test_bucket_and_exposed_arithmetic() -> None:
     b0, b1 = rec.bucket_stats()
     assert b0.last_seconds == pytest.approx(0.002)
     assert b1.last_seconds == pytest.approx(0.004)
-    assert b1.last_busbw == pytest.approx(3.0e6)  # 8000 bytes in 4 ms, times 2(n-1)/n = 1.5 for 4 ranks
+    assert b1.last_busbw == pytest.approx(
+        3.0e6
+    )  # 8000 bytes in 4 ms, times 2(n-1)/n = 1.5 for 4 ranks
     assert b0.bytes_total == 3 * 4000
     exposed = rec.histograms()["exposed_comm"]
     # last bucket launched at 10.001, last collective done at 10.005
@@ -106,10 +129,25 @@ def test_per_bucket_series() -> None:
 
 def test_aggregate_and_off_modes_bound_the_series() -> None:
     agg = read("aggregate")
-    assert agg.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) == 6
-    assert agg.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "0"}) is None
+    assert (
+        agg.get_sample_value(
+            "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}
+        )
+        == 6
+    )
+    assert (
+        agg.get_sample_value(
+            "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "0"}
+        )
+        is None
+    )
     off = read("off")
-    assert off.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) is None
+    assert (
+        off.get_sample_value(
+            "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}
+        )
+        is None
+    )
     assert off.get_sample_value("ddpmon_steps_total", {"job": "j", "rank": "1"}) == 3
 
 
@@ -129,7 +167,9 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.identity.attempt = 0  # ddpmon_attempt: only under a launcher that restarts
     rec.collective_ended(rec.collective_began("barrier", "0", 4, None, "train.py:1", "f"))
     rec.record_error("watchdog", "boom")
-    rec.write_failures["state"] = schema.WriteFailure("No space left on device", 1.0, 1.0, "ENOSPC")  # once one failed
+    rec.write_failures["state"] = schema.WriteFailure(
+        "No space left on device", 1.0, 1.0, "ENOSPC"
+    )  # once one failed
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
     rec.activity = schema.Activity(state="stepping")  # served once the watchdog sampled the rank
     rec.flop_count = H100  # the FLOP figures: once counted, the peak and MFU on a known GPU
@@ -149,7 +189,11 @@ def test_endpoint_binds_port_zero_and_serves() -> None:
     endpoint = serve(RankCollector(recorder_with_steps()), 0, "127.0.0.1")
     try:
         assert endpoint.port > 0
-        body = urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
         assert 'ddpmon_steps_total{job="j",rank="1"} 3.0' in body
     finally:
         endpoint.close()
@@ -158,15 +202,29 @@ def test_endpoint_binds_port_zero_and_serves() -> None:
 def test_auto_mode_aggregates_above_the_limit() -> None:
     from ddpmon.config import AUTO_PER_BUCKET_LIMIT
 
-    assert read("auto").get_sample_value(
-        "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "0"}) == 3
+    assert (
+        read("auto").get_sample_value(
+            "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "0"}
+        )
+        == 3
+    )
     rec = recorder_with_steps()
     for i in range(2, AUTO_PER_BUCKET_LIMIT + 1):
         rec.set_bucket_layout(i, 100, "float32", [f"p{i}"])
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RankCollector(rec, "auto"))
-    assert registry.get_sample_value("ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}) == 6
-    assert registry.get_sample_value("ddpmon_bucket_size_bytes", {"job": "j", "rank": "1", "bucket": "5"}) is None
+    assert (
+        registry.get_sample_value(
+            "ddpmon_allreduce_seconds_count", {"job": "j", "rank": "1", "bucket": "all"}
+        )
+        == 6
+    )
+    assert (
+        registry.get_sample_value(
+            "ddpmon_bucket_size_bytes", {"job": "j", "rank": "1", "bucket": "5"}
+        )
+        is None
+    )
 
 
 def test_rank_info_says_where_bucket_timing_comes_from_and_c10d_counts_unmatched_steps() -> None:
@@ -177,7 +235,10 @@ def test_rank_info_says_where_bucket_timing_comes_from_and_c10d_counts_unmatched
     assert info.labels["bucket_timing"] == "c10d"
     (unmatched,) = families["ddpmon_bucket_timing_unmatched_steps"].samples
     assert unmatched.value == 3 and unmatched.labels == {"job": "j", "rank": "1"}
-    hooked = {f.name for f in RankCollector(Recorder(Identity(**IDENTITY, bucket_timing="hook"), 4)).collect()}
+    hooked = {
+        f.name
+        for f in RankCollector(Recorder(Identity(**IDENTITY, bucket_timing="hook"), 4)).collect()
+    }
     assert "ddpmon_bucket_timing_unmatched_steps" not in hooked
 
 
@@ -187,14 +248,27 @@ def test_activity_is_a_state_set_of_the_watchdogs_last_sample() -> None:
     rec = recorder_with_steps()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RankCollector(rec))
-    assert registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "stuck"}) is None
+    assert (
+        registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "stuck"})
+        is None
+    )
     rec.activity = schema.Activity(state="stuck", where="train.py:12 in load_batch")
-    values = {a: registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": a})
-              for a in catalog.RANK_ACTIVITIES}
+    values = {
+        a: registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": a})
+        for a in catalog.RANK_ACTIVITIES
+    }
     assert values == {"stepping": 0.0, "busy": 0.0, "waiting": 0.0, "stuck": 1.0}
     rec.activity = schema.Activity(state="waiting")
-    assert registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "waiting"}) == 1.0
-    assert registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "stuck"}) == 0.0
+    assert (
+        registry.get_sample_value(
+            "ddpmon_activity", {"job": "j", "rank": "1", "activity": "waiting"}
+        )
+        == 1.0
+    )
+    assert (
+        registry.get_sample_value("ddpmon_activity", {"job": "j", "rank": "1", "activity": "stuck"})
+        == 0.0
+    )
 
 
 def test_the_activities_are_the_watchdogs_and_the_doctors_words() -> None:

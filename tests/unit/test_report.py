@@ -21,15 +21,17 @@ def _cli(args, capsys):
     return exc.value.code, out.out, out.err
 
 
-
-
 def test_summary_names_the_straggler_and_its_phase(slow_run):
     s = summary.summarize(run.load([slow_run], findings=False))
     assert s["job"] == "slow" and s["ranks"] == 4 and s["steps"] == 300
     assert s["slowest_rank"]["rank"] == 2 and s["slowest_rank"]["phase"] == "backward"
     assert s["slowest_rank"]["excess_seconds"] == pytest.approx(0.03, rel=0.1)
-    slower = {r["rank"]: r["slower"] for r in s["per_rank"]}  # the doctor's scale: 0.33 = 33% slower
-    assert slower[2] == pytest.approx(0.33, abs=0.01) and all(abs(slower[r]) < 0.05 for r in (0, 1, 3))
+    slower = {
+        r["rank"]: r["slower"] for r in s["per_rank"]
+    }  # the doctor's scale: 0.33 = 33% slower
+    assert slower[2] == pytest.approx(0.33, abs=0.01) and all(
+        abs(slower[r]) < 0.05 for r in (0, 1, 3)
+    )
     assert s["slowest_rank"]["score"] == s["straggler"]["score"] == slower[2]
     phases = s["phases"]
     assert sum(v for v in phases.values() if v) == pytest.approx(s["median_step_seconds"], rel=0.05)
@@ -64,11 +66,26 @@ def test_html_is_self_contained_and_carries_the_runs_numbers(slow_run):
     s = summary.summarize(r)
     page = html.render(r, s)
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)  # nothing fetched
-    data = json.loads(re.search(r'<script id="ddpmon-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    data = json.loads(
+        re.search(
+            r'<script id="ddpmon-data" type="application/json">(.*?)</script>', page, re.S
+        ).group(1)
+    )
     ids = [c["id"] for c in data["charts"]]
-    assert ids == ["step_time", "phases", "exposed_comm", "bucket_time", "bucket_busbw", "straggler", "gpu_util", "memory"]
+    assert ids == [
+        "step_time",
+        "phases",
+        "exposed_comm",
+        "bucket_time",
+        "bucket_busbw",
+        "straggler",
+        "gpu_util",
+        "memory",
+    ]
     step = data["charts"][0]
-    assert step["unit"] == "ms" and [x["name"] for x in step["series"]] == [f"rank {i}" for i in range(4)]
+    assert step["unit"] == "ms" and [x["name"] for x in step["series"]] == [
+        f"rank {i}" for i in range(4)
+    ]
     assert step["x"]["values"][-1] == 300
     straggler = next(c for c in data["charts"] if c["id"] == "straggler")
     rank2 = [v for v in straggler["series"][2]["values"] if v is not None]
@@ -89,7 +106,9 @@ def test_several_state_dirs_make_one_run(slow_run, tmp_path):
     a, b = tmp_path / "node-a", tmp_path / "node-b"
     a.mkdir(), b.mkdir()
     for rank in range(4):
-        shutil.copy(history.path_for(slow_run, rank), history.path_for(str(a if rank < 2 else b), rank))
+        shutil.copy(
+            history.path_for(slow_run, rank), history.path_for(str(a if rank < 2 else b), rank)
+        )
     s = summary.summarize(run.load([str(a), str(b)], findings=False))
     assert [r["rank"] for r in s["per_rank"]] == [0, 1, 2, 3] and s["slowest_rank"]["rank"] == 2
 
@@ -99,7 +118,9 @@ def test_compare_names_the_rank_and_phase_that_explain_the_change(slow_run, even
     b, _ = compare.load_side(slow_run)
     result = compare.compare(a, b)
     step = result["rows"][0]
-    assert step["name"] == "median step time" and step["change"] == pytest.approx(0.03 / 0.1, rel=0.2)
+    assert step["name"] == "median step time" and step["change"] == pytest.approx(
+        0.03 / 0.1, rel=0.2
+    )
     text = "\n".join(result["explanation"])
     assert "step time up" in text and "rank 2 explains it" in text and "backward" in text
     same = compare.compare(a, a)
@@ -114,7 +135,9 @@ def test_cli_report_compare_and_their_errors(slow_run, even_run, tmp_path, capsy
     assert code == 0 and json.loads(text)["slowest_rank"]["rank"] == 2
     summary_file = tmp_path / "slow.json"
     summary_file.write_text(text)
-    code, text, _ = _cli(["compare", even_run, str(summary_file), "--html", str(tmp_path / "c.html")], capsys)
+    code, text, _ = _cli(
+        ["compare", even_run, str(summary_file), "--html", str(tmp_path / "c.html")], capsys
+    )
     assert code == 0 and "rank 2 explains it" in text and (tmp_path / "c.html").exists()
     code, _, err = _cli(["report", str(tmp_path / "missing")], capsys)
     assert code == 2 and "no such directory" in err
@@ -133,16 +156,39 @@ def test_the_page_lists_the_captures_and_says_how_to_take_one() -> None:
 
     none = html._captures_html({"captures": []})
     assert "ddpmon capture STATE_DIR --rank R --compare R2" in none
-    page = html._captures_html({"captures": [
-        {"rank": 1, "state": "ok", "steps": 5, "first_step": 41, "last_step": 45,
-         "trace": "/s/capture-1-ab.pt.trace.json", "reason": None, "written_unix": 0.0},
-        {"rank": 3, "state": "error", "steps": 5, "first_step": None, "last_step": None, "trace": None,
-         "reason": "the profiler is busy <elsewhere>", "written_unix": None}]})
-    assert 'rank 1, steps 41 to 45' in page and "/s/capture-1-ab.pt.trace.json" in page
+    page = html._captures_html(
+        {
+            "captures": [
+                {
+                    "rank": 1,
+                    "state": "ok",
+                    "steps": 5,
+                    "first_step": 41,
+                    "last_step": 45,
+                    "trace": "/s/capture-1-ab.pt.trace.json",
+                    "reason": None,
+                    "written_unix": 0.0,
+                },
+                {
+                    "rank": 3,
+                    "state": "error",
+                    "steps": 5,
+                    "first_step": None,
+                    "last_step": None,
+                    "trace": None,
+                    "reason": "the profiler is busy <elsewhere>",
+                    "written_unix": None,
+                },
+            ]
+        }
+    )
+    assert "rank 1, steps 41 to 45" in page and "/s/capture-1-ab.pt.trace.json" in page
     assert "rank 3, 5 steps" in page and "error: the profiler is busy &lt;elsewhere&gt;" in page
 
 
-def test_a_history_that_lacks_steps_says_which_and_the_run_lasts_what_its_files_know(tmp_path, capsys):
+def test_a_history_that_lacks_steps_says_which_and_the_run_lasts_what_its_files_know(
+    tmp_path, capsys
+):
     """A 44 s job on a disk that filled up: rank 0's history stopped 5 s in (its writes failed
     from then on), rank 1's lost steps 120-340 while full and went on to 25 s; their state
     files (written again once there was room) know how
@@ -152,24 +198,50 @@ def test_a_history_that_lacks_steps_says_which_and_the_run_lasts_what_its_files_
     t0 = 1_790_000_000.0
 
     def rows(first, last):
-        return [{"step": s, "start_unix": t0 + (s - 1) * 0.05, "end_unix": t0 + s * 0.05, "step_seconds": 0.05,
-                 "forward_seconds": 0.01, "backward_seconds": 0.02} for s in range(first, last + 1)]
+        return [
+            {
+                "step": s,
+                "start_unix": t0 + (s - 1) * 0.05,
+                "end_unix": t0 + s * 0.05,
+                "step_seconds": 0.05,
+                "forward_seconds": 0.01,
+                "backward_seconds": 0.02,
+            }
+            for s in range(first, last + 1)
+        ]
 
     for rank in (0, 1):
-        store = history.HistoryStore(history.path_for(str(tmp_path), rank), {"rank": rank, "job": "full",
-                                                                              "world_size": 2})
+        store = history.HistoryStore(
+            history.path_for(str(tmp_path), rank), {"rank": rank, "job": "full", "world_size": 2}
+        )
         store.add_steps(rows(1, 100) if rank == 0 else rows(1, 119))
         if rank == 1:
             store.add_steps(rows(341, 500), missing=(120, 340))
         store.close()
-        files.write_atomic(str(tmp_path / f"rank-{rank}.json"), {
-            "rank": rank, "world_size": 2, "host": "elsewhere", "pid": 4000 + rank, "job": "full", "format": 2,
-            "step": 880, "phase": "detached", "started_unix": t0 - 0.5, "now_unix": t0 + 44.1,
-            "last_progress_unix": t0 + 44.0, "exit": {"unix": t0 + 44.1, "how": "end", "code": 0}})
+        files.write_atomic(
+            str(tmp_path / f"rank-{rank}.json"),
+            {
+                "rank": rank,
+                "world_size": 2,
+                "host": "elsewhere",
+                "pid": 4000 + rank,
+                "job": "full",
+                "format": 2,
+                "step": 880,
+                "phase": "detached",
+                "started_unix": t0 - 0.5,
+                "now_unix": t0 + 44.1,
+                "last_progress_unix": t0 + 44.0,
+                "exit": {"unix": t0 + 44.1, "how": "end", "code": 0},
+            },
+        )
     s = summary.summarize(run.load([str(tmp_path)]))
     assert [r["missing_steps"] for r in s["per_rank"]] == [[(101, 880)], [(120, 340), (501, 880)]]
-    assert s["missing_steps"] == [{"rank": 0, "first": 101, "last": 880}, {"rank": 1, "first": 120, "last": 340},
-                                  {"rank": 1, "first": 501, "last": 880}]
+    assert s["missing_steps"] == [
+        {"rank": 0, "first": 101, "last": 880},
+        {"rank": 1, "first": 120, "last": 340},
+        {"rank": 1, "first": 501, "last": 880},
+    ]
     assert s["start_unix"] == t0 and s["duration_seconds"] == pytest.approx(44.0)  # not 25 s
     text = "rank 0 steps 101-880, rank 1 steps 120-340, rank 1 steps 501-880"
     assert f"  missing from the history: {text}" in summary.end_of_run(str(tmp_path))

@@ -15,8 +15,17 @@ from ddpmon.state import files, root
 from tests.support.roots import NOBODY, as_root
 
 
-@pytest.mark.parametrize("job,safe", [("run-1", "run-1"), ("..", "_."), ("../../etc", "_._.._etc"),
-                                      ("a/b", "a_b"), (".hidden", "_hidden"), ("", "_")])
+@pytest.mark.parametrize(
+    "job,safe",
+    [
+        ("run-1", "run-1"),
+        ("..", "_."),
+        ("../../etc", "_._.._etc"),
+        ("a/b", "a_b"),
+        (".hidden", "_hidden"),
+        ("", "_"),
+    ],
+)
 def test_job_names_become_one_safe_directory_name(job: str, safe: str) -> None:
     assert root.sanitize_job(job) == safe
     assert os.path.dirname(root.job_dir(job)) == root.default_root()
@@ -31,9 +40,12 @@ def test_default_root_is_per_user_and_private(tmp_root: Path) -> None:
     assert stat.S_IMODE(Path(state_dir).stat().st_mode) == 0o700
 
 
-@pytest.mark.parametrize("mode,reason", [(0o777, "writable by every user"), (0o770, "writable by its group")])
-def test_a_loose_default_root_is_refused_with_the_fix(tmp_root: Path, mode: int, reason: str,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "mode,reason", [(0o777, "writable by every user"), (0o770, "writable by its group")]
+)
+def test_a_loose_default_root_is_refused_with_the_fix(
+    tmp_root: Path, mode: int, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
     base = Path(root.default_root())
     base.mkdir()
     base.chmod(mode)
@@ -44,8 +56,9 @@ def test_a_loose_default_root_is_refused_with_the_fix(tmp_root: Path, mode: int,
 
 @as_root
 @pytest.mark.parametrize("planted", ["directory", "symlink"])
-def test_a_root_planted_by_another_user_is_refused(tmp_root: Path, planted: str,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_root_planted_by_another_user_is_refused(
+    tmp_root: Path, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
     base = root.default_root()
     theirs = tmp_root / "theirs"
     # what another user leaves in the shared temp dir (made here as root, then handed over)
@@ -67,8 +80,9 @@ def test_a_root_planted_by_another_user_is_refused(tmp_root: Path, planted: str,
 
 
 @as_root
-def test_a_foreign_explicit_directory_is_refused_and_a_group_one_allowed(tmp_path: Path,
-                                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_foreign_explicit_directory_is_refused_and_a_group_one_allowed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     os.chown(foreign, NOBODY, NOBODY)
@@ -88,8 +102,9 @@ def test_state_files_are_private_in_a_private_directory(tmp_root: Path) -> None:
     assert stat.S_IMODE(os.stat(files.path_for(state_dir, 0)).st_mode) == 0o600
 
 
-def test_a_hung_file_system_does_not_stall_attach(monkeypatch: pytest.MonkeyPatch,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_hung_file_system_does_not_stall_attach(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(root, "ATTACH_FS_SECONDS", 0.5)
     monkeypatch.setattr(root, "prepare", lambda *a, **k: time.sleep(30))
     started = time.monotonic()
@@ -98,7 +113,9 @@ def test_a_hung_file_system_does_not_stall_attach(monkeypatch: pytest.MonkeyPatc
     assert "did not answer within" in caplog.text
 
 
-def test_directories_ddpmon_makes_are_private_however_they_were_given(tmp_root: Path, tmp_path: Path) -> None:
+def test_directories_ddpmon_makes_are_private_however_they_were_given(
+    tmp_root: Path, tmp_path: Path
+) -> None:
     """``ddpmon run`` passes the default job directory as DDPMON_STATE_DIR: it is still a
     default one (its root checked too), and every directory ddpmon creates is 0700, the
     directories above an explicit one included, whatever the umask."""

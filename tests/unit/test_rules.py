@@ -28,10 +28,20 @@ def _load(path: Path) -> Any:
 
 def test_rules_cover_what_a_ddp_job_needs() -> None:
     names = {r["alert"] for r in ALERTS}
-    assert {"DDPHangCulprit", "DDPJobNoProgress", "DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown",
-            "DDPStraggler", "DDPHighExposedCommunication", "DDPUnusedParametersAppeared",
-            "DDPGPUThermalThrottling", "DDPGPUPowerThrottling", "DDPGPUXidError",
-            "DDPGPUUncorrectedECCErrors"} <= names
+    assert {
+        "DDPHangCulprit",
+        "DDPJobNoProgress",
+        "DDPHangSuspected",
+        "DDPRankDown",
+        "DDPRankEndpointDown",
+        "DDPStraggler",
+        "DDPHighExposedCommunication",
+        "DDPUnusedParametersAppeared",
+        "DDPGPUThermalThrottling",
+        "DDPGPUPowerThrottling",
+        "DDPGPUXidError",
+        "DDPGPUUncorrectedECCErrors",
+    } <= names
     assert len(names) == len(ALERTS), "alert names must be unique"
 
 
@@ -57,10 +67,16 @@ def test_the_culprit_alert_quiets_the_per_rank_hang_alerts() -> None:
     """One alert for the rank a hang waits for: the alerts that fire for every waiting rank
     (or for the culprit again) stand back while DDPHangCulprit stands. A rule sees only the
     ALERTS of the rules before it in its group, so the culprit comes first."""
-    (group,) = [g for g in RULES["groups"] if any(r["alert"] == "DDPHangCulprit" for r in g["rules"])]
+    (group,) = [
+        g for g in RULES["groups"] if any(r["alert"] == "DDPHangCulprit" for r in g["rules"])
+    ]
     order = [r["alert"] for r in group["rules"]]
-    quiet = {"DDPHangSuspected": "(job)", "DDPJobNoProgress": "(job)", "DDPRankDown": "(job, rank)",
-             "DDPRankEndpointDown": "(job, rank)"}
+    quiet = {
+        "DDPHangSuspected": "(job)",
+        "DDPJobNoProgress": "(job)",
+        "DDPRankDown": "(job, rank)",
+        "DDPRankEndpointDown": "(job, rank)",
+    }
     assert order[0] == "DDPHangCulprit"
     for name, on in quiet.items():
         expr = next(r["expr"] for r in ALERTS if r["alert"] == name)
@@ -69,8 +85,15 @@ def test_the_culprit_alert_quiets_the_per_rank_hang_alerts() -> None:
     assert not [r["alert"] for r in others if "ALERTS" in r["expr"]]
     culprit = next(r for r in ALERTS if r["alert"] == "DDPHangCulprit")
     assert culprit["labels"]["severity"] == "critical" and culprit["for"] == "1m"
-    assert {"ddpmon_activity", "ddpmon_rank_activity", "ddpmon_hang_suspected", "ddpmon_rank_hang_suspected",
-            "ddpmon_rank_info", "ddpmon_daemon_info", "up"} == dashboards.metric_names(culprit["expr"])
+    assert {
+        "ddpmon_activity",
+        "ddpmon_rank_activity",
+        "ddpmon_hang_suspected",
+        "ddpmon_rank_hang_suspected",
+        "ddpmon_rank_info",
+        "ddpmon_daemon_info",
+        "up",
+    } == dashboards.metric_names(culprit["expr"])
 
 
 def test_the_straggler_rule_scores_busy_time_against_the_median_for_10_minutes() -> None:
@@ -81,16 +104,24 @@ def test_the_straggler_rule_scores_busy_time_against_the_median_for_10_minutes()
     rule = next(r for r in ALERTS if r["alert"] == "DDPStraggler")
     assert rule["for"] == "10m"
     assert "quantile by (job) (0.5," in rule["expr"] and "- 1 >= 0.2" in rule["expr"]
-    assert rule["expr"].count('phase!="exposed_comm"') == 2 and STRAGGLER_SCORE.count('phase!="exposed_comm"') == 2
-    assert dashboards.metric_names(rule["expr"]) == {"ddpmon_step_phase_seconds_total", "ddpmon_steps_total"}
+    assert (
+        rule["expr"].count('phase!="exposed_comm"') == 2
+        and STRAGGLER_SCORE.count('phase!="exposed_comm"') == 2
+    )
+    assert dashboards.metric_names(rule["expr"]) == {
+        "ddpmon_step_phase_seconds_total",
+        "ddpmon_steps_total",
+    }
 
 
 def test_the_throttling_rules_match_nvml_reason_names() -> None:
     """The reason label values are NVML's clock event reasons in snake case."""
     thermal = next(r for r in ALERTS if r["alert"] == "DDPGPUThermalThrottling")["expr"]
     power = next(r for r in ALERTS if r["alert"] == "DDPGPUPowerThrottling")["expr"]
-    regex = {name: re.search(r'reason=~"([^"]+)"', expr).group(1) for name, expr in  # type: ignore[union-attr]
-             (("thermal", thermal), ("power", power))}
+    regex = {
+        name: re.search(r'reason=~"([^"]+)"', expr).group(1)
+        for name, expr in (("thermal", thermal), ("power", power))  # type: ignore[union-attr]
+    }
 
     def matches(kind: str, reason: str) -> bool:
         pattern = regex[kind].replace("(?i)", "")
@@ -129,24 +160,32 @@ def test_prometheus_config_keeps_the_exported_job_and_rank_labels() -> None:
     for job in jobs.values():
         assert job["honor_labels"] is True
         assert job["file_sd_configs"][0]["files"]
-    for pattern in (jobs["ddpmon-ranks"]["file_sd_configs"][0]["files"][0],
-                    jobs["ddpmon-daemons"]["file_sd_configs"][0]["files"][0]):
+    for pattern in (
+        jobs["ddpmon-ranks"]["file_sd_configs"][0]["files"][0],
+        jobs["ddpmon-daemons"]["file_sd_configs"][0]["files"][0],
+    ):
         examples = list((DEPLOY / "prometheus").glob(pattern))
         assert examples, f"no example file for {pattern}"
         for example in examples:
             groups = json.loads(example.read_text())
-            assert groups and all(re.fullmatch(r"[\w.-]+:\d+", t) for g in groups for t in g["targets"])
+            assert groups and all(
+                re.fullmatch(r"[\w.-]+:\d+", t) for g in groups for t in g["targets"]
+            )
 
 
 def test_grafana_provisioning_and_compose_agree() -> None:
     compose = _load(DEPLOY / "docker-compose.yml")
     grafana, prometheus = compose["services"]["grafana"], compose["services"]["prometheus"]
     mounts = dict(v.split(":")[:2] for v in grafana["volumes"] if v.startswith("."))
-    provider = _load(DEPLOY / "grafana" / "provisioning" / "dashboards" / "ddpmon.yml")["providers"][0]
+    provider = _load(DEPLOY / "grafana" / "provisioning" / "dashboards" / "ddpmon.yml")[
+        "providers"
+    ][0]
     assert provider["type"] == "file" and mounts["../dashboards"] == provider["options"]["path"]
     assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
     assert (DEPLOY / "grafana" / "provisioning").is_dir() and (ROOT / "dashboards").is_dir()
-    datasource = _load(DEPLOY / "grafana" / "provisioning" / "datasources" / "ddpmon.yml")["datasources"][0]
+    datasource = _load(DEPLOY / "grafana" / "provisioning" / "datasources" / "ddpmon.yml")[
+        "datasources"
+    ][0]
     assert datasource["type"] == "prometheus" and datasource["url"] == "http://localhost:9090"
     assert "127.0.0.1:9090" in " ".join(prometheus["command"])
     assert any(v.startswith("./prometheus:/etc/prometheus") for v in prometheus["volumes"])
@@ -176,7 +215,9 @@ def test_podmonitor_scrapes_every_rank_port_with_honor_labels() -> None:
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["honorLabels"] is True and endpoint["path"] == "/metrics"
     (keep,) = endpoint["relabelings"]
-    assert keep["action"] == "keep" and keep["sourceLabels"] == ["__meta_kubernetes_pod_container_port_name"]
+    assert keep["action"] == "keep" and keep["sourceLabels"] == [
+        "__meta_kubernetes_pod_container_port_name"
+    ]
     for name, kept in (("ddpmon-0", True), ("ddpmon-7", True), ("ddpmon", False), ("http", False)):
         assert bool(re.fullmatch(keep["regex"], name)) is kept
 

@@ -43,27 +43,37 @@ def test_atomic_rewrites_never_show_a_partial_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"], "no temp files left behind"
 
 
-@pytest.mark.parametrize("content,reason", [
-    (b"", "is empty"),
-    (b'{"rank": 0, "st', "not valid JSON"),
-    (b"[1, 2]", "not a JSON object"),
-    (b"\xff\xfe{", "not UTF-8"),
-    (b"[" * 100_000 + b"]" * 100_000, "nests JSON too deeply"),
-    (b'{"step": 3}', "no 'rank' key"),
-    (b'{"rank": 1, "timings": 5}', "invalid timings 5"),
-    (b'{"rank": 1, "step": "abc"}', "invalid step 'abc'"),
-    (b'{"rank": 1, "buckets": {"x": 1}}', "invalid buckets"),
-    (b'{"rank": 1, "in_flight": [3]}', "invalid in_flight[0] 3"),
-    (b'{"rank": 1, "in_flight": [{"seq": "a", "op": "barrier"}]}', "invalid in_flight[0].seq 'a'"),
-    (b'{"rank": 1, "in_flight": [{"seq": 1, "op": "barrier"}, {"seq": 2, "op": "barrier"}, {"seq": 3, "op": 4}]}',
-     "invalid in_flight[2].op 4"),
-    (b'{"rank": 99999999}', "invalid rank 99999999"),
-    (b'{"rank": 1, "world_size": 4000000000}', "invalid world_size"),
-    (b'{"rank": 1, "format": 7}', "written by a newer ddpmon"),
-    (b'{"rank": 1, "hang": {"detected_unix": 1}}', "has no 'hang.last_progress_unix'"),
-])
+@pytest.mark.parametrize(
+    "content,reason",
+    [
+        (b"", "is empty"),
+        (b'{"rank": 0, "st', "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"\xff\xfe{", "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nests JSON too deeply"),
+        (b'{"step": 3}', "no 'rank' key"),
+        (b'{"rank": 1, "timings": 5}', "invalid timings 5"),
+        (b'{"rank": 1, "step": "abc"}', "invalid step 'abc'"),
+        (b'{"rank": 1, "buckets": {"x": 1}}', "invalid buckets"),
+        (b'{"rank": 1, "in_flight": [3]}', "invalid in_flight[0] 3"),
+        (
+            b'{"rank": 1, "in_flight": [{"seq": "a", "op": "barrier"}]}',
+            "invalid in_flight[0].seq 'a'",
+        ),
+        (
+            b'{"rank": 1, "in_flight": [{"seq": 1, "op": "barrier"}, {"seq": 2, "op": "barrier"}, {"seq": 3, "op": 4}]}',
+            "invalid in_flight[2].op 4",
+        ),
+        (b'{"rank": 99999999}', "invalid rank 99999999"),
+        (b'{"rank": 1, "world_size": 4000000000}', "invalid world_size"),
+        (b'{"rank": 1, "format": 7}', "written by a newer ddpmon"),
+        (b'{"rank": 1, "hang": {"detected_unix": 1}}', "has no 'hang.last_progress_unix'"),
+    ],
+)
 @pytest.mark.bad_state_files
-def test_bad_files_are_reported_by_name_and_field(tmp_path: Path, content: bytes, reason: str) -> None:
+def test_bad_files_are_reported_by_name_and_field(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
     path = tmp_path / "rank-3.json"
     path.write_bytes(content)
     with pytest.raises(StateFileError) as err:
@@ -93,21 +103,35 @@ def test_files_that_are_not_regular_files_are_never_followed_or_opened(tmp_path:
 
 
 def test_the_previous_format_is_read() -> None:
-    state = schema.parse({
-        "format": 1, "rank": 2, "step": 5,
-        "in_flight": [{"seq": 3, "op": "all_reduce", "async": True, "issued_unix": 1.0}],
-        "timings": {"step_seconds": {"median": 0.1, "last": 0.2, "max": 0.3}},
-    })
+    state = schema.parse(
+        {
+            "format": 1,
+            "rank": 2,
+            "step": 5,
+            "in_flight": [{"seq": 3, "op": "all_reduce", "async": True, "issued_unix": 1.0}],
+            "timings": {"step_seconds": {"median": 0.1, "last": 0.2, "max": 0.3}},
+        }
+    )
     assert state.rank == 2 and state.in_flight[0].async_op is True
     assert state.timings.step_seconds is not None and state.timings.step_seconds.max == 0.3
 
 
 def test_records_round_trip_through_json() -> None:
     state = schema.RankState(
-        rank=1, host="h", step=7, in_flight=[schema.Collective(seq=1, op="barrier", callers=["a.py:1 in f"])],
-        hang=schema.Hang(detected_unix=2.0, last_progress_unix=1.0, silent_seconds=1.0, timeout_seconds=60.0,
-                         timeout_source="learned", threads=[schema.Thread(name="MainThread", main=True,
-                                                                          frames=[schema.Frame("a.py", 1, "f")])]),
+        rank=1,
+        host="h",
+        step=7,
+        in_flight=[schema.Collective(seq=1, op="barrier", callers=["a.py:1 in f"])],
+        hang=schema.Hang(
+            detected_unix=2.0,
+            last_progress_unix=1.0,
+            silent_seconds=1.0,
+            timeout_seconds=60.0,
+            timeout_source="learned",
+            threads=[
+                schema.Thread(name="MainThread", main=True, frames=[schema.Frame("a.py", 1, "f")])
+            ],
+        ),
     )
     again = schema.parse(json.loads(json.dumps(schema.to_json(state))))
     assert again == state
@@ -116,7 +140,9 @@ def test_records_round_trip_through_json() -> None:
 def test_the_shipped_json_schema_is_the_generated_one() -> None:
     with open(schema.SCHEMA_FILE) as f:
         shipped = json.load(f)
-    assert shipped == schema.generated_schema(), "run `python -m ddpmon.state.schema` to regenerate it"
+    assert shipped == schema.generated_schema(), (
+        "run `python -m ddpmon.state.schema` to regenerate it"
+    )
     assert shipped["properties"]["format"]["const"] == schema.FORMAT
     assert set(shipped["required"]) == {"rank"}
     assert "in_flight" in shipped["properties"] and "Collective" in shipped["$defs"]
@@ -124,7 +150,9 @@ def test_the_shipped_json_schema_is_the_generated_one() -> None:
 
 def test_the_json_schema_accepts_what_the_records_write() -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    state = schema.RankState(rank=0, buckets=[schema.Bucket(index=0, bytes=4)], exit=schema.Exit(unix=1.0))
+    state = schema.RankState(
+        rank=0, buckets=[schema.Bucket(index=0, bytes=4)], exit=schema.Exit(unix=1.0)
+    )
     jsonschema.validate(schema.to_json(state), schema.generated_schema())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"rank": "x"}, schema.generated_schema())
@@ -134,7 +162,11 @@ def test_list_files_orders_by_rank(tmp_path: Path) -> None:
     for r in (10, 2, 1):
         (tmp_path / f"rank-{r}.json").write_text(json.dumps({"rank": r}))
     (tmp_path / "other.json").write_text("{}")
-    assert [Path(p).name for p in files.list_files(str(tmp_path))] == ["rank-1.json", "rank-2.json", "rank-10.json"]
+    assert [Path(p).name for p in files.list_files(str(tmp_path))] == [
+        "rank-1.json",
+        "rank-2.json",
+        "rank-10.json",
+    ]
 
 
 def test_writer_rewrites_on_notify_and_survives_failures(tmp_path: Path) -> None:
@@ -154,7 +186,9 @@ def test_writer_rewrites_on_notify_and_survives_failures(tmp_path: Path) -> None
         deadline = time.monotonic() + 10
         while calls["n"] < wanted and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert calls["n"] >= wanted, "notify() must cause a rewrite without waiting for the interval"
+        assert calls["n"] >= wanted, (
+            "notify() must cause a rewrite without waiting for the interval"
+        )
     w.stop()
     state = files.read(str(tmp_path / "s" / "rank-0.json"))
     assert state.step >= 4 and state.format == schema.FORMAT
@@ -176,8 +210,17 @@ def test_a_final_write_that_hangs_is_not_waited_for(tmp_path: Path) -> None:
 
 def test_schema_errors_name_the_nested_field() -> None:
     with pytest.raises(records.SchemaError) as err:
-        records.load(schema.Hang, {"detected_unix": 1, "last_progress_unix": 1, "silent_seconds": 0,
-                                   "timeout_seconds": 1, "timeout_source": "x", "threads": [{"frames": [{"line": "x"}]}]})
+        records.load(
+            schema.Hang,
+            {
+                "detected_unix": 1,
+                "last_progress_unix": 1,
+                "silent_seconds": 0,
+                "timeout_seconds": 1,
+                "timeout_source": "x",
+                "threads": [{"frames": [{"line": "x"}]}],
+            },
+        )
     assert "threads[0].frames[0].line 'x'" in str(err.value)
 
 
@@ -185,8 +228,9 @@ def test_docs_state_md_holds_the_generated_field_tables() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
     start = text.index("-->\n", text.index("<!-- generated by")) + len("-->\n")
     end = text.index("<!-- end of generated fields -->")
-    assert text[start:end].strip() == schema.markdown().strip(), \
+    assert text[start:end].strip() == schema.markdown().strip(), (
         "regenerate docs/state.md's tables: python -m ddpmon.state.schema --markdown"
+    )
 
 
 def test_every_file_in_a_state_directory_is_as_private_as_the_state_file(tmp_path: Path) -> None:
@@ -226,12 +270,29 @@ def test_a_job_claimed_by_several_owners_is_one_job_per_owner() -> None:
     def rank(r: int, job: str | None) -> schema.RankState:
         return schema.RankState(rank=r, job=job)
 
-    found = [("a/rank-0.json", rank(0, "j"), 1000), ("a/rank-1.json", rank(1, "j"), 1000),
-             ("b/rank-1.json", rank(1, "j"), 1001), ("c/rank-0.json", rank(0, "k"), 1001),
-             ("d/rank-0.json", rank(0, None), 1000), ("e/rank-0.json", rank(0, None), 1002)]
+    found = [
+        ("a/rank-0.json", rank(0, "j"), 1000),
+        ("a/rank-1.json", rank(1, "j"), 1000),
+        ("b/rank-1.json", rank(1, "j"), 1001),
+        ("c/rank-0.json", rank(0, "k"), 1001),
+        ("d/rank-0.json", rank(0, None), 1000),
+        ("e/rank-0.json", rank(0, None), 1002),
+    ]
     separated, shared = owners.separate(found)
     assert [(p, s.job) for p, s in separated] == [
-        ("a/rank-0.json", "j@uid1000"), ("a/rank-1.json", "j@uid1000"), ("b/rank-1.json", "j@uid1001"),
-        ("c/rank-0.json", "k"), ("d/rank-0.json", "@uid1000"), ("e/rank-0.json", "@uid1002")]
+        ("a/rank-0.json", "j@uid1000"),
+        ("a/rank-1.json", "j@uid1000"),
+        ("b/rank-1.json", "j@uid1001"),
+        ("c/rank-0.json", "k"),
+        ("d/rank-0.json", "@uid1000"),
+        ("e/rank-0.json", "@uid1002"),
+    ]
     assert shared == {"j": [1000, 1001], "": [1000, 1002]}
-    assert [s.job for _, s, _ in found] == ["j", "j", "j", "k", None, None]  # the files' own word kept
+    assert [s.job for _, s, _ in found] == [
+        "j",
+        "j",
+        "j",
+        "k",
+        None,
+        None,
+    ]  # the files' own word kept

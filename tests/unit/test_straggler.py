@@ -15,19 +15,34 @@ from ddpmon.state.schema import StepPhases
 def phases(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) -> StepPhases:
     """A rank whose busy time is ``busy``: forward 0.01, backward 0.02, the rest in ``parts``
     (seconds per step), exposed communication filling up to a 0.1 s step."""
-    p = {"data_wait_seconds": 0.0, "forward_seconds": 0.01, "backward_seconds": 0.02,
-         "optimizer_seconds": 0.002, "other_seconds": 0.0}
+    p = {
+        "data_wait_seconds": 0.0,
+        "forward_seconds": 0.01,
+        "backward_seconds": 0.02,
+        "optimizer_seconds": 0.002,
+        "other_seconds": 0.0,
+    }
     p.update({k + "_seconds": v for k, v in parts.items()})
     own = sum(p.values())
     p["other_seconds"] += busy - own
-    return StepPhases(steps=steps, step_seconds=0.1, exposed_comm_seconds=0.1 - busy, busy_seconds=busy,
-                      busy_spread_seconds=spread, **p)
+    return StepPhases(
+        steps=steps,
+        step_seconds=0.1,
+        exposed_comm_seconds=0.1 - busy,
+        busy_seconds=busy,
+        busy_spread_seconds=spread,
+        **p,
+    )
 
 
 def test_a_slow_data_loader_is_named_and_not_its_waiting_peers() -> None:
-    scores = steps.scores({
-        0: phases(0.032), 1: phases(0.072, data_wait=0.04), 2: phases(0.033),
-    })
+    scores = steps.scores(
+        {
+            0: phases(0.032),
+            1: phases(0.072, data_wait=0.04),
+            2: phases(0.033),
+        }
+    )
     named = {r: s for r, s in scores.items() if s.straggler}
     assert list(named) == [1]
     s = named[1]
@@ -64,8 +79,13 @@ def test_too_few_steps_or_ranks_give_no_score() -> None:
 
 def test_the_summary_names_rank_share_part_and_fix() -> None:
     text = words.straggler_summary(1, 0.41, "data_wait", 0.95)
-    assert text.startswith("rank 1 is 41% slower than the others, 95% of it in data wait: look at its data loader")
-    assert words.straggler_summary(2, 0.3, None, 0.0) == "rank 2 is 30% slower than the others, spread over several parts of the step"
+    assert text.startswith(
+        "rank 1 is 41% slower than the others, 95% of it in data wait: look at its data loader"
+    )
+    assert (
+        words.straggler_summary(2, 0.3, None, 0.0)
+        == "rank 2 is 30% slower than the others, spread over several parts of the step"
+    )
 
 
 def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> None:
@@ -90,12 +110,18 @@ def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> Non
 def test_files_of_an_older_ddpmon_are_scored_from_their_median_absolute_deviation() -> None:
     # no busy_error_seconds: the noise of a median, from the MAD (0.5 ms over 20 steps)
     old = steps.scores({0: phases(0.040, spread=0.0005), 1: phases(0.043, spread=0.0005)})
-    assert old[1].noise_seconds == pytest.approx(0.000294, rel=1e-3)  # 0.29 ms: a median's error, for two ranks
-    new = steps.scores({
-        0: dataclasses.replace(phases(0.040), busy_error_seconds=0.0002),
-        1: dataclasses.replace(phases(0.043), busy_error_seconds=0.0004),
-    })
-    assert new[1].noise_seconds == pytest.approx(0.000566, rel=1e-3)  # the larger error, 0.4 ms, for two ranks
+    assert old[1].noise_seconds == pytest.approx(
+        0.000294, rel=1e-3
+    )  # 0.29 ms: a median's error, for two ranks
+    new = steps.scores(
+        {
+            0: dataclasses.replace(phases(0.040), busy_error_seconds=0.0002),
+            1: dataclasses.replace(phases(0.043), busy_error_seconds=0.0004),
+        }
+    )
+    assert new[1].noise_seconds == pytest.approx(
+        0.000566, rel=1e-3
+    )  # the larger error, 0.4 ms, for two ranks
     assert new[0].noise_seconds == pytest.approx(0.000566, rel=1e-3)
 
 
@@ -105,33 +131,64 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
     from ddpmon.doctor.rules import straggler as rule
 
     def view(rank: int, p: StepPhases, status: str = "stepping") -> Any:
-        return SimpleNamespace(rank=rank, status=status, file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
-                               state=SimpleNamespace(host="node-a", timings=SimpleNamespace(phases=p)))
+        return SimpleNamespace(
+            rank=rank,
+            status=status,
+            file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
+            state=SimpleNamespace(host="node-a", timings=SimpleNamespace(phases=p)),
+        )
 
-    noisy = [view(0, phases(0.040, spread=0.01)), view(1, phases(0.046, spread=0.01, data_wait=0.006))]
+    noisy = [
+        view(0, phases(0.040, spread=0.01)),
+        view(1, phases(0.046, spread=0.01, data_wait=0.006)),
+    ]
     assert rule.straggler(noisy, []) is None
     (note,) = rule.slowest_within_noise(noisy)
     assert (note.kind, note.severity, note.ranks) == ("slowest_rank", "info", [1])
-    assert note.summary.startswith("rank 1 is 15% slower than the others, most of it in data wait, but within")
+    assert note.summary.startswith(
+        "rank 1 is 15% slower than the others, most of it in data wait, but within"
+    )
     # named, or not running, or not slower by 5%: no note
     quiet = [view(0, phases(0.040, spread=0.0005)), view(1, phases(0.045, spread=0.0005))]
     named = rule.straggler(quiet, [])
-    assert rule.slowest_within_noise(quiet) == [] and (named.verdict, named.suspects) == ("straggler", [1])
+    assert rule.slowest_within_noise(quiet) == [] and (named.verdict, named.suspects) == (
+        "straggler",
+        [1],
+    )
     assert named.findings[0].summary.startswith("rank 1 is 12% slower than the others")
-    assert named.findings[0].fix.endswith(". To see where its time goes, on node-a: ddpmon capture STATE_DIR --rank 1 "
-                                          "--compare 0 (STATE_DIR: the job's state directory there)")
-    assert rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.phases, "stuck")]) == []
-    assert rule.slowest_within_noise([view(0, phases(0.040, spread=0.01)), view(1, phases(0.041, spread=0.01))]) == []
+    assert named.findings[0].fix.endswith(
+        ". To see where its time goes, on node-a: ddpmon capture STATE_DIR --rank 1 "
+        "--compare 0 (STATE_DIR: the job's state directory there)"
+    )
+    assert (
+        rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.phases, "stuck")]) == []
+    )
+    assert (
+        rule.slowest_within_noise(
+            [view(0, phases(0.040, spread=0.01)), view(1, phases(0.041, spread=0.01))]
+        )
+        == []
+    )
 
 
 def test_a_rank_slower_by_5_to_10_percent_and_out_of_its_noise_is_named() -> None:
     # 10% slower measures 10% give or take its noise: naming from 5% names it every time
-    eight = steps.scores({0: phases(0.040, spread=0.0002), 1: phases(0.0432, spread=0.0002),
-                              2: phases(0.040, spread=0.0002)})
+    eight = steps.scores(
+        {
+            0: phases(0.040, spread=0.0002),
+            1: phases(0.0432, spread=0.0002),
+            2: phases(0.040, spread=0.0002),
+        }
+    )
     assert [r for r, s in eight.items() if s.straggler] == [1]
     # below 5%, however quiet, it is within what ranks differ by
-    four = steps.scores({0: phases(0.040, spread=0.0001), 1: phases(0.0416, spread=0.0001),
-                             2: phases(0.040, spread=0.0001)})
+    four = steps.scores(
+        {
+            0: phases(0.040, spread=0.0001),
+            1: phases(0.0416, spread=0.0001),
+            2: phases(0.040, spread=0.0001),
+        }
+    )
     assert not any(s.straggler for s in four.values())
 
 
@@ -141,8 +198,15 @@ BASE = {"data_wait": 0.005, "forward": 0.010, "backward": 0.015, "optimizer": 0.
 """A rank's own work per step, 40 ms busy."""
 
 
-def rows(count: int, first: int = 10, seed: int = 0, shared: list[float] | None = None,
-         jitter: float = 0.002, slow: dict[str, float] | None = None, slow_from: int = 0) -> list[steps.StepRow]:
+def rows(
+    count: int,
+    first: int = 10,
+    seed: int = 0,
+    shared: list[float] | None = None,
+    jitter: float = 0.002,
+    slow: dict[str, float] | None = None,
+    slow_from: int = 0,
+) -> list[steps.StepRow]:
     """``count`` steps of one rank of a 0.1 s step: its own jitter (uniform, ``jitter`` s), the
     machine's noise that hits every rank in the same step (``shared``, s per step, put in the
     part each step names in turn) and, from step ``slow_from``, ``slow`` extra seconds per part."""
@@ -160,9 +224,14 @@ def rows(count: int, first: int = 10, seed: int = 0, shared: list[float] | None 
             for part, extra in slow.items():
                 parts[part] += extra
         busy = sum(parts.values())
-        row = steps.StepRow(step, 0.0, 0.0, step_seconds=max(0.1, busy + 0.001),
-                            exposed_comm_seconds=max(0.1, busy + 0.001) - busy,
-                            **{p + "_seconds": v for p, v in parts.items()})
+        row = steps.StepRow(
+            step,
+            0.0,
+            0.0,
+            step_seconds=max(0.1, busy + 0.001),
+            exposed_comm_seconds=max(0.1, busy + 0.001) - busy,
+            **{p + "_seconds": v for p, v in parts.items()},
+        )
         out.append(row)
     return out
 
@@ -173,8 +242,10 @@ def machine_noise(count: int, seed: int = 99) -> list[float]:
     import random
 
     rng = random.Random(seed)
-    return [rng.uniform(0.0, 0.030) + (rng.uniform(0.030, 0.060) if rng.random() < 0.125 else 0.0)
-            for _ in range(count)]
+    return [
+        rng.uniform(0.0, 0.030) + (rng.uniform(0.030, 0.060) if rng.random() < 0.125 else 0.0)
+        for _ in range(count)
+    ]
 
 
 def named(ranks: dict[int, list[steps.StepRow]]) -> dict[int, steps.Score]:
@@ -187,10 +258,15 @@ def test_noise_that_hits_every_rank_at_once_cancels_out() -> None:
     # shared: named within 20 steps, with its part; the same files scored on their means
     # alone (an older ddpmon's) do not stand out of that noise.
     noise = machine_noise(20)
-    job = {r: rows(20, seed=r, shared=noise, slow={"forward": 0.008} if r == 1 else None) for r in range(3)}
+    job = {
+        r: rows(20, seed=r, shared=noise, slow={"forward": 0.008} if r == 1 else None)
+        for r in range(3)
+    }
     found = named(job)
     assert list(found) == [1] and found[1].cause == "forward" and found[1].steps == 20
-    assert found[1].gap_seconds == pytest.approx(0.008, abs=0.0015)  # its 8 ms, whatever the machine added
+    assert found[1].gap_seconds == pytest.approx(
+        0.008, abs=0.0015
+    )  # its 8 ms, whatever the machine added
     means_only = {r: dataclasses.replace(steps.phases(rs), recent=None) for r, rs in job.items()}
     assert not any(s.straggler for s in steps.scores(means_only).values())
 
@@ -205,7 +281,11 @@ def test_a_rank_descheduled_in_a_few_steps_is_not_that_much_slower() -> None:
         return job
 
     assert named(descheduled({r: rows(20, seed=r) for r in range(3)})) == {}
-    found = named(descheduled({r: rows(20, seed=r, slow={"forward": 0.008} if r == 2 else None) for r in range(3)}))
+    found = named(
+        descheduled(
+            {r: rows(20, seed=r, slow={"forward": 0.008} if r == 2 else None) for r in range(3)}
+        )
+    )
     assert list(found) == [2] and found[2].cause == "forward"
     assert found[2].gap_seconds == pytest.approx(0.008, abs=0.0015)
 
@@ -216,20 +296,29 @@ def test_healthy_jittery_ranks_are_never_named() -> None:
     for seed in range(300):
         world = 2 + seed % 7
         noise = machine_noise(150, seed) if seed % 2 else None
-        job = {r: rows(10 + seed % 141, seed=1000 * seed + r, shared=noise, jitter=0.016) for r in range(world)}
+        job = {
+            r: rows(10 + seed % 141, seed=1000 * seed + r, shared=noise, jitter=0.016)
+            for r in range(world)
+        }
         assert named(job) == {}, seed
 
 
 def test_a_long_window_names_what_a_short_one_cannot_and_a_short_one_what_just_began() -> None:
     # 6% slower (3 ms) under 16 ms of jitter: not out of the noise over 20 steps, named over 150
     def job(count: int) -> dict[int, list[steps.StepRow]]:
-        return {r: rows(count, seed=r, jitter=0.016, slow={"backward": 0.003} if r == 0 else None) for r in range(4)}
+        return {
+            r: rows(count, seed=r, jitter=0.016, slow={"backward": 0.003} if r == 0 else None)
+            for r in range(4)
+        }
 
     assert named(job(20)) == {}
     found = named(job(150))
     assert list(found) == [0] and found[0].steps == 150 and found[0].cause == "backward"
     # 25% slower over the last 11 steps of 150 only: the last 20 steps name it
-    late = {r: rows(150, seed=r, slow={"data_wait": 0.010} if r == 2 else None, slow_from=140) for r in range(3)}
+    late = {
+        r: rows(150, seed=r, slow={"data_wait": 0.010} if r == 2 else None, slow_from=140)
+        for r in range(3)
+    }
     found = named(late)
     assert list(found) == [2] and found[2].steps == 20 and found[2].cause == "data_wait"
 
@@ -244,7 +333,11 @@ def test_the_first_steps_of_the_job_are_left_out() -> None:
 
 def test_only_the_steps_every_rank_has_are_compared() -> None:
     # rank 1 attached 10 steps later: compared on the 20 steps they share
-    job = {0: rows(30, first=10, seed=0), 1: rows(20, first=20, seed=1, slow={"optimizer": 0.010}), 2: rows(30, first=10, seed=2)}
+    job = {
+        0: rows(30, first=10, seed=0),
+        1: rows(20, first=20, seed=1, slow={"optimizer": 0.010}),
+        2: rows(30, first=10, seed=2),
+    }
     found = named(job)
     assert list(found) == [1] and found[1].steps == 20 and found[1].cause == "optimizer"
 
@@ -263,6 +356,8 @@ def test_the_state_file_carries_the_last_steps_one_by_one_and_round_trips() -> N
     p = steps.phases(rows(300, first=1))
     assert p is not None and p.recent is not None and p.steps == steps.PHASE_STEPS
     assert len(p.recent.step) == steps.SCORE_WINDOWS[-1] and p.recent.step[-1] == 300
-    assert p.recent.busy_seconds[-1] == pytest.approx(steps.busy_seconds(rows(300, first=1)[-1]), abs=1e-6)
+    assert p.recent.busy_seconds[-1] == pytest.approx(
+        steps.busy_seconds(rows(300, first=1)[-1]), abs=1e-6
+    )
     again = records.load(StepPhases, dataclasses.asdict(p))
     assert again == p

@@ -37,9 +37,13 @@ COMBINATIONS = list(itertools.product(BUCKET_TIMING_MODES, BOOLS, BOOLS, BOOLS))
 def test_every_combination(option: str, c10d: bool, user: bool, earlier: bool) -> None:
     chosen = plan(option, c10d, user, earlier)
     assert (chosen.source, chosen.comm_hook) == expected(option, c10d, user, earlier)
-    assert chosen.time_later_hook == (option == "auto" and chosen.source == "off" and chosen.comm_hook == "none")
+    assert chosen.time_later_hook == (
+        option == "auto" and chosen.source == "off" and chosen.comm_hook == "none"
+    )
     assert chosen.mark_untimed == (chosen.source == "off" and not c10d)
-    assert chosen.read_layout == (chosen.source in ("c10d", "flight_recorder") or chosen.mark_untimed)
+    assert chosen.read_layout == (
+        chosen.source in ("c10d", "flight_recorder") or chosen.mark_untimed
+    )
 
 
 def test_every_rule_is_reachable() -> None:

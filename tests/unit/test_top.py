@@ -20,9 +20,23 @@ def test_phases_carrying_the_last_steps_one_by_one() -> None:
     from ddpmon.state import records, schema
 
     n = 40
-    recent = schema.RecentSteps(step=list(range(n)), busy_seconds=[0.09] * n, data_wait_seconds=[0.0] * n,
-                                h2d_seconds=[0.0] * n, forward_seconds=[0.03] * n, backward_seconds=[0.05] * n,
-                                optimizer_seconds=[0.01] * n, other_seconds=[0.0] * n)
-    phases = records.dump(schema.StepPhases(steps=n, step_seconds=0.1, busy_seconds=0.09, recent=recent))
-    text = render([{"rank": r, "step": n, "phase": "forward", "timings": {"phases": phases}} for r in range(3)])
+    recent = schema.RecentSteps(
+        step=list(range(n)),
+        busy_seconds=[0.09] * n,
+        data_wait_seconds=[0.0] * n,
+        h2d_seconds=[0.0] * n,
+        forward_seconds=[0.03] * n,
+        backward_seconds=[0.05] * n,
+        optimizer_seconds=[0.01] * n,
+        other_seconds=[0.0] * n,
+    )
+    phases = records.dump(
+        schema.StepPhases(steps=n, step_seconds=0.1, busy_seconds=0.09, recent=recent)
+    )
+    text = render(
+        [
+            {"rank": r, "step": n, "phase": "forward", "timings": {"phases": phases}}
+            for r in range(3)
+        ]
+    )
     assert "where the time goes" in text and "slower" in text

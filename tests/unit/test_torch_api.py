@@ -32,9 +32,11 @@ from tests.support.torch_features import COMPILE_CHECK
 pytestmark = pytest.mark.timeout(120)
 
 RANK_WING = Path(ddpmon.__file__).resolve().parent / "rank"
-PRIVATE = re.compile(r"\._(get_ddp_logging_data|check_comm_hook|comm_hooks|execution_engine|register_on_completion_hook"
-                     r"|enable_collectives_timing|get_backend|get_process_group_name|get_default_store|dump_fr_trace"
-                     r"|dump_nccl_trace|dynamo|C|orig_mod|profiler_enabled|is_profiler_enabled)\b")
+PRIVATE = re.compile(
+    r"\._(get_ddp_logging_data|check_comm_hook|comm_hooks|execution_engine|register_on_completion_hook"
+    r"|enable_collectives_timing|get_backend|get_process_group_name|get_default_store|dump_fr_trace"
+    r"|dump_nccl_trace|dynamo|C|orig_mod|profiler_enabled|is_profiler_enabled)\b"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +59,9 @@ class Net(nn.Module):
 def attached(tmp_path: Path, **options: Any) -> tuple[DDP, Any]:
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.001, find_unused_parameters=True)
-    return model, ddpmon.attach(model, job="api", port=-1, state_dir=str(tmp_path / "state"), **options)
+    return model, ddpmon.attach(
+        model, job="api", port=-1, state_dir=str(tmp_path / "state"), **options
+    )
 
 
 ABSENT_HERE = () if COMPILE_CHECK else ("torch.compiler.is_compiling",)
@@ -67,8 +71,11 @@ ABSENT_HERE = () if COMPILE_CHECK else ("torch.compiler.is_compiling",)
 def off_lines(caplog: pytest.LogCaptureFixture, api: str = " off: torch ") -> list[str]:
     """The warnings that name ``api``; by default every part switched off for a missing API
     but those this torch lacks anyway."""
-    return [m for m in (r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
-            if api in m and not any(f"has no {absent};" in m for absent in ABSENT_HERE if absent != api)]
+    return [
+        m
+        for m in (r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+        if api in m and not any(f"has no {absent};" in m for absent in ABSENT_HERE if absent != api)
+    ]
 
 
 def line(part: str, api: str) -> str:
@@ -78,17 +85,22 @@ def line(part: str, api: str) -> str:
 def check_the_rest(snap: dict[str, Any], backward: bool = True) -> None:
     """What does not need the removed API still works: steps, their parts, unused parameters."""
     assert snap["step"] == STEPS, "training goes on, every step counted"
-    assert snap["timings"]["window_steps"] == STEPS and snap["timings"]["forward_seconds"]["max"] > 0
+    assert (
+        snap["timings"]["window_steps"] == STEPS and snap["timings"]["forward_seconds"]["max"] > 0
+    )
     assert (snap["timings"]["backward_seconds"]["max"] > 0) is backward
     assert snap["unused_parameters"] == ["spare.weight", "spare.bias"]
     assert not snap["errors"], snap["errors"]
 
 
 def test_nothing_in_the_rank_wing_but_torch_api_names_a_private_torch_api() -> None:
-    uses = [f"{path.relative_to(RANK_WING.parent)}:{n}: {text.strip()}"
-            for path in sorted(RANK_WING.rglob("*.py")) if path.name != "torch_api.py"
-            for n, text in enumerate(path.read_text().splitlines(), 1)
-            if PRIVATE.search(text.split("#")[0]) and "``" not in text]
+    uses = [
+        f"{path.relative_to(RANK_WING.parent)}:{n}: {text.strip()}"
+        for path in sorted(RANK_WING.rglob("*.py"))
+        if path.name != "torch_api.py"
+        for n, text in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE.search(text.split("#")[0]) and "``" not in text
+    ]
     assert not uses, uses
 
 
@@ -98,8 +110,13 @@ LOGGING_DATA = "DistributedDataParallel._get_ddp_logging_data"
 
 
 @pytest.mark.parametrize("timing", ["auto", "hook"])
-def test_without_ddp_logging_data(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  caplog: pytest.LogCaptureFixture, timing: str) -> None:
+def test_without_ddp_logging_data(
+    group: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    timing: str,
+) -> None:
     monkeypatch.delattr(DDP, "_get_ddp_logging_data")
     model, mon = attached(tmp_path, bucket_timing=timing)
     train(model)
@@ -108,7 +125,9 @@ def test_without_ddp_logging_data(group: None, tmp_path: Path, monkeypatch: pyte
     mon.detach()
     expected = line(torch_api.LOGGING_DATA, LOGGING_DATA)
     assert off_lines(caplog, LOGGING_DATA) == [expected]
-    assert expected.removeprefix("ddpmon: rank 0: ").removesuffix("; training goes on") in snap["notes"]["torch_api"].split("\n")
+    assert expected.removeprefix("ddpmon: rank 0: ").removesuffix("; training goes on") in snap[
+        "notes"
+    ]["torch_api"].split("\n")
     assert snap["ddp"] == {}
     check_the_rest(snap)
     if timing == "hook":  # a comm hook shows the buckets: they are timed as ever
@@ -134,8 +153,9 @@ def without_c10d(monkeypatch: pytest.MonkeyPatch, api: str) -> dict[str, Any]:
     return snap
 
 
-def test_c10d_timing_needs_ddp_logging_data(group: None, monkeypatch: pytest.MonkeyPatch,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_c10d_timing_needs_ddp_logging_data(
+    group: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """c10d's timings are matched to DDP's bucket layout: without it there is no c10d timing."""
     monkeypatch.delattr(DDP, "_get_ddp_logging_data")
     snap = without_c10d(monkeypatch, LOGGING_DATA)
@@ -148,8 +168,9 @@ def test_c10d_timing_needs_ddp_logging_data(group: None, monkeypatch: pytest.Mon
 CHECK = "DistributedDataParallel._check_comm_hook"
 
 
-def test_without_check_comm_hook(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_without_check_comm_hook(
+    group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A hook given to attach and one registered after it run unchecked, inside ddpmon's
     timing hook, and are timed."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -188,7 +209,9 @@ def test_without_check_comm_hook(group: None, tmp_path: Path, monkeypatch: pytes
 # -- DistributedDataParallel._comm_hooks ---------------------------------------------------
 
 
-def test_without_the_list_of_comm_hooks(group: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_without_the_list_of_comm_hooks(
+    group: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Nothing is off: a hook registered before attach is still found (DDP's logging data
     names it), and a copy of an attached model is still a plain one."""
     import copy
@@ -229,21 +252,30 @@ class EngineWithoutQueue:
 
 
 @pytest.mark.parametrize("removed", ["queue_callback", "_execution_engine"])
-def test_without_queue_callback(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                caplog: pytest.LogCaptureFixture, removed: str) -> None:
+def test_without_queue_callback(
+    group: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    removed: str,
+) -> None:
     """Backward is not timed; steps end at their optimizer step, and bucket timing (through
     the comm hook) and unused parameters go on."""
     monkeypatch.delattr(torch.autograd.graph, "queue_callback", raising=False)  # public from 2.15
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.001, find_unused_parameters=True)
     if removed == "queue_callback":
-        monkeypatch.setattr(Variable, "_execution_engine", EngineWithoutQueue(Variable._execution_engine))
+        monkeypatch.setattr(
+            Variable, "_execution_engine", EngineWithoutQueue(Variable._execution_engine)
+        )
     else:  # autograd's own backward needs the engine: only ddpmon's view of it goes
         stand_in = type("Variable", (), {"_execution_engine": Variable._execution_engine})
         for module in (torch.autograd, torch.autograd.graph):  # where autograd looks it up
             monkeypatch.setattr(module, "Variable", stand_in, raising=False)
         monkeypatch.delattr(Variable, "_execution_engine")
-    mon = ddpmon.attach(model, job="api", port=-1, state_dir=str(tmp_path / "state"), bucket_timing="hook")
+    mon = ddpmon.attach(
+        model, job="api", port=-1, state_dir=str(tmp_path / "state"), bucket_timing="hook"
+    )
     train(model)
     snap = mon.snapshot()
     mon.detach()
@@ -255,15 +287,19 @@ def test_without_queue_callback(group: None, tmp_path: Path, monkeypatch: pytest
 # -- torch.compiler.is_compiling ----------------------------------------------------------
 
 
-def test_without_a_compile_check(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_compile_check(
+    group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """As on torch 2.2: compiled models are not watched well, said once; uncompiled models
     are watched as ever."""
     from ddpmon.rank.hooks import step
 
     with monkeypatch.context() as without:  # torch's own modules call it: hidden from ddpmon alone
-        without.setattr(torch_api, "torch", types.SimpleNamespace(compiler=types.SimpleNamespace(),
-                                                                  __version__=torch.__version__))
+        without.setattr(
+            torch_api,
+            "torch",
+            types.SimpleNamespace(compiler=types.SimpleNamespace(), __version__=torch.__version__),
+        )
         check, missing = step._compile_check()
     assert missing is not None and check() is False
     monkeypatch.setattr(step, "_is_compiling", check)
@@ -281,24 +317,31 @@ def test_without_a_compile_check(group: None, tmp_path: Path, monkeypatch: pytes
 
 
 @pytest.mark.parametrize("name", ["_register_on_completion_hook", "_enable_collectives_timing"])
-def test_without_the_completion_hook(group: None, monkeypatch: pytest.MonkeyPatch,
-                                     caplog: pytest.LogCaptureFixture, name: str) -> None:
+def test_without_the_completion_hook(
+    group: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
     monkeypatch.delattr(dist.ProcessGroup, name)
     snap = without_c10d(monkeypatch, f"ProcessGroup.{name}")
-    assert off_lines(caplog, f"ProcessGroup.{name}") == [line("c10d bucket timing", f"ProcessGroup.{name}")]
+    assert off_lines(caplog, f"ProcessGroup.{name}") == [
+        line("c10d bucket timing", f"ProcessGroup.{name}")
+    ]
     check_the_rest(snap)
 
 
 # -- ProcessGroup._get_backend -------------------------------------------------------------
 
 
-def test_without_get_backend(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                             caplog: pytest.LogCaptureFixture) -> None:
+def test_without_get_backend(
+    group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Nothing is off: torch.distributed.get_backend names the group's backend."""
     model, mon = attached(tmp_path)  # DDP's own constructor asks for the backend
     monkeypatch.delattr(dist.ProcessGroup, "_get_backend")
     assert c10d.backend_name(model.process_group) == "gloo"
-    assert c10d.unavailable_reason(model.process_group) == "the gloo backend has no completion hook (only NCCL has one)"
+    assert (
+        c10d.unavailable_reason(model.process_group)
+        == "the gloo backend has no completion hook (only NCCL has one)"
+    )
     train(model)
     mon.step()
     snap = mon.snapshot()
@@ -312,8 +355,9 @@ def test_without_get_backend(group: None, tmp_path: Path, monkeypatch: pytest.Mo
 NAME = "distributed_c10d._get_process_group_name"
 
 
-def test_without_process_group_names(group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_without_process_group_names(
+    group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Where groups have no ``group_name`` either, every group's collectives are numbered as
     one group, ``?``; collective tracking and the rest go on."""
     model, mon = attached(tmp_path)
@@ -330,18 +374,22 @@ def test_without_process_group_names(group: None, tmp_path: Path, monkeypatch: p
     snap = mon.snapshot()
     mon.detach()
     part = "process group names (the collectives of every group are numbered as one group, '?')"
-    assert off_lines(caplog, NAME) == [f"ddpmon: rank 0: {part} off: torch {torch.__version__} has no {NAME}; "
-                                       "training goes on"]
+    assert off_lines(caplog, NAME) == [
+        f"ddpmon: rank 0: {part} off: torch {torch.__version__} has no {NAME}; training goes on"
+    ]
     assert {c["op"]: c["group"] for c in snap["collective_log"] if c["bucket"] is None} == {
-        "all_reduce": "?", "barrier": "?"}
+        "all_reduce": "?",
+        "barrier": "?",
+    }
     check_the_rest(snap)
 
 
 # -- distributed_c10d._get_default_store (state/root.py) -----------------------------------
 
 
-def test_without_the_default_store(group: None, monkeypatch: pytest.MonkeyPatch,
-                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_without_the_default_store(
+    group: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The launch id (the default job name) comes from the launcher process instead."""
     monkeypatch.setattr(root, "_launch_id", None)
     agreed = root.launch_id()
@@ -353,13 +401,16 @@ def test_without_the_default_store(group: None, monkeypatch: pytest.MonkeyPatch,
     api = "distributed_c10d._get_default_store"
     assert off_lines(caplog, api) == [
         "ddpmon: rank 0: one job name through the job's store off (each node names the job from its launcher "
-        f"process; pass job= to name it): torch {torch.__version__} has no {api}; training goes on"]
+        f"process; pass job= to name it): torch {torch.__version__} has no {api}; training goes on"
+    ]
 
 
 # -- the flight recorder's dump ------------------------------------------------------------
 
 
-def test_without_the_flight_recorder(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_without_the_flight_recorder(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Hang reports say why they hold no flight recorder entries; said once in the log."""
     from torch._C import _distributed_c10d as torch_c10d
 

@@ -37,7 +37,9 @@ class Clock:
         return self.now
 
 
-def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.LogCaptureFixture) -> None:
+def test_configured_timeout_reports_once_then_clears_on_progress(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     rec = recorder()
     rec.last_progress_unix = 1000.0
     clock = Clock(1001.0)
@@ -60,7 +62,9 @@ def test_configured_timeout_reports_once_then_clears_on_progress(caplog: pytest.
     hang_logs = [r.getMessage() for r in caplog.records if "made no progress" in r.getMessage()]
     assert len(hang_logs) == 1
     assert "rank 3 made no progress for 2.5 s" in hang_logs[0]
-    assert "waiting 3.0 s in barrier #1 (group 0, issued at train.py:88 in train_step)" in hang_logs[0]
+    assert (
+        "waiting 3.0 s in barrier #1 (group 0, issued at train.py:88 in train_step)" in hang_logs[0]
+    )
 
     clock.now = 1003.0  # still hung: the report stays, no second log line
     assert dog.check() is report
@@ -128,8 +132,14 @@ def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
     dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
     assert _passes(dog, world, 9) == [None] * 9
-    assert rec.activity is not None and rec.activity.state == "busy" and rec.activity.wait_share == 0.95
-    assert _passes(dog, world, 21) == [None] * 21 and rec.hang is None  # 30 s: a rank that works is never hung
+    assert (
+        rec.activity is not None
+        and rec.activity.state == "busy"
+        and rec.activity.wait_share == 0.95
+    )
+    assert (
+        _passes(dog, world, 21) == [None] * 21 and rec.hang is None
+    )  # 30 s: a rank that works is never hung
 
     world = Starved(ran=0.0, waited=0.0)
     rec = recorder()
@@ -194,15 +204,22 @@ def test_the_loop_survives_failures_and_stop_is_bounded(caplog: pytest.LogCaptur
         return time.time()
 
     caplog.set_level(logging.WARNING, "ddpmon")
-    dog = wd.Watchdog(rec, timeout=1.0, interval=0.005, clock=broken,
-                      extras=lambda: (_ for _ in ()).throw(RuntimeError("no extras")))
+    dog = wd.Watchdog(
+        rec,
+        timeout=1.0,
+        interval=0.005,
+        clock=broken,
+        extras=lambda: (_ for _ in ()).throw(RuntimeError("no extras")),
+    )
     dog.start()
     deadline = time.monotonic() + 5
     while rec.hang is None and time.monotonic() < deadline:
         time.sleep(0.01)
     started = time.monotonic()
     dog.stop(timeout=1.0)
-    assert time.monotonic() - started < 5 and not dog._thread.is_alive()  # a hang bound, not a speed
+    assert (
+        time.monotonic() - started < 5 and not dog._thread.is_alive()
+    )  # a hang bound, not a speed
     assert rec.hang is not None and rec.hang.extras_error == "RuntimeError: no extras"
     failures = [r for r in caplog.records if "failed a pass" in r.getMessage()]
     assert len(failures) == 1  # logged once, then quietly retried
@@ -237,11 +254,25 @@ def test_at_exit_writes_the_record_through_flush(monkeypatch: pytest.MonkeyPatch
 def test_flight_recorder_summary_and_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     from ddpmon.rank import flight_recorder as fr
 
-    entries = [{"record_id": i, "collective_seq_id": i + 1, "profiling_name": "nccl:all_reduce",
-                "state": "scheduled", "frames": ["dropped"]} for i in range(50)]
-    monkeypatch.setattr(fr, "_dump", lambda: {
-        "version": "2.10", "pg_status": {"0": {"last_completed_collective": "49"}}, "entries": entries,
-    })
+    entries = [
+        {
+            "record_id": i,
+            "collective_seq_id": i + 1,
+            "profiling_name": "nccl:all_reduce",
+            "state": "scheduled",
+            "frames": ["dropped"],
+        }
+        for i in range(50)
+    ]
+    monkeypatch.setattr(
+        fr,
+        "_dump",
+        lambda: {
+            "version": "2.10",
+            "pg_status": {"0": {"last_completed_collective": "49"}},
+            "entries": entries,
+        },
+    )
     out = fr.read(limit=4)["flight_recorder"]
     assert out["total_entries"] == 50 and out["pg_status"]["0"]["last_completed_collective"] == "49"
     assert [e["record_id"] for e in out["entries"]] == [46, 47, 48, 49]
@@ -273,22 +304,36 @@ def test_ddp_facts_keeps_known_facts_only() -> None:
 
     class FakeDDP:
         def _get_ddp_logging_data(self) -> dict[str, Any]:
-            return {"backend_name": "gloo", "bucket_cap_bytes": 26214400, "find_unused_parameters": 0,
-                    "master_addr": "N/A", "comm_hook": "", "iteration": 7, "module_name": "Net"}
+            return {
+                "backend_name": "gloo",
+                "bucket_cap_bytes": 26214400,
+                "find_unused_parameters": 0,
+                "master_addr": "N/A",
+                "comm_hook": "",
+                "iteration": 7,
+                "module_name": "Net",
+            }
 
     class Broken:
         def _get_ddp_logging_data(self) -> dict[str, Any]:
             raise RuntimeError("no reducer")
 
-    assert ddp_facts(FakeDDP()) == {"backend_name": "gloo", "bucket_cap_bytes": 26214400,
-                                       "find_unused_parameters": 0}
+    assert ddp_facts(FakeDDP()) == {
+        "backend_name": "gloo",
+        "bucket_cap_bytes": 26214400,
+        "find_unused_parameters": 0,
+    }
     assert ddp_facts(Broken()) == {} and ddp_facts(object()) == {}
 
 
 def test_collective_records_in_the_recorder() -> None:
     rec = recorder()
-    a = rec.collective_began("all_reduce", "0", 4, 1024, "train.py:10", "step", callers=["train.py:50 in main"])
-    b = rec.collective_began("all_reduce", "0", 4, 4096, "train.py:30", "step", bucket=2, counted=False)
+    a = rec.collective_began(
+        "all_reduce", "0", 4, 1024, "train.py:10", "step", callers=["train.py:50 in main"]
+    )
+    b = rec.collective_began(
+        "all_reduce", "0", 4, 4096, "train.py:30", "step", bucket=2, counted=False
+    )
     c = rec.collective_began("send", "0", 4, 16, "train.py:40", "step", p2p=True)
     assert (a["seq"], b["seq"], c["seq"]) == (1, 2, 1)
     assert rec.state().collectives.issued == 2 and len(rec.in_flight()) == 3

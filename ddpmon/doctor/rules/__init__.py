@@ -74,7 +74,6 @@ VerdictRule = Callable[[list[RankView], list[int]], Verdict | None]
 """(views, ranks of the job without a state file) -> a verdict, or None: not this one."""
 
 
-
 def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule, ...]:
     """The verdict rules in precedence order; ``lost_node`` also knows the ``--from`` daemons
     that did not answer."""
@@ -82,7 +81,9 @@ def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule,
         dead_rank.finished,
         fingerprint.mismatch,
         dead_rank.left_early,
-        functools.partial(lost_node.lost_node, unreachable=unreachable) if unreachable else lost_node.lost_node,
+        functools.partial(lost_node.lost_node, unreachable=unreachable)
+        if unreachable
+        else lost_node.lost_node,
         same_error.same_error,
         dead_rank.dead_rank,
         stuck_rank.stuck_rank,  # (busy never answers when this one does)
@@ -110,7 +111,10 @@ RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.ddpmon_part_off,
 )
 
-def decide(views: list[RankView], missing: list[int], unreachable: Sequence[Unreachable] = ()) -> Verdict:
+
+def decide(
+    views: list[RankView], missing: list[int], unreachable: Sequence[Unreachable] = ()
+) -> Verdict:
     """The verdict, the suspect ranks and the findings behind them: the first rule of
     ``VERDICT_RULES`` that answers. ``unreachable``: the ``--from`` daemons that did not
     answer (their ranks are among ``missing``)."""
@@ -121,11 +125,15 @@ def decide(views: list[RankView], missing: list[int], unreachable: Sequence[Unre
     replayed = ended_while_hung.applies(views)
     if replayed:
         ended_while_hung.replay(views)
-    found = next((v for rule in verdict_rules(unreachable) if (v := rule(views, missing)) is not None), None)
+    found = next(
+        (v for rule in verdict_rules(unreachable) if (v := rule(views, missing)) is not None), None
+    )
     if found is None:
         found = Verdict("healthy", [], [])
     if found.verdict != "cannot_write" and (unwritten := cannot_write.finding(views)) is not None:
-        found.findings.append(unwritten)  # ranks that cannot write, beside the cause another rule names
+        found.findings.append(
+            unwritten
+        )  # ranks that cannot write, beside the cause another rule names
     if replayed:
         found.findings.append(ended_while_hung.ended_while_hung(views))
     return found

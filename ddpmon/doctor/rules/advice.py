@@ -31,12 +31,20 @@ def advice(views: list[RankView]) -> list[Finding]:
     for kind, seen in by_kind.items():
         ranks = sorted({r for r, _ in seen})
         first = min(seen, key=lambda item: (item[1].step or 0, item[0]))[1]
-        evidence = [f"rank {r}, step {a.step}: {a.summary}" for r, a in seen] if len(seen) > 1 else []
+        evidence = (
+            [f"rank {r}, step {a.step}: {a.summary}" for r, a in seen] if len(seen) > 1 else []
+        )
         evidence += [e for _, a in seen[:1] for e in a.evidence]
-        summary = first.summary if len(ranks) == 1 else f"on rank(s) {', '.join(map(str, ranks))}: {first.summary}"
+        summary = (
+            first.summary
+            if len(ranks) == 1
+            else f"on rank(s) {', '.join(map(str, ranks))}: {first.summary}"
+        )
         if len(ranks) == 1 and not summary.startswith("rank"):
             summary = f"rank {ranks[0]}: {summary}"
-        out.append(Finding(kind, first.severity, ranks, summary, evidence, first.fix or FIX.get(kind, "")))
+        out.append(
+            Finding(kind, first.severity, ranks, summary, evidence, first.fix or FIX.get(kind, ""))
+        )
     return out
 
 
@@ -47,14 +55,22 @@ def rank_as_device(views: list[RankView]) -> list[Finding]:
     if not hit:
         return []
     ranks = sorted(v.rank for v in hit)
-    evidence = [f"rank {v.rank} (LOCAL_RANK {v.state.local_rank}, host {v.state.host}): {v.exception}"
-                + (f" at {v.state.exit.where}" if v.state.exit and v.state.exit.where else "") for v in hit]
-    return [Finding(
-        "rank_as_device", "warning", ranks,
-        f"rank(s) {', '.join(map(str, ranks))} asked for a GPU their node does not have "
-        "(invalid device ordinal): the global rank used as a device index",
-        evidence, FIX["rank_as_device"],
-    )]
+    evidence = [
+        f"rank {v.rank} (LOCAL_RANK {v.state.local_rank}, host {v.state.host}): {v.exception}"
+        + (f" at {v.state.exit.where}" if v.state.exit and v.state.exit.where else "")
+        for v in hit
+    ]
+    return [
+        Finding(
+            "rank_as_device",
+            "warning",
+            ranks,
+            f"rank(s) {', '.join(map(str, ranks))} asked for a GPU their node does not have "
+            "(invalid device ordinal): the global rank used as a device index",
+            evidence,
+            FIX["rank_as_device"],
+        )
+    ]
 
 
 def _finding(a: Advice) -> Finding:

@@ -23,7 +23,10 @@ from .common import evaluating
 
 def busy(views: list[RankView], missing: list[int]) -> Verdict | None:
     working = [v for v in views if v.status == Status.BUSY] + evaluating(views)
-    if not working or any(v.status in (Status.STUCK, Status.FROZEN, Status.DEAD, Status.CRASHED, Status.SILENT) for v in views):
+    if not working or any(
+        v.status in (Status.STUCK, Status.FROZEN, Status.DEAD, Status.CRASHED, Status.SILENT)
+        for v in views
+    ):
         return None
     waiting = [v for v in views if v.status == Status.WAITING]
     where = "; ".join(f"rank {v.rank} in {_where(v)}" for v in working[:4])
@@ -40,7 +43,11 @@ def busy(views: list[RankView], missing: list[int]) -> Verdict | None:
     else:
         summary = f"{words.who([v.rank for v in working])} {words.verb(working, 'is', 'are')} busy outside the training step ({where}): not a hang"
     evidence = [words.busy_line(v) for v in working] + [words.wait_line(v) for v in waiting]
-    return Verdict("healthy", [], [Finding("busy", "info", [v.rank for v in working], summary, evidence, words.FIX_BUSY)])
+    return Verdict(
+        "healthy",
+        [],
+        [Finding("busy", "info", [v.rank for v in working], summary, evidence, words.FIX_BUSY)],
+    )
 
 
 def _where(v: RankView) -> str:

@@ -42,10 +42,16 @@ def mark(views: list[RankView], state_dir: str | None) -> None:
     free = files.free_space(state_dir) if state_dir else None
     full = state_dir is not None and files.full(state_dir)
     for v in views:
-        if (v.ending is not None or v.liveness.stopped or v.status in (Status.EXITED, Status.UNKNOWN)
-                or v.age <= LATE_INTERVALS * state_interval(v.state) + 1.0):
+        if (
+            v.ending is not None
+            or v.liveness.stopped
+            or v.status in (Status.EXITED, Status.UNKNOWN)
+            or v.age <= LATE_INTERVALS * state_interval(v.state) + 1.0
+        ):
             continue
-        failing = [(what, f) for what, f in sorted(v.state.write_failures.items()) if f.ended_unix is None]
+        failing = [
+            (what, f) for what, f in sorted(v.state.write_failures.items()) if f.ended_unix is None
+        ]
         if not (full or failing):
             continue
         evidence = [words.free_space_line(str(state_dir), free)] if full and free else []
@@ -75,8 +81,10 @@ def finding(views: list[RankView], severity: str = "warning") -> Finding | None:
     summary = f"{words.who(ranks)} cannot write {words.verb(blocked, 'its', 'their')} state: {'; '.join(reasons)}"
     ended = [v for v in blocked if v.liveness.alive is False]
     if ended:
-        summary += (f"; {words.who([v.rank for v in ended])} {words.verb(ended, 'has', 'have')} ended, "
-                    "how is not recorded")
+        summary += (
+            f"; {words.who([v.rank for v in ended])} {words.verb(ended, 'has', 'have')} ended, "
+            "how is not recorded"
+        )
     evidence: list[str] = []
     for v in blocked:
         evidence += v.cannot_write.evidence if v.cannot_write else []
@@ -86,5 +94,11 @@ def finding(views: list[RankView], severity: str = "warning") -> Finding | None:
     waiting = [v for v in views if v.status == Status.WAITING]
     evidence += [words.wait_line(v) for v in waiting]
     where = os.path.dirname(blocked[0].file.path) or "."
-    return Finding("cannot_write", severity, ranks, summary, list(dict.fromkeys(evidence)),
-                   words.fix_cannot_write(where, bool(ended)))
+    return Finding(
+        "cannot_write",
+        severity,
+        ranks,
+        summary,
+        list(dict.fromkeys(evidence)),
+        words.fix_cannot_write(where, bool(ended)),
+    )

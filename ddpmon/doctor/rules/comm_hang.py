@@ -41,14 +41,23 @@ def missing_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
         return None
     entries = [v.rank for v in waiting if v.waiting]
     e = next(v.waiting for v in waiting if v.waiting)
-    return Verdict("hang", unseen, [Finding(
-        "missing_rank", "error", unseen,
-        f"{words.who(entries)} {words.verb(entries, 'waits', 'wait')} in {words.entry_name(e)}; the "
-        f"group has {e.group_size or 'more'} members and {words.who(unseen)} "
-        f"{words.verb(unseen, 'has', 'have')} no state file here",
-        [words.wait_line(v) for v in waiting] + [f"no state file for ranks {words.ranks(missing)}"],
-        words.fix_missing_rank(unseen),
-    )])
+    return Verdict(
+        "hang",
+        unseen,
+        [
+            Finding(
+                "missing_rank",
+                "error",
+                unseen,
+                f"{words.who(entries)} {words.verb(entries, 'waits', 'wait')} in {words.entry_name(e)}; the "
+                f"group has {e.group_size or 'more'} members and {words.who(unseen)} "
+                f"{words.verb(unseen, 'has', 'have')} no state file here",
+                [words.wait_line(v) for v in waiting]
+                + [f"no state file for ranks {words.ranks(missing)}"],
+                words.fix_missing_rank(unseen),
+            )
+        ],
+    )
 
 
 def gpu_behind(views: list[RankView], missing: list[int]) -> Verdict | None:
@@ -60,14 +69,26 @@ def gpu_behind(views: list[RankView], missing: list[int]) -> Verdict | None:
         return None
     e = next(v.waiting for v in waiting if v.waiting)
     evidence = [words.wait_line(v) for v in waiting] + words.flight_recorder_lines(waiting)
-    evidence += [f"rank {v.rank}: {words.gpu_wait(act.gpu_behind_seconds)}, its watchdog says (at {act.where or '?'})"
-                 for v in waiting if v.rank in behind and (act := v.state.activity) and act.gpu_behind_seconds]
-    return Verdict("hang", behind, [Finding(
-        "gpu_behind", "error", behind,
-        f"the GPU of {words.who(behind)} has not started {words.entry_name(e)}: it still runs work "
-        "enqueued before it, so the collective cannot complete",
-        evidence, words.fix_gpu_behind(behind),
-    )])
+    evidence += [
+        f"rank {v.rank}: {words.gpu_wait(act.gpu_behind_seconds)}, its watchdog says (at {act.where or '?'})"
+        for v in waiting
+        if v.rank in behind and (act := v.state.activity) and act.gpu_behind_seconds
+    ]
+    return Verdict(
+        "hang",
+        behind,
+        [
+            Finding(
+                "gpu_behind",
+                "error",
+                behind,
+                f"the GPU of {words.who(behind)} has not started {words.entry_name(e)}: it still runs work "
+                "enqueued before it, so the collective cannot complete",
+                evidence,
+                words.fix_gpu_behind(behind),
+            )
+        ],
+    )
 
 
 def comm_hang(views: list[RankView], missing: list[int]) -> Verdict | None:
@@ -80,9 +101,18 @@ def comm_hang(views: list[RankView], missing: list[int]) -> Verdict | None:
     backend, debug_level = waiting[0].state.backend, waiting[0].state.debug_level
     if "nccl" in str(backend):
         evidence += words.flight_recorder_lines(waiting)
-    return Verdict("hang", [], [Finding(
-        "comm_hang", "error", sorted(entries),
-        f"all ranks wait in {words.entry_name(e)} and none is behind: the collective itself "
-        "does not complete (network or communication library)",
-        evidence, words.fix_comm(backend, debug_level),
-    )])
+    return Verdict(
+        "hang",
+        [],
+        [
+            Finding(
+                "comm_hang",
+                "error",
+                sorted(entries),
+                f"all ranks wait in {words.entry_name(e)} and none is behind: the collective itself "
+                "does not complete (network or communication library)",
+                evidence,
+                words.fix_comm(backend, debug_level),
+            )
+        ],
+    )

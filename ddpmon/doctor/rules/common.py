@@ -19,7 +19,9 @@ def stalled(views: list[RankView]) -> list[RankView]:
 
 def in_collectives(views: list[RankView]) -> list[RankView]:
     """The ranks that wait in a collective, then those that run (and so join it)."""
-    return [v for v in views if v.status == Status.WAITING] + [v for v in views if v.status == Status.STEPPING]
+    return [v for v in views if v.status == Status.WAITING] + [
+        v for v in views if v.status == Status.STEPPING
+    ]
 
 
 def key(e: Collective) -> tuple[str, int, str]:
@@ -43,7 +45,9 @@ def same_collective(waiting: list[RankView]) -> bool:
         e = v.waiting
         if e is None or e.seq == low:
             continue
-        done = list(v.state.collective_log) + ([v.state.last_collective] if v.state.last_collective else [])
+        done = list(v.state.collective_log) + (
+            [v.state.last_collective] if v.state.last_collective else []
+        )
         if not any(key(c) == target and not c.error for c in done):
             return False
     return True
@@ -61,8 +65,10 @@ def evaluating(views: list[RankView]) -> list[RankView]:
     joined = {(e.group, e.seq) for v in waiting for e in [v.waiting] if e}
     step = min(v.state.step for v in waiting)
     return [
-        v for v in views
-        if v.status == Status.STEPPING and v.state.step <= step
+        v
+        for v in views
+        if v.status == Status.STEPPING
+        and v.state.step <= step
         and not any((e.group, e.seq) in joined for e in v.in_flight)
     ]
 
@@ -84,8 +90,11 @@ def position(v: RankView) -> list[Frame] | None:
         lines, loops = [act.where, *act.callers], list(act.loops)
     elif e is not None and e.bucket is None and e.call_site not in ("?", "DDP backward"):
         lines = [f"{e.call_site} in {e.function}", *e.callers]
-    frames = [f for i, line in enumerate(lines)
-              if (f := _frame(line, tuple(loops[i]) if i < len(loops) else None)) is not None]
+    frames = [
+        f
+        for i, line in enumerate(lines)
+        if (f := _frame(line, tuple(loops[i]) if i < len(loops) else None)) is not None
+    ]
     return frames[::-1] or None
 
 
@@ -108,10 +117,12 @@ def parting(a: RankView, b: RankView) -> tuple[str, Frame, Frame] | None:
     pa, pb = position(a), position(b)
     if not pa or not pb:
         return None
-    start = next(((i, j) for i, fa in enumerate(pa) for j, fb in enumerate(pb) if fa[:2] == fb[:2]), None)
+    start = next(
+        ((i, j) for i, fa in enumerate(pa) for j, fb in enumerate(pb) if fa[:2] == fb[:2]), None
+    )
     if start is None:
         return None
-    for fa, fb in zip(pa[start[0]:], pb[start[1]:]):
+    for fa, fb in zip(pa[start[0] :], pb[start[1] :]):
         if fa[:3] == fb[:3]:
             continue
         if fa[:2] != fb[:2] or fa[2] == fb[2]:

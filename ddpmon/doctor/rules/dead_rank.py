@@ -33,8 +33,12 @@ def finished(views: list[RankView], missing: list[int]) -> Verdict | None:
     happened in the run, not only that it ended)."""
     ended = gone(views)
     if views and len(ended) == len(views) and all(v.status == Status.EXITED for v in ended):
-        done = Finding("finished", "info", [v.rank for v in views],
-                       f"the job has ended: all {len(views)} ranks exited without an error")
+        done = Finding(
+            "finished",
+            "info",
+            [v.rank for v in views],
+            f"the job has ended: all {len(views)} ranks exited without an error",
+        )
         slow = finished_straggler(views)
         if slow is not None:
             return Verdict(slow.verdict, slow.suspects, [*slow.findings, done])
@@ -50,15 +54,26 @@ def left_early(views: list[RankView], missing: list[int]) -> Verdict | None:
     if first is None or first.status != Status.EXITED:
         return None
     stalled_ = stalled(views)
-    waiting = [v.rank for v in stalled_] + [v.rank for v in gone(views) if v.status != Status.EXITED]
-    return Verdict("desync", [first.rank], [Finding(
-        "left_early", "error", [first.rank],
-        f"rank {first.rank} left the job (exited without an error at step "
-        f"{first.state.step}) while {words.who(waiting)} still needed it in "
-        f"{'their' if len(waiting) > 1 else 'its'} collectives: the ranks did not run the "
-        "same number of steps",
-        _evidence(views, first), words.FIX_UNEVEN,
-    )])
+    waiting = [v.rank for v in stalled_] + [
+        v.rank for v in gone(views) if v.status != Status.EXITED
+    ]
+    return Verdict(
+        "desync",
+        [first.rank],
+        [
+            Finding(
+                "left_early",
+                "error",
+                [first.rank],
+                f"rank {first.rank} left the job (exited without an error at step "
+                f"{first.state.step}) while {words.who(waiting)} still needed it in "
+                f"{'their' if len(waiting) > 1 else 'its'} collectives: the ranks did not run the "
+                "same number of steps",
+                _evidence(views, first),
+                words.FIX_UNEVEN,
+            )
+        ],
+    )
 
 
 def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
@@ -84,9 +99,20 @@ def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
     evidence = _evidence(views, first)
     if first.ending is not None and first.ending.signal and first.stack:
         evidence[1:1] = words.stack_lines(first)
-    return Verdict("dead_rank", [first.rank], [Finding(
-        "dead_rank", "error", [first.rank], summary, evidence, fix,
-    )])
+    return Verdict(
+        "dead_rank",
+        [first.rank],
+        [
+            Finding(
+                "dead_rank",
+                "error",
+                [first.rank],
+                summary,
+                evidence,
+                fix,
+            )
+        ],
+    )
 
 
 def _order(v: RankView) -> tuple[bool, float]:
@@ -110,6 +136,7 @@ def _after(views: list[RankView], first: RankView) -> list[RankView]:
 
 def _evidence(views: list[RankView], first: RankView) -> list[str]:
     return (
-        [words.gone_line(first)] + [words.gone_line(v) for v in _after(views, first)]
+        [words.gone_line(first)]
+        + [words.gone_line(v) for v in _after(views, first)]
         + [words.wait_line(v) for v in stalled(views)]
     )

@@ -27,7 +27,10 @@ def desync(views: list[RankView], missing: list[int]) -> Verdict | None:
     odd = odd_ranks(waiting)
     steps = {v.rank: v.state.step for v in waiting}
     if len(set(steps.values())) > 1:
-        evidence.append("the ranks are at different steps: " + ", ".join(f"rank {r}: {s}" for r, s in steps.items()))
+        evidence.append(
+            "the ranks are at different steps: "
+            + ", ".join(f"rank {r}: {s}" for r, s in steps.items())
+        )
     parts = [
         f"rank {v.rank} in {words.entry_name(v.waiting)}"
         for v in sorted(waiting, key=lambda v: (v.rank not in odd, v.rank))
@@ -36,8 +39,10 @@ def desync(views: list[RankView], missing: list[int]) -> Verdict | None:
         f"the ranks wait in different collectives ({'; '.join(parts)}): "
         f"{words.who(odd)} issued a collective the others did not"
     )
-    fix = words.FIX_DESYNC + " " + words.rerun_advice(
-        waiting[0].state.backend, waiting[0].state.debug_level, desync=True
+    fix = (
+        words.FIX_DESYNC
+        + " "
+        + words.rerun_advice(waiting[0].state.backend, waiting[0].state.debug_level, desync=True)
     )
     return Verdict("desync", odd, [Finding("desync", "error", odd, summary, evidence, fix)])
 
@@ -59,7 +64,9 @@ def odd_ranks(waiting: list[RankView]) -> list[int]:
     never = [r for r, k in keys.items() if all(not sites[o].get(k) for o in keys if o != r)]
     if 0 < len(never) < len(keys):
         return sorted(never)
-    sig = {v.rank: (v.waiting.group, v.waiting.op, v.waiting.site_key) for v in waiting if v.waiting}
+    sig = {
+        v.rank: (v.waiting.group, v.waiting.op, v.waiting.site_key) for v in waiting if v.waiting
+    }
     counts = Counter(sig.values()).most_common()
     if len(counts) > 1 and counts[0][1] > counts[1][1]:
         return sorted(r for r, s in sig.items() if s != counts[0][0])

@@ -15,7 +15,9 @@ from ..view import RankView
 
 
 def applies(views: list[RankView]) -> bool:
-    return bool(views) and all(v.status in (Status.DEAD, Status.SILENT) and v.stalled_when_written for v in views)
+    return bool(views) and all(
+        v.status in (Status.DEAD, Status.SILENT) and v.stalled_when_written for v in views
+    )
 
 
 def replay(views: list[RankView]) -> None:
@@ -26,7 +28,9 @@ def replay(views: list[RankView]) -> None:
 
 def ended_while_hung(views: list[RankView]) -> Finding:
     return Finding(
-        "ended_while_hung", "info", [v.rank for v in views],
+        "ended_while_hung",
+        "info",
+        [v.rank for v in views],
         "every rank's process is gone without an error of its own, and each one was "
         "stalled at its last state-file write: this is the hang as it was when the ranks "
         "were ended (by a timeout, the scheduler or a person)",

@@ -21,16 +21,34 @@ def bad_files(bad: list[tuple[str, str]]) -> list[Finding]:
     out = []
     for path, reason in bad:
         if path.startswith(("http://", "https://")):
-            out.append(Finding("unreachable_daemon", "warning", [], f"{path} {reason}", fix=words.FIX_UNREACHABLE_DAEMON))
+            out.append(
+                Finding(
+                    "unreachable_daemon",
+                    "warning",
+                    [],
+                    f"{path} {reason}",
+                    fix=words.FIX_UNREACHABLE_DAEMON,
+                )
+            )
         else:
-            out.append(Finding("bad_state_file", "warning", [], f"{path} {reason}", fix=words.FIX_BAD_STATE_FILE))
+            out.append(
+                Finding(
+                    "bad_state_file",
+                    "warning",
+                    [],
+                    f"{path} {reason}",
+                    fix=words.FIX_BAD_STATE_FILE,
+                )
+            )
     return out
 
 
 def no_state_files(state_dir: str) -> Finding:
     """no_state_files: nothing to diagnose (verdict no_data)."""
     return Finding(
-        "no_state_files", "warning", [],
+        "no_state_files",
+        "warning",
+        [],
         f"no readable rank state files (rank-<R>.json) in {state_dir}",
         fix=words.FIX_NO_STATE_FILES,
     )
@@ -40,7 +58,9 @@ def other_job(job: str, jobs: dict[str, list[int]]) -> list[Finding]:
     """other_job: the directory also holds files of other jobs; the diagnosis is of one."""
     return [
         Finding(
-            "other_job", "info", jobs[other],
+            "other_job",
+            "info",
+            jobs[other],
             f"the directory also holds state files of job {other!r} (ranks "
             f"{words.ranks(jobs[other])}); this diagnosis is about job {job!r}",
             fix=words.fix_other_job(other),
@@ -57,26 +77,36 @@ def membership(files: list[StateFile]) -> tuple[list[StateFile], int, list[int],
     leftover = [f for f in files if f.rank >= world]
     notes = []
     if leftover:
-        notes.append(Finding(
-            "leftover_state_file", "info", [f.rank for f in leftover],
-            f"ignored {', '.join(f.name for f in leftover)}: rank beyond the job's world size "
-            f"{world} (left by an earlier, larger run)",
-            fix=words.FIX_LEFTOVER,
-        ))
+        notes.append(
+            Finding(
+                "leftover_state_file",
+                "info",
+                [f.rank for f in leftover],
+                f"ignored {', '.join(f.name for f in leftover)}: rank beyond the job's world size "
+                f"{world} (left by an earlier, larger run)",
+                fix=words.FIX_LEFTOVER,
+            )
+        )
     files = [f for f in files if f.rank < world]
     missing = sorted(set(range(world)) - {f.rank for f in files})
     return files, world, missing, notes
 
 
-def missing_ranks(missing: list[int], world: int, unreadable: set[int], findings: list[Finding]) -> list[Finding]:
+def missing_ranks(
+    missing: list[int], world: int, unreadable: set[int], findings: list[Finding]
+) -> list[Finding]:
     """missing_ranks: ranks of the job without a state file (those with an unreadable one are
     named by bad_state_file), unless missing_rank or lost_node already blames them."""
     blamed = {r for f in findings if f.kind in ("missing_rank", "lost_node") for r in f.ranks}
     absent = [r for r in missing if r not in unreadable and r not in blamed]
     if not absent:
         return []
-    return [Finding(
-        "missing_ranks", "warning", absent,
-        f"no state file for ranks {words.ranks(absent)} of {world}",
-        fix=words.FIX_MISSING_RANKS,
-    )]
+    return [
+        Finding(
+            "missing_ranks",
+            "warning",
+            absent,
+            f"no state file for ranks {words.ranks(absent)} of {world}",
+            fix=words.FIX_MISSING_RANKS,
+        )
+    ]

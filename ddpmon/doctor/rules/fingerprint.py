@@ -37,7 +37,11 @@ def entries(v: RankView) -> dict[tuple[str, int], Collective]:
     sequence is per pair of ranks)."""
     s = v.state
     out = {}
-    for e in list(s.collective_log) + list(s.in_flight) + ([s.last_collective] if s.last_collective else []):
+    for e in (
+        list(s.collective_log)
+        + list(s.in_flight)
+        + ([s.last_collective] if s.last_collective else [])
+    ):
         if not e.p2p and e.source is None:
             out.setdefault((e.group, e.seq), e)
     return out
@@ -58,10 +62,18 @@ def difference(a: Collective, b: Collective) -> str | None:
     return None
 
 
-FIELD_NAMES = {"op": "operation", "call": "call", "dtype": "dtype", "numel": "element count", "bytes": "size"}
+FIELD_NAMES = {
+    "op": "operation",
+    "call": "call",
+    "dtype": "dtype",
+    "numel": "element count",
+    "bytes": "size",
+}
 
 
-def first_mismatch(views: list[RankView]) -> tuple[tuple[str, int], str, dict[int, Collective]] | None:
+def first_mismatch(
+    views: list[RankView],
+) -> tuple[tuple[str, int], str, dict[int, Collective]] | None:
     """((group, seq), field, each rank's collective there) at the earliest sequence number,
     over every group, where the ranks that recorded it disagree."""
     by_rank = {v.rank: entries(v) for v in views}
@@ -91,16 +103,32 @@ def aborted_in(v: RankView) -> str | None:
     for i in range(len(frames) - 1, -1, -1):
         f = frames[i]
         if str(f.file).endswith("distributed_c10d.py") and f.function in TRACKED_OPS:
-            user = next((u for u in reversed(frames[:i]) if not is_library_anywhere(str(u.file))), None)
+            user = next(
+                (u for u in reversed(frames[:i]) if not is_library_anywhere(str(u.file))), None
+            )
             return f"{f.function} {user.file}:{user.line}" if user else f.function
     return None
 
 
-TRACKED_OPS = frozenset((
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
-    "all_reduce_coalesced", "all_gather_object", "broadcast_object_list",
-))
+TRACKED_OPS = frozenset(
+    (
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "all_to_all",
+        "all_to_all_single",
+        "gather",
+        "scatter",
+        "barrier",
+        "all_reduce_coalesced",
+        "all_gather_object",
+        "broadcast_object_list",
+    )
+)
 
 
 def _same_call(aborted: str, e: Collective) -> bool:
@@ -116,7 +144,11 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
     (group, seq), field, there = found
     inferred = []
     for r, a in aborted.items():
-        if r not in there and any(_same_call(a, e) for e in there.values()) and field in ("numel", "dtype"):
+        if (
+            r not in there
+            and any(_same_call(a, e) for e in there.values())
+            and field in ("numel", "dtype")
+        ):
             # gloo aborts the rank that receives more than it expects: the smaller side
             smallest = min(there.values(), key=lambda e: e.bytes or 0)
             there[r] = smallest
@@ -126,15 +158,21 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
         sides.setdefault(_fingerprint(e), []).append(r)
     ordered = sorted(sides.values(), key=len, reverse=True)
     by_rank = {v.rank: v for v in views}
-    last = behind([[by_rank[r] for r in side] for side in ordered]) if field in ("op", "call") else None
+    last = (
+        behind([[by_rank[r] for r in side] for side in ordered])
+        if field in ("op", "call")
+        else None
+    )
     if len(ordered[0]) > len(ordered[-1]):
         odd = sorted(r for side in ordered[1:] for r in side)
     elif last is not None:
         odd = sorted(v.rank for v in last)
     else:
-        never = [r for r, e in there.items() if all(
-            not by_rank[o].state.collective_sites.get(e.site_key) for o in there if o != r
-        )]
+        never = [
+            r
+            for r, e in there.items()
+            if all(not by_rank[o].state.collective_sites.get(e.site_key) for o in there if o != r)
+        ]
         odd = sorted(never) if 0 < len(never) < len(there) else sorted(there)
     name = FIELD_NAMES[field]
     parts = []
@@ -146,15 +184,21 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
         f"({'; '.join(parts)})"
     )
     evidence = [
-        f"rank {r}: " + (f"aborted by the backend in {e.op} at {e.call_site} (counted with the smaller side: "
-                         "gloo aborts the rank that receives more than it expects)" if r in inferred
-                         else f"{words.entry_name(e)}{_shape(e)}")
+        f"rank {r}: "
+        + (
+            f"aborted by the backend in {e.op} at {e.call_site} (counted with the smaller side: "
+            "gloo aborts the rank that receives more than it expects)"
+            if r in inferred
+            else f"{words.entry_name(e)}{_shape(e)}"
+        )
         for r, e in sorted(there.items())
     ]
     fix = words.fix_mismatch(field)
     if last is not None:
         others = [by_rank[r] for r in sorted(there) if by_rank[r] not in last]
-        if all(there[v.rank].bucket is not None for v in last):  # it trains on, the others left the loop
+        if all(
+            there[v.rank].bucket is not None for v in last
+        ):  # it trains on, the others left the loop
             more = sorted(v.rank for v in last)
             summary = _uneven(more, [v.rank for v in others], odd, there, seq, group)
             evidence.append(_past(last, others, f"the place of {words.who(more)}'s training step"))
@@ -165,7 +209,8 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
     ended = [v for v in views if v.ending is not None and v.exception and v.rank not in aborted]
     if ended:
         evidence.append(
-            "the ranks that ended did so because of it: " + ", ".join(
+            "the ranks that ended did so because of it: "
+            + ", ".join(
                 f"rank {v.rank} ({words.short_exception(v.exception or '', 80)})" for v in ended
             )
         )
@@ -174,8 +219,14 @@ def mismatch(views: list[RankView], missing: list[int]) -> Verdict | None:
     return Verdict("desync", odd, [Finding("mismatch", "error", odd, summary, evidence, fix)])
 
 
-def _uneven(more: list[int], fewer: list[int], odd: list[int], there: dict[int, Collective],
-            seq: int, group: str) -> str:
+def _uneven(
+    more: list[int],
+    fewer: list[int],
+    odd: list[int],
+    there: dict[int, Collective],
+    seq: int,
+    group: str,
+) -> str:
     """The summary for ranks that run another training step (DDP's gradient all-reduce)
     while the others have gone past the training loop to a collective of their own: the
     ranks have different numbers of batches."""
@@ -200,11 +251,15 @@ def _past(last: list[RankView], others: list[RankView], what: str) -> str:
         return f"{head} further along in the code than {words.who(ranks)}: {tail}"
     where, fa, fb = part
     if fa[2] > fb[2] and fb[3] and fa[2] > fb[3][1]:
-        return (f"{head} at line {fa[2]} of {where}, past the loop (lines {fb[3][0]}-{fb[3][1]}) that "
-                f"{words.who(ranks)} {words.verb(last, 'is', 'are')} in, at line {fb[2]}: {tail}")
+        return (
+            f"{head} at line {fa[2]} of {where}, past the loop (lines {fb[3][0]}-{fb[3][1]}) that "
+            f"{words.who(ranks)} {words.verb(last, 'is', 'are')} in, at line {fb[2]}: {tail}"
+        )
     if fa[2] < fb[2] and fa[3]:
-        return (f"{head} in the next pass of the loop (lines {fa[3][0]}-{fa[3][1]} of {where}), at line "
-                f"{fa[2]}, {words.who(ranks)} at line {fb[2]}, the end of the pass before: {tail}")
+        return (
+            f"{head} in the next pass of the loop (lines {fa[3][0]}-{fa[3][1]} of {where}), at line "
+            f"{fa[2]}, {words.who(ranks)} at line {fb[2]}, the end of the pass before: {tail}"
+        )
     return f"{head} at line {fa[2]} of {where}, {words.who(ranks)} at line {fb[2]}: {tail}"
 
 
@@ -257,7 +312,9 @@ def _abort_only(views: list[RankView], aborted: dict[int, str]) -> Verdict | Non
             "size or dtype"
         )
         evidence = [f"rank {r}: {words.entry_name(e)}{_shape(e)}" for r, e in same]
-        evidence.append("the aborted rank's own tensor is not in its state file (it died before the next write)")
+        evidence.append(
+            "the aborted rank's own tensor is not in its state file (it died before the next write)"
+        )
         fix = words.fix_mismatch("numel")
     else:
         alone = not any(_site_used(by_rank[r], call) for r, _ in other)
@@ -275,15 +332,18 @@ def _abort_only(views: list[RankView], aborted: dict[int, str]) -> Verdict | Non
         fix = words.fix_mismatch("call")
     evidence += _abort_reasons(by_rank, aborted)
     fix += " " + words.rerun_advice(state.backend, state.debug_level, desync=True)
-    return Verdict("desync", suspects, [Finding("mismatch", "error", suspects, summary, evidence, fix)])
+    return Verdict(
+        "desync", suspects, [Finding("mismatch", "error", suspects, summary, evidence, fix)]
+    )
 
 
 def _abort_reasons(by_rank: dict[int, RankView], aborted: dict[int, str]) -> list[str]:
     """Each aborted rank's end in the backend's own words (``state/fault.py`` reads them from
     its stderr when that is a file), else where to find them."""
     return [
-        f"rank {r}: {by_rank[r].exception}" if ", after " in (by_rank[r].exception or "") else
-        f"rank {r}: the backend's reason is on its stderr (\"terminate called after throwing ...\"), "
+        f"rank {r}: {by_rank[r].exception}"
+        if ", after " in (by_rank[r].exception or "")
+        else f'rank {r}: the backend\'s reason is on its stderr ("terminate called after throwing ..."), '
         "not a file ddpmon could read"
         for r in sorted(aborted)
     ]
@@ -295,7 +355,7 @@ def _site_used(v: RankView, call: str) -> bool:
     for key in v.state.collective_sites:
         if key.endswith(" (DDP bucket)") or not key.startswith(op + " "):
             continue
-        site = key[len(op) + 1:].split(" < ")[0]
+        site = key[len(op) + 1 :].split(" < ")[0]
         if where.endswith(site):
             return True
     return False

@@ -23,23 +23,35 @@ def not_joining(views: list[RankView], missing: list[int]) -> Verdict | None:
     if not waiting:
         return None
     awaited = [e for v in waiting for e in [v.waiting] if e]
-    absent = [v for v in views if v.status == Status.STEPPING and not any(joined(v, e) for e in awaited)]
+    absent = [
+        v for v in views if v.status == Status.STEPPING and not any(joined(v, e) for e in awaited)
+    ]
     if not absent:
         return None
     evidence = [words.wait_line(v) for v in waiting] + [
         f"rank {v.rank} keeps making progress (step {v.state.step}, phase "
-        f"{v.state.phase}) but has not issued it" for v in absent
+        f"{v.state.phase}) but has not issued it"
+        for v in absent
     ]
     for v in absent:
         evidence += words.stack_lines(v)
     suspects = [v.rank for v in absent]
-    return Verdict("hang", suspects, [Finding(
-        "not_joining", "error", suspects,
-        f"{words.who([v.rank for v in waiting])} {words.verb(waiting, 'waits', 'wait')} in "
-        f"{words.entry_name(waiting[0].waiting)}; {words.who(suspects)} "
-        f"{words.verb(absent, 'runs', 'run')} on without issuing it",
-        evidence, words.FIX_STUCK,
-    )])
+    return Verdict(
+        "hang",
+        suspects,
+        [
+            Finding(
+                "not_joining",
+                "error",
+                suspects,
+                f"{words.who([v.rank for v in waiting])} {words.verb(waiting, 'waits', 'wait')} in "
+                f"{words.entry_name(waiting[0].waiting)}; {words.who(suspects)} "
+                f"{words.verb(absent, 'runs', 'run')} on without issuing it",
+                evidence,
+                words.FIX_STUCK,
+            )
+        ],
+    )
 
 
 def joined(v: RankView, entry: Collective) -> bool:

@@ -48,19 +48,31 @@ def same_error(views: list[RankView], missing: list[int]) -> Verdict | None:
     for v in views:
         if unused := words.failed_on_unused(v):
             by_names.setdefault(tuple(unused), []).append(v.rank)
-    error = (f"DDP's \"{words.REDUCTION_ERROR}\"" if by_names else words.short_exception(views[0].exception or "", 100))
-    summary = (f"every rank failed in the same place: a bug in the code, not one rank ({words.who(ranks)} "
-               f"raised {error} at {views[0].ending.where})")
+    error = (
+        f'DDP\'s "{words.REDUCTION_ERROR}"'
+        if by_names
+        else words.short_exception(views[0].exception or "", 100)
+    )
+    summary = (
+        f"every rank failed in the same place: a bug in the code, not one rank ({words.who(ranks)} "
+        f"raised {error} at {views[0].ending.where})"
+    )
     evidence = [words.gone_line(v) for v in views]
     if by_names:
         one = len(by_names) == 1
         summary += "; its cause: " + "; ".join(
-            words.unused_cause(names) + ("" if one else f" on {words.who(rs)}") for names, rs in by_names.items())
+            words.unused_cause(names) + ("" if one else f" on {words.who(rs)}")
+            for names, rs in by_names.items()
+        )
         for names in by_names:  # long lists are folded, never cut: every name is in the evidence
             folded = words.fold_names(names)
             evidence += [f"unused: {name}" for name in folded] if len(folded) > 8 else []
         fix = " ".join(words.fix_unused_failure(names) for names in by_names)
     else:
-        fix = ("Fix that error at that line: every rank raised it, so it does not depend on one "
-               "rank's data, device or host. The full message and traceback are in each rank's log.")
-    return Verdict("dead_rank", ranks, [Finding("same_error", "error", ranks, summary, evidence, fix)])
+        fix = (
+            "Fix that error at that line: every rank raised it, so it does not depend on one "
+            "rank's data, device or host. The full message and traceback are in each rank's log."
+        )
+    return Verdict(
+        "dead_rank", ranks, [Finding("same_error", "error", ranks, summary, evidence, fix)]
+    )

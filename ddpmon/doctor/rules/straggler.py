@@ -48,7 +48,11 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     still within its step-to-step noise: a rank near the line is named in some polls and
     not in others, and this says where it stands whichever way the verdict went."""
     phases = {v.rank: v.state.timings.phases for v in views}
-    if len(views) < 2 or any(p is None for p in phases.values()) or any(v.status != Status.STEPPING for v in views):
+    if (
+        len(views) < 2
+        or any(p is None for p in phases.values())
+        or any(v.status != Status.STEPPING for v in views)
+    ):
         return []
     scores = steps.scores(phases)  # type: ignore[arg-type]
     if not scores or any(s.straggler for s in scores.values()):
@@ -57,14 +61,19 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
     part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
-    return [Finding(
-        "slowest_rank", "info", [top.rank],
-        f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
-        f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step over the last {top.steps} "
-        f"steps, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
-        [], "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
+    return [
+        Finding(
+            "slowest_rank",
+            "info",
+            [top.rank],
+            f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
+            f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step over the last {top.steps} "
+            f"steps, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
+            [],
+            "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
             "the Straggler score panel, which the DDPStraggler alert reads over 10 minutes.",
-    )]
+        )
+    ]
 
 
 def _by_busy_time(views: list[RankView]) -> Verdict | None:
@@ -72,7 +81,9 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
     slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
     if not slow or len(slow) == len(scores):
         return None
-    exposed = {v.rank: v.state.timings.phases.exposed_comm_seconds for v in views if v.state.timings.phases}
+    exposed = {
+        v.rank: v.state.timings.phases.exposed_comm_seconds for v in views if v.state.timings.phases
+    }
     suspects = sorted(s.rank for s in slow)
     findings = []
     for s in slow:
@@ -84,19 +95,32 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
             for r in sorted(scores)
         ]
         parts = sorted(((p, e) for p, e in s.excess.items() if e > 0), key=lambda pe: -pe[1])
-        evidence.append("over the others' median: " + ", ".join(
-            f"{words.PHASE_NAMES[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts))
+        evidence.append(
+            "over the others' median: "
+            + ", ".join(
+                f"{words.PHASE_NAMES[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts
+            )
+        )
         others = [r for r in scores if r not in suspects]
         if all(exposed.get(o, 0.0) >= exposed.get(s.rank, 0.0) for o in others):
-            evidence.append("confirmed: the slow rank waits least for communication (the others wait for it)")
+            evidence.append(
+                "confirmed: the slow rank waits least for communication (the others wait for it)"
+            )
         fix = words.FIX_STRAGGLER_PHASE[cause] if cause else words.FIX_STRAGGLER
-        findings.append(Finding(
-            "straggler", "warning", [s.rank],
-            words.straggler_summary(s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0)
-            + f" ({format_seconds(s.busy_seconds)} against {format_seconds(s.baseline_seconds)} of work per step); "
-            "the whole job runs at its speed",
-            evidence, f"{fix.rstrip('.')}. {_capture_hint(views, s.rank, scores)}",
-        ))
+        findings.append(
+            Finding(
+                "straggler",
+                "warning",
+                [s.rank],
+                words.straggler_summary(
+                    s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0
+                )
+                + f" ({format_seconds(s.busy_seconds)} against {format_seconds(s.baseline_seconds)} of work per step); "
+                "the whole job runs at its speed",
+                evidence,
+                f"{fix.rstrip('.')}. {_capture_hint(views, s.rank, scores)}",
+            )
+        )
     return Verdict("straggler", suspects, findings)
 
 
@@ -109,13 +133,16 @@ def _capture_hint(views: list[RankView], rank: int, scores: dict[int, steps.Scor
     where = os.path.dirname(view.file.path)
     if os.path.isdir(where):
         return f"To see where its time goes: {captures.command(where, rank, peer)}"
-    return (f"To see where its time goes, on {view.state.host or 'its node'}: "
-            f"{captures.command('STATE_DIR', rank, peer)} (STATE_DIR: the job's state directory there)")
+    return (
+        f"To see where its time goes, on {view.state.host or 'its node'}: "
+        f"{captures.command('STATE_DIR', rank, peer)} (STATE_DIR: the job's state directory there)"
+    )
 
 
 def _by_compute(views: list[RankView]) -> Verdict | None:
     compute = {
-        v.rank: c for v in views
+        v.rank: c
+        for v in views
         if (c := v.timing("compute_seconds")) is not None
         and v.state.timings.window_steps >= STRAGGLER_MIN_STEPS
     }
@@ -124,7 +151,8 @@ def _by_compute(views: list[RankView]) -> Verdict | None:
     values = sorted(compute.values())
     baseline = values[0] if len(values) == 2 else statistics.median(values)
     slow = sorted(
-        r for r, c in compute.items()
+        r
+        for r, c in compute.items()
         if c >= STRAGGLER_RATIO * baseline and c - baseline >= STRAGGLER_MIN_SECONDS
     )
     if not slow or len(slow) == len(compute):
@@ -143,15 +171,25 @@ def _by_compute(views: list[RankView]) -> Verdict | None:
     )
     evidence.append(
         "confirmed: the slow rank waits least for communication (the others wait for it)"
-        if confirmed else "the exposed communication times do not single it out"
+        if confirmed
+        else "the exposed communication times do not single it out"
     )
     evidence += words.ready_lines(views, slow)
     slowest = max(compute[s] for s in slow)
     ratio = slowest / baseline if baseline else float("inf")
-    return Verdict("straggler", slow, [Finding(
-        "straggler", "warning", slow,
-        f"{words.who(slow)} {words.verb(slow, 'computes', 'compute')} "
-        f"{ratio:.1f}x slower than the others ({format_seconds(slowest)} against "
-        f"{format_seconds(baseline)} per step); the whole job runs at its speed",
-        evidence, words.FIX_STRAGGLER,
-    )])
+    return Verdict(
+        "straggler",
+        slow,
+        [
+            Finding(
+                "straggler",
+                "warning",
+                slow,
+                f"{words.who(slow)} {words.verb(slow, 'computes', 'compute')} "
+                f"{ratio:.1f}x slower than the others ({format_seconds(slowest)} against "
+                f"{format_seconds(baseline)} per step); the whole job runs at its speed",
+                evidence,
+                words.FIX_STRAGGLER,
+            )
+        ],
+    )

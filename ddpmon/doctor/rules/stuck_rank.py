@@ -34,4 +34,6 @@ def stuck_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
     if any(v.status == Status.FROZEN for v in stuck):
         fix = words.FIX_FROZEN + " " + fix
     suspects = [v.rank for v in stuck]
-    return Verdict("hang", suspects, [Finding("stuck_rank", "error", suspects, summary, evidence, fix)])
+    return Verdict(
+        "hang", suspects, [Finding("stuck_rank", "error", suspects, summary, evidence, fix)]
+    )

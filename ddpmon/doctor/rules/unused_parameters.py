@@ -27,13 +27,17 @@ def unused_parameters(views: list[RankView]) -> list[Finding]:
     out = []
     for names, ranks in by_names.items():
         folded = words.fold_names(names)
-        out.append(Finding(
-            "unused_parameters", "info", ranks,
-            f"{words.who(ranks)}: {len(names)} parameter(s) received no gradient in "
-            f"{'its' if len(ranks) == 1 else 'their'} last step: {words.names_shown(names)}",
-            evidence=[f"unused: {name}" for name in folded] if len(folded) > 8 else [],
-            fix=words.FIX_UNUSED,
-        ))
+        out.append(
+            Finding(
+                "unused_parameters",
+                "info",
+                ranks,
+                f"{words.who(ranks)}: {len(names)} parameter(s) received no gradient in "
+                f"{'its' if len(ranks) == 1 else 'their'} last step: {words.names_shown(names)}",
+                evidence=[f"unused: {name}" for name in folded] if len(folded) > 8 else [],
+                fix=words.FIX_UNUSED,
+            )
+        )
     return out
 
 
@@ -43,10 +47,14 @@ def needless_find_unused_parameters(views: list[RankView]) -> list[Finding]:
     flagged = [v for v in views if "find_unused_parameters" in v.state.notes]
     if not views or len(flagged) != len(views) or any(v.state.unused_parameters for v in views):
         return []
-    return [Finding(
-        "needless_find_unused_parameters", "info", [v.rank for v in views],
-        "find_unused_parameters=True, but no rank has had an unused parameter for "
-        f"{min(v.state.step for v in views)}+ steps; it costs a traversal of the "
-        "autograd graph every step",
-        fix=FIX["needless_find_unused_parameters"],
-    )]
+    return [
+        Finding(
+            "needless_find_unused_parameters",
+            "info",
+            [v.rank for v in views],
+            "find_unused_parameters=True, but no rank has had an unused parameter for "
+            f"{min(v.state.step for v in views)}+ steps; it costs a traversal of the "
+            "autograd graph every step",
+            fix=FIX["needless_find_unused_parameters"],
+        )
+    ]

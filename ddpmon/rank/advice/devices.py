@@ -38,22 +38,34 @@ def check(f: DeviceFacts) -> Found | None:
     if not f.device.startswith("cuda") or f.local_rank is None:
         return None
     index = int(f.device.partition(":")[2] or (f.current_device or 0))
-    evidence = [f"model on {f.device}; RANK={f.rank}, LOCAL_RANK={f.local_rank}; "
-                f"{f.device_count} GPU(s) visible; current device {f.current_device}"]
+    evidence = [
+        f"model on {f.device}; RANK={f.rank}, LOCAL_RANK={f.local_rank}; "
+        f"{f.device_count} GPU(s) visible; current device {f.current_device}"
+    ]
     if f.device_count <= 1:
         return None  # one GPU per process (CUDA_VISIBLE_DEVICES): cuda:0 is right
     if index != f.local_rank and f.local_rank < f.device_count:
-        cause = ("the global rank used as device index" if index == f.rank != f.local_rank
-                 else "torch.cuda.set_device(local_rank) missing" if index == 0
-                 else "a device index that is not LOCAL_RANK")
-        return Found("device_mismatch",
-                     f"rank {f.rank} runs on {f.device}, but its LOCAL_RANK is {f.local_rank} ({cause})",
-                     evidence, FIX["device_mismatch"])
+        cause = (
+            "the global rank used as device index"
+            if index == f.rank != f.local_rank
+            else "torch.cuda.set_device(local_rank) missing"
+            if index == 0
+            else "a device index that is not LOCAL_RANK"
+        )
+        return Found(
+            "device_mismatch",
+            f"rank {f.rank} runs on {f.device}, but its LOCAL_RANK is {f.local_rank} ({cause})",
+            evidence,
+            FIX["device_mismatch"],
+        )
     if f.current_device is not None and f.current_device != index:
-        return Found("device_mismatch",
-                     f"rank {f.rank}: the model is on {f.device} but the current CUDA device is "
-                     f"cuda:{f.current_device}; collectives and new tensors go to cuda:{f.current_device}",
-                     evidence, FIX["device_mismatch"])
+        return Found(
+            "device_mismatch",
+            f"rank {f.rank}: the model is on {f.device} but the current CUDA device is "
+            f"cuda:{f.current_device}; collectives and new tensors go to cuda:{f.current_device}",
+            evidence,
+            FIX["device_mismatch"],
+        )
     return None
 
 

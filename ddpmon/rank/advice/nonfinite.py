@@ -55,7 +55,9 @@ class NonFiniteWatch:
         self.checked_step = 0
         self.first: tuple[int, str] | None = None
         self._pending: list[tuple[int, list[int], Pending]] = []
-        self._suspect: tuple[int, int, Pending] | None = None  # (step, index, is the parameter finite)
+        self._suspect: tuple[int, int, Pending] | None = (
+            None  # (step, index, is the parameter finite)
+        )
         self._handles: list[Any] = []
         self._hook(True)
 
@@ -63,7 +65,9 @@ class NonFiniteWatch:
         """Hooks only on checked steps: a Python hook on a gradient keeps autograd from
         reusing the gradient's buffer (it copies), which other steps need not pay."""
         if on and not self._handles:
-            self._handles = [p.register_hook(GradCheck(self, i)) for i, p in enumerate(self._params)]
+            self._handles = [
+                p.register_hook(GradCheck(self, i)) for i, p in enumerate(self._params)
+            ]
         elif not on and self._handles:
             for handle in self._handles:
                 handle.remove()

@@ -57,7 +57,10 @@ class ParamPrints:
         while self._pending and self._pending[0][1].ready():
             step, pending = self._pending.pop(0)
             values = pending.values()
-            per = [crc(values[i * PARAM_SAMPLE:(i + 1) * PARAM_SAMPLE]) for i in range(len(self.tensors))]
+            per = [
+                crc(values[i * PARAM_SAMPLE : (i + 1) * PARAM_SAMPLE])
+                for i in range(len(self.tensors))
+            ]
             self.prints.append((step, crc(per), per))
             arrived = True
         del self.prints[:-KEEP]

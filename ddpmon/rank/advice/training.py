@@ -27,8 +27,12 @@ class OptimizerSteps:
     (``micro_batches``, between the first two: gradient accumulation, with or without
     ``no_sync()``), from torch's global optimizer hook."""
 
-    def __init__(self, synced_backwards: Callable[[], int], backwards: Callable[[], int],
-                 found: Callable[[int, int], None]) -> None:
+    def __init__(
+        self,
+        synced_backwards: Callable[[], int],
+        backwards: Callable[[], int],
+        found: Callable[[int, int], None],
+    ) -> None:
         self._synced = synced_backwards
         self._backwards = backwards
         self._found = found

@@ -51,9 +51,15 @@ CROSS_RANK = ("same_data", "replicas_diverged", "nonfinite_gradients", "shared_g
 class Advice:
     """Watches one DDP model for silent mistakes (ddpmon/advice/__init__.py lists them)."""
 
-    def __init__(self, ddp: torch.nn.Module, recorder: Recorder,
-                 parameters: Sequence[tuple[str, torch.nn.Parameter]], state_dir: str | None,
-                 notify: Callable[[], None], fuse: Fuse) -> None:
+    def __init__(
+        self,
+        ddp: torch.nn.Module,
+        recorder: Recorder,
+        parameters: Sequence[tuple[str, torch.nn.Parameter]],
+        state_dir: str | None,
+        notify: Callable[[], None],
+        fuse: Fuse,
+    ) -> None:
         self._ddp = ddp
         self._rec = recorder
         self._notify = notify
@@ -75,17 +81,26 @@ class Advice:
         except Exception as exc:  # advice is off then; attach and training go on
             self._fail(exc)
 
-    def _install(self, ddp: torch.nn.Module, parameters: Sequence[tuple[str, torch.nn.Parameter]],
-                 state_dir: str | None) -> None:
+    def _install(
+        self,
+        ddp: torch.nn.Module,
+        parameters: Sequence[tuple[str, torch.nn.Parameter]],
+        state_dir: str | None,
+    ) -> None:
         self._batches = data.BatchPrints()
         self._epochs = data.EpochWatch()
         self._sampler: tuple[str, bool | None, int | None] | None = None
         self._params = replicas.ParamPrints(ddp.module)
         self._nonfinite = NonFiniteWatch(parameters)
-        self._static = (StaticGraph() if getattr(ddp, "find_unused_parameters", False)
-                        and not getattr(ddp, "static_graph", False) else None)
-        self._optimizer = OptimizerSteps(self._synced_backwards, lambda: self._rec.backward_passes,
-                                         self._accumulating)
+        self._static = (
+            StaticGraph()
+            if getattr(ddp, "find_unused_parameters", False)
+            and not getattr(ddp, "static_graph", False)
+            else None
+        )
+        self._optimizer = OptimizerSteps(
+            self._synced_backwards, lambda: self._rec.backward_passes, self._accumulating
+        )
         self._handles = [
             ddp.register_forward_pre_hook(self._before_ddp_forward, with_kwargs=True),
             ddp.register_forward_hook(self._after_ddp_forward, always_call=True),
@@ -96,20 +111,38 @@ class Advice:
         self._watching_data = True
         self._check_devices()
         if state_dir:
-            self._peers = threading.Thread(target=self._compare_peers, args=(state_dir,),
-                                           name="ddpmon-advice", daemon=True)
+            self._peers = threading.Thread(
+                target=self._compare_peers, args=(state_dir,), name="ddpmon-advice", daemon=True
+            )
             self._peers.start()
 
     # -- findings -----------------------------------------------------------------------------
 
-    def record(self, kind: str, summary: str, evidence: Sequence[str] = (), *, severity: str = "warning",
-               step: int | None = None, ranks: Sequence[int] = (), fix: str | None = None,
-               quiet: bool = False) -> None:
+    def record(
+        self,
+        kind: str,
+        summary: str,
+        evidence: Sequence[str] = (),
+        *,
+        severity: str = "warning",
+        step: int | None = None,
+        ranks: Sequence[int] = (),
+        fix: str | None = None,
+        quiet: bool = False,
+    ) -> None:
         """Keep a finding (each kind once) and say it once in the log."""
         if any(a.kind == kind for a in self._rec.advice):
             return
-        finding = Finding(kind, severity, summary, list(evidence), FIX.get(kind, "") if fix is None else fix,
-                          self._rec.steps if step is None else step, time.time(), list(ranks) or [self._rank])
+        finding = Finding(
+            kind,
+            severity,
+            summary,
+            list(evidence),
+            FIX.get(kind, "") if fix is None else fix,
+            self._rec.steps if step is None else step,
+            time.time(),
+            list(ranks) or [self._rank],
+        )
         self._rec.advice.append(finding)
         if not quiet:
             log.warning("ddpmon: rank %d: %s [%s]. Fix: %s", self._rank, summary, kind, finding.fix)
@@ -128,24 +161,41 @@ class Advice:
                 changed = True
             if self._nonfinite.step_ended(steps):
                 step, name = self._nonfinite.first  # type: ignore[misc]
-                self.record("nonfinite_gradients",
-                            f"this rank's own gradients were not finite in step {step} before the "
-                            f"all-reduce, first in {name} (the origin, unless another rank's came earlier)",
-                            [f"step {step}: isfinite(grad) false for {name}"], step=step)
+                self.record(
+                    "nonfinite_gradients",
+                    f"this rank's own gradients were not finite in step {step} before the "
+                    f"all-reduce, first in {name} (the origin, unless another rank's came earlier)",
+                    [f"step {step}: isfinite(grad) false for {name}"],
+                    step=step,
+                )
                 changed = True
-            if changed or self._nonfinite.checked_step != self._rec.fingerprints.nonfinite_checked_step:
+            if (
+                changed
+                or self._nonfinite.checked_step != self._rec.fingerprints.nonfinite_checked_step
+            ):
                 self._publish()
-            if not self._summary_logged and self._micro is not None and self._batches.batch_size is not None:
+            if (
+                not self._summary_logged
+                and self._micro is not None
+                and self._batches.batch_size is not None
+            ):
                 self._summarise()
             rec = self._rec
             if self._static is not None and self._static.step_ended(rec.unused_parameters):
                 shown = ", ".join(rec.unused_parameters[:5])
-                self.record("static_graph",
-                            f"the same {len(rec.unused_parameters)} parameter(s) were unused in each of the last "
-                            f"steps ({shown}): the graph is static", severity="info")
+                self.record(
+                    "static_graph",
+                    f"the same {len(rec.unused_parameters)} parameter(s) were unused in each of the last "
+                    f"steps ({shown}): the graph is static",
+                    severity="info",
+                )
             if "find_unused_parameters" in rec.notes:
-                self.record("needless_find_unused_parameters", rec.notes["find_unused_parameters"],
-                            severity="info", quiet=True)  # (hooks/autograd.py logged it)
+                self.record(
+                    "needless_find_unused_parameters",
+                    rec.notes["find_unused_parameters"],
+                    severity="info",
+                    quiet=True,
+                )  # (hooks/autograd.py logged it)
         except Exception as exc:
             self._fail(exc)
 
@@ -176,10 +226,12 @@ class Advice:
                     self._params.take(step)
             elif module.training:
                 site = replicas.call_site()
-                self.record("inner_module_forward",
-                            f"a training forward on the inner module (ddp.module) at {site}: its gradients "
-                            "are not all-reduced, so this rank's replica drifts from the others",
-                            [f"called at {site}, step {self._rec.steps + 1}, with gradients enabled"])
+                self.record(
+                    "inner_module_forward",
+                    f"a training forward on the inner module (ddp.module) at {site}: its gradients "
+                    "are not all-reduced, so this rank's replica drifts from the others",
+                    [f"called at {site}, step {self._rec.steps + 1}, with gradients enabled"],
+                )
         except Exception as exc:
             self._fail(exc)
 
@@ -199,10 +251,12 @@ class Advice:
         return rec.steps + (1 if rec.step_has_synced else 0)
 
     def _accumulating(self, per_step: int, synced: int) -> None:
-        self.record("accumulation_without_no_sync",
-                    f"{per_step} gradient all-reduces per optimizer step in each of the last steps: "
-                    "gradient accumulation without no_sync() all-reduces every micro-batch",
-                    [f"{synced} synchronised backwards so far; {per_step} in the last optimizer step"])
+        self.record(
+            "accumulation_without_no_sync",
+            f"{per_step} gradient all-reduces per optimizer step in each of the last steps: "
+            "gradient accumulation without no_sync() all-reduces every micro-batch",
+            [f"{synced} synchronised backwards so far; {per_step} in the last optimizer step"],
+        )
 
     # -- data ----------------------------------------------------------------------------------------
 
@@ -225,12 +279,16 @@ class Advice:
             return
         try:
             if self._epochs.drawn(sampler, epoch) is not None:
-                self.record("set_epoch_missing",
-                            f"a shuffling DistributedSampler draws epoch {epoch}'s order again: "
-                            "set_epoch() was not called, so every epoch sees the same order",
-                            [f"DistributedSampler(num_replicas={getattr(sampler, 'num_replicas', '?')}, "
-                             f"rank={getattr(sampler, 'rank', '?')}, shuffle=True, seed={getattr(sampler, 'seed', '?')}) "
-                             f"drew epoch {epoch} twice (a peek before the loop does not count)"])
+                self.record(
+                    "set_epoch_missing",
+                    f"a shuffling DistributedSampler draws epoch {epoch}'s order again: "
+                    "set_epoch() was not called, so every epoch sees the same order",
+                    [
+                        f"DistributedSampler(num_replicas={getattr(sampler, 'num_replicas', '?')}, "
+                        f"rank={getattr(sampler, 'rank', '?')}, shuffle=True, seed={getattr(sampler, 'seed', '?')}) "
+                        f"drew epoch {epoch} twice (a peek before the loop does not count)"
+                    ],
+                )
         except Exception as exc:
             self._fail(exc)
 
@@ -241,10 +299,21 @@ class Advice:
         if self._rank == 0:
             ident = self._rec.identity
             sampler = f", sampler {info.sampler}" if info.sampler else ""
-            micro = f" x {info.micro_batches} micro-batches" if info.micro_batches and info.micro_batches > 1 else ""
-            log.warning("ddpmon: job: world size %s, backend %s, per-rank batch %s%s, global batch %s "
-                        "per optimizer step%s", ident.ddp_world_size, ident.backend, info.batch_size, micro,
-                        info.global_batch_size, sampler)
+            micro = (
+                f" x {info.micro_batches} micro-batches"
+                if info.micro_batches and info.micro_batches > 1
+                else ""
+            )
+            log.warning(
+                "ddpmon: job: world size %s, backend %s, per-rank batch %s%s, global batch %s "
+                "per optimizer step%s",
+                ident.ddp_world_size,
+                ident.backend,
+                info.batch_size,
+                micro,
+                info.global_batch_size,
+                sampler,
+            )
 
     # -- devices ---------------------------------------------------------------------------------
 
@@ -253,8 +322,11 @@ class Advice:
         cuda = device.startswith("cuda") and torch.cuda.is_available()
         local = os.environ.get("LOCAL_RANK")
         facts = devices.DeviceFacts(
-            device, self._rank, int(local) if local and local.isdigit() else None,
-            torch.cuda.device_count() if cuda else 0, torch.cuda.current_device() if cuda else None,
+            device,
+            self._rank,
+            int(local) if local and local.isdigit() else None,
+            torch.cuda.device_count() if cuda else 0,
+            torch.cuda.current_device() if cuda else None,
         )
         found = devices.check(facts)
         if found:
@@ -272,14 +344,21 @@ class Advice:
         name, shuffle, _ = self._sampler or (None, None, None)
         micro = self._micro
         rec.data_info = schema.DataInfo(
-            sampler=name, shuffle=shuffle, batch_size=batch, micro_batches=micro,
+            sampler=name,
+            shuffle=shuffle,
+            batch_size=batch,
+            micro_batches=micro,
             global_batch_size=batch * micro * world if batch and micro else None,
-            gpu_uuid=getattr(self, "_uuid", None), cuda_current_device=getattr(self, "_current", None),
+            gpu_uuid=getattr(self, "_uuid", None),
+            cuda_current_device=getattr(self, "_current", None),
         )
         first = self._nonfinite.first
         rec.fingerprints = schema.Fingerprints(
             batch=[list(p) for p in self._batches.prints],
-            params=[schema.ParamPrint(step, digest, list(per)) for step, digest, per in self._params.prints],
+            params=[
+                schema.ParamPrint(step, digest, list(per))
+                for step, digest, per in self._params.prints
+            ],
             names=list(self._params.names),
             nonfinite=schema.NonFinite(first[0], first[1], time.time()) if first else None,
             nonfinite_checked_step=self._nonfinite.checked_step,
@@ -300,7 +379,9 @@ class Advice:
     def compare_now(self, state_dir: str, job: Any) -> None:
         states = [self._rec.state()]
         world = int(self._rec.identity.world_size or 1)
-        for peer_rank in sorted({(self._rank + i) % world for i in range(1, MAX_PEERS + 1)} - {self._rank}):
+        for peer_rank in sorted(
+            {(self._rank + i) % world for i in range(1, MAX_PEERS + 1)} - {self._rank}
+        ):
             try:
                 peer = files.read(files.path_for(state_dir, peer_rank))
             except Exception:
@@ -309,8 +390,15 @@ class Advice:
                 states.append(peer)
         for found in compare.compare(states):
             if self._rank in found.ranks:
-                self.record(found.kind, found.summary, found.evidence, step=found.step, ranks=found.ranks,
-                            fix=found.fix, severity=found.severity)
+                self.record(
+                    found.kind,
+                    found.summary,
+                    found.evidence,
+                    step=found.step,
+                    ranks=found.ranks,
+                    fix=found.fix,
+                    severity=found.severity,
+                )
         self.comparisons += 1
 
     # -- the end -----------------------------------------------------------------------------------

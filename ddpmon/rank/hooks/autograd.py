@@ -26,6 +26,7 @@ from .step import is_compiling
 
 log = logging.getLogger("ddpmon")
 
+
 class GradReadyHooks:
     """One post-accumulate-grad hook per trainable parameter, each a few attribute writes."""
 
@@ -129,8 +130,15 @@ class UnusedParameterWatch:
     """Names this rank's unused parameters each step (in the recorder, the log when the
     set changes) and in DDP's own error; notes a needless find_unused_parameters=True."""
 
-    def __init__(self, ddp: torch.nn.Module, parameters: Sequence[tuple[str, torch.nn.Parameter]],
-                 recorder: Recorder, fuse: Fuse, advice_steps: int, notify: Any = None) -> None:
+    def __init__(
+        self,
+        ddp: torch.nn.Module,
+        parameters: Sequence[tuple[str, torch.nn.Parameter]],
+        recorder: Recorder,
+        fuse: Fuse,
+        advice_steps: int,
+        notify: Any = None,
+    ) -> None:
         self._ddp = ddp
         self._names = [name for name, _ in parameters]
         self._recorder = recorder
@@ -155,9 +163,16 @@ class UnusedParameterWatch:
         if unused is not None and rec.set_unused_parameters(unused):
             rank = rec.identity.rank
             if unused:
-                shown = ", ".join(unused[:10]) + (f" (+{len(unused) - 10} more)" if len(unused) > 10 else "")
-                log.warning("ddpmon: rank %s: %d parameter(s) received no gradient in step %d: %s",
-                            rank, len(unused), rec.steps, shown)
+                shown = ", ".join(unused[:10]) + (
+                    f" (+{len(unused) - 10} more)" if len(unused) > 10 else ""
+                )
+                log.warning(
+                    "ddpmon: rank %s: %d parameter(s) received no gradient in step %d: %s",
+                    rank,
+                    len(unused),
+                    rec.steps,
+                    shown,
+                )
             else:
                 log.warning("ddpmon: rank %s: every parameter receives a gradient again", rank)
             self._notify()
@@ -185,7 +200,9 @@ class UnusedParameterWatch:
             return
         try:
             rec = self._recorder
-            names = explain_reduction_error(exc, self._names, rec.unused_parameters, rec.identity.rank)
+            names = explain_reduction_error(
+                exc, self._names, rec.unused_parameters, rec.identity.rank
+            )
             if names:  # every name, kept in the state: they matter most now
                 rec.set_unused_parameters(names)
                 self._notify()

@@ -69,7 +69,8 @@ TRACKED = tuple(_SPECS) + tuple(_P2P) + ("batch_isend_irecv",)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _COMM_HOOK_FILE = os.path.join(DDPMON_DIR, "timing", "hook.py")
 _C10D_FILES = tuple(
-    os.path.join(_TORCH_DIR, "distributed", name) for name in ("distributed_c10d.py", "c10d_logger.py")
+    os.path.join(_TORCH_DIR, "distributed", name)
+    for name in ("distributed_c10d.py", "c10d_logger.py")
 )
 _MAX_DEPTH = 64
 _CALLERS = 1
@@ -142,7 +143,9 @@ class CollectiveTracker:
         tracked._ddpmon_tracked = True  # type: ignore[attr-defined]
         return tracked
 
-    def _begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> tuple[dict[str, Any], bool]:
+    def _begin(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any
+    ) -> tuple[dict[str, Any], bool]:
         site, function, in_hook, callers = _call_site(caller)
         bucket = self._recorder.launched_bucket if in_hook else None
         tensor = None
@@ -160,7 +163,15 @@ class CollectiveTracker:
         gname, gsize = self._group(group)
         counted = bucket is None
         entry = self._recorder.collective_began(
-            name, gname, gsize, nbytes, site, function, bucket=bucket, p2p=p2p, counted=counted,
+            name,
+            gname,
+            gsize,
+            nbytes,
+            site,
+            function,
+            bucket=bucket,
+            p2p=p2p,
+            counted=counted,
             callers=callers,
         )
         if name != "batch_isend_irecv" and tensor is not None:
@@ -254,7 +265,11 @@ def _shape(value: Any) -> tuple[str | None, int | None]:
     the doctor compares across ranks (a size or dtype mismatch aborts or hangs the backend)."""
     if isinstance(value, torch.Tensor):
         return str(value.dtype).replace("torch.", ""), value.numel()
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, torch.Tensor) for v in value)
+    ):
         dtypes = {str(v.dtype).replace("torch.", "") for v in value}
         return (dtypes.pop() if len(dtypes) == 1 else "mixed"), sum(v.numel() for v in value)
     return None, None
@@ -314,11 +329,19 @@ def _call_site(frame: Any) -> tuple[str, str, bool, list[str]]:
         if fallback is None:
             return "?", "?", False, []
         name = fallback.f_code.co_filename
-        return f"torch/{name[len(_TORCH_DIR):]}:{fallback.f_lineno}", fallback.f_code.co_name, False, []
-    return _site(found[0]), found[0].f_code.co_name, False, [f"{_site(f)} in {f.f_code.co_name}" for f in found[1:]]
+        return (
+            f"torch/{name[len(_TORCH_DIR) :]}:{fallback.f_lineno}",
+            fallback.f_code.co_name,
+            False,
+            [],
+        )
+    return (
+        _site(found[0]),
+        found[0].f_code.co_name,
+        False,
+        [f"{_site(f)} in {f.f_code.co_name}" for f in found[1:]],
+    )
 
 
 def _site(frame: Any) -> str:
     return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-

@@ -68,7 +68,8 @@ class OptimizerHooks:
             rec.optimizer_finished(now)
             boundary = self._boundary
             if not boundary.manual and (
-                rec.step_has_synced or boundary.backward_seen()
+                rec.step_has_synced
+                or boundary.backward_seen()
                 or (self._first is not None and self._first.grad is not None)
             ):
                 boundary.end(now, None)
@@ -80,7 +81,9 @@ class OptimizerHooks:
         ours = self._ours.get(optimizer)
         if ours is None:
             first = self._first
-            ours = first is None or any(p is first for g in optimizer.param_groups for p in g["params"])
+            ours = first is None or any(
+                p is first for g in optimizer.param_groups for p in g["params"]
+            )
             self._ours[optimizer] = ours
         return ours
 

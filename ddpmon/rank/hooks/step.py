@@ -75,7 +75,9 @@ class StepHooks:
             now = time.perf_counter()
             rec = self._recorder
             boundary = self._boundary
-            if not boundary.manual and (rec.step_has_synced or (self._sync_expected and boundary.backward_seen())):
+            if not boundary.manual and (
+                rec.step_has_synced or (self._sync_expected and boundary.backward_seen())
+            ):
                 boundary.end(now, rec.step_end_mark)  # a step without an optimizer step
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
             self._in_backward = False  # (a backward that raised never ran its end callback)

@@ -56,7 +56,9 @@ class Timing:
         self.comm: TimedCommHook | None = getattr(ddp, "_ddpmon_comm_hook", None)
         reason = c10d.unavailable_reason(ddp.process_group, device)
         layout_missing = _layout_missing(ddp)
-        if reason is None and layout_missing is not None:  # c10d's timings fit DDP's buckets by their layout
+        if (
+            reason is None and layout_missing is not None
+        ):  # c10d's timings fit DDP's buckets by their layout
             reason = torch_api.off(layout_missing, recorder)
         chosen = plan(option, reason is None, user_hook is not None, self.comm is not None)
         if chosen.source == ERROR:
@@ -70,7 +72,10 @@ class Timing:
             self.clock = self._read_flight_recorder(ddp, device)
         if self.clock is None:
             self.clock = CudaEventClock(device) if device.startswith("cuda") else WallClock()
-        hook, state = user_hook or allreduce_mean_hook, user_state if user_state is not None else ddp.process_group
+        hook, state = (
+            user_hook or allreduce_mean_hook,
+            user_state if user_state is not None else ddp.process_group,
+        )
         if chosen.comm_hook == "user":
             ddp.register_comm_hook(state, hook)
         elif chosen.comm_hook == "install":
@@ -88,7 +93,9 @@ class Timing:
         elif chosen.read_layout:
             self._layout = BucketLayout(ddp, [p for _, p in parameters], [n for n, _ in parameters])
         if chosen.mark_untimed and self._layout is not None:
-            self._untimed = UntimedBuckets(self._layout, recorder, fuse, active=self._untimed_active)
+            self._untimed = UntimedBuckets(
+                self._layout, recorder, fuse, active=self._untimed_active
+            )
         self.mode = chosen.source
         recorder.identity.bucket_timing = self.mode
 
@@ -112,7 +119,9 @@ class Timing:
         if not fuse.ok or clock is None:
             return
         try:
-            completion = self.mode in COMPLETION_SOURCES  # matches collectives to DDP's bucket layout
+            completion = (
+                self.mode in COMPLETION_SOURCES
+            )  # matches collectives to DDP's bucket layout
             layout = self._layout if completion else None
             buckets = layout.refresh(rec) if layout else 0
             clock.new_step(step, buckets, layout.generation if layout else 0)
@@ -153,16 +162,27 @@ class Timing:
             return clock
         except Exception as exc:
             if option == "c10d":
-                raise AttachError(f"bucket_timing='c10d': c10d refused a completion hook: {exc}") from exc
-            log.warning("ddpmon: rank %s: c10d refused a completion hook (%s); timing buckets through "
-                        "a Python comm hook instead", self._recorder.identity.rank, exc)
+                raise AttachError(
+                    f"bucket_timing='c10d': c10d refused a completion hook: {exc}"
+                ) from exc
+            log.warning(
+                "ddpmon: rank %s: c10d refused a completion hook (%s); timing buckets through "
+                "a Python comm hook instead",
+                self._recorder.identity.rank,
+                exc,
+            )
             return None
 
     def _read_flight_recorder(self, ddp: Any, device: str) -> CompletionClock:
         """The completion clock, fed from torch's flight recorder with the group's collective
         timing on (durations on NCCL)."""
-        clock = CompletionClock(device, _used_map_allreduce(ddp), self._fuse, source="flight_recorder",
-                                max_windows=flight.MAX_WINDOWS)
+        clock = CompletionClock(
+            device,
+            _used_map_allreduce(ddp),
+            self._fuse,
+            source="flight_recorder",
+            max_windows=flight.MAX_WINDOWS,
+        )
         group = ddp.process_group
         try:
             torch_api.enable_collectives_timing(group)
@@ -171,7 +191,9 @@ class Timing:
         try:
             name: str | None = torch_api.process_group_name(group)
         except Exception:
-            name = None  # every group's all-reduces are read: the matching refuses what does not fit
+            name = (
+                None  # every group's all-reduces are read: the matching refuses what does not fit
+            )
         feed = FlightRecorderFeed(clock, name, c10d.backend_name(group, device), self._fuse)
         feed.start()
         self._closers.append(feed.close)
@@ -199,8 +221,12 @@ class Timing:
             ddp.register_comm_hook = self._register_later  # type: ignore[method-assign]
             raise
         self.mode = self._recorder.identity.bucket_timing = "hook"
-        log.info("ddpmon: rank %s: comm hook %s registered inside ddpmon's timing hook: buckets are "
-                 "timed from now on", self._recorder.identity.rank, getattr(hook, "__qualname__", hook))
+        log.info(
+            "ddpmon: rank %s: comm hook %s registered inside ddpmon's timing hook: buckets are "
+            "timed from now on",
+            self._recorder.identity.rank,
+            getattr(hook, "__qualname__", hook),
+        )
 
     def _untimed_active(self) -> bool:
         return self.comm is None or not self.comm.timing
@@ -222,7 +248,9 @@ class Timing:
 def _used_map_allreduce(ddp: Any) -> bool:
     """DDP all-reduces its used-parameter map after the last bucket (find_unused_parameters
     without static_graph): one all-reduce more per backward for a completion clock."""
-    return bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(ddp, "static_graph", False)
+    return bool(getattr(ddp, "find_unused_parameters", False)) and not getattr(
+        ddp, "static_graph", False
+    )
 
 
 def _layout_missing(ddp: Any) -> torch_api.Missing | None:
@@ -237,8 +265,13 @@ def _register_user_hook(ddp: Any, comm: TimedCommHook, state: object, hook: Any)
     """Stands in for ``ddp.register_comm_hook`` once ddpmon's hook is registered: DDP accepts
     one hook, so the user's runs inside ddpmon's (and is timed)."""
     if comm.user_registered:
-        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        raise RuntimeError(
+            "register_comm_hook or register_builtin_comm_hook can only be called once."
+        )
     model.check_comm_hook(ddp, hook, comm._recorder)
     comm.user_registered = True
     comm.replace(hook, state)
-    log.info("ddpmon: comm hook %s registered inside ddpmon's timing hook", getattr(hook, "__qualname__", hook))
+    log.info(
+        "ddpmon: comm hook %s registered inside ddpmon's timing hook",
+        getattr(hook, "__qualname__", hook),
+    )

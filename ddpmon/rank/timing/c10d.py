@@ -142,8 +142,14 @@ class CompletionClock:
     (find_unused_parameters without static_graph).
     """
 
-    def __init__(self, device: torch.device | str, used_map_allreduce: bool, fuse: Fuse,
-                 source: str = "c10d", max_windows: int = MAX_WINDOWS) -> None:
+    def __init__(
+        self,
+        device: torch.device | str,
+        used_map_allreduce: bool,
+        fuse: Fuse,
+        source: str = "c10d",
+        max_windows: int = MAX_WINDOWS,
+    ) -> None:
         self.source = source
         """``c10d`` (its completion hook) or ``flight_recorder`` (``flight.FlightRecorderFeed``)."""
         self._max_windows = max_windows
@@ -151,7 +157,9 @@ class CompletionClock:
         self._cuda = self._device.type == "cuda"
         self._extra = 1 if used_map_allreduce else 0
         self._fuse = fuse
-        self._done: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=MAX_COLLECTIVES)
+        self._done: collections.deque[tuple[int, float, float]] = collections.deque(
+            maxlen=MAX_COLLECTIVES
+        )
         self._pending: list[tuple[int, float, float]] = []
         self._windows: collections.deque[_Window] = collections.deque()
         self._open: _Window | None = None
@@ -182,7 +190,11 @@ class CompletionClock:
             op = info.op_type
             if getattr(op, "name", str(op).rpartition(".")[2]) != "ALLREDUCE":
                 return
-            self.add(int(getattr(info, "seq", 0) or 0), _unix(info.time_started), _seconds(info.active_duration))
+            self.add(
+                int(getattr(info, "seq", 0) or 0),
+                _unix(info.time_started),
+                _seconds(info.active_duration),
+            )
         except Exception as exc:
             self._fuse.blow(exc)
 
@@ -198,7 +210,9 @@ class CompletionClock:
         """The first backward of a step began; ``step_start`` on ``time.perf_counter``."""
         if self._open is None and self._fuse.ok and self.off_reason is None:
             now = time.time()
-            self._open = _Window(step_start_unix=now - (time.perf_counter() - step_start), start_unix=now)
+            self._open = _Window(
+                step_start_unix=now - (time.perf_counter() - step_start), start_unix=now
+            )
 
     def forward_started(self) -> None:
         pass
@@ -246,7 +260,9 @@ class CompletionClock:
             window = self._windows[0]
             assert window.end_unix is not None
             age = now - window.end_unix
-            settled = (newest is not None and newest > window.end_unix and age > SETTLE_MARGIN) or age > SETTLE_SECONDS
+            settled = (
+                newest is not None and newest > window.end_unix and age > SETTLE_MARGIN
+            ) or age > SETTLE_SECONDS
             if not settled or not self._events_done(window, now):
                 break
             self._windows.popleft()
@@ -256,7 +272,9 @@ class CompletionClock:
             exposed = self._exposed(window)
             timings = self._match(window, mine)
             if timings is not None or exposed is not None:
-                out.append(StepTimings(timings or [], exposed, measured=self._cuda, step=window.step))
+                out.append(
+                    StepTimings(timings or [], exposed, measured=self._cuda, step=window.step)
+                )
         if len(self._pending) > MAX_COLLECTIVES:
             del self._pending[: len(self._pending) - MAX_COLLECTIVES]
         self._self_check()
@@ -274,8 +292,9 @@ class CompletionClock:
         if not self.reports:
             self.off_reason = (
                 f"torch's flight recorder recorded no collective of DDP's process group in the first "
-                f"{self.settled_steps} steps" if recorder else
-                f"c10d's completion hook gave no WorkInfo in the first {self.settled_steps} steps"
+                f"{self.settled_steps} steps"
+                if recorder
+                else f"c10d's completion hook gave no WorkInfo in the first {self.settled_steps} steps"
             )
         elif not self.received and self.undated:
             self.off_reason = (
@@ -296,7 +315,9 @@ class CompletionClock:
 
     # -- matching ----------------------------------------------------------------------------
 
-    def _match(self, window: _Window, collectives: list[tuple[int, float, float]]) -> list[BucketTiming] | None:
+    def _match(
+        self, window: _Window, collectives: list[tuple[int, float, float]]
+    ) -> list[BucketTiming] | None:
         count = len(collectives)
         if window.generation == self._generation_now:
             buckets = window.buckets
@@ -308,8 +329,11 @@ class CompletionClock:
             if window.first or count != buckets + self._extra:
                 return None
         if not buckets or count != buckets + self._extra:
-            self._unmatched(window, f"{count} all-reduce(s) on DDP's process group during backward "
-                                    f"for {buckets} bucket(s)")
+            self._unmatched(
+                window,
+                f"{count} all-reduce(s) on DDP's process group during backward "
+                f"for {buckets} bucket(s)",
+            )
             return None
         if all(c[0] for c in collectives):  # c10d's sequence numbers give the issue order
             collectives = sorted(collectives)
@@ -342,7 +366,9 @@ class CompletionClock:
     # -- exposed communication from two CUDA events per step --------------------------------
 
     def _record(self) -> Any:
-        event = self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+        event = (
+            self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+        )
         event.record(torch.cuda.current_stream(self._device))
         return event
 
@@ -383,4 +409,6 @@ counts from boot."""
 
 def _seconds(duration: Any) -> float:
     """pybind hands a chrono duration as a timedelta; a bare number is c10d's milliseconds."""
-    return duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000.0
+    return (
+        duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000.0
+    )

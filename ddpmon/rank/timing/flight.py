@@ -33,20 +33,26 @@ class FlightRecorderFeed:
     """Reads the flight recorder into ``clock`` on a thread of its own, from ``start`` until
     ``close``."""
 
-    def __init__(self, clock: CompletionClock, group_name: str | None, backend: str | None, fuse: Fuse) -> None:
+    def __init__(
+        self, clock: CompletionClock, group_name: str | None, backend: str | None, fuse: Fuse
+    ) -> None:
         self._clock, self._group, self._backend, self._fuse = clock, group_name, backend, fuse
         self._next_record = 0
         """Records below this id were handed over, or never will be."""
         self._stop = threading.Event()
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="ddpmon-flight-recorder-timing", daemon=True).start()
+        threading.Thread(
+            target=self._run, name="ddpmon-flight-recorder-timing", daemon=True
+        ).start()
 
     def close(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_SECONDS) and self._fuse.ok and self._clock.off_reason is None:
+        while (
+            not self._stop.wait(POLL_SECONDS) and self._fuse.ok and self._clock.off_reason is None
+        ):
             try:
                 dump = torch_api.flight_recorder_dump(self._backend, PART)
             except torch_api.Missing as missing:
@@ -65,7 +71,9 @@ class FlightRecorderFeed:
             record = _record_id(e)
             if record < self._next_record:
                 continue
-            if e.get("is_p2p") or (self._group is not None and _group_name(e) not in (None, self._group)):
+            if e.get("is_p2p") or (
+                self._group is not None and _group_name(e) not in (None, self._group)
+            ):
                 self._next_record = record + 1
                 continue
             if not str(e.get("profiling_name", "")).endswith("all_reduce"):
@@ -79,7 +87,11 @@ class FlightRecorderFeed:
             if seconds is None:
                 clock.undated += 1
             else:
-                clock.add(int(e.get("collective_seq_id") or 0), float(e.get("time_created_ns") or 0) / 1e9, seconds)
+                clock.add(
+                    int(e.get("collective_seq_id") or 0),
+                    float(e.get("time_created_ns") or 0) / 1e9,
+                    seconds,
+                )
             self._next_record = record + 1
 
 
@@ -89,7 +101,10 @@ def duration(e: dict[str, Any]) -> float | None:
     ms = e.get("duration_ms")
     if isinstance(ms, (int, float)) and ms >= 0:
         return float(ms) / 1000.0
-    started, completed = e.get("time_discovered_started_ns") or 0, e.get("time_discovered_completed_ns") or 0
+    started, completed = (
+        e.get("time_discovered_started_ns") or 0,
+        e.get("time_discovered_completed_ns") or 0,
+    )
     if started and completed and completed >= started:
         return (completed - started) / 1e9
     return None

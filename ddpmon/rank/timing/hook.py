@@ -34,7 +34,6 @@ class BucketClock(Protocol):
         """Step ``step`` (a count) ended; DDP's layout (its ``generation``) has ``buckets``,
         where a clock needs the layout (0 where it was not read)."""
 
-
     def start(self, index: int, ready: float) -> Any: ...
 
     def finish(self, token: Any) -> None: ...
@@ -137,10 +136,19 @@ class CudaEventClock:
                 break
             self._steps.popleft()
             origin = tokens[0][2]
-            out.append(StepTimings([
-                BucketTiming(index, ready, origin.elapsed_time(begin) / 1000.0, origin.elapsed_time(end) / 1000.0)
-                for index, ready, begin, end in tokens
-            ]))
+            out.append(
+                StepTimings(
+                    [
+                        BucketTiming(
+                            index,
+                            ready,
+                            origin.elapsed_time(begin) / 1000.0,
+                            origin.elapsed_time(end) / 1000.0,
+                        )
+                        for index, ready, begin, end in tokens
+                    ]
+                )
+            )
             self._release(tokens)
         return out
 
@@ -183,7 +191,9 @@ class TimedCommHook:
         self.hook, self.state = hook, state
         self.__name__ = self.__qualname__ = f"ddpmon_timed_{getattr(hook, '__name__', 'hook')}"
 
-    def rebind(self, recorder: Recorder, clock: BucketClock, names: Mapping[int, str], fuse: Fuse) -> None:
+    def rebind(
+        self, recorder: Recorder, clock: BucketClock, names: Mapping[int, str], fuse: Fuse
+    ) -> None:
         """Serve a new monitor (attach after detach: DDP keeps the hook registered)."""
         self._recorder, self._clock, self._names, self._fuse = recorder, clock, names, fuse
         self._layouts = {}
@@ -213,7 +223,9 @@ class TimedCommHook:
             self._layouts[index] = layout
             names = [self._names.get(id(p), "?") for p in bucket.parameters()]
             nbytes = buffer.numel() * buffer.element_size()
-            self._recorder.set_bucket_layout(index, nbytes, str(buffer.dtype).replace("torch.", ""), names)
+            self._recorder.set_bucket_layout(
+                index, nbytes, str(buffer.dtype).replace("torch.", ""), names
+            )
         is_last = bucket.is_last()
         if is_last and len(self._layouts) > index + 1:
             # DDP rebuilt its buckets after iteration 0: fewer of them now.

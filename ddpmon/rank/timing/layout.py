@@ -8,11 +8,25 @@ from typing import Any
 from .. import torch_api
 
 DDP_FACTS = (
-    "backend_name", "bucket_cap_bytes", "bucket_sizes", "find_unused_parameters", "static_graph",
-    "gradient_as_bucket_view", "broadcast_buffers", "has_sync_bn", "comm_hook", "gloo_num_threads",
-    "torch_distributed_debug", "num_parameter_tensors", "total_parameter_size_bytes",
-    "nccl_socket_ifname", "nccl_blocking_wait", "nccl_async_error_handling", "nccl_debug",
-    "nccl_ib_timeout", "nccl_nthreads",
+    "backend_name",
+    "bucket_cap_bytes",
+    "bucket_sizes",
+    "find_unused_parameters",
+    "static_graph",
+    "gradient_as_bucket_view",
+    "broadcast_buffers",
+    "has_sync_bn",
+    "comm_hook",
+    "gloo_num_threads",
+    "torch_distributed_debug",
+    "num_parameter_tensors",
+    "total_parameter_size_bytes",
+    "nccl_socket_ifname",
+    "nccl_blocking_wait",
+    "nccl_async_error_handling",
+    "nccl_debug",
+    "nccl_ib_timeout",
+    "nccl_nthreads",
 )
 
 

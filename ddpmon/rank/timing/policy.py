@@ -34,19 +34,19 @@ ERROR = "error"
 #   none     register nothing
 RULES: tuple[tuple[str | None, bool | None, bool | None, bool | None, str, str], ...] = (
     # option           c10d   user   earlier  -> source             comm hook
-    ("c10d",           False, ANY,   ANY,        ERROR,             "none"),
-    ("off",            ANY,   ANY,   True,       "off",             "rebind"),  # a pass-through from now on
-    ("off",            ANY,   True,  False,      "off",             "user"),
-    ("off",            ANY,   False, False,      "off",             "none"),
-    ("hook",           ANY,   ANY,   True,       "hook",            "rebind"),
-    ("hook",           ANY,   ANY,   False,      "hook",            "install"),
-    (ANY,              ANY,   ANY,   True,       "hook",            "rebind"),  # ddpmon's hook runs anyway
-    ("flight_recorder", ANY,  True,  False,      "flight_recorder", "user"),
-    ("flight_recorder", ANY,  False, False,      "flight_recorder", "none"),
-    (ANY,              True,  True,  False,      "c10d",            "user"),
-    (ANY,              True,  False, False,      "c10d",            "none"),
-    ("auto",           False, True,  False,      "hook",            "install"),  # the user's hook runs in Python anyway
-    ("auto",           False, False, False,      "off",             "none"),
+    ("c10d", False, ANY, ANY, ERROR, "none"),
+    ("off", ANY, ANY, True, "off", "rebind"),  # a pass-through from now on
+    ("off", ANY, True, False, "off", "user"),
+    ("off", ANY, False, False, "off", "none"),
+    ("hook", ANY, ANY, True, "hook", "rebind"),
+    ("hook", ANY, ANY, False, "hook", "install"),
+    (ANY, ANY, ANY, True, "hook", "rebind"),  # ddpmon's hook runs anyway
+    ("flight_recorder", ANY, True, False, "flight_recorder", "user"),
+    ("flight_recorder", ANY, False, False, "flight_recorder", "none"),
+    (ANY, True, True, False, "c10d", "user"),
+    (ANY, True, False, False, "c10d", "none"),
+    ("auto", False, True, False, "hook", "install"),  # the user's hook runs in Python anyway
+    ("auto", False, False, False, "off", "none"),
 )
 
 COMPLETION_SOURCES = ("c10d", "flight_recorder")
@@ -81,8 +81,10 @@ def plan(option: str, c10d: bool, user_hook: bool, earlier_hook: bool) -> Plan:
         if all(p is ANY or p == k for p, k in zip(pattern, key)):
             mark = source == "off" and not c10d
             return Plan(
-                source=source, comm_hook=comm_hook,
+                source=source,
+                comm_hook=comm_hook,
                 time_later_hook=option == "auto" and source == "off" and comm_hook == "none",
-                mark_untimed=mark, read_layout=source in COMPLETION_SOURCES or mark,
+                mark_untimed=mark,
+                read_layout=source in COMPLETION_SOURCES or mark,
             )
     raise AssertionError(f"no rule for {key}")  # the table covers every combination

@@ -21,8 +21,13 @@ class UntimedBuckets:
     """A step timeline (see ddpmon/rank/hooks/step.py) that marks DDP's buckets in flight.
     ``active()`` turns False once a comm hook reports the buckets itself."""
 
-    def __init__(self, layout: BucketLayout, recorder: Recorder, fuse: Fuse,
-                 active: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        layout: BucketLayout,
+        recorder: Recorder,
+        fuse: Fuse,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._layout = layout
         self._recorder = recorder
         self._fuse = fuse
