@@ -22,7 +22,7 @@ AUTO_PER_BUCKET_LIMIT = 128
 METRICS_DETAIL_MODES = ("auto", "full", "summary")
 AUTO_FULL_WORLD_SIZE = 256
 """``metrics_detail="auto"`` exports every series up to this many ranks, the summary above:
-a full job of 256 ranks with 30 buckets is about 200,000 series, a tenth of what one
+a full job of 256 ranks with 30 buckets is about 220,000 series, a tenth of what one
 Prometheus should hold in all (docs/metrics.md#series-per-job)."""
 
 

@@ -354,7 +354,6 @@ METRICS: tuple[Metric, ...] = (
         "CPU time of the rank's process.",
         RANK,
         "host",
-        summary=True,
     ),
     Metric(
         "ddpmon_process_resident_memory_bytes",
@@ -362,7 +361,6 @@ METRICS: tuple[Metric, ...] = (
         "Resident memory of the rank's process.",
         RANK,
         "host",
-        summary=True,
     ),
     Metric("ddpmon_process_threads", "gauge", "Threads of the rank's process.", RANK, "host"),
     Metric("ddpmon_host_memory_used_bytes", "gauge", "Memory in use on the host.", RANK, "host"),
@@ -444,6 +442,54 @@ METRICS: tuple[Metric, ...] = (
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+@dataclass(frozen=True)
+class Record:
+    """A series Prometheus records from the ranks' (deploy/prometheus/ddpmon-rules.yml, group
+    ``ddpmon-records``): a figure the boards and alert rules read, computed once per rule
+    evaluation rather than by every panel and alert over every rank. Named as Prometheus
+    advises, ``level:metric:operations``; the level says which labels it keeps."""
+
+    name: str
+    help: str
+
+
+RECORDS: tuple[Record, ...] = (
+    Record(
+        "job_rank:ddpmon_busy_seconds_per_step:rate5m",
+        "A rank's busy time per step (its step parts but the wait for the other ranks).",
+    ),
+    Record(
+        "job_rank:ddpmon_straggler_score:rate5m",
+        "A rank's busy time per step against the job's median rank, minus 1 (0.2: 20% slower).",
+    ),
+    Record("job:ddpmon_steps_per_second:rate5m", "Steps per second, the mean of the ranks."),
+    Record("job:ddpmon_step_seconds:mean_rate5m", "Mean step time over every rank."),
+    Record(
+        "job:ddpmon_exposed_comm_ratio:rate10m",
+        "Share of step time spent waiting for all-reduces after backward compute.",
+    ),
+    Record(
+        "job_phase:ddpmon_step_phase_seconds_per_step:rate5m",
+        "Mean seconds per step in each part of the step, over every rank.",
+    ),
+    Record(
+        "job_bucket:ddpmon_allreduce_seconds:mean_rate5m",
+        'Mean all-reduce time of each bucket (bucket="all" in summary), over every rank.',
+    ),
+    Record("job:ddpmon_ranks_reporting:count", "Ranks whose endpoint Prometheus scrapes."),
+    Record(
+        "job:ddpmon_ranks_waiting:count",
+        "Ranks waiting in a collective, by their own word or else their node daemon's.",
+    ),
+    Record(
+        "job:ddpmon_ranks_hung:count",
+        "Ranks suspected hung, by their watchdog or their node daemon.",
+    ),
+    Record("job:ddpmon_unused_parameters:max", "Most parameters without gradient on any rank."),
+)
+RECORD_NAMES: frozenset[str] = frozenset(r.name for r in RECORDS)
 
 
 def get(name: str) -> Metric:
