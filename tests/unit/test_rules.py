@@ -14,6 +14,7 @@ import yaml
 
 from ddpmon import dashboards
 from ddpmon.metrics import catalog
+from tests.support import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -254,3 +255,22 @@ def test_every_kubernetes_manifest_parses() -> None:
     for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], path
+
+
+def test_the_summary_keeps_every_rank_series_the_alerts_and_the_overview_read() -> None:
+    """metrics_detail="summary" must leave the alerts and the job overview working: each
+    series they read (through the records) that a rank serves is one the summary keeps, a
+    histogram's buckets with bounds to read a quantile from."""
+    read = rules.overview_and_alerts_read()
+    checked = 0
+    for name in sorted(read):
+        spec = catalog.BY_NAME.get(name) or catalog.BY_NAME.get(
+            re.sub(r"_(bucket|sum|count)$", "", name)
+        )
+        if spec is None or spec.source not in ("rank", "host"):
+            continue
+        checked += 1
+        assert spec.summary, name
+        if name.endswith("_bucket"):
+            assert len(spec.summary_bounds) >= 3, name
+    assert checked >= 15, read
