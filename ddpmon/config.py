@@ -177,10 +177,11 @@ class Config:
         return root.job_dir(job)
 
 
-def metrics_detail(mode: str, world_size: int) -> str:
-    """``full`` or ``summary``: what ``metrics_detail`` means for a job of ``world_size``."""
+def metrics_detail(mode: str, world_size: int | None) -> str:
+    """``full`` or ``summary``: what ``metrics_detail`` means for a job of ``world_size``
+    (None: not known yet, full)."""
     if mode == "auto":
-        return "full" if world_size <= AUTO_FULL_WORLD_SIZE else "summary"
+        return "summary" if (world_size or 0) > AUTO_FULL_WORLD_SIZE else "full"
     return mode
 
 
