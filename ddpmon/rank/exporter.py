@@ -160,9 +160,10 @@ def _folded(labels: dict[str, str], stats: list[BucketStats]) -> list[Sample]:
     ready = [b.last_ready_seconds for b in stats if b.last_ready_seconds is not None]
     if ready:
         out.append(("ddpmon_bucket_ready_seconds", labels, max(ready)))
-    timed = [b for b in stats if b.last_busbw and b.bytes]
-    if timed:  # busbw = bytes / seconds x factor, so seconds / factor = bytes / busbw
-        busbw = sum(b.bytes for b in timed) / sum(b.bytes / b.last_busbw for b in timed)
+    # busbw = bytes / seconds x factor, so seconds / factor = bytes / busbw
+    timed = [(b.bytes, b.last_busbw) for b in stats if b.last_busbw and b.bytes]
+    if timed:
+        busbw = sum(n for n, _ in timed) / sum(n / bw for n, bw in timed)
         out.append(("ddpmon_allreduce_bus_bandwidth_bytes_per_second", labels, busbw))
     return out
 
