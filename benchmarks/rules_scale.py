@@ -315,7 +315,10 @@ def main() -> None:
     if shutil.which("promtool") is None or shutil.which("prometheus") is None:
         raise SystemExit("needs prometheus and promtool on PATH (make prometheus)")
     for ranks in args.ranks:
-        print(json.dumps(measure(ranks, args.rules, args.keep, not args.no_board), indent=1), flush=True)
+        print(
+            json.dumps(measure(ranks, args.rules, args.keep, not args.no_board), indent=1),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
