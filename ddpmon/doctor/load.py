@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateFileError
-from ..state import attempts, files, owners, remote, schema
+from ..remote import daemons
+from ..state import attempts, files, owners, schema
 from ..webconfig import HttpConfig
 
 
@@ -141,8 +142,8 @@ def load_remote(
     so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
-    urls = [remote.base_url(a) + "/state" for a in addresses]
-    answers = remote.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig())
+    urls = [daemons.base_url(a) + "/state" for a in addresses]
+    answers = daemons.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig())
     for address, url, answer in zip(addresses, urls, answers):
         if answer is None:
             reason = (
@@ -152,10 +153,10 @@ def load_remote(
             ips = []
         else:
             ips, body, received = answer
-            if isinstance(body, remote.Unbounded):
+            if isinstance(body, daemons.Unbounded):
                 loaded.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
                 continue
-            reason = remote.why(body, timeout) if isinstance(body, BaseException) else ""
+            reason = daemons.why(body, timeout) if isinstance(body, BaseException) else ""
         if reason:
             loaded.unreachable.append(Unreachable(address, reason, ips))
             loaded.bad.append(

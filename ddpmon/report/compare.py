@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..formats import format_seconds
-from ..state.remote import HISTORY_DEADLINE_SECONDS, address_problem
+from ..remote.daemons import HISTORY_DEADLINE_SECONDS, address_problem
 from ..steps import PART_LABELS, PARTS
 from ..webconfig import HttpConfig
 from . import html as html_page

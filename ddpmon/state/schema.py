@@ -6,7 +6,7 @@ misspelt key is an error where it is written rather than a missing fact where it
 ``FORMAT`` is the schema version written into each file; ``parse`` also reads the previous
 one and names the version of a file it cannot read. ``docs/state.md`` describes the fields
 and ``state-schema.json`` beside this module is the JSON Schema generated from them
-(``python -m ddpmon.state.schema`` rewrites it).
+(``python -m tools.state_schema`` rewrites it).
 
 Records are built once and then only read: the recorder publishes a fresh ``RankState`` for
 each snapshot instead of changing one that a reader may hold.
@@ -14,9 +14,7 @@ each snapshot instead of changing one that a reader may hold.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -634,49 +632,3 @@ def generated_schema() -> dict[str, Any]:
     schema["title"] = f"ddpmon rank state file (format {FORMAT})"
     schema["properties"]["format"]["const"] = FORMAT
     return schema
-
-
-def markdown() -> str:
-    """The field tables of docs/state.md, one per record, from the records above."""
-    schema = generated_schema()
-    defs = {"RankState": schema, **schema["$defs"]}
-    out = []
-    for name, spec in defs.items():
-        out.append(f"### {name}\n\n{spec.get('description', '')}\n")
-        out.append("| key | type | meaning |\n|---|---|---|")
-        for key, prop in spec["properties"].items():
-            required = " (required)" if key in spec.get("required", ()) else ""
-            out.append(
-                f"| `{key}` | {_type_name(prop)}{required} | {prop.get('description', '')} |"
-            )
-        out.append("")
-    return "\n".join(out)
-
-
-def _type_name(prop: dict[str, Any]) -> str:
-    if "anyOf" in prop:
-        return " or ".join(_type_name(p) for p in prop["anyOf"])
-    if "$ref" in prop:
-        return prop["$ref"].rsplit("/", 1)[-1]
-    kind = prop.get("type", "any")
-    if kind == "array":
-        return f"list of {_type_name(prop['items'])}"
-    if kind == "object" and "additionalProperties" in prop:
-        return f"map of {_type_name(prop['additionalProperties'])}"
-    return str(kind)
-
-
-def main() -> int:
-    """Rewrite state-schema.json (and print docs/state.md's tables with --markdown)."""
-    if sys.argv[1:] == ["--markdown"]:
-        print(markdown())
-        return 0
-    with open(SCHEMA_FILE, "w") as f:
-        json.dump(generated_schema(), f, indent=2)
-        f.write("\n")
-    print(SCHEMA_FILE)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

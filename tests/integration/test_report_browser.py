@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpmon.report import synthetic
 from ddpmon.state import history
 from tests.support import harness
+from tools import synthetic
 
 pytestmark = pytest.mark.timeout(240)
 

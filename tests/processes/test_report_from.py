@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ddpmon.report import synthetic
 from ddpmon.state import history
 from tests.support import states
 from tests.support.commands import ROOT, env, get, start_daemon, terminate
+from tools import synthetic
 
 pytestmark = pytest.mark.timeout(180)
 

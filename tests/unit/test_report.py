@@ -10,8 +10,9 @@ import shutil
 import pytest
 
 from ddpmon.cli import main
-from ddpmon.report import compare, html, run, summary, synthetic
+from ddpmon.report import compare, html, run, summary
 from ddpmon.state import history
+from tools import synthetic
 
 
 def _cli(args, capsys):
