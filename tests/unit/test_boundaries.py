@@ -172,7 +172,6 @@ def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
         "ddpmon.fuses",
         "ddpmon.frames",
         "ddpmon.collectors.host",
-        "ddpmon.webconfig",
     )
     crossings = sorted(
         f"{m} imports {t}"
