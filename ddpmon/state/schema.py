@@ -21,11 +21,12 @@ from typing import Any
 from . import records
 from .records import SchemaError
 
-FORMAT = 2
+FORMAT = 3
 """The schema version this ddpmon writes (the state file's ``format`` key)."""
-READABLE = (1, 2)
+READABLE = (1, 2, 3)
 """Versions ``parse`` reads. Version 1 lacks nothing that version 2 needs; its in-flight
-entries spelt ``async`` for ``async_op``."""
+entries spelt ``async`` for ``async_op``. Versions 1 and 2 called ``timings.parts``
+``timings.phases``."""
 MAX_RANKS = 1 << 20
 """Ranks and world sizes beyond this are not a real job's (a forged file)."""
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state-schema.json")
@@ -155,12 +156,12 @@ class Timings:
     """The rest of the step's wall time (the parts sum to the step)."""
     busy_seconds: Summary | None = None
     """The step less its waiting for other ranks (exposed communication)."""
-    phases: StepPhases | None = None
+    parts: StepParts | None = None
     """Where the time of the last steps went, part by part."""
 
 
 @dataclass(slots=True)
-class StepPhases:
+class StepParts:
     """Mean seconds per step of each part over the last ``steps`` steps (at most 20); the parts
     sum to ``step_seconds``. The straggler score compares ranks on their busy time, the step
     less waiting for the other ranks: step by step on ``recent``, or on ``busy_seconds`` in
@@ -593,6 +594,8 @@ def parse(data: object) -> RankState:
         raise SchemaError("rank", "a rank", None, "is not a ddpmon state file (no 'rank' key)")
     if version == 1:
         data = _from_format_1(data)
+    if version in (1, 2):
+        data = _from_format_2(data)
     state = records.load(RankState, data)
     if not 0 <= state.rank < MAX_RANKS:
         raise SchemaError("rank", f"an integer from 0 to {MAX_RANKS - 1}", state.rank)
@@ -624,6 +627,15 @@ def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(timings, dict) and timings.get("window_steps") is None:
         out["timings"] = dict(timings, window_steps=0)
     return out
+
+
+def _from_format_2(data: dict[str, Any]) -> dict[str, Any]:
+    timings = data.get("timings")
+    if isinstance(timings, dict) and "phases" in timings and "parts" not in timings:
+        timings = dict(timings)
+        timings["parts"] = timings.pop("phases")
+        return dict(data, timings=timings)
+    return data
 
 
 def generated_schema() -> dict[str, Any]:

@@ -359,7 +359,7 @@ def test_report_from_a_daemon_gives_the_figures_of_the_directory(
     a, b = summary.summarize(here), summary.summarize(there)
     for key in (
         "median_step_seconds",
-        "phases",
+        "parts",
         "buckets",
         "slowest_rank",
         "straggler",

@@ -103,18 +103,27 @@ def test_files_that_are_not_regular_files_are_never_followed_or_opened(tmp_path:
     assert "more than a state file holds" in reasons[4]
 
 
-def test_the_previous_format_is_read() -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_previous_formats_are_read(version: int) -> None:
     state = schema.parse(
         {
-            "format": 1,
+            "format": version,
             "rank": 2,
             "step": 5,
-            "in_flight": [{"seq": 3, "op": "all_reduce", "async": True, "issued_unix": 1.0}],
-            "timings": {"step_seconds": {"median": 0.1, "last": 0.2, "max": 0.3}},
+            "in_flight": [
+                {"seq": 3, "op": "all_reduce", "async" if version == 1 else "async_op": True}
+            ],
+            "timings": {
+                "step_seconds": {"median": 0.1, "last": 0.2, "max": 0.3},
+                "phases": {"steps": 20, "step_seconds": 0.1, "backward_seconds": 0.04},
+            },
         }
     )
     assert state.rank == 2 and state.in_flight[0].async_op is True
     assert state.timings.step_seconds is not None and state.timings.step_seconds.max == 0.3
+    # the step's parts, which formats 1 and 2 called phases
+    assert state.timings.parts is not None and state.timings.parts.backward_seconds == 0.04
+    assert "phases" not in schema.to_json(state)["timings"]
 
 
 def test_records_round_trip_through_json() -> None:
