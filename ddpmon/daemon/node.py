@@ -30,7 +30,7 @@ from ..metrics.exposition import Sample, families
 from ..state import owners
 from ..version import __version__
 from .discovery import StateFiles
-from .ranks import Ranks, RankView
+from .ranks import NodeRank, Ranks
 from .routes import Routes
 from .samples import Gpus, HangAborts, rank_samples
 
@@ -86,7 +86,7 @@ class Daemon:
     def gpus(self) -> list[nvml.Gpu]:
         return self._gpus.gpus
 
-    def ranks(self) -> list[RankView]:
+    def ranks(self) -> list[NodeRank]:
         """This node's ranks (``ranks.Ranks``)."""
         return self._ranks.ranks()
 

@@ -19,8 +19,9 @@ from .discovery import StateFiles
 
 
 @dataclass
-class RankView:
-    """One rank of this node as the daemon sees it."""
+class NodeRank:
+    """One rank of this node as the daemon exports it (the doctor's view of a rank, from
+    its files and more, is ``doctor/view.RankView``)."""
 
     job: str
     rank: int
@@ -36,15 +37,13 @@ class RankView:
     """The job's attempt under a launcher that restarts it (``ddpmon_rank_attempt``)."""
 
 
-def activity_of(
-    path: str, state: schema.RankState, proc: psutil.Process | None, fresh: bool
-) -> str | None:
+def activity_of(path: str, state: schema.RankState, life: host.Liveness, fresh: bool) -> str | None:
     """What a rank of this node is doing: its own word (the state file's ``activity``) while
     its process runs and the file is fresh; else what only another process sees: frozen
     (stopped, or no longer writing its file), crashed (an exception, a fatal signal or a
     non-zero exit status; a clean end is not exported at all) or dead (gone without a word:
     killed from outside). The doctor's view (``doctor/view.py``) draws the same lines."""
-    if proc is None:
+    if life.alive is not True:
         ending = state.exit
         if ending is None or ending.how == "os._exit":  # a signal leaves only its fault file
             try:
@@ -53,7 +52,7 @@ def activity_of(
             except OSError:
                 pass
         return Status.CRASHED if ending is not None else Status.DEAD
-    if not fresh or host.is_stopped(proc):
+    if not fresh or life.stopped:
         return Status.FROZEN
     act = state.activity
     return act.state if act is not None and act.state in DAEMON_ACTIVITIES else None
@@ -76,11 +75,11 @@ class Ranks:
     def is_local(self, state: schema.RankState) -> bool:
         return self.node_local or state.host == self.hostname
 
-    def ranks(self) -> list[RankView]:
+    def ranks(self) -> list[NodeRank]:
         """This node's ranks: state files written on this host (every file with
         ``node_local``), minus detached ones; one view per (job, rank), the freshest."""
         now = time.time()
-        views: dict[tuple[str, int], RankView] = {}
+        views: dict[tuple[str, int], NodeRank] = {}
         seen = set()
         for path, state, owner, written in self.files.read_all():
             clean = state.exit is not None and not (state.exit.exception or state.exit.code)
@@ -103,9 +102,10 @@ class Ranks:
             proc = self._process(
                 path, state.pid, state.started_unix, state.host == self.hostname, state.rank, owner
             )
-            alive = proc is not None and host.is_alive(proc)
+            life = host.judge(proc, state.pid, state.started_unix)  # the doctor's rule too
+            alive = life.alive is True
             fresh = now - beat <= self.stale_after
-            view = RankView(
+            view = NodeRank(
                 state.job or "",
                 state.rank,
                 up=alive and fresh,
@@ -114,7 +114,7 @@ class Ranks:
                 and alive,  # a killed job's last report is not a hang now
                 heartbeat_unix=beat,
                 proc=proc,
-                activity=activity_of(path, state, proc if alive else None, fresh),
+                activity=activity_of(path, state, life, fresh),
                 attempt=state.attempt,
             )
             key = (view.job, view.rank)

@@ -16,12 +16,12 @@ from ..metrics.catalog import DAEMON_ACTIVITIES
 from ..metrics.exposition import Sample, state_set
 from ..state import attempts, files, owners
 from .discovery import StateFiles
-from .ranks import RankView
+from .ranks import NodeRank
 
 log = logging.getLogger("ddpmon")
 
 
-def rank_samples(ranks: list[RankView]) -> list[Sample]:
+def rank_samples(ranks: list[NodeRank]) -> list[Sample]:
     """Each rank's liveness: up, last progress, a suspected hang, its activity, attempt."""
     out: list[Sample] = []
     for v in ranks:
@@ -132,7 +132,7 @@ class Gpus:
             nvml.close_nvml(self._nv)
             self._nv = None
 
-    def samples(self, ranks: list[RankView]) -> list[Sample]:
+    def samples(self, ranks: list[NodeRank]) -> list[Sample]:
         by_pid = {v.proc.pid: v for v in ranks if v.proc is not None}
         out: list[Sample] = []
         for reader in self._readers:
