@@ -24,7 +24,11 @@ METRICS_DOC = ROOT / table.DEFAULT  # docs/metrics.md
 CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 DOCS = {
     p.relative_to(ROOT).as_posix(): p.read_text()
-    for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for p in [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "tests" / "README.md",
+    ]
 }
 # where each command's flags are documented; the top-level ones and top's are in README
 DOC_OF = {

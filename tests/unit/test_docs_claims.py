@@ -189,3 +189,28 @@ def test_the_series_counts_the_docs_give_are_a_ranks() -> None:
     assert f"| 1,000 | off | 0.7 ms | {own} | {own * 1024:,} |" in performance
     assert f"| 1,000 | aggregate | 3.3 ms | {aggregated} | {aggregated * 1024:,} |" in performance
     assert f"A rank has {own} series of its own" in " ".join(performance.split())
+
+
+MEASUREMENTS_AND_NOTES = {
+    "performance.md",
+    "doctor-accuracy.md",
+    "design-notes.md",
+    "ARCHITECTURE.md",
+}
+
+
+def test_a_newcomer_finds_every_page_and_no_user_page_lists_tests() -> None:
+    """docs/README.md links every page, the users' apart from the measurements and notes;
+    the README links it; the test catalogues are in tests/README.md, not on a user's page."""
+    index = (ROOT / "docs" / "README.md").read_text()
+    users, _, rest = index.partition("## Measurements and design notes")
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    linked_users = set(re.findall(r"\]\(([\w-]+\.md)\)", users))
+    linked_rest = set(re.findall(r"\]\(([\w-]+\.md)\)", rest))
+    assert linked_users == pages - MEASUREMENTS_AND_NOTES
+    assert linked_rest == MEASUREMENTS_AND_NOTES
+    assert "](docs/README.md)" in (ROOT / "README.md").read_text()
+    for page in pages - MEASUREMENTS_AND_NOTES:
+        assert not re.search(r"^## Tests$", _doc(page), re.M), (
+            f"{page}: move its tests to tests/README.md"
+        )
