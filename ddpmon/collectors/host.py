@@ -83,6 +83,86 @@ class ProcessSampler:
                 continue
         return pids
 
+    def memory(self) -> list[tuple[str, int, str, int]]:
+        """(process, pid, kind, bytes) of the process (``rank``) and of each child
+        (``worker``): ``rss`` and, where Linux gives it (/proc/<pid>/smaps_rollup, one
+        pass), ``pss``, which shares a page among the processes that map it, so a forked
+        worker's copied pages show and its inherited ones do not."""
+        out: list[tuple[str, int, str, int]] = []
+        for process, pid in [("rank", self._proc.pid)] + [
+            ("worker", p) for p in self._child_pids()
+        ]:
+            try:
+                proc = self._proc if pid == self._proc.pid else psutil.Process(pid)
+                out.extend((process, pid, kind, n) for kind, n in _rss_pss(proc))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+                continue  # a worker that exited just now
+        return out
+
+
+def _rss_pss(proc: psutil.Process) -> list[tuple[str, int]]:
+    if _HAS_PSS:
+        full = proc.memory_full_info()
+        return [("rss", int(full.rss)), ("pss", int(full.pss))]
+    return [("rss", int(proc.memory_info().rss))]
+
+
+_HAS_PSS = os.path.exists("/proc/self/smaps_rollup")
+"""psutil reads PSS from smaps_rollup where the kernel has it (Linux 4.14); elsewhere it
+would walk every mapping in /proc/<pid>/smaps, too slow to do each second."""
+
+
+def host_available() -> int:
+    """Bytes the host can still give processes without swapping (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_headroom(pid: int | None = None, root: str = CGROUP_ROOT) -> int | None:
+    """Bytes before the memory limit of ``pid``'s cgroup (this process by default) or of a
+    cgroup above it, whichever is nearest; None without a limit or where it cannot be read.
+    cgroup v2 (``memory.max`` and ``memory.current`` along the path of the ``0::`` line of
+    /proc/<pid>/cgroup), else v1's memory controller (``memory.limit_in_bytes``,
+    ``memory.usage_in_bytes``)."""
+    try:
+        with open(f"/proc/{pid or 'self'}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for fields in lines:
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "" and os.path.exists(os.path.join(root, "cgroup.controllers")):
+            return _nearest_limit(root, path, "memory.max", "memory.current")
+        if "memory" in controllers.split(","):
+            return _nearest_limit(
+                os.path.join(root, "memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"
+            )
+    return None
+
+
+def _nearest_limit(root: str, path: str, limit_file: str, usage_file: str) -> int | None:
+    """The least headroom of the cgroups from ``path`` up to ``root`` that have a limit."""
+    best: int | None = None
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for depth in range(len(parts), -1, -1):
+        directory = os.path.join(root, *parts[:depth])
+        try:
+            with open(os.path.join(directory, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(directory, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if not limit.isdigit() or int(limit) >= 1 << 62:  # "max", or v1's "no limit"
+            continue
+        headroom = max(0, int(limit) - usage)
+        best = headroom if best is None else min(best, headroom)
+    return best
+
     def _children_cpu(self, pids: list[int]) -> tuple[int, float]:
         """(number of live children, CPU seconds of all children ever seen)."""
         current: dict[int, tuple[psutil.Process, float]] = {}

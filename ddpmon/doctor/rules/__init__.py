@@ -62,6 +62,7 @@ from . import (
     ended_while_hung,
     fingerprint,
     lost_node,
+    memory_creep,
     not_joining,
     rank_notes,
     same_error,
@@ -109,6 +110,7 @@ JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
 RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.no_stack,
     rank_notes.ddpmon_part_off,
+    memory_creep.memory_creep,
 )
 
 
