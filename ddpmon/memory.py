@@ -4,8 +4,9 @@ One home for the arithmetic and the thresholds: the rank computes trends from th
 takes (``rank/memory.py``), the doctor judges them (``doctor/rules/memory_creep.py``), the
 report shows them. The slope is Theil-Sen's, the median of the slopes between every pair of
 samples: noise and a few odd readings do not move it. A rise that comes once and stays flat
-(a cache filled, a buffer grown) can still tilt a median over one window, so a trend creeps
-only when both halves of its window grow as well. Torch-free.
+(a cache filled, a buffer grown) can still tilt that median when it falls mid-window, so the
+trend is the median of the slopes of the whole window and of its two halves, and it creeps
+only when both halves grow as well (``robust_slope``). Torch-free.
 """
 
 from __future__ import annotations
@@ -75,20 +76,33 @@ def trend(
     )
     if len(points) < MIN_SAMPLES:
         return out
-    out.bytes_per_second = theil_sen([p.unix for p in points], ys)
+    out.bytes_per_second, _ = robust_slope([p.unix for p in points], ys)
     if out.steps < MIN_STEPS:
         return out
-    slope = theil_sen(steps, ys)
+    slope, out.sustained = robust_slope(steps, ys)
     if slope is None:
         return out
     out.bytes_per_step = slope
     residuals = [y - slope * s for s, y in zip(steps, ys)]
     middle = statistics.median(residuals)
     out.noise_bytes = statistics.median(abs(r - middle) for r in residuals)
-    half = len(points) // 2
-    halves = [theil_sen(steps[:half], ys[:half]), theil_sen(steps[half:], ys[half:])]
-    out.sustained = slope > 0 and all(h is not None and h >= slope / 2 for h in halves)
     return out
+
+
+def robust_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float | None, bool]:
+    """(the slope, whether it is sustained) of a window: the median of the Theil-Sen slopes
+    of the whole window and of each half. A rise that came once lies within one half (or
+    between them), so the other half is flat and the median of the three stays near the
+    flat; a steady growth gives three alike. Sustained: positive, and both halves grow at
+    least half as fast as the whole."""
+    half = len(xs) // 2
+    whole = theil_sen(xs, ys)
+    halves = [theil_sen(xs[:half], ys[:half]), theil_sen(xs[half:], ys[half:])]
+    if whole is None or None in halves:
+        return whole, False
+    first, second = (h for h in halves if h is not None)
+    sustained = whole > 0 and min(first, second) >= whole / 2
+    return statistics.median((whole, first, second)), sustained
 
 
 def creeping(t: MemoryTrend) -> bool:

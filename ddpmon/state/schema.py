@@ -463,9 +463,11 @@ class Throughput:
 
 @dataclass(slots=True)
 class MemoryTrend:
-    """The robust trend of one memory series of a rank (``ddpmon/memory.py``): the median of
-    the pairwise slopes (Theil-Sen) of its last samples, taken off the training thread once
-    a state interval while steps go on, after the first steps (warm-up)."""
+    """The robust trend of one memory series of a rank (``ddpmon/memory.py``): Theil-Sen
+    slopes (the median of the pairwise slopes) of its last samples, the median of the whole
+    window's and its two halves', so that noise and a one-off rise do not move it. Samples
+    are taken off the training thread once a state interval while steps go on, past the
+    first steps (warm-up)."""
 
     process: str
     """``rank`` (the rank's own process) or ``worker`` (one of its DataLoader workers)."""

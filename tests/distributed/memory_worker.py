@@ -1,7 +1,7 @@
 """One rank of a memory job: ``python -m tests.distributed.memory_worker SCENARIO``.
 
 ``host``: rank 1 keeps 4 MiB more every step (a list of filled buffers), rank 2's memory
-rises once by 300 MB at step 40 and stays flat, rank 0 is healthy. ``workers``: every rank
+rises once by 300 MB at step 55 (mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
 reads its batches through two persistent DataLoader workers; rank 1's workers each keep
 4 MiB more every step (8 MiB a batch, each worker giving every other batch). Each rank
 runs ``STEPS`` steps, lets its memory watch take its last sample, and returns what it
@@ -24,6 +24,7 @@ LEAK = 4 << 20
 STEP_PAUSE = 0.03
 INTERVAL = 0.2  # the state interval, and so the memory watch's
 ONCE = 300 << 20
+RISE_STEP = 55
 KEPT: list[bytes] = []
 
 
@@ -74,7 +75,7 @@ def run(batches: Any, on_step: Any) -> dict[str, Any]:
 def _host_step(step: int) -> None:
     if RANK == 1:
         KEPT.append(filled(LEAK))
-    if RANK == 2 and step == 40:
+    if RANK == 2 and step == RISE_STEP:
         KEPT.append(filled(ONCE))
 
 

@@ -17,7 +17,7 @@ from ddpmon.doctor import examine
 from ddpmon.report.run import load
 from ddpmon.report.summary import summarize
 from ddpmon.state.schema import MemoryTrend
-from tests.distributed.memory_worker import LEAK, STEPS
+from tests.distributed.memory_worker import LEAK, ONCE, STEPS
 from tests.support import harness
 
 pytestmark = pytest.mark.timeout(240)
@@ -31,8 +31,8 @@ def trends(result: harness.RankResult) -> list[MemoryTrend]:
 
 def slope(text: str, rank: int, process: str, kind: str) -> float | None:
     found = re.search(
-        rf'^ddpmon_memory_growth_bytes_per_second{{job="memory",rank="{rank}",'
-        rf'process="{process}",kind="{kind}"}} (\S+)$',
+        rf'^ddpmon_memory_growth_bytes_per_second{{job="memory",kind="{kind}",'
+        rf'process="{process}",rank="{rank}"}} (\S+)$',
         text,
         re.M,
     )
@@ -58,16 +58,16 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
         assert leak[kind].limit in ("host", "cgroup") and leak[kind].headroom_bytes
     for rank in (0, 2):
         assert not [t for t in by_rank[rank] if memory.creeping(t)], by_rank[rank]
-    # rank 2 rose by 300 MB at step 40: its trend is not sustained
+    # rank 2 rose by 300 MB mid-window and stayed flat: its slope would call it a leak,
+    # its halves do not
     risen = next(t for t in by_rank[2] if t.kind == "rss")
-    assert not risen.sustained
+    assert risen.bytes > ONCE and not memory.creeping(risen), risen
     # the metric: rank 1's slope in bytes per second, the others' far below it
     text = results[1].result["metrics"]
     assert slope(text, 1, "rank", "rss") == pytest.approx(leak["rss"].bytes_per_second, rel=0.3)
     assert re.search(r'^ddpmon_memory_creep_seconds_left\{job="memory",rank="1"\} \d', text, re.M)
     for r in (results[0], results[2]):
         assert slope(r.result["metrics"], r.rank, "rank", "rss") < LEAK  # a second's worth
-        assert "ddpmon_memory_creep_seconds_left" not in r.result["metrics"].split("# HELP")[0]
         assert not re.search(r"^ddpmon_memory_creep_seconds_left\{", r.result["metrics"], re.M)
 
     diag = examine(str(workdir / "state"), live_stacks=False)
@@ -78,7 +78,7 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
     assert re.search(r"\d\.\d MB a step", summary) and "left before the" in summary
     assert "tracemalloc" in creeps[0].fix
 
-    report = summarize(load(str(workdir / "state")))
+    report = summarize(load([str(workdir / "state")]))
     per_rank = {r["rank"]: r["memory"] for r in report["per_rank"]}
     assert per_rank[1]["creeping"] and not per_rank[0]["creeping"] and not per_rank[2]["creeping"]
     top = per_rank[1]["creeping"][0]
