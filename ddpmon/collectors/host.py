@@ -120,18 +120,19 @@ def host_available() -> int:
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def cgroup_headroom(pid: int | None = None, root: str = CGROUP_ROOT) -> int | None:
-    """Bytes before the memory limit of ``pid``'s cgroup (this process by default) or of a
-    cgroup above it, whichever is nearest; None without a limit or where it cannot be read.
-    cgroup v2 (``memory.max`` and ``memory.current`` along the path of the ``0::`` line of
-    /proc/<pid>/cgroup), else v1's memory controller (``memory.limit_in_bytes``,
-    ``memory.usage_in_bytes``)."""
-    try:
-        with open(f"/proc/{pid or 'self'}/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
-    except OSError:
-        return None
-    for fields in lines:
+def cgroup_headroom(membership: str | None = None, root: str = CGROUP_ROOT) -> int | None:
+    """Bytes before the memory limit of this process's cgroup or of a cgroup above it,
+    whichever is nearest; None without a limit or where it cannot be read. ``membership``:
+    the text of /proc/self/cgroup (read when None). cgroup v2 (``memory.max`` and
+    ``memory.current`` along the path of the ``0::`` line), else v1's memory controller
+    (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
+    if membership is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                membership = f.read()
+        except OSError:
+            return None
+    for fields in (line.split(":", 2) for line in membership.splitlines()):
         if len(fields) != 3:
             continue
         _, controllers, path = fields
