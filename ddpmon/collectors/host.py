@@ -99,6 +99,23 @@ class ProcessSampler:
                 continue  # a worker that exited just now
         return out
 
+    def _children_cpu(self, pids: list[int]) -> tuple[int, float]:
+        """(number of live children, CPU seconds of all children ever seen)."""
+        current: dict[int, tuple[psutil.Process, float]] = {}
+        for pid in pids:
+            known = self._children.get(pid)
+            try:
+                proc = known[0] if known and known[0].is_running() else psutil.Process(pid)
+                times = proc.cpu_times()
+                current[pid] = (proc, times.user + times.system)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # exited just now: counted below with its last reading
+        for pid, (proc, last) in self._children.items():
+            if pid not in current or current[pid][0] is not proc:
+                self._exited_children_cpu += last
+        self._children = current
+        return len(current), self._exited_children_cpu + sum(last for _, last in current.values())
+
 
 def _rss_pss(proc: psutil.Process) -> list[tuple[str, int]]:
     if _HAS_PSS:
@@ -163,23 +180,6 @@ def _nearest_limit(root: str, path: str, limit_file: str, usage_file: str) -> in
         headroom = max(0, int(limit) - usage)
         best = headroom if best is None else min(best, headroom)
     return best
-
-    def _children_cpu(self, pids: list[int]) -> tuple[int, float]:
-        """(number of live children, CPU seconds of all children ever seen)."""
-        current: dict[int, tuple[psutil.Process, float]] = {}
-        for pid in pids:
-            known = self._children.get(pid)
-            try:
-                proc = known[0] if known and known[0].is_running() else psutil.Process(pid)
-                times = proc.cpu_times()
-                current[pid] = (proc, times.user + times.system)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue  # exited just now: counted below with its last reading
-        for pid, (proc, last) in self._children.items():
-            if pid not in current or current[pid][0] is not proc:
-                self._exited_children_cpu += last
-        self._children = current
-        return len(current), self._exited_children_cpu + sum(last for _, last in current.values())
 
 
 def is_alive(proc: psutil.Process) -> bool:

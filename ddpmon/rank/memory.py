@@ -76,14 +76,12 @@ class MemoryWatch:
             del self._series[key]
         limits: dict[Any, tuple[str | None, int | None]] = {}
         trends = []
-        for key, n, limit_of in readings:
+        for key, _, limit_of in readings:
             if limit_of not in limits:
                 limits[limit_of] = limit_of()
             name, headroom = limits[limit_of]
             process, pid, kind = key
-            trends.append(
-                memory.trend(list(self._series[key]), process, kind, pid, name, headroom)
-            )
+            trends.append(memory.trend(list(self._series[key]), process, kind, pid, name, headroom))
         self._rec.memory = schema.Memory(trends, now)
 
     def _host_readings(self) -> list[tuple[Key, int]]:

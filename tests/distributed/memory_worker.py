@@ -3,7 +3,8 @@
 ``host``: rank 1 keeps 4 MiB more every step (a list of filled buffers), rank 2's memory
 rises once by 300 MB at step 55 (mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
 reads its batches through two persistent DataLoader workers; rank 1's workers each keep
-4 MiB more every step (8 MiB a batch, each worker giving every other batch). Each rank
+4 MiB more every step (8 MiB a batch, each worker giving every other batch). ``gpu`` (one
+rank on cuda:0, NCCL; tests/gpu): the rank keeps a 4 MiB CUDA tensor every step. Each rank
 runs ``STEPS`` steps, lets its memory watch take its last sample, and returns what it
 published: the state file's ``memory`` and the metrics' slopes.
 """
@@ -50,17 +51,23 @@ class Batches(torch.utils.data.Dataset):
         return torch.randn(32, generator=g), torch.randn(8, generator=g)
 
 
-def run(batches: Any, on_step: Any) -> dict[str, Any]:
+def run(batches: Any, on_step: Any, device: str = "cpu") -> dict[str, Any]:
     import ddpmon
 
-    init()
+    if device == "cpu":
+        init()
+    else:
+        import os
+
+        store = torch.distributed.FileStore(os.environ["DDPMON_TEST_STORE"], 1)
+        torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
     torch.manual_seed(0)
-    model = DDP(MLP())
+    model = DDP(MLP().to(device))
     mon = ddpmon.attach(model, job="memory", port=0, state_interval=INTERVAL)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step, (x, y) in zip(range(1, STEPS + 1), batches):
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
         opt.step()
         on_step(step)
         time.sleep(STEP_PAUSE)
@@ -69,7 +76,12 @@ def run(batches: Any, on_step: Any) -> dict[str, Any]:
     mon._writer.write_now()
     state = read_state(mon.state_file)
     mon.detach()
-    return {"memory": state["memory"], "step": state["step"], "metrics": text}
+    return {
+        "memory": state["memory"],
+        "step": state["step"],
+        "metrics": text,
+        "errors": state["errors"],
+    }
 
 
 def _host_step(step: int) -> None:
@@ -96,6 +108,20 @@ def workers() -> dict[str, Any]:
     )
     out = run(iter(loader), lambda step: None)
     return out
+
+
+@scenario
+def gpu() -> dict[str, Any]:
+    kept: list[torch.Tensor] = []
+
+    def forever() -> Any:
+        while True:
+            yield torch.randn(16, 32), torch.randn(16, 8)
+
+    def keep(step: int) -> None:
+        kept.append(torch.ones(LEAK // 4, device="cuda:0"))  # float32: LEAK bytes
+
+    return run(forever(), keep, "cuda:0")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,11 @@ def test_workers_that_grow_together_are_named_with_copy_on_read(worker_job: Any)
         assert memory.creeping(t) and t.bytes_per_step == pytest.approx(LEAK, rel=0.2), t
     assert not [t for t in by_rank[1] if t.process == "rank" and memory.creeping(t)]
     assert len({t.pid for t in by_rank[0] if t.process == "worker"}) == 2
+    for r in results:  # the host metrics go on beside the trends
+        assert not r.result["errors"], r.result["errors"]
+        assert (
+            f'ddpmon_dataloader_workers{{job="memory",rank="{r.rank}"}} 2.0' in r.result["metrics"]
+        )
     assert not [t for t in by_rank[0] if memory.creeping(t)], by_rank[0]
 
     diag = examine(str(workdir / "state"), live_stacks=False)
