@@ -60,7 +60,7 @@ class ProcessSampler:
             rss = self._proc.memory_info().rss
             threads = self._proc.num_threads()
         memory = psutil.virtual_memory()
-        workers, workers_cpu = self._children_cpu(self._child_pids())
+        workers, workers_cpu = self._children_cpu(self.child_pids())
         return [
             ("ddpmon_process_cpu_seconds_total", labels, cpu.user + cpu.system),
             ("ddpmon_process_resident_memory_bytes", labels, float(rss)),
@@ -71,7 +71,8 @@ class ProcessSampler:
             ("ddpmon_dataloader_workers_cpu_seconds_total", labels, workers_cpu),
         ]
 
-    def _child_pids(self) -> list[int]:
+    def child_pids(self) -> list[int]:
+        """The pids of the process's children (its DataLoader workers)."""
         if not self._proc_children:
             return [c.pid for c in self._proc.children()]
         pids: list[int] = []
@@ -82,22 +83,6 @@ class ProcessSampler:
             except FileNotFoundError:  # the thread ended meanwhile
                 continue
         return pids
-
-    def memory(self) -> list[tuple[str, int, str, int]]:
-        """(process, pid, kind, bytes) of the process (``rank``) and of each child
-        (``worker``): ``rss`` and, where Linux gives it (/proc/<pid>/smaps_rollup, one
-        pass), ``pss``, which shares a page among the processes that map it, so a forked
-        worker's copied pages show and its inherited ones do not."""
-        out: list[tuple[str, int, str, int]] = []
-        for process, pid in [("rank", self._proc.pid)] + [
-            ("worker", p) for p in self._child_pids()
-        ]:
-            try:
-                proc = self._proc if pid == self._proc.pid else psutil.Process(pid)
-                out.extend((process, pid, kind, n) for kind, n in _rss_pss(proc))
-            except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
-                continue  # a worker that exited just now
-        return out
 
     def _children_cpu(self, pids: list[int]) -> tuple[int, float]:
         """(number of live children, CPU seconds of all children ever seen)."""
@@ -117,8 +102,13 @@ class ProcessSampler:
         return len(current), self._exited_children_cpu + sum(last for _, last in current.values())
 
 
-def _rss_pss(proc: psutil.Process) -> list[tuple[str, int]]:
-    if _HAS_PSS:
+def process_memory(pid: int, pss: bool) -> list[tuple[str, int]]:
+    """(kind, bytes) of process ``pid``: ``rss`` and, with ``pss`` and where Linux gives it
+    (/proc/<pid>/smaps_rollup: one pass over every page the process maps), ``pss``, which
+    shares a page among the processes that map it, so that a forked worker's copied pages
+    show and its inherited ones do not. Raises psutil.Error when the process is gone."""
+    proc = psutil.Process(pid)
+    if pss and _HAS_PSS:
         full = proc.memory_full_info()
         return [("rss", int(full.rss)), ("pss", int(full.pss))]
     return [("rss", int(proc.memory_info().rss))]

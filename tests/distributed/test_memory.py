@@ -52,10 +52,11 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
     by_rank = {r.rank: trends(r) for r in results}
     assert all(r.result["step"] == STEPS for r in results)
     leak = {t.kind: t for t in by_rank[1] if t.process == "rank"}
-    for kind in ("rss", "pss"):
-        assert memory.creeping(leak[kind]), leak[kind]
-        assert leak[kind].bytes_per_step == pytest.approx(LEAK, rel=0.15)
-        assert leak[kind].limit in ("host", "cgroup") and leak[kind].headroom_bytes
+    # RSS each state interval; PSS as its 1% share of the time allows (too few samples yet)
+    assert memory.creeping(leak["rss"]), leak["rss"]
+    assert leak["rss"].bytes_per_step == pytest.approx(LEAK, rel=0.15)
+    assert leak["rss"].limit in ("host", "cgroup") and leak["rss"].headroom_bytes
+    assert 1 <= leak["pss"].samples < leak["rss"].samples
     for rank in (0, 2):
         assert not [t for t in by_rank[rank] if memory.creeping(t)], by_rank[rank]
     # rank 2 rose by 300 MB mid-window and stayed flat: its slope would call it a leak,
@@ -81,6 +82,7 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
     report = summarize(load([str(workdir / "state")]))
     per_rank = {r["rank"]: r["memory"] for r in report["per_rank"]}
     assert per_rank[1]["creeping"] and not per_rank[0]["creeping"] and not per_rank[2]["creeping"]
+    assert {t["kind"] for t in per_rank[1]["trends"]} == {"rss", "pss"}
     top = per_rank[1]["creeping"][0]
     assert top["bytes_per_step"] == pytest.approx(LEAK, rel=0.15) and top["seconds_left"] > 0
 
@@ -94,10 +96,11 @@ def worker_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[harness.R
 def test_workers_that_grow_together_are_named_with_copy_on_read(worker_job: Any) -> None:
     results, workdir = worker_job
     by_rank = {r.rank: trends(r) for r in results}
-    workers = {t.pid: t for t in by_rank[1] if t.process == "worker" and t.kind == "pss"}
-    assert len(workers) == 2
-    for t in workers.values():  # each worker gives every other batch of 8 MiB
-        assert memory.creeping(t) and t.bytes_per_step == pytest.approx(LEAK, rel=0.2), t
+    for kind in ("rss", "pss"):
+        workers = {t.pid: t for t in by_rank[1] if t.process == "worker" and t.kind == kind}
+        assert len(workers) == 2
+        for t in workers.values():  # each worker gives every other batch of 8 MiB
+            assert memory.creeping(t) and t.bytes_per_step == pytest.approx(LEAK, rel=0.2), t
     assert not [t for t in by_rank[1] if t.process == "rank" and memory.creeping(t)]
     assert len({t.pid for t in by_rank[0] if t.process == "worker"}) == 2
     for r in results:  # the host metrics go on beside the trends
