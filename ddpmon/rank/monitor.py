@@ -29,6 +29,7 @@ from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
+from .memory import MemoryWatch
 from .recorder import Recorder
 from .sources import rank_sources
 from .throughput import Throughput
@@ -78,6 +79,7 @@ class Monitor:
         self._history: Any = None
         self._advice: Advice | None = None
         self._capture: Capture | None = None
+        self._memory: MemoryWatch | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
@@ -171,6 +173,9 @@ class Monitor:
             if config.history
             else None
         )
+        self._memory = MemoryWatch(
+            rec, device, config.state_interval, Fuse("memory_trend", self._part_failed)
+        )
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
             self._collectives.install()
@@ -247,6 +252,8 @@ class Monitor:
         if self._watchdog:
             self._watchdog.stop()
         self.recorder.set_hang(None)
+        if self._memory:
+            self._memory.stop()
         if self._endpoint:
             self._endpoint.close()
         for close in self._closers:
