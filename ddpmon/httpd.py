@@ -643,7 +643,7 @@ class _Server:
             registry = self._registry
             names = parse_qs(request.query).get("name[]")
             if names:
-                registry = registry.restricted_registry(names)
+                registry = registry.restricted_registry(names)  # type: ignore[assignment]
             body = encoder(registry)
         except Exception as exc:  # a collector failed: say so
             self._warn_once("a metrics scrape failed", exc)

@@ -32,7 +32,7 @@ def _type_name(prop: dict[str, Any]) -> str:
     if "anyOf" in prop:
         return " or ".join(_type_name(p) for p in prop["anyOf"])
     if "$ref" in prop:
-        return prop["$ref"].rsplit("/", 1)[-1]
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
     kind = prop.get("type", "any")
     if kind == "array":
         return f"list of {_type_name(prop['items'])}"

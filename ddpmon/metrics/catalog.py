@@ -335,6 +335,24 @@ METRICS: tuple[Metric, ...] = (
         RANK,
         "host",
     ),
+    Metric(
+        "ddpmon_memory_growth_bytes_per_second",
+        "gauge",
+        "The robust trend (Theil-Sen, over the rank's last samples) of a memory series: "
+        "process is rank or worker (its fastest-growing DataLoader worker), kind is rss, pss, "
+        "torch_allocated or torch_reserved.",
+        RANK + ("process", "kind"),
+        "host",
+    ),
+    Metric(
+        "ddpmon_memory_creep_seconds_left",
+        "gauge",
+        "While a memory series of the rank creeps (docs/doctor.md, memory_creep): the seconds "
+        "before the nearest of them reaches its limit (the GPU's memory, the host's available "
+        "memory, the cgroup's limit) at its present rate.",
+        RANK,
+        "host",
+    ),
     # -- the node daemon ------------------------------------------------------------------------
     Metric(
         "ddpmon_rank_up",

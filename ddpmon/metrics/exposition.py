@@ -16,13 +16,15 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
-from prometheus_client.core import Metric as Family
 
 from . import catalog
 
 Sample = tuple[str, dict[str, str], float]
 SampleSource = Callable[[], Iterable[Sample]]
+
+Family = Metric  # a metric family, as prometheus_client builds and exposes it
 
 
 def families(samples: Iterable[Sample]) -> list[Family]:
@@ -34,7 +36,7 @@ def families(samples: Iterable[Sample]) -> list[Family]:
             spec = catalog.get(name)
             cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
             family = by_name[name] = cls(name, spec.help, labels=list(labels))
-        family.add_metric([str(v) for v in labels.values()], value)
+        family.add_metric([str(v) for v in labels.values()], value)  # type: ignore[attr-defined]
     return list(by_name.values())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from .. import memory
 from ..config import AUTO_PER_BUCKET_LIMIT
 from ..metrics.catalog import RANK_ACTIVITIES
 from ..metrics.exposition import (
@@ -62,6 +63,7 @@ class RankCollector:
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
         samples += _throughput(base, r.throughput())
+        samples += _memory(base, r.memory)
         if ident.attempt is not None:
             samples.append(("ddpmon_attempt", base, float(ident.attempt)))
         act = r.activity  # the watchdog's last sample (None with the watchdog off)
@@ -154,4 +156,26 @@ def _throughput(base: dict[str, str], t: schema.Throughput) -> list[Sample]:
         out.append(("ddpmon_achieved_flops_per_second", base, t.achieved_flops_per_second))
     if t.mfu is not None:
         out.append(("ddpmon_mfu_ratio", base, t.mfu))
+    return out
+
+
+def _memory(base: dict[str, str], m: schema.Memory) -> list[Sample]:
+    """Each memory trend's slope (the fastest-growing worker's for the workers), and the
+    time left while one creeps."""
+    fastest: dict[tuple[str, str], float] = {}
+    left: list[float] = []
+    for t in m.trends:
+        if t.bytes_per_second is None:
+            continue
+        key = (t.process, t.kind)
+        fastest[key] = max(fastest.get(key, t.bytes_per_second), t.bytes_per_second)
+        seconds = memory.seconds_left(t)
+        if seconds is not None and memory.creeping(t):
+            left.append(seconds)
+    out: list[Sample] = [
+        ("ddpmon_memory_growth_bytes_per_second", {**base, "process": p, "kind": k}, v)
+        for (p, k), v in sorted(fastest.items())
+    ]
+    if left:
+        out.append(("ddpmon_memory_creep_seconds_left", base, min(left)))
     return out

@@ -29,6 +29,7 @@ from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
+from .memory import MemoryWatch
 from .recorder import Recorder
 from .sources import rank_sources
 from .throughput import Throughput
@@ -54,13 +55,13 @@ class Monitor:
             identity.world_size,
             identity.local_rank,
         )
-        self.recorder = Recorder(identity, identity.ddp_world_size)  # bus bandwidth: DDP's group
+        self.recorder = Recorder(identity, identity.ddp_world_size)  # type: ignore[arg-type]  # bus bandwidth: DDP's group
         self._fuses = {
             name: Fuse(name, self._part_failed)
             for name in ("bucket_timing", "grad_hooks", "step_hooks")
         }
         self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
-        model.check_options(ddp, config, self.local_rank, self.recorder)
+        model.check_options(ddp, config, self.local_rank, self.recorder)  # type: ignore[arg-type]
         state_dir = config.resolved_state_dir(self.job)
         if state_dir is not None:
             writers.check_unclaimed(files.path_for(state_dir, self.rank))
@@ -78,10 +79,11 @@ class Monitor:
         self._history: Any = None
         self._advice: Advice | None = None
         self._capture: Capture | None = None
+        self._memory: MemoryWatch | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
-            self._install(ddp, config, identity.device)
+            self._install(ddp, config, identity.device)  # type: ignore[arg-type]
         except BaseException:
             self.detach()
             raise
@@ -147,7 +149,12 @@ class Monitor:
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(
-            collector, config.port, self.local_rank, config.bind, self.rank, config.web_config_file
+            collector,
+            config.port,
+            self.local_rank,  # type: ignore[arg-type]
+            config.bind,
+            self.rank,
+            config.web_config_file,
         )
         rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
@@ -165,6 +172,9 @@ class Monitor:
             writers.start_history(self.state_file, self.rank, rec, device)
             if config.history
             else None
+        )
+        self._memory = MemoryWatch(
+            rec, device, config.state_interval, Fuse("memory_trend", self._part_failed)
         )
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
@@ -188,7 +198,7 @@ class Monitor:
             )
         self._watchdog.start()
         debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
-        ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
+        ddp._ddpmon_monitor = self  # type: ignore[assignment, attr-defined]
 
     # -- public handle ----------------------------------------------------------------------
 
@@ -236,12 +246,14 @@ class Monitor:
         ):
             if part is not None:
                 part.remove()
-        self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
+        self._ddp._ddpmon_monitor = None  # type: ignore[assignment, attr-defined]
         transparent.remove(self._ddp)
         self.recorder.phase = "detached"
         if self._watchdog:
             self._watchdog.stop()
         self.recorder.set_hang(None)
+        if self._memory:
+            self._memory.stop()
         if self._endpoint:
             self._endpoint.close()
         for close in self._closers:

@@ -138,6 +138,8 @@ class Recorder:
         """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
         self.flop_count: schema.FlopCount | None = None
         """The model's FLOPs per step, once counted (``rank/throughput.py``); replaced whole."""
+        self.memory = schema.Memory()
+        """The memory trends of the rank and its workers (``rank/memory.py``); replaced whole."""
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
@@ -639,6 +641,7 @@ class Recorder:
             )
         state.timings = _summaries(recent)
         state.throughput = throughput
+        state.memory = self.memory
         state.now_unix = time.time()
         return state
 

@@ -20,12 +20,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import steps
+from .. import memory, steps
 from ..doctor import words
 from ..doctor.report import attempt_line
 from ..doctor.view import GONE
 from ..formats import format_seconds
-from ..state import captures, history, schema
+from ..state import captures, history, records, schema
 from .run import RankHistory, Run, load
 
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
@@ -90,6 +90,7 @@ def summarize(run: Run) -> dict[str, Any]:
                 "history": h.path if h else None,
                 "missing_steps": missing_steps(h, v),
                 **rank_throughput(v.state.throughput if v is not None else None),
+                "memory": rank_memory(v.state.memory if v is not None else None),
             }
         )
     scores = run_scores(run)
@@ -159,6 +160,20 @@ def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
         "peak_flops_per_second": count.peak_flops_per_second if count else None,
         "mfu": t.mfu if t else None,
     }
+
+
+def rank_memory(m: schema.Memory | None) -> dict[str, Any]:
+    """A rank's memory trends (``ddpmon/memory.py``), each with whether it creeps and its
+    seconds left before its limit; ``creeping``: those that creep, soonest at a limit first."""
+    trends = []
+    for t in m.trends if m is not None else []:
+        row = records.dump(t)
+        row["creeping"] = memory.creeping(t)
+        row["seconds_left"] = memory.seconds_left(t)
+        trends.append(row)
+    creeping = [t for t in trends if t["creeping"]]
+    creeping.sort(key=lambda t: t["seconds_left"] if t["seconds_left"] is not None else 1e300)
+    return {"trends": trends, "creeping": creeping}
 
 
 def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -316,13 +331,13 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
                 numbers[i] if i < len(numbers) else i,
                 0.0,
                 0.0,
-                **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED},
+                **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED},  # type: ignore[arg-type]
             )
             for i, step in enumerate(columns["step_seconds"])
             if step is not None
         ]
         parts[rank] = steps.step_parts(rows, whole=True)
-    return steps.scores(parts)
+    return steps.scores(parts)  # type: ignore[arg-type]
 
 
 def _slowest(top: steps.Score | None) -> dict[str, Any] | None:

@@ -461,6 +461,50 @@ class Throughput:
 
 
 @dataclass(slots=True)
+class MemoryTrend:
+    """The robust trend of one memory series of a rank (``ddpmon/memory.py``): Theil-Sen
+    slopes (the median of the pairwise slopes) of its last samples, the median of the whole
+    window's and its two halves', so that noise and a one-off rise do not move it. Samples
+    are taken off the training thread once a state interval while steps go on, past the
+    first steps (warm-up)."""
+
+    process: str
+    """``rank`` (the rank's own process) or ``worker`` (one of its DataLoader workers)."""
+    kind: str
+    """``rss``, ``pss`` (the host process's resident and proportional set sizes),
+    ``torch_allocated`` or ``torch_reserved`` (torch's caching allocator on the GPU)."""
+    pid: int
+    bytes: int
+    """The latest reading."""
+    samples: int
+    steps: int
+    """Steps between the window's first and last samples."""
+    bytes_per_step: float | None = None
+    """The slope against the step count; null while the window spans too few steps."""
+    bytes_per_second: float | None = None
+    """The slope against the wall clock."""
+    sustained: bool = False
+    """Both halves of the window grow at least half as fast as the whole: not a rise that
+    came once and stayed flat."""
+    noise_bytes: float = 0.0
+    """The median absolute deviation of the readings from the trend line."""
+    limit: str | None = None
+    """What the series runs into: ``host`` (the host's available memory), ``cgroup`` (the
+    rank's cgroup limit) or ``device`` (the GPU's memory)."""
+    headroom_bytes: int | None = None
+    """How far that limit is from the latest reading."""
+
+
+@dataclass(slots=True)
+class Memory:
+    """The memory trends of a rank and of its DataLoader workers."""
+
+    trends: list[MemoryTrend] = field(default_factory=list)
+    sampled_unix: float | None = None
+    """When the last sample was taken."""
+
+
+@dataclass(slots=True)
 class Identity:
     """Who a rank is and where: the first fields of its state file and the labels of
     ``ddpmon_rank_info``. Set at attach; ``port``, ``bucket_timing``, ``ddp`` and
@@ -562,6 +606,8 @@ class RankState(Identity):
     """What the main thread does (stepping, busy, waiting, stuck), from the watchdog."""
     throughput: Throughput = field(default_factory=Throughput)
     """Samples, tokens and FLOPs per second, and MFU."""
+    memory: Memory = field(default_factory=Memory)
+    """Trends of the rank's and its workers' memory (``docs/doctor.md``: memory_creep)."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None
@@ -608,7 +654,8 @@ def parse(data: object) -> RankState:
 
 def to_json(state: RankState) -> dict[str, Any]:
     """The state as plain JSON data, the file's body."""
-    return records.dump(state)
+    dumped: dict[str, Any] = records.dump(state)
+    return dumped
 
 
 def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ LEAVES = (
     "ddpmon.fuses",
     "ddpmon.version",
     "ddpmon.profiles",
+    "ddpmon.memory",
     "ddpmon.webconfig",
     "ddpmon.peaks",
     "ddpmon.formats",
