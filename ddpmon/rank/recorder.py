@@ -140,6 +140,8 @@ class Recorder:
         """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
         self.flop_count: schema.FlopCount | None = None
         """The model's FLOPs per step, once counted (``rank/throughput.py``); replaced whole."""
+        self.first_step_unix: float | None = None
+        """When the first step's first forward ran."""
         self.paused_seconds = 0.0
         """Seconds paused between steps (``schema.RankState.paused_seconds``)."""
         self.pause_seen: tuple[int, float] | None = None
@@ -200,6 +202,7 @@ class Recorder:
         if cur.first_forward is None:
             if self.steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
+                self.first_step_unix = time.time()
             else:
                 self._pause_ends(now)
             cur.first_forward = now

@@ -18,7 +18,6 @@ import os
 import time
 
 import psutil
-
 import torch
 import torch.distributed as dist
 from torch import nn

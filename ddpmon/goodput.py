@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StateFileError
-from ..formats import format_seconds
-from ..state import attempts, files, history, schema
+from .errors import StateFileError
+from .formats import format_seconds
+from .state import attempts, files, history, schema
 
 CAUSES = (
     "startup",
