@@ -246,14 +246,13 @@ TRAINING_KEYS = ("batch_size", "micro_batches", "global_batch_size")
 
 def training_of(state: Mapping[str, Any]) -> dict[str, Any]:
     """What a run trained with, from a state file's body: the batch (``TRAINING_KEYS``), the
-    world size, the optimizer and its learning rate, and the seconds paused between steps.
+    world size, the optimizer and its learning rate.
     The rank's writer keeps it in ``meta['training']``, which ``compare`` reads."""
     data = state.get("data") or {}
     return {
         **{key: data.get(key) for key in TRAINING_KEYS},
         "world_size": state.get("ddp_world_size") or state.get("world_size"),
         "optimizer": state.get("optimizer"),
-        "paused_seconds": state.get("paused_seconds"),
     }
 
 

@@ -2,6 +2,7 @@
 
     python restart_train.py OUT_DIR [--steps N] [--culprit R] [--at STEP] [--fault stall|raise]
         [--pause-every N --pause-seconds S] [--batch B] [--lr LR] [--optimizer sgd|adamw]
+        [--warmup STEPS]
 
 In the job's first attempt (TORCHELASTIC_RESTART_COUNT=0) rank ``--culprit`` misbehaves at
 step ``--at``: ``stall`` waits forever for its next batch (a data loader that never
@@ -36,6 +37,7 @@ def parse():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--warmup", type=int, default=0, help="steps of a linear warm-up to --lr")
     return p.parse_args()
 
 
@@ -76,6 +78,9 @@ def main():
     model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
     make = torch.optim.SGD if ARGS.optimizer == "sgd" else torch.optim.AdamW
     opt = make(model.parameters(), lr=ARGS.lr)
+    warmup = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=1 / (ARGS.warmup + 1), total_iters=ARGS.warmup
+    )
     for step in range(ARGS.steps):
         if ARGS.pause_every and step and step % ARGS.pause_every == 0:
             pause(model)
@@ -84,6 +89,7 @@ def main():
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
+        warmup.step()
         time.sleep(0.02)
     with open(os.path.join(ARGS.out, f"done-{dist.get_rank()}-{attempt}"), "w") as f:
         f.write(str(time.time()))
