@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ddpmon import goodput
 from ddpmon.goodput import Attempt
 from ddpmon.report.compare import scaling
+from ddpmon.state.schema import Optimizer
 
 
 def test_a_hung_attempt_and_its_restart_add_up_to_the_wall_time() -> None:
@@ -98,3 +101,36 @@ def test_nothing_to_say_or_no_rule_to_apply() -> None:
     assert "the optimizers differ (SGD against AdamW)" in other[1]
     unknown = scaling(training(1, 0.1, "Lion"), training(4, 0.2, "Lion"))
     assert "Lion has no usual rule here: the linear rule gives x4.00" in unknown[1]
+
+
+def test_a_rank_counts_its_pauses_between_steps_and_its_learning_rate() -> None:
+    """An evaluation's forwards without grad start a pause that the next training forward
+    ends; a silence the watchdog saw between steps starts one too; evaluation before the
+    first step is not a pause."""
+    from ddpmon.rank.recorder import Recorder
+    from ddpmon.state.schema import Identity
+
+    rec = Recorder(Identity(rank=0), world_size=1)
+
+    def step(t: float) -> None:
+        rec.forward_started(t)
+        rec.forward_finished(t + 0.1)
+        rec.optimizer_started(t + 0.2)
+        rec.optimizer_finished(t + 0.3)
+        rec.learning_rate_seen("SGD", 0.1 * rec.steps + 0.1)  # warming up
+        rec.close_step(t + 0.3)
+
+    rec.evaluating(0.0)
+    step(1.0)
+    rec.evaluating(2.0)  # evaluation: 2.0 to the next forward at 5.0
+    rec.evaluating(4.0)
+    step(5.0)
+    step(6.0)
+    assert rec.paused_seconds == pytest.approx(3.0)
+    rec.pause_seen = (rec.steps, time.time() - 2.0)  # the watchdog: silent for 2 s
+    step(60.0)  # the next forward: the pause began 2 s before it
+    assert rec.paused_seconds == pytest.approx(3.0 + 2.0, abs=0.05)
+    rec.learning_rate_seen("SGD", 0.2)  # decaying
+    state = rec.state()
+    assert state.paused_seconds == pytest.approx(5.0, abs=0.05)
+    assert state.optimizer == Optimizer("SGD", 0.2, pytest.approx(0.4), 4)
