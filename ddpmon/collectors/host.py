@@ -113,7 +113,7 @@ def process_started_unix(pid: int | None = None) -> float | None:
 def is_alive(proc: psutil.Process) -> bool:
     """True while ``proc`` runs (the same process, not a reused pid, not a zombie)."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -216,14 +216,15 @@ def _candidate(
 
 def _environ_rank(proc: psutil.Process) -> str | None:
     try:
-        return proc.environ().get("RANK")
+        rank: str | None = proc.environ().get("RANK")
+        return rank
     except (psutil.Error, OSError):
         return None
 
 
 def _create_time(proc: psutil.Process) -> float:
     try:
-        return proc.create_time()
+        return float(proc.create_time())
     except psutil.Error:
         return 0.0
 
