@@ -147,8 +147,11 @@ class Recorder:
         self.pause_seen: tuple[int, float] | None = None
         """(steps done, last progress unix) when the watchdog first saw this rank between
         steps without progress (busy, waiting or stuck): a pause began then."""
-        self.optimizer: schema.Optimizer | None = None
-        """Replaced whole at each optimizer step (``learning_rate_seen``)."""
+        # the model's optimizer (``learning_rate_seen``): plain values, no record per step
+        self._optimizer_name: str | None = None
+        self._lr: float | None = None
+        self._lr_peak: float | None = None
+        self._lr_peak_step: int | None = None
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
@@ -175,11 +178,18 @@ class Recorder:
 
     def learning_rate_seen(self, name: str, lr: float | None) -> None:
         """The model's optimizer stepped at ``lr`` (None: not a plain number)."""
-        old = self.optimizer
-        peak, peak_step = (old.peak_learning_rate, old.peak_step) if old else (None, None)
-        if lr is not None and (peak is None or lr > peak):
-            peak, peak_step = lr, self.steps + 1
-        self.optimizer = schema.Optimizer(name, lr, peak, peak_step)
+        self._optimizer_name = name
+        self._lr = lr
+        if lr is not None and (self._lr_peak is None or lr > self._lr_peak):
+            self._lr_peak, self._lr_peak_step = lr, self.steps + 1
+
+    @property
+    def optimizer(self) -> schema.Optimizer | None:
+        """The model's optimizer and its learning rates, None before its first step."""
+        name = self._optimizer_name
+        if name is None:
+            return None
+        return schema.Optimizer(name, self._lr, self._lr_peak, self._lr_peak_step)
 
     def _pause_ends(self, now: float) -> None:
         """The first training forward of a step ends a pause that began after the step
