@@ -56,6 +56,9 @@ class Attempt:
     hang: tuple[float, float] | None = None
     """(seconds from the last progress to the hang report, from the report to the end),
     each on the reporting rank's clock."""
+    without_history: bool = False
+    """Its steps read from its state file alone (its history was off or unreadable): from
+    its attach to its last progress, the first step's start-up counted as a step."""
 
 
 def attempts_of(state_dirs: Sequence[str], job: str | None = None) -> list[Attempt]:
@@ -86,6 +89,8 @@ def _attempt(number: int, ranks: list[tuple[schema.RankState, str]]) -> Attempt:
         span = None
     if span is not None:
         first, last = span
+    elif state.step and state.started_unix and state.last_progress_unix:
+        first, last = state.started_unix, state.last_progress_unix  # no history: attach on
     start = state.process_started_unix or state.started_unix or first or 0.0
     end = state.exit.unix if state.exit is not None else (state.now_unix or 0.0)
     end = max(end, last or 0.0, start)
@@ -100,7 +105,16 @@ def _attempt(number: int, ranks: list[tuple[schema.RankState, str]]) -> Attempt:
             max(0.0, ended - h.hang.detected_unix),
         )
     return Attempt(
-        number, state.rank, state.host, start, first, last, end, state.paused_seconds, hang
+        number,
+        state.rank,
+        state.host,
+        start,
+        first,
+        last,
+        end,
+        state.paused_seconds,
+        hang,
+        without_history=span is None and first is not None,
     )
 
 
@@ -121,6 +135,11 @@ def goodput(found: Sequence[Attempt]) -> dict[str, Any] | None:
                     f"attempt {before.number} ended on {before.host} and attempt {a.number} "
                     f"started on {a.host}: the restart between them is read on two clocks"
                 )
+        if a.without_history:
+            notes.append(
+                f"attempt {a.number} has no step history (DDPMON_HISTORY=0?): its steps are "
+                "counted from its attach to its last progress"
+            )
         if a.first_step is None or a.last_step_end is None:
             lost["startup"] += a.end - a.process_start  # never stepped
             continue

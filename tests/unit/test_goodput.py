@@ -55,6 +55,28 @@ def test_a_hang_longer_than_the_tail_is_cut_to_it_and_hosts_that_differ_are_said
     ]
 
 
+def test_an_attempt_without_history_is_read_from_its_state_file(tmp_path) -> None:
+    """DDPMON_HISTORY=0: the steps run from the rank's attach to its last progress."""
+    from ddpmon.state import files, schema
+
+    state = schema.RankState(
+        rank=0, host="h", job="j", process_started_unix=10.0, started_unix=14.0, step=50,
+        last_progress_unix=40.0, now_unix=41.0, paused_seconds=2.0,
+    )  # fmt: skip
+    files.write_atomic(files.path_for(str(tmp_path), 0), schema.to_json(state))
+    (found,) = goodput.attempts_of([str(tmp_path)], job="j")
+    assert (found.process_start, found.first_step, found.last_step_end, found.end) == (
+        10.0, 14.0, 40.0, 41.0,
+    )  # fmt: skip
+    g = goodput.goodput([found])
+    assert g is not None and g["productive_seconds"] == 24.0 and g["wall_seconds"] == 31.0
+    assert g["notes"] == [
+        "attempt 0 has no step history (DDPMON_HISTORY=0?): its steps are counted from its "
+        "attach to its last progress"
+    ]
+    assert goodput.attempts_of([str(tmp_path)], job="other") == []
+
+
 def test_no_attempt_no_goodput() -> None:
     assert goodput.goodput([]) is None and goodput.text(None) is None
 
