@@ -172,6 +172,15 @@ def _nearest_limit(root: str, path: str, limit_file: str, usage_file: str) -> in
     return best
 
 
+def process_started_unix(pid: int | None = None) -> float | None:
+    """When a process (default: this one) was created, by this host's clock; None when
+    psutil cannot say."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
 def is_alive(proc: psutil.Process) -> bool:
     """True while ``proc`` runs (the same process, not a reused pid, not a zombie)."""
     try:

@@ -147,7 +147,12 @@ class Monitor:
             Fuse("advice", self._part_failed),
         )
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
-        collector = RankCollector(rec, config.bucket_metrics, sources=sources)
+        collector = RankCollector(
+            rec,
+            config.bucket_metrics,
+            sources=sources,
+            state_dir=config.resolved_state_dir(self.job),
+        )
         self._endpoint = start_endpoint(
             collector,
             config.port,

@@ -506,6 +506,21 @@ class Memory:
 
 
 @dataclass(slots=True)
+class Optimizer:
+    """The optimizer that steps the model, read at its step hook (``param_groups``' first
+    group): what ``compare`` needs to say whether the learning rate followed the batch."""
+
+    name: str
+    """Its class name (``SGD``, ``AdamW``)."""
+    learning_rate: float | None = None
+    """The learning rate of its last step (null when not a plain number)."""
+    peak_learning_rate: float | None = None
+    """The largest learning rate of any step so far."""
+    peak_step: int | None = None
+    """The first step that ran at ``peak_learning_rate``: the warm-up's length when it rose."""
+
+
+@dataclass(slots=True)
 class Identity:
     """Who a rank is and where: the first fields of its state file and the labels of
     ``ddpmon_rank_info``. Set at attach; ``port``, ``bucket_timing``, ``ddp`` and
@@ -524,6 +539,9 @@ class Identity:
     host: str | None = None
     pid: int | None = None
     """The rank's process on ``host``."""
+    process_started_unix: float | None = None
+    """When that process was created (its host's clock, psutil's creation time): where the
+    job's wall time begins for goodput; null where not known."""
     port: int | None = None
     """The bound metrics port, null when the endpoint is off."""
     job: str | None = None
@@ -609,6 +627,12 @@ class RankState(Identity):
     """Samples, tokens and FLOPs per second, and MFU."""
     memory: Memory = field(default_factory=Memory)
     """Trends of the rank's and its workers' memory (``docs/doctor.md``: memory_creep)."""
+    paused_seconds: float = 0.0
+    """Seconds spent paused between steps: from the start of an evaluation (a forward
+    without grad), or of the work or wait its watchdog saw (a checkpoint, a barrier), to the
+    next step's first forward. Goodput counts them lost (``report/goodput.py``)."""
+    optimizer: Optimizer | None = None
+    """The model's optimizer and its learning rate; null before its first step."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None
