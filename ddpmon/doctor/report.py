@@ -246,7 +246,7 @@ def _waiting_key(cell: str) -> str:
 
 
 def _table(ranks: list[RankView], paint: Any) -> list[str]:
-    header = ("rank", "status", "host", "pid", "step", "phase", "silent", "in collective")
+    header = ("rank", "status", "host", "pid", "step", "stage", "silent", "in collective")
     rows = []
     for v in ranks:
         s = v.state
@@ -267,7 +267,7 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
                 str(s.host or "?"),
                 str(s.pid or "?"),
                 step,
-                str(s.phase),
+                str(s.stage),
                 "?" if unknown else f"{v.silent:.1f} s",
                 waiting,
             )

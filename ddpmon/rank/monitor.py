@@ -18,6 +18,7 @@ from ..fuses import Fuse, bounded
 from ..metrics.exposition import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
+from ..state.schema import Stage
 from . import debug_server, model, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
@@ -205,7 +206,7 @@ class Monitor:
         return f"http://{host}:{self._endpoint.port}/metrics"
 
     def snapshot(self) -> dict[str, Any]:
-        """The latest view of this rank: step, phase, timings, buckets, unused parameters..."""
+        """The latest view of this rank: step, stage, timings, buckets, unused parameters..."""
         return self.recorder.snapshot()
 
     def step(self) -> None:
@@ -238,7 +239,7 @@ class Monitor:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
         transparent.remove(self._ddp)
-        self.recorder.phase = "detached"
+        self.recorder.stage = Stage.DETACHED
         if self._watchdog:
             self._watchdog.stop()
         self.recorder.set_hang(None)
