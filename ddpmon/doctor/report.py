@@ -43,6 +43,7 @@ _HEADLINE = {
     "desync": "the ranks are out of step",
     "straggler": "a rank is slower than the others",
     "cannot_write": "ranks cannot write their state files",
+    "not_started": "the job has not reached its first step",
     "no_data": "nothing to diagnose",
 }
 
@@ -144,6 +145,7 @@ _ROOT_KINDS = (
     "mismatch",
     "left_early",
     "cannot_write",
+    "not_arrived",
     "stuck_rank",
     "not_joining",
     "desync",

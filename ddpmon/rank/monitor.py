@@ -19,7 +19,7 @@ from ..metrics.exposition import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
 from ..state.schema import Stage
-from . import debug_server, model, transparent, writers
+from . import debug_server, model, startup, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
 from .capture import Capture
@@ -81,6 +81,8 @@ class Monitor:
         self._capture: Capture | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
+        # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
+        self.recorder.startup = startup.hand_over()
         try:
             self._install(ddp, config, identity.device)
         except BaseException:
