@@ -146,9 +146,13 @@ def run(args: argparse.Namespace) -> int:
     )
     daemon.start()
     routes = (
-        {"/state": daemon.state_route, "/history": daemon.history_route}
+        {
+            "/state": daemon.state_route,
+            "/history": daemon.history_route,
+            "/launchers": daemon.launchers_route,
+        }
         if args.serve_state
-        else {"/state": _not_served, "/history": _not_served}
+        else {"/state": _not_served, "/history": _not_served, "/launchers": _not_served}
     )
     try:  # /healthz reads two numbers: answered at once, even while a /state read is slow
         endpoint = serve(
