@@ -127,36 +127,39 @@ def classify(exc: OSError) -> str:
     return "failed"
 
 
-def _begin(args: Any) -> Record | None:
-    """The record of this launch, from torchrun's parsed arguments (as its ``run`` left
-    them); None when state files are off."""
-    from torch.distributed.run import get_rdzv_endpoint
-
+def _begin(config: Any) -> Record | None:
+    """The record of this launch, from torchrun's ``LaunchConfig``; None when state files
+    are off."""
     from .config import Config
+    from .fuses import bounded
     from .state import root
 
-    config = Config.from_env()
-    job = config.resolved_job()
-    state_dir = config.resolved_state_dir(job)
+    ours = Config.from_env()
+    job = ours.resolved_job()
+    state_dir = ours.resolved_state_dir(job)
     if state_dir is None:
         return None
-    static = args.rdzv_backend == "static"
-    node_rank = int(args.node_rank) if static else None
+    static = config.rdzv_backend == "static"
+    node_rank = int(config.rdzv_configs.get("rank", 0)) if static else None
+    nodes = (config.min_nodes, config.max_nodes)
     now = time.time()
     state = LauncherState(
         host=socket.gethostname(),
         pid=os.getpid(),
         started_unix=now,
-        endpoint=get_rdzv_endpoint(args) or "?",
-        rdzv_backend=str(args.rdzv_backend),
-        nnodes=str(args.nnodes),
+        endpoint=str(config.rdzv_endpoint or "?"),
+        rdzv_backend=str(config.rdzv_backend),
+        nnodes=str(nodes[0]) if nodes[0] == nodes[1] else f"{nodes[0]}:{nodes[1]}",
         node_rank=node_rank,
-        nproc_per_node=str(args.nproc_per_node),
+        nproc_per_node=str(config.nproc_per_node),
         job=job,
         serves_store=static and node_rank == 0,
         stage_since_unix=now,
     )
-    root.prepare(state_dir, explicit=config.state_dir is not None)
+    explicit = ours.state_dir is not None
+    if not bounded(lambda: root.prepare(state_dir, explicit) or True, 5.0, state_dir):
+        log.warning("ddpmon: the launcher's record is off: %s cannot be prepared", state_dir)
+        return None  # (unsafe, or a hung file system): torchrun starts without it
     record = Record(state, launcher.path_for(state_dir, state.host, state.pid))
     record.start()
     return record
@@ -165,22 +168,23 @@ def _begin(args: Any) -> Record | None:
 _record: Record | None = None
 
 
-def _watch(run_module: Any) -> None:
-    """Wrap torchrun's ``config_from_args`` (to read its final arguments) and the agent's
-    rendezvous (to know when the nodes met)."""
+def _watch() -> None:
+    """Wrap torchrun's ``launch_agent`` (to read its launch configuration) and the agent's
+    rendezvous (to know when the nodes met); neither changes an argument or a result."""
     from torch.distributed.elastic.agent.server import api
+    from torch.distributed.launcher import api as launcher_api
 
-    original_config = run_module.config_from_args
+    original_launch = launcher_api.launch_agent
 
-    def config_from_args(args: Any) -> Any:
+    def launch_agent(config: Any, *args: Any, **kwargs: Any) -> Any:
         global _record
         try:
-            _record = _begin(args)
+            _record = _begin(config)
         except Exception as exc:
             log.warning("ddpmon: the launcher's record is off: %r", exc)
-        return original_config(args)
+        return original_launch(config, *args, **kwargs)
 
-    run_module.config_from_args = config_from_args
+    launcher_api.launch_agent = launch_agent
     original_rendezvous = api.SimpleElasticAgent._rendezvous
 
     def _rendezvous(self: Any, worker_group: Any) -> None:
@@ -194,15 +198,18 @@ def _watch(run_module: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch.distributed.run as run_module
+    """torchrun's ``__main__`` with ``argv``, as ``python -m torch.distributed.run`` runs it
+    (its logging and output the same)."""
+    import runpy
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        _watch(run_module)
+        _watch()
     except Exception as exc:
         log.warning("ddpmon: the launcher's record is off: %r", exc)
+    sys.argv[:] = [sys.argv[0], *argv]
     try:
-        run_module.main(argv)
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     except BaseException as exc:
         if _record is not None and not isinstance(exc, SystemExit):
             _record.failed(exc)
