@@ -157,7 +157,12 @@ def _begin(config: Any) -> Record | None:
         stage_since_unix=now,
     )
     explicit = ours.state_dir is not None
-    if not bounded(lambda: root.prepare(state_dir, explicit) or True, 5.0, state_dir):
+
+    def prepare() -> bool:
+        root.prepare(state_dir, explicit)
+        return True
+
+    if not bounded(prepare, 5.0, state_dir):
         log.warning("ddpmon: the launcher's record is off: %s cannot be prepared", state_dir)
         return None  # (unsafe, or a hung file system): torchrun starts without it
     record = Record(state, launcher.path_for(state_dir, state.host, state.pid))

@@ -174,7 +174,7 @@ def load_remote(
                 f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
                 "daemons together)"
             )
-            ips = []
+            ips: list[str] = []
         else:
             ips, body, received = answer
             if isinstance(body, remote.Unbounded):
@@ -226,9 +226,11 @@ def load_remote(
 
 def _launchers(address: str, answer: remote.Answer | None) -> list[Launcher]:
     """A daemon's ``/launchers``; nothing from a daemon that does not serve it (older)."""
-    if answer is None or not isinstance(answer[1], bytes):
+    if answer is None:
         return []
     _, body, received = answer
+    if not isinstance(body, bytes):
+        return []
     try:
         entries = json.loads(body)
     except (ValueError, RecursionError):

@@ -55,13 +55,13 @@ class Monitor:
             identity.world_size,
             identity.local_rank,
         )
-        self.recorder = Recorder(identity, identity.ddp_world_size)  # bus bandwidth: DDP's group
+        self.recorder = Recorder(identity, identity.ddp_world_size)  # type: ignore[arg-type]  # bus bandwidth: DDP's group
         self._fuses = {
             name: Fuse(name, self._part_failed)
             for name in ("bucket_timing", "grad_hooks", "step_hooks")
         }
         self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
-        model.check_options(ddp, config, self.local_rank, self.recorder)
+        model.check_options(ddp, config, self.local_rank, self.recorder)  # type: ignore[arg-type]
         state_dir = config.resolved_state_dir(self.job)
         if state_dir is not None:
             writers.check_unclaimed(files.path_for(state_dir, self.rank))
@@ -84,7 +84,7 @@ class Monitor:
         # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
         self.recorder.startup = startup.hand_over()
         try:
-            self._install(ddp, config, identity.device)
+            self._install(ddp, config, identity.device)  # type: ignore[arg-type]
         except BaseException:
             self.detach()
             raise
@@ -150,7 +150,12 @@ class Monitor:
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(
-            collector, config.port, self.local_rank, config.bind, self.rank, config.web_config_file
+            collector,
+            config.port,
+            self.local_rank,  # type: ignore[arg-type]
+            config.bind,
+            self.rank,
+            config.web_config_file,
         )
         rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
@@ -191,7 +196,7 @@ class Monitor:
             )
         self._watchdog.start()
         debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
-        ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
+        ddp._ddpmon_monitor = self  # type: ignore[assignment, attr-defined]
 
     # -- public handle ----------------------------------------------------------------------
 
@@ -239,7 +244,7 @@ class Monitor:
         ):
             if part is not None:
                 part.remove()
-        self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
+        self._ddp._ddpmon_monitor = None  # type: ignore[assignment, attr-defined]
         transparent.remove(self._ddp)
         self.recorder.stage = Stage.DETACHED
         if self._watchdog:

@@ -240,8 +240,8 @@ def patch_c10d(module: types.ModuleType) -> None:
                 yield found
 
         init_process_group._ddpmon_startup = True  # type: ignore[attr-defined]
-        module.init_process_group = init_process_group
-        module.rendezvous = rendezvous
+        module.init_process_group = init_process_group  # type: ignore[attr-defined]
+        module.rendezvous = rendezvous  # type: ignore[attr-defined]
     except Exception as exc:
         log.warning("ddpmon: cannot watch init_process_group (%r); its stages stay unknown", exc)
 

@@ -112,7 +112,8 @@ def parse(data: object) -> LauncherState:
 
 
 def to_json(state: LauncherState) -> dict[str, Any]:
-    return records.dump(state)
+    dumped: dict[str, Any] = records.dump(state)
+    return dumped
 
 
 def read(path: str) -> tuple[LauncherState, float]:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.hosts.test_two_hosts import DAEMON_PORT, doctor, finding, sources
 from tests.support import hosts
+from tests.support.hosts import DAEMON_PORT, doctor, finding, sources
 
 pytestmark = pytest.mark.timeout(240)
 
