@@ -44,7 +44,7 @@ from .metrics.exposition import (
     families,
     state_set,
 )
-from .state import attempts, fault, files, history, owners, records, schema
+from .state import attempts, fault, files, history, launcher, owners, records, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -162,6 +162,28 @@ class StateFiles:
             if self._problems.pop(key, None) is None:
                 return
         log.warning("ddpmon: daemon: %s", message)
+
+    def launcher_paths(self) -> list[str]:
+        """The launchers' records under the state roots (``launcher-*.json`` beside the rank
+        files, and in each job's directory)."""
+        roots = (
+            [r for r in sorted(glob.glob(self.state_dir)) if not _foreign_root(r)]
+            if glob.has_magic(self.state_dir)
+            else [self.state_dir]
+        )
+        out = []
+        for root in roots:
+            out += launcher.list_paths(root)
+            try:
+                subdirs = sorted(
+                    e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                )
+            except OSError:
+                continue
+            for sub in subdirs:
+                if not attempts.is_attempt_dir(sub):
+                    out += launcher.list_paths(sub)
+        return out
 
     def _paths(self) -> list[str]:
         if not glob.has_magic(self.state_dir):
@@ -472,6 +494,31 @@ class Daemon:
     ) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.states(reader), default=str).encode()
 
+    def launchers(self, reader: Reader | None = None) -> list[dict[str, Any]]:
+        """The records of this node's launchers (``state/launcher.py``: what ``ddpmon run``
+        tried, also on a node whose ranks never started) that ``reader`` may read, each with
+        ``file_mtime_unix`` and ``served_unix`` as ``/state``'s files."""
+        out, served = [], time.time()
+        may_read = _may_read(reader)
+        for path in self.files.launcher_paths():
+            if not may_read(path):
+                continue
+            try:
+                record, mtime = launcher.read(path)
+            except StateFileError:
+                continue
+            if record.host != socket.gethostname():
+                continue  # another node's, in a shared directory: its own daemon serves it
+            data = launcher.to_json(record)
+            data["file_mtime_unix"], data["served_unix"] = mtime, served
+            out.append(data)
+        return out
+
+    def launchers_route(
+        self, query: Query | None = None, reader: Reader | None = None
+    ) -> tuple[str, bytes]:
+        return _json(self.launchers(reader))
+
     def histories(self, reader: Reader | None = None) -> list[HistoryFile]:
         """The step histories of this node's ranks (for ``/history``): each local state file's
         ``rank-<R>.history.sqlite`` beside it, a regular file of the state file's owner (never
@@ -570,7 +617,7 @@ class Daemon:
         seen = set()
         for path, state, owner, written in self.files.read_all():
             clean = state.exit is not None and not (state.exit.exception or state.exit.code)
-            if state.phase == "detached" or clean:
+            if state.stage == schema.Stage.DETACHED or clean:
                 continue  # detached, or the process ended normally: nothing is down
             if state.pid is None or state.host is None or state.now_unix is None:
                 self.files.problem(

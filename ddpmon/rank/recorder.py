@@ -2,7 +2,7 @@
 
 Hooks run on the training thread, on autograd's and the communication library's threads;
 the exporter, the state writer and the watchdog read from threads of their own. Hooks never
-take a lock: what a single thread owns (the step in progress, the step count, the phase) is
+take a lock: what a single thread owns (the step in progress, the step count, the stage) is
 written in place, and everything else is appended to an event log (``deque.append`` is
 atomic). Readers take the fold lock, which no hook ever takes, fold the pending events into
 their aggregates (histograms, buckets, collectives in flight) and publish an immutable
@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import steps
 from ..state import schema
+from ..state.schema import Stage
 from ..steps import StepRow
 from . import gpu_steps
 from .books import (
@@ -115,9 +116,8 @@ class Recorder:
         self.world_size = max(1, int(world_size))
         self.steps = 0
         self.micro_steps = 0  # backward passes of the steps done (no_sync ones included)
-        # init, forward, after_forward, backward, allreduce, after_backward, optimizer,
-        # after_optimizer or detached
-        self.phase = "init"
+        self.startup: schema.Startup | None = None  # from the process's start (ddpmon run)
+        self.stage = Stage.FIRST_STEP
         self.started_unix = time.time()
         self.last_progress_unix = self.started_unix
         self.unused_parameters: list[str] = []
@@ -219,7 +219,7 @@ class Recorder:
                 self._pause_ends(now)
             cur.first_forward = now
         cur.forward_start = now
-        self.phase = "forward"
+        self.stage = Stage.FORWARD
         self.last_progress_unix = time.time()
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.FORWARD_START)
@@ -231,7 +231,7 @@ class Recorder:
             cur.forward_start = None
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.FORWARD_END)
-        self.phase = "after_forward"
+        self.stage = Stage.AFTER_FORWARD
 
     def batch_seen(self, samples: int, tokens: int) -> None:
         """A training forward of the step in progress took ``samples`` samples (``tokens``
@@ -248,7 +248,7 @@ class Recorder:
             cur.backward_open = now
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.BACKWARD_START)
-        self.phase = "backward"
+        self.stage = Stage.BACKWARD
         self.last_progress_unix = time.time()
 
     def grad_ready(self, now: float) -> None:
@@ -257,7 +257,7 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.phase = "backward"
+            self.stage = Stage.BACKWARD
         cur.last_grad_ready = now
 
     def backward_done(self, now: float) -> None:
@@ -265,7 +265,7 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.phase = "backward"
+            self.stage = Stage.BACKWARD
         if cur.backward_open is not None:
             cur.backward_seconds += max(0.0, now - cur.backward_open)
             cur.backward_open = None
@@ -283,13 +283,13 @@ class Recorder:
         cur.synced_at = now = time.perf_counter()
         if cur.last_grad_ready is not None:
             cur.comm_wait = max(0.0, now - cur.last_grad_ready)
-        self.phase = "after_backward"
+        self.stage = Stage.AFTER_BACKWARD
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.SYNCED)
 
     def optimizer_started(self, now: float) -> None:
         self._cur.optimizer_start = now
-        self.phase = "optimizer"
+        self.stage = Stage.OPTIMIZER
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
@@ -304,7 +304,7 @@ class Recorder:
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.OPTIMIZER_END)
         cur.optimizer_end = now
-        self.phase = "after_optimizer"
+        self.stage = Stage.AFTER_OPTIMIZER
         self.last_progress_unix = time.time()
 
     @property
@@ -439,7 +439,7 @@ class Recorder:
         cur = self._cur
         cur.buckets_launched += 1
         if is_last:
-            self.phase = "allreduce"
+            self.stage = Stage.ALLREDUCE
         if index is None:
             index = cur.buckets_launched - 1
         group, group_size = self.ddp_group
@@ -463,7 +463,7 @@ class Recorder:
         """The oldest bucket collective in flight is done: DDP's buckets complete in order,
         and the comm hook's completion callback says so without a callback of its own."""
         if is_last:
-            self.phase = "after_backward"
+            self.stage = Stage.AFTER_BACKWARD
         now = time.time()
         self._events.append((_BUCKET_DONE, now))
         self.last_progress_unix = now
@@ -670,7 +670,8 @@ class Recorder:
                 **identity,
                 step=self.steps,
                 micro_steps=self.micro_steps,
-                phase=self.phase,
+                stage=self.stage,
+                startup=self.startup,
                 started_unix=self.started_unix,
                 last_progress_unix=self.last_progress_unix,
                 collectives=schema.Counts(c.issued, c.completed),

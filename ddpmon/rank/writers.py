@@ -488,7 +488,7 @@ def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
     if isinstance(hang, dict):
         text = (
             f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
-            f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}"
+            f"{hang.get('step', '?')}, stage {hang.get('stage', '?')}"
         )
         waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
         if waits:
@@ -604,7 +604,7 @@ def _wait_for_peers(state_dir: str, timeout: float = PEERS_WAIT_SECONDS) -> None
                 state = files.read(path)
             except Exception:
                 continue
-            if state.phase == "detached" or state.exit is not None:
+            if state.stage == schema.Stage.DETACHED or state.exit is not None:
                 del waiting[path]
         if waiting:
             time.sleep(0.05)

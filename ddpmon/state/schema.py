@@ -18,19 +18,67 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from . import records
 from .records import SchemaError
 
-FORMAT = 2
+FORMAT = 3
 """The schema version this ddpmon writes (the state file's ``format`` key)."""
-READABLE = (1, 2)
+READABLE = (1, 2, 3)
 """Versions ``parse`` reads. Version 1 lacks nothing that version 2 needs; its in-flight
-entries spelt ``async`` for ``async_op``."""
+entries spelt ``async`` for ``async_op``. Version 2 named the stage ``phase`` (the rank's and
+the hang report's), and ``first_step`` ``init``."""
 MAX_RANKS = 1 << 20
 """Ranks and world sizes beyond this are not a real job's (a forged file)."""
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state-schema.json")
+
+
+class Stage(str, Enum):
+    """Where a rank is in its life, from its process's start to its end: one word each.
+    (A step's parts, forward, backward, ..., as timed, are another vocabulary: ``steps``.)
+    The stages before ``first_step`` are known under ``ddpmon run`` and
+    ``python -m ddpmon.launch`` only, which watch the process from its start."""
+
+    STARTING = "starting"
+    """The script runs; it has not called ``init_process_group`` yet."""
+    RENDEZVOUS = "rendezvous"
+    """In ``init_process_group``, reaching the store (``MASTER_ADDR:MASTER_PORT``)."""
+    INIT_PROCESS_GROUP = "init_process_group"
+    """In ``init_process_group``, the store reached: the backend waits for every rank."""
+    GROUP_READY = "group_ready"
+    """``init_process_group`` returned; no DDP model built yet."""
+    BUILDING_DDP = "building_ddp"
+    """In DDP's constructor, which checks the parameters' shapes across ranks (a collective)."""
+    FIRST_STEP = "first_step"
+    """Attached to its DDP model; its first forward has not started."""
+    FORWARD = "forward"
+    AFTER_FORWARD = "after_forward"
+    BACKWARD = "backward"
+    ALLREDUCE = "allreduce"
+    """The backward's own work is done; DDP's gradient all-reduce goes on."""
+    AFTER_BACKWARD = "after_backward"
+    OPTIMIZER = "optimizer"
+    AFTER_OPTIMIZER = "after_optimizer"
+    DETACHED = "detached"
+    """Its monitor was detached (at exit, or by ``Monitor.detach()``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+BEFORE_FIRST_STEP = (
+    Stage.STARTING,
+    Stage.RENDEZVOUS,
+    Stage.INIT_PROCESS_GROUP,
+    Stage.GROUP_READY,
+    Stage.BUILDING_DDP,
+)
+"""The stages of a rank that has no DDP model attached yet."""
 
 
 @dataclass(slots=True)
@@ -247,7 +295,7 @@ class Hang:
     timeout_source: str
     """``configured``, ``learned`` or ``warm-up``."""
     step: int = 0
-    phase: str = ""
+    stage: Stage = Stage.FIRST_STEP
     in_flight: list[Collective] = field(default_factory=list)
     last_collective: Collective | None = None
     threads: list[Thread] = field(default_factory=list)
@@ -291,6 +339,31 @@ class Activity:
     gpu_behind_seconds: float | None = None
     """Seconds the rank's GPU has not finished the work enqueued at its last step boundary,
     asked only while the rank makes no progress (null: finished, not asked, or no GPU)."""
+
+
+@dataclass(slots=True)
+class Startup:
+    """A rank's way from its process's start to its DDP model (``ddpmon run`` and
+    ``python -m ddpmon.launch`` watch it; the writer's clock)."""
+
+    process_started_unix: float
+    stage_since_unix: float | None = None
+    """When the rank entered the stage it was last in before its first step."""
+    backend: str | None = None
+    """``init_process_group``'s backend, once called."""
+    store: str | None = None
+    """The store ``init_process_group`` reaches: ``host:port`` (``env://``'s MASTER_ADDR and
+    MASTER_PORT), or the ``init_method`` given."""
+    init_started_unix: float | None = None
+    """When ``init_process_group`` was called."""
+    store_reached_unix: float | None = None
+    init_done_unix: float | None = None
+    """When ``init_process_group`` returned."""
+    ddp_started_unix: float | None = None
+    """When DDP's constructor was called."""
+    error: str | None = None
+    """``Type: message`` of an exception ``init_process_group`` raised (a timeout, a refused
+    connection)."""
 
 
 @dataclass(slots=True)
@@ -581,9 +654,10 @@ class RankState(Identity):
     """Steps done: optimizer steps after synchronised gradients (else synchronised backwards)."""
     micro_steps: int = 0
     """Backward passes of the steps done (gradient accumulation's no_sync passes included)."""
-    phase: str = "init"
-    """init, forward, after_forward, backward, allreduce, after_backward, optimizer,
-    after_optimizer or detached."""
+    stage: Stage = Stage.FIRST_STEP
+    """Where the rank is in its life (``Stage``)."""
+    startup: Startup | None = None
+    """How it came up, from its process's start (under ``ddpmon run``; else null)."""
     started_unix: float | None = None
     """When the rank attached (the writer's clock, seconds since the epoch)."""
     last_progress_unix: float | None = None
@@ -665,6 +739,8 @@ def parse(data: object) -> RankState:
         raise SchemaError("rank", "a rank", None, "is not a ddpmon state file (no 'rank' key)")
     if version == 1:
         data = _from_format_1(data)
+    if version in (1, 2):
+        data = _from_format_2(data)
     state = records.load(RankState, data)
     if not 0 <= state.rank < MAX_RANKS:
         raise SchemaError("rank", f"an integer from 0 to {MAX_RANKS - 1}", state.rank)
@@ -696,6 +772,21 @@ def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
     timings = out.get("timings")
     if isinstance(timings, dict) and timings.get("window_steps") is None:
         out["timings"] = dict(timings, window_steps=0)
+    return out
+
+
+def _from_format_2(data: dict[str, Any]) -> dict[str, Any]:
+    def stage(value: Any) -> Any:
+        return Stage.FIRST_STEP.value if value in ("init", "", None) else value
+
+    out = dict(data)
+    if "phase" in out:
+        out["stage"] = stage(out.pop("phase"))
+    hang = out.get("hang")
+    if isinstance(hang, dict) and "phase" in hang:
+        hang = dict(hang)
+        hang["stage"] = stage(hang.pop("phase"))
+        out["hang"] = hang
     return out
 
 

@@ -47,6 +47,7 @@ TORCH_OUTSIDE_RANK = {
     "ddpmon.demo": "the demo is a training script",
     "ddpmon.integrations._common": "the integrations run inside the training process",
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
+    "ddpmon.agent": "torchrun itself, run by `ddpmon run` in a process that records its rendezvous",
 }
 RANK_READS = {
     (
