@@ -234,7 +234,7 @@ def _not_alive(state: schema.RankState) -> str | None:
     if state.exit is not None:
         what = f"crashed ({state.exit.exception})" if state.exit.exception else "exited"
         return f"it {what} at step {state.step}"
-    if state.phase == "detached":
+    if state.stage == schema.Stage.DETACHED:
         return f"it detached from ddpmon at step {state.step} (its training ended)"
     from ..collectors import host
 

@@ -124,7 +124,7 @@ def render(
     lines = [
         f"job {states[0].get('job')}  world size {states[0].get('world_size')}  {attempt}"
         f"(times: median ms over recent steps)",
-        f"{'rank':>4} {'host':<12} {'pid':>7} {'step':>6} {'phase':<14} {'step':>8} {'fwd':>7} "
+        f"{'rank':>4} {'host':<12} {'pid':>7} {'step':>6} {'stage':<14} {'step':>8} {'fwd':>7} "
         f"{'bwd':>7} {'exposed':>8} {'unused':>6} {'idle s':>7}  status",
     ]
     for s in sorted(states, key=lambda s: s.get("rank", 0)):
@@ -132,11 +132,11 @@ def render(
         status = (
             "HANG suspected"
             if s.get("hang")
-            else ("detached" if s.get("phase") == "detached" else "ok")
+            else ("detached" if s.get("stage") == "detached" else "ok")
         )
         lines.append(
             f"{s.get('rank', '?'):>4} {str(s.get('host') or '?')[:12]:<12} {s.get('pid') or '?':>7} "
-            f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_cell_ms(_median(s, 'step_seconds')):>8} "
+            f"{s.get('step', 0):>6} {str(s.get('stage', '?')):<14} {_cell_ms(_median(s, 'step_seconds')):>8} "
             f"{_cell_ms(_median(s, 'forward_seconds')):>7} {_cell_ms(_median(s, 'backward_seconds')):>7} "
             f"{_cell_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "
             f"{idle:>7.1f}  {status}"

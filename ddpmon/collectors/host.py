@@ -176,6 +176,15 @@ def _nearest_limit(root: str, path: str, limit_file: str, usage_file: str) -> in
     return best
 
 
+def process_started_unix(pid: int | None = None) -> float | None:
+    """When a process (default: this one) was created, by this host's clock; None when
+    psutil cannot say."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
 def is_alive(proc: psutil.Process) -> bool:
     """True while ``proc`` runs (the same process, not a reused pid, not a zombie)."""
     try:
@@ -384,3 +393,23 @@ def _endpoint(text: str) -> tuple[str, int]:
 def _normal(ip: str) -> str:
     """An IPv4 address seen through an IPv6 socket (``::ffff:127.0.0.1``) as itself."""
     return ip[7:] if ip.startswith("::ffff:") and "." in ip else ip
+
+
+def port_holder(port: int) -> str | None:
+    """The process that listens on TCP ``port`` on this host (``pid 123: python -m
+    http.server 8000``), where this user may see it; None when none is seen."""
+    try:
+        conns = psutil.net_connections("tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port:
+            continue
+        if c.pid is None:
+            return "a process this user cannot see (another user's)"
+        try:
+            command = " ".join(psutil.Process(c.pid).cmdline())[:200]
+        except psutil.Error:
+            command = "?"
+        return f"pid {c.pid}: {command}"
+    return None

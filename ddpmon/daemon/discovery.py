@@ -14,7 +14,7 @@ import threading
 from typing import NamedTuple
 
 from ..errors import StateFileError
-from ..state import attempts, files, owners, schema
+from ..state import attempts, files, launcher, owners, schema
 
 log = logging.getLogger("ddpmon")
 
@@ -129,6 +129,28 @@ class StateFiles:
             if self._problems.pop(key, None) is None:
                 return
         log.warning("ddpmon: daemon: %s", message)
+
+    def launcher_paths(self) -> list[str]:
+        """The launchers' records under the state roots (``launcher-*.json`` beside the rank
+        files, and in each job's directory)."""
+        roots = (
+            [r for r in sorted(glob.glob(self.state_dir)) if not foreign_root(r)]
+            if glob.has_magic(self.state_dir)
+            else [self.state_dir]
+        )
+        out = []
+        for root in roots:
+            out += launcher.list_paths(root)
+            try:
+                subdirs = sorted(
+                    e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                )
+            except OSError:
+                continue
+            for sub in subdirs:
+                if not attempts.is_attempt_dir(sub):
+                    out += launcher.list_paths(sub)
+        return out
 
     def _paths(self) -> list[str]:
         if not glob.has_magic(self.state_dir):

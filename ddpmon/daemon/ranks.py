@@ -83,7 +83,7 @@ class Ranks:
         seen = set()
         for path, state, owner, written in self.files.read_all():
             clean = state.exit is not None and not (state.exit.exception or state.exit.code)
-            if state.phase == "detached" or clean:
+            if state.stage == schema.Stage.DETACHED or clean:
                 continue  # detached, or the process ended normally: nothing is down
             if state.pid is None or state.host is None or state.now_unix is None:
                 self.files.problem(

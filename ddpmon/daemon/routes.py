@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..collectors import host
+from ..errors import StateFileError
 from ..httpd import BadRequest, Query, Reader
-from ..state import fault, history, owners, records, schema
+from ..state import fault, history, launcher, owners, records, schema
 from .discovery import StateFiles
 
 
@@ -92,6 +93,31 @@ class Routes:
         self, query: Query | None = None, reader: Reader | None = None
     ) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.states(reader), default=str).encode()
+
+    def launchers(self, reader: Reader | None = None) -> list[dict[str, Any]]:
+        """The records of this node's launchers (``state/launcher.py``: what ``ddpmon run``
+        tried, also on a node whose ranks never started) that ``reader`` may read, each with
+        ``file_mtime_unix`` and ``served_unix`` as ``/state``'s files."""
+        out, served = [], time.time()
+        readable = may_read(reader)
+        for path in self.files.launcher_paths():
+            if not readable(path):
+                continue
+            try:
+                record, mtime = launcher.read(path)
+            except StateFileError:
+                continue
+            if record.host != self.hostname:
+                continue  # another node's, in a shared directory: its own daemon serves it
+            data = launcher.to_json(record)
+            data["file_mtime_unix"], data["served_unix"] = mtime, served
+            out.append(data)
+        return out
+
+    def launchers_route(
+        self, query: Query | None = None, reader: Reader | None = None
+    ) -> tuple[str, bytes]:
+        return _json(self.launchers(reader))
 
     def histories(self, reader: Reader | None = None) -> list[HistoryFile]:
         """The step histories of this node's ranks (for ``/history``): each local state file's

@@ -27,7 +27,7 @@ from ..webconfig import HttpConfig
 from . import rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, earlier_attempts, load_dir, load_remote
-from .rules import cannot_write, lost_node
+from .rules import cannot_write, launch, lost_node
 from .rules import files as file_rules
 from .view import STALLED, RankView, state_interval, view
 
@@ -103,7 +103,10 @@ def _examine(
     notes = file_rules.bad_files(loaded.bad)
     jobs = loaded.jobs()
     job_ranks = {name: [f.rank for f in files] for name, files in jobs.items()}
+    launching = launch.findings(loaded.launchers, now, loaded.unreachable)
     if not jobs:
+        if launching:  # no rank started anywhere: what the launchers tried says why
+            return Diagnosis("not_started", [], launching + notes, [], None, state_dir, {}, now)
         notes.append(file_rules.no_state_files(state_dir))
         return Diagnosis("no_data", [], notes, [], None, state_dir, job_ranks, now)
     chosen = job is not None
@@ -151,6 +154,8 @@ def _examine(
         _live_stacks(views, stack_timeout)
 
     verdict, suspects, findings = rules.decide(views, missing, loaded.unreachable)
+    if launching and verdict in ("not_started", "healthy", "no_data"):
+        verdict, findings = "not_started", launching + findings  # a node's launch first
     findings += notes
     unreadable = {r for path, _ in loaded.bad if (r := state_files.rank_of(path)) is not None}
     findings += file_rules.missing_ranks(missing, world, unreadable, findings)

@@ -353,7 +353,7 @@ def gone_line(v: RankView) -> str:
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): {ended(v)}"
         + (f" at {where}" if where else "")
-        + f"; last seen at step {s.step}, phase {s.phase}, {v.liveness.detail}"
+        + f"; last seen at step {s.step}, stage {s.stage}, {v.liveness.detail}"
     )
 
 
@@ -362,7 +362,7 @@ def stuck_line(v: RankView) -> str:
     if v.status == Status.FROZEN:
         what = (
             f"frozen: its state file was last written {v.age:.0f} s ago while its process "
-            "lives (step and phase are as of then; its live stack is below where py-spy could read it)"
+            "lives (step and stage are as of then; its live stack is below where py-spy could read it)"
         )
     else:
         act = s.activity
@@ -379,7 +379,7 @@ def stuck_line(v: RankView) -> str:
     )
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
-        f"step {s.step}, phase {s.phase}, {what}{after}"
+        f"step {s.step}, stage {s.stage}, {what}{after}"
     )
 
 
@@ -398,7 +398,7 @@ def unwritten_line(v: RankView) -> str:
         process += ", without a record of how"
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): its state file was last written {v.age:.0f} s ago, "
-        f"at step {s.step}, phase {s.phase}; {process}"
+        f"at step {s.step}, stage {s.stage}; {process}"
     )
 
 
@@ -425,7 +425,7 @@ def wait_line(v: RankView) -> str:
     e = v.waiting
     s = v.state
     if e is None:
-        return f"rank {v.rank}: no progress for {v.silent:.1f} s, step {s.step}, phase {s.phase}"
+        return f"rank {v.rank}: no progress for {v.silent:.1f} s, step {s.step}, stage {s.stage}"
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}) has waited "
         f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}"

@@ -18,7 +18,8 @@ from ..fuses import Fuse, bounded
 from ..httpd import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
-from . import debug_server, model, transparent, writers
+from ..state.schema import Stage
+from . import debug_server, model, startup, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
 from .capture import Capture
@@ -82,6 +83,8 @@ class Monitor:
         self._memory: MemoryWatch | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
+        # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
+        self.recorder.startup = startup.hand_over()
         try:
             self._install(ddp, config, identity.device)  # type: ignore[arg-type]
         except BaseException:
@@ -147,7 +150,12 @@ class Monitor:
             Fuse("advice", self._part_failed),
         )
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
-        collector = RankCollector(rec, config.bucket_metrics, sources=sources)
+        collector = RankCollector(
+            rec,
+            config.bucket_metrics,
+            sources=sources,
+            state_dir=config.resolved_state_dir(self.job),
+        )
         self._endpoint = start_endpoint(
             collector,
             config.port,
@@ -215,7 +223,7 @@ class Monitor:
         return f"http://{host}:{self._endpoint.port}/metrics"
 
     def snapshot(self) -> dict[str, Any]:
-        """The latest view of this rank: step, phase, timings, buckets, unused parameters..."""
+        """The latest view of this rank: step, stage, timings, buckets, unused parameters..."""
         return self.recorder.snapshot()
 
     def step(self) -> None:
@@ -248,7 +256,7 @@ class Monitor:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[assignment, attr-defined]
         transparent.remove(self._ddp)
-        self.recorder.phase = "detached"
+        self.recorder.stage = Stage.DETACHED
         if self._watchdog:
             self._watchdog.stop()
         self.recorder.set_hang(None)

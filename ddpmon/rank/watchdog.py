@@ -4,7 +4,7 @@ A daemon thread compares the Recorder's last progress (heartbeats at forward, ba
 bucket launch and completion, every collective and step end) with a timeout: the configured
 one, or one learned after warm-up as max(floor, 10 x the slowest recent step); during the
 first steps, 5 x floor. Past it, the hang report (every Python thread's stack, main thread
-first; the step and phase; the collectives in flight with their age; the last completed
+first; the step and stage; the collectives in flight with their age; the last completed
 one; torch's flight-recorder entries where available) goes into the Recorder, the state
 file is rewritten at once and one warning is logged. Progress clears it.
 
@@ -213,6 +213,10 @@ class Watchdog:
             self._sampler.sample()
             act = self._sampler.activity(idle, in_flight, timeout, now, gpu_behind)
         rec.activity = act  # the state writer publishes it with its next rewrite
+        if act.state != activity.Status.STEPPING and rec.steps and rec.step_is_empty:
+            seen = rec.pause_seen  # between steps, no progress: a pause began at the last
+            if seen is None or seen[0] != rec.steps:
+                rec.pause_seen = (rec.steps, rec.last_progress_unix)
         return act
 
     def build_report(self, now: float, last: float, timeout: float, source: str) -> schema.Hang:
@@ -227,7 +231,7 @@ class Watchdog:
             timeout_seconds=timeout,
             timeout_source=source,
             step=rec.steps,
-            phase=rec.phase,
+            stage=rec.stage,
             in_flight=in_flight,
             last_collective=rec.last_collective(),
             threads=thread_stacks(skip=_own_thread()),
@@ -279,7 +283,7 @@ def describe(report: schema.Hang, rank: Any) -> str:
     return (
         f"rank {rank} made no progress for {report.silent_seconds:.1f} s "
         f"(hang timeout {report.timeout_seconds:.0f} s, {report.timeout_source}): step "
-        f"{report.step}, phase {report.phase}, {where}{top}. Run `ddpmon doctor` for "
+        f"{report.step}, stage {report.stage}, {where}{top}. Run `ddpmon doctor` for "
         "the diagnosis across ranks."
     )
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import memory, steps
+from .. import goodput, memory, steps
 from ..doctor import words
 from ..doctor.report import attempt_line
 from ..doctor.view import GONE
@@ -139,6 +139,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "suspect_ranks": list(diag.suspect_ranks) if diag is not None else [],
         "findings": [f.as_dict() for f in diag.findings] if diag is not None else [],
         "attempts": list(diag.attempts) if diag is not None else [],
+        "goodput": goodput.of_dirs(run.sources, run.job if run.job != "?" else None),
+        "training": training(run),
         "recorded_findings": [dict(f, rank=h.rank) for h in run.ranks.values() for f in h.findings],
         "step_bin": run.stride,
         "captures": capture_list(run.sources),
@@ -146,6 +148,14 @@ def summarize(run: Run) -> dict[str, Any]:
         "generated_unix": time.time(),
     }
     return out
+
+
+def training(run: Run) -> dict[str, Any]:
+    """What the run trained with, from its lowest rank's history (``history.training_of``):
+    the global batch (samples per optimizer step, accumulation counted), the world size,
+    the optimizer and its learning rate; empty from a ddpmon that did not record it."""
+    first = run.ranks[min(run.ranks)] if run.ranks else None
+    return history.training(first.meta) if first is not None else {}
 
 
 def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
@@ -475,6 +485,9 @@ def end_of_run(state_dir: str) -> str:
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")
     if s["missing_steps"]:  # what the history lacks (a full disk): the figures above leave them out
         lines.append(f"  missing from the history: {missing_text(s['missing_steps'])}")
+    spent = goodput.text(s["goodput"])
+    if spent:
+        lines.append(f"  {spent}")
     if s["attempts"]:  # a restarted job: why each attempt before this one ended
         lines.append(f"  attempts: {len(s['attempts']) + 1}; before this one:")
         lines += [f"    {attempt_line(a)}" for a in s["attempts"]]

@@ -16,20 +16,68 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from . import records
 from .records import SchemaError
 
-FORMAT = 3
+FORMAT = 4
 """The schema version this ddpmon writes (the state file's ``format`` key)."""
-READABLE = (1, 2, 3)
+READABLE = (1, 2, 3, 4)
 """Versions ``parse`` reads. Version 1 lacks nothing that version 2 needs; its in-flight
-entries spelt ``async`` for ``async_op``. Versions 1 and 2 called ``timings.parts``
-``timings.phases``."""
+entries spelt ``async`` for ``async_op``. Version 2 named the stage ``phase`` (the rank's and
+the hang report's), and ``first_step`` ``init``. Versions 1 to 3 called ``timings.parts``,
+the parts of a step, ``timings.phases``."""
 MAX_RANKS = 1 << 20
 """Ranks and world sizes beyond this are not a real job's (a forged file)."""
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state-schema.json")
+
+
+class Stage(str, Enum):
+    """Where a rank is in its life, from its process's start to its end: one word each.
+    (A step's parts, forward, backward, ..., as timed, are another vocabulary: ``steps``.)
+    The stages before ``first_step`` are known under ``ddpmon run`` and
+    ``python -m ddpmon.launch`` only, which watch the process from its start."""
+
+    STARTING = "starting"
+    """The script runs; it has not called ``init_process_group`` yet."""
+    RENDEZVOUS = "rendezvous"
+    """In ``init_process_group``, reaching the store (``MASTER_ADDR:MASTER_PORT``)."""
+    INIT_PROCESS_GROUP = "init_process_group"
+    """In ``init_process_group``, the store reached: the backend waits for every rank."""
+    GROUP_READY = "group_ready"
+    """``init_process_group`` returned; no DDP model built yet."""
+    BUILDING_DDP = "building_ddp"
+    """In DDP's constructor, which checks the parameters' shapes across ranks (a collective)."""
+    FIRST_STEP = "first_step"
+    """Attached to its DDP model; its first forward has not started."""
+    FORWARD = "forward"
+    AFTER_FORWARD = "after_forward"
+    BACKWARD = "backward"
+    ALLREDUCE = "allreduce"
+    """The backward's own work is done; DDP's gradient all-reduce goes on."""
+    AFTER_BACKWARD = "after_backward"
+    OPTIMIZER = "optimizer"
+    AFTER_OPTIMIZER = "after_optimizer"
+    DETACHED = "detached"
+    """Its monitor was detached (at exit, or by ``Monitor.detach()``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+BEFORE_FIRST_STEP = (
+    Stage.STARTING,
+    Stage.RENDEZVOUS,
+    Stage.INIT_PROCESS_GROUP,
+    Stage.GROUP_READY,
+    Stage.BUILDING_DDP,
+)
+"""The stages of a rank that has no DDP model attached yet."""
 
 
 @dataclass(slots=True)
@@ -246,7 +294,7 @@ class Hang:
     timeout_source: str
     """``configured``, ``learned`` or ``warm-up``."""
     step: int = 0
-    phase: str = ""
+    stage: Stage = Stage.FIRST_STEP
     in_flight: list[Collective] = field(default_factory=list)
     last_collective: Collective | None = None
     threads: list[Thread] = field(default_factory=list)
@@ -290,6 +338,31 @@ class Activity:
     gpu_behind_seconds: float | None = None
     """Seconds the rank's GPU has not finished the work enqueued at its last step boundary,
     asked only while the rank makes no progress (null: finished, not asked, or no GPU)."""
+
+
+@dataclass(slots=True)
+class Startup:
+    """A rank's way from its process's start to its DDP model (``ddpmon run`` and
+    ``python -m ddpmon.launch`` watch it; the writer's clock)."""
+
+    process_started_unix: float
+    stage_since_unix: float | None = None
+    """When the rank entered the stage it was last in before its first step."""
+    backend: str | None = None
+    """``init_process_group``'s backend, once called."""
+    store: str | None = None
+    """The store ``init_process_group`` reaches: ``host:port`` (``env://``'s MASTER_ADDR and
+    MASTER_PORT), or the ``init_method`` given."""
+    init_started_unix: float | None = None
+    """When ``init_process_group`` was called."""
+    store_reached_unix: float | None = None
+    init_done_unix: float | None = None
+    """When ``init_process_group`` returned."""
+    ddp_started_unix: float | None = None
+    """When DDP's constructor was called."""
+    error: str | None = None
+    """``Type: message`` of an exception ``init_process_group`` raised (a timeout, a refused
+    connection)."""
 
 
 @dataclass(slots=True)
@@ -505,6 +578,21 @@ class Memory:
 
 
 @dataclass(slots=True)
+class Optimizer:
+    """The optimizer that steps the model, read at its step hook (``param_groups``' first
+    group): what ``compare`` needs to say whether the learning rate followed the batch."""
+
+    name: str
+    """Its class name (``SGD``, ``AdamW``)."""
+    learning_rate: float | None = None
+    """The learning rate of its last step (null when not a plain number)."""
+    peak_learning_rate: float | None = None
+    """The largest learning rate of any step so far."""
+    peak_step: int | None = None
+    """The first step that ran at ``peak_learning_rate``: the warm-up's length when it rose."""
+
+
+@dataclass(slots=True)
 class Identity:
     """Who a rank is and where: the first fields of its state file and the labels of
     ``ddpmon_rank_info``. Set at attach; ``port``, ``bucket_timing``, ``ddp`` and
@@ -523,6 +611,9 @@ class Identity:
     host: str | None = None
     pid: int | None = None
     """The rank's process on ``host``."""
+    process_started_unix: float | None = None
+    """When that process was created (its host's clock, psutil's creation time): where the
+    job's wall time begins for goodput; null where not known."""
     port: int | None = None
     """The bound metrics port, null when the endpoint is off."""
     job: str | None = None
@@ -562,9 +653,10 @@ class RankState(Identity):
     """Steps done: optimizer steps after synchronised gradients (else synchronised backwards)."""
     micro_steps: int = 0
     """Backward passes of the steps done (gradient accumulation's no_sync passes included)."""
-    phase: str = "init"
-    """init, forward, after_forward, backward, allreduce, after_backward, optimizer,
-    after_optimizer or detached."""
+    stage: Stage = Stage.FIRST_STEP
+    """Where the rank is in its life (``Stage``)."""
+    startup: Startup | None = None
+    """How it came up, from its process's start (under ``ddpmon run``; else null)."""
     started_unix: float | None = None
     """When the rank attached (the writer's clock, seconds since the epoch)."""
     last_progress_unix: float | None = None
@@ -608,6 +700,12 @@ class RankState(Identity):
     """Samples, tokens and FLOPs per second, and MFU."""
     memory: Memory = field(default_factory=Memory)
     """Trends of the rank's and its workers' memory (``docs/doctor.md``: memory_creep)."""
+    paused_seconds: float = 0.0
+    """Seconds spent paused between steps: from the start of an evaluation (a forward
+    without grad), or of the work or wait its watchdog saw (a checkpoint, a barrier), to the
+    next step's first forward. Goodput counts them lost (``report/goodput.py``)."""
+    optimizer: Optimizer | None = None
+    """The model's optimizer and its learning rate; null before its first step."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None
@@ -642,6 +740,8 @@ def parse(data: object) -> RankState:
         data = _from_format_1(data)
     if version in (1, 2):
         data = _from_format_2(data)
+    if version in (1, 2, 3):
+        data = _from_format_3(data)
     state = records.load(RankState, data)
     if not 0 <= state.rank < MAX_RANKS:
         raise SchemaError("rank", f"an integer from 0 to {MAX_RANKS - 1}", state.rank)
@@ -676,13 +776,28 @@ def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _from_format_2(data: dict[str, Any]) -> dict[str, Any]:
+def _from_format_3(data: dict[str, Any]) -> dict[str, Any]:
     timings = data.get("timings")
     if isinstance(timings, dict) and "phases" in timings and "parts" not in timings:
         timings = dict(timings)
         timings["parts"] = timings.pop("phases")
         return dict(data, timings=timings)
     return data
+
+
+def _from_format_2(data: dict[str, Any]) -> dict[str, Any]:
+    def stage(value: Any) -> Any:
+        return Stage.FIRST_STEP.value if value in ("init", "", None) else value
+
+    out = dict(data)
+    if "phase" in out:
+        out["stage"] = stage(out.pop("phase"))
+    hang = out.get("hang")
+    if isinstance(hang, dict) and "phase" in hang:
+        hang = dict(hang)
+        hang["stage"] = stage(hang.pop("phase"))
+        out["hang"] = hang
+    return out
 
 
 def generated_schema() -> dict[str, Any]:

@@ -8,8 +8,8 @@
   and only its command (``cli/daemon.py``) imports the daemon.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
   ``activity``, ``metrics``, ``httpd``, ``collectors``, ``advice``, ``profiles``, ``peaks``,
-  ``formats``, config, errors, frames, fuses, webconfig) import only each other; ``state/``
-  imports no reader.
+  ``formats``, ``goodput``, config, errors, frames, fuses, webconfig) import only each other;
+  ``state/`` imports no reader.
 - The developer's generators live in ``tools/``, outside the package: nothing in ``ddpmon``
   imports them.
 - No import circle anywhere, lazy imports included.
@@ -45,12 +45,14 @@ LEAVES = (
     "ddpmon.webconfig",
     "ddpmon.peaks",
     "ddpmon.formats",
+    "ddpmon.goodput",
 )
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",
     "ddpmon.demo": "the demo is a training script",
     "ddpmon.integrations._common": "the integrations run inside the training process",
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
+    "ddpmon.agent": "torchrun itself, run by `ddpmon run` in a process that records its rendezvous",
 }
 DAEMON = "ddpmon.daemon"
 RANK_READS = {

@@ -306,3 +306,23 @@ def test_a_job_claimed_by_several_owners_is_one_job_per_owner() -> None:
         None,
         None,
     ]  # the files' own word kept
+
+
+def test_a_format_2_file_is_read_with_its_phase_as_the_stage() -> None:
+    """Format 2 named the rank's stage ``phase`` (in the file and its hang report) and
+    ``first_step`` ``init``; readers take those files as they are."""
+    hang = {
+        "detected_unix": 1.0,
+        "last_progress_unix": 1.0,
+        "silent_seconds": 1.0,
+        "timeout_seconds": 1.0,
+        "timeout_source": "configured",
+        "phase": "allreduce",
+    }
+    old = schema.parse({"rank": 0, "format": 2, "phase": "init", "hang": hang})
+    assert old.stage is schema.Stage.FIRST_STEP and old.hang.stage is schema.Stage.ALLREDUCE
+    assert schema.parse({"rank": 0, "format": 2, "phase": "backward"}).stage == "backward"
+    written = schema.to_json(old)
+    assert written["stage"] == "first_step" and "phase" not in written
+    with pytest.raises(records.SchemaError, match="stage 'warming'.*one of starting"):
+        schema.parse({"rank": 0, "format": schema.FORMAT, "stage": "warming"})

@@ -55,7 +55,7 @@ def test_configured_timeout_reports_once_then_clears_on_progress(
     report = dog.check()
     assert report is rec.hang and report is not None
     assert report.silent_seconds == 2.5 and report.timeout_seconds == 2.0
-    assert report.timeout_source == "configured" and report.phase == "init"
+    assert report.timeout_source == "configured" and report.stage == "first_step"
     assert report.in_flight[0].op == "barrier" and report.in_flight[0].age_seconds == 3.0
     assert report.threads and all(t.frames for t in report.threads)
     assert wakes == [1] and dog.reports == 1
