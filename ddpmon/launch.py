@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
         print(USAGE, file=sys.stderr)
-        sys.exit(2)
+        sys.exit(_exits().EXIT_USAGE)
     install()
     if startup.begin() is not None:  # a rank of a launched job: its state from now on
         _watch(_C10D, "init_process_group", startup.patch_c10d)
@@ -246,7 +246,7 @@ def _run_script(script: str, args: list[str]) -> None:
             f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
             file=sys.stderr,
         )
-        sys.exit(2)
+        sys.exit(_exits().EXIT_USAGE)
     sys.argv[:] = [script, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     main_module = types.ModuleType("__main__")
@@ -271,7 +271,7 @@ def _run_module(name: str, args: list[str]) -> None:
     spec = importlib.util.find_spec(name)
     if spec is None:
         print(f"{sys.executable}: No module named {name}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(_exits().EXIT_SCRIPT_FAILED)
     sys.argv[:] = [spec.origin or name, *args]
     _run_as_main(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), spec.origin)
 
@@ -295,8 +295,21 @@ def _run_as_main(run: Any, filename: str | None) -> None:
         if hasattr(sys, "last_exc"):
             sys.last_exc = exc
         sys.excepthook(type(exc), exc, tb)
-        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        codes = _exits()
+        sys.exit(
+            codes.EXIT_INTERRUPTED
+            if isinstance(exc, KeyboardInterrupt)
+            else codes.EXIT_SCRIPT_FAILED
+        )
     startup.ended(None, 0)
+
+
+def _exits() -> Any:
+    """The exit-code table (``cli/exits.py``), imported only on the way out: the command
+    line's modules have no business in a training process that runs."""
+    from .cli import exits
+
+    return exits
 
 
 if __name__ == "__main__":

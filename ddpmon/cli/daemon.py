@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     from ..daemon import Daemon
-    from ..metrics.exposition import serve
+    from ..httpd import serve
     from ..webconfig import WebConfigError, load_web_config
 
     web_file = args.web_config_file or web_config_file()
@@ -148,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
     daemon.start()
     routes = (
         {
-            "/state": daemon.state_route,
-            "/history": daemon.history_route,
-            "/launchers": daemon.launchers_route,
+            "/state": daemon.routes.state_route,
+            "/history": daemon.routes.history_route,
+            "/launchers": daemon.routes.launchers_route,
         }
         if args.serve_state
         else {"/state": _not_served, "/history": _not_served, "/launchers": _not_served}

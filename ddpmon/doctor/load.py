@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateFileError
-from ..state import attempts, files, launcher, owners, remote, schema
+from ..remote import daemons
+from ..state import attempts, files, launcher, owners, schema
 from ..state.records import SchemaError
 from ..webconfig import HttpConfig
 
@@ -160,9 +161,9 @@ def load_remote(
     so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
-    urls = [remote.base_url(a) + "/state" for a in addresses]
-    launcher_urls = [remote.base_url(a) + "/launchers" for a in addresses]
-    answers = remote.fetch_all(
+    urls = [daemons.base_url(a) + "/state" for a in addresses]
+    launcher_urls = [daemons.base_url(a) + "/launchers" for a in addresses]
+    answers = daemons.fetch_all(
         urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig()
     )
     answers, launcher_answers = answers[: len(urls)], answers[len(urls) :]
@@ -177,10 +178,10 @@ def load_remote(
             ips: list[str] = []
         else:
             ips, body, received = answer
-            if isinstance(body, remote.Unbounded):
+            if isinstance(body, daemons.Unbounded):
                 loaded.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
                 continue
-            reason = remote.why(body, timeout) if isinstance(body, BaseException) else ""
+            reason = daemons.why(body, timeout) if isinstance(body, BaseException) else ""
         if reason:
             loaded.unreachable.append(Unreachable(address, reason, ips))
             loaded.bad.append(
@@ -224,7 +225,7 @@ def load_remote(
     return loaded
 
 
-def _launchers(address: str, answer: remote.Answer | None) -> list[Launcher]:
+def _launchers(address: str, answer: daemons.Answer | None) -> list[Launcher]:
     """A daemon's ``/launchers``; nothing from a daemon that does not serve it (older)."""
     if answer is None:
         return []

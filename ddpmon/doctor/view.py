@@ -21,10 +21,10 @@ from typing import Any, NamedTuple
 
 from .. import activity
 from ..activity import Status
+from ..collectors.host import Liveness
 from ..state import fault, records
 from ..state.schema import Collective, Exit, RankState, Stage, Thread
 from .load import StateFile
-from .procs import Liveness
 
 GONE = (Status.DEAD, Status.CRASHED, Status.EXITED, Status.SILENT)
 """The rank's process has ended (or, on another host, stopped writing)."""

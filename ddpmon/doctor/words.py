@@ -49,15 +49,7 @@ FIX_STRAGGLER = (
     "or GPU (other processes, CPU contention, clocks or thermal throttling: `ddpmon top`, "
     "nvidia-smi), or work only that rank does (logging, evaluation, checkpointing)."
 )
-PHASE_NAMES = {
-    "data_wait": "data wait",
-    "h2d": "host-to-device copies",
-    "forward": "forward",
-    "backward": "backward compute",
-    "optimizer": "the optimizer step",
-    "other": "other work",
-}
-FIX_STRAGGLER_PHASE = {
+FIX_STRAGGLER_PART = {
     "data_wait": "look at its data loader (num_workers, storage, decoding, augmentation, "
     "pin_memory) and at what the loop does before the forward",
     "h2d": "look at its host-to-device copies (pin_memory=True and .to(device, non_blocking=True))",
@@ -70,6 +62,7 @@ FIX_STRAGGLER_PHASE = {
     "other": "look at work only that rank does between backward and the next step: logging, "
     "metrics, .item() or other host syncs, checkpointing, evaluation",
 }
+"""The fix for a straggler whose cause is the part named (one of ``steps.BUSY_PARTS``)."""
 
 
 def straggler_summary(rank: int, score: float, cause: str | None, share: float) -> str:
@@ -77,7 +70,7 @@ def straggler_summary(rank: int, score: float, cause: str | None, share: float) 
     text = f"rank {rank} is {steps.slower(score)} than the others"
     if cause is None:
         return text + ", spread over several parts of the step"
-    return f"{text}, {share:.0%} of it in {PHASE_NAMES[cause]}: {FIX_STRAGGLER_PHASE[cause]}"
+    return f"{text}, {share:.0%} of it in {steps.PART_LABELS[cause]}: {FIX_STRAGGLER_PART[cause]}"
 
 
 FIX_BUSY = (

@@ -1,5 +1,5 @@
 """The rank's metrics: its Recorder (and the GPU and host samplers) as metric families,
-read at scrape time. Names come from ``metrics/catalog.py``; ``metrics/exposition.py`` serves
+read at scrape time. Names come from ``metrics/catalog.py``; ``metrics/exposition.py`` builds
 them."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import Config
 from ..fuses import Fuse, bounded
-from ..metrics.exposition import Endpoint, start_endpoint
+from ..httpd import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
 from ..state.schema import Stage

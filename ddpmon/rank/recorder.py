@@ -717,7 +717,7 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
 
 def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
-    time of the last steps went (``schema.StepPhases``)."""
+    time of the last steps went (``schema.StepParts``)."""
 
     def summary(values: list[float]) -> schema.Summary | None:
         return (
@@ -741,5 +741,5 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
-        phases=steps.phases(recent),
+        parts=steps.step_parts(recent),
     )

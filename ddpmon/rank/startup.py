@@ -3,7 +3,7 @@
 Under ``ddpmon run`` (and ``python -m ddpmon.launch``) ``begin()`` runs before the script: a
 thread of its own writes ``rank-<R>.json`` about once a second with the rank's stage
 (``schema.Stage``: starting, rendezvous, init_process_group, group_ready, building_ddp), how
-long it has been there, and where its main thread is (``activity.Sampler``: "train.py:5 in
+long it has been there, and where its main thread is (``rank/sampler.Sampler``: "train.py:5 in
 prepare_dataset"). ``init_process_group`` and the store rendezvous inside it are wrapped
 once torch.distributed is imported (``patch_c10d``); DDP's constructor says building_ddp
 (``ddpmon.launch``). So the doctor answers about a job that never reached its first step:
@@ -28,13 +28,14 @@ import traceback
 import types
 from typing import Any
 
-from .. import activity, version
+from .. import version
 from ..config import Config
 from ..frames import is_library, short_path
 from ..fuses import bounded
 from ..state import attempts, files, schema
 from ..state import root as stateroot
 from ..state.schema import Stage
+from .sampler import Sampler
 
 log = logging.getLogger("ddpmon")
 
@@ -52,7 +53,7 @@ class Early:
             process_started_unix=started_unix, stage_since_unix=started_unix
         )
         self.exit: schema.Exit | None = None
-        self._sampler = activity.Sampler()
+        self._sampler = Sampler()
         self.writer: Any = None  # the StateWriter, once the directory is claimed
 
     def enter(self, stage: Stage, **facts: Any) -> None:

@@ -31,6 +31,7 @@ from ..frames import is_library
 from ..state import schema
 from .ending import Ending
 from .recorder import Recorder
+from .sampler import Sampler, holdouts
 
 log = logging.getLogger("ddpmon")
 
@@ -57,7 +58,7 @@ class Watchdog:
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
         state_file: str | None = None,
-        sampler: activity.Sampler | None = None,
+        sampler: Sampler | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
         on_hang: Callable[[schema.Hang], Any] | None = None,
@@ -71,9 +72,7 @@ class Watchdog:
         self._state_file = state_file
         # Activity sampling reads the real main thread: off under an injected clock (tests)
         # unless a sampler is given.
-        self._sampler = (
-            sampler if sampler is not None or clock is not time.time else activity.Sampler()
-        )
+        self._sampler = sampler if sampler is not None or clock is not time.time else Sampler()
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -178,12 +177,12 @@ class Watchdog:
         seen = self.activity(idle, timeout, now)
         if timeout is None or idle < timeout:
             return None
-        holdouts = None
+        peers = None
         if seen.state == activity.Status.WAITING and self._state_file:
             waiting = rec.in_flight()
             if waiting:
-                holdouts = activity.holdouts(self._state_file, waiting[0], now)
-        if not activity.is_hang(seen.state, idle, timeout, holdouts):
+                peers = holdouts(self._state_file, waiting[0], now)
+        if not activity.is_hang(seen.state, idle, timeout, peers):
             return None
         report = self.build_report(now, last, timeout, source)
         rec.set_hang(report)

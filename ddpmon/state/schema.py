@@ -6,7 +6,7 @@ misspelt key is an error where it is written rather than a missing fact where it
 ``FORMAT`` is the schema version written into each file; ``parse`` also reads the previous
 one and names the version of a file it cannot read. ``docs/state.md`` describes the fields
 and ``state-schema.json`` beside this module is the JSON Schema generated from them
-(``python -m ddpmon.state.schema`` rewrites it).
+(``python -m tools.state_schema`` rewrites it).
 
 Records are built once and then only read: the recorder publishes a fresh ``RankState`` for
 each snapshot instead of changing one that a reader may hold.
@@ -14,9 +14,7 @@ each snapshot instead of changing one that a reader may hold.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -24,12 +22,13 @@ from typing import Any
 from . import records
 from .records import SchemaError
 
-FORMAT = 3
+FORMAT = 4
 """The schema version this ddpmon writes (the state file's ``format`` key)."""
-READABLE = (1, 2, 3)
+READABLE = (1, 2, 3, 4)
 """Versions ``parse`` reads. Version 1 lacks nothing that version 2 needs; its in-flight
 entries spelt ``async`` for ``async_op``. Version 2 named the stage ``phase`` (the rank's and
-the hang report's), and ``first_step`` ``init``."""
+the hang report's), and ``first_step`` ``init``. Versions 1 to 3 called ``timings.parts``,
+the parts of a step, ``timings.phases``."""
 MAX_RANKS = 1 << 20
 """Ranks and world sizes beyond this are not a real job's (a forged file)."""
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state-schema.json")
@@ -205,12 +204,12 @@ class Timings:
     """The rest of the step's wall time (the parts sum to the step)."""
     busy_seconds: Summary | None = None
     """The step less its waiting for other ranks (exposed communication)."""
-    phases: StepPhases | None = None
+    parts: StepParts | None = None
     """Where the time of the last steps went, part by part."""
 
 
 @dataclass(slots=True)
-class StepPhases:
+class StepParts:
     """Mean seconds per step of each part over the last ``steps`` steps (at most 20); the parts
     sum to ``step_seconds``. The straggler score compares ranks on their busy time, the step
     less waiting for the other ranks: step by step on ``recent``, or on ``busy_seconds`` in
@@ -741,6 +740,8 @@ def parse(data: object) -> RankState:
         data = _from_format_1(data)
     if version in (1, 2):
         data = _from_format_2(data)
+    if version in (1, 2, 3):
+        data = _from_format_3(data)
     state = records.load(RankState, data)
     if not 0 <= state.rank < MAX_RANKS:
         raise SchemaError("rank", f"an integer from 0 to {MAX_RANKS - 1}", state.rank)
@@ -775,6 +776,15 @@ def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _from_format_3(data: dict[str, Any]) -> dict[str, Any]:
+    timings = data.get("timings")
+    if isinstance(timings, dict) and "phases" in timings and "parts" not in timings:
+        timings = dict(timings)
+        timings["parts"] = timings.pop("phases")
+        return dict(data, timings=timings)
+    return data
+
+
 def _from_format_2(data: dict[str, Any]) -> dict[str, Any]:
     def stage(value: Any) -> Any:
         return Stage.FIRST_STEP.value if value in ("init", "", None) else value
@@ -796,49 +806,3 @@ def generated_schema() -> dict[str, Any]:
     schema["title"] = f"ddpmon rank state file (format {FORMAT})"
     schema["properties"]["format"]["const"] = FORMAT
     return schema
-
-
-def markdown() -> str:
-    """The field tables of docs/state.md, one per record, from the records above."""
-    schema = generated_schema()
-    defs = {"RankState": schema, **schema["$defs"]}
-    out = []
-    for name, spec in defs.items():
-        out.append(f"### {name}\n\n{spec.get('description', '')}\n")
-        out.append("| key | type | meaning |\n|---|---|---|")
-        for key, prop in spec["properties"].items():
-            required = " (required)" if key in spec.get("required", ()) else ""
-            out.append(
-                f"| `{key}` | {_type_name(prop)}{required} | {prop.get('description', '')} |"
-            )
-        out.append("")
-    return "\n".join(out)
-
-
-def _type_name(prop: dict[str, Any]) -> str:
-    if "anyOf" in prop:
-        return " or ".join(_type_name(p) for p in prop["anyOf"])
-    if "$ref" in prop:
-        return str(prop["$ref"]).rsplit("/", 1)[-1]
-    kind = prop.get("type", "any")
-    if kind == "array":
-        return f"list of {_type_name(prop['items'])}"
-    if kind == "object" and "additionalProperties" in prop:
-        return f"map of {_type_name(prop['additionalProperties'])}"
-    return str(kind)
-
-
-def main() -> int:
-    """Rewrite state-schema.json (and print docs/state.md's tables with --markdown)."""
-    if sys.argv[1:] == ["--markdown"]:
-        print(markdown())
-        return 0
-    with open(SCHEMA_FILE, "w") as f:
-        json.dump(generated_schema(), f, indent=2)
-        f.write("\n")
-    print(SCHEMA_FILE)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

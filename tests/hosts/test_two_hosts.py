@@ -462,5 +462,5 @@ def test_report_from_both_hosts(cluster: hosts.Cluster) -> None:
     assert [{k: v for k, v in r.items() if k not in history_only} for r in local["per_rank"]] == [
         {k: v for k, v in r.items() if k not in history_only} for r in s["per_rank"]
     ]
-    for key in ("steps", "median_step_seconds", "phases", "buckets", "slowest_rank"):
+    for key in ("steps", "median_step_seconds", "parts", "buckets", "slowest_rank"):
         assert local[key] == s[key], key

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddpmon.collectors.host import Liveness
 from ddpmon.doctor import examine, rules
 from ddpmon.doctor.load import Unreachable, load_dir
-from ddpmon.doctor.procs import Liveness
 from ddpmon.doctor.rules import files as file_rules
 from ddpmon.doctor.rules import lost_node
 from ddpmon.doctor.view import view

@@ -7,8 +7,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ddpmon.httpd import serve
 from ddpmon.metrics import catalog
-from ddpmon.metrics.exposition import serve
 from ddpmon.rank.exporter import RankCollector
 from ddpmon.rank.recorder import BucketTiming, Histogram, Recorder
 from ddpmon.state import schema

@@ -173,7 +173,7 @@ def full_state() -> dict[str, Any]:
             7,
             step_seconds=summary,
             forward_seconds=summary,
-            phases=schema.StepPhases(steps=7, step_seconds=0.1, busy_seconds=0.09),
+            parts=schema.StepParts(steps=7, step_seconds=0.1, busy_seconds=0.09),
         ),
         notes={"advice": "x"},
         errors={},

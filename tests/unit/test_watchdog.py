@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from ddpmon import activity
 from ddpmon.rank import ending
 from ddpmon.rank import watchdog as wd
 from ddpmon.rank.recorder import Recorder
+from ddpmon.rank.sampler import Sampler
 from ddpmon.state.schema import Identity
 
 
@@ -129,7 +129,7 @@ def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     world = Starved(ran=0.008, waited=0.95)
     rec = recorder()
     rec.last_progress_unix = world.now
-    sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
+    sampler = Sampler(clock=world.clock, times=world.times, io=lambda: 0)
     dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
     assert _passes(dog, world, 9) == [None] * 9
     assert (
@@ -144,7 +144,7 @@ def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     world = Starved(ran=0.0, waited=0.0)
     rec = recorder()
     rec.last_progress_unix = world.now
-    sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
+    sampler = Sampler(clock=world.clock, times=world.times, io=lambda: 0)
     dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
     reports = _passes(dog, world, 4)
     assert reports[:2] == [None, None] and reports[2] is not None and rec.activity.state == "stuck"
