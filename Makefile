@@ -47,8 +47,8 @@ demo: setup
 # The gates: ruff (lint, and the format check: `ruff format` fixes it) over the code and the
 # tests, and mypy over ddpmon/ (strict on the public API and the shared leaves: pyproject.toml).
 lint: setup
-	$(VENV)/bin/ruff check ddpmon tests benchmarks
-	$(VENV)/bin/ruff format --check ddpmon tests benchmarks
+	$(VENV)/bin/ruff check ddpmon tests benchmarks tools
+	$(VENV)/bin/ruff format --check ddpmon tests benchmarks tools
 	$(VENV)/bin/mypy
 
 # Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
