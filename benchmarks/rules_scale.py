@@ -4,8 +4,8 @@
 Each rank has the series a rank exports in summary detail (what ``metrics_detail="auto"``
 gives past 256 ranks; the names of a real scrape, benchmarks/series.py) and its node
 daemon's, 8 ranks a node, every 30 s over 15 minutes; Prometheus' own ``up`` per target;
-and the recorded series the alerts read (deploy/prometheus/ddpmon-rules.yml, group
-ddpmon-records), written as Prometheus would have recorded them, so that an alert that
+and the recorded series the alerts read (deploy/prometheus/ddpmon-rules.yml, the
+records of the group ddpmon-job), written as Prometheus would have recorded them, so that an alert that
 reads a record reads as many series as on a live server. ``promtool tsdb
 create-blocks-from openmetrics`` turns the file into blocks; Prometheus opens them; each
 rule's expression runs as an instant query at the data's end (what one evaluation does),

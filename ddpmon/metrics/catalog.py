@@ -223,6 +223,43 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
     ),
     Metric(
+        "ddpmon_paused_seconds_total",
+        "counter",
+        "Seconds the rank paused between steps: evaluation, checkpoints, or a wait or silence "
+        "its watchdog saw before the next step's first forward.",
+    ),
+    Metric(
+        "ddpmon_learning_rate",
+        "gauge",
+        "The learning rate of the optimizer's last step (its first parameter group); absent "
+        "before the first step or when not a plain number.",
+    ),
+    Metric(
+        "ddpmon_global_batch_size",
+        "gauge",
+        "Samples per optimizer step over the job: the per-rank batch times micro-batches "
+        "(gradient accumulation) times DDP's world size; absent until the first step.",
+    ),
+    Metric(
+        "ddpmon_goodput_ratio",
+        "gauge",
+        "The job's goodput so far, on rank 0 only: its time in steps (less pauses) over the wall "
+        "time since its first attempt's process started (0..1).",
+    ),
+    Metric(
+        "ddpmon_goodput_productive_seconds",
+        "gauge",
+        "The job's time in steps so far, less the pauses between them, over every attempt (rank 0 "
+        "only).",
+    ),
+    Metric(
+        "ddpmon_goodput_lost_seconds",
+        "gauge",
+        "The job's wall time lost so far, over every attempt, by cause (rank 0 only): startup, "
+        "pauses, hang_until_detected, hang_until_ended, after_last_step, restarts.",
+        RANK + ("cause",),
+    ),
+    Metric(
         "ddpmon_activity",
         "gauge",
         "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
@@ -379,6 +416,24 @@ METRICS: tuple[Metric, ...] = (
         RANK,
         "host",
     ),
+    Metric(
+        "ddpmon_memory_growth_bytes_per_second",
+        "gauge",
+        "The robust trend (Theil-Sen, over the rank's last samples) of a memory series: "
+        "process is rank or worker (its fastest-growing DataLoader worker), kind is rss, pss, "
+        "torch_allocated or torch_reserved.",
+        RANK + ("process", "kind"),
+        "host",
+    ),
+    Metric(
+        "ddpmon_memory_creep_seconds_left",
+        "gauge",
+        "While a memory series of the rank creeps (docs/doctor.md, memory_creep): the seconds "
+        "before the nearest of them reaches its limit (the GPU's memory, the host's available "
+        "memory, the cgroup's limit) at its present rate.",
+        RANK,
+        "host",
+    ),
     # -- the node daemon ------------------------------------------------------------------------
     Metric(
         "ddpmon_rank_up",
@@ -446,9 +501,9 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 
 @dataclass(frozen=True)
 class Record:
-    """A series Prometheus records from the ranks' (deploy/prometheus/ddpmon-rules.yml, group
-    ``ddpmon-records``): a figure the boards and alert rules read, computed once per rule
-    evaluation rather than by every panel and alert over every rank. Named as Prometheus
+    """A series Prometheus records from the ranks' (deploy/prometheus/ddpmon-rules.yml, first
+    in the group ``ddpmon-job``): a figure the boards and alert rules read, computed once per
+    rule evaluation rather than by every panel and alert over every rank. Named as Prometheus
     advises, ``level:metric:operations``; the level says which labels it keeps."""
 
     name: str
