@@ -19,6 +19,11 @@ BUCKET_METRICS_MODES = ("auto", "per_bucket", "aggregate", "off")
 BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "flight_recorder", "off")
 HANG_ACTIONS = ("report", "abort")
 AUTO_PER_BUCKET_LIMIT = 128
+METRICS_DETAIL_MODES = ("auto", "full", "summary")
+AUTO_FULL_WORLD_SIZE = 256
+"""``metrics_detail="auto"`` exports every series up to this many ranks, the summary above:
+a full job of 256 ranks with 30 buckets is about 220,000 series, a tenth of what one
+Prometheus should hold in all (docs/metrics.md#series-per-job)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +82,12 @@ class Config:
     """``per_bucket`` (series per bucket), ``aggregate`` (``bucket="all"`` only), ``off``, or
     ``auto``: per bucket up to 128 buckets, aggregated above (a per-bucket scrape of 1,000
     buckets takes about a quarter of a second)."""
+    metrics_detail: str = "auto"
+    """How many series a rank exports. ``full``: every series (per bucket as
+    ``bucket_metrics`` says). ``summary``: at most 40 per rank, the ones the shipped alert
+    rules and the job overview board read (buckets folded into ``bucket="all"``, the GPU
+    left to the node daemon; the rest stays in the state file and the report). ``auto``:
+    full up to 256 ranks, summary above."""
     history: bool = True
     """Keep every step's timings in ``<state_dir>/rank-<R>.history.sqlite`` (written by a
     background thread) for ``ddpmon report`` and ``ddpmon compare``; needs state files."""
@@ -143,6 +154,10 @@ class Config:
             raise ConfigError(
                 "bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES)
             )
+        if self.metrics_detail not in METRICS_DETAIL_MODES:
+            raise ConfigError(
+                "metrics_detail", self.metrics_detail, " or ".join(METRICS_DETAIL_MODES)
+            )
         if self.comm_hook is not None and not callable(self.comm_hook):
             raise ConfigError(
                 "comm_hook", self.comm_hook, "a callable hook(state, bucket) -> Future"
@@ -166,6 +181,14 @@ class Config:
         return root.job_dir(job)
 
 
+def metrics_detail(mode: str, world_size: int | None) -> str:
+    """``full`` or ``summary``: what ``metrics_detail`` means for a job of ``world_size``
+    (None: not known yet, full)."""
+    if mode == "auto":
+        return "summary" if (world_size or 0) > AUTO_FULL_WORLD_SIZE else "full"
+    return mode
+
+
 class Options(TypedDict, total=False):
     """``attach()``'s keyword options, typed for checkers and editors: Config's fields, each
     optional (tests/unit/test_config.py keeps the two the same)."""
@@ -184,6 +207,7 @@ class Options(TypedDict, total=False):
     comm_state: Any
     nvml: bool
     bucket_metrics: str
+    metrics_detail: str
     history: bool
     unused_parameters_advice_steps: int
     web_config_file: str | None
@@ -219,6 +243,10 @@ def _parse(var: str, name: str, text: str) -> Any:
         except ValueError:
             raise ConfigError(var, text, "a number of seconds") from None
     if name == "bucket_timing" and text.lower() in BUCKET_TIMING_MODES:
+        return text.lower()
+    if name == "metrics_detail":
+        if text.lower() not in METRICS_DETAIL_MODES:
+            raise ConfigError(var, text, " or ".join(METRICS_DETAIL_MODES))
         return text.lower()
     if name == "hang_action":
         if text.lower() not in HANG_ACTIONS:

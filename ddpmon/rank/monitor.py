@@ -154,6 +154,7 @@ class Monitor:
             rec,
             config.bucket_metrics,
             sources=sources,
+            detail=config.metrics_detail,
             state_dir=config.resolved_state_dir(self.job),
         )
         self._endpoint = start_endpoint(
