@@ -128,9 +128,8 @@ class Monitor:
         self._optimizer = OptimizerHooks(
             rec, boundary, self._fuses["step_hooks"], [p for _, p in parameters]
         )
-        # after the step hooks: a step that ends at the next forward is closed before it counts
+        # the step hooks' forward pre-hook hands it each training forward's batch
         self._throughput = boundary.throughput = Throughput(
-            ddp,
             rec,
             device,
             Fuse("throughput", self._part_failed),
