@@ -113,5 +113,6 @@ class LiveSettings:
             else:
                 status.refused[name] = refused
                 log.warning("ddpmon: rank %d: refused %s=%r: %s", self._rank, name, text, refused)
+        settings.prune(self._dir, self._rank, settings.KEEP - 1)
         settings.write_status(self._dir, status)
         self._notify()

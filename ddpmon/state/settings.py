@@ -25,6 +25,8 @@ from . import files
 MAX_FILE_BYTES = 16 * 1024
 """A request or status file holds a few hundred bytes."""
 MAX_CHANGES = 16
+KEEP = 4
+"""Answers kept per rank: each new one removes the oldest beyond this."""
 REQUEST_KIND = "ddpmon-set-request"
 STATUS_KIND = "ddpmon-set-status"
 _NONCE = re.compile(r"^[0-9a-f]{8,32}$")
@@ -94,6 +96,24 @@ def write_status(state_dir: str, status: Status) -> str:
     path = status_path(state_dir, status.rank, status.nonce)
     files.write_atomic(path, status.to_json())
     return path
+
+
+def prune(state_dir: str, rank: int, keep: int = KEEP) -> None:
+    """Remove ``rank``'s answers but the newest ``keep`` (a link is removed, never followed)."""
+    pattern = re.compile(rf"^set-{rank}-[0-9a-f]{{8,32}}\.status$")
+    found = []
+    for name in os.listdir(state_dir):
+        if pattern.match(name):
+            path = os.path.join(state_dir, name)
+            try:
+                found.append((os.lstat(path).st_mtime, path))
+            except OSError:
+                pass
+    for _, path in sorted(found)[: max(0, len(found) - keep)]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _read(path: str, kind: str, owner: int | None) -> dict[str, Any]:

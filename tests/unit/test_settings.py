@@ -94,3 +94,14 @@ def test_bad_requests_say_what_is_wrong(tmp_path: Path, change: dict, said: str)
     with pytest.raises(StateFileError) as caught:
         settings.read_request(str(path))
     assert said in caught.value.reason
+
+
+def test_prune_keeps_the_newest_answers_of_one_rank(tmp_path: Path) -> None:
+    for i in range(6):
+        status = settings.Status(f"{i:016x}", 1, written_unix=float(i))
+        path = settings.write_status(str(tmp_path), status)
+        os.utime(path, (1000 + i, 1000 + i))
+    other = settings.write_status(str(tmp_path), settings.Status("f" * 16, 2))
+    settings.prune(str(tmp_path), 1, keep=2)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [f"set-1-{4:016x}.status", f"set-1-{5:016x}.status", os.path.basename(other)]
