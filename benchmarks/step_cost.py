@@ -56,6 +56,7 @@ HOOKS = [
     ("ddpmon.rank.hooks.optimizer", "OptimizerHooks", "_after_step"),
     ("ddpmon.rank.boundary", "StepBoundary", "end"),
     ("ddpmon.rank.throughput", "Throughput", "forward_started"),
+    ("ddpmon.rank.throughput", "Throughput", "_before_forward"),  # (a hook of its own before)
     ("ddpmon.rank.advice.watch", "Advice", "_before_ddp_forward"),
     ("ddpmon.rank.advice.watch", "Advice", "_after_ddp_forward"),
     ("ddpmon.rank.advice.watch", "Advice", "_before_inner_forward"),
