@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= 2.13.0
 JOBS ?= 2
 
-.PHONY: all setup demo test test-unit test-fast test-compat bench prometheus chromium dashboards metrics-table clean
+.PHONY: all setup demo lint test test-unit test-fast test-compat bench prometheus chromium dashboards metrics-table clean
 
 all: test
 
@@ -43,6 +43,13 @@ chromium:
 
 demo: setup
 	$(PY) -m ddpmon.demo
+
+# The gates: ruff (lint, and the format check: `ruff format` fixes it) over the code and the
+# tests, and mypy over ddpmon/ (strict on the public API and the shared leaves: pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check ddpmon tests benchmarks
+	$(VENV)/bin/ruff format --check ddpmon tests benchmarks
+	$(VENV)/bin/mypy
 
 # Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
 # integration (Prometheus, promtool, chromium, a torch-free venv) and gpu (skipped without one).

@@ -9,12 +9,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .config import Config
+from .config import Config, Options
 from .errors import AttachError, ConfigError, DdpmonError, StateFileError
 from .version import __version__
 
 if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
+    from typing_extensions import Unpack
 
     from .rank.monitor import Monitor
 
@@ -22,6 +23,7 @@ __all__ = [
     "attach",
     "Monitor",
     "Config",
+    "Options",
     "DdpmonError",
     "AttachError",
     "ConfigError",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 
-def attach(ddp_model: DistributedDataParallel, **options: Any) -> Monitor:
+def attach(ddp_model: DistributedDataParallel, **options: Unpack[Options]) -> Monitor:
     """Monitor ``ddp_model`` on this rank; returns the Monitor handle.
 
     Options (each also a ``DDPMON_<NAME>`` variable; an explicit argument wins): job, port,

@@ -226,7 +226,7 @@ class Sampler:
         self._last = now
         frame = sys._current_frames().get(self._ident)  # type: ignore[arg-type]
         signature = []
-        user = []
+        user: list[str] = []
         loops = []
         depth = 0
         while frame is not None and depth < 256:

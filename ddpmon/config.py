@@ -11,7 +11,7 @@ import importlib
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from .errors import ConfigError
 from .state import root
@@ -163,6 +163,29 @@ class Config:
         return root.job_dir(job)
 
 
+class Options(TypedDict, total=False):
+    """``attach()``'s keyword options, typed for checkers and editors: Config's fields, each
+    optional (tests/unit/test_config.py keeps the two the same)."""
+
+    job: str | None
+    port: int
+    bind: str
+    state_dir: str | None
+    state_interval: float
+    hang_timeout: float | None
+    hang_timeout_floor: float
+    hang_action: str
+    track_collectives: bool
+    bucket_timing: str
+    comm_hook: Callable[..., Any] | None
+    comm_state: Any
+    nvml: bool
+    bucket_metrics: str
+    history: bool
+    unused_parameters_advice_steps: int
+    web_config_file: str | None
+
+
 def default_state_root() -> str:
     """The directory that holds every job's state directory unless one is given (this
     user's, ddpmon/state/root.py): the one place the ranks, the doctor and top ask."""
@@ -256,7 +279,7 @@ def _import_hook(var: str, dotted: str) -> Callable[..., Any]:
     if not module_name:
         raise ConfigError(var, dotted, "a dotted path such as package.module.hook_function")
     try:
-        hook = getattr(importlib.import_module(module_name), attr)
+        hook: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(var, dotted, f"an importable hook function ({exc})") from None
     if not callable(hook):

@@ -120,17 +120,17 @@ def parse(data: Any, path: str = "<trace>") -> Profile:
             continue
         cat, name = e.get("cat"), e.get("name")
         ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(name, str) or not _number(ts) or not _number(dur) or dur < 0:
+        if not isinstance(name, str) or not _number(ts) or not _number(dur) or dur < 0:  # type: ignore[operator]
             continue
         if cat == "user_annotation" and name.startswith("ProfilerStep#"):
             step_spans += 1
-            recording = min(recording, float(ts))
+            recording = min(recording, float(ts))  # type: ignore[arg-type]
         elif cat in GPU_CATEGORIES:
             gpu.append(e)
         elif cat in ("cpu_op", "python_function") or cat in LAUNCH_CATEGORIES:
             # order at equal starts: the longer first, a Python frame before the op it calls
             order = 0 if cat == "python_function" else 1
-            threads[(e.get("pid"), e.get("tid"))].append((float(ts), -float(dur), order, cat, e))
+            threads[(e.get("pid"), e.get("tid"))].append((float(ts), -float(dur), order, cat, e))  # type: ignore[arg-type]
     if not step_spans:
         recording = float("-inf")
     ops: dict[tuple[str, str], Op] = {}
@@ -142,16 +142,16 @@ def parse(data: Any, path: str = "<trace>") -> Profile:
         op.self_us += float(e["dur"])
         op.calls += 1
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        site = launch_sites.get(args.get("correlation"))
+        site = launch_sites.get(args.get("correlation"))  # type: ignore[union-attr]
         if site:
             op.sites[site] = op.sites.get(site, 0.0) + float(e["dur"])
-    steps = step_spans or (meta.get("steps") if isinstance(meta.get("steps"), int) else 0) or 1
+    steps = step_spans or (meta.get("steps") if isinstance(meta.get("steps"), int) else 0) or 1  # type: ignore[union-attr]
     return Profile(
         path,
-        _int(meta.get("rank")),
+        _int(meta.get("rank")),  # type: ignore[union-attr]
         steps,
-        _int(meta.get("first_step")),
-        _int(meta.get("last_step")),
+        _int(meta.get("first_step")),  # type: ignore[union-attr]
+        _int(meta.get("last_step")),  # type: ignore[union-attr]
         ops,
     )
 

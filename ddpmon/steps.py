@@ -110,7 +110,8 @@ class StepRow:
 
     def part(self, name: str) -> float | None:
         """Seconds of the part ``name`` (one of ``PARTS``)."""
-        return getattr(self, name + "_seconds")
+        seconds: float | None = getattr(self, name + "_seconds")
+        return seconds
 
     def set_part(self, name: str, seconds: float | None) -> None:
         setattr(self, name + "_seconds", seconds)

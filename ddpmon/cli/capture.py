@@ -465,7 +465,7 @@ def _report(args: argparse.Namespace, state_dir: str, targets: list[Target]) -> 
     codes = [t.outcome for t in failed]
     if EXIT_USAGE in codes:
         return EXIT_USAGE
-    return max(codes, default=EXIT_OK)
+    return max(codes, default=EXIT_OK)  # type: ignore[return-value, type-var]
 
 
 def _peer_output(output: str, rank: int) -> str:

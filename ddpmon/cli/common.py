@@ -174,7 +174,9 @@ def missing_extra(exc: BaseException) -> tuple[str, str] | None:
 
 
 def add_unavailable(
-    subparsers: argparse._SubParsersAction, command: str, exc: BaseException
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    command: str,
+    exc: BaseException,
 ) -> None:
     """The subcommand ``command`` whose module failed to import with ``exc``: listed, taking
     any arguments, and when run, a missing extra is named with how to install it (exit 2);
@@ -204,7 +206,7 @@ def add_unavailable(
         namespace.arguments, namespace._run, namespace._name = list(args or []), run, command
         return namespace, []
 
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign, assignment]
 
 
 def add_state_dir_argument(parser: argparse.ArgumentParser) -> None:

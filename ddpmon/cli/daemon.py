@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             daemon,
             args.port,
             args.bind,
-            routes,
+            routes,  # type: ignore[arg-type]
             quick_routes={"/healthz": daemon.health_route},
             web=web,
         )

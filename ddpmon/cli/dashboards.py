@@ -126,7 +126,7 @@ def _push(args: argparse.Namespace) -> int:
         _err(f"--timeout={args.timeout} is not valid: expected a positive number of seconds")
         return EXIT_USAGE
     try:
-        from grafana_client import GrafanaApi
+        from grafana_client import GrafanaApi  # type: ignore[attr-defined]
         from grafana_client.client import GrafanaException
     except ImportError:
         _err(

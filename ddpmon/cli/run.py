@@ -423,7 +423,7 @@ SI_KERNEL = 0x80
 """``si_code`` of a signal the kernel sent: the terminal's Ctrl-C, to the foreground group."""
 
 
-def _wait_passing_on_interrupts(proc: subprocess.Popen, forward: Any) -> int:
+def _wait_passing_on_interrupts(proc: subprocess.Popen[Any], forward: Any) -> int:
     """Wait for ``proc``; a SIGINT that a process sent (``si_code`` not the kernel's) is
     passed on to it, as torchrun ends the job on one. Where ``sigtimedwait`` is missing
     (not Linux), SIGINT is left to the process group."""

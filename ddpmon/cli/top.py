@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .. import steps
@@ -120,7 +121,9 @@ def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(states: list[dict[str, Any]], problems: list[str] = (), buckets: bool = False) -> str:
+def render(
+    states: list[dict[str, Any]], problems: Sequence[str] = (), buckets: bool = False
+) -> str:
     """The table; times are medians over each rank's recent steps, in milliseconds."""
     if not states:
         return "no state files" + ("".join(f"\n  {p}" for p in problems))

@@ -104,7 +104,7 @@ class ProcessSampler:
 def is_alive(proc: psutil.Process) -> bool:
     """True while ``proc`` runs (the same process, not a reused pid, not a zombie)."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -207,14 +207,15 @@ def _candidate(
 
 def _environ_rank(proc: psutil.Process) -> str | None:
     try:
-        return proc.environ().get("RANK")
+        rank: str | None = proc.environ().get("RANK")
+        return rank
     except (psutil.Error, OSError):
         return None
 
 
 def _create_time(proc: psutil.Process) -> float:
     try:
-        return proc.create_time()
+        return float(proc.create_time())
     except psutil.Error:
         return 0.0
 

@@ -345,7 +345,7 @@ class GpuReader:
 
     def refresh_slow(self) -> None:
         """Read the slow queries now (milliseconds): total energy, ECC, PCIe replays."""
-        nv, slow = self.nv, []
+        nv, slow = self.nv, list[tuple[str, dict[str, str], float]]()
         energy = self._query("energy", nv.nvmlDeviceGetTotalEnergyConsumption)  # mJ
         if energy is not None:
             slow.append(("ddpmon_gpu_energy_joules_total", {}, energy / 1000.0))
@@ -392,9 +392,13 @@ class GpuReader:
                     not isinstance(exc, AttributeError)
                     and type(exc).__name__ != "NVMLError_FunctionNotFound"
                 ):
-                    return self._switch_off("clock_events", exc)
+                    self._switch_off("clock_events", exc)
+                    return None
                 self._off.add("clock_events")  # drivers before 535 call them throttle reasons
-        return self._query("throttle_reasons", self.nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+        reasons: int | None = self._query(
+            "throttle_reasons", self.nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return reasons
 
     def _query(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         if what in self._off:

@@ -149,7 +149,7 @@ def load_remote(
                 f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
                 "daemons together)"
             )
-            ips = []
+            ips: list[str] = []
         else:
             ips, body, received = answer
             if isinstance(body, remote.Unbounded):

@@ -217,7 +217,7 @@ def _group_rows(
         groups.setdefault(key, []).append(v.rank)
         first.setdefault(key, v)
     out, views = [], []
-    for key, members in groups.items():
+    for key, members in groups.items():  # type: ignore[assignment]
         v = first[key]
         row = next(r for w, r in zip(ranks, rows) if w is v)
         hosts = (
@@ -238,7 +238,7 @@ def _group_rows(
             )
         )
         views.append(v)
-    return out, views
+    return out, views  # type: ignore[return-value]
 
 
 def _waiting_key(cell: str) -> str:
@@ -273,7 +273,7 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
             )
         )
     if len(rows) > GROUP_FROM:
-        rows, ranks = _group_rows(rows, ranks)
+        rows, ranks = _group_rows(rows, ranks)  # type: ignore[arg-type, assignment]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(header)).rstrip()]
     for v, row in zip(ranks, rows):

@@ -16,7 +16,7 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:
     try:
-        from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment, no-redef]
     except ImportError as exc:
         raise ImportError(
             "ddpmon.integrations.lightning needs PyTorch Lightning: pip install 'ddpmon[lightning]' "

@@ -64,5 +64,5 @@ def _calling_trainer(depth: int = 12) -> Trainer | None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, Trainer):
             return candidate
-        frame = frame.f_back
+        frame = frame.f_back  # type: ignore[assignment]
     return None

@@ -34,8 +34,8 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
-from prometheus_client.core import Metric as Family
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ..webconfig import WebConfig, WebConfigError, load_web_config
@@ -45,6 +45,8 @@ log = logging.getLogger("ddpmon")
 
 Sample = tuple[str, dict[str, str], float]
 SampleSource = Callable[[], Iterable[Sample]]
+
+Family = Metric  # a metric family, as prometheus_client builds and exposes it
 
 
 def families(samples: Iterable[Sample]) -> list[Family]:
@@ -56,7 +58,7 @@ def families(samples: Iterable[Sample]) -> list[Family]:
             spec = catalog.get(name)
             cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
             family = by_name[name] = cls(name, spec.help, labels=list(labels))
-        family.add_metric([str(v) for v in labels.values()], value)
+        family.add_metric([str(v) for v in labels.values()], value)  # type: ignore[attr-defined]
     return list(by_name.values())
 
 
@@ -688,7 +690,7 @@ class _Server:
             registry = self._registry
             names = parse_qs(request.query).get("name[]")
             if names:
-                registry = registry.restricted_registry(names)
+                registry = registry.restricted_registry(names)  # type: ignore[assignment]
             body = encoder(registry)
         except Exception as exc:  # a collector failed: say so
             self._warn_once("a metrics scrape failed", exc)

@@ -230,7 +230,7 @@ class StepBook:
         h = self.hist
         h["step"].observe(row.step_seconds)
         for part in ("data_wait", "forward", "optimizer", "other"):
-            h[part].observe(row.part(part))
+            h[part].observe(row.part(part) or 0.0)
         if row.backward_seconds is not None:
             h["backward"].observe(row.backward_seconds)
         if row.exposed_timed or row.gpu_exposed:

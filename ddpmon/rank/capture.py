@@ -116,7 +116,7 @@ class Capture:
                 pass
         rec = self._rec
         if request is not None:
-            why = request.binds(rec.identity.job, os.getpid(), rec.started_unix)
+            why = request.binds(rec.identity.job, os.getpid(), rec.started_unix)  # type: ignore[assignment]
             if why is None and request.rank != self._rank:
                 why = f"it is for rank {request.rank}"
             if why is None and time.time() > request.expires_unix:

@@ -66,7 +66,7 @@ class Ending:
     def install(self) -> None:
         self._hook, sys.excepthook = sys.excepthook, self._excepthook
         self._sys_exit, sys.exit = sys.exit, self._exit_wrapper
-        self._os_exit, os._exit = os._exit, self._os_exit_wrapper
+        self._os_exit, os._exit = os._exit, self._os_exit_wrapper  # type: ignore[assignment]
         self._installed = True
         _ACTIVE.append(self)
         if self._fault_path:
@@ -103,7 +103,7 @@ class Ending:
             return
         try:
             # truncates an earlier run's; as private as the state file (it holds stacks)
-            self._fault_file = os.fdopen(files.open_private(self._fault_path), "w")
+            self._fault_file = os.fdopen(files.open_private(self._fault_path), "w")  # type: ignore[arg-type]
             log = stderr_log()
             if log is not None:  # where a backend's abort says why (state/fault.py)
                 self._fault_file.write(f"{fault.STDERR_LINE}{log}\n")
@@ -188,7 +188,7 @@ class Ending:
     def _write(self, timeout: float) -> None:
         if self._flush is not None:
             try:
-                self._flush(timeout)
+                self._flush(timeout)  # type: ignore[call-arg]
             except TypeError:
                 self._flush()
 

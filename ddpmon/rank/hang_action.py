@@ -82,7 +82,7 @@ class HangAbort:
         )
         if self._flush is not None:
             bounded(
-                lambda: self._flush(WRITE_SECONDS),
+                lambda: self._flush(WRITE_SECONDS),  # type: ignore[misc]
                 WRITE_SECONDS + 0.5,
                 "the state file before ending",
             )

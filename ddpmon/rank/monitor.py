@@ -55,13 +55,13 @@ class Monitor:
             identity.world_size,
             identity.local_rank,
         )
-        self.recorder = Recorder(identity, identity.ddp_world_size)  # bus bandwidth: DDP's group
+        self.recorder = Recorder(identity, identity.ddp_world_size)  # type: ignore[arg-type]  # bus bandwidth: DDP's group
         self._fuses = {
             name: Fuse(name, self._part_failed)
             for name in ("bucket_timing", "grad_hooks", "step_hooks")
         }
         self._boundary = StepBoundary(self.recorder, self._fuses["step_hooks"], self._notify)
-        model.check_options(ddp, config, self.local_rank, self.recorder)
+        model.check_options(ddp, config, self.local_rank, self.recorder)  # type: ignore[arg-type]
         state_dir = config.resolved_state_dir(self.job)
         if state_dir is not None:
             writers.check_unclaimed(files.path_for(state_dir, self.rank))
@@ -83,7 +83,7 @@ class Monitor:
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
-            self._install(ddp, config, identity.device)
+            self._install(ddp, config, identity.device)  # type: ignore[arg-type]
         except BaseException:
             self.detach()
             raise
@@ -148,7 +148,12 @@ class Monitor:
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(rec, config.bucket_metrics, sources=sources)
         self._endpoint = start_endpoint(
-            collector, config.port, self.local_rank, config.bind, self.rank, config.web_config_file
+            collector,
+            config.port,
+            self.local_rank,  # type: ignore[arg-type]
+            config.bind,
+            self.rank,
+            config.web_config_file,
         )
         rec.identity.port = self.port
         self.state_file = self._start_state_writer(config)
@@ -202,7 +207,7 @@ class Monitor:
             )
             self._writer.on_pass = self._requests
         debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
-        ddp._ddpmon_monitor = self  # type: ignore[attr-defined]
+        ddp._ddpmon_monitor = self  # type: ignore[assignment, attr-defined]
 
     # -- public handle ----------------------------------------------------------------------
 
@@ -250,7 +255,7 @@ class Monitor:
         ):
             if part is not None:
                 part.remove()
-        self._ddp._ddpmon_monitor = None  # type: ignore[attr-defined]
+        self._ddp._ddpmon_monitor = None  # type: ignore[assignment, attr-defined]
         transparent.remove(self._ddp)
         self.recorder.phase = "detached"
         if self._watchdog:

@@ -258,7 +258,7 @@ def flop_counter(seen: Callable[[int, tuple[Any, ...]], None]) -> Any:
         display=False, custom_mapping={op: guarded(f) for op, f in dict(registry).items()}
     )
     if hasattr(counter, "mod_tracker"):
-        counter.mod_tracker = _NoModules()
+        counter.mod_tracker = _NoModules()  # type: ignore[assignment]
     return counter
 
 
@@ -421,5 +421,5 @@ def forget_debug_server() -> None:
     ``stop_debug_server`` does (which cannot stop a rank but 0: it has no frontend there)."""
     module = sys.modules.get("torch.distributed.debug")
     if module is not None:
-        module._WORKER_SERVER = None
-        module._DEBUG_SERVER_PROC = None
+        module._WORKER_SERVER = None  # type: ignore[attr-defined]  # private, some versions
+        module._DEBUG_SERVER_PROC = None  # type: ignore[attr-defined]

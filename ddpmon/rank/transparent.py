@@ -47,7 +47,7 @@ class StateWithoutDdpmon:
 
     def __call__(self) -> dict[str, Any]:
         ddp = self._ddp()
-        state = type(ddp).__getstate__(ddp)
+        state: dict[str, Any] = type(ddp).__getstate__(ddp)  # type: ignore[assignment, call-arg, union-attr]
         for name in _ATTRIBUTES:
             state.pop(name, None)
         removed: set[int] = set()

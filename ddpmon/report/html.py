@@ -37,7 +37,7 @@ PHASE_COLOURS = {
 
 
 def _vendor(name: str) -> str:
-    return resources.files(__package__).joinpath("vendor", name).read_text(encoding="utf-8")
+    return (resources.files(__package__) / "vendor" / name).read_text(encoding="utf-8")
 
 
 def _r(v: Any, scale: float = 1.0) -> Any:
@@ -89,14 +89,14 @@ def _lines(per_rank: dict[int, list[Any]], chosen: list[int], scale: float) -> l
             {
                 "name": f"median of {len(per_rank)} ranks",
                 "values": [_r(v, scale) for v in med],
-                "dash": True,
+                "dash": True,  # type: ignore[dict-item]
             }
         )
         series.append(
             {
                 "name": f"max of {len(per_rank)} ranks",
                 "values": [_r(v, scale) for v in top],
-                "dash": True,
+                "dash": True,  # type: ignore[dict-item]
             }
         )
     return series

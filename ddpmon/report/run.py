@@ -183,8 +183,8 @@ def _read(
             h["first"],
             h["last"],
         )
-    for h in ranks.values():
-        h.path = shown.get(h.path, h.path)
+    for h in ranks.values():  # type: ignore[assignment]
+        h.path = shown.get(h.path, h.path)  # type: ignore[attr-defined]
     return ranks, stride
 
 

@@ -316,13 +316,13 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
                 numbers[i] if i < len(numbers) else i,
                 0.0,
                 0.0,
-                **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED},
+                **{c: columns[c][i] if i < len(columns[c]) else None for c in _SCORED},  # type: ignore[arg-type]
             )
             for i, step in enumerate(columns["step_seconds"])
             if step is not None
         ]
         phases[rank] = steps.phases(rows, whole=True)
-    return steps.scores(phases)
+    return steps.scores(phases)  # type: ignore[arg-type]
 
 
 def _slowest(top: steps.Score | None) -> dict[str, Any] | None:

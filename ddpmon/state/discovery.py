@@ -128,7 +128,7 @@ def prometheus_daemons(
     for target in targets:
         if not isinstance(target, dict) or not isinstance(target.get("scrapeUrl"), str):
             continue
-        labels = target.get("labels") if isinstance(target.get("labels"), dict) else {}
+        labels = target["labels"] if isinstance(target.get("labels"), dict) else {}
         job, pool = str(labels.get("job", "")), str(target.get("scrapePool", ""))
         seen_jobs.add(job)
         if scrape_job_matches(job, pool, names):

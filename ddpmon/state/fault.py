@@ -122,8 +122,8 @@ def parse(text: str, unix: float) -> Exit | None:
         if fr and threads:
             lineno = int(fr.group(2)) if fr.group(2).isdigit() else None
             threads[-1].frames.append(Frame(fr.group(1), lineno, fr.group(3)))
-    for t in threads:
-        t.frames.reverse()  # innermost last, as everywhere else
+    for thread in threads:
+        thread.frames.reverse()  # innermost last, as everywhere else
     if not any(t.main for t in threads):
         # the signal came from a thread without Python (a backend's own thread): the thread
         # that runs the script is the one that matters

@@ -525,7 +525,7 @@ class Ask:
 
     def query(self) -> str:
         """The query string that asks for this (the reader's side of ``parse``)."""
-        items = [("job", self.job)] if self.job is not None else []
+        items: list[tuple[str, object]] = [("job", self.job)] if self.job is not None else []
         if self.rank is not None:
             items += [("rank", self.rank), ("since", self.since)]
             items += [("limit", self.limit)] if self.limit is not None else []

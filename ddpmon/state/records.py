@@ -64,7 +64,8 @@ class SchemaError(ValueError):
 def load(cls: type[T], data: object, path: str = "") -> T:
     """Build a ``cls`` record from parsed JSON; SchemaError names the first bad field."""
     try:
-        return _converter(cls)(data)
+        record: T = _converter(cls)(data)  # type: ignore[arg-type]
+        return record
     except _Bad as bad:
         where = "".join(
             f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(bad.path)
@@ -173,7 +174,7 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
     if origin is list:
         (item_type,) = typing.get_args(tp)
         item = _converter(item_type)
-        many = _record_converters(item_type)[1] if dataclasses.is_dataclass(item_type) else None
+        many = _record_converters(item_type)[1] if dataclasses.is_dataclass(item_type) else None  # type: ignore[arg-type]
         as_is = _taken_as_is(item_type)
 
         def array(value: Any) -> list[Any]:
@@ -231,7 +232,7 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
 
         return mapping
     if dataclasses.is_dataclass(tp):
-        return _record_converters(tp)[0]
+        return _record_converters(tp)[0]  # type: ignore[arg-type]
     raise TypeError(f"records cannot hold {tp!r}")
 
 
@@ -387,7 +388,7 @@ def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[
             rows = list(map(take, items))
         except KeyError:
             rows = [take({**blank, **v}) for v in items]
-        columns = list(zip(*rows))
+        columns: list[Any] = list(zip(*rows))
         for i, _ in converted:  # a bad value raises: the list's converter names the first bad item
             columns[i] = list(map(finish[i], columns[i]))
         if all(map(_takes_all, accepts, columns)):
@@ -398,7 +399,7 @@ def _record_converters(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[
 
 
 def _takes_all(accept: Container[type], column: list[Any]) -> bool:
-    return accept.issuperset(map(type, column))  # type: ignore[attr-defined]
+    return bool(accept.issuperset(map(type, column)))  # type: ignore[attr-defined]
 
 
 class _Missing:
@@ -480,14 +481,14 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object", "additionalProperties": _schema_of(typing.get_args(tp)[1], defs)}
     if dataclasses.is_dataclass(tp):
-        name = tp.__name__
+        name = tp.__name__  # type: ignore[union-attr]
         if name not in defs:
             defs[name] = {}  # placeholder against recursion
             hints = typing.get_type_hints(tp)
             props, required = {}, []
             for f in dataclasses.fields(tp):
                 prop = _schema_of(hints[f.name], defs)
-                doc = _field_docs(tp).get(f.name)
+                doc = _field_docs(tp).get(f.name)  # type: ignore[arg-type]
                 if doc:
                     prop = {"description": doc, **prop}
                 props[f.name] = prop

@@ -35,7 +35,8 @@ class Unbounded(Exception):
 
 def read_bounded(response: Any, limit: int, until: float) -> bytes:
     """A response body of at most ``limit`` bytes, read before ``until`` (time.monotonic)."""
-    chunks, total = [], 0
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = response.read(1 << 20)
         if not chunk:

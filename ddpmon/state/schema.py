@@ -607,7 +607,8 @@ def parse(data: object) -> RankState:
 
 def to_json(state: RankState) -> dict[str, Any]:
     """The state as plain JSON data, the file's body."""
-    return records.dump(state)
+    dumped: dict[str, Any] = records.dump(state)
+    return dumped
 
 
 def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
@@ -657,7 +658,7 @@ def _type_name(prop: dict[str, Any]) -> str:
     if "anyOf" in prop:
         return " or ".join(_type_name(p) for p in prop["anyOf"])
     if "$ref" in prop:
-        return prop["$ref"].rsplit("/", 1)[-1]
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
     kind = prop.get("type", "any")
     if kind == "array":
         return f"list of {_type_name(prop['items'])}"

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
 
 import pytest
 
-from ddpmon.config import Config
+from ddpmon.config import Config, Options
 from ddpmon.errors import ConfigError
 
 
@@ -117,3 +118,12 @@ def test_hang_action_is_report_unless_abort_is_asked_for() -> None:
         Config.from_env({"DDPMON_HANG_ACTION": "kill"})
     with pytest.raises(ConfigError, match="hang_action='restart'"):
         Config.from_env({}, hang_action="restart")
+
+
+def test_attachs_typed_options_are_configs_fields() -> None:
+    """``attach(**options)`` is typed by ``Options``: a field added to Config and not there
+    would be an option that type checkers reject."""
+    fields = {f.name: f.type for f in dataclasses.fields(Config)}
+    typed = {name: getattr(t, "__forward_arg__", t) for name, t in Options.__annotations__.items()}
+    assert typed == fields
+    assert not Options.__required_keys__

@@ -36,7 +36,7 @@ def entries(v: RankView) -> dict[tuple[str, int], Collective]:
     """The rank's recent collectives by (group, seq), point-to-point left out (their
     sequence is per pair of ranks)."""
     s = v.state
-    out = {}
+    out = {}  # type: ignore[var-annotated]
     for e in (
         list(s.collective_log)
         + list(s.in_flight)

@@ -55,7 +55,7 @@ def same_error(views: list[RankView], missing: list[int]) -> Verdict | None:
     )
     summary = (
         f"every rank failed in the same place: a bug in the code, not one rank ({words.who(ranks)} "
-        f"raised {error} at {views[0].ending.where})"
+        f"raised {error} at {views[0].ending.where})"  # type: ignore[union-attr]
     )
     evidence = [words.gone_line(v) for v in views]
     if by_names:

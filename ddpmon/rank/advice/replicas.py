@@ -33,7 +33,7 @@ class ParamPrints:
     """Per-tensor checksums of sampled elements of every parameter and buffer."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.tensors = [(name, p) for name, p in module.named_parameters()]
+        self.tensors: list[tuple[str, torch.Tensor]] = list(module.named_parameters())
         self.tensors += [(f"buffer:{name}", b) for name, b in module.named_buffers()]
         self.names = [name for name, _ in self.tensors]
         self.prints: list[tuple[int, int, list[int]]] = []
@@ -76,5 +76,5 @@ def call_site() -> str:
         path = os.path.abspath(frame.f_code.co_filename)
         if not path.startswith((torch_dir, ddpmon_dir)) and "torch/nn/modules" not in path:
             return f"{path}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
+        frame = frame.f_back  # type: ignore[assignment]
     return "?"

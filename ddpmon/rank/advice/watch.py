@@ -90,7 +90,7 @@ class Advice:
         self._batches = data.BatchPrints()
         self._epochs = data.EpochWatch()
         self._sampler: tuple[str, bool | None, int | None] | None = None
-        self._params = replicas.ParamPrints(ddp.module)
+        self._params = replicas.ParamPrints(ddp.module)  # type: ignore[arg-type]
         self._nonfinite = NonFiniteWatch(parameters)
         self._static = (
             StaticGraph()
@@ -104,7 +104,7 @@ class Advice:
         self._handles = [
             ddp.register_forward_pre_hook(self._before_ddp_forward, with_kwargs=True),
             ddp.register_forward_hook(self._after_ddp_forward, always_call=True),
-            ddp.module.register_forward_pre_hook(self._before_inner_forward),
+            ddp.module.register_forward_pre_hook(self._before_inner_forward),  # type: ignore[union-attr]
         ]
         transparent.install(ddp.module)  # copies of the inner module leave its hook out
         data.watch(self._loader_iterated, self._epoch_drawn)
@@ -159,8 +159,8 @@ class Advice:
             if self._micro is None and (micro := self._micro_batches(steps)) is not None:
                 self._micro = micro
                 changed = True
-            if self._nonfinite.step_ended(steps):
-                step, name = self._nonfinite.first  # type: ignore[misc]
+            if self._nonfinite.step_ended(steps):  # type: ignore[union-attr]
+                step, name = self._nonfinite.first  # type: ignore[misc, union-attr]
                 self.record(
                     "nonfinite_gradients",
                     f"this rank's own gradients were not finite in step {step} before the "
@@ -171,7 +171,7 @@ class Advice:
                 changed = True
             if (
                 changed
-                or self._nonfinite.checked_step != self._rec.fingerprints.nonfinite_checked_step
+                or self._nonfinite.checked_step != self._rec.fingerprints.nonfinite_checked_step  # type: ignore[union-attr]
             ):
                 self._publish()
             if (
@@ -352,7 +352,7 @@ class Advice:
             gpu_uuid=getattr(self, "_uuid", None),
             cuda_current_device=getattr(self, "_current", None),
         )
-        first = self._nonfinite.first
+        first = self._nonfinite.first  # type: ignore[union-attr]
         rec.fingerprints = schema.Fingerprints(
             batch=[list(p) for p in self._batches.prints],
             params=[
@@ -361,7 +361,7 @@ class Advice:
             ],
             names=list(self._params.names),
             nonfinite=schema.NonFinite(first[0], first[1], time.time()) if first else None,
-            nonfinite_checked_step=self._nonfinite.checked_step,
+            nonfinite_checked_step=self._nonfinite.checked_step,  # type: ignore[union-attr]
         )
 
     # -- peers ----------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ class CollectiveTracker:
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
-                tracker._end(entry, counted, f"{type(exc).__name__}: {exc}"[:300])
+                tracker._end(entry, counted, f"{type(exc).__name__}: {exc}"[:300])  # type: ignore[arg-type]
                 raise
             finally:
                 local.busy = False

@@ -271,6 +271,7 @@ def allreduce_mean_hook(process_group: Any, bucket: dist.GradBucket) -> torch.fu
     unwraps the ``[tensor]`` this future holds.
     """
     group = process_group if process_group is not None else dist.group.WORLD
+    assert group is not None  # DDP was built, so the default group exists
     tensor = bucket.buffer()
     size = group.size()
     if size > 1:
