@@ -199,7 +199,7 @@ class Monitor:
                 os.path.dirname(self._writer.path),
                 rec,
                 {
-                    "hang_timeout": lambda value: watchdog.set_timeout(value),
+                    "hang_timeout": watchdog.set_timeout,
                     "bucket_timing": timing.set_live,
                 },
                 self._notify,

@@ -649,7 +649,7 @@ class Recorder:
     def recent_state(self, max_age: float) -> schema.RankState:
         """The view ``state()`` built last (for the state file, about once a second) when it
         is at most ``max_age`` seconds old, else a fresh one: a reader that needs no
-        fresher view shares that work. Not to be changed."""
+        fresher view shares that work. Shared: read it, never change it."""
         latest = self._latest
         if latest is not None and time.time() - (latest.now_unix or 0.0) <= max_age:
             return latest
