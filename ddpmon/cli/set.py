@@ -23,7 +23,7 @@ EPILOG = (
     + "".join(f"  {name}: {LIVE_VALUES[name]}\n" for name in LIVE_OPTIONS)
     + "\nEach rank checks the request (its own user's file, for its own process), applies what\n"
     "it can and answers what it applied and what it refused, with the reason. Exit 0: every\n"
-    "rank applied everything; 1: a rank refused something or did not answer; 2: bad usage.\n"
+    "rank applied everything; 1: a rank refused something or did not answer; 2: bad usage.\n\n"
     "examples:\n"
     "  ddpmon set /tmp/ddpmon-1000/myjob hang_timeout=600\n"
     "  ddpmon set /tmp/ddpmon-1000/myjob hang_timeout=auto --rank 3\n"
