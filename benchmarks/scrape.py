@@ -14,7 +14,7 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ddpmon.metrics.exposition import serve
+from ddpmon.httpd import serve
 from ddpmon.rank.exporter import RankCollector
 from ddpmon.rank.recorder import BucketTiming, Recorder
 from ddpmon.state.schema import Identity

@@ -58,7 +58,10 @@ class Config:
     """Where per-bucket timing comes from. ``c10d``: NCCL's own per-collective timing
     (its completion hook), with DDP's C++ all-reduce (or your ``comm_hook``) left in place.
     ``hook``: a Python comm hook around the all-reduce (any backend; it costs a few percent
-    of step time, docs/performance.md). ``auto``: ``c10d`` on NCCL; elsewhere ``hook`` when
+    of step time, docs/performance.md). ``flight_recorder``: the same NCCL timings read
+    back from torch's flight recorder every few seconds (each read holds the GIL while
+    torch serialises its ring buffer; it turns itself off where the recorder keeps no
+    durations, as gloo's). ``auto``: ``c10d`` on NCCL; elsewhere ``hook`` when
     a comm hook of yours runs in Python anyway (``comm_hook``, or one registered after
     attach), else ``off``. ``off``: no per-bucket series, the rest as usual. True/False
     mean ``auto``/``off``."""
@@ -67,7 +70,8 @@ class Config:
     registers and times. In the environment: a dotted path such as
     ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook``."""
     comm_state: Any = None
-    """The state passed to ``comm_hook``; default: the DDP model's process group."""
+    """The state passed to ``comm_hook``; default: the DDP model's process group. An object:
+    no ``DDPMON_COMM_STATE`` variable."""
     nvml: bool = True
     """Export this rank's GPU metrics from NVML (when a GPU and the NVML library exist)."""
     bucket_metrics: str = "auto"

@@ -234,11 +234,13 @@ def _not_alive(state: schema.RankState) -> str | None:
     if state.exit is not None:
         what = f"crashed ({state.exit.exception})" if state.exit.exception else "exited"
         return f"it {what} at step {state.step}"
-    if state.phase == "detached":
+    if state.stage == schema.Stage.DETACHED:
         return f"it detached from ddpmon at step {state.step} (its training ended)"
-    from ..doctor import procs
+    from ..collectors import host
 
-    liveness = procs.check(state.host, state.pid, state.started_unix, socket.gethostname())
+    liveness = host.check(
+        state.host, state.pid, state.started_unix, socket.gethostname(), state.rank
+    )
     if liveness.alive is False:
         return f"its process is gone ({liveness.detail}) since step {state.step}"
     return None

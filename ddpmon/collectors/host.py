@@ -1,10 +1,13 @@
-"""Host metrics of a rank's process from psutil, and finding a rank's process by its pid.
+"""Host metrics of a rank's process from psutil, and the one rule for "is this rank's
+process alive".
 
 ``ProcessSampler`` reads one process (CPU, memory, threads), the host's memory and the
 process's children (the data-loader workers) in one pass per sample. ``locate_process``
 finds the process a state file names, also when the rank runs in a container and the pid
 it wrote is the pid inside the container (Linux lists a process's pid in every namespace in
-/proc/<pid>/status, line NSpid). Nothing here imports torch.
+/proc/<pid>/status, line NSpid); ``judge`` says whether it lives, and why not. The doctor
+(``check``) and the node daemon both decide with these two, so they judge a rank alike.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -60,7 +64,7 @@ class ProcessSampler:
             rss = self._proc.memory_info().rss
             threads = self._proc.num_threads()
         memory = psutil.virtual_memory()
-        workers, workers_cpu = self._children_cpu(self._child_pids())
+        workers, workers_cpu = self._children_cpu(self.child_pids())
         return [
             ("ddpmon_process_cpu_seconds_total", labels, cpu.user + cpu.system),
             ("ddpmon_process_resident_memory_bytes", labels, float(rss)),
@@ -71,7 +75,8 @@ class ProcessSampler:
             ("ddpmon_dataloader_workers_cpu_seconds_total", labels, workers_cpu),
         ]
 
-    def _child_pids(self) -> list[int]:
+    def child_pids(self) -> list[int]:
+        """The pids of the process's children (its DataLoader workers)."""
         if not self._proc_children:
             return [c.pid for c in self._proc.children()]
         pids: list[int] = []
@@ -99,6 +104,85 @@ class ProcessSampler:
                 self._exited_children_cpu += last
         self._children = current
         return len(current), self._exited_children_cpu + sum(last for _, last in current.values())
+
+
+def process_memory(pid: int, pss: bool) -> list[tuple[str, int]]:
+    """(kind, bytes) of process ``pid``: ``rss`` and, with ``pss`` and where Linux gives it
+    (/proc/<pid>/smaps_rollup: one pass over every page the process maps), ``pss``, which
+    shares a page among the processes that map it, so that a forked worker's copied pages
+    show and its inherited ones do not. Raises psutil.Error when the process is gone."""
+    proc = psutil.Process(pid)
+    if pss and _HAS_PSS:
+        full = proc.memory_full_info()
+        return [("rss", int(full.rss)), ("pss", int(full.pss))]
+    return [("rss", int(proc.memory_info().rss))]
+
+
+_HAS_PSS = os.path.exists("/proc/self/smaps_rollup")
+"""psutil reads PSS from smaps_rollup where the kernel has it (Linux 4.14); elsewhere it
+would walk every mapping in /proc/<pid>/smaps, too slow to do each second."""
+
+
+def host_available() -> int:
+    """Bytes the host can still give processes without swapping (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_headroom(membership: str | None = None, root: str = CGROUP_ROOT) -> int | None:
+    """Bytes before the memory limit of this process's cgroup or of a cgroup above it,
+    whichever is nearest; None without a limit or where it cannot be read. ``membership``:
+    the text of /proc/self/cgroup (read when None). cgroup v2 (``memory.max`` and
+    ``memory.current`` along the path of the ``0::`` line), else v1's memory controller
+    (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
+    if membership is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                membership = f.read()
+        except OSError:
+            return None
+    for fields in (line.split(":", 2) for line in membership.splitlines()):
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "" and os.path.exists(os.path.join(root, "cgroup.controllers")):
+            return _nearest_limit(root, path, "memory.max", "memory.current")
+        if "memory" in controllers.split(","):
+            return _nearest_limit(
+                os.path.join(root, "memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"
+            )
+    return None
+
+
+def _nearest_limit(root: str, path: str, limit_file: str, usage_file: str) -> int | None:
+    """The least headroom of the cgroups from ``path`` up to ``root`` that have a limit."""
+    best: int | None = None
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for depth in range(len(parts), -1, -1):
+        directory = os.path.join(root, *parts[:depth])
+        try:
+            with open(os.path.join(directory, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(directory, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if not limit.isdigit() or int(limit) >= 1 << 62:  # "max", or v1's "no limit"
+            continue
+        headroom = max(0, int(limit) - usage)
+        best = headroom if best is None else min(best, headroom)
+    return best
+
+
+def process_started_unix(pid: int | None = None) -> float | None:
+    """When a process (default: this one) was created, by this host's clock; None when
+    psutil cannot say."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError, ValueError):
+        return None
 
 
 def is_alive(proc: psutil.Process) -> bool:
@@ -157,6 +241,64 @@ def locate_process(
     if nested:
         return max(nested, key=_create_time)
     return direct
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Whether a rank's process lives: ``alive`` is None when it cannot be checked from here
+    (another host, no valid pid); ``detail`` says what was seen, for a reader."""
+
+    alive: bool | None
+    detail: str
+    stopped: bool = False
+    """It is there and stopped (SIGSTOP, a debugger): it cannot make progress."""
+
+
+def judge(proc: psutil.Process | None, pid: int, started_unix: float | None) -> Liveness:
+    """The verdict on the process ``locate_process`` found for ``pid`` (None: none could be
+    the rank), with what ``pid`` itself is when none could."""
+    if proc is not None and is_alive(proc):
+        try:
+            status = proc.status()
+        except psutil.Error:
+            status = "?"
+        where = "" if proc.pid == pid else f" (pid {proc.pid} on this host: in a container)"
+        if is_stopped(proc):
+            return Liveness(True, f"pid {pid}{where} is stopped (SIGSTOP or a debugger)", True)
+        return Liveness(True, f"pid {pid}{where} is running ({status})")
+    try:
+        direct = psutil.Process(pid)
+        status = direct.status()
+        created = direct.create_time()
+    except psutil.NoSuchProcess:
+        return Liveness(False, f"pid {pid} does not exist")
+    except psutil.AccessDenied:
+        return Liveness(None, f"pid {pid} exists, but its details are not permitted here")
+    except Exception as exc:  # psutil can fail in odd ways on odd systems
+        return Liveness(None, f"pid {pid}: cannot be checked ({exc})")
+    if status == psutil.STATUS_ZOMBIE:
+        return Liveness(False, f"pid {pid} has exited (a zombie, not yet reaped by its parent)")
+    if status == psutil.STATUS_DEAD:
+        return Liveness(False, f"pid {pid} is dead")
+    if started_unix is not None and created > started_unix + CREATE_TIME_SLACK:
+        return Liveness(False, f"pid {pid} is a later process (the rank's process is gone)")
+    return Liveness(False, f"pid {pid} is another process (not a rank: the rank's is gone)")
+
+
+def check(
+    host: str | None,
+    pid: object,
+    started_unix: float | None,
+    local_host: str,
+    rank: int | None = None,
+) -> Liveness:
+    """Liveness of the rank whose state file names ``pid`` on ``host``; ``started_unix``
+    (this host's clock) is when the rank attached. Only a rank of this host is checked."""
+    if not host or host != local_host:
+        return Liveness(None, f"on host {host or '?'}, not checked from {local_host}")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return Liveness(None, f"no valid pid in the state file ({pid!r})")
+    return judge(locate_process(pid, started_unix, True, rank), pid, started_unix)
 
 
 def _nested_candidates(
@@ -251,3 +393,23 @@ def _endpoint(text: str) -> tuple[str, int]:
 def _normal(ip: str) -> str:
     """An IPv4 address seen through an IPv6 socket (``::ffff:127.0.0.1``) as itself."""
     return ip[7:] if ip.startswith("::ffff:") and "." in ip else ip
+
+
+def port_holder(port: int) -> str | None:
+    """The process that listens on TCP ``port`` on this host (``pid 123: python -m
+    http.server 8000``), where this user may see it; None when none is seen."""
+    try:
+        conns = psutil.net_connections("tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port:
+            continue
+        if c.pid is None:
+            return "a process this user cannot see (another user's)"
+        try:
+            command = " ".join(psutil.Process(c.pid).cmdline())[:200]
+        except psutil.Error:
+            command = "?"
+        return f"pid {c.pid}: {command}"
+    return None

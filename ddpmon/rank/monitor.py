@@ -15,10 +15,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import Config
 from ..fuses import Fuse, bounded
-from ..metrics.exposition import Endpoint, start_endpoint
+from ..httpd import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
-from . import debug_server, model, transparent, writers
+from ..state.schema import Stage
+from . import debug_server, model, startup, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
 from .capture import Capture
@@ -29,6 +30,7 @@ from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
+from .memory import MemoryWatch
 from .recorder import Recorder
 from .settings import LiveSettings
 from .sources import rank_sources
@@ -80,8 +82,11 @@ class Monitor:
         self._advice: Advice | None = None
         self._capture: Capture | None = None
         self._settings: LiveSettings | None = None
+        self._memory: MemoryWatch | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
+        # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
+        self.recorder.startup = startup.hand_over()
         try:
             self._install(ddp, config, identity.device)  # type: ignore[arg-type]
         except BaseException:
@@ -146,7 +151,12 @@ class Monitor:
             Fuse("advice", self._part_failed),
         )
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
-        collector = RankCollector(rec, config.bucket_metrics, sources=sources)
+        collector = RankCollector(
+            rec,
+            config.bucket_metrics,
+            sources=sources,
+            state_dir=config.resolved_state_dir(self.job),
+        )
         self._endpoint = start_endpoint(
             collector,
             config.port,
@@ -170,6 +180,9 @@ class Monitor:
             writers.start_history(self.state_file, self.rank, rec, device)
             if config.history
             else None
+        )
+        self._memory = MemoryWatch(
+            rec, device, config.state_interval, Fuse("memory_trend", self._part_failed)
         )
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
@@ -224,7 +237,7 @@ class Monitor:
         return f"http://{host}:{self._endpoint.port}/metrics"
 
     def snapshot(self) -> dict[str, Any]:
-        """The latest view of this rank: step, phase, timings, buckets, unused parameters..."""
+        """The latest view of this rank: step, stage, timings, buckets, unused parameters..."""
         return self.recorder.snapshot()
 
     def step(self) -> None:
@@ -257,10 +270,12 @@ class Monitor:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[assignment, attr-defined]
         transparent.remove(self._ddp)
-        self.recorder.phase = "detached"
+        self.recorder.stage = Stage.DETACHED
         if self._watchdog:
             self._watchdog.stop()
         self.recorder.set_hang(None)
+        if self._memory:
+            self._memory.stop()
         if self._endpoint:
             self._endpoint.close()
         for close in self._closers:

@@ -2,7 +2,7 @@
 
 Hooks run on the training thread, on autograd's and the communication library's threads;
 the exporter, the state writer and the watchdog read from threads of their own. Hooks never
-take a lock: what a single thread owns (the step in progress, the step count, the phase) is
+take a lock: what a single thread owns (the step in progress, the step count, the stage) is
 written in place, and everything else is appended to an event log (``deque.append`` is
 atomic). Readers take the fold lock, which no hook ever takes, fold the pending events into
 their aggregates (histograms, buckets, collectives in flight) and publish an immutable
@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import steps
 from ..state import records, schema
+from ..state.schema import Stage
 from ..steps import StepRow
 from . import gpu_steps
 from .books import (
@@ -71,6 +72,7 @@ class _Step:
         "micro_steps",
         "samples",
         "tokens",
+        "eval_start",
     )
 
     def __init__(self, start: float) -> None:
@@ -96,6 +98,7 @@ class _Step:
         self.micro_steps = 0
         self.samples = 0
         self.tokens = 0
+        self.eval_start: float | None = None  # the first forward without grad before this step's
 
 
 # Event kinds in the log (first element of each tuple).
@@ -113,9 +116,8 @@ class Recorder:
         self.world_size = max(1, int(world_size))
         self.steps = 0
         self.micro_steps = 0  # backward passes of the steps done (no_sync ones included)
-        # init, forward, after_forward, backward, allreduce, after_backward, optimizer,
-        # after_optimizer or detached
-        self.phase = "init"
+        self.startup: schema.Startup | None = None  # from the process's start (ddpmon run)
+        self.stage = Stage.FIRST_STEP
         self.started_unix = time.time()
         self.last_progress_unix = self.started_unix
         self.unused_parameters: list[str] = []
@@ -138,6 +140,20 @@ class Recorder:
         """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
         self.flop_count: schema.FlopCount | None = None
         """The model's FLOPs per step, once counted (``rank/throughput.py``); replaced whole."""
+        self.memory = schema.Memory()
+        """The memory trends of the rank and its workers (``rank/memory.py``); replaced whole."""
+        self.first_step_unix: float | None = None
+        """When the first step's first forward ran."""
+        self.paused_seconds = 0.0
+        """Seconds paused between steps (``schema.RankState.paused_seconds``)."""
+        self.pause_seen: tuple[int, float] | None = None
+        """(steps done, last progress unix) when the watchdog first saw this rank between
+        steps without progress (busy, waiting or stuck): a pause began then."""
+        # the model's optimizer (``learning_rate_seen``): plain values, no record per step
+        self._optimizer_name: str | None = None
+        self._lr: float | None = None
+        self._lr_peak: float | None = None
+        self._lr_peak_step: int | None = None
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
@@ -155,6 +171,41 @@ class Recorder:
     def heartbeat(self) -> None:
         self.last_progress_unix = time.time()
 
+    def evaluating(self, now: float) -> None:
+        """A forward without grad (evaluation): alive, and between steps the start of a
+        pause, which the next training forward ends."""
+        self.heartbeat()
+        cur = self._cur
+        if self.steps and cur.first_forward is None and cur.eval_start is None:
+            cur.eval_start = now
+
+    def learning_rate_seen(self, name: str, lr: float | None) -> None:
+        """The model's optimizer stepped at ``lr`` (None: not a plain number)."""
+        self._optimizer_name = name
+        self._lr = lr
+        if lr is not None and (self._lr_peak is None or lr > self._lr_peak):
+            self._lr_peak, self._lr_peak_step = lr, self.steps + 1
+
+    @property
+    def optimizer(self) -> schema.Optimizer | None:
+        """The model's optimizer and its learning rates, None before its first step."""
+        name = self._optimizer_name
+        if name is None:
+            return None
+        return schema.Optimizer(name, self._lr, self._lr_peak, self._lr_peak_step)
+
+    def _pause_ends(self, now: float) -> None:
+        """The first training forward of a step ends a pause that began after the step
+        before: at an evaluation's first forward, or where the watchdog saw it begin."""
+        cur = self._cur
+        starts = [cur.eval_start] if cur.eval_start is not None else []
+        seen = self.pause_seen
+        if seen is not None and seen[0] == self.steps:
+            starts.append(now - max(0.0, time.time() - seen[1]))
+        self.pause_seen = None
+        if starts:
+            self.paused_seconds += max(0.0, now - max(cur.start, min(starts)))
+
     @property
     def step_start(self) -> float:
         return self._cur.start
@@ -164,9 +215,12 @@ class Recorder:
         if cur.first_forward is None:
             if self.steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
+                self.first_step_unix = time.time()
+            else:
+                self._pause_ends(now)
             cur.first_forward = now
         cur.forward_start = now
-        self.phase = "forward"
+        self.stage = Stage.FORWARD
         self.last_progress_unix = time.time()
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.FORWARD_START)
@@ -178,7 +232,7 @@ class Recorder:
             cur.forward_start = None
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.FORWARD_END)
-        self.phase = "after_forward"
+        self.stage = Stage.AFTER_FORWARD
 
     def batch_seen(self, samples: int, tokens: int) -> None:
         """A training forward of the step in progress took ``samples`` samples (``tokens``
@@ -195,7 +249,7 @@ class Recorder:
             cur.backward_open = now
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.BACKWARD_START)
-        self.phase = "backward"
+        self.stage = Stage.BACKWARD
         self.last_progress_unix = time.time()
 
     def grad_ready(self, now: float) -> None:
@@ -204,7 +258,7 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.phase = "backward"
+            self.stage = Stage.BACKWARD
         cur.last_grad_ready = now
 
     def backward_done(self, now: float) -> None:
@@ -212,7 +266,7 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.phase = "backward"
+            self.stage = Stage.BACKWARD
         if cur.backward_open is not None:
             cur.backward_seconds += max(0.0, now - cur.backward_open)
             cur.backward_open = None
@@ -230,13 +284,13 @@ class Recorder:
         cur.synced_at = now = time.perf_counter()
         if cur.last_grad_ready is not None:
             cur.comm_wait = max(0.0, now - cur.last_grad_ready)
-        self.phase = "after_backward"
+        self.stage = Stage.AFTER_BACKWARD
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.SYNCED)
 
     def optimizer_started(self, now: float) -> None:
         self._cur.optimizer_start = now
-        self.phase = "optimizer"
+        self.stage = Stage.OPTIMIZER
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
@@ -251,7 +305,7 @@ class Recorder:
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.OPTIMIZER_END)
         cur.optimizer_end = now
-        self.phase = "after_optimizer"
+        self.stage = Stage.AFTER_OPTIMIZER
         self.last_progress_unix = time.time()
 
     @property
@@ -386,7 +440,7 @@ class Recorder:
         cur = self._cur
         cur.buckets_launched += 1
         if is_last:
-            self.phase = "allreduce"
+            self.stage = Stage.ALLREDUCE
         if index is None:
             index = cur.buckets_launched - 1
         group, group_size = self.ddp_group
@@ -410,7 +464,7 @@ class Recorder:
         """The oldest bucket collective in flight is done: DDP's buckets complete in order,
         and the comm hook's completion callback says so without a callback of its own."""
         if is_last:
-            self.phase = "after_backward"
+            self.stage = Stage.AFTER_BACKWARD
         now = time.time()
         self._events.append((_BUCKET_DONE, now))
         self.last_progress_unix = now
@@ -619,7 +673,8 @@ class Recorder:
                 **identity,
                 step=self.steps,
                 micro_steps=self.micro_steps,
-                phase=self.phase,
+                stage=self.stage,
+                startup=self.startup,
                 started_unix=self.started_unix,
                 last_progress_unix=self.last_progress_unix,
                 collectives=schema.Counts(c.issued, c.completed),
@@ -639,9 +694,12 @@ class Recorder:
                 fingerprints=self.fingerprints,
                 data=self.data_info,
                 activity=self.activity,
+                paused_seconds=self.paused_seconds,
+                optimizer=self.optimizer,
             )
         state.timings = timings
         state.throughput = throughput
+        state.memory = self.memory
         state.now_unix = time.time()
         self._latest = state
         return state
@@ -688,7 +746,7 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
 
 def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
-    time of the last steps went (``schema.StepPhases``)."""
+    time of the last steps went (``schema.StepParts``)."""
 
     def summary(values: list[float]) -> schema.Summary | None:
         return (
@@ -712,5 +770,5 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
-        phases=steps.phases(recent),
+        parts=steps.step_parts(recent),
     )

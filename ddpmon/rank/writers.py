@@ -373,6 +373,7 @@ class HistoryWriter:
         self._store: history.HistoryStore | None = None
         self._written = 0
         self._seen: set[str] = set()
+        self._training: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.failures = WriteFailures(
@@ -434,6 +435,10 @@ class HistoryWriter:
             if key not in self._seen:
                 self._store.add_finding(kind, key, text, snap.get("step"))
                 self._seen.add(key)
+        trained = history.training_of(snap)
+        if trained != self._training:
+            self._store.set_meta("training", trained)
+            self._training = trained
         if final:
             exit_record = snap.get("exit")
             how = (
@@ -484,7 +489,7 @@ def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
     if isinstance(hang, dict):
         text = (
             f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
-            f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}"
+            f"{hang.get('step', '?')}, stage {hang.get('stage', '?')}"
         )
         waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
         if waits:
@@ -600,7 +605,7 @@ def _wait_for_peers(state_dir: str, timeout: float = PEERS_WAIT_SECONDS) -> None
                 state = files.read(path)
             except Exception:
                 continue
-            if state.phase == "detached" or state.exit is not None:
+            if state.stage == schema.Stage.DETACHED or state.exit is not None:
                 del waiting[path]
         if waiting:
             time.sleep(0.05)

@@ -20,20 +20,12 @@ from typing import Any
 from .. import steps
 from ..doctor.report import attempt_line
 from ..formats import format_seconds
-from ..steps import PART_LABELS, PARTS, median_of_others
+from ..goodput import text as goodput_text
+from ..steps import PART_LABELS, PART_TABLE, median_of_others
 from .run import Run
 from .summary import missing_text, pct, throughput_text
 
 MAX_LINES = 16
-PHASE_COLOURS = {
-    "data_wait": "#8c564b",
-    "h2d": "#e377c2",
-    "forward": "#1f77b4",
-    "backward": "#2ca02c",
-    "exposed_comm": "#d62728",
-    "optimizer": "#9467bd",
-    "other": "#7f7f7f",
-}
 
 
 def _vendor(name: str) -> str:
@@ -142,26 +134,26 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
         }
     )
 
-    # Phase breakdown: stacked medians per rank.
+    # The parts of the step: stacked medians per rank.
     rows = summary["per_rank"]
-    phases = [p for p in PARTS if any(r["phases"].get(p) for r in rows)]
+    shown = [p for p in PART_TABLE if any(r["parts"].get(p.name) for r in rows)]
     out.append(
         {
-            "id": "phases",
-            "title": "Phase breakdown per rank (median step)",
+            "id": "parts",
+            "title": "Parts of the step per rank (median step)",
             "kind": "stack",
             "x": {"label": "rank", "values": [r["rank"] for r in rows]},
             "y_label": "time per step",
             "unit": "ms",
             "series": [
                 {
-                    "name": PART_LABELS[p],
-                    "colour": PHASE_COLOURS[p],
-                    "values": [_r(r["phases"].get(p), 1e3) for r in rows],
+                    "name": p.label,
+                    "colour": p.colour,
+                    "values": [_r(r["parts"].get(p.name), 1e3) for r in rows],
                 }
-                for p in phases
+                for p in shown
             ],
-            "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
+            "note": "median over steps of each part; 'other' is what the measured parts leave of the step",
         }
     )
 
@@ -283,6 +275,7 @@ def render(run: Run, summary: dict[str, Any]) -> str:
         summary=_summary_html(summary),
         ranks=_ranks_html(summary),
         findings=_findings_html(summary),
+        goodput=_goodput_html(summary),
         attempts=_attempts_html(summary),
         captures=_captures_html(summary),
     )
@@ -327,8 +320,8 @@ def _summary_html(s: dict[str, Any]) -> str:
         slow_text = f"rank {slow['rank']}"
         if slow.get("score") is not None:
             slow_text += f", {steps.slower(slow['score'])} than the others"
-        if slow.get("phase"):
-            slow_text += f", most of it in {PART_LABELS[slow['phase']]} (+{format_seconds(slow.get('excess_seconds'))})"
+        if slow.get("part"):
+            slow_text += f", most of it in {PART_LABELS[slow['part']]} (+{format_seconds(slow.get('excess_seconds'))})"
     verdict = s.get("verdict") or "-"
     run_slow = s.get("straggler")
     if run_slow and run_slow["named"] and verdict != "straggler":  # the doctor reads the last steps
@@ -387,8 +380,8 @@ def _ranks_html(s: dict[str, Any]) -> str:
         out.append(
             f'<tr data-rank="{r["rank"]}"><td>{r["rank"]}</td><td>{e(str(r["host"] or "-"))}</td>'
             f"<td>{e(str(r['device'] or '-'))}</td><td>{r['steps'] if r['steps'] is not None else '-'}</td>"
-            f"<td>{format_seconds(r['median_step_seconds'])}</td><td>{format_seconds(r['median_compute_seconds'])}</td>"
-            f"<td>{format_seconds(r['phases'].get('exposed_comm'))}</td>"
+            f"<td>{format_seconds(r['median_step_seconds'])}</td><td>{format_seconds(r['median_busy_seconds'])}</td>"
+            f"<td>{format_seconds(r['parts'].get('exposed_comm'))}</td>"
             f"<td>{score}</td>"
             f"<td>{e(throughput_text(r) or '-')}</td>"
             f"<td>{e(how)}</td></tr>"
@@ -417,6 +410,31 @@ def _findings_html(s: dict[str, Any]) -> str:
     for p in s.get("problems") or []:
         items.append(f'<div class="finding warning"><b>warning</b> {e(p)}</div>')
     return "\n".join(items) or "<p>No findings.</p>"
+
+
+def _goodput_html(s: dict[str, Any]) -> str:
+    """The wall time cut into steps and lost time by cause (``report/goodput.py``)."""
+    g = s.get("goodput")
+    if not g or g.get("ratio") is None:
+        return ""
+    wall = g["wall_seconds"]
+    rows = [("steps (productive)", g["productive_seconds"])] + [
+        (cause.replace("_", " "), seconds) for cause, seconds in g["lost_seconds"].items()
+    ]
+    cells = "".join(
+        f'<tr data-cause="{html.escape(name)}"><td>{html.escape(name)}</td>'
+        f"<td>{html.escape(format_seconds(seconds))}</td><td>{pct(seconds / wall if wall else None)}</td></tr>"
+        for name, seconds in rows
+    )
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in g.get("notes") or [])
+    return (
+        f'<h2>Goodput</h2><p class="goodput">{html.escape(goodput_text(g) or "")}</p>'
+        f'<p class="note">From the first process\'s start to the end, on the clock of '
+        f"{html.escape(g['clock'])}; a failed attempt's steps since its last checkpoint are "
+        f"not known to ddpmon and count as steps.</p>"
+        f'<table class="goodput"><tr><th>where the time went</th><th>time</th><th>share</th></tr>'
+        f"{cells}</table>{notes}"
+    )
 
 
 def _attempts_html(s: dict[str, Any]) -> str:
@@ -543,7 +561,7 @@ _BODY = """<h2>Summary</h2>
 </table>
 <h2>Ranks</h2>
 <table class="ranks"><tr><th>rank</th><th>host</th><th>device</th><th>steps</th><th>median step</th>
-<th>compute</th><th>exposed comm</th><th>slower than the others</th><th>throughput</th><th>how it ended</th></tr>
+<th>busy</th><th>exposed comm</th><th>slower than the others</th><th>throughput</th><th>how it ended</th></tr>
 {ranks}
 </table>
 <h2>Plots</h2>
@@ -551,6 +569,7 @@ _BODY = """<h2>Summary</h2>
 <div id="charts"></div>
 <h2>Findings</h2>
 {findings}
+{goodput}
 {attempts}
 <h2>Captures</h2>
 {captures}

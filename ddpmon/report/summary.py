@@ -2,8 +2,8 @@
 shows first, what ``ddpmon compare`` compares, and what rank 0 logs when training ends.
 
 Times in seconds. Medians are over steps (a sample of up to 5,000 steps per rank, evenly
-spaced), then over ranks. A rank's *compute* here is its busy time, its step time minus its
-exposed communication: in DDP every rank's step takes as long as the slowest rank's, so the
+spaced), then over ranks. A rank's *busy* time is its step time minus its exposed
+communication (``steps.busy_seconds``): in DDP every rank's step takes as long as the slowest rank's, so the
 straggler is the rank that is busy longest, and the others wait for it in the all-reduce.
 How much *slower* a rank is comes from the doctor's rule (``steps.scores``) over the whole
 run: 0.37 = 37% slower. Throughput and FLOPs are each rank's own figures from its state file
@@ -20,19 +20,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import steps
+from .. import goodput, memory, steps
 from ..doctor import words
 from ..doctor.report import attempt_line
 from ..doctor.view import GONE
 from ..formats import format_seconds
-from ..state import captures, history, schema
+from ..state import captures, history, records, schema
 from .run import RankHistory, Run, load
 
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
 
 
-def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
-    """Median seconds per phase; ``other`` is the step time the known phases leave."""
+def part_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
+    """Median seconds per part of the step; ``other`` is the step time the known parts leave."""
     out: dict[str, float | None] = {}
     for p in steps.PARTS:
         values = [v for v in sample.get(f"{p}_seconds", []) if v is not None]
@@ -40,8 +40,8 @@ def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
     if out["other"] is None:
         measured = [sample[f"{p}_seconds"] for p in steps.PARTS[:-1] if out[p] is not None]
         others = [
-            max(0.0, step - sum(v for v in parts if v is not None))
-            for step, *parts in zip(sample.get("step_seconds", []), *measured)
+            max(0.0, step - sum(v for v in known if v is not None))
+            for step, *known in zip(sample.get("step_seconds", []), *measured)
         ]
         out["other"] = statistics.median(others) if others else None
     return out
@@ -64,12 +64,12 @@ def summarize(run: Run) -> dict[str, Any]:
         if v is not None:
             for key in ("host", "device", "job", "world_size", "backend", "pid"):
                 ident.setdefault(key, getattr(v.state, key))
-        phases = phase_medians(h.sample) if h else {}
+        parts = part_medians(h.sample) if h else {}
         step = h.median("step_seconds") if h else None
         if step is None and v is not None:
             summary = v.state.timings.step_seconds
             step = summary.median if summary is not None else None
-        exposed = phases.get("exposed_comm")
+        exposed = parts.get("exposed_comm")
         steps_done = h.last_step if h else None
         if v is not None:
             steps_done = max(steps_done or 0, v.state.step)
@@ -81,8 +81,8 @@ def summarize(run: Run) -> dict[str, Any]:
                 "backend": ident.get("backend"),
                 "steps": steps_done,
                 "median_step_seconds": step,
-                "median_compute_seconds": None if step is None else step - (exposed or 0.0),
-                "phases": phases,
+                "median_busy_seconds": None if step is None else step - (exposed or 0.0),
+                "parts": parts,
                 "gpu_utilization_ratio": h.median("gpu_utilization_ratio") if h else None,
                 "max_memory_bytes": _max_memory(h.sample) if h else None,
                 "status": _status(h, v),
@@ -90,6 +90,7 @@ def summarize(run: Run) -> dict[str, Any]:
                 "history": h.path if h else None,
                 "missing_steps": missing_steps(h, v),
                 **rank_throughput(v.state.throughput if v is not None else None),
+                "memory": rank_memory(v.state.memory if v is not None else None),
             }
         )
     scores = run_scores(run)
@@ -99,8 +100,8 @@ def summarize(run: Run) -> dict[str, Any]:
         r["slower"] = round(score.score, 4) if score is not None else None
     start, end = run_span(run, views)
     step_median = _median([r["median_step_seconds"] for r in ranks_out])
-    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in steps.PARTS}
-    exposed = phases.get("exposed_comm")
+    parts = {p: _median([r["parts"].get(p) for r in ranks_out]) for p in steps.PARTS}
+    exposed = parts.get("exposed_comm")
     first = next(iter(run.ranks.values()), None)
     world = (first.identity.get("world_size") if first else None) or (
         views[min(views)].state.world_size if views else None
@@ -124,7 +125,7 @@ def summarize(run: Run) -> dict[str, Any]:
         ],
         "median_step_seconds": step_median,
         "steps_per_second": (1.0 / step_median) if step_median else None,
-        "phases": phases,
+        "parts": parts,
         "exposed_comm_share": (exposed / step_median)
         if exposed is not None and step_median
         else None,
@@ -138,6 +139,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "suspect_ranks": list(diag.suspect_ranks) if diag is not None else [],
         "findings": [f.as_dict() for f in diag.findings] if diag is not None else [],
         "attempts": list(diag.attempts) if diag is not None else [],
+        "goodput": goodput.of_dirs(run.sources, run.job if run.job != "?" else None),
+        "training": training(run),
         "recorded_findings": [dict(f, rank=h.rank) for h in run.ranks.values() for f in h.findings],
         "step_bin": run.stride,
         "captures": capture_list(run.sources),
@@ -145,6 +148,14 @@ def summarize(run: Run) -> dict[str, Any]:
         "generated_unix": time.time(),
     }
     return out
+
+
+def training(run: Run) -> dict[str, Any]:
+    """What the run trained with, from its lowest rank's history (``history.training_of``):
+    the global batch (samples per optimizer step, accumulation counted), the world size,
+    the optimizer and its learning rate; empty from a ddpmon that did not record it."""
+    first = run.ranks[min(run.ranks)] if run.ranks else None
+    return history.training(first.meta) if first is not None else {}
 
 
 def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
@@ -159,6 +170,20 @@ def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
         "peak_flops_per_second": count.peak_flops_per_second if count else None,
         "mfu": t.mfu if t else None,
     }
+
+
+def rank_memory(m: schema.Memory | None) -> dict[str, Any]:
+    """A rank's memory trends (``ddpmon/memory.py``), each with whether it creeps and its
+    seconds left before its limit; ``creeping``: those that creep, soonest at a limit first."""
+    trends = []
+    for t in m.trends if m is not None else []:
+        row = records.dump(t)
+        row["creeping"] = memory.creeping(t)
+        row["seconds_left"] = memory.seconds_left(t)
+        trends.append(row)
+    creeping = [t for t in trends if t["creeping"]]
+    creeping.sort(key=lambda t: t["seconds_left"] if t["seconds_left"] is not None else 1e300)
+    return {"trends": trends, "creeping": creeping}
 
 
 def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -307,7 +332,7 @@ _SCORED = ("step_seconds", *(f"{p}_seconds" for p in steps.PARTS))
 def run_scores(run: Run) -> dict[int, steps.Score]:
     """Who is slow over the whole run: ``steps.scores`` over each rank's sampled history,
     the same rule the doctor applies to the last steps of a running job."""
-    phases = {}
+    parts = {}
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
         numbers = h.sample.get("step") or []
@@ -321,8 +346,8 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
             for i, step in enumerate(columns["step_seconds"])
             if step is not None
         ]
-        phases[rank] = steps.phases(rows, whole=True)
-    return steps.scores(phases)  # type: ignore[arg-type]
+        parts[rank] = steps.step_parts(rows, whole=True)
+    return steps.scores(parts)  # type: ignore[arg-type]
 
 
 def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
@@ -332,12 +357,12 @@ def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
     if top is None:
         return None
     losing = {p: e for p, e in top.excess.items() if e > 0}
-    phase = top.cause or (max(losing, key=lambda p: losing[p]) if losing else None)
+    part = top.cause or (max(losing, key=lambda p: losing[p]) if losing else None)
     return {
         "rank": top.rank,
         "score": round(top.score, 4),
-        "phase": phase,
-        "excess_seconds": top.excess[phase] if phase else None,
+        "part": part,
+        "excess_seconds": top.excess[part] if part else None,
     }
 
 
@@ -419,7 +444,7 @@ def missing_text(missing: list[dict[str, Any]]) -> str:
 
 def end_of_run(state_dir: str) -> str:
     """The few lines rank 0 logs when training ends: steps, median step time, the slowest
-    rank and its phase, the exposed-communication share, findings, and the report command."""
+    rank and its part, the exposed-communication share, findings, and the report command."""
     run = load([state_dir], max_points=200)
     s = summarize(run)
     lines = [
@@ -460,6 +485,9 @@ def end_of_run(state_dir: str) -> str:
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")
     if s["missing_steps"]:  # what the history lacks (a full disk): the figures above leave them out
         lines.append(f"  missing from the history: {missing_text(s['missing_steps'])}")
+    spent = goodput.text(s["goodput"])
+    if spent:
+        lines.append(f"  {spent}")
     if s["attempts"]:  # a restarted job: why each attempt before this one ended
         lines.append(f"  attempts: {len(s['attempts']) + 1}; before this one:")
         lines += [f"    {attempt_line(a)}" for a in s["attempts"]]

@@ -1,6 +1,6 @@
 """Typed records: a tiny reader and writer for dataclasses over JSON, driven by type hints.
 
-A record class is a dataclass whose fields are ``int``, ``float``, ``str``, ``bool``, ``Any``,
+A record class is a dataclass whose fields are ``int``, ``float``, ``str``, ``bool``, a str-valued ``Enum``, ``Any``,
 ``X | None``, ``list[X]``, ``dict[str, X]`` or another record. ``load`` checks a parsed JSON
 value against the class and builds it (naming the first bad field and what was expected);
 ``dump`` turns a record back into plain JSON data; ``json_schema`` describes the class as
@@ -233,6 +233,16 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
         return mapping
     if dataclasses.is_dataclass(tp):
         return _record_converters(tp)[0]  # type: ignore[arg-type]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        known = ", ".join(str(m.value) for m in tp)
+
+        def member(value: Any) -> Any:
+            try:
+                return tp(value)
+            except (ValueError, TypeError):
+                raise _Bad(f"one of {known}", value) from None
+
+        return member
     raise TypeError(f"records cannot hold {tp!r}")
 
 
@@ -480,6 +490,8 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "array", "items": _schema_of(typing.get_args(tp)[0], defs)}
     if origin is dict:
         return {"type": "object", "additionalProperties": _schema_of(typing.get_args(tp)[1], defs)}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in tp]}
     if dataclasses.is_dataclass(tp):
         name = tp.__name__  # type: ignore[union-attr]
         if name not in defs:

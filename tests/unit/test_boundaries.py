@@ -3,11 +3,15 @@
 - ``ddpmon/rank/`` runs inside the training process and is the only package that imports
   torch; only the package's face (``ddpmon.attach``), the launcher, the demo and the
   framework integrations import it.
-- The node daemon and the offline readers (doctor, report, top, dashboards, the CLI) never
-  import the rank wing or torch.
+- The node daemon (``ddpmon/daemon/``) and the offline readers (doctor, report, top,
+  dashboards, the CLI) never import the rank wing or torch; the daemon imports only leaves,
+  and only its command (``cli/daemon.py``) imports the daemon.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
-  ``activity``, ``metrics``, ``collectors``, ``advice``, ``profiles``, ``peaks``, ``formats``,
-  config, errors, frames, fuses, webconfig) import only each other; ``state/`` imports no reader.
+  ``activity``, ``metrics``, ``httpd``, ``collectors``, ``advice``, ``profiles``, ``peaks``,
+  ``formats``, ``goodput``, config, errors, frames, fuses, webconfig) import only each other;
+  ``state/`` imports no reader.
+- The developer's generators live in ``tools/``, outside the package: nothing in ``ddpmon``
+  imports them.
 - No import circle anywhere, lazy imports included.
 
 Each rule names the import that breaks it, so the next feature cannot cross the line
@@ -28,6 +32,7 @@ LEAVES = (
     "ddpmon.steps",
     "ddpmon.activity",
     "ddpmon.metrics",
+    "ddpmon.httpd",
     "ddpmon.collectors",
     "ddpmon.advice",
     "ddpmon.config",
@@ -36,16 +41,20 @@ LEAVES = (
     "ddpmon.fuses",
     "ddpmon.version",
     "ddpmon.profiles",
+    "ddpmon.memory",
     "ddpmon.webconfig",
     "ddpmon.peaks",
     "ddpmon.formats",
+    "ddpmon.goodput",
 )
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",
     "ddpmon.demo": "the demo is a training script",
     "ddpmon.integrations._common": "the integrations run inside the training process",
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
+    "ddpmon.agent": "torchrun itself, run by `ddpmon run` in a process that records its rendezvous",
 }
+DAEMON = "ddpmon.daemon"
 RANK_READS = {
     (
         "ddpmon.rank.writers",
@@ -131,6 +140,34 @@ def test_the_leaves_import_only_leaves() -> None:
     assert not crossings, crossings
 
 
+def test_the_daemon_is_a_runtime_of_its_own() -> None:
+    """It stands on the leaves alone, and no reader leans on it (``doctor --from`` reads
+    its routes over HTTP, through ``remote/daemons.py``)."""
+    assert _within("ddpmon.daemon.node", DAEMON) and "ddpmon.daemon.node" in MODULES
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if _within(m, DAEMON)
+        for t in _ours(ts)
+        if t != "ddpmon" and not _within(t, (DAEMON, *LEAVES))
+    )
+    crossings += sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if not _within(m, DAEMON) and m != "ddpmon.cli.daemon"
+        for t in _ours(ts)
+        if _within(t, DAEMON)
+    )
+    assert not crossings, crossings
+
+
+def test_the_package_imports_no_tool() -> None:
+    crossings = sorted(
+        f"{m} imports {t}" for m, ts in IMPORTS.items() for t in ts if t.split(".")[0] == "tools"
+    )
+    assert not crossings, crossings
+
+
 def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
     allowed = (
         "ddpmon.state",
@@ -138,7 +175,6 @@ def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
         "ddpmon.fuses",
         "ddpmon.frames",
         "ddpmon.collectors.host",
-        "ddpmon.webconfig",
     )
     crossings = sorted(
         f"{m} imports {t}"

@@ -19,6 +19,9 @@ lost_node            dead_rank     every rank of a node is gone without a word (
 same_error           dead_rank     every rank raised the same exception at the same
                                    place: a bug in the code, not one rank
 dead_rank            dead_rank     a rank died, crashed or went silent first
+not_arrived          not_started   before the first step: ranks wait in
+                                   init_process_group (or DDP's constructor) for
+                                   ranks still starting or without a process
 stuck_rank           hang          a rank makes no progress outside any collective
 cannot_write         cannot_write  ranks' state files are stale because they cannot
                                    write them (a full disk): not frozen, not killed
@@ -40,7 +43,7 @@ No rule answering means healthy. The advice rules (``advice``: same data on ever
 diverged replicas, NaN origin, device mapping, ...) are notes and never change the verdict. A job whose ranks were all ended while hung is first put
 back as it was at their last writes (``ended_while_hung``). The other rules add notes (and so does
 ``cannot_write`` when another rule gives the verdict):
-``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank, and those of ``files`` on the
+``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank (``memory_creep``, a warning, among them), and those of ``files`` on the
 state directory (see ``ddpmon.doctor.examine``).
 """
 
@@ -62,7 +65,9 @@ from . import (
     ended_while_hung,
     fingerprint,
     lost_node,
+    memory_creep,
     not_joining,
+    not_started,
     rank_notes,
     same_error,
     straggler,
@@ -86,6 +91,7 @@ def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule,
         else lost_node.lost_node,
         same_error.same_error,
         dead_rank.dead_rank,
+        not_started.not_arrived,
         stuck_rank.stuck_rank,  # (busy never answers when this one does)
         cannot_write.cannot_write,
         busy.busy,
@@ -109,6 +115,7 @@ JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
 RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.no_stack,
     rank_notes.ddpmon_part_off,
+    memory_creep.memory_creep,
 )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ...fuses import Fuse
+from ...state.schema import Stage
 from .. import torch_api
 from ..boundary import StepBoundary
 from ..recorder import Recorder
@@ -68,11 +69,11 @@ class StepHooks:
     def _before_forward(self, _module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not self._fuse.ok or is_compiling():
             return
-        if not torch.is_grad_enabled():
-            self._recorder.heartbeat()  # evaluation: alive, and no part of a step
-            return
         try:
             now = time.perf_counter()
+            if not torch.is_grad_enabled():
+                self._recorder.evaluating(now)  # alive, and no part of a step
+                return
             rec = self._recorder
             boundary = self._boundary
             if not boundary.manual and (
@@ -125,8 +126,8 @@ class StepHooks:
             try:
                 rec = self._recorder
                 rec.backward_done(time.perf_counter())
-                if self._sync_expected and rec.phase == "backward":
-                    rec.phase = "allreduce"  # (a comm hook has said so already)
+                if self._sync_expected and rec.stage == Stage.BACKWARD:
+                    rec.stage = Stage.ALLREDUCE  # (a comm hook has said so already)
                 for timeline in self._timelines:
                     timeline.backward_done(self._sync_expected)
                 # Queued now, it runs after DDP's finalize (queued during backward).
