@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
@@ -227,6 +228,45 @@ def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
     """``DDPMON_WEB_CONFIG_FILE``, for the daemon (whose other settings are its flags)."""
     environ = os.environ if environ is None else environ
     return environ.get("DDPMON_WEB_CONFIG_FILE") or None
+
+
+LIVE_OPTIONS = ("hang_timeout", "bucket_timing")
+"""Options a running rank changes when asked (``ddpmon set``); the others are fixed at attach:
+they decide what is installed (hooks, threads, the endpoint) or where files go."""
+LIVE_VALUES = {
+    "hang_timeout": "seconds >= 0 (0 = off), or auto (learned from the step times)",
+    "bucket_timing": "off, or hook where ddpmon's comm hook times the buckets",
+}
+"""What each live option takes, as a refusal names it."""
+
+
+def live_value(name: str, text: str) -> Any:
+    """``text`` as the new value of the live option ``name`` (``hang_timeout=auto``: None,
+    learned); ConfigError says what is wrong and what is accepted."""
+    if name not in LIVE_OPTIONS:
+        if name in {f.name for f in dataclasses.fields(Config)}:
+            expected = (
+                f"an option that can change live ({', '.join(LIVE_OPTIONS)}); {name} is fixed "
+                f"at attach: restart the job with DDPMON_{name.upper()}"
+            )
+        else:
+            expected = "one of the options that can change live: " + ", ".join(LIVE_OPTIONS)
+        raise ConfigError(name, text, expected)
+    text = text.strip()
+    if name == "hang_timeout" and text.lower() == "auto":
+        return None
+    try:
+        value = _parse(name, name, text)
+        Config(**{name: value})._validate()
+    except ConfigError:
+        raise ConfigError(name, text, LIVE_VALUES[name]) from None
+    if name == "bucket_timing":
+        value = "off" if value is False else value
+        if value not in ("off", "hook"):
+            raise ConfigError(name, text, LIVE_VALUES[name])
+    if name == "hang_timeout" and not math.isfinite(value):
+        raise ConfigError(name, text, LIVE_VALUES[name])
+    return value
 
 
 def _parse(var: str, name: str, text: str) -> Any:

@@ -41,6 +41,7 @@ DOC_OF = {
     "report": "docs/report.md",
     "compare": "docs/report.md",
     "capture": "docs/capture.md",
+    "set": "docs/configuration.md",
 }
 PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
 
