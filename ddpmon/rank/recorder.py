@@ -718,13 +718,18 @@ class Recorder:
         return schema.to_json(self.state())
 
     def noticed(self) -> dict[str, Any]:
-        """What the history records as findings, with the state file's keys: the step,
-        notes, errors, write failures, hang report and exit record. A small part of
-        ``snapshot()``, without its fold and per-step summaries (the history's thread reads
-        it every second)."""
+        """What the history records, with the state file's keys: the step, notes, errors,
+        write failures, hang report and exit record (its findings), and what the run trained
+        with (``history.training_of``: the batch, the world size, the optimizer). A small
+        part of ``snapshot()``, without its fold and per-step summaries (the history's thread
+        reads it every second)."""
         return records.dump(
             {
                 "step": self.steps,
+                "data": self.data_info,
+                "world_size": self.identity.world_size,
+                "ddp_world_size": self.identity.ddp_world_size,
+                "optimizer": self.optimizer,
                 "notes": dict(self.notes),
                 "errors": dict(self.errors),
                 "write_failures": dict(self.write_failures),
