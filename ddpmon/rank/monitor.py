@@ -33,6 +33,7 @@ from .hooks.step import StepHooks
 from .memory import MemoryWatch
 from .recorder import Recorder
 from .sources import rank_sources
+from .stack_samples import StackSampler
 from .throughput import Throughput
 from .timing import Timing
 from .timing.layout import ddp_facts
@@ -81,6 +82,7 @@ class Monitor:
         self._advice: Advice | None = None
         self._capture: Capture | None = None
         self._memory: MemoryWatch | None = None
+        self._stacks: StackSampler | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
@@ -149,6 +151,8 @@ class Monitor:
             self._notify,
             Fuse("advice", self._part_failed),
         )
+        self._stacks = StackSampler(rec, Fuse("stack_samples", self._part_failed))
+        self._advice.on_peers = self._stacks.peers_seen
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(
             rec,
@@ -259,6 +263,8 @@ class Monitor:
         self.recorder.stage = Stage.DETACHED
         if self._watchdog:
             self._watchdog.stop()
+        if self._stacks is not None:
+            self._stacks.stop()
         self.recorder.set_hang(None)
         if self._memory:
             self._memory.stop()
