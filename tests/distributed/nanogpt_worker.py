@@ -37,7 +37,9 @@ class TinyGPT(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
         self.lm_head = nn.Linear(64, VOCAB)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.wte(idx)
         logits = self.lm_head(x + self.mlp(x))
         loss = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))

@@ -96,13 +96,13 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
             for r in sorted(scores)
         ]
         parts = sorted(((p, e) for p, e in s.excess.items() if e > 0), key=lambda pe: -pe[1])
+        found = where.place(s, views)
         evidence.append(
             "over the others' median: "
             + ", ".join(
                 f"{steps.PART_LABELS[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts
             )
         )
-        found = where.place(s, views)
         if found is not None:
             evidence.append(found.line(s.rank))
         others = [r for r in scores if r not in suspects]
@@ -111,6 +111,8 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
                 "confirmed: the slow rank waits least for communication (the others wait for it)"
             )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
+        if found is not None and found.gap is not None and found.part == cause:
+            fix = f"look at the code that rank runs {found.label}"
         findings.append(
             Finding(
                 "straggler",
