@@ -16,6 +16,7 @@ get_batch". No suspicion, no thread: nothing runs on a rank its peers keep up wi
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 import threading
 import time
@@ -46,17 +47,24 @@ _DEPTH = 128
 
 
 def suspected(states: Sequence[schema.RankState], rank: int) -> bool:
-    """Whether ``rank`` is the slowest of ``states`` (its own and peers') by at least
-    ``steps.SCORE_WARN`` and ``steps.MIN_GAP_SECONDS`` per step."""
-    parts = {s.rank: s.timings.parts for s in states if s.timings.parts is not None}
-    scores = steps.scores(parts)  # type: ignore[arg-type]
-    mine = scores.get(rank)
-    if mine is None:
+    """Whether ``rank``'s typical busy time (``StepParts.busy_seconds``) is the highest of
+    ``states`` (its own and peers') and at least ``steps.SCORE_WARN`` and
+    ``steps.MIN_GAP_SECONDS`` above the others' median. A glance at the means, a few
+    microseconds: the doctor's straggler rule, which tests the gap against its noise step by
+    step, decides; this only makes sure the samples are there when it does."""
+    busy = {
+        s.rank: p.busy_seconds
+        for s in states
+        if (p := s.timings.parts) is not None and p.steps >= steps.MIN_STEPS
+    }
+    mine = busy.pop(rank, None)
+    if mine is None or not busy:
         return False
+    baseline = statistics.median(busy.values())
     return (
-        mine.score >= steps.SCORE_WARN
-        and mine.gap_seconds >= steps.MIN_GAP_SECONDS
-        and all(s.score <= mine.score for s in scores.values())
+        mine >= max(busy.values())
+        and steps.busy_ratio(mine, baseline) >= steps.SCORE_WARN
+        and mine - baseline >= steps.MIN_GAP_SECONDS
     )
 
 

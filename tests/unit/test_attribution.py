@@ -155,23 +155,15 @@ def test_without_a_gap_that_explains_it_or_enough_samples_nothing_is_guessed() -
 
 def test_a_rank_suspects_itself_only_when_it_is_the_slowest_of_its_peers() -> None:
     def rank_state(rank: int, busy: float) -> schema.RankState:
-        recent = schema.RecentSteps(
-            step=list(range(6, 36)),
-            busy_seconds=[busy + 0.0001 * (i % 3) for i in range(30)],
-            other_seconds=[busy + 0.0001 * (i % 3) for i in range(30)],
-        )
-        for p in steps.BUSY_PARTS:
-            if p != "other":
-                setattr(recent, p + "_seconds", [0.0] * 30)
-        return schema.RankState(
-            rank=rank, timings=schema.Timings(parts=StepParts(steps=30, recent=recent))
-        )
+        parts = StepParts(steps=20, busy_seconds=busy)
+        return schema.RankState(rank=rank, timings=schema.Timings(parts=parts))
 
     slow = [rank_state(0, 0.010), rank_state(1, 0.030), rank_state(2, 0.011)]
     assert stack_samples.suspected(slow, 1)
     assert not stack_samples.suspected(slow, 2) and not stack_samples.suspected(slow, 0)
     even = [rank_state(0, 0.010), rank_state(1, 0.0102)]
     assert not stack_samples.suspected(even, 0) and not stack_samples.suspected(even, 1)
+    assert not stack_samples.suspected([rank_state(1, 0.030)], 1)  # no peer read
 
 
 def fetch_batch(seconds: float) -> None:
