@@ -120,9 +120,10 @@ class StackSampler:
             rec.identity.rank,
             WINDOW_SECONDS,
         )
-        while not self._stop.wait(INTERVAL_SECONDS):
+        while True:
+            stopped = self._stop.wait(INTERVAL_SECONDS)
             now = time.monotonic()
-            where = self._innermost()
+            where = None if stopped else self._innermost()
             if where is not None:
                 if where not in frames:
                     if len(frames) >= MAX_FRAMES:
@@ -131,8 +132,8 @@ class StackSampler:
                         frames.add(where)
                 stage = str(rec.stage)
                 counts.setdefault(stage, Counter())[where] += 1
-            taken += 1
-            if now - published >= PUBLISH_SECONDS or now >= end:
+            taken += not stopped
+            if now - published >= PUBLISH_SECONDS or now >= end or stopped:
                 published = now
                 rec.stack_samples = schema.StackSamples(
                     started_unix=started_unix,
@@ -144,7 +145,7 @@ class StackSampler:
                         for stage, counter in counts.items()
                     },
                 )
-            if now >= end:
+            if now >= end or stopped:
                 return
 
     def _innermost(self) -> str | None:
