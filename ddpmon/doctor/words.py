@@ -60,7 +60,7 @@ FIX_STRAGGLER_PART = {
     "optimizer": "look at its optimizer step: a slower device or CPU, CPU offload, or "
     "rank-specific work in a custom optimizer",
     "other": "look at the code that rank runs outside its forward, backward and optimizer "
-    "step (the evidence says where in the step)",
+    "step (`ddpmon doctor` says where in the step)",
 }
 """The fix for a straggler whose cause is the part named (one of ``steps.BUSY_PARTS``)."""
 
