@@ -137,7 +137,9 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
             rank=rank,
             status=status,
             file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
-            state=SimpleNamespace(host="node-a", timings=SimpleNamespace(parts=p)),
+            state=SimpleNamespace(
+                host="node-a", timings=SimpleNamespace(parts=p), stack_samples=None
+            ),
         )
 
     noisy = [
