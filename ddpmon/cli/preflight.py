@@ -15,9 +15,9 @@ import dataclasses
 import json
 import os
 import signal
-import threading
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, TextIO
 

@@ -222,13 +222,13 @@ def gpu_health(nv: Any, gpu: nvml.Gpu, problems: list[str]) -> dict[str, Any]:
         nvlinks.append({"link": link, "active": bool(state), "errors": errors})
     if nvlinks:
         facts["nvlinks"] = nvlinks
-        if any(l["active"] for l in nvlinks):
-            down = [l["link"] for l in nvlinks if not l["active"]]
+        if any(link["active"] for link in nvlinks):
+            down = [link["link"] for link in nvlinks if not link["active"]]
             if down:
                 problems.append(
                     f"{name}: NVLink {', '.join(map(str, down))} down while others are up: reset the GPU or drain the node"
                 )
-        crc = sum(l["errors"]["crc_flit"] + l["errors"]["crc_data"] for l in nvlinks)
+        crc = sum(link["errors"]["crc_flit"] + link["errors"]["crc_data"] for link in nvlinks)
         if crc:
             problems.append(f"{name}: {crc} NVLink CRC errors: a failing link; drain the node")
     return facts

@@ -192,7 +192,7 @@ def _report(
         for pairs in rounds(nodes)
         for a, b in pairs
     ]
-    links.sort(key=lambda l: (l.a, l.b))
+    links.sort(key=lambda link: (link.a, link.b))
     verdict = judge(links, hosts, {c["node"]: c["problems"] for c in checks}, args.min_bandwidth)
     return {
         "healthy": verdict.healthy,
@@ -202,13 +202,13 @@ def _report(
         "reasons": verdict.reasons,
         "links": [
             {
-                "hosts": [hosts[l.a], hosts[l.b]],
-                "nodes": [l.a, l.b],
-                "bandwidth_bytes_per_second": l.bandwidth_bytes_per_second,
-                "latency_seconds": l.latency_seconds,
-                "slow": l.slow,
+                "hosts": [hosts[link.a], hosts[link.b]],
+                "nodes": [link.a, link.b],
+                "bandwidth_bytes_per_second": link.bandwidth_bytes_per_second,
+                "latency_seconds": link.latency_seconds,
+                "slow": link.slow,
             }
-            for l in links
+            for link in links
         ],
         "allreduce": allreduce,
         "checks": {hosts[c["node"]]: {**c, "host": hosts[c["node"]]} for c in checks},

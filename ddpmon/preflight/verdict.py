@@ -81,9 +81,13 @@ def judge(
                 best[node] = link
     compare = len(hosts) >= 3 and len(best) >= 3
     ref_bw = (
-        statistics.median(l.bandwidth_bytes_per_second for l in best.values()) if compare else None
+        statistics.median(link.bandwidth_bytes_per_second for link in best.values())
+        if compare
+        else None
     )
-    fastest = {n: min(l.latency_seconds for l in links if n in (l.a, l.b)) for n in best}
+    fastest = {
+        n: min(link.latency_seconds for link in links if n in (link.a, link.b)) for n in best
+    }
     ref_lat = statistics.median(fastest.values()) if compare else None
     for link in links:
         link.slow = []
@@ -98,14 +102,14 @@ def judge(
             link.slow.append("latency")
     slow_hosts = []
     for node in sorted(best):
-        mine = [l for l in links if node in (l.a, l.b)]
-        if mine and all(l.slow for l in mine) and (compare or min_bandwidth is not None):
+        mine = [link for link in links if node in (link.a, link.b)]
+        if mine and all(link.slow for link in mine) and (compare or min_bandwidth is not None):
             if len(mine) == 1 and len(hosts) == 2:
                 continue  # one link between two nodes: which end is at fault cannot be told
             slow_hosts.append(node)
             reasons.setdefault(hosts[node], []).append(
                 f"every link of {hosts[node]} is slow: "
-                + ", ".join(f"{_describe(l, hosts)}" for l in mine)
+                + ", ".join(f"{_describe(link, hosts)}" for link in mine)
                 + _against(ref_bw, ref_lat, min_bandwidth)
             )
     slow_links = []
