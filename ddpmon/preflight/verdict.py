@@ -52,6 +52,8 @@ class Verdict:
 def rounds(nodes: int) -> list[list[tuple[int, int]]]:
     """Every pair of ``nodes`` once, in rounds where each node is in at most one pair (the
     circle method): ``nodes - 1`` rounds for an even count, ``nodes`` for an odd one."""
+    if nodes < 2:
+        return []
     order: list[int | None] = list(range(nodes)) + ([None] if nodes % 2 else [])
     out = []
     for _ in range(len(order) - 1):
@@ -104,7 +106,7 @@ def judge(
     for node in sorted(best):
         mine = [link for link in links if node in (link.a, link.b)]
         if mine and all(link.slow for link in mine) and (compare or min_bandwidth is not None):
-            if len(mine) == 1 and len(hosts) == 2:
+            if len(best) == 2:
                 continue  # one link between two nodes: which end is at fault cannot be told
             slow_hosts.append(node)
             reasons.setdefault(hosts[node], []).append(

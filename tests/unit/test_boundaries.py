@@ -3,6 +3,8 @@
 - ``ddpmon/rank/`` runs inside the training process and is the only package that imports
   torch; only the package's face (``ddpmon.attach``), the launcher, the demo and the
   framework integrations import it.
+- ``ddpmon/preflight/`` is a job of its own before the training job: its one process module
+  (``node``) imports torch; the rest (a node's checks, the verdict) is torch-free.
 - The node daemon and the offline readers (doctor, report, top, dashboards, the CLI) never
   import the rank wing or torch.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
@@ -45,6 +47,9 @@ TORCH_OUTSIDE_RANK = {
     "ddpmon.demo": "the demo is a training script",
     "ddpmon.integrations._common": "the integrations run inside the training process",
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
+    "ddpmon.cli.preflight": "torchrun's parser and agent, imported when `ddpmon preflight` runs",
+    "ddpmon.preflight.node": "preflight is a job of its own: its processes measure the links "
+    "between nodes with torch.distributed, as the job will",
 }
 RANK_READS = {
     (
