@@ -104,6 +104,33 @@ def test_names_nobody_on_a_healthy_set(cluster: hosts.Cluster) -> None:
     assert took < 30, took
 
 
+def test_run_preflight_keeps_the_job_off_a_slow_host(
+    cluster: hosts.Cluster, tmp_path: Path
+) -> None:
+    """``ddpmon run --preflight`` on every host, host-c shaped: each node prints the verdict
+    and exits 1 without starting the script."""
+    cluster.hosts[2].shape(SHAPED_RATE)
+    script = tmp_path / "train.py"
+    script.write_text(f"import pathlib\npathlib.Path({str(tmp_path)!r}, 'ran').write_text('')\n")
+    master = cluster.hosts[0].addr("job")
+    procs = [
+        h.start(
+            [sys.executable, "-m", "ddpmon", "run", "--preflight", "--nnodes=3"]
+            + ["--nproc-per-node=1", f"--node-rank={h.index}", f"--master-addr={master}"]
+            + ["--master-port=29530", str(script)],
+            "run",
+            GLOO_SOCKET_IFNAME=hosts.IFACE["job"],
+        )
+        for h in cluster.hosts
+    ]
+    codes = [p.wait(90) for p in procs]
+    assert codes == [1, 1, 1], "\n".join(h.log("run") for h in cluster.hosts)
+    for h in cluster.hosts:
+        err = (h.tmp.parent / "run.err").read_text()
+        assert "\nverdict: host-c (" in err and "  host-c: every link of host-c is slow" in err, err
+    assert not (tmp_path / "ran").exists()
+
+
 def _loop(runs: int) -> None:
     """Both cases ``runs`` times each on one set of hosts: how often each names whom, how long."""
     with tempfile.TemporaryDirectory() as tmp, hosts.Cluster(Path(tmp), NAMES) as c:
