@@ -4,7 +4,8 @@
 
 Run on every node with the options the job's torchrun gets (no script): torchrun starts
 ``python -m ddpmon.preflight.node`` there, the nodes check themselves and measure the links
-between them (``ddpmon/preflight/``), and every node gets the same report and prints it. Exit 1 when it names a slow or bad host or a slow link.
+between them (``ddpmon/preflight/``), and every node gets the same report and prints it.
+Exit 1 when it names a slow or bad host or a slow link.
 ``ddpmon run --preflight`` runs it before the job (``before_run``).
 """
 

@@ -162,7 +162,8 @@ def gpu_health(nv: Any, gpu: nvml.Gpu, problems: list[str]) -> dict[str, Any]:
     facts["ecc_uncorrected"] = ecc
     if ecc:
         problems.append(
-            f"{name}: {ecc} uncorrected ECC errors since the driver loaded: reset or replace the GPU"
+            f"{name}: {ecc} uncorrected ECC errors since the driver loaded: reset or replace "
+            "the GPU"
         )
     pending = ask("nvmlDeviceGetRetiredPagesPendingStatus")
     facts["retired_pages_pending"] = pending
@@ -210,7 +211,7 @@ def gpu_health(nv: Any, gpu: nvml.Gpu, problems: list[str]) -> dict[str, Any]:
         )
     if gen is not None and max_gen and gen < max_gen:
         facts["pcie_generation_note"] = "below the maximum (normal while the GPU idles)"
-    nvlinks = []
+    nvlinks: list[dict[str, Any]] = []
     for link in range(NVLINK_MAX_LINKS):
         state = ask("nvmlDeviceGetNvLinkState", link)
         if state is None:
@@ -226,7 +227,8 @@ def gpu_health(nv: Any, gpu: nvml.Gpu, problems: list[str]) -> dict[str, Any]:
             down = [link["link"] for link in nvlinks if not link["active"]]
             if down:
                 problems.append(
-                    f"{name}: NVLink {', '.join(map(str, down))} down while others are up: reset the GPU or drain the node"
+                    f"{name}: NVLink {', '.join(map(str, down))} "
+                    "down while others are up: reset the GPU or drain the node"
                 )
         crc = sum(link["errors"]["crc_flit"] + link["errors"]["crc_data"] for link in nvlinks)
         if crc:
@@ -245,7 +247,8 @@ def watch_xids(host: str) -> tuple[list[str], Any]:
         nv,
         nvml.list_gpus(nv),
         lambda gpu, code, at: seen.append(
-            f"GPU {gpu.index} ({gpu.pci_bus_id}): XID {code} at {time.strftime('%H:%M:%S', time.localtime(at))}: "
+            f"GPU {gpu.index} ({gpu.pci_bus_id}): XID {code} at "
+            f"{time.strftime('%H:%M:%S', time.localtime(at))}: "
             "see NVIDIA's XID table; drain the node if it repeats"
         ),
     )

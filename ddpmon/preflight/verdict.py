@@ -184,7 +184,8 @@ def table(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(
             f"all-reduce of {ar['bytes'] / 2**20:.0f} MiB over {ar['ranks']} ranks "
-            f"({report['backend']}): bus bandwidth {format_rate(ar['bus_bandwidth_bytes_per_second'])}"
+            f"({report['backend']}): bus bandwidth "
+            + format_rate(ar["bus_bandwidth_bytes_per_second"])
         )
     lines.append("")
     if report["healthy"]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,10 +58,12 @@ def preflight(
     for p in procs:
         try:
             codes.append(p.wait(max(1.0, timeout - (time.monotonic() - started))))
-        except Exception:
+        except subprocess.TimeoutExpired:
             for h in cluster.hosts:
                 h.kill_all()
-            raise AssertionError(f"preflight did not end in {timeout:g} s:\n{_logs(cluster, port)}")
+            raise AssertionError(
+                f"preflight did not end in {timeout:g} s:\n{_logs(cluster, port)}"
+            ) from None
     took = time.monotonic() - started
     reports = []
     for h in cluster.hosts:
