@@ -37,6 +37,7 @@ BANDWIDTH_REPS = 3
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    mark = time.monotonic()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     node, nodes = (
@@ -57,11 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(
         backend, store=dist.PrefixStore("pg/", store), rank=rank, world_size=world, timeout=timeout
     )
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        phases[name] = round(now - mark, 4)
+        mark = now
+
     try:
         leader = local == 0
+        phase("rendezvous")  # torchrun's store, the process group
         if leader:
             xids, stop_xids = watch_xids(host)
             check = check_node(host, node, args.checkpoint_dir, args.min_free_disk)
+            phase("checks")
             store.set(f"leader/{node}", json.dumps({"rank": rank, "host": host}))
             check.clock_offset_seconds = _clock(store, node, nodes)
             if (
@@ -72,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"clock {check.clock_offset_seconds:+.2f} s from node 0's: times written "
                     "on different hosts disagree; run chrony or ntpd on every node"
                 )
+            phase("clocks")
             leaders = {n: json.loads(store.get(f"leader/{n}")) for n in range(nodes)}
             for pairs in rounds(nodes):
                 for a, b in pairs:
@@ -80,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
                         measured = _link(partner, node == a, args.message_bytes, device)
                         if node == a:
                             store.set(f"link/{a}/{b}", json.dumps(measured))
+            phase("links")
             stop_xids()
             check.problems.extend(xids)
             store.set(f"check/{node}", json.dumps(check.to_json()))
         allreduce = _allreduce(args.message_bytes, device, world)
+        phase("allreduce")
         if rank == 0:
             report = _report(store, nodes, world, backend, args, allreduce)
+            report["phases_seconds"] = phases
             store.set("report", json.dumps(report))
         if leader:
             report_text = store.get("report").decode()
