@@ -8,7 +8,7 @@ and every wrong answer.
         --slowdown 0.2 --paced-at 20                                    # 20% stragglers, asked at step 20
 
 A false hang is a healthy run answered hang by the doctor, or one whose watchdog logged a
-hang report. ``--load N`` runs N CPU hogs beside every job (each in a session of its own, so that the
+hang report; a memory finding on a healthy run (memory_creep) is counted too. ``--load N`` runs N CPU hogs beside every job (each in a session of its own, so that the
 scheduler weighs each one like a rank: with autogroups it weighs sessions); ``--max-world W``
 draws world sizes from 2 to W (default 4). ``--slowdown`` and ``--paced-at`` set what a
 straggler adds to one part (a share of the paced work) and how many steps into it the doctor
@@ -113,7 +113,7 @@ def main() -> int:
     if args.paced_at is not None:
         env["DDPMON_SCENARIO_PACED_AT"] = str(args.paced_at)
     pairs, right, wrong = [], 0, []
-    false_hangs = watchdog_hangs = false_stragglers = 0
+    false_hangs = watchdog_hangs = false_stragglers = false_memory = judged = 0
     per_kind: Counter[tuple[str, bool]] = Counter()
     started = load()
     print(
@@ -133,6 +133,13 @@ def main() -> int:
             if want == "healthy" and outcome.verdict == "hang":
                 false_hangs += 1
             false_stragglers += want != "straggler" and outcome.verdict == "straggler"
+            if want == "healthy" and outcome.diagnosis is not None:
+                d = outcome.diagnosis
+                false_memory += any(f.kind == "memory_creep" for f in d.findings)
+                judged += sum(
+                    any(t.bytes_per_step is not None for t in v.state.memory.trends)
+                    for v in d.ranks
+                )
             reported = want == "healthy" and any(
                 "made no progress" in p.read_text(errors="replace")
                 for p in workdir.glob("stderr-*.txt")
@@ -149,7 +156,9 @@ def main() -> int:
     print(
         f"\nseed {seed}: {right}/{args.n} right ({right / args.n:.1%}), verdict macro-F1 "
         f"{macro_f1(pairs):.3f}, false hangs on healthy runs: {false_hangs} (doctor), "
-        f"{watchdog_hangs} (a watchdog's hang report); false stragglers: {false_stragglers}"
+        f"{watchdog_hangs} (a watchdog's hang report); false stragglers: {false_stragglers}; "
+        f"memory findings on healthy runs: {false_memory} (ranks whose memory trends were "
+        f"judged: {judged})"
     )
     print(
         f"load average (1, 5, 15 min) at the start {started}, at the end {load()}"

@@ -28,6 +28,7 @@ import tempfile
 import time
 from typing import Any
 
+from .. import goodput
 from ..config import (
     DEBUG_SERVER_INTERVAL,
     DEBUG_SERVER_INTERVAL_VAR,
@@ -483,6 +484,9 @@ def _print_summary(code: int, state_dir: str | None) -> None:
     print(f"ddpmon run: exit status {code}; state files in {state_dir} ({listed})", file=out)
     for directory, _ in found:
         print(f"  ddpmon doctor {directory}\n  ddpmon report {directory}", file=out)
+    spent = goodput.text(goodput.of_dirs([found[0][0]]))
+    if spent:
+        print(f"ddpmon run: {spent}", file=out)
     earlier = attempts.earlier(state_dir)
     if earlier:
         print(

@@ -60,7 +60,7 @@ class ProcessSampler:
             rss = self._proc.memory_info().rss
             threads = self._proc.num_threads()
         memory = psutil.virtual_memory()
-        workers, workers_cpu = self._children_cpu(self._child_pids())
+        workers, workers_cpu = self._children_cpu(self.child_pids())
         return [
             ("ddpmon_process_cpu_seconds_total", labels, cpu.user + cpu.system),
             ("ddpmon_process_resident_memory_bytes", labels, float(rss)),
@@ -71,7 +71,8 @@ class ProcessSampler:
             ("ddpmon_dataloader_workers_cpu_seconds_total", labels, workers_cpu),
         ]
 
-    def _child_pids(self) -> list[int]:
+    def child_pids(self) -> list[int]:
+        """The pids of the process's children (its DataLoader workers)."""
         if not self._proc_children:
             return [c.pid for c in self._proc.children()]
         pids: list[int] = []
@@ -99,6 +100,85 @@ class ProcessSampler:
                 self._exited_children_cpu += last
         self._children = current
         return len(current), self._exited_children_cpu + sum(last for _, last in current.values())
+
+
+def process_memory(pid: int, pss: bool) -> list[tuple[str, int]]:
+    """(kind, bytes) of process ``pid``: ``rss`` and, with ``pss`` and where Linux gives it
+    (/proc/<pid>/smaps_rollup: one pass over every page the process maps), ``pss``, which
+    shares a page among the processes that map it, so that a forked worker's copied pages
+    show and its inherited ones do not. Raises psutil.Error when the process is gone."""
+    proc = psutil.Process(pid)
+    if pss and _HAS_PSS:
+        full = proc.memory_full_info()
+        return [("rss", int(full.rss)), ("pss", int(full.pss))]
+    return [("rss", int(proc.memory_info().rss))]
+
+
+_HAS_PSS = os.path.exists("/proc/self/smaps_rollup")
+"""psutil reads PSS from smaps_rollup where the kernel has it (Linux 4.14); elsewhere it
+would walk every mapping in /proc/<pid>/smaps, too slow to do each second."""
+
+
+def host_available() -> int:
+    """Bytes the host can still give processes without swapping (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_headroom(membership: str | None = None, root: str = CGROUP_ROOT) -> int | None:
+    """Bytes before the memory limit of this process's cgroup or of a cgroup above it,
+    whichever is nearest; None without a limit or where it cannot be read. ``membership``:
+    the text of /proc/self/cgroup (read when None). cgroup v2 (``memory.max`` and
+    ``memory.current`` along the path of the ``0::`` line), else v1's memory controller
+    (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
+    if membership is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                membership = f.read()
+        except OSError:
+            return None
+    for fields in (line.split(":", 2) for line in membership.splitlines()):
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "" and os.path.exists(os.path.join(root, "cgroup.controllers")):
+            return _nearest_limit(root, path, "memory.max", "memory.current")
+        if "memory" in controllers.split(","):
+            return _nearest_limit(
+                os.path.join(root, "memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"
+            )
+    return None
+
+
+def _nearest_limit(root: str, path: str, limit_file: str, usage_file: str) -> int | None:
+    """The least headroom of the cgroups from ``path`` up to ``root`` that have a limit."""
+    best: int | None = None
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for depth in range(len(parts), -1, -1):
+        directory = os.path.join(root, *parts[:depth])
+        try:
+            with open(os.path.join(directory, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(directory, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if not limit.isdigit() or int(limit) >= 1 << 62:  # "max", or v1's "no limit"
+            continue
+        headroom = max(0, int(limit) - usage)
+        best = headroom if best is None else min(best, headroom)
+    return best
+
+
+def process_started_unix(pid: int | None = None) -> float | None:
+    """When a process (default: this one) was created, by this host's clock; None when
+    psutil cannot say."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError, ValueError):
+        return None
 
 
 def is_alive(proc: psutil.Process) -> bool:

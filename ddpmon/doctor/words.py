@@ -596,3 +596,34 @@ def who(numbers: Iterable[int]) -> str:
 
 def verb(items: Collection[object], one: str, many: str) -> str:
     return one if len(items) == 1 else many
+
+
+FIX_COPY_ON_READ = (
+    "DataLoader workers that grow together are most often copy-on-read "
+    "(pytorch/pytorch#13246): the Dataset holds Python objects (lists, dicts, strings) that "
+    "the forked workers read, and each read touches their reference counts, so the pages "
+    "they sit on are copied into every worker. Keep the data in numpy arrays or tensors "
+    "(or a memory-mapped file) instead of lists of Python objects."
+)
+FIX_FRAGMENTATION = (
+    "torch's allocated memory is flat while its reserved memory grows: the caching "
+    "allocator fragments (varying tensor sizes leave blocks it cannot reuse). Set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or pad the varying shapes to a few "
+    "sizes)."
+)
+FIX_TENSORS_KEPT = (
+    "torch's allocated memory grows with the steps: tensors stay alive from step to step, "
+    "often a loss or an output kept for logging without .item() or .detach(), or a list "
+    "that grows. torch.cuda.memory._record_memory_history and a snapshot between two steps "
+    "show what holds them."
+)
+FIX_HOST_LEAK = (
+    "Something in the rank's process keeps memory from step to step: a list or cache that "
+    "grows, tensors kept for logging. Compare two tracemalloc snapshots (or run memray) a "
+    "few hundred steps apart."
+)
+FIX_WORKER_LEAK = (
+    "A DataLoader worker keeps memory from batch to batch: a cache or list in the Dataset "
+    "or its transforms that grows. Compare two tracemalloc snapshots inside the worker "
+    "(worker_init_fn), or run one epoch with num_workers=0 under memray."
+)

@@ -187,6 +187,43 @@ METRICS: tuple[Metric, ...] = (
         "first); absent without one.",
     ),
     Metric(
+        "ddpmon_paused_seconds_total",
+        "counter",
+        "Seconds the rank paused between steps: evaluation, checkpoints, or a wait or silence "
+        "its watchdog saw before the next step's first forward.",
+    ),
+    Metric(
+        "ddpmon_learning_rate",
+        "gauge",
+        "The learning rate of the optimizer's last step (its first parameter group); absent "
+        "before the first step or when not a plain number.",
+    ),
+    Metric(
+        "ddpmon_global_batch_size",
+        "gauge",
+        "Samples per optimizer step over the job: the per-rank batch times micro-batches "
+        "(gradient accumulation) times DDP's world size; absent until the first step.",
+    ),
+    Metric(
+        "ddpmon_goodput_ratio",
+        "gauge",
+        "The job's goodput so far, on rank 0 only: its time in steps (less pauses) over the wall "
+        "time since its first attempt's process started (0..1).",
+    ),
+    Metric(
+        "ddpmon_goodput_productive_seconds",
+        "gauge",
+        "The job's time in steps so far, less the pauses between them, over every attempt (rank 0 "
+        "only).",
+    ),
+    Metric(
+        "ddpmon_goodput_lost_seconds",
+        "gauge",
+        "The job's wall time lost so far, over every attempt, by cause (rank 0 only): startup, "
+        "pauses, hang_until_detected, hang_until_ended, after_last_step, restarts.",
+        RANK + ("cause",),
+    ),
+    Metric(
         "ddpmon_activity",
         "gauge",
         "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
@@ -332,6 +369,24 @@ METRICS: tuple[Metric, ...] = (
         "ddpmon_dataloader_workers_cpu_seconds_total",
         "counter",
         "CPU time of the rank's child processes.",
+        RANK,
+        "host",
+    ),
+    Metric(
+        "ddpmon_memory_growth_bytes_per_second",
+        "gauge",
+        "The robust trend (Theil-Sen, over the rank's last samples) of a memory series: "
+        "process is rank or worker (its fastest-growing DataLoader worker), kind is rss, pss, "
+        "torch_allocated or torch_reserved.",
+        RANK + ("process", "kind"),
+        "host",
+    ),
+    Metric(
+        "ddpmon_memory_creep_seconds_left",
+        "gauge",
+        "While a memory series of the rank creeps (docs/doctor.md, memory_creep): the seconds "
+        "before the nearest of them reaches its limit (the GPU's memory, the host's available "
+        "memory, the cgroup's limit) at its present rate.",
         RANK,
         "host",
     ),

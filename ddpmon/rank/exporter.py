@@ -4,9 +4,12 @@ them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 
+from .. import goodput, memory
 from ..config import AUTO_PER_BUCKET_LIMIT
+from ..fuses import Fuse
 from ..metrics.catalog import RANK_ACTIVITIES
 from ..metrics.exposition import (
     Family,
@@ -31,10 +34,55 @@ class RankCollector:
         recorder: Recorder,
         bucket_metrics: str = "auto",
         sources: Iterable[SampleSource] = (),
+        state_dir: str | None = None,
     ) -> None:
+        """``state_dir``: where rank 0 finds the job's earlier attempts, for its goodput."""
         self._recorder = recorder
         self._bucket_metrics = bucket_metrics
         self._sources = list(sources)
+        self._state_dir = state_dir
+        self._earlier: list[goodput.Attempt] | None = None
+        self._goodput_fuse = Fuse("goodput metrics")
+
+    def _goodput(self, base: dict[str, str]) -> list[Sample]:
+        """The job's goodput so far: its earlier attempts (read once, at the first scrape)
+        and this one, live."""
+        r = self._recorder
+        if self._earlier is None:
+            current = r.identity.attempt
+            self._earlier = (
+                [a for a in goodput.attempts_of([self._state_dir]) if a.number < current]
+                if self._state_dir and current
+                else []
+            )
+        now = time.time()
+        hang = r.hang
+        last = hang.last_progress_unix if hang is not None else now
+        live = goodput.Attempt(
+            r.identity.attempt or 0,
+            r.identity.rank,
+            r.identity.host,
+            r.identity.process_started_unix or r.started_unix,
+            r.first_step_unix,
+            last if r.first_step_unix is not None else None,
+            now,
+            r.paused_seconds,
+            (hang.detected_unix - hang.last_progress_unix, now - hang.detected_unix)
+            if hang is not None
+            else None,
+        )
+        g = goodput.goodput([*self._earlier, live])
+        if g is None or g["ratio"] is None:
+            return []
+        out: list[Sample] = [
+            ("ddpmon_goodput_ratio", base, g["ratio"]),
+            ("ddpmon_goodput_productive_seconds", base, g["productive_seconds"]),
+        ]
+        out += [
+            ("ddpmon_goodput_lost_seconds", {**base, "cause": cause}, seconds)
+            for cause, seconds in g["lost_seconds"].items()
+        ]
+        return out
 
     def collect(self) -> Iterator[Family]:
         r = self._recorder
@@ -62,6 +110,13 @@ class RankCollector:
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
         samples += _throughput(base, r.throughput())
+        samples += _memory(base, r.memory)
+        samples += _training(base, r)
+        if ident.rank == 0 and self._goodput_fuse.ok:
+            try:
+                samples += self._goodput(base)
+            except Exception as exc:
+                self._goodput_fuse.blow(exc)
         if ident.attempt is not None:
             samples.append(("ddpmon_attempt", base, float(ident.attempt)))
         act = r.activity  # the watchdog's last sample (None with the watchdog off)
@@ -140,6 +195,17 @@ class RankCollector:
         yield from families(samples)
 
 
+def _training(base: dict[str, str], r: Recorder) -> list[Sample]:
+    """The seconds paused between steps, the global batch and the learning rate."""
+    out: list[Sample] = [("ddpmon_paused_seconds_total", base, r.paused_seconds)]
+    if r.data_info.global_batch_size is not None:
+        out.append(("ddpmon_global_batch_size", base, float(r.data_info.global_batch_size)))
+    opt = r.optimizer
+    if opt is not None and opt.learning_rate is not None:
+        out.append(("ddpmon_learning_rate", base, opt.learning_rate))
+    return out
+
+
 def _throughput(base: dict[str, str], t: schema.Throughput) -> list[Sample]:
     """Samples and tokens counted, and the FLOP figures where they are known."""
     out: list[Sample] = [("ddpmon_samples_total", base, float(t.samples_total))]
@@ -154,4 +220,26 @@ def _throughput(base: dict[str, str], t: schema.Throughput) -> list[Sample]:
         out.append(("ddpmon_achieved_flops_per_second", base, t.achieved_flops_per_second))
     if t.mfu is not None:
         out.append(("ddpmon_mfu_ratio", base, t.mfu))
+    return out
+
+
+def _memory(base: dict[str, str], m: schema.Memory) -> list[Sample]:
+    """Each memory trend's slope (the fastest-growing worker's for the workers), and the
+    time left while one creeps."""
+    fastest: dict[tuple[str, str], float] = {}
+    left: list[float] = []
+    for t in m.trends:
+        if t.bytes_per_second is None:
+            continue
+        key = (t.process, t.kind)
+        fastest[key] = max(fastest.get(key, t.bytes_per_second), t.bytes_per_second)
+        seconds = memory.seconds_left(t)
+        if seconds is not None and memory.creeping(t):
+            left.append(seconds)
+    out: list[Sample] = [
+        ("ddpmon_memory_growth_bytes_per_second", {**base, "process": p, "kind": k}, v)
+        for (p, k), v in sorted(fastest.items())
+    ]
+    if left:
+        out.append(("ddpmon_memory_creep_seconds_left", base, min(left)))
     return out

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ..collectors import host
 from ..errors import AttachError, ConfigError
 from ..state import attempts
 from ..state.schema import Identity
@@ -104,6 +105,7 @@ def identity(ddp: DistributedDataParallel, job: str) -> Identity:
         group_rank=int(os.environ.get("GROUP_RANK", "0") or 0),
         host=socket.gethostname(),
         pid=os.getpid(),
+        process_started_unix=host.process_started_unix(),
         job=job,
         attempt=attempts.attempt_of(),
         backend=str(dist.get_backend(ddp.process_group)),

@@ -29,6 +29,7 @@ from .hooks.autograd import UnusedParameterWatch
 from .hooks.collectives import CollectiveTracker, group_identity
 from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
+from .memory import MemoryWatch
 from .recorder import Recorder
 from .sources import rank_sources
 from .throughput import Throughput
@@ -78,6 +79,7 @@ class Monitor:
         self._history: Any = None
         self._advice: Advice | None = None
         self._capture: Capture | None = None
+        self._memory: MemoryWatch | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         try:
@@ -145,7 +147,12 @@ class Monitor:
             Fuse("advice", self._part_failed),
         )
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
-        collector = RankCollector(rec, config.bucket_metrics, sources=sources)
+        collector = RankCollector(
+            rec,
+            config.bucket_metrics,
+            sources=sources,
+            state_dir=config.resolved_state_dir(self.job),
+        )
         self._endpoint = start_endpoint(
             collector,
             config.port,
@@ -170,6 +177,9 @@ class Monitor:
             writers.start_history(self.state_file, self.rank, rec, device)
             if config.history
             else None
+        )
+        self._memory = MemoryWatch(
+            rec, device, config.state_interval, Fuse("memory_trend", self._part_failed)
         )
         self._collectives = CollectiveTracker(rec, Fuse("collective_tracking", self._part_failed))
         if config.track_collectives:
@@ -247,6 +257,8 @@ class Monitor:
         if self._watchdog:
             self._watchdog.stop()
         self.recorder.set_hang(None)
+        if self._memory:
+            self._memory.stop()
         if self._endpoint:
             self._endpoint.close()
         for close in self._closers:

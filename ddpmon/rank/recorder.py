@@ -71,6 +71,7 @@ class _Step:
         "micro_steps",
         "samples",
         "tokens",
+        "eval_start",
     )
 
     def __init__(self, start: float) -> None:
@@ -96,6 +97,7 @@ class _Step:
         self.micro_steps = 0
         self.samples = 0
         self.tokens = 0
+        self.eval_start: float | None = None  # the first forward without grad before this step's
 
 
 # Event kinds in the log (first element of each tuple).
@@ -138,6 +140,20 @@ class Recorder:
         """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
         self.flop_count: schema.FlopCount | None = None
         """The model's FLOPs per step, once counted (``rank/throughput.py``); replaced whole."""
+        self.memory = schema.Memory()
+        """The memory trends of the rank and its workers (``rank/memory.py``); replaced whole."""
+        self.first_step_unix: float | None = None
+        """When the first step's first forward ran."""
+        self.paused_seconds = 0.0
+        """Seconds paused between steps (``schema.RankState.paused_seconds``)."""
+        self.pause_seen: tuple[int, float] | None = None
+        """(steps done, last progress unix) when the watchdog first saw this rank between
+        steps without progress (busy, waiting or stuck): a pause began then."""
+        # the model's optimizer (``learning_rate_seen``): plain values, no record per step
+        self._optimizer_name: str | None = None
+        self._lr: float | None = None
+        self._lr_peak: float | None = None
+        self._lr_peak_step: int | None = None
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
@@ -154,6 +170,41 @@ class Recorder:
     def heartbeat(self) -> None:
         self.last_progress_unix = time.time()
 
+    def evaluating(self, now: float) -> None:
+        """A forward without grad (evaluation): alive, and between steps the start of a
+        pause, which the next training forward ends."""
+        self.heartbeat()
+        cur = self._cur
+        if self.steps and cur.first_forward is None and cur.eval_start is None:
+            cur.eval_start = now
+
+    def learning_rate_seen(self, name: str, lr: float | None) -> None:
+        """The model's optimizer stepped at ``lr`` (None: not a plain number)."""
+        self._optimizer_name = name
+        self._lr = lr
+        if lr is not None and (self._lr_peak is None or lr > self._lr_peak):
+            self._lr_peak, self._lr_peak_step = lr, self.steps + 1
+
+    @property
+    def optimizer(self) -> schema.Optimizer | None:
+        """The model's optimizer and its learning rates, None before its first step."""
+        name = self._optimizer_name
+        if name is None:
+            return None
+        return schema.Optimizer(name, self._lr, self._lr_peak, self._lr_peak_step)
+
+    def _pause_ends(self, now: float) -> None:
+        """The first training forward of a step ends a pause that began after the step
+        before: at an evaluation's first forward, or where the watchdog saw it begin."""
+        cur = self._cur
+        starts = [cur.eval_start] if cur.eval_start is not None else []
+        seen = self.pause_seen
+        if seen is not None and seen[0] == self.steps:
+            starts.append(now - max(0.0, time.time() - seen[1]))
+        self.pause_seen = None
+        if starts:
+            self.paused_seconds += max(0.0, now - max(cur.start, min(starts)))
+
     @property
     def step_start(self) -> float:
         return self._cur.start
@@ -163,6 +214,9 @@ class Recorder:
         if cur.first_forward is None:
             if self.steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
+                self.first_step_unix = time.time()
+            else:
+                self._pause_ends(now)
             cur.first_forward = now
         cur.forward_start = now
         self.phase = "forward"
@@ -636,9 +690,12 @@ class Recorder:
                 fingerprints=self.fingerprints,
                 data=self.data_info,
                 activity=self.activity,
+                paused_seconds=self.paused_seconds,
+                optimizer=self.optimizer,
             )
         state.timings = _summaries(recent)
         state.throughput = throughput
+        state.memory = self.memory
         state.now_unix = time.time()
         return state
 

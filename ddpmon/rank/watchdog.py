@@ -214,6 +214,10 @@ class Watchdog:
             self._sampler.sample()
             act = self._sampler.activity(idle, in_flight, timeout, now, gpu_behind)
         rec.activity = act  # the state writer publishes it with its next rewrite
+        if act.state != activity.Status.STEPPING and rec.steps and rec.step_is_empty:
+            seen = rec.pause_seen  # between steps, no progress: a pause began at the last
+            if seen is None or seen[0] != rec.steps:
+                rec.pause_seen = (rec.steps, rec.last_progress_unix)
         return act
 
     def build_report(self, now: float, last: float, timeout: float, source: str) -> schema.Hang:

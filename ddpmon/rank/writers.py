@@ -372,6 +372,7 @@ class HistoryWriter:
         self._store: history.HistoryStore | None = None
         self._written = 0
         self._seen: set[str] = set()
+        self._training: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.failures = WriteFailures(
@@ -433,6 +434,10 @@ class HistoryWriter:
             if key not in self._seen:
                 self._store.add_finding(kind, key, text, snap.get("step"))
                 self._seen.add(key)
+        trained = history.training_of(snap)
+        if trained != self._training:
+            self._store.set_meta("training", trained)
+            self._training = trained
         if final:
             exit_record = snap.get("exit")
             how = (

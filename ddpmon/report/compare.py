@@ -167,7 +167,81 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "rows": rows,
         "ranks": ranks,
         "explanation": explain(a, b, ranks),
+        "scaling": scaling(a.get("training") or {}, b.get("training") or {}),
     }
+
+
+LINEAR_RULE = frozenset({"SGD", "ASGD"})
+"""Optimizers whose learning rate scales with the global batch (the linear scaling rule, with
+a warm-up: Goyal et al., 2017)..."""
+SQUARE_ROOT_RULE = frozenset(
+    {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam"}
+)
+"""...and adaptive ones, with its square root (Krizhevsky, 2014; Malladi et al., 2022)."""
+FOLLOWS = 0.05
+"""A learning rate within 5% of what a rule gives follows it."""
+
+
+def scaling(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """When the two runs' global batches differ: by how much, and whether the peak learning
+    rate followed, by the rule for the optimizer (a note with the numbers, no verdict)."""
+    ga, gb = a.get("global_batch_size"), b.get("global_batch_size")
+    if not ga or not gb or ga == gb:
+        return []
+    k = gb / ga
+    lines = [
+        f"global batch differs: B takes {gb} samples per optimizer step, A {ga} (x{k:.2f}; "
+        f"{_batch_words(b)} against {_batch_words(a)})"
+    ]
+    oa, ob = a.get("optimizer") or {}, b.get("optimizer") or {}
+    la, lb = oa.get("peak_learning_rate"), ob.get("peak_learning_rate")
+    if not la or not lb:
+        lines.append("  the learning rates are not known (a run from an older ddpmon?)")
+        return lines
+    name = oa.get("name")
+    if name != ob.get("name"):
+        lines.append(
+            f"  the optimizers differ ({name} against {ob.get('name')}): no rule relates their "
+            f"learning rates (peak {la:.4g} in A, {lb:.4g} in B)"
+        )
+        return lines
+    ratio = lb / la
+    rules = {"linear": k, "square-root": k**0.5}
+    rule = "linear" if name in LINEAR_RULE else "square-root" if name in SQUARE_ROOT_RULE else None
+    followed = [r for r, want in rules.items() if abs(ratio / want - 1) <= FOLLOWS]
+    said = f"  peak learning rate {lb:.4g} in B against {la:.4g} in A (x{ratio:.2f})"
+    if rule is None:
+        said += (
+            f"; {name} has no usual rule here: the linear rule gives x{k:.2f}, the "
+            f"square-root rule x{k**0.5:.2f}"
+        )
+    elif rule in followed:
+        said += f": it followed the {rule} scaling rule for {name} (x{rules[rule]:.2f})"
+    else:
+        said += (
+            f": the {rule} scaling rule for {name} gives x{rules[rule]:.2f} "
+            f"({la * rules[rule]:.4g}); B's did not follow it"
+            + (f" (it follows the {followed[0]} rule)" if followed else "")
+        )
+    lines.append(said)
+    if ratio > 1 + FOLLOWS:  # a larger rate: the rules go with a warm-up
+        peak = ob.get("peak_step")
+        lines.append(
+            f"  B reached that rate at step {peak}, after a warm-up of {peak - 1} steps"
+            if peak and peak > 1
+            else "  B ran at that rate from its first step: no warm-up (the linear rule "
+            "goes with one, to the scaled rate over the first epochs)"
+        )
+    return lines
+
+
+def _batch_words(t: dict[str, Any]) -> str:
+    """``8 x 2 micro-batches x 4 ranks``: how a global batch is made."""
+    micro, world = t.get("micro_batches"), t.get("world_size")
+    return (
+        f"{t.get('batch_size') or '?'} x {micro or '?'} micro-batch{'' if micro == 1 else 'es'} "
+        f"x {world or '?'} rank{'' if world == 1 else 's'}"
+    )
 
 
 def _minus(x: Any, y: Any) -> float | None:
@@ -275,6 +349,8 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
             )
     out.append("")
     out += result["explanation"]
+    if result.get("scaling"):
+        out += ["", *result["scaling"]]
     return "\n".join(out) + "\n"
 
 
@@ -299,7 +375,12 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
         f"<p>A: {e(str(a['job']))} ({e(', '.join(a['sources'] or []))})<br>"
         f"B: {e(str(b['job']))} ({e(', '.join(b['sources'] or []))})</p>"
         f"<h2>What changed</h2><pre id='explanation'>{e(chr(10).join(result['explanation']))}</pre>"
-        f"<table class='summary'><tr><th></th><th>A</th><th>B</th><th>change</th></tr>{rows}</table>"
+        + (
+            f"<h2>Batch and learning rate</h2><pre id='scaling'>{e(chr(10).join(result['scaling']))}</pre>"
+            if result.get("scaling")
+            else ""
+        )
+        + f"<table class='summary'><tr><th></th><th>A</th><th>B</th><th>change</th></tr>{rows}</table>"
         f"<h2>Ranks (median compute per step)</h2><table><tr><th>rank</th><th>A</th><th>B</th>"
         f"<th>change</th><th>phase that moved most</th></tr>{ranks}</table>"
         f"<h2>Plots</h2><div id='charts'></div>"

@@ -20,6 +20,7 @@ from typing import Any
 from .. import steps
 from ..doctor.report import attempt_line
 from ..formats import format_seconds
+from ..goodput import text as goodput_text
 from ..steps import PART_LABELS, PARTS, median_of_others
 from .run import Run
 from .summary import missing_text, pct, throughput_text
@@ -283,6 +284,7 @@ def render(run: Run, summary: dict[str, Any]) -> str:
         summary=_summary_html(summary),
         ranks=_ranks_html(summary),
         findings=_findings_html(summary),
+        goodput=_goodput_html(summary),
         attempts=_attempts_html(summary),
         captures=_captures_html(summary),
     )
@@ -419,6 +421,31 @@ def _findings_html(s: dict[str, Any]) -> str:
     return "\n".join(items) or "<p>No findings.</p>"
 
 
+def _goodput_html(s: dict[str, Any]) -> str:
+    """The wall time cut into steps and lost time by cause (``report/goodput.py``)."""
+    g = s.get("goodput")
+    if not g or g.get("ratio") is None:
+        return ""
+    wall = g["wall_seconds"]
+    rows = [("steps (productive)", g["productive_seconds"])] + [
+        (cause.replace("_", " "), seconds) for cause, seconds in g["lost_seconds"].items()
+    ]
+    cells = "".join(
+        f'<tr data-cause="{html.escape(name)}"><td>{html.escape(name)}</td>'
+        f"<td>{html.escape(format_seconds(seconds))}</td><td>{pct(seconds / wall if wall else None)}</td></tr>"
+        for name, seconds in rows
+    )
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in g.get("notes") or [])
+    return (
+        f'<h2>Goodput</h2><p class="goodput">{html.escape(goodput_text(g) or "")}</p>'
+        f'<p class="note">From the first process\'s start to the end, on the clock of '
+        f"{html.escape(g['clock'])}; a failed attempt's steps since its last checkpoint are "
+        f"not known to ddpmon and count as steps.</p>"
+        f'<table class="goodput"><tr><th>where the time went</th><th>time</th><th>share</th></tr>'
+        f"{cells}</table>{notes}"
+    )
+
+
 def _attempts_html(s: dict[str, Any]) -> str:
     """A restarted job's earlier attempts: how each ended, its culprit, the time lost."""
     if not s.get("attempts"):
@@ -551,6 +578,7 @@ _BODY = """<h2>Summary</h2>
 <div id="charts"></div>
 <h2>Findings</h2>
 {findings}
+{goodput}
 {attempts}
 <h2>Captures</h2>
 {captures}

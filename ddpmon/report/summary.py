@@ -20,12 +20,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import steps
+from .. import goodput, memory, steps
 from ..doctor import words
 from ..doctor.report import attempt_line
 from ..doctor.view import GONE
 from ..formats import format_seconds
-from ..state import captures, history, schema
+from ..state import captures, history, records, schema
 from .run import RankHistory, Run, load
 
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
@@ -90,6 +90,7 @@ def summarize(run: Run) -> dict[str, Any]:
                 "history": h.path if h else None,
                 "missing_steps": missing_steps(h, v),
                 **rank_throughput(v.state.throughput if v is not None else None),
+                "memory": rank_memory(v.state.memory if v is not None else None),
             }
         )
     scores = run_scores(run)
@@ -138,6 +139,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "suspect_ranks": list(diag.suspect_ranks) if diag is not None else [],
         "findings": [f.as_dict() for f in diag.findings] if diag is not None else [],
         "attempts": list(diag.attempts) if diag is not None else [],
+        "goodput": goodput.of_dirs(run.sources, run.job if run.job != "?" else None),
+        "training": training(run),
         "recorded_findings": [dict(f, rank=h.rank) for h in run.ranks.values() for f in h.findings],
         "step_bin": run.stride,
         "captures": capture_list(run.sources),
@@ -145,6 +148,14 @@ def summarize(run: Run) -> dict[str, Any]:
         "generated_unix": time.time(),
     }
     return out
+
+
+def training(run: Run) -> dict[str, Any]:
+    """What the run trained with, from its lowest rank's history (``history.training_of``):
+    the global batch (samples per optimizer step, accumulation counted), the world size,
+    the optimizer and its learning rate; empty from a ddpmon that did not record it."""
+    first = run.ranks[min(run.ranks)] if run.ranks else None
+    return history.training(first.meta) if first is not None else {}
 
 
 def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
@@ -159,6 +170,20 @@ def rank_throughput(t: schema.Throughput | None) -> dict[str, Any]:
         "peak_flops_per_second": count.peak_flops_per_second if count else None,
         "mfu": t.mfu if t else None,
     }
+
+
+def rank_memory(m: schema.Memory | None) -> dict[str, Any]:
+    """A rank's memory trends (``ddpmon/memory.py``), each with whether it creeps and its
+    seconds left before its limit; ``creeping``: those that creep, soonest at a limit first."""
+    trends = []
+    for t in m.trends if m is not None else []:
+        row = records.dump(t)
+        row["creeping"] = memory.creeping(t)
+        row["seconds_left"] = memory.seconds_left(t)
+        trends.append(row)
+    creeping = [t for t in trends if t["creeping"]]
+    creeping.sort(key=lambda t: t["seconds_left"] if t["seconds_left"] is not None else 1e300)
+    return {"trends": trends, "creeping": creeping}
 
 
 def job_throughput(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -471,6 +496,9 @@ def end_of_run(state_dir: str) -> str:
         lines.append(f"  {f['severity']}: {f['summary']} [{f['kind']}].{fix}")
     if s["missing_steps"]:  # what the history lacks (a full disk): the figures above leave them out
         lines.append(f"  missing from the history: {missing_text(s['missing_steps'])}")
+    spent = goodput.text(s["goodput"])
+    if spent:
+        lines.append(f"  {spent}")
     if s["attempts"]:  # a restarted job: why each attempt before this one ended
         lines.append(f"  attempts: {len(s['attempts']) + 1}; before this one:")
         lines += [f"    {attempt_line(a)}" for a in s["attempts"]]

@@ -191,6 +191,14 @@ class HistoryStore:
                 "INSERT INTO findings VALUES (?, ?, ?, ?, ?)", (time.time(), step, kind, key, text)
             )
 
+    def set_meta(self, key: str, value: Any) -> None:
+        """Keep ``value`` (JSON) under ``key`` in ``meta``, replacing the one before."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, default=str))
+            )
+
     def set_exit(self, how: str, step: int | None, record: dict[str, Any] | None) -> None:
         with self._db:
             self._db.execute("BEGIN")
@@ -230,6 +238,31 @@ class HistoryStore:
             self._db.execute(
                 "INSERT OR REPLACE INTO meta VALUES ('thinned_through_step', ?)", (str(through),)
             )
+
+
+TRAINING_KEYS = ("batch_size", "micro_batches", "global_batch_size")
+"""The batch facts (``schema.DataInfo``) the history keeps in ``meta['training']``."""
+
+
+def training_of(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run trained with, from a state file's body: the batch (``TRAINING_KEYS``), the
+    world size, the optimizer and its learning rate.
+    The rank's writer keeps it in ``meta['training']``, which ``compare`` reads."""
+    data = state.get("data") or {}
+    return {
+        **{key: data.get(key) for key in TRAINING_KEYS},
+        "world_size": state.get("ddp_world_size") or state.get("world_size"),
+        "optimizer": state.get("optimizer"),
+    }
+
+
+def training(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """``meta['training']`` (``training_of``), empty when absent or unreadable."""
+    try:
+        value = json.loads(meta.get("training") or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def missing_steps(meta: Mapping[str, Any]) -> list[tuple[int, int]]:
@@ -428,6 +461,19 @@ def _binned(db: sqlite3.Connection, stride: int) -> dict[str, list[Any]]:
     ).fetchall()
     names = ("bin", "steps", "max_step_seconds") + BINNED_MEANS + BINNED_MAXES
     return {n: [r[i] for r in rows] for i, n in enumerate(names)}
+
+
+def span(path: str) -> tuple[float, float] | None:
+    """The first step's start and the last step's end (None: no steps yet)."""
+    db = _open(path)
+    try:
+        first = db.execute("SELECT start_unix FROM steps ORDER BY step LIMIT 1").fetchone()
+        last = db.execute("SELECT end_unix FROM steps ORDER BY step DESC LIMIT 1").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
+    finally:
+        db.close()
+    return (float(first[0]), float(last[0])) if first and last else None
 
 
 def max_step(path: str) -> int:

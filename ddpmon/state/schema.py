@@ -462,6 +462,65 @@ class Throughput:
 
 
 @dataclass(slots=True)
+class MemoryTrend:
+    """The robust trend of one memory series of a rank (``ddpmon/memory.py``): Theil-Sen
+    slopes (the median of the pairwise slopes) of its last samples, the median of the whole
+    window's and its two halves', so that noise and a one-off rise do not move it. Samples
+    are taken off the training thread once a state interval while steps go on, past the
+    first steps (warm-up)."""
+
+    process: str
+    """``rank`` (the rank's own process) or ``worker`` (one of its DataLoader workers)."""
+    kind: str
+    """``rss``, ``pss`` (the host process's resident and proportional set sizes),
+    ``torch_allocated`` or ``torch_reserved`` (torch's caching allocator on the GPU)."""
+    pid: int
+    bytes: int
+    """The latest reading."""
+    samples: int
+    steps: int
+    """Steps between the window's first and last samples."""
+    bytes_per_step: float | None = None
+    """The slope against the step count; null while the window spans too few steps."""
+    bytes_per_second: float | None = None
+    """The slope against the wall clock."""
+    sustained: bool = False
+    """Both halves of the window grow at least half as fast as the whole: not a rise that
+    came once and stayed flat."""
+    noise_bytes: float = 0.0
+    """The median absolute deviation of the readings from the trend line."""
+    limit: str | None = None
+    """What the series runs into: ``host`` (the host's available memory), ``cgroup`` (the
+    rank's cgroup limit) or ``device`` (the GPU's memory)."""
+    headroom_bytes: int | None = None
+    """How far that limit is from the latest reading."""
+
+
+@dataclass(slots=True)
+class Memory:
+    """The memory trends of a rank and of its DataLoader workers."""
+
+    trends: list[MemoryTrend] = field(default_factory=list)
+    sampled_unix: float | None = None
+    """When the last sample was taken."""
+
+
+@dataclass(slots=True)
+class Optimizer:
+    """The optimizer that steps the model, read at its step hook (``param_groups``' first
+    group): what ``compare`` needs to say whether the learning rate followed the batch."""
+
+    name: str
+    """Its class name (``SGD``, ``AdamW``)."""
+    learning_rate: float | None = None
+    """The learning rate of its last step (null when not a plain number)."""
+    peak_learning_rate: float | None = None
+    """The largest learning rate of any step so far."""
+    peak_step: int | None = None
+    """The first step that ran at ``peak_learning_rate``: the warm-up's length when it rose."""
+
+
+@dataclass(slots=True)
 class Identity:
     """Who a rank is and where: the first fields of its state file and the labels of
     ``ddpmon_rank_info``. Set at attach; ``port``, ``bucket_timing``, ``ddp`` and
@@ -480,6 +539,9 @@ class Identity:
     host: str | None = None
     pid: int | None = None
     """The rank's process on ``host``."""
+    process_started_unix: float | None = None
+    """When that process was created (its host's clock, psutil's creation time): where the
+    job's wall time begins for goodput; null where not known."""
     port: int | None = None
     """The bound metrics port, null when the endpoint is off."""
     job: str | None = None
@@ -563,6 +625,14 @@ class RankState(Identity):
     """What the main thread does (stepping, busy, waiting, stuck), from the watchdog."""
     throughput: Throughput = field(default_factory=Throughput)
     """Samples, tokens and FLOPs per second, and MFU."""
+    memory: Memory = field(default_factory=Memory)
+    """Trends of the rank's and its workers' memory (``docs/doctor.md``: memory_creep)."""
+    paused_seconds: float = 0.0
+    """Seconds spent paused between steps: from the start of an evaluation (a forward
+    without grad), or of the work or wait its watchdog saw (a checkpoint, a barrier), to the
+    next step's first forward. Goodput counts them lost (``report/goodput.py``)."""
+    optimizer: Optimizer | None = None
+    """The model's optimizer and its learning rate; null before its first step."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None

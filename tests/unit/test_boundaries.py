@@ -9,7 +9,7 @@
   import the rank wing or torch.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
   ``activity``, ``metrics``, ``collectors``, ``advice``, ``profiles``, ``peaks``, ``formats``,
-  config, errors, frames, fuses, webconfig) import only each other; ``state/`` imports no reader.
+  ``goodput``, config, errors, frames, fuses, webconfig) import only each other; ``state/`` imports no reader.
 - No import circle anywhere, lazy imports included.
 
 Each rule names the import that breaks it, so the next feature cannot cross the line
@@ -38,9 +38,11 @@ LEAVES = (
     "ddpmon.fuses",
     "ddpmon.version",
     "ddpmon.profiles",
+    "ddpmon.memory",
     "ddpmon.webconfig",
     "ddpmon.peaks",
     "ddpmon.formats",
+    "ddpmon.goodput",
 )
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",

@@ -173,11 +173,16 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.advice.append(schema.Advice(kind="same_data"))  # served once the rank saw a mistake
     rec.activity = schema.Activity(state="stepping")  # served once the watchdog sampled the rank
     rec.flop_count = H100  # the FLOP figures: once counted, the peak and MFU on a known GPU
+    rec.data_info = schema.DataInfo(global_batch_size=32)  # once a step has ended
+    rec.learning_rate_seen("SGD", 0.1)  # once the optimizer stepped
     served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
-    for family in RankCollector(rec, "per_bucket").collect():
+    rank_0 = Recorder(Identity(**dict(IDENTITY, rank=0)), world_size=4)  # the job's goodput
+    rank_0.forward_started(0.0)
+    families = [*RankCollector(rec, "per_bucket").collect(), *RankCollector(rank_0).collect()]
+    for family in families:
         name = family.name + "_total" if family.type == "counter" else family.name
         label_sets = {tuple(sorted(k for k in s.labels if k != "le")) for s in family.samples}
-        served[name] = (family.type, label_sets)
+        served[name] = (family.type, served.get(name, ("", set()))[1] | label_sets)
     promised = {m.name: m for m in catalog.METRICS if m.source == "rank"}
     assert set(served) == set(promised)
     for name, (kind, label_sets) in served.items():

@@ -40,7 +40,7 @@ No rule answering means healthy. The advice rules (``advice``: same data on ever
 diverged replicas, NaN origin, device mapping, ...) are notes and never change the verdict. A job whose ranks were all ended while hung is first put
 back as it was at their last writes (``ended_while_hung``). The other rules add notes (and so does
 ``cannot_write`` when another rule gives the verdict):
-``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank, and those of ``files`` on the
+``JOB_RULES`` over all ranks, ``RANK_RULES`` on each rank (``memory_creep``, a warning, among them), and those of ``files`` on the
 state directory (see ``ddpmon.doctor.examine``).
 """
 
@@ -62,6 +62,7 @@ from . import (
     ended_while_hung,
     fingerprint,
     lost_node,
+    memory_creep,
     not_joining,
     rank_notes,
     same_error,
@@ -109,6 +110,7 @@ JOB_RULES: tuple[Callable[[list[RankView]], list[Finding]], ...] = (
 RANK_RULES: tuple[Callable[[RankView, list[int]], Finding | None], ...] = (
     rank_notes.no_stack,
     rank_notes.ddpmon_part_off,
+    memory_creep.memory_creep,
 )
 
 

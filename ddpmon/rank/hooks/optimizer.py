@@ -1,4 +1,4 @@
-"""The optimizer step: its time, and the end of a training step.
+"""The optimizer step: its time, its learning rate, and the end of a training step.
 
 torch's global optimizer step hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook``
 and ``..._post_hook``) run around ``step()`` of every ``torch.optim.Optimizer``, the user's
@@ -26,6 +26,13 @@ from ...fuses import Fuse
 from ..boundary import StepBoundary
 from ..recorder import Recorder
 from .step import is_compiling
+
+
+def learning_rate(optimizer: Any) -> float | None:
+    """The first parameter group's learning rate, where it is a plain number (a tensor lr,
+    torch's ``capturable`` form, may live on the GPU: reading it would synchronise)."""
+    lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 
 class OptimizerHooks:
@@ -66,6 +73,7 @@ class OptimizerHooks:
             now = time.perf_counter()
             rec = self._recorder
             rec.optimizer_finished(now)
+            rec.learning_rate_seen(type(optimizer).__name__, learning_rate(optimizer))
             boundary = self._boundary
             if not boundary.manual and (
                 rec.step_has_synced

@@ -68,11 +68,11 @@ class StepHooks:
     def _before_forward(self, _module: torch.nn.Module, _args: Any) -> None:
         if not self._fuse.ok or is_compiling():
             return
-        if not torch.is_grad_enabled():
-            self._recorder.heartbeat()  # evaluation: alive, and no part of a step
-            return
         try:
             now = time.perf_counter()
+            if not torch.is_grad_enabled():
+                self._recorder.evaluating(now)  # alive, and no part of a step
+                return
             rec = self._recorder
             boundary = self._boundary
             if not boundary.manual and (

@@ -1,0 +1,132 @@
+"""One rank of a memory job: ``python -m tests.distributed.memory_worker SCENARIO``.
+
+``host``: rank 1 keeps 4 MiB more every step (a list of filled buffers), rank 2's memory
+rises once by 300 MB at step 55 (mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
+reads its batches through two persistent DataLoader workers; rank 1's workers each keep
+4 MiB more every step (8 MiB a batch, each worker giving every other batch); PSS is read
+every state interval there (by default each process's PSS takes at most 1% of the time). ``gpu`` (one
+rank on cuda:0, NCCL; tests/gpu): the rank keeps a 4 MiB CUDA tensor every step. Each rank
+runs ``STEPS`` steps, lets its memory watch take its last sample, and returns what it
+published: the state file's ``memory`` and the metrics' slopes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.distributed.worker import MLP, RANK, init, main, read_state, scenario, scrape
+
+STEPS = 100
+LEAK = 4 << 20
+STEP_PAUSE = 0.03
+INTERVAL = 0.2  # the state interval, and so the memory watch's
+ONCE = 300 << 20
+RISE_STEP = 55
+KEPT: list[bytes] = []
+
+
+def filled(n: int) -> bytes:
+    """``n`` bytes whose pages are all resident (``bytes(n)`` may map zero pages lazily)."""
+    return b"\x01" * n
+
+
+class Batches(torch.utils.data.Dataset):
+    """Random regression samples; on a leaking rank each sample keeps LEAK/8 bytes in the
+    worker that made it (16 samples a batch: 8 MiB a batch)."""
+
+    def __init__(self, leak: bool) -> None:
+        self.leak = leak
+
+    def __len__(self) -> int:
+        return 16 * (STEPS + 8)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.leak:
+            KEPT.append(filled(LEAK // 8))
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(32, generator=g), torch.randn(8, generator=g)
+
+
+def run(batches: Any, on_step: Any, device: str = "cpu") -> dict[str, Any]:
+    import ddpmon
+
+    if device == "cpu":
+        init()
+    else:
+        import os
+
+        store = torch.distributed.FileStore(os.environ["DDPMON_TEST_STORE"], 1)
+        torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = DDP(MLP().to(device))
+    mon = ddpmon.attach(model, job="memory", port=0, state_interval=INTERVAL)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step, (x, y) in zip(range(1, STEPS + 1), batches):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+        opt.step()
+        on_step(step)
+        time.sleep(STEP_PAUSE)
+    time.sleep(3 * INTERVAL)  # the watch's last sample, at step STEPS
+    text = scrape(mon.port)
+    mon._writer.write_now()
+    state = read_state(mon.state_file)
+    mon.detach()
+    return {
+        "memory": state["memory"],
+        "step": state["step"],
+        "metrics": text,
+        "errors": state["errors"],
+    }
+
+
+def _host_step(step: int) -> None:
+    if RANK == 1:
+        KEPT.append(filled(LEAK))
+    if RANK == 2 and step == RISE_STEP:
+        KEPT.append(filled(ONCE))
+
+
+@scenario
+def host() -> dict[str, Any]:
+    def forever() -> Any:
+        g = torch.Generator().manual_seed(RANK)
+        while True:
+            yield torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+
+    return run(forever(), _host_step)
+
+
+@scenario
+def workers() -> dict[str, Any]:
+    from ddpmon.rank import memory
+
+    memory.PSS_SHARE = 1.0  # PSS every state interval: this job is too short for 1% of it
+    loader = torch.utils.data.DataLoader(
+        Batches(leak=RANK == 1), batch_size=16, num_workers=2, persistent_workers=True
+    )
+    out = run(iter(loader), lambda step: None)
+    return out
+
+
+@scenario
+def gpu() -> dict[str, Any]:
+    kept: list[torch.Tensor] = []
+
+    def forever() -> Any:
+        while True:
+            yield torch.randn(16, 32), torch.randn(16, 8)
+
+    def keep(step: int) -> None:
+        kept.append(torch.ones(LEAK // 4, device="cuda:0"))  # float32: LEAK bytes
+
+    return run(forever(), keep, "cuda:0")
+
+
+if __name__ == "__main__":
+    main()
