@@ -15,12 +15,13 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
 import time
 from typing import Any, TextIO
+
+import psutil
 
 from ..preflight.verdict import table
 from .exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
@@ -41,6 +42,10 @@ class Options:
     """Bytes per second below which a link is slow (the only judge of two nodes' one link)."""
     backend: str | None = None
     timeout: float = 300.0
+
+
+GRACE_SECONDS = 10.0
+"""The nodes' own timeouts (``--timeout``) come first; this long after, preflight gives up."""
 
 
 class UsageError(Exception):
@@ -192,6 +197,23 @@ def _check_options(options: Options) -> None:
         raise UsageError("--min-bandwidth: expected MB/s, more than 0")
 
 
+def _give_up(timeout: float) -> None:
+    """A node never arrived (torchrun waits in C++, deaf to signals): say so, end what this
+    process started, exit 1."""
+    print(
+        f"ddpmon preflight: the nodes did not all report within {timeout:g} s (--timeout): a "
+        "node did not start, has another --nnodes, or cannot reach the master address",
+        file=sys.stderr,
+        flush=True,
+    )
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    os._exit(EXIT_PROBLEM)
+
+
 def preflight(torchrun_options: list[str], options: Options, as_json: bool, out: TextIO) -> int:
     """Run torchrun's agent here, in this process (one start of torch less per node), over
     ``ddpmon.preflight.node``; print the report (the table, or JSON) and return its exit
@@ -206,8 +228,7 @@ def preflight(torchrun_options: list[str], options: Options, as_json: bool, out:
             return EXIT_USAGE
         from torch.distributed.run import run as torchrun
 
-        # a node that never arrives: the agent ends its workers on SIGTERM and raises
-        timer = threading.Timer(options.timeout + 30, os.kill, (os.getpid(), signal.SIGTERM))
+        timer = threading.Timer(options.timeout + GRACE_SECONDS, _give_up, (options.timeout,))
         timer.daemon = True
         timer.start()
         failure = None
@@ -220,13 +241,9 @@ def preflight(torchrun_options: list[str], options: Options, as_json: bool, out:
         finally:
             timer.cancel()
         if not os.path.exists(result):
-            why = (
-                f"did not finish within {options.timeout:g} s (--timeout)"
-                if time.monotonic() - started >= options.timeout + 30
-                else f"ended without a report ({type(failure).__name__}: {failure})"
-            )
             print(
-                f"ddpmon preflight: {why}: a node did not arrive, cannot reach the master "
+                f"ddpmon preflight: ended without a report ({type(failure).__name__}: "
+                f"{failure}): a node did not arrive, cannot reach the master "
                 "address, or failed (its error is above)",
                 file=sys.stderr,
             )

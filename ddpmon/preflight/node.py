@@ -33,6 +33,8 @@ CLOCK_ROUND_TRIPS = 8
 CLOCK_WARN_SECONDS = 1.0
 LATENCY_PINGS = 10
 BANDWIDTH_REPS = 3
+"""Transfers of ``--message-bytes`` each way per pair; the fastest counts."""
+ALLREDUCE_REPS = 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +158,6 @@ def _link(partner: int, first: bool, size: int, device: torch.device) -> dict[st
 
     trip(small)  # the pair's first message waits for the partner (and sets up NCCL's)
     pings = [trip(small) for _ in range(LATENCY_PINGS)]
-    trip(big)
     best = min(trip(big) for _ in range(BANDWIDTH_REPS))
     return {
         "latency_seconds": statistics.median(pings) / 2,
@@ -171,7 +172,7 @@ def _allreduce(size: int, device: torch.device, world: int) -> dict[str, Any] | 
         return None
     buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
     times = []
-    for _ in range(BANDWIDTH_REPS + 1):
+    for _ in range(ALLREDUCE_REPS + 1):  # the first sets up (NCCL's buffers)
         dist.barrier()
         started = time.perf_counter()
         dist.all_reduce(buf)

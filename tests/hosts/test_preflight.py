@@ -154,7 +154,8 @@ def _loop(runs: int) -> None:
                 who += "" if codes == [codes[0]] * 3 else f" (exit codes {codes})"
                 named[who] = named.get(who, 0) + 1
                 times.append(took)
-                print(f"{case} run {i}: {who}, {took:.1f} s", flush=True)
+                phases = reports[0].get("phases_seconds")
+                print(f"{case} run {i}: {who}, {took:.1f} s (node 0: {phases})", flush=True)
             print(
                 f"{case}: {runs} runs named {named}; seconds min {min(times):.1f} "
                 f"median {sorted(times)[len(times) // 2]:.1f} max {max(times):.1f}",

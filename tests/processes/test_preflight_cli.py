@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,18 @@ def test_one_healthy_node_then_the_job(tmp_path: Path) -> None:
     assert "verdict: healthy: no slow or bad host among 1" in done.stderr
     assert done.stderr.index("verdict: healthy") < done.stderr.index("ddpmon run: exit status 0")
     assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0", "ran-1"]
+
+
+def test_a_node_that_never_arrives_ends_it_with_exit_1() -> None:
+    """Two nodes expected, one started: after --timeout (and a grace) preflight says so,
+    ends what it started and exits 1, rather than wait for torchrun's 15 minutes."""
+    started = time.monotonic()
+    done = ddpmon(
+        "preflight", "--timeout", "3", "--nnodes=2", "--node-rank=0", "--master-port=29733"
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert (
+        "the nodes did not all report within 3 s (--timeout): a node did not start" in done.stderr
+    )
+    assert took < 3 + 10 + 15, took  # the grace, and the start of torch here
