@@ -134,8 +134,9 @@ def test_run_preflight_keeps_the_job_off_a_slow_host(
     assert not (tmp_path / "ran").exists()
 
 
-def _loop(runs: int) -> None:
-    """Both cases ``runs`` times each on one set of hosts: how often each names whom, how long."""
+def _loop(runs: int, keep: str | None = None) -> None:
+    """Both cases ``runs`` times each on one set of hosts: how often each names whom, how long;
+    the last report of each case written into the directory ``keep``."""
     with tempfile.TemporaryDirectory() as tmp, hosts.Cluster(Path(tmp), NAMES) as c:
         for case in ("healthy", "shaped"):
             if case == "shaped":
@@ -154,8 +155,12 @@ def _loop(runs: int) -> None:
                 who += "" if codes == [codes[0]] * 3 else f" (exit codes {codes})"
                 named[who] = named.get(who, 0) + 1
                 times.append(took)
+                if keep:
+                    Path(keep, f"{case}.json").write_text(json.dumps(reports[0]))
                 phases = reports[0].get("phases_seconds")
                 print(f"{case} run {i}: {who}, {took:.1f} s (node 0: {phases})", flush=True)
+                if who != ("nobody" if case == "healthy" else "host-c"):
+                    print(json.dumps([reports[0]["reasons"], reports[0]["links"]]), flush=True)
             print(
                 f"{case}: {runs} runs named {named}; seconds min {min(times):.1f} "
                 f"median {sorted(times)[len(times) // 2]:.1f} max {max(times):.1f}",
@@ -164,4 +169,4 @@ def _loop(runs: int) -> None:
 
 
 if __name__ == "__main__":
-    _loop(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    _loop(int(sys.argv[1]) if len(sys.argv) > 1 else 20, sys.argv[2] if len(sys.argv) > 2 else None)
