@@ -139,13 +139,13 @@ def judge(
 def _describe(link: Link, hosts: dict[int, str]) -> str:
     return (
         f"{hosts[link.a]} <-> {hosts[link.b]} {format_rate(link.bandwidth_bytes_per_second)}, "
-        f"{format_seconds(link.latency_seconds)}"
+        f"{format_latency(link.latency_seconds)}"
     )
 
 
 def _against(ref_bw: float | None, ref_lat: float | None, floor: float | None) -> str:
     if ref_bw is not None and ref_lat is not None:
-        return f" (the hosts' best links: {format_rate(ref_bw)}, {format_seconds(ref_lat)})"
+        return f" (the hosts' best links: {format_rate(ref_bw)}, {format_latency(ref_lat)})"
     return f" (under --min-bandwidth {format_rate(floor)})" if floor is not None else ""
 
 
@@ -156,6 +156,12 @@ def format_rate(bytes_per_second: float | None) -> str:
     if bytes_per_second >= 1e9:
         return f"{bytes_per_second / 1e9:.2f} GB/s"
     return f"{bytes_per_second / 1e6:.1f} MB/s"
+
+
+def format_latency(seconds: float) -> str:
+    """A link's latency: microseconds below a millisecond (where links are), else as every
+    duration is written."""
+    return f"{seconds * 1e6:.0f} µs" if seconds < 1e-3 else format_seconds(seconds)
 
 
 def table(report: dict[str, Any]) -> str:
@@ -171,13 +177,13 @@ def table(report: dict[str, Any]) -> str:
             f"{(f'{offset * 1e3:+.1f} ms' if offset is not None else '-'):>12}  {status}"
         )
     lines.append("")
-    lines.append("LINK                                   BANDWIDTH      LATENCY  ")
+    lines.append("LINK                                   BANDWIDTH      LATENCY")
     for link in report["links"]:
         pair = f"{link['hosts'][0]} <-> {link['hosts'][1]}"
         mark = ("slow " + ", ".join(link["slow"])) if link["slow"] else ""
         lines.append(
             f"{pair:<38} {format_rate(link['bandwidth_bytes_per_second']):>10} "
-            f"{format_seconds(link['latency_seconds']):>12}  {mark}".rstrip()
+            f"{format_latency(link['latency_seconds']):>12}  {mark}".rstrip()
         )
     ar = report.get("allreduce")
     if ar:
@@ -194,11 +200,10 @@ def table(report: dict[str, Any]) -> str:
             f"({report['seconds']:.1f} s)"
         )
     else:
-        named = report["slow_hosts"] + [
-            h for h in report["bad_hosts"] if h not in report["slow_hosts"]
-        ]
-        links = [f"{a} <-> {b}" for a, b in report["slow_links"]]
-        lines.append(f"verdict: {', '.join(named + links)} ({report['seconds']:.1f} s)")
+        named = [f"slow host {h}" for h in report["slow_hosts"]]
+        named += [f"bad host {h}" for h in report["bad_hosts"] if h not in report["slow_hosts"]]
+        named += [f"slow link {a} <-> {b}" for a, b in report["slow_links"]]
+        lines.append(f"verdict: {'; '.join(named)} ({report['seconds']:.1f} s)")
         for who, why in report["reasons"].items():
             for sentence in why:
                 lines.append(f"  {who}: {sentence}")

@@ -73,6 +73,13 @@ def preflight(
     return codes, reports, took
 
 
+def _in_time(report: dict[str, Any], took: float) -> None:
+    """Under 30 s in all on an idle machine; here three hosts start torch six times on two
+    shared cores, so the bound on what preflight does once started is the tight one."""
+    assert sum(report["phases_seconds"].values()) < 10, report["phases_seconds"]
+    assert took < 60, took
+
+
 def _logs(cluster: hosts.Cluster, port: int) -> str:
     return "\n".join(f"=== {h.name}\n{h.log(f'preflight-{port}')}" for h in cluster.hosts)
 
@@ -93,7 +100,7 @@ def test_names_the_host_whose_link_is_slow(cluster: hosts.Cluster) -> None:
         assert links[pair]["bandwidth_bytes_per_second"] < 5e6  # 20 Mbit/s is 2.5 MB/s
     assert sorted(reports[0]["checks"]) == list(NAMES)
     assert reports[0]["allreduce"]["ranks"] == 3
-    assert took < 30, took
+    _in_time(reports[0], took)
 
 
 def test_names_nobody_on_a_healthy_set(cluster: hosts.Cluster) -> None:
@@ -104,7 +111,7 @@ def test_names_nobody_on_a_healthy_set(cluster: hosts.Cluster) -> None:
     assert [link["slow"] for link in reports[0]["links"]] == [[], [], []]
     offsets = [c["clock_offset_seconds"] for c in reports[0]["checks"].values()]
     assert offsets[0] == 0.0 and all(abs(o) < 0.05 for o in offsets), offsets  # one clock
-    assert took < 30, took
+    _in_time(reports[0], took)
 
 
 def test_run_preflight_keeps_the_job_off_a_slow_host(
@@ -130,7 +137,10 @@ def test_run_preflight_keeps_the_job_off_a_slow_host(
     assert codes == [1, 1, 1], "\n".join(h.log("run") for h in cluster.hosts)
     for h in cluster.hosts:
         err = (h.tmp.parent / "run.err").read_text()
-        assert "\nverdict: host-c (" in err and "  host-c: every link of host-c is slow" in err, err
+        assert (
+            "\nverdict: slow host host-c (" in err
+            and "  host-c: every link of host-c is slow" in err
+        ), err
     assert not (tmp_path / "ran").exists()
 
 

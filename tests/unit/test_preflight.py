@@ -41,7 +41,7 @@ def test_a_host_whose_every_link_is_slow_is_named_alone() -> None:
     verdict = judge(measured, HOSTS, {})
     assert verdict.slow_hosts == ["c"] and verdict.slow_links == [] and verdict.bad_hosts == []
     assert [link.slow for link in measured] == [[], ["bandwidth"], ["bandwidth"]]
-    assert verdict.reasons["c"][0].startswith("every link of c is slow: a <-> c 2.5 MB/s")
+    assert verdict.reasons["c"][0].startswith("every link of c is slow: a <-> c 2.5 MB/s, 100 µs")
 
 
 def test_one_slow_pair_is_a_slow_link_not_a_host() -> None:
@@ -156,5 +156,6 @@ def test_table_names_the_slow_host_and_why() -> None:
     text = table(report)
     assert "a <-> c                                  2.5 MB/s" in text
     assert "c                     2       +2.0 ms  ok" in text
-    assert text.splitlines()[-2] == "verdict: c (4.2 s)"
+    assert text.splitlines()[-2] == "verdict: slow host c (4.2 s)"
+    assert "\na <-> b                                 1.00 GB/s       100 µs\n" in text
     assert text.splitlines()[-1].startswith("  c: every link of c is slow")
