@@ -47,8 +47,8 @@ demo: setup
 # The gates: ruff (lint, and the format check: `ruff format` fixes it) over the code and the
 # tests, and mypy over ddpmon/ (strict on the public API and the shared leaves: pyproject.toml).
 lint: setup
-	$(VENV)/bin/ruff check ddpmon tests benchmarks
-	$(VENV)/bin/ruff format --check ddpmon tests benchmarks
+	$(VENV)/bin/ruff check ddpmon tests benchmarks tools
+	$(VENV)/bin/ruff format --check ddpmon tests benchmarks tools
 	$(VENV)/bin/mypy
 
 # Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
@@ -91,14 +91,14 @@ bench: setup
 	$(PY) benchmarks/overhead.py
 
 # Rewrite the generated boards (dashboards/*.json) and Kubernetes manifests of this checkout
-# after changing ddpmon/dashboards/ or deploy/prometheus/ddpmon-rules.yml.
+# after changing ddpmon/dashboards/ or deploy/prometheus/ddpmon-rules.yml (tools/dashboards.py).
 dashboards: setup
-	$(PY) -m ddpmon.dashboards --write-repo $(CURDIR)
+	$(PY) -m tools.dashboards --write-repo $(CURDIR)
 
 # Regenerate the metric table in docs/metrics.md from ddpmon/metrics/catalog.py after changing
-# the catalog.
+# the catalog (tools/metrics_table.py).
 metrics-table: setup
-	$(PY) -m ddpmon.metrics.table docs/metrics.md
+	$(PY) -m tools.metrics_table docs/metrics.md
 
 clean:
 	rm -rf $(VENV) .venv-torch-* build *.egg-info

@@ -24,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddpmon.report import html, run, summary, synthetic  # noqa: E402
+from ddpmon.report import html, run, summary  # noqa: E402
 from ddpmon.state import history  # noqa: E402
+from tools import synthetic  # noqa: E402
 
 GRID = ("8x1000", "8x20000", "64x20000", "256x5000", "1024x2000")
 

@@ -203,7 +203,7 @@ def evaluate(
         }
         named_at, cause_at_naming, ever_named, final = None, None, set(), {}
         for k in range(steps.MIN_STEPS, args.steps + 1):
-            scores = steps.scores({r: steps.phases(rs[:k]) for r, rs in rows.items()})
+            scores = steps.scores({r: steps.step_parts(rs[:k]) for r, rs in rows.items()})
             named = {r: s.cause for r, s in scores.items() if s.straggler}
             ever_named |= set(named)
             if named_at is None and segment["slow"] in named and len(named) == 1:

@@ -11,7 +11,10 @@ each of the run's Python processes.
 Options come from the ``DDPMON_*`` variables. The first model of a process uses the
 configured state directory; the k-th more (k = 1, 2, ...) writes into ``<state_dir>/model-k``
 and serves metrics on an ephemeral port. Monitors are detached when the process exits, so
-the last step is counted. A script that calls ``ddpmon.attach`` itself gets the monitor that
+the last step is counted. Before any model exists, each rank of a launched job (RANK set)
+publishes its stage from the start of its process (``rank/startup.py``): starting, in the
+rendezvous or ``init_process_group`` (backend, store, since when), building DDP. A script
+that calls ``ddpmon.attach`` itself gets the monitor that
 is already there (or, with options, one attached again with them). For ``ddpmon run
 --debug-server`` each rank starts torch's debug server just before its first monitor.
 """
@@ -30,9 +33,12 @@ import sys
 import types
 from typing import Any
 
+from .rank import startup
+
 log = logging.getLogger("ddpmon")
 
 _TARGET = "torch.nn.parallel.distributed"
+_C10D = "torch.distributed.distributed_c10d"
 _MONITORS: list[tuple[Any, Any, dict[str, Any]]] = []  # (ddp, monitor, options) of this process
 _installed = False
 _original_attach: Any = None
@@ -49,11 +55,7 @@ def install() -> None:
 
     _original_attach = ddpmon.attach
     ddpmon.attach = _attach_explicit  # type: ignore[assignment]
-    module = sys.modules.get(_TARGET)
-    if module is not None and hasattr(module, "DistributedDataParallel"):
-        _patch(module)
-    else:
-        sys.meta_path.insert(0, _DDPModuleWatcher())
+    _watch(_TARGET, "DistributedDataParallel", _patch)
     atexit.register(detach_all)  # registered before any monitor: runs after their own exit hooks
 
 
@@ -74,12 +76,25 @@ def detach_all() -> None:
 # -- the patch ----------------------------------------------------------------------------
 
 
-class _DDPModuleWatcher(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch's DDP module is imported, it lets the usual finders
-    locate it and patches the class once the module has run."""
+def _watch(name: str, attribute: str, patch: Any) -> None:
+    """Call ``patch(module)`` on module ``name`` once it has run (it has ``attribute``): now
+    when it is imported already, else when it is."""
+    module = sys.modules.get(name)
+    if module is not None and hasattr(module, attribute):
+        patch(module)
+    else:
+        sys.meta_path.insert(0, _ModuleWatcher(name, patch))
+
+
+class _ModuleWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when one of torch's modules is imported, it lets the usual
+    finders locate it and patches it once the module has run."""
+
+    def __init__(self, name: str, patch: Any) -> None:
+        self._name, self._patch = name, patch
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _TARGET:
+        if fullname != self._name:
             return None
         sys.meta_path.remove(self)
         for finder in sys.meta_path:
@@ -90,13 +105,13 @@ class _DDPModuleWatcher(importlib.abc.MetaPathFinder):
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchingLoader(spec.loader)
+            spec.loader = _PatchingLoader(spec.loader, self._patch)
         return spec
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
+    def __init__(self, loader: Any, patch: Any) -> None:
+        self._loader, self._patch = loader, patch
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
@@ -106,7 +121,7 @@ class _PatchingLoader(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        _patch(module)
+        self._patch(module)
 
 
 def _patch(module: types.ModuleType) -> None:
@@ -118,6 +133,7 @@ def _patch(module: types.ModuleType) -> None:
 
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            startup.building_ddp()
             original(self, *args, **kwargs)
             _attach_built(self)
 
@@ -210,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
         print(USAGE, file=sys.stderr)
-        sys.exit(2)
+        sys.exit(_exits().EXIT_USAGE)
     install()
+    if startup.begin() is not None:  # a rank of a launched job: its state from now on
+        _watch(_C10D, "init_process_group", startup.patch_c10d)
     if argv[0] == "-m":
         _run_module(argv[1], argv[2:])
     else:
@@ -228,7 +246,7 @@ def _run_script(script: str, args: list[str]) -> None:
             f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
             file=sys.stderr,
         )
-        sys.exit(2)
+        sys.exit(_exits().EXIT_USAGE)
     sys.argv[:] = [script, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     main_module = types.ModuleType("__main__")
@@ -253,7 +271,7 @@ def _run_module(name: str, args: list[str]) -> None:
     spec = importlib.util.find_spec(name)
     if spec is None:
         print(f"{sys.executable}: No module named {name}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(_exits().EXIT_SCRIPT_FAILED)
     sys.argv[:] = [spec.origin or name, *args]
     _run_as_main(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), spec.origin)
 
@@ -263,9 +281,11 @@ def _run_as_main(run: Any, filename: str | None) -> None:
     frame on (this module's and runpy's frames left out), and the process exits 1."""
     try:
         run()
-    except SystemExit:
+    except SystemExit as exc:
+        startup.ended(None, exc.code if isinstance(exc.code, int) else 1)
         raise
     except BaseException as exc:  # reported as python would, and turned into the exit status
+        startup.ended(exc)
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != filename:
             tb = tb.tb_next
@@ -275,7 +295,21 @@ def _run_as_main(run: Any, filename: str | None) -> None:
         if hasattr(sys, "last_exc"):
             sys.last_exc = exc
         sys.excepthook(type(exc), exc, tb)
-        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        codes = _exits()
+        sys.exit(
+            codes.EXIT_INTERRUPTED
+            if isinstance(exc, KeyboardInterrupt)
+            else codes.EXIT_SCRIPT_FAILED
+        )
+    startup.ended(None, 0)
+
+
+def _exits() -> Any:
+    """The exit-code table (``cli/exits.py``), imported only on the way out: the command
+    line's modules have no business in a training process that runs."""
+    from .cli import exits
+
+    return exits
 
 
 if __name__ == "__main__":

@@ -31,21 +31,37 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .state.schema import RecentSteps, StepPhases
+from .state.schema import RecentSteps, StepParts
 
-PARTS = ("data_wait", "h2d", "forward", "backward", "exposed_comm", "optimizer", "other")
+
+@dataclass(frozen=True)
+class Part:
+    """A part of a step and how every reader names it: the key (``<name>_seconds`` in the
+    state file, the history and the report), the words a sentence uses (the doctor, the
+    report's legend, ``compare``), ``top``'s column heading and the report's colour."""
+
+    name: str
+    label: str
+    column: str
+    colour: str
+    waiting: bool = False
+    """Time spent waiting for the other ranks, not the rank's own work (busy time)."""
+
+
+PART_TABLE = (
+    Part("data_wait", "data wait", "data", "#8c564b"),
+    Part("h2d", "host-to-device copies", "h2d", "#e377c2"),
+    Part("forward", "forward", "fwd", "#1f77b4"),
+    Part("backward", "backward", "bwd", "#2ca02c"),
+    Part("exposed_comm", "exposed communication", "comm", "#d62728", waiting=True),
+    Part("optimizer", "optimizer step", "optim", "#9467bd"),
+    Part("other", "other work", "other", "#7f7f7f"),
+)
 """The parts of a step, in the order they stack up to its wall time (``h2d`` only where
-visible)."""
-PART_LABELS = {
-    "data_wait": "data wait",
-    "h2d": "host to device",
-    "forward": "forward",
-    "backward": "backward",
-    "exposed_comm": "exposed communication",
-    "optimizer": "optimizer",
-    "other": "other",
-}
-WAITING_PARTS = frozenset({"exposed_comm"})
+visible): the one table every reader of a step's parts names them from."""
+PARTS = tuple(p.name for p in PART_TABLE)
+PART_LABELS = {p.name: p.label for p in PART_TABLE}
+WAITING_PARTS = frozenset(p.name for p in PART_TABLE if p.waiting)
 """Parts spent waiting for the other ranks; the rest of a step is the rank's busy time."""
 BUSY_PARTS = tuple(p for p in PARTS if p not in WAITING_PARTS)
 """The parts of a step that are the rank's own work."""
@@ -58,8 +74,8 @@ MIN_STEPS = 10
 """Fewer steps than this are not compared."""
 SCORE_WINDOWS = (20, 50, 150)
 """The last steps each rank is compared over (``_telling`` picks one)."""
-PHASE_STEPS = 20
-"""The last steps ``StepPhases``' means describe."""
+PART_STEPS = 20
+"""The last steps ``StepParts``' means describe."""
 WARMUP_STEPS = 5
 """The job's first steps (allocations, DDP's bucket rebuild, cold caches) are left out."""
 TRIM = 0.1
@@ -77,7 +93,7 @@ CAUSE_SHARE = 0.5
 class StepRow:
     """One finished step of a rank: when, how long, and its parts in seconds (``PARTS``:
     they sum to ``step_seconds``, ``other`` taking up what the measured parts leave). The
-    rank keeps its recent rows; its history file stores them; ``phases`` scores them."""
+    rank keeps its recent rows; its history file stores them; ``step_parts`` scores them."""
 
     step: int
     start_unix: float
@@ -141,7 +157,14 @@ def balance(row: StepRow) -> None:
 
 def busy_seconds(row: StepRow) -> float:
     """The step's time minus its waiting for the other ranks."""
-    return max(0.0, row.step_seconds - sum(row.part(p) or 0.0 for p in WAITING_PARTS))
+    waiting = 0.0
+    for name in _WAITING_ATTRIBUTES:
+        waiting += getattr(row, name) or 0.0
+    return max(0.0, row.step_seconds - waiting)
+
+
+_WAITING_ATTRIBUTES = tuple(p + "_seconds" for p in PARTS if p in WAITING_PARTS)
+_BUSY_ATTRIBUTES = tuple(p + "_seconds" for p in BUSY_PARTS)
 
 
 def slower(score: float) -> str:
@@ -196,12 +219,12 @@ class Score:
         return part if self.shares[part] >= CAUSE_SHARE else None
 
 
-def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
+def scores(parts: dict[int, StepParts]) -> dict[int, Score]:
     """Each rank's score against the others; ranks with fewer than ``MIN_STEPS`` steps are
     left out, and so is everything when fewer than two ranks remain. Every median of the
     other ranks comes from one sorted list per step and quantity, so a thousand ranks cost
     a fraction of a second."""
-    ranks = {r: p for r, p in phases.items() if p is not None and p.steps >= MIN_STEPS}
+    ranks = {r: p for r, p in parts.items() if p is not None and p.steps >= MIN_STEPS}
     if len(ranks) < 2:
         return {}
     if all(p.recent is not None for p in ranks.values()):
@@ -211,7 +234,7 @@ def scores(phases: dict[int, StepPhases]) -> dict[int, Score]:
     return _on_means(ranks)
 
 
-def _step_by_step(ranks: dict[int, StepPhases], common: list[int]) -> dict[int, Score]:
+def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, Score]:
     """``scores`` on the steps every rank has, each compared with the same step's others."""
     where = {r: _positions(p.recent.step, common) for r, p in ranks.items()}  # type: ignore[union-attr]
 
@@ -336,7 +359,7 @@ def _explain(s: Score, excess: dict[str, float]) -> None:
     s.shares = {part: max(0.0, e) / gap for part, e in excess.items()} if gap > 0 else {}
 
 
-def _on_means(ranks: dict[int, StepPhases]) -> dict[int, Score]:
+def _on_means(ranks: dict[int, StepParts]) -> dict[int, Score]:
     """``scores`` from each rank's means alone (files of an older ddpmon): the gap between
     two trimmed means, and the standard error of their difference."""
     values = {
@@ -401,7 +424,7 @@ def busy_ratio(busy: float, baseline: float) -> float:
     return busy / baseline - 1.0 if baseline > 0 else (0.0 if busy <= 0 else math.inf)
 
 
-def _error(p: StepPhases) -> float:
+def _error(p: StepParts) -> float:
     """The standard error of a rank's busy time; from an older ddpmon, which wrote a median
     and its absolute deviation, that of a median."""
     if p.busy_error_seconds is not None:
@@ -409,13 +432,13 @@ def _error(p: StepPhases) -> float:
     return 1.2533 * 1.4826 * p.busy_spread_seconds / math.sqrt(p.steps)
 
 
-def _part(p: StepPhases, part: str) -> float:
+def _part(p: StepParts, part: str) -> float:
     return getattr(p, part + "_seconds") or 0.0
 
 
-def phases(rows: list[StepRow], whole: bool = False) -> StepPhases | None:
+def step_parts(rows: list[StepRow], whole: bool = False) -> StepParts | None:
     """What a rank's steps (``Recorder.history_since`` rows) say for its score: mean seconds
-    per step of each part over the last ``PHASE_STEPS`` (means, so that they sum to the mean
+    per step of each part over the last ``PART_STEPS`` (means, so that they sum to the mean
     step), the typical busy time with its standard error (``typical``), and the last
     ``SCORE_WINDOWS[-1]`` steps one by one. The job's first ``WARMUP_STEPS`` are left out
     while enough steps remain; ``whole``: every row, for a whole run."""
@@ -424,7 +447,7 @@ def phases(rows: list[StepRow], whole: bool = False) -> StepPhases | None:
         rows = later
     if not rows:
         return None
-    last = rows if whole else rows[-PHASE_STEPS:]
+    last = rows if whole else rows[-PART_STEPS:]
     n = len(last)
 
     def mean(name: str) -> float:
@@ -433,7 +456,7 @@ def phases(rows: list[StepRow], whole: bool = False) -> StepPhases | None:
     busy = [busy_seconds(r) for r in last]
     middle = statistics.median(busy)
     typical_busy, error = typical(busy)
-    return StepPhases(
+    return StepParts(
         steps=n,
         step_seconds=mean("step_seconds"),
         data_wait_seconds=mean("data_wait_seconds"),
@@ -454,13 +477,12 @@ def phases(rows: list[StepRow], whole: bool = False) -> StepPhases | None:
 def recent_steps(rows: list[StepRow]) -> RecentSteps:
     """The rows one by one, rounded to the microsecond (the state file is rewritten every second)."""
 
-    def column(values: Any) -> list[float]:
-        return [round(v or 0.0, 6) for v in values]
-
+    # (comprehensions over attributes, not a call per value: a rank's state writer runs
+    # this every second, holding the GIL the training thread needs)
     return RecentSteps(
         step=[r.step for r in rows],
-        busy_seconds=column(busy_seconds(r) for r in rows),
-        **{p + "_seconds": column(r.part(p) for r in rows) for p in BUSY_PARTS},
+        busy_seconds=[round(busy_seconds(r), 6) for r in rows],
+        **{name: [round(getattr(r, name) or 0.0, 6) for r in rows] for name in _BUSY_ATTRIBUTES},
     )
 
 

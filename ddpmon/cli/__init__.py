@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     "run",
     "capture",
     "preflight",
+    "set",
 )
 
 

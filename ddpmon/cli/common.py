@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import default_state_root
-from ..state.discovery import DAEMON_JOBS
+from ..remote.discovery import DAEMON_JOBS
 from .exits import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class DaemonSources:
         """Every daemon, each once: ``--from``'s, then each file's, then Prometheus' targets.
         Raises ``DiscoveryError`` (a file that is not a list of addresses; Prometheus that
         does not answer, or lists no daemon)."""
-        from ..state import discovery
+        from ..remote import discovery
 
         found = dict.fromkeys(self.given)
         for path in self.files:
@@ -134,7 +134,7 @@ def daemon_sources(command: str, args: argparse.Namespace) -> DaemonSources | in
     """What ``add_daemon_sources``' options ask for, after checking every ``--from`` address
     and loading the http_config files; or the exit status, with what is wrong said on
     stderr (never the address's password)."""
-    from ..state.remote import address_problem, without_credentials
+    from ..remote.daemons import address_problem, without_credentials
     from ..webconfig import WebConfigError, load_http_config
 
     for address in args.remote:

@@ -16,7 +16,7 @@ import json
 import sys
 
 from ..errors import DiscoveryError, StateFileError
-from ..state.remote import HISTORY_DEADLINE_SECONDS
+from ..remote.daemons import HISTORY_DEADLINE_SECONDS
 from .common import add_daemon_sources, daemon_sources, seconds
 from .exits import EXIT_OK, EXIT_USAGE
 

@@ -73,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--serve-state",
         action="store_true",
-        help="also serve this node's state files read-only at /state and the ranks' "
-        "step histories at /history (JSON, at most 5,000 steps per answer), for "
+        help="also serve this node's state files read-only at /state, the ranks' "
+        "step histories at /history (JSON, at most 5,000 steps per answer) and the "
+        "launchers' records at /launchers, for "
         "`ddpmon doctor --from HOST:PORT` and `ddpmon report --from HOST:PORT`; "
         "off by default: they hold stacks and paths. Without credentials a client "
         "on this host gets the files its user may read; on an address others can "
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     from ..daemon import Daemon
-    from ..metrics.exposition import serve
+    from ..httpd import serve
     from ..webconfig import WebConfigError, load_web_config
 
     web_file = args.web_config_file or web_config_file()
@@ -146,9 +147,13 @@ def run(args: argparse.Namespace) -> int:
     )
     daemon.start()
     routes = (
-        {"/state": daemon.state_route, "/history": daemon.history_route}
+        {
+            "/state": daemon.routes.state_route,
+            "/history": daemon.routes.history_route,
+            "/launchers": daemon.routes.launchers_route,
+        }
         if args.serve_state
-        else {"/state": _not_served, "/history": _not_served}
+        else {"/state": _not_served, "/history": _not_served, "/launchers": _not_served}
     )
     try:  # /healthz reads two numbers: answered at once, even while a /state read is slow
         endpoint = serve(

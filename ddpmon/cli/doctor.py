@@ -11,6 +11,7 @@ import json
 import sys
 
 from ..advice import KINDS as ADVICE_KINDS
+from ..config import default_state_root
 from ..errors import DiscoveryError, StateFileError
 from ..state.files import cycle_collection_paused
 from .common import (
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(
         "--job",
-        help="the job to diagnose: picks its directory under <tmp>/ddpmon when no "
+        help=f"the job to diagnose: picks its directory {default_state_root()}/JOB when no "
         "STATE_DIR is given, and leaves every other job out of the report (--from included)",
     )
     parser.add_argument(

@@ -16,8 +16,9 @@ import os
 import sys
 import time
 
+from ..config import default_state_root
 from ..errors import DiscoveryError, StateFileError
-from ..state.remote import HISTORY_DEADLINE_SECONDS
+from ..remote.daemons import HISTORY_DEADLINE_SECONDS
 from .common import add_daemon_sources, daemon_sources, seconds
 from .exits import EXIT_OK, EXIT_USAGE
 
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="STATE_DIR",
         help="the job's state directory, once per node without a shared file system (default: "
-        "$DDPMON_STATE_DIR, else the job directory under <tmp>/ddpmon written last)",
+        f"$DDPMON_STATE_DIR, else the job directory under {default_state_root()} written last)",
     )
     parser.add_argument(
         "-o",

@@ -6,6 +6,8 @@
 Every rank runs the script through ``python -m ddpmon.launch``, which attaches ddpmon to each
 DistributedDataParallel model the script builds (torchrun form: ``torchrun ARGS --no-python
 PYTHON -u -mddpmon.launch SCRIPT ARGS``, so that torchrun names a failure after the script).
+Where torchrun runs on this Python, it runs as ``python -m ddpmon.agent ARGS ...``: torchrun
+itself, recording what its rendezvous tries (``ddpmon/agent.py``).
 In the ``python`` form (another launcher program, and
 torchrun's ``--no-python`` and ``--run-path``) ddpmon does not start the ranks, so the run
 puts a ``sitecustomize`` of its own in a temporary directory on PYTHONPATH, for this run's
@@ -285,6 +287,8 @@ def plan_command(command: list[str]) -> Plan:
         return Plan(launcher + rest, True, script, rdzv_id)
     shim = ["-m", "ddpmon.launch"]
     python = _ranks_python(launcher)
+    if python == sys.executable:  # torchrun's agent in a process that records what it tries
+        launcher = [sys.executable, "-m", "ddpmon.agent"]
     if python is not None:
         # torchrun names a failure ("train.py FAILED") after the first argument of the rank's
         # python command line without a leading "-": -mddpmon.launch leaves that to the script

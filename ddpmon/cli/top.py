@@ -80,41 +80,33 @@ def _bytes(n: float | None) -> str:
     return str(n)
 
 
-_PART_COLUMNS = (
-    ("data_wait", "data"),
-    ("forward", "fwd"),
-    ("backward", "bwd"),
-    ("exposed_comm", "comm"),
-    ("optimizer", "optim"),
-    ("other", "other"),
-)
-
-
-def _phase_lines(states: list[dict[str, Any]]) -> list[str]:
+def _part_lines(states: list[dict[str, Any]]) -> list[str]:
     """Where each rank's time goes (mean ms per step over its last steps) and how much
     slower it is than the others, with the doctor's straggler rule (ddpmon/steps.py)."""
-    phases = {}
+    parts = {}
     for s in states:
-        p = (s.get("timings") or {}).get("phases")
+        p = (s.get("timings") or {}).get("parts")
         if p:
-            phases[s.get("rank", 0)] = records.load(schema.StepPhases, p, "timings.phases")
-    if not phases:
+            parts[s.get("rank", 0)] = records.load(schema.StepParts, p, "timings.parts")
+    if not parts:
         return []
-    scores = steps.scores(phases)
+    scores = steps.scores(parts)
     lines = [
-        f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in phases.values())} steps)",
+        f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in parts.values())} steps)",
         f"{'rank':>4} "
-        + " ".join(f"{label:>7}" for _, label in _PART_COLUMNS)
+        + " ".join(f"{part.column:>7}" for part in steps.PART_TABLE)
         + f" {'step':>8} {'busy':>7} {'slower':>6}  straggler",
     ]
-    for rank in sorted(phases):
-        p, sc = phases[rank], scores.get(rank)
+    for rank in sorted(parts):
+        p, sc = parts[rank], scores.get(rank)
         verdict = ""
         if sc is not None and sc.straggler:
-            verdict = f"yes: {sc.cause.replace('_', ' ')}" if sc.cause else "yes"
+            verdict = f"yes: {steps.PART_LABELS[sc.cause]}" if sc.cause else "yes"
         lines.append(
             f"{rank:>4} "
-            + " ".join(f"{_cell_ms(getattr(p, part + '_seconds')):>7}" for part, _ in _PART_COLUMNS)
+            + " ".join(
+                f"{_cell_ms(getattr(p, part.name + '_seconds')):>7}" for part in steps.PART_TABLE
+            )
             + f" {_cell_ms(p.step_seconds):>8} {_cell_ms(p.busy_seconds):>7} "
             + f"{(f'{sc.score:+.0%}' if sc else '-'):>6}  {verdict}"
         )
@@ -132,7 +124,7 @@ def render(
     lines = [
         f"job {states[0].get('job')}  world size {states[0].get('world_size')}  {attempt}"
         f"(times: median ms over recent steps)",
-        f"{'rank':>4} {'host':<12} {'pid':>7} {'step':>6} {'phase':<14} {'step':>8} {'fwd':>7} "
+        f"{'rank':>4} {'host':<12} {'pid':>7} {'step':>6} {'stage':<14} {'step':>8} {'fwd':>7} "
         f"{'bwd':>7} {'exposed':>8} {'unused':>6} {'idle s':>7}  status",
     ]
     for s in sorted(states, key=lambda s: s.get("rank", 0)):
@@ -140,16 +132,16 @@ def render(
         status = (
             "HANG suspected"
             if s.get("hang")
-            else ("detached" if s.get("phase") == "detached" else "ok")
+            else ("detached" if s.get("stage") == "detached" else "ok")
         )
         lines.append(
             f"{s.get('rank', '?'):>4} {str(s.get('host') or '?')[:12]:<12} {s.get('pid') or '?':>7} "
-            f"{s.get('step', 0):>6} {str(s.get('phase', '?')):<14} {_cell_ms(_median(s, 'step_seconds')):>8} "
+            f"{s.get('step', 0):>6} {str(s.get('stage', '?')):<14} {_cell_ms(_median(s, 'step_seconds')):>8} "
             f"{_cell_ms(_median(s, 'forward_seconds')):>7} {_cell_ms(_median(s, 'backward_seconds')):>7} "
             f"{_cell_ms(_median(s, 'exposed_comm_seconds')):>8} {len(s.get('unused_parameters') or []):>6} "
             f"{idle:>7.1f}  {status}"
         )
-    lines += _phase_lines(states)
+    lines += _part_lines(states)
     for s in states:
         if s.get("unused_parameters"):
             names = s["unused_parameters"]

@@ -1,10 +1,13 @@
-"""Host metrics of a rank's process from psutil, and finding a rank's process by its pid.
+"""Host metrics of a rank's process from psutil, and the one rule for "is this rank's
+process alive".
 
 ``ProcessSampler`` reads one process (CPU, memory, threads), the host's memory and the
 process's children (the data-loader workers) in one pass per sample. ``locate_process``
 finds the process a state file names, also when the rank runs in a container and the pid
 it wrote is the pid inside the container (Linux lists a process's pid in every namespace in
-/proc/<pid>/status, line NSpid). Nothing here imports torch.
+/proc/<pid>/status, line NSpid); ``judge`` says whether it lives, and why not. The doctor
+(``check``) and the node daemon both decide with these two, so they judge a rank alike.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -239,6 +243,64 @@ def locate_process(
     return direct
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """Whether a rank's process lives: ``alive`` is None when it cannot be checked from here
+    (another host, no valid pid); ``detail`` says what was seen, for a reader."""
+
+    alive: bool | None
+    detail: str
+    stopped: bool = False
+    """It is there and stopped (SIGSTOP, a debugger): it cannot make progress."""
+
+
+def judge(proc: psutil.Process | None, pid: int, started_unix: float | None) -> Liveness:
+    """The verdict on the process ``locate_process`` found for ``pid`` (None: none could be
+    the rank), with what ``pid`` itself is when none could."""
+    if proc is not None and is_alive(proc):
+        try:
+            status = proc.status()
+        except psutil.Error:
+            status = "?"
+        where = "" if proc.pid == pid else f" (pid {proc.pid} on this host: in a container)"
+        if is_stopped(proc):
+            return Liveness(True, f"pid {pid}{where} is stopped (SIGSTOP or a debugger)", True)
+        return Liveness(True, f"pid {pid}{where} is running ({status})")
+    try:
+        direct = psutil.Process(pid)
+        status = direct.status()
+        created = direct.create_time()
+    except psutil.NoSuchProcess:
+        return Liveness(False, f"pid {pid} does not exist")
+    except psutil.AccessDenied:
+        return Liveness(None, f"pid {pid} exists, but its details are not permitted here")
+    except Exception as exc:  # psutil can fail in odd ways on odd systems
+        return Liveness(None, f"pid {pid}: cannot be checked ({exc})")
+    if status == psutil.STATUS_ZOMBIE:
+        return Liveness(False, f"pid {pid} has exited (a zombie, not yet reaped by its parent)")
+    if status == psutil.STATUS_DEAD:
+        return Liveness(False, f"pid {pid} is dead")
+    if started_unix is not None and created > started_unix + CREATE_TIME_SLACK:
+        return Liveness(False, f"pid {pid} is a later process (the rank's process is gone)")
+    return Liveness(False, f"pid {pid} is another process (not a rank: the rank's is gone)")
+
+
+def check(
+    host: str | None,
+    pid: object,
+    started_unix: float | None,
+    local_host: str,
+    rank: int | None = None,
+) -> Liveness:
+    """Liveness of the rank whose state file names ``pid`` on ``host``; ``started_unix``
+    (this host's clock) is when the rank attached. Only a rank of this host is checked."""
+    if not host or host != local_host:
+        return Liveness(None, f"on host {host or '?'}, not checked from {local_host}")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return Liveness(None, f"no valid pid in the state file ({pid!r})")
+    return judge(locate_process(pid, started_unix, True, rank), pid, started_unix)
+
+
 def _nested_candidates(
     pid: int, started_unix: float | None, rank: int | None
 ) -> list[psutil.Process]:
@@ -331,3 +393,23 @@ def _endpoint(text: str) -> tuple[str, int]:
 def _normal(ip: str) -> str:
     """An IPv4 address seen through an IPv6 socket (``::ffff:127.0.0.1``) as itself."""
     return ip[7:] if ip.startswith("::ffff:") and "." in ip else ip
+
+
+def port_holder(port: int) -> str | None:
+    """The process that listens on TCP ``port`` on this host (``pid 123: python -m
+    http.server 8000``), where this user may see it; None when none is seen."""
+    try:
+        conns = psutil.net_connections("tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port:
+            continue
+        if c.pid is None:
+            return "a process this user cannot see (another user's)"
+        try:
+            command = " ".join(psutil.Process(c.pid).cmdline())[:200]
+        except psutil.Error:
+            command = "?"
+        return f"pid {c.pid}: {command}"
+    return None

@@ -14,7 +14,7 @@ One concept per module:
 - ``files``: writing them, into a directory the user names or a source checkout's generated files.
 
 Users write the boards with ``ddpmon dashboards export [DIR]``; after a change, developers
-regenerate the checked-in files with ``make dashboards`` (``python -m ddpmon.dashboards
+regenerate the checked-in files with ``make dashboards`` (``python -m tools.dashboards
 --write-repo ROOT``).
 """
 

@@ -14,18 +14,20 @@ its files alone.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Sequence
 
 from ..activity import Status
+from ..collectors import host
 from ..errors import StateFileError
 from ..state import files as state_files
 from ..state import owners
 from ..webconfig import HttpConfig
-from . import procs, rules, stacks
+from . import rules, stacks
 from .findings import VERDICTS, Diagnosis, Finding
 from .load import StateFile, earlier_attempts, load_dir, load_remote
-from .rules import cannot_write, lost_node
+from .rules import cannot_write, launch, lost_node
 from .rules import files as file_rules
 from .view import STALLED, RankView, state_interval, view
 
@@ -101,7 +103,10 @@ def _examine(
     notes = file_rules.bad_files(loaded.bad)
     jobs = loaded.jobs()
     job_ranks = {name: [f.rank for f in files] for name, files in jobs.items()}
+    launching = launch.findings(loaded.launchers, now, loaded.unreachable)
     if not jobs:
+        if launching:  # no rank started anywhere: what the launchers tried says why
+            return Diagnosis("not_started", [], launching + notes, [], None, state_dir, {}, now)
         notes.append(file_rules.no_state_files(state_dir))
         return Diagnosis("no_data", [], notes, [], None, state_dir, job_ranks, now)
     chosen = job is not None
@@ -120,9 +125,11 @@ def _examine(
     files, world, missing, leftover = file_rules.membership(jobs[job])
     notes += leftover
 
-    local_host = procs.this_host()
+    local_host = socket.gethostname()
     lives = {
-        f.rank: procs.check(f.state.host, f.state.pid, _local(f, f.state.started_unix), local_host)
+        f.rank: host.check(
+            f.state.host, f.state.pid, _local(f, f.state.started_unix), local_host, f.rank
+        )
         for f in files
     }
     lives = _guard_pid_namespace(files, lives, now)
@@ -147,6 +154,8 @@ def _examine(
         _live_stacks(views, stack_timeout)
 
     verdict, suspects, findings = rules.decide(views, missing, loaded.unreachable)
+    if launching and verdict in ("not_started", "healthy", "no_data"):
+        verdict, findings = "not_started", launching + findings  # a node's launch first
     findings += notes
     unreadable = {r for path, _ in loaded.bad if (r := state_files.rank_of(path)) is not None}
     findings += file_rules.missing_ranks(missing, world, unreadable, findings)
@@ -155,8 +164,8 @@ def _examine(
 
 
 def _guard_pid_namespace(
-    files: list[StateFile], lives: dict[int, procs.Liveness], now: float
-) -> dict[int, procs.Liveness]:
+    files: list[StateFile], lives: dict[int, host.Liveness], now: float
+) -> dict[int, host.Liveness]:
     """A rank whose pid is gone while its file is fresh either died a moment ago or runs in
     another pid namespace (another container with this hostname). Its writer tells which:
     when the file is rewritten once more, the rank is alive and this host's pids are not the
@@ -178,7 +187,7 @@ def _guard_pid_namespace(
             except OSError:
                 rewritten = False
             if rewritten:
-                unknown = procs.Liveness(
+                unknown = host.Liveness(
                     None, "this host's pids are not the ranks' (another pid namespace?)"
                 )
                 return {

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from .view import RankView
 
-VERDICTS = ("healthy", "hang", "dead_rank", "desync", "straggler", "cannot_write", "no_data")
+VERDICTS = (
+    "healthy",
+    "hang",
+    "dead_rank",
+    "desync",
+    "straggler",
+    "cannot_write",
+    "not_started",
+    "no_data",
+)
 
 
 @dataclass

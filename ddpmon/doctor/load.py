@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateFileError
-from ..state import attempts, files, owners, remote, schema
+from ..remote import daemons
+from ..state import attempts, files, launcher, owners, schema
+from ..state.records import SchemaError
 from ..webconfig import HttpConfig
 
 
@@ -50,6 +52,15 @@ class StateFile:
 
 
 @dataclass
+class Launcher:
+    """One node's launcher record, with when it was written on the doctor's clock."""
+
+    name: str
+    record: launcher.LauncherState
+    mtime: float
+
+
+@dataclass
 class Loaded:
     """The readable files of a state directory and, by name, the ones that are not."""
 
@@ -58,6 +69,8 @@ class Loaded:
     bad: list[tuple[str, str]] = field(default_factory=list)
     unreachable: list[Unreachable] = field(default_factory=list)
     """``--from`` daemons that did not answer."""
+    launchers: list[Launcher] = field(default_factory=list)
+    """What each node's launcher tried (``ddpmon run``), also where no rank started."""
 
     def jobs(self) -> dict[str, list[StateFile]]:
         """Files by job, each list ordered by rank."""
@@ -110,6 +123,13 @@ def load_dir(state_dir: str) -> Loaded:
     separated, _ = owners.separate([(path, state, info.st_uid) for path, state, info in read])
     for (path, state), (_, _, info) in zip(separated, read):
         loaded.files.append(StateFile(path, state, files.written_unix(info)))
+    for path in launcher.list_paths(state_dir):
+        try:
+            record, mtime = launcher.read(path)
+        except StateFileError as exc:
+            loaded.bad.append((path, exc.reason))
+            continue
+        loaded.launchers.append(Launcher(path, record, mtime))
     return loaded
 
 
@@ -141,8 +161,14 @@ def load_remote(
     so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
-    urls = [remote.base_url(a) + "/state" for a in addresses]
-    answers = remote.fetch_all(urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig())
+    urls = [daemons.base_url(a) + "/state" for a in addresses]
+    launcher_urls = [daemons.base_url(a) + "/launchers" for a in addresses]
+    answers = daemons.fetch_all(
+        urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig()
+    )
+    answers, launcher_answers = answers[: len(urls)], answers[len(urls) :]
+    for address, answer in zip(addresses, launcher_answers):
+        loaded.launchers += _launchers(address, answer)
     for address, url, answer in zip(addresses, urls, answers):
         if answer is None:
             reason = (
@@ -152,10 +178,10 @@ def load_remote(
             ips: list[str] = []
         else:
             ips, body, received = answer
-            if isinstance(body, remote.Unbounded):
+            if isinstance(body, daemons.Unbounded):
                 loaded.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
                 continue
-            reason = remote.why(body, timeout) if isinstance(body, BaseException) else ""
+            reason = daemons.why(body, timeout) if isinstance(body, BaseException) else ""
         if reason:
             loaded.unreachable.append(Unreachable(address, reason, ips))
             loaded.bad.append(
@@ -197,6 +223,29 @@ def load_remote(
             )
             loaded.files.append(StateFile(name, state, mtime))
     return loaded
+
+
+def _launchers(address: str, answer: daemons.Answer | None) -> list[Launcher]:
+    """A daemon's ``/launchers``; nothing from a daemon that does not serve it (older)."""
+    if answer is None:
+        return []
+    _, body, received = answer
+    if not isinstance(body, bytes):
+        return []
+    try:
+        entries = json.loads(body)
+    except (ValueError, RecursionError):
+        return []
+    out = []
+    for data in entries if isinstance(entries, list) else []:
+        try:
+            record = launcher.parse(data)
+        except (SchemaError, RecursionError):
+            continue
+        served, mtime = record.served_unix, record.file_mtime_unix
+        when = received - (served - mtime) if served is not None and mtime is not None else received
+        out.append(Launcher(f"{address}/launcher-{record.host}-{record.pid}.json", record, when))
+    return out
 
 
 def earlier_attempts(state_dir: str, job: str | None, diagnose: Any) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ _HEADLINE = {
     "desync": "the ranks are out of step",
     "straggler": "a rank is slower than the others",
     "cannot_write": "ranks cannot write their state files",
+    "not_started": "the job has not reached its first step",
     "no_data": "nothing to diagnose",
 }
 
@@ -144,6 +145,11 @@ _ROOT_KINDS = (
     "mismatch",
     "left_early",
     "cannot_write",
+    "not_arrived",
+    "port_in_use",
+    "launch_failed",
+    "master_unreachable",
+    "node_missing",
     "stuck_rank",
     "not_joining",
     "desync",
@@ -246,7 +252,7 @@ def _waiting_key(cell: str) -> str:
 
 
 def _table(ranks: list[RankView], paint: Any) -> list[str]:
-    header = ("rank", "status", "host", "pid", "step", "phase", "silent", "in collective")
+    header = ("rank", "status", "host", "pid", "step", "stage", "silent", "in collective")
     rows = []
     for v in ranks:
         s = v.state
@@ -267,7 +273,7 @@ def _table(ranks: list[RankView], paint: Any) -> list[str]:
                 str(s.host or "?"),
                 str(s.pid or "?"),
                 step,
-                str(s.phase),
+                str(s.stage),
                 "?" if unknown else f"{v.silent:.1f} s",
                 waiting,
             )

@@ -21,10 +21,10 @@ from typing import Any, NamedTuple
 
 from .. import activity
 from ..activity import Status
+from ..collectors.host import Liveness
 from ..state import fault, records
-from ..state.schema import Collective, Exit, RankState, Thread
+from ..state.schema import Collective, Exit, RankState, Stage, Thread
 from .load import StateFile
-from .procs import Liveness
 
 GONE = (Status.DEAD, Status.CRASHED, Status.EXITED, Status.SILENT)
 """The rank's process has ended (or, on another host, stopped writing)."""
@@ -104,7 +104,7 @@ class RankView:
             "alive": self.liveness.alive,
             "liveness": self.liveness.detail,
             "step": s.step,
-            "phase": s.phase,
+            "stage": str(s.stage),
             "silent_seconds": round(self.silent, 3),
             "file_age_seconds": round(self.age, 3),
             "stale": self.status in (Status.FROZEN, Status.SILENT, Status.UNKNOWN),
@@ -165,7 +165,7 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.status = Status.CRASHED if failed(v.ending) else Status.EXITED
         v.gone_at = v.ending.unix + off
     elif liveness.alive is False:
-        v.status = Status.EXITED if s.phase == "detached" else Status.DEAD
+        v.status = Status.EXITED if s.stage == Stage.DETACHED else Status.DEAD
         v.gone_at = f.mtime + interval / 2
     elif liveness.alive is None and stale:
         v.status = Status.SILENT

@@ -49,15 +49,7 @@ FIX_STRAGGLER = (
     "or GPU (other processes, CPU contention, clocks or thermal throttling: `ddpmon top`, "
     "nvidia-smi), or work only that rank does (logging, evaluation, checkpointing)."
 )
-PHASE_NAMES = {
-    "data_wait": "data wait",
-    "h2d": "host-to-device copies",
-    "forward": "forward",
-    "backward": "backward compute",
-    "optimizer": "the optimizer step",
-    "other": "other work",
-}
-FIX_STRAGGLER_PHASE = {
+FIX_STRAGGLER_PART = {
     "data_wait": "look at its data loader (num_workers, storage, decoding, augmentation, "
     "pin_memory) and at what the loop does before the forward",
     "h2d": "look at its host-to-device copies (pin_memory=True and .to(device, non_blocking=True))",
@@ -70,6 +62,7 @@ FIX_STRAGGLER_PHASE = {
     "other": "look at work only that rank does between backward and the next step: logging, "
     "metrics, .item() or other host syncs, checkpointing, evaluation",
 }
+"""The fix for a straggler whose cause is the part named (one of ``steps.BUSY_PARTS``)."""
 
 
 def straggler_summary(rank: int, score: float, cause: str | None, share: float) -> str:
@@ -77,7 +70,7 @@ def straggler_summary(rank: int, score: float, cause: str | None, share: float) 
     text = f"rank {rank} is {steps.slower(score)} than the others"
     if cause is None:
         return text + ", spread over several parts of the step"
-    return f"{text}, {share:.0%} of it in {PHASE_NAMES[cause]}: {FIX_STRAGGLER_PHASE[cause]}"
+    return f"{text}, {share:.0%} of it in {steps.PART_LABELS[cause]}: {FIX_STRAGGLER_PART[cause]}"
 
 
 FIX_BUSY = (
@@ -360,7 +353,7 @@ def gone_line(v: RankView) -> str:
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): {ended(v)}"
         + (f" at {where}" if where else "")
-        + f"; last seen at step {s.step}, phase {s.phase}, {v.liveness.detail}"
+        + f"; last seen at step {s.step}, stage {s.stage}, {v.liveness.detail}"
     )
 
 
@@ -369,7 +362,7 @@ def stuck_line(v: RankView) -> str:
     if v.status == Status.FROZEN:
         what = (
             f"frozen: its state file was last written {v.age:.0f} s ago while its process "
-            "lives (step and phase are as of then; its live stack is below where py-spy could read it)"
+            "lives (step and stage are as of then; its live stack is below where py-spy could read it)"
         )
     else:
         act = s.activity
@@ -386,7 +379,7 @@ def stuck_line(v: RankView) -> str:
     )
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
-        f"step {s.step}, phase {s.phase}, {what}{after}"
+        f"step {s.step}, stage {s.stage}, {what}{after}"
     )
 
 
@@ -405,7 +398,7 @@ def unwritten_line(v: RankView) -> str:
         process += ", without a record of how"
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): its state file was last written {v.age:.0f} s ago, "
-        f"at step {s.step}, phase {s.phase}; {process}"
+        f"at step {s.step}, stage {s.stage}; {process}"
     )
 
 
@@ -432,7 +425,7 @@ def wait_line(v: RankView) -> str:
     e = v.waiting
     s = v.state
     if e is None:
-        return f"rank {v.rank}: no progress for {v.silent:.1f} s, step {s.step}, phase {s.phase}"
+        return f"rank {v.rank}: no progress for {v.silent:.1f} s, step {s.step}, stage {s.stage}"
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}) has waited "
         f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}"

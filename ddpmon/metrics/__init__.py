@@ -1,1 +1,2 @@
-"""Prometheus metrics: the catalog of names, the exposition (families, the HTTP endpoint)."""
+"""Prometheus metrics: the catalog of names and the metric families built from samples
+(the HTTP server that serves them is ``ddpmon/httpd.py``)."""

@@ -50,7 +50,7 @@ class StepBoundary:
         if self.throughput:
             self.throughput.step_ended(rec.steps)
         if rec.steps == 1:  # the first step is news: a rank that dies early is then not
-            self._notify()  # seen "at step 0, phase init"
+            self._notify()  # seen "at step 0, stage first_step"
         self.collect_resolved()
         if self.unused:
             self.unused.step_ended()

@@ -3,7 +3,7 @@ launcher that restarts (torchrun ``--max-restarts``) starts the next attempt.
 
 The watchdog calls ``HangAbort`` once, at the moment it publishes a hang report: a proven
 stall by the activity rule (a busy rank never is, nor a rank that waits for busy peers; a
-waiting rank only once its culprit is known stuck or gone: ``activity.holdouts``). On the watchdog's thread, each step bounded in time:
+waiting rank only once its culprit is known stuck or gone: ``sampler.holdouts``). On the watchdog's thread, each step bounded in time:
 
 1. the exit record (``how="hang_abort"``, exit status 87, the culprit ranks) joins the hang
    report already in the recorder (every thread's stack, torch's flight recorder);

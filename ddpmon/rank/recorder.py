@@ -2,7 +2,7 @@
 
 Hooks run on the training thread, on autograd's and the communication library's threads;
 the exporter, the state writer and the watchdog read from threads of their own. Hooks never
-take a lock: what a single thread owns (the step in progress, the step count, the phase) is
+take a lock: what a single thread owns (the step in progress, the step count, the stage) is
 written in place, and everything else is appended to an event log (``deque.append`` is
 atomic). Readers take the fold lock, which no hook ever takes, fold the pending events into
 their aggregates (histograms, buckets, collectives in flight) and publish an immutable
@@ -26,7 +26,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import steps
-from ..state import schema
+from ..state import records, schema
+from ..state.schema import Stage
 from ..steps import StepRow
 from . import gpu_steps
 from .books import (
@@ -115,9 +116,8 @@ class Recorder:
         self.world_size = max(1, int(world_size))
         self.steps = 0
         self.micro_steps = 0  # backward passes of the steps done (no_sync ones included)
-        # init, forward, after_forward, backward, allreduce, after_backward, optimizer,
-        # after_optimizer or detached
-        self.phase = "init"
+        self.startup: schema.Startup | None = None  # from the process's start (ddpmon run)
+        self.stage = Stage.FIRST_STEP
         self.started_unix = time.time()
         self.last_progress_unix = self.started_unix
         self.unused_parameters: list[str] = []
@@ -157,6 +157,7 @@ class Recorder:
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
+        self._latest: schema.RankState | None = None
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._seq: dict[str, itertools.count[int]] = {}
         # -- owned by readers, under the fold lock ---------------------------------------
@@ -219,7 +220,7 @@ class Recorder:
                 self._pause_ends(now)
             cur.first_forward = now
         cur.forward_start = now
-        self.phase = "forward"
+        self.stage = Stage.FORWARD
         self.last_progress_unix = time.time()
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.FORWARD_START)
@@ -231,7 +232,7 @@ class Recorder:
             cur.forward_start = None
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.FORWARD_END)
-        self.phase = "after_forward"
+        self.stage = Stage.AFTER_FORWARD
 
     def batch_seen(self, samples: int, tokens: int) -> None:
         """A training forward of the step in progress took ``samples`` samples (``tokens``
@@ -248,7 +249,7 @@ class Recorder:
             cur.backward_open = now
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.BACKWARD_START)
-        self.phase = "backward"
+        self.stage = Stage.BACKWARD
         self.last_progress_unix = time.time()
 
     def grad_ready(self, now: float) -> None:
@@ -257,7 +258,7 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.phase = "backward"
+            self.stage = Stage.BACKWARD
         cur.last_grad_ready = now
 
     def backward_done(self, now: float) -> None:
@@ -265,7 +266,7 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.phase = "backward"
+            self.stage = Stage.BACKWARD
         if cur.backward_open is not None:
             cur.backward_seconds += max(0.0, now - cur.backward_open)
             cur.backward_open = None
@@ -283,13 +284,13 @@ class Recorder:
         cur.synced_at = now = time.perf_counter()
         if cur.last_grad_ready is not None:
             cur.comm_wait = max(0.0, now - cur.last_grad_ready)
-        self.phase = "after_backward"
+        self.stage = Stage.AFTER_BACKWARD
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.SYNCED)
 
     def optimizer_started(self, now: float) -> None:
         self._cur.optimizer_start = now
-        self.phase = "optimizer"
+        self.stage = Stage.OPTIMIZER
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
@@ -304,7 +305,7 @@ class Recorder:
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.OPTIMIZER_END)
         cur.optimizer_end = now
-        self.phase = "after_optimizer"
+        self.stage = Stage.AFTER_OPTIMIZER
         self.last_progress_unix = time.time()
 
     @property
@@ -439,7 +440,7 @@ class Recorder:
         cur = self._cur
         cur.buckets_launched += 1
         if is_last:
-            self.phase = "allreduce"
+            self.stage = Stage.ALLREDUCE
         if index is None:
             index = cur.buckets_launched - 1
         group, group_size = self.ddp_group
@@ -463,7 +464,7 @@ class Recorder:
         """The oldest bucket collective in flight is done: DDP's buckets complete in order,
         and the comm hook's completion callback says so without a callback of its own."""
         if is_last:
-            self.phase = "after_backward"
+            self.stage = Stage.AFTER_BACKWARD
         now = time.time()
         self._events.append((_BUCKET_DONE, now))
         self.last_progress_unix = now
@@ -661,7 +662,9 @@ class Recorder:
         """The latest view of this rank, a fresh record every call."""
         with self._fold_lock:
             self._fold()
-            recent = [copy.copy(r) for r in self._steps_book.recent]
+            # summed up under the lock, from the rows themselves: only readers holding it
+            # change a row (its GPU parts, its bucket timings), and copies cost the GIL
+            timings = _summaries(list(self._steps_book.recent))
             throughput = self._throughput()
             c = self._collectives
             identity = {name: getattr(self.identity, name) for name in _IDENTITY_FIELDS}
@@ -670,7 +673,8 @@ class Recorder:
                 **identity,
                 step=self.steps,
                 micro_steps=self.micro_steps,
-                phase=self.phase,
+                stage=self.stage,
+                startup=self.startup,
                 started_unix=self.started_unix,
                 last_progress_unix=self.last_progress_unix,
                 collectives=schema.Counts(c.issued, c.completed),
@@ -693,15 +697,41 @@ class Recorder:
                 paused_seconds=self.paused_seconds,
                 optimizer=self.optimizer,
             )
-        state.timings = _summaries(recent)
+        state.timings = timings
         state.throughput = throughput
         state.memory = self.memory
         state.now_unix = time.time()
+        self._latest = state
         return state
+
+    def recent_state(self, max_age: float) -> schema.RankState:
+        """The view ``state()`` built last (for the state file, about once a second) when it
+        is at most ``max_age`` seconds old, else a fresh one: a reader that needs no
+        fresher view shares that work. Shared: read it, never change it."""
+        latest = self._latest
+        if latest is not None and time.time() - (latest.now_unix or 0.0) <= max_age:
+            return latest
+        return self.state()
 
     def snapshot(self) -> dict[str, Any]:
         """The latest per-rank view, as plain JSON-ready data (the state file's body)."""
         return schema.to_json(self.state())
+
+    def noticed(self) -> dict[str, Any]:
+        """What the history records as findings, with the state file's keys: the step,
+        notes, errors, write failures, hang report and exit record. A small part of
+        ``snapshot()``, without its fold and per-step summaries (the history's thread reads
+        it every second)."""
+        return records.dump(
+            {
+                "step": self.steps,
+                "notes": dict(self.notes),
+                "errors": dict(self.errors),
+                "write_failures": dict(self.write_failures),
+                "hang": self.hang,
+                "exit": self.exit,
+            }
+        )
 
 
 _COLLECTIVE_FIELDS = frozenset(f for f in schema.Collective.__dataclass_fields__)
@@ -716,7 +746,7 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
 
 def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
-    time of the last steps went (``schema.StepPhases``)."""
+    time of the last steps went (``schema.StepParts``)."""
 
     def summary(values: list[float]) -> schema.Summary | None:
         return (
@@ -740,5 +770,5 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
         optimizer_seconds=summary(column("optimizer_seconds")),
         other_seconds=summary(column("other_seconds")),
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
-        phases=steps.phases(recent),
+        parts=steps.step_parts(recent),
     )

@@ -4,7 +4,7 @@ A daemon thread compares the Recorder's last progress (heartbeats at forward, ba
 bucket launch and completion, every collective and step end) with a timeout: the configured
 one, or one learned after warm-up as max(floor, 10 x the slowest recent step); during the
 first steps, 5 x floor. Past it, the hang report (every Python thread's stack, main thread
-first; the step and phase; the collectives in flight with their age; the last completed
+first; the step and stage; the collectives in flight with their age; the last completed
 one; torch's flight-recorder entries where available) goes into the Recorder, the state
 file is rewritten at once and one warning is logged. Progress clears it.
 
@@ -31,6 +31,7 @@ from ..frames import is_library
 from ..state import schema
 from .ending import Ending
 from .recorder import Recorder
+from .sampler import Sampler, holdouts
 
 log = logging.getLogger("ddpmon")
 
@@ -57,7 +58,7 @@ class Watchdog:
         extras: Callable[[], dict[str, Any] | None] | None = None,
         interval: float | None = None,
         state_file: str | None = None,
-        sampler: activity.Sampler | None = None,
+        sampler: Sampler | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
         on_hang: Callable[[schema.Hang], Any] | None = None,
@@ -71,9 +72,7 @@ class Watchdog:
         self._state_file = state_file
         # Activity sampling reads the real main thread: off under an injected clock (tests)
         # unless a sampler is given.
-        self._sampler = (
-            sampler if sampler is not None or clock is not time.time else activity.Sampler()
-        )
+        self._sampler = sampler if sampler is not None or clock is not time.time else Sampler()
         self._extras = extras
         self._interval = interval
         self._clock = clock
@@ -91,11 +90,20 @@ class Watchdog:
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._timeout != 0:
+        if self._timeout != 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
             self._thread.start()
         self._ending.install()
         atexit.register(self._at_exit)
+
+    def set_timeout(self, timeout: float | None) -> None:
+        """A new hang timeout (``ddpmon set hang_timeout=...``): seconds, 0 = off, None =
+        learned; the next pass, within a second, uses it. A watchdog started off starts its
+        thread now."""
+        self._timeout = timeout
+        if timeout != 0 and self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
+            self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread, joined with a bound."""
@@ -178,12 +186,12 @@ class Watchdog:
         seen = self.activity(idle, timeout, now)
         if timeout is None or idle < timeout:
             return None
-        holdouts = None
+        peers = None
         if seen.state == activity.Status.WAITING and self._state_file:
             waiting = rec.in_flight()
             if waiting:
-                holdouts = activity.holdouts(self._state_file, waiting[0], now)
-        if not activity.is_hang(seen.state, idle, timeout, holdouts):
+                peers = holdouts(self._state_file, waiting[0], now)
+        if not activity.is_hang(seen.state, idle, timeout, peers):
             return None
         report = self.build_report(now, last, timeout, source)
         rec.set_hang(report)
@@ -232,7 +240,7 @@ class Watchdog:
             timeout_seconds=timeout,
             timeout_source=source,
             step=rec.steps,
-            phase=rec.phase,
+            stage=rec.stage,
             in_flight=in_flight,
             last_collective=rec.last_collective(),
             threads=thread_stacks(skip=_own_thread()),
@@ -284,7 +292,7 @@ def describe(report: schema.Hang, rank: Any) -> str:
     return (
         f"rank {rank} made no progress for {report.silent_seconds:.1f} s "
         f"(hang timeout {report.timeout_seconds:.0f} s, {report.timeout_source}): step "
-        f"{report.step}, phase {report.phase}, {where}{top}. Run `ddpmon doctor` for "
+        f"{report.step}, stage {report.stage}, {where}{top}. Run `ddpmon doctor` for "
         "the diagnosis across ranks."
     )
 

@@ -339,7 +339,8 @@ def start_writer(
 class HistoryWriter:
     """The thread that drains ``history_since`` into a ``HistoryStore`` every ``interval``.
 
-    ``snapshot`` (the state file's body) supplies the notes, errors and hang report that
+    ``snapshot`` (the state file's body, or its part that ``Recorder.noticed`` gives)
+    supplies the notes, errors and hang report that
     become findings, and the exit record; ``sample`` returns the memory and GPU columns for
     the batch; ``identity`` is read when the file is created, at the first pass (after the
     parts installed at attach have said what they know). A batch that fails is recorded in
@@ -488,7 +489,7 @@ def events(snap: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
     if isinstance(hang, dict):
         text = (
             f"hang suspected: no progress for {hang.get('silent_seconds', '?')} s at step "
-            f"{hang.get('step', '?')}, phase {hang.get('phase', '?')}"
+            f"{hang.get('step', '?')}, stage {hang.get('stage', '?')}"
         )
         waits = [e for e in hang.get("in_flight") or [] if isinstance(e, dict)]
         if waits:
@@ -531,7 +532,7 @@ class RunHistory:
         self._writer: HistoryWriter | None = HistoryWriter(
             history.path_for(os.path.dirname(state_file), rank),
             recorder.history_since,
-            recorder.snapshot,
+            recorder.noticed,
             lambda: dataclasses.asdict(recorder.identity),
             sample=sample or process_sample(),
             failures=recorder.write_failures,
@@ -604,7 +605,7 @@ def _wait_for_peers(state_dir: str, timeout: float = PEERS_WAIT_SECONDS) -> None
                 state = files.read(path)
             except Exception:
                 continue
-            if state.phase == "detached" or state.exit is not None:
+            if state.stage == schema.Stage.DETACHED or state.exit is not None:
                 del waiting[path]
         if waiting:
             time.sleep(0.05)

@@ -4,8 +4,8 @@ Each run is a state directory (its history databases), the JSON of ``ddpmon repo
 or ``[JOB@]HOST:PORT[,HOST:PORT...]``: the histories of JOB (default: the job written last)
 read through those node daemons (``ddpmon daemon --serve-state``); ``JOB@`` alone reads
 them through the daemons the command found (``--from``, ``--from-file``, ``--prometheus``).
-The step time's change is split over the phases (the phase medians add up to the median
-step), and over the ranks (which rank's compute grew most, and in which phase), so the
+The step time's change is split over the parts of the step (their medians add up to the
+median step), and over the ranks (whose busy time grew most, and in which part), so the
 answer to "why is B slower than A" reads as: "+12 ms per step, 11 ms of it in backward,
 on rank 1".
 """
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..formats import format_seconds
-from ..state.remote import HISTORY_DEADLINE_SECONDS, address_problem
+from ..remote.daemons import HISTORY_DEADLINE_SECONDS, address_problem
 from ..steps import PART_LABELS, PARTS
 from ..webconfig import HttpConfig
 from . import html as html_page
@@ -58,9 +58,27 @@ def load_side(
             ) from None
         if not isinstance(data, dict) or "per_rank" not in data:
             raise ValueError(f"{source}: not the JSON of `ddpmon report --json` (no 'per_rank')")
-        return data, None
+        return upgraded(data), None
     run = load([source], findings=False)
     return summarize(run), run
+
+
+def upgraded(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary of an older ddpmon's ``report --json`` in today's words: it called the
+    parts of a step ``phases`` (the slowest rank's ``phase``) and a rank's busy time
+    ``median_compute_seconds``."""
+    renames = {"phases": "parts", "phase": "part", "median_compute_seconds": "median_busy_seconds"}
+
+    def renamed(d: Any) -> Any:
+        if not isinstance(d, dict):
+            return d
+        return {renames.get(k, k) if renames.get(k, k) not in d else k: v for k, v in d.items()}
+
+    out = renamed(summary)
+    out["slowest_rank"] = renamed(out.get("slowest_rank"))
+    if isinstance(out.get("per_rank"), list):
+        out["per_rank"] = [renamed(r) for r in out["per_rank"]]
+    return out
 
 
 def _daemons(source: str, found: Sequence[str]) -> tuple[str | None, list[str]] | None:
@@ -122,9 +140,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             "ratio",
         )
     for p in PARTS:
-        va, vb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
+        va, vb = (a.get("parts") or {}).get(p), (b.get("parts") or {}).get(p)
         if va is not None or vb is not None:
-            row(PART_LABELS[p], va, vb, group="phase")
+            row(PART_LABELS[p], va, vb, group="part")
     ba = {x["index"]: x for x in a.get("buckets") or []}
     bb = {x["index"]: x for x in b.get("buckets") or []}
     for index in sorted(set(ba) | set(bb)):
@@ -140,23 +158,21 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for rank in sorted(set(ra) & set(rb)):
         x, y = ra[rank], rb[rank]
         deltas = {
-            p: (y["phases"].get(p) or 0.0) - (x["phases"].get(p) or 0.0)
+            p: (y["parts"].get(p) or 0.0) - (x["parts"].get(p) or 0.0)
             for p in PARTS
-            if x["phases"].get(p) is not None or y["phases"].get(p) is not None
+            if x["parts"].get(p) is not None or y["parts"].get(p) is not None
         }
-        phase = max(deltas, key=lambda p: abs(deltas[p])) if deltas else None
+        part = max(deltas, key=lambda p: abs(deltas[p])) if deltas else None
         ranks.append(
             {
                 "rank": rank,
                 "a_step": x.get("median_step_seconds"),
                 "b_step": y.get("median_step_seconds"),
-                "a_compute": x.get("median_compute_seconds"),
-                "b_compute": y.get("median_compute_seconds"),
-                "compute_delta": _minus(
-                    y.get("median_compute_seconds"), x.get("median_compute_seconds")
-                ),
-                "phase": phase,
-                "phase_delta": deltas.get(phase) if phase else None,
+                "a_busy": x.get("median_busy_seconds"),
+                "b_busy": y.get("median_busy_seconds"),
+                "busy_delta": _minus(y.get("median_busy_seconds"), x.get("median_busy_seconds")),
+                "part": part,
+                "part_delta": deltas.get(part) if part else None,
                 "a_slower": x.get("slower"),
                 "b_slower": y.get("slower"),
             }
@@ -258,7 +274,7 @@ def _label(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
-    """Sentences: the step time's change, the phases that make it up, the ranks behind it."""
+    """Sentences: the step time's change, the parts that make it up, the ranks behind it."""
     sa, sb = a.get("median_step_seconds"), b.get("median_step_seconds")
     if sa is None or sb is None:
         return ["no step times to compare (a run without history?)"]
@@ -271,31 +287,31 @@ def explain(a: dict[str, Any], b: dict[str, Any], ranks: list[dict[str, Any]]) -
         f"step time {'up' if delta > 0 else 'down'} {rel * 100:+.1f}% "
         f"({format_seconds(sa)} -> {format_seconds(sb)}, {delta * 1e3:+.1f} ms per step)"
     ]
-    phases = []
+    moved_parts = []
     for p in PARTS:
-        pa, pb = (a.get("phases") or {}).get(p), (b.get("phases") or {}).get(p)
+        pa, pb = (a.get("parts") or {}).get(p), (b.get("parts") or {}).get(p)
         if pa is not None and pb is not None:
-            phases.append((pb - pa, p))
-    phases.sort(key=lambda t: -abs(t[0]) if (t[0] > 0) == (delta > 0) else 0)
-    for d, p in phases[:2]:
+            moved_parts.append((pb - pa, p))
+    moved_parts.sort(key=lambda t: -abs(t[0]) if (t[0] > 0) == (delta > 0) else 0)
+    for d, p in moved_parts[:2]:
         if (d > 0) == (delta > 0) and abs(d) >= NOISE * sa:
             lines.append(
                 f"  {PART_LABELS[p]}: {d * 1e3:+.1f} ms per step ({abs(d / delta) * 100:.0f}% of the change)"
             )
-    moved = [r for r in ranks if r["compute_delta"] is not None]
+    moved = [r for r in ranks if r["busy_delta"] is not None]
     if moved:
-        top = max(moved, key=lambda r: r["compute_delta"] * (1 if delta > 0 else -1))
-        others = [r["compute_delta"] for r in moved if r is not top]
+        top = max(moved, key=lambda r: r["busy_delta"] * (1 if delta > 0 else -1))
+        others = [r["busy_delta"] for r in moved if r is not top]
         typical = statistics.median(others) if others else 0.0
-        if abs(top["compute_delta"] - typical) >= NOISE * sa and len(moved) > 1:
+        if abs(top["busy_delta"] - typical) >= NOISE * sa and len(moved) > 1:
             lines.append(
-                f"  rank {top['rank']} explains it: its compute changed {top['compute_delta'] * 1e3:+.1f} ms "
-                f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PART_LABELS.get(top['phase'], top['phase'])} "
-                f"({(top['phase_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication"
+                f"  rank {top['rank']} explains it: its busy time changed {top['busy_delta'] * 1e3:+.1f} ms "
+                f"(the other ranks {abs(typical * 1e3) if abs(typical) < 5e-5 else typical * 1e3:+.1f} ms), most in {PART_LABELS.get(top['part'], top['part'])} "
+                f"({(top['part_delta'] or 0) * 1e3:+.1f} ms); the others wait for it in exposed communication"
             )
         else:
             lines.append(
-                f"  every rank changed alike (compute {typical * 1e3:+.1f} ms per rank): "
+                f"  every rank changed alike (busy time {typical * 1e3:+.1f} ms per rank): "
                 "not one straggler"
             )
     return lines
@@ -331,7 +347,9 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
         if r["group"] != group:
             group = r["group"]
             out.append(
-                {"run": "run", "phase": "phases (median per step)", "bucket": "buckets"}[group]
+                {"run": "run", "part": "parts of the step (median per step)", "bucket": "buckets"}[
+                    group
+                ]
             )
         flag = " <" if r["change"] is not None and abs(r["change"]) >= 0.10 else ""
         out.append(
@@ -339,13 +357,13 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
             f"{_pct(r['change']):>9}{flag}"
         )
     if result["ranks"]:
-        out.append("ranks (median compute per step: step time minus exposed communication)")
+        out.append("ranks (median busy time per step: step time minus exposed communication)")
         for r in result["ranks"]:
             out.append(
-                f"  rank {r['rank']:<25} {format_seconds(r['a_compute']):>14} "
-                f"{format_seconds(r['b_compute']):>14} "
-                f"{_pct(change(r['a_compute'], r['b_compute'])):>9}  most in "
-                f"{PART_LABELS.get(r['phase'], '-')} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)"
+                f"  rank {r['rank']:<25} {format_seconds(r['a_busy']):>14} "
+                f"{format_seconds(r['b_busy']):>14} "
+                f"{_pct(change(r['a_busy'], r['b_busy'])):>9}  most in "
+                f"{PART_LABELS.get(r['part'], '-')} ({(r['part_delta'] or 0) * 1e3:+.1f} ms)"
             )
     out.append("")
     out += result["explanation"]
@@ -364,10 +382,10 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
         for r in result["rows"]
     )
     ranks = "\n".join(
-        f"<tr><td>{r['rank']}</td><td>{e(format_seconds(r['a_compute']))}</td>"
-        f"<td>{e(format_seconds(r['b_compute']))}</td>"
-        f"<td>{e(_pct(change(r['a_compute'], r['b_compute'])))}</td>"
-        f"<td>{e(PART_LABELS.get(r['phase'], '-'))} ({(r['phase_delta'] or 0) * 1e3:+.1f} ms)</td></tr>"
+        f"<tr><td>{r['rank']}</td><td>{e(format_seconds(r['a_busy']))}</td>"
+        f"<td>{e(format_seconds(r['b_busy']))}</td>"
+        f"<td>{e(_pct(change(r['a_busy'], r['b_busy'])))}</td>"
+        f"<td>{e(PART_LABELS.get(r['part'], '-'))} ({(r['part_delta'] or 0) * 1e3:+.1f} ms)</td></tr>"
         for r in result["ranks"]
     )
     a, b = result["a"], result["b"]
@@ -381,22 +399,22 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
             else ""
         )
         + f"<table class='summary'><tr><th></th><th>A</th><th>B</th><th>change</th></tr>{rows}</table>"
-        f"<h2>Ranks (median compute per step)</h2><table><tr><th>rank</th><th>A</th><th>B</th>"
-        f"<th>change</th><th>phase that moved most</th></tr>{ranks}</table>"
+        f"<h2>Ranks (median busy time per step)</h2><table><tr><th>rank</th><th>A</th><th>B</th>"
+        f"<th>change</th><th>part that moved most</th></tr>{ranks}</table>"
         f"<h2>Plots</h2><div id='charts'></div>"
     )
     charts = []
-    phase_rows = [r for r in result["rows"] if r["group"] == "phase"]
-    if phase_rows:
+    part_rows = [r for r in result["rows"] if r["group"] == "part"]
+    if part_rows:
         charts.append(
             {
-                "id": "phases",
-                "title": "Phases, median per step",
+                "id": "parts",
+                "title": "Parts of the step, median per step",
                 "kind": "bars",
                 "x": {
-                    "label": "phase",
-                    "values": list(range(len(phase_rows))),
-                    "labels": [r["name"] for r in phase_rows],
+                    "label": "part",
+                    "values": list(range(len(part_rows))),
+                    "labels": [r["name"] for r in part_rows],
                 },
                 "y_label": "time per step",
                 "unit": "ms",
@@ -405,13 +423,13 @@ def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> 
                     {
                         "name": "A",
                         "values": [
-                            None if r["a"] is None else round(r["a"] * 1e3, 3) for r in phase_rows
+                            None if r["a"] is None else round(r["a"] * 1e3, 3) for r in part_rows
                         ],
                     },
                     {
                         "name": "B",
                         "values": [
-                            None if r["b"] is None else round(r["b"] * 1e3, 3) for r in phase_rows
+                            None if r["b"] is None else round(r["b"] * 1e3, 3) for r in part_rows
                         ],
                     },
                 ],

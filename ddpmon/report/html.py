@@ -21,20 +21,11 @@ from .. import steps
 from ..doctor.report import attempt_line
 from ..formats import format_seconds
 from ..goodput import text as goodput_text
-from ..steps import PART_LABELS, PARTS, median_of_others
+from ..steps import PART_LABELS, PART_TABLE, median_of_others
 from .run import Run
 from .summary import missing_text, pct, throughput_text
 
 MAX_LINES = 16
-PHASE_COLOURS = {
-    "data_wait": "#8c564b",
-    "h2d": "#e377c2",
-    "forward": "#1f77b4",
-    "backward": "#2ca02c",
-    "exposed_comm": "#d62728",
-    "optimizer": "#9467bd",
-    "other": "#7f7f7f",
-}
 
 
 def _vendor(name: str) -> str:
@@ -143,26 +134,26 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
         }
     )
 
-    # Phase breakdown: stacked medians per rank.
+    # The parts of the step: stacked medians per rank.
     rows = summary["per_rank"]
-    phases = [p for p in PARTS if any(r["phases"].get(p) for r in rows)]
+    shown = [p for p in PART_TABLE if any(r["parts"].get(p.name) for r in rows)]
     out.append(
         {
-            "id": "phases",
-            "title": "Phase breakdown per rank (median step)",
+            "id": "parts",
+            "title": "Parts of the step per rank (median step)",
             "kind": "stack",
             "x": {"label": "rank", "values": [r["rank"] for r in rows]},
             "y_label": "time per step",
             "unit": "ms",
             "series": [
                 {
-                    "name": PART_LABELS[p],
-                    "colour": PHASE_COLOURS[p],
-                    "values": [_r(r["phases"].get(p), 1e3) for r in rows],
+                    "name": p.label,
+                    "colour": p.colour,
+                    "values": [_r(r["parts"].get(p.name), 1e3) for r in rows],
                 }
-                for p in phases
+                for p in shown
             ],
-            "note": "median over steps of each phase; 'other' is what the measured phases leave of the step",
+            "note": "median over steps of each part; 'other' is what the measured parts leave of the step",
         }
     )
 
@@ -329,8 +320,8 @@ def _summary_html(s: dict[str, Any]) -> str:
         slow_text = f"rank {slow['rank']}"
         if slow.get("score") is not None:
             slow_text += f", {steps.slower(slow['score'])} than the others"
-        if slow.get("phase"):
-            slow_text += f", most of it in {PART_LABELS[slow['phase']]} (+{format_seconds(slow.get('excess_seconds'))})"
+        if slow.get("part"):
+            slow_text += f", most of it in {PART_LABELS[slow['part']]} (+{format_seconds(slow.get('excess_seconds'))})"
     verdict = s.get("verdict") or "-"
     run_slow = s.get("straggler")
     if run_slow and run_slow["named"] and verdict != "straggler":  # the doctor reads the last steps
@@ -389,8 +380,8 @@ def _ranks_html(s: dict[str, Any]) -> str:
         out.append(
             f'<tr data-rank="{r["rank"]}"><td>{r["rank"]}</td><td>{e(str(r["host"] or "-"))}</td>'
             f"<td>{e(str(r['device'] or '-'))}</td><td>{r['steps'] if r['steps'] is not None else '-'}</td>"
-            f"<td>{format_seconds(r['median_step_seconds'])}</td><td>{format_seconds(r['median_compute_seconds'])}</td>"
-            f"<td>{format_seconds(r['phases'].get('exposed_comm'))}</td>"
+            f"<td>{format_seconds(r['median_step_seconds'])}</td><td>{format_seconds(r['median_busy_seconds'])}</td>"
+            f"<td>{format_seconds(r['parts'].get('exposed_comm'))}</td>"
             f"<td>{score}</td>"
             f"<td>{e(throughput_text(r) or '-')}</td>"
             f"<td>{e(how)}</td></tr>"
@@ -570,7 +561,7 @@ _BODY = """<h2>Summary</h2>
 </table>
 <h2>Ranks</h2>
 <table class="ranks"><tr><th>rank</th><th>host</th><th>device</th><th>steps</th><th>median step</th>
-<th>compute</th><th>exposed comm</th><th>slower than the others</th><th>throughput</th><th>how it ended</th></tr>
+<th>busy</th><th>exposed comm</th><th>slower than the others</th><th>throughput</th><th>how it ended</th></tr>
 {ranks}
 </table>
 <h2>Plots</h2>

@@ -2,7 +2,7 @@
 more state directories (one per node without a shared file system) or the node daemons.
 
 Per-step plots use the history (``rank-<R>.history.sqlite``; from a node daemon, a copy of
-it read from ``/history``, ``state/remote.py``); the summary's identity, exit and findings
+it read from ``/history``, ``remote/daemons.py``); the summary's identity, exit and findings
 also come from the state files through the doctor's own loading and rules
 (``ddpmon.doctor.examine``), so the report and the doctor never disagree.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateFileError
+from ..remote import daemons
 from ..state import history
-from ..state import remote as daemons
 from ..webconfig import HttpConfig
 
 MAX_POINTS = 2000  # plotted points per series: steps are averaged in bins above that

@@ -2,8 +2,8 @@
 shows first, what ``ddpmon compare`` compares, and what rank 0 logs when training ends.
 
 Times in seconds. Medians are over steps (a sample of up to 5,000 steps per rank, evenly
-spaced), then over ranks. A rank's *compute* here is its busy time, its step time minus its
-exposed communication: in DDP every rank's step takes as long as the slowest rank's, so the
+spaced), then over ranks. A rank's *busy* time is its step time minus its exposed
+communication (``steps.busy_seconds``): in DDP every rank's step takes as long as the slowest rank's, so the
 straggler is the rank that is busy longest, and the others wait for it in the all-reduce.
 How much *slower* a rank is comes from the doctor's rule (``steps.scores``) over the whole
 run: 0.37 = 37% slower. Throughput and FLOPs are each rank's own figures from its state file
@@ -31,8 +31,8 @@ from .run import RankHistory, Run, load
 BUCKET_ROWS = 50_000  # steps whose buckets make the bucket summary, over all ranks
 
 
-def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
-    """Median seconds per phase; ``other`` is the step time the known phases leave."""
+def part_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
+    """Median seconds per part of the step; ``other`` is the step time the known parts leave."""
     out: dict[str, float | None] = {}
     for p in steps.PARTS:
         values = [v for v in sample.get(f"{p}_seconds", []) if v is not None]
@@ -40,8 +40,8 @@ def phase_medians(sample: dict[str, list[Any]]) -> dict[str, float | None]:
     if out["other"] is None:
         measured = [sample[f"{p}_seconds"] for p in steps.PARTS[:-1] if out[p] is not None]
         others = [
-            max(0.0, step - sum(v for v in parts if v is not None))
-            for step, *parts in zip(sample.get("step_seconds", []), *measured)
+            max(0.0, step - sum(v for v in known if v is not None))
+            for step, *known in zip(sample.get("step_seconds", []), *measured)
         ]
         out["other"] = statistics.median(others) if others else None
     return out
@@ -64,12 +64,12 @@ def summarize(run: Run) -> dict[str, Any]:
         if v is not None:
             for key in ("host", "device", "job", "world_size", "backend", "pid"):
                 ident.setdefault(key, getattr(v.state, key))
-        phases = phase_medians(h.sample) if h else {}
+        parts = part_medians(h.sample) if h else {}
         step = h.median("step_seconds") if h else None
         if step is None and v is not None:
             summary = v.state.timings.step_seconds
             step = summary.median if summary is not None else None
-        exposed = phases.get("exposed_comm")
+        exposed = parts.get("exposed_comm")
         steps_done = h.last_step if h else None
         if v is not None:
             steps_done = max(steps_done or 0, v.state.step)
@@ -81,8 +81,8 @@ def summarize(run: Run) -> dict[str, Any]:
                 "backend": ident.get("backend"),
                 "steps": steps_done,
                 "median_step_seconds": step,
-                "median_compute_seconds": None if step is None else step - (exposed or 0.0),
-                "phases": phases,
+                "median_busy_seconds": None if step is None else step - (exposed or 0.0),
+                "parts": parts,
                 "gpu_utilization_ratio": h.median("gpu_utilization_ratio") if h else None,
                 "max_memory_bytes": _max_memory(h.sample) if h else None,
                 "status": _status(h, v),
@@ -100,8 +100,8 @@ def summarize(run: Run) -> dict[str, Any]:
         r["slower"] = round(score.score, 4) if score is not None else None
     start, end = run_span(run, views)
     step_median = _median([r["median_step_seconds"] for r in ranks_out])
-    phases = {p: _median([r["phases"].get(p) for r in ranks_out]) for p in steps.PARTS}
-    exposed = phases.get("exposed_comm")
+    parts = {p: _median([r["parts"].get(p) for r in ranks_out]) for p in steps.PARTS}
+    exposed = parts.get("exposed_comm")
     first = next(iter(run.ranks.values()), None)
     world = (first.identity.get("world_size") if first else None) or (
         views[min(views)].state.world_size if views else None
@@ -125,7 +125,7 @@ def summarize(run: Run) -> dict[str, Any]:
         ],
         "median_step_seconds": step_median,
         "steps_per_second": (1.0 / step_median) if step_median else None,
-        "phases": phases,
+        "parts": parts,
         "exposed_comm_share": (exposed / step_median)
         if exposed is not None and step_median
         else None,
@@ -343,7 +343,7 @@ _SCORED = ("step_seconds", *(f"{p}_seconds" for p in steps.PARTS))
 def run_scores(run: Run) -> dict[int, steps.Score]:
     """Who is slow over the whole run: ``steps.scores`` over each rank's sampled history,
     the same rule the doctor applies to the last steps of a running job."""
-    phases = {}
+    parts = {}
     for rank, h in run.ranks.items():
         columns = {c: h.sample.get(c) or [] for c in _SCORED}
         numbers = h.sample.get("step") or []
@@ -357,8 +357,8 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
             for i, step in enumerate(columns["step_seconds"])
             if step is not None
         ]
-        phases[rank] = steps.phases(rows, whole=True)
-    return steps.scores(phases)  # type: ignore[arg-type]
+        parts[rank] = steps.step_parts(rows, whole=True)
+    return steps.scores(parts)  # type: ignore[arg-type]
 
 
 def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
@@ -368,12 +368,12 @@ def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
     if top is None:
         return None
     losing = {p: e for p, e in top.excess.items() if e > 0}
-    phase = top.cause or (max(losing, key=lambda p: losing[p]) if losing else None)
+    part = top.cause or (max(losing, key=lambda p: losing[p]) if losing else None)
     return {
         "rank": top.rank,
         "score": round(top.score, 4),
-        "phase": phase,
-        "excess_seconds": top.excess[phase] if phase else None,
+        "part": part,
+        "excess_seconds": top.excess[part] if part else None,
     }
 
 
@@ -455,7 +455,7 @@ def missing_text(missing: list[dict[str, Any]]) -> str:
 
 def end_of_run(state_dir: str) -> str:
     """The few lines rank 0 logs when training ends: steps, median step time, the slowest
-    rank and its phase, the exposed-communication share, findings, and the report command."""
+    rank and its part, the exposed-communication share, findings, and the report command."""
     run = load([state_dir], max_points=200)
     s = summarize(run)
     lines = [

@@ -1,6 +1,6 @@
 """Typed records: a tiny reader and writer for dataclasses over JSON, driven by type hints.
 
-A record class is a dataclass whose fields are ``int``, ``float``, ``str``, ``bool``, ``Any``,
+A record class is a dataclass whose fields are ``int``, ``float``, ``str``, ``bool``, a str-valued ``Enum``, ``Any``,
 ``X | None``, ``list[X]``, ``dict[str, X]`` or another record. ``load`` checks a parsed JSON
 value against the class and builds it (naming the first bad field and what was expected);
 ``dump`` turns a record back into plain JSON data; ``json_schema`` describes the class as
@@ -90,12 +90,18 @@ def dump(record: object) -> Any:
     """A record (or a list/dict of them) as plain JSON data; ``None`` fields are kept."""
     if record is None or type(record) in _PLAIN:
         return record
+    # Plain values are taken as they are without a call each: a state file's per-step
+    # columns hold thousands of numbers, dumped every second on the rank's own thread.
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {name: dump(getattr(record, name)) for name in _field_names(type(record))}
+        out = {}
+        for name in _field_names(type(record)):
+            v = getattr(record, name)
+            out[name] = v if v is None or type(v) in _PLAIN else dump(v)
+        return out
     if isinstance(record, list):
-        return [dump(v) for v in record]
+        return [v if v is None or type(v) in _PLAIN else dump(v) for v in record]
     if isinstance(record, dict):
-        return {k: dump(v) for k, v in record.items()}
+        return {k: v if v is None or type(v) in _PLAIN else dump(v) for k, v in record.items()}
     if isinstance(record, enum.Enum):  # a str-valued enum (``activity.Status``) as its string
         return record.value
     return record
@@ -227,6 +233,16 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
         return mapping
     if dataclasses.is_dataclass(tp):
         return _record_converters(tp)[0]  # type: ignore[arg-type]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        known = ", ".join(str(m.value) for m in tp)
+
+        def member(value: Any) -> Any:
+            try:
+                return tp(value)
+            except (ValueError, TypeError):
+                raise _Bad(f"one of {known}", value) from None
+
+        return member
     raise TypeError(f"records cannot hold {tp!r}")
 
 
@@ -474,6 +490,8 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "array", "items": _schema_of(typing.get_args(tp)[0], defs)}
     if origin is dict:
         return {"type": "object", "additionalProperties": _schema_of(typing.get_args(tp)[1], defs)}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in tp]}
     if dataclasses.is_dataclass(tp):
         name = tp.__name__  # type: ignore[union-attr]
         if name not in defs:

@@ -246,7 +246,7 @@ def owner_elsewhere(path: str) -> str | None:
     (its pid runs, started when the file says): a description of it; else None."""
     from ..collectors import host
     from ..errors import StateFileError
-    from . import files
+    from . import files, schema
 
     try:
         state = files.read(path)
@@ -254,7 +254,7 @@ def owner_elsewhere(path: str) -> str | None:
         return None
     if state.pid is None or state.pid == os.getpid() or state.host != socket.gethostname():
         return None
-    if state.phase == "detached" or state.exit is not None:
+    if state.stage == schema.Stage.DETACHED or state.exit is not None:
         return None
     proc = host.locate_process(state.pid, state.started_unix, True, state.rank)
     if proc is None or not host.is_alive(proc):

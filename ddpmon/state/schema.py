@@ -6,7 +6,7 @@ misspelt key is an error where it is written rather than a missing fact where it
 ``FORMAT`` is the schema version written into each file; ``parse`` also reads the previous
 one and names the version of a file it cannot read. ``docs/state.md`` describes the fields
 and ``state-schema.json`` beside this module is the JSON Schema generated from them
-(``python -m ddpmon.state.schema`` rewrites it).
+(``python -m tools.state_schema`` rewrites it).
 
 Records are built once and then only read: the recorder publishes a fresh ``RankState`` for
 each snapshot instead of changing one that a reader may hold.
@@ -14,23 +14,70 @@ each snapshot instead of changing one that a reader may hold.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from . import records
 from .records import SchemaError
 
-FORMAT = 2
+FORMAT = 4
 """The schema version this ddpmon writes (the state file's ``format`` key)."""
-READABLE = (1, 2)
+READABLE = (1, 2, 3, 4)
 """Versions ``parse`` reads. Version 1 lacks nothing that version 2 needs; its in-flight
-entries spelt ``async`` for ``async_op``."""
+entries spelt ``async`` for ``async_op``. Version 2 named the stage ``phase`` (the rank's and
+the hang report's), and ``first_step`` ``init``. Versions 1 to 3 called ``timings.parts``,
+the parts of a step, ``timings.phases``."""
 MAX_RANKS = 1 << 20
 """Ranks and world sizes beyond this are not a real job's (a forged file)."""
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state-schema.json")
+
+
+class Stage(str, Enum):
+    """Where a rank is in its life, from its process's start to its end: one word each.
+    (A step's parts, forward, backward, ..., as timed, are another vocabulary: ``steps``.)
+    The stages before ``first_step`` are known under ``ddpmon run`` and
+    ``python -m ddpmon.launch`` only, which watch the process from its start."""
+
+    STARTING = "starting"
+    """The script runs; it has not called ``init_process_group`` yet."""
+    RENDEZVOUS = "rendezvous"
+    """In ``init_process_group``, reaching the store (``MASTER_ADDR:MASTER_PORT``)."""
+    INIT_PROCESS_GROUP = "init_process_group"
+    """In ``init_process_group``, the store reached: the backend waits for every rank."""
+    GROUP_READY = "group_ready"
+    """``init_process_group`` returned; no DDP model built yet."""
+    BUILDING_DDP = "building_ddp"
+    """In DDP's constructor, which checks the parameters' shapes across ranks (a collective)."""
+    FIRST_STEP = "first_step"
+    """Attached to its DDP model; its first forward has not started."""
+    FORWARD = "forward"
+    AFTER_FORWARD = "after_forward"
+    BACKWARD = "backward"
+    ALLREDUCE = "allreduce"
+    """The backward's own work is done; DDP's gradient all-reduce goes on."""
+    AFTER_BACKWARD = "after_backward"
+    OPTIMIZER = "optimizer"
+    AFTER_OPTIMIZER = "after_optimizer"
+    DETACHED = "detached"
+    """Its monitor was detached (at exit, or by ``Monitor.detach()``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+BEFORE_FIRST_STEP = (
+    Stage.STARTING,
+    Stage.RENDEZVOUS,
+    Stage.INIT_PROCESS_GROUP,
+    Stage.GROUP_READY,
+    Stage.BUILDING_DDP,
+)
+"""The stages of a rank that has no DDP model attached yet."""
 
 
 @dataclass(slots=True)
@@ -157,12 +204,12 @@ class Timings:
     """The rest of the step's wall time (the parts sum to the step)."""
     busy_seconds: Summary | None = None
     """The step less its waiting for other ranks (exposed communication)."""
-    phases: StepPhases | None = None
+    parts: StepParts | None = None
     """Where the time of the last steps went, part by part."""
 
 
 @dataclass(slots=True)
-class StepPhases:
+class StepParts:
     """Mean seconds per step of each part over the last ``steps`` steps (at most 20); the parts
     sum to ``step_seconds``. The straggler score compares ranks on their busy time, the step
     less waiting for the other ranks: step by step on ``recent``, or on ``busy_seconds`` in
@@ -247,7 +294,7 @@ class Hang:
     timeout_source: str
     """``configured``, ``learned`` or ``warm-up``."""
     step: int = 0
-    phase: str = ""
+    stage: Stage = Stage.FIRST_STEP
     in_flight: list[Collective] = field(default_factory=list)
     last_collective: Collective | None = None
     threads: list[Thread] = field(default_factory=list)
@@ -291,6 +338,31 @@ class Activity:
     gpu_behind_seconds: float | None = None
     """Seconds the rank's GPU has not finished the work enqueued at its last step boundary,
     asked only while the rank makes no progress (null: finished, not asked, or no GPU)."""
+
+
+@dataclass(slots=True)
+class Startup:
+    """A rank's way from its process's start to its DDP model (``ddpmon run`` and
+    ``python -m ddpmon.launch`` watch it; the writer's clock)."""
+
+    process_started_unix: float
+    stage_since_unix: float | None = None
+    """When the rank entered the stage it was last in before its first step."""
+    backend: str | None = None
+    """``init_process_group``'s backend, once called."""
+    store: str | None = None
+    """The store ``init_process_group`` reaches: ``host:port`` (``env://``'s MASTER_ADDR and
+    MASTER_PORT), or the ``init_method`` given."""
+    init_started_unix: float | None = None
+    """When ``init_process_group`` was called."""
+    store_reached_unix: float | None = None
+    init_done_unix: float | None = None
+    """When ``init_process_group`` returned."""
+    ddp_started_unix: float | None = None
+    """When DDP's constructor was called."""
+    error: str | None = None
+    """``Type: message`` of an exception ``init_process_group`` raised (a timeout, a refused
+    connection)."""
 
 
 @dataclass(slots=True)
@@ -581,9 +653,10 @@ class RankState(Identity):
     """Steps done: optimizer steps after synchronised gradients (else synchronised backwards)."""
     micro_steps: int = 0
     """Backward passes of the steps done (gradient accumulation's no_sync passes included)."""
-    phase: str = "init"
-    """init, forward, after_forward, backward, allreduce, after_backward, optimizer,
-    after_optimizer or detached."""
+    stage: Stage = Stage.FIRST_STEP
+    """Where the rank is in its life (``Stage``)."""
+    startup: Startup | None = None
+    """How it came up, from its process's start (under ``ddpmon run``; else null)."""
     started_unix: float | None = None
     """When the rank attached (the writer's clock, seconds since the epoch)."""
     last_progress_unix: float | None = None
@@ -665,6 +738,10 @@ def parse(data: object) -> RankState:
         raise SchemaError("rank", "a rank", None, "is not a ddpmon state file (no 'rank' key)")
     if version == 1:
         data = _from_format_1(data)
+    if version in (1, 2):
+        data = _from_format_2(data)
+    if version in (1, 2, 3):
+        data = _from_format_3(data)
     state = records.load(RankState, data)
     if not 0 <= state.rank < MAX_RANKS:
         raise SchemaError("rank", f"an integer from 0 to {MAX_RANKS - 1}", state.rank)
@@ -699,55 +776,33 @@ def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _from_format_3(data: dict[str, Any]) -> dict[str, Any]:
+    timings = data.get("timings")
+    if isinstance(timings, dict) and "phases" in timings and "parts" not in timings:
+        timings = dict(timings)
+        timings["parts"] = timings.pop("phases")
+        return dict(data, timings=timings)
+    return data
+
+
+def _from_format_2(data: dict[str, Any]) -> dict[str, Any]:
+    def stage(value: Any) -> Any:
+        return Stage.FIRST_STEP.value if value in ("init", "", None) else value
+
+    out = dict(data)
+    if "phase" in out:
+        out["stage"] = stage(out.pop("phase"))
+    hang = out.get("hang")
+    if isinstance(hang, dict) and "phase" in hang:
+        hang = dict(hang)
+        hang["stage"] = stage(hang.pop("phase"))
+        out["hang"] = hang
+    return out
+
+
 def generated_schema() -> dict[str, Any]:
     schema = records.json_schema(RankState)
     schema["$id"] = "https://ddpmon.dev/schemas/rank-state.json"
     schema["title"] = f"ddpmon rank state file (format {FORMAT})"
     schema["properties"]["format"]["const"] = FORMAT
     return schema
-
-
-def markdown() -> str:
-    """The field tables of docs/state.md, one per record, from the records above."""
-    schema = generated_schema()
-    defs = {"RankState": schema, **schema["$defs"]}
-    out = []
-    for name, spec in defs.items():
-        out.append(f"### {name}\n\n{spec.get('description', '')}\n")
-        out.append("| key | type | meaning |\n|---|---|---|")
-        for key, prop in spec["properties"].items():
-            required = " (required)" if key in spec.get("required", ()) else ""
-            out.append(
-                f"| `{key}` | {_type_name(prop)}{required} | {prop.get('description', '')} |"
-            )
-        out.append("")
-    return "\n".join(out)
-
-
-def _type_name(prop: dict[str, Any]) -> str:
-    if "anyOf" in prop:
-        return " or ".join(_type_name(p) for p in prop["anyOf"])
-    if "$ref" in prop:
-        return str(prop["$ref"]).rsplit("/", 1)[-1]
-    kind = prop.get("type", "any")
-    if kind == "array":
-        return f"list of {_type_name(prop['items'])}"
-    if kind == "object" and "additionalProperties" in prop:
-        return f"map of {_type_name(prop['additionalProperties'])}"
-    return str(kind)
-
-
-def main() -> int:
-    """Rewrite state-schema.json (and print docs/state.md's tables with --markdown)."""
-    if sys.argv[1:] == ["--markdown"]:
-        print(markdown())
-        return 0
-    with open(SCHEMA_FILE, "w") as f:
-        json.dump(generated_schema(), f, indent=2)
-        f.write("\n")
-    print(SCHEMA_FILE)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

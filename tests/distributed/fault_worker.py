@@ -84,7 +84,7 @@ def attack(port: int, seconds: float) -> subprocess.Popen:
 
 DECOY = """
 import os, time
-from ddpmon.metrics.exposition import serve
+from ddpmon.httpd import serve
 class Nothing:
     def collect(self):
         return iter(())
@@ -132,7 +132,7 @@ def use_unbounded_server() -> None:
     """Serve with prometheus_client's thread-per-connection server (for comparison)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from ddpmon.metrics import exposition
+    from ddpmon import httpd
 
     class Unbounded:
         def __init__(self, collector: Any, port: int, bind: str, *_: Any, **__: Any) -> None:
@@ -145,7 +145,7 @@ def use_unbounded_server() -> None:
             self._server.shutdown()
             self._server.server_close()
 
-    exposition.serve = Unbounded
+    httpd.serve = Unbounded
 
 
 def model_and_data(steps: int) -> tuple[DDP, list[tuple[torch.Tensor, torch.Tensor]]]:

@@ -164,7 +164,7 @@ def stragglers(
                 time.sleep(d)  # logging on one rank
             opt.step()
         snap = monitor.snapshot()
-        segments.append({"kind": kind, "step": snap["step"], "phases": snap["timings"]["phases"]})
+        segments.append({"kind": kind, "step": snap["step"], "parts": snap["timings"]["parts"]})
         if kind == doctor_after:
             monitor._writer.write_now()
             dist.barrier()

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ddpmon.metrics.exposition import HEADER_SECONDS
+from ddpmon.httpd import HEADER_SECONDS
 from tests.support.commands import start_daemon, terminate
 from tests.support.harness import ROOT, collect, describe, start_ranks, states, stop
 

@@ -345,7 +345,7 @@ def test_a_clean_end_on_a_full_disk_reads_as_one(job: dict[str, Any]) -> None:
     text = job["doctor_ended_text"].stdout
     assert "OOM" not in text and "vanished" not in text and "DEAD" not in text, text
     assert all(
-        s["phase"] == "detached" for s in job["states"].values()
+        s["stage"] == "detached" for s in job["states"].values()
     )  # its last word got through
     assert [n for n in job["leftovers"] if n.startswith(".")] == [], job[
         "leftovers"

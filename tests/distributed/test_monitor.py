@@ -81,7 +81,7 @@ def test_steps_and_phases(basic) -> None:
         for key in ("step_seconds", "forward_seconds", "backward_seconds", "exposed_comm_seconds"):
             assert t[key]["median"] > 0, key
         assert t["compute_seconds"]["median"] < t["step_seconds"]["median"]
-        assert snap["phase"] == "after_optimizer"  # the last step ended at its optimizer step
+        assert snap["stage"] == "after_optimizer"  # the last step ended at its optimizer step
         assert snap["collectives"]["issued"] == snap["collectives"]["completed"] > 0
 
 
@@ -148,7 +148,7 @@ def test_state_file_has_the_contract_keys(basic) -> None:
             "port",
             "job",
             "step",
-            "phase",
+            "stage",
             "last_progress_unix",
             "collectives",
             "in_flight",

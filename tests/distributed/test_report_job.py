@@ -132,7 +132,7 @@ def test_report_json_of_a_finished_job(runs):
         and s["devices"] == ["cpu"]
         and s["backend"] == "gloo"
     )
-    assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
+    assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["part"] == "forward"
     # one scale ("N% slower") from one rule in the summary, the per-rank table and the verdict
     slower = {r["rank"]: r["slower"] for r in s["per_rank"]}
     assert (
@@ -175,7 +175,7 @@ def test_compare_two_real_runs_explains_the_difference(runs):
         step["delta"] > DELAY / 2
     )  # every step of B waits for rank 1's sleep (a busy machine adds noise)
     rank1 = next(r for r in result["ranks"] if r["rank"] == 1)
-    assert rank1["phase"] == "forward" and rank1["phase_delta"] >= DELAY / 2
+    assert rank1["part"] == "forward" and rank1["part_delta"] >= DELAY / 2
 
 
 def test_killed_and_live_jobs(tmp_path):
@@ -249,12 +249,12 @@ def test_report_through_the_node_daemon(runs):
     assert s["ranks"] == 2 and s["steps"] == STEPS and s["job"] == "slow" and s["problems"] == []
     assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
     assert [r["history_rows"] for r in s["per_rank"]] == [STEPS, STEPS]
-    assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["phase"] == "forward"
+    assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["part"] == "forward"
     near = json.loads(cli("report", state, "--json").stdout)
     assert [{k: v for k, v in r.items() if k != "history"} for r in near["per_rank"]] == [
         {k: v for k, v in r.items() if k != "history"} for r in s["per_rank"]
     ]
-    for key in ("median_step_seconds", "phases", "buckets", "slowest_rank", "straggler", "verdict"):
+    for key in ("median_step_seconds", "parts", "buckets", "slowest_rank", "straggler", "verdict"):
         assert near[key] == s[key], key
     assert cli("report", state, "-o", str(workdir / "local.html")).returncode == 0
 

@@ -255,7 +255,7 @@ def test_python_form_chains_to_an_existing_sitecustomize(tmp_path: Path) -> None
 
 
 def test_plan_puts_the_shim_between_torchrun_and_the_script() -> None:
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    torchrun = [sys.executable, "-m", "ddpmon.agent"]  # torchrun, recording its rendezvous
     shim = [
         "--no-python",
         sys.executable,

@@ -17,7 +17,7 @@ import pytest
 
 from ddpmon import steps as scoring
 from ddpmon.state import records
-from ddpmon.state.schema import StepPhases
+from ddpmon.state.schema import StepParts
 from tests.support import harness
 from tests.support.torch_features import COMPILE_CHECK
 
@@ -67,14 +67,14 @@ def test_readme_loop_counts_64_of_64_steps_and_its_parts_sum(tmp_path: Path) -> 
 
         acc = out["accumulation"]
         assert (acc["step"], acc["micro_steps"]) == (5, 15)
-        assert acc["timings"]["phases"]["micro_steps"] == 3.0
+        assert acc["timings"]["parts"]["micro_steps"] == 3.0
         if COMPILE_CHECK:  # (torch 2.2: ddpmon's compile support is off, docs/install.md)
             assert out["compiled"] == 6
 
 
 def scores_of(segment_by_rank: dict[int, dict[str, Any]]) -> dict[int, scoring.Score]:
     return scoring.scores(
-        {r: records.load(StepPhases, s["phases"]) for r, s in segment_by_rank.items()}
+        {r: records.load(StepParts, s["parts"]) for r, s in segment_by_rank.items()}
     )
 
 

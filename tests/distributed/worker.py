@@ -583,7 +583,7 @@ def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
         for model in (plain, watched):
             model.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
-        phases.append(mon.snapshot()["phase"])
+        phases.append(mon.snapshot()["stage"])
         # Before DDP's finalize the gradient is this rank's own; after it, the average.
         synced_after_ddp.append(len(at_sync) == step + 1 and torch.equal(at_sync[-1], first.grad))
         g1, g2 = _grads(plain), _grads(watched)

@@ -23,10 +23,10 @@ import pytest
 
 from tests.integration import promserver
 from tests.support import hosts
+from tests.support.hosts import DAEMON_PORT, doctor, finding, sources
 
 pytestmark = pytest.mark.timeout(180)
 
-DAEMON_PORT = 9490
 RANK_PORTS = (9500, 9501)  # ddpmon's default base port + LOCAL_RANK
 
 
@@ -37,25 +37,6 @@ def cluster(tmp_path: Path) -> Iterator[hosts.Cluster]:
         pytest.skip(f"two hosts from Linux namespaces: {reason}")
     with hosts.Cluster(tmp_path) as c:
         yield c
-
-
-def doctor(on: hosts.Host, *args: str) -> tuple[int, dict[str, Any], float]:
-    """``ddpmon doctor ARGS --json --no-stacks`` on a host: exit code, report, seconds taken."""
-    started = time.monotonic()
-    done = on.run(
-        [sys.executable, "-m", "ddpmon", "doctor", *args, "--json", "--no-stacks"], timeout=30
-    )
-    took = time.monotonic() - started
-    assert done.stdout, done.stderr
-    return done.returncode, json.loads(done.stdout), took
-
-
-def sources(*addresses: str) -> list[str]:
-    """``--from`` each daemon, with the credentials their ``--serve-state`` asks for."""
-    return [a for address in addresses for a in ("--from", f"{address}:{DAEMON_PORT}")] + [
-        "--http-config",
-        hosts.credentials()[1],
-    ]
 
 
 def logs(c: hosts.Cluster) -> str:
@@ -91,12 +72,6 @@ def steps(c: hosts.Cluster, state_dir: Path | None = None) -> dict[int, int]:
 
 def training(c: hosts.Cluster, state_dir: Path | None = None) -> Callable[[], bool]:
     return lambda: (s := steps(c, state_dir)) and sorted(s) == [0, 1, 2, 3] and min(s.values()) >= 5
-
-
-def finding(report: dict[str, Any], kind: str) -> dict[str, Any]:
-    found = [f for f in report["findings"] if f["kind"] == kind]
-    assert found, f"no {kind} finding in {json.dumps(report['findings'], indent=1)}"
-    return found[0]
 
 
 def test_stall_on_the_far_host(cluster: hosts.Cluster) -> None:
@@ -487,5 +462,5 @@ def test_report_from_both_hosts(cluster: hosts.Cluster) -> None:
     assert [{k: v for k, v in r.items() if k not in history_only} for r in local["per_rank"]] == [
         {k: v for k, v in r.items() if k not in history_only} for r in s["per_rank"]
     ]
-    for key in ("steps", "median_step_seconds", "phases", "buckets", "slowest_rank"):
+    for key in ("steps", "median_step_seconds", "parts", "buckets", "slowest_rank"):
         assert local[key] == s[key], key

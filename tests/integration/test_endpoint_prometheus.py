@@ -13,7 +13,7 @@ import psutil
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 
-from ddpmon.metrics import exposition
+from ddpmon import httpd
 from tests.integration import promserver
 from tests.integration.promserver import Prometheus
 
@@ -44,7 +44,7 @@ def scraper_ports(port: int) -> set[int]:
 def test_prometheus_keeps_its_connection_and_its_scrapes_through_a_slowloris(
     tmp_path: Path,
 ) -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     prom = Prometheus(tmp_path)
     attacker = None
     try:

@@ -62,7 +62,7 @@ def run_example(name: str, tmp_path: Path, *packages: str) -> None:
     for rank in (0, 1):
         state = json.loads((tmp_path / "state" / f"rank-{rank}.json").read_text())
         assert (state["rank"], state["world_size"], state["step"]) == (rank, 2, STEPS)
-        assert state["ddp"] and state["phase"] == "detached", state
+        assert state["ddp"] and state["stage"] == "detached", state
         assert state["exit"] is None or state["exit"]["exception"] is None
 
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from ddpmon.report import synthetic
 from ddpmon.state import history
 from tests.integration import promserver
 from tests.integration.promserver import Prometheus
 from tests.support import states
 from tests.support.commands import ROOT, env, run_doctor, start_daemon, terminate
 from tests.support.tls import bcrypt_hash
+from tools import synthetic
 
 pytestmark = [
     pytest.mark.integration,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpmon.report import synthetic
 from ddpmon.state import history
 from tests.support import harness
+from tools import synthetic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,7 +34,7 @@ if CHROMIUM is None:
 STEPS = 25
 CHARTS = (
     "step_time",
-    "phases",
+    "parts",
     "exposed_comm",
     "bucket_time",
     "bucket_busbw",
@@ -134,7 +134,7 @@ def test_report_of_a_real_2_rank_job_renders_its_numbers(tmp_path):
         with sqlite3.connect(history.path_for(str(state), rank)) as db:
             slowest = max(slowest, db.execute("SELECT max(step_seconds) FROM steps").fetchone()[0])
     assert float(step["y-max"]) == pytest.approx(slowest * 1e3, rel=1e-3)  # the run's own numbers
-    phases = chart(dom, "phases")
+    phases = chart(dom, "parts")
     names = phases["series-names"].split("|")
     assert {"forward", "backward"} <= set(names) and names.index("forward") < names.index(
         "backward"

@@ -163,3 +163,66 @@ def test_locate_process_in_its_own_pid_namespace() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def _kernel_thread(pid: int) -> bool:
+    try:
+        return not psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.skipif(
+    not _unshare_works() or not _kernel_thread(2),
+    reason="needs unshare --pid, and this host's pid 2 a kernel thread",
+)
+def test_the_doctor_and_the_daemon_judge_a_containerised_rank_alike(tmp_path) -> None:
+    """A rank in its own pid namespace, on a host of the same name, writes the pid it sees
+    (2); this host's pid 2 is a kernel thread. One rule (``locate_process`` and ``judge``)
+    finds the rank's process in the namespace while it runs and calls it gone once it is,
+    for the doctor (``host.check``) and the daemon alike, where reading the host's pid 2
+    would say "running" throughout."""
+    import json
+    import socket
+
+    from ddpmon.daemon import Daemon
+
+    child = subprocess.Popen(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+            "print(p.pid, flush=True); p.wait()",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        inner = int(child.stdout.readline())
+        assert inner == 2
+        here, started = socket.gethostname(), time.time()
+        (tmp_path / "rank-0.json").write_text(
+            json.dumps(
+                {"rank": 0, "host": here, "pid": inner, "job": "j", "format": 1}
+                | {"started_unix": started, "now_unix": started, "last_progress_unix": started}
+            )
+        )
+        daemon = Daemon(str(tmp_path), gpus=False)
+        life = host.check(here, inner, started, here, rank=0)
+        assert life.alive is True and "in a container" in life.detail, life
+        assert [v.up for v in daemon.ranks()] == [True]
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 10
+    while host.check(here, inner, started, here, rank=0).alive is not False:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "another process" in host.check(here, inner, started, here, rank=0).detail
+    assert [(v.up, v.activity) for v in daemon.ranks()] == [(False, "dead")]

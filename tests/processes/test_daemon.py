@@ -1,4 +1,4 @@
-"""ddpmon/daemon.py in-process: rank liveness from state files and real processes, every
+"""ddpmon/daemon/ in-process: rank liveness from state files and real processes, every
 bad state-dir input, /state over HTTP, and every GPU of a node through a fake driver."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddpmon.daemon import Daemon
-from ddpmon.metrics.exposition import serve
+from ddpmon.httpd import serve
 from ddpmon.state import files as statefile
 from tests.support.nvml_fake import FakeDriver, two_gpus
 
@@ -129,7 +129,7 @@ def test_rank_liveness(tmp_path: Path, sleeper: subprocess.Popen) -> None:
         == 1
     )
 
-    daemon.node_local = True  # a hostPath shared with containers: every file is this node's
+    daemon._ranks.node_local = True  # a hostPath shared with containers: every file is this node's
     daemon.refresh()
     assert scrape("ddpmon_rank_up", job="jobA", rank="4") == 1
 
@@ -347,7 +347,7 @@ def test_serves_metrics_and_state(tmp_path: Path, sleeper: subprocess.Popen) -> 
     write(tmp_path, state(1, sleeper.pid, host="another-node"))
     daemon = Daemon(str(tmp_path), gpus=False, interval=0.2)
     daemon.start()
-    endpoint = serve(daemon, 0, "127.0.0.1", {"/state": daemon.state_route})
+    endpoint = serve(daemon, 0, "127.0.0.1", {"/state": daemon.routes.state_route})
     try:
         base = f"http://127.0.0.1:{endpoint.port}"
         text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
@@ -388,7 +388,7 @@ def test_a_fatal_signal_travels_to_a_doctor_on_another_node(tmp_path: Path) -> N
     Path(str(path)[:-5] + ".fault").write_text(FAULT)
     daemon = Daemon(str(tmp_path), gpus=False, interval=0.2)
     daemon.start()
-    endpoint = serve(daemon, 0, "127.0.0.1", {"/state": daemon.state_route})
+    endpoint = serve(daemon, 0, "127.0.0.1", {"/state": daemon.routes.state_route})
     try:
         d = examine("", remote=[f"127.0.0.1:{endpoint.port}"], live_stacks=False)
     finally:

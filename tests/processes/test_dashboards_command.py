@@ -1,5 +1,5 @@
 """The dashboards' commands in a process of their own: the generator's dev command
-(``python -m ddpmon.dashboards --write-repo|--check``), ``ddpmon dashboards export`` into the
+(``python -m tools.dashboards --write-repo|--check``), ``ddpmon dashboards export`` into the
 working directory, push without grafana-client, export into a directory made immutable with
 chattr; and the generator imports neither torch nor grafana-client."""
 
@@ -55,7 +55,7 @@ def _source_tree(root: Path) -> Path:
 
 def _dev_command(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ddpmon.dashboards", *argv],
+        [sys.executable, "-m", "tools.dashboards", *argv],
         capture_output=True,
         text=True,
         cwd=cwd,

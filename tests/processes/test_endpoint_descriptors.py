@@ -26,11 +26,11 @@ def silent(port: int, head: bytes = b"") -> socket.socket:
 OUT_OF_DESCRIPTORS = r"""
 import os, resource, sys, time
 from prometheus_client.core import GaugeMetricFamily
-from ddpmon.metrics import exposition
+from ddpmon import httpd
 class One:
     def collect(self):
         g = GaugeMetricFamily("ddpmon_rank_info", "help"); g.add_metric([], 1.0); yield g
-endpoint = exposition.serve(One(), 0, "127.0.0.1")
+endpoint = httpd.serve(One(), 0, "127.0.0.1")
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 spent = []
 try:

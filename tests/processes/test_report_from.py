@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ddpmon.report import synthetic
 from ddpmon.state import history
 from tests.support import states
 from tests.support.commands import ROOT, env, get, start_daemon, terminate
+from tools import synthetic
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -110,7 +110,7 @@ def test_report_from_the_daemon_is_the_report_of_the_directory(
     assert b["ranks"] == 2 and b["steps"] == BIG and b["slowest_rank"]["rank"] == 1
     for key in (
         "median_step_seconds",
-        "phases",
+        "parts",
         "exposed_comm_share",
         "buckets",
         "slowest_rank",

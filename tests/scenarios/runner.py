@@ -110,8 +110,8 @@ def expected(s: Scenario) -> tuple[str, list[int]]:
 CAUSE_WORDS = {
     "slow_data": "in data wait",
     "slow_forward": "in forward",
-    "slow_backward": "in backward compute",
-    "slow_optimizer": "in the optimizer step",
+    "slow_backward": "in backward",
+    "slow_optimizer": "in optimizer step",
 }
 """How the straggler finding names each straggler kind's part: a right rank with the wrong
 cause is wrong."""

@@ -11,6 +11,7 @@ lives inside these namespaces: ending the holders removes them all.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 NETS = {"job": "10.77.0", "mgmt": "10.77.1"}
@@ -304,3 +306,32 @@ def start_job(
                 )
             )
     return procs
+
+
+DAEMON_PORT = 9490
+"""The port of each host's daemon (`start_daemon`)."""
+
+
+def doctor(on: Host, *args: str) -> tuple[int, dict[str, Any], float]:
+    """``ddpmon doctor ARGS --json --no-stacks`` on a host: exit code, report, seconds taken."""
+    started = time.monotonic()
+    done = on.run(
+        [sys.executable, "-m", "ddpmon", "doctor", *args, "--json", "--no-stacks"], timeout=30
+    )
+    took = time.monotonic() - started
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout), took
+
+
+def sources(*addresses: str) -> list[str]:
+    """``--from`` each daemon, with the credentials their ``--serve-state`` asks for."""
+    return [a for address in addresses for a in ("--from", f"{address}:{DAEMON_PORT}")] + [
+        "--http-config",
+        credentials()[1],
+    ]
+
+
+def finding(report: dict[str, Any], kind: str) -> dict[str, Any]:
+    found = [f for f in report["findings"] if f["kind"] == kind]
+    assert found, f"no {kind} finding in {json.dumps(report['findings'], indent=1)}"
+    return found[0]

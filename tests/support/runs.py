@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpmon.report import synthetic
+from tools import synthetic
 
 
 @pytest.fixture(scope="module")

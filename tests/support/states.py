@@ -81,7 +81,7 @@ def state(
     )
     now = NOW + skew
     snap.update(
-        now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, phase="forward"
+        now_unix=now, last_progress_unix=now - silent, started_unix=now - 100, stage="forward"
     )
     snap.update(fields)
     return snap

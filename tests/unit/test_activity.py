@@ -1,4 +1,5 @@
-"""The shared liveness rule (ddpmon/activity.py): classification, the hang decision, a
+"""The shared liveness rule (ddpmon/activity.py) and the rank's samples for it
+(ddpmon/rank/sampler.py): classification, the hang decision, a
 waiting rank's view of its peers from their state files, the sampler's shares over the still
 seconds (a rank that waits for a CPU works), and a reader's view of a rank's last activity."""
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpmon import activity as lv
+from ddpmon.rank import sampler as rs
 from ddpmon.state import files, schema
 
 
@@ -59,17 +61,17 @@ def test_holdouts_from_the_peers_files(tmp_path: Path) -> None:
     entry = schema.Collective(seq=9, op="barrier", group="0", group_size=3)
     _rank(tmp_path, 2, 9, lv.Status.WAITING)  # joined
     _rank(tmp_path, 0, 8, lv.Status.BUSY)  # not yet: busy saving
-    assert lv.holdouts(mine, entry, time.time()) == lv.Status.BUSY
+    assert rs.holdouts(mine, entry, time.time()) == lv.Status.BUSY
     _rank(tmp_path, 0, 8, lv.Status.STUCK)
-    assert lv.holdouts(mine, entry, time.time()) == lv.Status.STUCK
+    assert rs.holdouts(mine, entry, time.time()) == lv.Status.STUCK
     _rank(tmp_path, 0, 8, lv.Status.BUSY, exit=True)  # it ended
-    assert lv.holdouts(mine, entry, time.time()) == lv.Status.STUCK
+    assert rs.holdouts(mine, entry, time.time()) == lv.Status.STUCK
     _rank(tmp_path, 0, 9, lv.Status.WAITING)
-    assert lv.holdouts(mine, entry, time.time()) is None  # everyone joined: unknown
+    assert rs.holdouts(mine, entry, time.time()) is None  # everyone joined: unknown
 
 
 def test_sampler_sees_the_main_thread(tmp_path: Path) -> None:
-    sampler = lv.Sampler()
+    sampler = rs.Sampler()
     sampler.sample()
     act = sampler.activity(0.0, False, 60.0, time.time())
     assert act.state == lv.Status.STEPPING and act.where and "test_activity.py" in act.where
@@ -99,7 +101,7 @@ class Times:
 
 
 def _still(
-    sampler: lv.Sampler,
+    sampler: rs.Sampler,
     times: Times,
     ran: float,
     waited: float,
@@ -116,14 +118,14 @@ def _still(
     return acts
 
 
-def _moving(sampler: lv.Sampler, times: Times, ran: float, waited: float, seconds: int) -> None:
+def _moving(sampler: rs.Sampler, times: Times, ran: float, waited: float, seconds: int) -> None:
     for _ in range(seconds):
         times.advance(1.0, ran, waited)
         sampler.sample()  # another line: the stack has another shape than in _still
 
 
 def _after_the_loop(
-    sampler: lv.Sampler,
+    sampler: rs.Sampler,
     times: Times,
     ran: float,
     waited: float,
@@ -142,7 +144,7 @@ def test_a_starved_rank_after_the_loop_is_busy_not_stuck() -> None:
     held by one of the rank's threads that waits for a CPU (measured: the main thread
     waited for a CPU 28% of 2.2 s and ran 0.1%; it slept the rest)."""
     times = Times()
-    sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+    sampler = rs.Sampler(clock=times.clock, times=times, io=lambda: 0)
     sampler.sample()
     act = _after_the_loop(sampler, times, ran=0.008, waited=0.95, seconds=6)
     assert act.still_seconds >= 3 and act.cpu_share < lv.CPU_BUSY
@@ -151,14 +153,14 @@ def test_a_starved_rank_after_the_loop_is_busy_not_stuck() -> None:
     )
     assert act.state == lv.Status.BUSY
     times = Times()
-    sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+    sampler = rs.Sampler(clock=times.clock, times=times, io=lambda: 0)
     sampler.sample()
     act = _after_the_loop(sampler, times, ran=0.01, waited=0.95, seconds=6, main=0.001)
     assert act.cpu_share == 0.001 and act.state == lv.Status.BUSY
     # the same stillness blocked (a lock, a socket) or sleeping in a polling loop: stuck
     for ran, waited in ((0.0, 0.0), (0.002, 0.3)):
         times = Times()
-        sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+        sampler = rs.Sampler(clock=times.clock, times=times, io=lambda: 0)
         sampler.sample()
         assert _after_the_loop(sampler, times, ran, waited, seconds=6).state == lv.Status.STUCK
 
@@ -167,7 +169,7 @@ def test_the_shares_are_those_of_the_still_seconds() -> None:
     """A stall right after busy training is seen after the stillness (3 s), not once the
     busy seconds have left a longer window."""
     times = Times()
-    sampler = lv.Sampler(clock=times.clock, times=times, io=lambda: 0)
+    sampler = rs.Sampler(clock=times.clock, times=times, io=lambda: 0)
     _moving(sampler, times, 1.0, 0.0, 5)  # training: a full core
     acts = _still(sampler, times, 0.0, 0.0, 4)  # blocked: the first still sample, then 3 s
     assert (acts[2].still_seconds, acts[2].state) == (2.0, lv.Status.BUSY)  # not still for 3 s yet
@@ -175,7 +177,7 @@ def test_the_shares_are_those_of_the_still_seconds() -> None:
 
 
 def test_the_sampler_reads_the_threads_times() -> None:
-    sampler = lv.Sampler()
+    sampler = rs.Sampler()
     main, ran, waited = sampler._times()
     end = time.thread_time() + 0.05
     while time.thread_time() < end:
@@ -229,7 +231,7 @@ def test_loop_lines_say_which_loop_a_line_is_in() -> None:
     exec(compile(LOOPS, "loops.py", "exec"), namespace)
     code = namespace["run"].__code__  # type: ignore[attr-defined]
     first = {line: offset for offset, line in reversed(list(dis.findlinestarts(code))) if line}
-    assert [lv.loop_lines(code, first[line]) for line in (3, 6, 9, 10, 12, 13)] == [
+    assert [rs.loop_lines(code, first[line]) for line in (3, 6, 9, 10, 12, 13)] == [
         [],
         [5, 9],
         [5, 9],
@@ -240,7 +242,7 @@ def test_loop_lines_say_which_loop_a_line_is_in() -> None:
 
 
 def test_the_sampler_records_the_loops_around_the_main_thread() -> None:
-    sampler = lv.Sampler()
+    sampler = rs.Sampler()
     for _ in range(1):
         sampler.sample()  # inside this loop
         act = sampler.activity(0.0, False, 60.0, time.time())

@@ -5,11 +5,15 @@
   framework integrations import it.
 - ``ddpmon/preflight/`` is a job of its own before the training job: its one process module
   (``node``) imports torch; the rest (a node's checks, the verdict) is torch-free.
-- The node daemon and the offline readers (doctor, report, top, dashboards, the CLI) never
-  import the rank wing or torch.
+- The node daemon (``ddpmon/daemon/``) and the offline readers (doctor, report, top,
+  dashboards, the CLI) never import the rank wing or torch; the daemon imports only leaves,
+  and only its command (``cli/daemon.py``) imports the daemon.
 - The leaves that every runtime shares (the on-disk contract ``state/``, ``steps``,
-  ``activity``, ``metrics``, ``collectors``, ``advice``, ``profiles``, ``peaks``, ``formats``,
-  ``goodput``, config, errors, frames, fuses, webconfig) import only each other; ``state/`` imports no reader.
+  ``activity``, ``metrics``, ``httpd``, ``collectors``, ``advice``, ``profiles``, ``peaks``,
+  ``formats``, ``goodput``, config, errors, frames, fuses, webconfig) import only each other;
+  ``state/`` imports no reader.
+- The developer's generators live in ``tools/``, outside the package: nothing in ``ddpmon``
+  imports them.
 - No import circle anywhere, lazy imports included.
 
 Each rule names the import that breaks it, so the next feature cannot cross the line
@@ -30,6 +34,7 @@ LEAVES = (
     "ddpmon.steps",
     "ddpmon.activity",
     "ddpmon.metrics",
+    "ddpmon.httpd",
     "ddpmon.collectors",
     "ddpmon.advice",
     "ddpmon.config",
@@ -49,10 +54,12 @@ TORCH_OUTSIDE_RANK = {
     "ddpmon.demo": "the demo is a training script",
     "ddpmon.integrations._common": "the integrations run inside the training process",
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
+    "ddpmon.agent": "torchrun itself, run by `ddpmon run` in a process that records its rendezvous",
     "ddpmon.cli.preflight": "torchrun's parser and agent, imported when `ddpmon preflight` runs",
     "ddpmon.preflight.node": "preflight is a job of its own: its processes measure the links "
     "between nodes with torch.distributed, as the job will",
 }
+DAEMON = "ddpmon.daemon"
 RANK_READS = {
     (
         "ddpmon.rank.writers",
@@ -138,6 +145,34 @@ def test_the_leaves_import_only_leaves() -> None:
     assert not crossings, crossings
 
 
+def test_the_daemon_is_a_runtime_of_its_own() -> None:
+    """It stands on the leaves alone, and no reader leans on it (``doctor --from`` reads
+    its routes over HTTP, through ``remote/daemons.py``)."""
+    assert _within("ddpmon.daemon.node", DAEMON) and "ddpmon.daemon.node" in MODULES
+    crossings = sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if _within(m, DAEMON)
+        for t in _ours(ts)
+        if t != "ddpmon" and not _within(t, (DAEMON, *LEAVES))
+    )
+    crossings += sorted(
+        f"{m} imports {t}"
+        for m, ts in IMPORTS.items()
+        if not _within(m, DAEMON) and m != "ddpmon.cli.daemon"
+        for t in _ours(ts)
+        if _within(t, DAEMON)
+    )
+    assert not crossings, crossings
+
+
+def test_the_package_imports_no_tool() -> None:
+    crossings = sorted(
+        f"{m} imports {t}" for m, ts in IMPORTS.items() for t in ts if t.split(".")[0] == "tools"
+    )
+    assert not crossings, crossings
+
+
 def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
     allowed = (
         "ddpmon.state",
@@ -145,7 +180,6 @@ def test_the_on_disk_contract_imports_no_reader_and_no_rank_code() -> None:
         "ddpmon.fuses",
         "ddpmon.frames",
         "ddpmon.collectors.host",
-        "ddpmon.webconfig",
     )
     crossings = sorted(
         f"{m} imports {t}"

@@ -314,7 +314,7 @@ def test_bad_input_exits_2_and_says_what(
 
 
 def test_a_rank_that_ended_is_not_alive(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    states.write(job, states.state(1, steps=40, phase="detached"))
+    states.write(job, states.state(1, steps=40, stage="detached"))
     assert command(str(job), "--rank", "1") == 2
     assert "rank 1 is not alive: it detached from ddpmon at step 40" in capsys.readouterr().err
     states.write(

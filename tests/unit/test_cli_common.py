@@ -46,7 +46,7 @@ def test_report_without_a_directory_reads_the_latest_job(
     tmp_root: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from ddpmon.cli import main
-    from ddpmon.report import synthetic
+    from tools import synthetic
 
     synthetic.write_run(str(tmp_root / "latest"), 2, 20, job="latest")
     with pytest.raises(SystemExit) as done:

@@ -14,7 +14,7 @@ import yaml
 
 from ddpmon.cli import build_parser
 from ddpmon.cli.daemon import DEFAULT_PORT
-from ddpmon.state.discovery import DAEMON_JOBS, scrape_job_matches
+from ddpmon.remote.discovery import DAEMON_JOBS, scrape_job_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 from ddpmon.cli import build_parser, main
 from ddpmon.errors import DiscoveryError
-from ddpmon.state.discovery import (
+from ddpmon.remote.discovery import (
     DAEMON_JOBS,
     daemon_address,
     read_address_file,

@@ -15,7 +15,8 @@ import pytest
 
 from ddpmon.cli import build_parser
 from ddpmon.config import Config
-from ddpmon.metrics import catalog, table
+from ddpmon.metrics import catalog
+from tools import metrics_table as table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -23,7 +24,11 @@ METRICS_DOC = ROOT / table.DEFAULT  # docs/metrics.md
 CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 DOCS = {
     p.relative_to(ROOT).as_posix(): p.read_text()
-    for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for p in [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "tests" / "README.md",
+    ]
 }
 # where each command's flags are documented; the top-level ones and top's are in README
 DOC_OF = {
@@ -37,6 +42,7 @@ DOC_OF = {
     "compare": "docs/report.md",
     "capture": "docs/capture.md",
     "preflight": "docs/doctor.md",
+    "set": "docs/configuration.md",
 }
 PASSTHROUGH = {"run", "preflight"}  # after their own flags come torchrun's (and the script's)
 
@@ -44,7 +50,7 @@ PASSTHROUGH = {"run", "preflight"}  # after their own flags come torchrun's (and
 def test_the_metric_table_is_the_catalog() -> None:
     text = METRICS_DOC.read_text()
     assert table.replace(text) == text, (
-        "regenerate it: make metrics-table (python -m ddpmon.metrics.table)"
+        "regenerate it: make metrics-table (python -m tools.metrics_table)"
     )
 
 
@@ -64,10 +70,12 @@ def test_every_metric_name_the_docs_use_exists() -> None:
     known.add(rank_notes.ddpmon_part_off.__name__)  # a doctor finding's kind, not a metric
     for doc, text in DOCS.items():
         names = {
-            n for n in re.findall(r"\bddpmon_[a-z0-9_]+", text) if not n.endswith("_")
+            n for n in re.findall(r"(?<![\w:])ddpmon_[a-z0-9_]+", text) if not n.endswith("_")
         }  # ddpmon_gpu_*: a prefix
         unknown = sorted(names - known)
         assert unknown == [], f"{doc} names metrics the catalog does not have"
+        recorded = set(re.findall(r"\b[a-z_]+:ddpmon_[a-z0-9_]+:[a-z0-9_]+", text))
+        assert recorded <= catalog.RECORD_NAMES, f"{doc} names records the rules do not have"
 
 
 def _options_table() -> list[str]:

@@ -340,8 +340,8 @@ def test_ranks_starved_after_the_loop_are_busy_not_hung(tmp_path: Path) -> None:
         "where": POST_LOOP,
         "hang_timeout_seconds": 60.0,
     }
-    write(tmp_path, state(0, silent=2.5, phase="after_optimizer", activity=stepping), age=4.0)
-    write(tmp_path, state(1, silent=6.0, phase="after_optimizer", activity=busy), age=0.5)
+    write(tmp_path, state(0, silent=2.5, stage="after_optimizer", activity=stepping), age=4.0)
+    write(tmp_path, state(1, silent=6.0, stage="after_optimizer", activity=busy), age=0.5)
     d = examine(str(tmp_path), live_stacks=False)
     assert [v.status for v in d.ranks] == ["busy", "busy"]
     assert (d.verdict, d.suspect_ranks, kinds(d)[0]) == ("healthy", [], "busy")
@@ -352,7 +352,7 @@ def test_ranks_starved_after_the_loop_are_busy_not_hung(tmp_path: Path) -> None:
     assert "(its threads waiting for a CPU 95% of the time)" in d.findings[0].evidence[1]
     # its watchdog has said nothing for 6 s before that write: silence decides again
     stepping["sampled_unix"] = states.NOW - 4.0 - 6.0
-    write(tmp_path, state(0, silent=2.5, phase="after_optimizer", activity=stepping), age=4.0)
+    write(tmp_path, state(0, silent=2.5, stage="after_optimizer", activity=stepping), age=4.0)
     d = examine(str(tmp_path), live_stacks=False)
     assert (d.verdict, d.suspect_ranks) == ("hang", [0])
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from ddpmon.collectors.host import Liveness
 from ddpmon.doctor import rules, words
 from ddpmon.doctor.load import StateFile, load_dir
-from ddpmon.doctor.procs import Liveness
 from ddpmon.doctor.rules import (
     cannot_write,
     comm_hang,

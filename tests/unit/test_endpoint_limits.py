@@ -18,8 +18,8 @@ import psutil
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 
+from ddpmon import httpd
 from ddpmon.daemon import Daemon
-from ddpmon.metrics import exposition
 from tests.support.commands import get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def closed_by_server(s: socket.socket, within: float) -> float | None:
 
 
 def test_half_open_connections_cost_no_thread_and_a_scrape_still_gets_in() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     before = threading.active_count()
     idle = []
     try:
@@ -98,8 +98,8 @@ def test_half_open_connections_cost_no_thread_and_a_scrape_still_gets_in() -> No
 def test_a_request_head_must_arrive_within_the_deadline_however_it_trickles(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.5)
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    monkeypatch.setattr(httpd, "HEADER_SECONDS", 0.5)
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     stop = threading.Event()
     try:
         quiet = silent(endpoint.port)
@@ -132,9 +132,9 @@ def test_a_request_head_must_arrive_within_the_deadline_however_it_trickles(
 def test_at_the_cap_the_connection_that_waited_longest_makes_room(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(exposition, "HEADER_SECONDS", 30.0)
-    monkeypatch.setattr(exposition, "connection_cap", lambda: 8)
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    monkeypatch.setattr(httpd, "HEADER_SECONDS", 30.0)
+    monkeypatch.setattr(httpd, "connection_cap", lambda: 8)
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     try:
         scraper = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
         scraper.request("GET", "/metrics")  # served, then idle: the oldest connection
@@ -163,7 +163,7 @@ def test_at_the_cap_the_connection_that_waited_longest_makes_room(
 
 
 def test_prometheus_keeps_its_connection_and_gets_gzip_and_head() -> None:
-    endpoint = exposition.serve(
+    endpoint = httpd.serve(
         One(), 0, "127.0.0.1", {"/state": lambda query, reader: ("application/json", b"[]" * 5000)}
     )
     try:
@@ -205,7 +205,7 @@ def test_prometheus_keeps_its_connection_and_gets_gzip_and_head() -> None:
 
 
 def test_bad_requests_are_answered_and_closed() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     try:
         for head, status in [
             (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab", b"405"),
@@ -222,9 +222,9 @@ def test_bad_requests_are_answered_and_closed() -> None:
 
 
 def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exposition, "MAX_UNSENT_BYTES", 30 * 2**20)
+    monkeypatch.setattr(httpd, "MAX_UNSENT_BYTES", 30 * 2**20)
     big = b"x" * 20 * 2**20
-    endpoint = exposition.serve(
+    endpoint = httpd.serve(
         One(), 0, "127.0.0.1", {"/state": lambda query, reader: ("application/json", big)}
     )
     try:
@@ -251,8 +251,8 @@ def test_a_slow_reader_of_a_large_response_stalls_no_one(monkeypatch: pytest.Mon
 
 
 def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.5)
-    endpoint = exposition.serve(
+    monkeypatch.setattr(httpd, "HEADER_SECONDS", 0.5)
+    endpoint = httpd.serve(
         One(seconds=3.0),
         0,
         "127.0.0.1",
@@ -273,12 +273,12 @@ def test_a_slow_collector_holds_the_worker_not_the_loop(monkeypatch: pytest.Monk
 
 
 def test_a_route_reads_the_query_and_answers_400_to_a_bad_one() -> None:
-    def echo(query: exposition.Query, reader: exposition.Reader) -> tuple[str, bytes]:
+    def echo(query: httpd.Query, reader: httpd.Reader) -> tuple[str, bytes]:
         if "bad" in query:
-            raise exposition.BadRequest("bad is not taken here: give good=N")
+            raise httpd.BadRequest("bad is not taken here: give good=N")
         return "text/plain", repr(sorted(query.items())).encode()
 
-    endpoint = exposition.serve(One(), 0, "127.0.0.1", {"/echo": echo})
+    endpoint = httpd.serve(One(), 0, "127.0.0.1", {"/echo": echo})
     try:
         assert get(f"http://127.0.0.1:{endpoint.port}/echo?a=1&a=2&b=") == (
             200,
@@ -303,10 +303,10 @@ def test_a_failing_collector_or_route_answers_500_and_the_endpoint_goes_on() -> 
                 raise RuntimeError("the GPU went away")
             yield from super().collect()
 
-    def broken(query: exposition.Query) -> tuple[str, bytes]:
+    def broken(query: httpd.Query) -> tuple[str, bytes]:
         raise ValueError("a bug")
 
-    endpoint = exposition.serve(Flaky(), 0, "127.0.0.1", {"/state": broken})
+    endpoint = httpd.serve(Flaky(), 0, "127.0.0.1", {"/state": broken})
     try:
         status, body = get(f"http://127.0.0.1:{endpoint.port}/metrics")
         assert status == 500 and b"the GPU went away" in body
@@ -319,9 +319,7 @@ def test_a_failing_collector_or_route_answers_500_and_the_endpoint_goes_on() -> 
 def test_daemon_healthz_fails_when_the_sampling_pass_is_stale(tmp_path) -> None:
     daemon = Daemon(str(tmp_path), interval=0.1, gpus=False)
     daemon.start()
-    endpoint = exposition.serve(
-        daemon, 0, "127.0.0.1", quick_routes={"/healthz": daemon.health_route}
-    )
+    endpoint = httpd.serve(daemon, 0, "127.0.0.1", quick_routes={"/healthz": daemon.health_route})
     try:
         status, body = get(f"http://127.0.0.1:{endpoint.port}/healthz")
         assert status == 200 and body.startswith(b"ok")
@@ -380,7 +378,7 @@ def responses(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def test_a_thousand_pipelined_requests_are_all_answered_in_order() -> None:
-    endpoint = exposition.serve(
+    endpoint = httpd.serve(
         One(),
         0,
         "127.0.0.1",
@@ -413,7 +411,7 @@ def test_a_thousand_pipelined_requests_are_all_answered_in_order() -> None:
     ],
 )
 def test_a_content_length_that_could_be_read_two_ways_is_refused_and_closed(lengths: bytes) -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     try:
         smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
         got, closed = exchange(
@@ -426,14 +424,14 @@ def test_a_content_length_that_could_be_read_two_ways_is_refused_and_closed(leng
 
 
 def test_a_request_head_over_16_kib_is_refused_however_it_arrives() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
 
     def head(size: int) -> bytes:  # a whole request head of exactly ``size`` bytes
         start, end = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: ", b"\r\n\r\n"
         return start + b"y" * (size - len(start) - len(end)) + end
 
     try:
-        assert len(head(exposition.MAX_HEAD_BYTES)) == 16 * 1024
+        assert len(head(httpd.MAX_HEAD_BYTES)) == 16 * 1024
         assert (
             responses(exchange(endpoint.port, head(16 * 1024) + b"GET / HTTP/1.0\r\n\r\n")[0])[0][0]
             == 200
@@ -453,7 +451,7 @@ def test_a_request_head_over_16_kib_is_refused_however_it_arrives() -> None:
 
 
 def test_a_head_with_bare_lf_line_ends_is_answered_400_at_once() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     try:
         for data in (
             b"GET /metrics HTTP/1.1\nHost: x\n\n",
@@ -473,7 +471,7 @@ def test_a_head_with_bare_lf_line_ends_is_answered_400_at_once() -> None:
 
 
 def test_expect_100_continue_is_answered_at_once_and_other_expectations_417() -> None:
-    endpoint = exposition.serve(One(), 0, "127.0.0.1")
+    endpoint = httpd.serve(One(), 0, "127.0.0.1")
     try:
         # a body announced, and the client waits for a go-ahead: the answer comes without it
         started = time.monotonic()
@@ -516,9 +514,9 @@ def test_random_framing_gets_an_answer_never_a_5xx_or_a_logged_traceback(
     nothing logged."""
     import random
 
-    monkeypatch.setattr(exposition, "HEADER_SECONDS", 0.3)
-    monkeypatch.setattr(exposition, "REQUEST_SECONDS", 0.5)
-    endpoint = exposition.serve(
+    monkeypatch.setattr(httpd, "HEADER_SECONDS", 0.3)
+    monkeypatch.setattr(httpd, "REQUEST_SECONDS", 0.5)
+    endpoint = httpd.serve(
         One(), 0, "127.0.0.1", quick_routes={"/q": lambda query, reader: ("text/plain", b"q")}
     )
     rng = random.Random(36)
@@ -591,7 +589,7 @@ def test_a_rank_whose_web_config_cannot_be_used_serves_nothing_rather_than_in_th
 ) -> None:
     bad = tmp_path / "web.yml"
     bad.write_text("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n")
-    assert exposition.start_endpoint(One(), 0, 0, "127.0.0.1", 3, str(bad)) is None
+    assert httpd.start_endpoint(One(), 0, 0, "127.0.0.1", 3, str(bad)) is None
     assert (
         f"ddpmon: rank 3: no metrics endpoint (training goes on): DDPMON_WEB_CONFIG_FILE {bad}: "
         "cert_file 'missing.crt' does not exist"

@@ -187,7 +187,7 @@ def test_events_from_a_state_body_name_notes_errors_and_hangs():
             "detected_unix": 5.0,
             "silent_seconds": 61.0,
             "step": 7,
-            "phase": "allreduce",
+            "stage": "allreduce",
             "in_flight": [{"op": "all_reduce", "seq": 12}],
         },
     }
@@ -195,7 +195,7 @@ def test_events_from_a_state_body_name_notes_errors_and_hangs():
     assert [k for k, _, _ in got] == ["note", "ddpmon_part_off", "hang"]
     assert (
         got[2][2]
-        == "hang suspected: no progress for 61.0 s at step 7, phase allreduce, waiting in all_reduce #12"
+        == "hang suspected: no progress for 61.0 s at step 7, stage allreduce, waiting in all_reduce #12"
     )
     assert list(writers.events({"notes": {}, "hang": None})) == []
 
@@ -218,9 +218,9 @@ def test_rank_0_waits_for_the_other_ranks_last_files_bounded(tmp_path):
 
     from ddpmon.state import files, schema
 
-    def write(rank, phase):
+    def write(rank, stage):
         rec = Recorder(Identity(rank=rank, world_size=2), world_size=2)
-        rec.phase = phase
+        rec.stage = stage
         files.write_atomic(
             files.path_for(str(tmp_path), rank), dict(rec.snapshot(), format=schema.FORMAT)
         )

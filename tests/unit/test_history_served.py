@@ -20,9 +20,10 @@ import pytest
 from ddpmon.cli import daemon as daemon_cli
 from ddpmon.cli import main
 from ddpmon.daemon import Daemon
-from ddpmon.metrics.exposition import serve
+from ddpmon.httpd import serve
+from ddpmon.remote import daemons as remote
 from ddpmon.report import compare, run, summary
-from ddpmon.state import history, remote
+from ddpmon.state import history
 from tests.support import states
 from tests.support.commands import get
 
@@ -243,7 +244,10 @@ def served(directory: Path, ranks: int, job: str, world: int | None = None) -> N
 def node(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
     daemon = Daemon(str(tmp_path / "node"), gpus=False, node_local=True)
     endpoint = serve(
-        daemon, 0, "127.0.0.1", {"/state": daemon.state_route, "/history": daemon.history_route}
+        daemon,
+        0,
+        "127.0.0.1",
+        {"/state": daemon.routes.state_route, "/history": daemon.routes.history_route},
     )
     yield daemon, f"127.0.0.1:{endpoint.port}"
     endpoint.close()
@@ -355,7 +359,7 @@ def test_report_from_a_daemon_gives_the_figures_of_the_directory(
     a, b = summary.summarize(here), summary.summarize(there)
     for key in (
         "median_step_seconds",
-        "phases",
+        "parts",
         "buckets",
         "slowest_rank",
         "straggler",
@@ -407,7 +411,7 @@ def test_a_daemon_without_serve_state_or_from_before_history(tmp_path: Path) -> 
         {"/state": daemon_cli._not_served, "/history": daemon_cli._not_served},
     )
     older = serve(
-        daemon, 0, "127.0.0.1", {"/state": daemon.state_route}
+        daemon, 0, "127.0.0.1", {"/state": daemon.routes.state_route}
     )  # /history: metrics, as any path
     try:
         assert get(f"http://127.0.0.1:{refusing.port}/history") == (

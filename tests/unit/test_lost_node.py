@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddpmon.collectors.host import Liveness
 from ddpmon.doctor import examine, rules
 from ddpmon.doctor.load import Unreachable, load_dir
-from ddpmon.doctor.procs import Liveness
 from ddpmon.doctor.rules import files as file_rules
 from ddpmon.doctor.rules import lost_node
 from ddpmon.doctor.view import view
@@ -36,7 +36,7 @@ def crashed(r: int, error: str = RESET) -> dict[str, Any]:
     """A rank that failed: its exit record, ``error`` its exception."""
     return rank(
         r,
-        phase="allreduce",
+        stage="allreduce",
         exit={
             "unix": states.NOW,
             "exception": error,
@@ -115,7 +115,7 @@ def test_a_whole_host_that_stopped_writing_in_a_shared_directory(tmp_path: Path)
     for r in (2, 3):
         write(
             tmp_path,
-            rank(r, phase="allreduce", in_flight=[waiting_in("all_reduce", 14, 0.05, size=4)]),
+            rank(r, stage="allreduce", in_flight=[waiting_in("all_reduce", 14, 0.05, size=4)]),
             age=5.0,
         )
     d = examine(str(tmp_path), live_stacks=False, now=states.NOW)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import functools
 import json
 import random
@@ -64,6 +65,10 @@ def read(tp: Any, value: Any) -> Any:
         if typing.get_args(inner)[1] is Any:
             return value
         return {str(k): within(str(k), typing.get_args(inner)[1], v) for k, v in value.items()}
+    if isinstance(inner, type) and issubclass(inner, enum.Enum):
+        if isinstance(value, str) and value in {m.value for m in inner}:
+            return inner(value)
+        raise Wrong(f"one of {', '.join(m.value for m in inner)}", value)
     assert dataclasses.is_dataclass(inner)
     if not isinstance(value, dict):
         raise Wrong(f"an object ({inner.__name__})", value)
@@ -136,7 +141,7 @@ def full_state() -> dict[str, Any]:
         host="node-0",
         pid=42,
         state_interval=1.0,
-        phase="allreduce",
+        stage="allreduce",
         ddp={"bucket_cap": 25, "nested": {"a": [1, 2]}},
         step=7,
         micro_steps=7,
@@ -168,7 +173,7 @@ def full_state() -> dict[str, Any]:
             7,
             step_seconds=summary,
             forward_seconds=summary,
-            phases=schema.StepPhases(steps=7, step_seconds=0.1, busy_seconds=0.09),
+            parts=schema.StepParts(steps=7, step_seconds=0.1, busy_seconds=0.09),
         ),
         notes={"advice": "x"},
         errors={},

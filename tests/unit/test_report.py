@@ -10,8 +10,9 @@ import shutil
 import pytest
 
 from ddpmon.cli import main
-from ddpmon.report import compare, html, run, summary, synthetic
+from ddpmon.report import compare, html, run, summary
 from ddpmon.state import history
+from tools import synthetic
 
 
 def _cli(args, capsys):
@@ -21,10 +22,10 @@ def _cli(args, capsys):
     return exc.value.code, out.out, out.err
 
 
-def test_summary_names_the_straggler_and_its_phase(slow_run):
+def test_summary_names_the_straggler_and_its_part(slow_run):
     s = summary.summarize(run.load([slow_run], findings=False))
     assert s["job"] == "slow" and s["ranks"] == 4 and s["steps"] == 300
-    assert s["slowest_rank"]["rank"] == 2 and s["slowest_rank"]["phase"] == "backward"
+    assert s["slowest_rank"]["rank"] == 2 and s["slowest_rank"]["part"] == "backward"
     assert s["slowest_rank"]["excess_seconds"] == pytest.approx(0.03, rel=0.1)
     slower = {
         r["rank"]: r["slower"] for r in s["per_rank"]
@@ -33,7 +34,7 @@ def test_summary_names_the_straggler_and_its_phase(slow_run):
         abs(slower[r]) < 0.05 for r in (0, 1, 3)
     )
     assert s["slowest_rank"]["score"] == s["straggler"]["score"] == slower[2]
-    phases = s["phases"]
+    phases = s["parts"]
     assert sum(v for v in phases.values() if v) == pytest.approx(s["median_step_seconds"], rel=0.05)
     assert [b["index"] for b in s["buckets"]] == [0, 1, 2, 3]
     # 25 MiB in 4.2 ms (the median of 4 ms times 1.0 to 1.1), times 2(n-1)/n = 1.5 for 4 ranks
@@ -48,7 +49,7 @@ def test_the_end_of_run_summary_applies_the_doctors_straggler_rule(slow_run, eve
     assert (s["rank"], s["named"], s["cause"]) == (2, True, "backward")
     assert s["score"] == pytest.approx(0.33, abs=0.01)  # 30 ms more than the others' 92 ms
     text = summary.end_of_run(slow_run)
-    assert "  straggler: rank 2 is" in text and "in backward compute" in text, text
+    assert "  straggler: rank 2 is" in text and "in backward" in text, text
     even = summary.summarize(run.load([even_run], findings=False))["straggler"]
     assert not even["named"]
     assert "no straggler: the slowest rank" in summary.end_of_run(even_run)
@@ -74,7 +75,7 @@ def test_html_is_self_contained_and_carries_the_runs_numbers(slow_run):
     ids = [c["id"] for c in data["charts"]]
     assert ids == [
         "step_time",
-        "phases",
+        "parts",
         "exposed_comm",
         "bucket_time",
         "bucket_busbw",
@@ -113,7 +114,7 @@ def test_several_state_dirs_make_one_run(slow_run, tmp_path):
     assert [r["rank"] for r in s["per_rank"]] == [0, 1, 2, 3] and s["slowest_rank"]["rank"] == 2
 
 
-def test_compare_names_the_rank_and_phase_that_explain_the_change(slow_run, even_run):
+def test_compare_names_the_rank_and_part_that_explain_the_change(slow_run, even_run):
     a, _ = compare.load_side(even_run)
     b, _ = compare.load_side(slow_run)
     result = compare.compare(a, b)
@@ -125,6 +126,34 @@ def test_compare_names_the_rank_and_phase_that_explain_the_change(slow_run, even
     assert "step time up" in text and "rank 2 explains it" in text and "backward" in text
     same = compare.compare(a, a)
     assert same["explanation"][0].startswith("step time unchanged")
+
+
+def test_compare_reads_the_json_of_an_older_report(slow_run, even_run, tmp_path):
+    """An older ``report --json`` called the parts of a step phases and the busy time
+    compute: compared with today's, it explains the change the same way."""
+    b, _ = compare.load_side(slow_run)
+    old = dict(b, phases=b["parts"], slowest_rank=dict(b["slowest_rank"]))
+    del old["parts"]
+    old["slowest_rank"]["phase"] = old["slowest_rank"].pop("part")
+    old["per_rank"] = [
+        {
+            (
+                "phases"
+                if k == "parts"
+                else "median_compute_seconds"
+                if k == "median_busy_seconds"
+                else k
+            ): v
+            for k, v in r.items()
+        }
+        for r in b["per_rank"]
+    ]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    a, _ = compare.load_side(even_run)
+    then, _ = compare.load_side(str(tmp_path / "old.json"))
+    assert then["parts"] == b["parts"] and then["slowest_rank"]["part"] == "backward"
+    assert then["per_rank"][2]["median_busy_seconds"] == b["per_rank"][2]["median_busy_seconds"]
+    assert compare.compare(a, then)["explanation"] == compare.compare(a, b)["explanation"]
 
 
 def test_cli_report_compare_and_their_errors(slow_run, even_run, tmp_path, capsys):

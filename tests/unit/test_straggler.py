@@ -9,10 +9,10 @@ import pytest
 
 from ddpmon import steps
 from ddpmon.doctor import words
-from ddpmon.state.schema import StepPhases
+from ddpmon.state.schema import StepParts
 
 
-def phases(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) -> StepPhases:
+def step_parts(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) -> StepParts:
     """A rank whose busy time is ``busy``: forward 0.01, backward 0.02, the rest in ``parts``
     (seconds per step), exposed communication filling up to a 0.1 s step."""
     p = {
@@ -25,7 +25,7 @@ def phases(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) 
     p.update({k + "_seconds": v for k, v in parts.items()})
     own = sum(p.values())
     p["other_seconds"] += busy - own
-    return StepPhases(
+    return StepParts(
         steps=steps,
         step_seconds=0.1,
         exposed_comm_seconds=0.1 - busy,
@@ -38,9 +38,9 @@ def phases(busy: float, spread: float = 0.001, steps: int = 20, **parts: float) 
 def test_a_slow_data_loader_is_named_and_not_its_waiting_peers() -> None:
     scores = steps.scores(
         {
-            0: phases(0.032),
-            1: phases(0.072, data_wait=0.04),
-            2: phases(0.033),
+            0: step_parts(0.032),
+            1: step_parts(0.072, data_wait=0.04),
+            2: step_parts(0.033),
         }
     )
     named = {r: s for r, s in scores.items() if s.straggler}
@@ -55,26 +55,28 @@ def test_each_part_is_named_as_the_cause() -> None:
     for part in ("forward", "backward", "optimizer", "other"):
         base = {"forward": 0.01, "backward": 0.02, "optimizer": 0.002, "other": 0.0}
         slow = dict(base, **{part: base[part] + 0.01})
-        scores = steps.scores({0: phases(0.032), 1: phases(0.042, **slow), 2: phases(0.032)})
+        scores = steps.scores(
+            {0: step_parts(0.032), 1: step_parts(0.042, **slow), 2: step_parts(0.032)}
+        )
         assert [r for r, s in scores.items() if s.straggler] == [1], part
         assert scores[1].cause == part
 
 
 def test_noise_and_small_gaps_are_no_straggler() -> None:
     # 15% slower, but its steps jitter by 10 ms around a 40 ms busy time: not consistent
-    noisy = steps.scores({0: phases(0.040, spread=0.01), 1: phases(0.046, spread=0.01)})
+    noisy = steps.scores({0: step_parts(0.040, spread=0.01), 1: step_parts(0.046, spread=0.01)})
     assert not any(s.straggler for s in noisy.values())
     # 50% slower by 0.5 ms: below the 1 ms floor
-    tiny = steps.scores({0: phases(0.001, spread=0.0), 1: phases(0.0015, spread=0.0)})
+    tiny = steps.scores({0: step_parts(0.001, spread=0.0), 1: step_parts(0.0015, spread=0.0)})
     assert not any(s.straggler for s in tiny.values())
     # 12% slower and quiet: a straggler
-    quiet = steps.scores({0: phases(0.040, spread=0.0005), 1: phases(0.045, spread=0.0005)})
+    quiet = steps.scores({0: step_parts(0.040, spread=0.0005), 1: step_parts(0.045, spread=0.0005)})
     assert [r for r, s in quiet.items() if s.straggler] == [1]
 
 
 def test_too_few_steps_or_ranks_give_no_score() -> None:
-    assert steps.scores({0: phases(0.03), 1: phases(0.06, steps=4)}) == {}
-    assert steps.scores({0: phases(0.03)}) == {}
+    assert steps.scores({0: step_parts(0.03), 1: step_parts(0.06, steps=4)}) == {}
+    assert steps.scores({0: step_parts(0.03)}) == {}
 
 
 def test_the_summary_names_rank_share_part_and_fix() -> None:
@@ -109,14 +111,14 @@ def test_typical_busy_time_ignores_a_few_slow_steps_and_knows_its_error() -> Non
 
 def test_files_of_an_older_ddpmon_are_scored_from_their_median_absolute_deviation() -> None:
     # no busy_error_seconds: the noise of a median, from the MAD (0.5 ms over 20 steps)
-    old = steps.scores({0: phases(0.040, spread=0.0005), 1: phases(0.043, spread=0.0005)})
+    old = steps.scores({0: step_parts(0.040, spread=0.0005), 1: step_parts(0.043, spread=0.0005)})
     assert old[1].noise_seconds == pytest.approx(
         0.000294, rel=1e-3
     )  # 0.29 ms: a median's error, for two ranks
     new = steps.scores(
         {
-            0: dataclasses.replace(phases(0.040), busy_error_seconds=0.0002),
-            1: dataclasses.replace(phases(0.043), busy_error_seconds=0.0004),
+            0: dataclasses.replace(step_parts(0.040), busy_error_seconds=0.0002),
+            1: dataclasses.replace(step_parts(0.043), busy_error_seconds=0.0004),
         }
     )
     assert new[1].noise_seconds == pytest.approx(
@@ -130,17 +132,17 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
 
     from ddpmon.doctor.rules import straggler as rule
 
-    def view(rank: int, p: StepPhases, status: str = "stepping") -> Any:
+    def view(rank: int, p: StepParts, status: str = "stepping") -> Any:
         return SimpleNamespace(
             rank=rank,
             status=status,
             file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
-            state=SimpleNamespace(host="node-a", timings=SimpleNamespace(phases=p)),
+            state=SimpleNamespace(host="node-a", timings=SimpleNamespace(parts=p)),
         )
 
     noisy = [
-        view(0, phases(0.040, spread=0.01)),
-        view(1, phases(0.046, spread=0.01, data_wait=0.006)),
+        view(0, step_parts(0.040, spread=0.01)),
+        view(1, step_parts(0.046, spread=0.01, data_wait=0.006)),
     ]
     assert rule.straggler(noisy, []) is None
     (note,) = rule.slowest_within_noise(noisy)
@@ -149,7 +151,7 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
         "rank 1 is 15% slower than the others, most of it in data wait, but within"
     )
     # named, or not running, or not slower by 5%: no note
-    quiet = [view(0, phases(0.040, spread=0.0005)), view(1, phases(0.045, spread=0.0005))]
+    quiet = [view(0, step_parts(0.040, spread=0.0005)), view(1, step_parts(0.045, spread=0.0005))]
     named = rule.straggler(quiet, [])
     assert rule.slowest_within_noise(quiet) == [] and (named.verdict, named.suspects) == (
         "straggler",
@@ -161,11 +163,11 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
         "--compare 0 (STATE_DIR: the job's state directory there)"
     )
     assert (
-        rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.phases, "stuck")]) == []
+        rule.slowest_within_noise([noisy[0], view(1, noisy[1].state.timings.parts, "stuck")]) == []
     )
     assert (
         rule.slowest_within_noise(
-            [view(0, phases(0.040, spread=0.01)), view(1, phases(0.041, spread=0.01))]
+            [view(0, step_parts(0.040, spread=0.01)), view(1, step_parts(0.041, spread=0.01))]
         )
         == []
     )
@@ -175,18 +177,18 @@ def test_a_rank_slower_by_5_to_10_percent_and_out_of_its_noise_is_named() -> Non
     # 10% slower measures 10% give or take its noise: naming from 5% names it every time
     eight = steps.scores(
         {
-            0: phases(0.040, spread=0.0002),
-            1: phases(0.0432, spread=0.0002),
-            2: phases(0.040, spread=0.0002),
+            0: step_parts(0.040, spread=0.0002),
+            1: step_parts(0.0432, spread=0.0002),
+            2: step_parts(0.040, spread=0.0002),
         }
     )
     assert [r for r, s in eight.items() if s.straggler] == [1]
     # below 5%, however quiet, it is within what ranks differ by
     four = steps.scores(
         {
-            0: phases(0.040, spread=0.0001),
-            1: phases(0.0416, spread=0.0001),
-            2: phases(0.040, spread=0.0001),
+            0: step_parts(0.040, spread=0.0001),
+            1: step_parts(0.0416, spread=0.0001),
+            2: step_parts(0.040, spread=0.0001),
         }
     )
     assert not any(s.straggler for s in four.values())
@@ -249,7 +251,7 @@ def machine_noise(count: int, seed: int = 99) -> list[float]:
 
 
 def named(ranks: dict[int, list[steps.StepRow]]) -> dict[int, steps.Score]:
-    scores = steps.scores({r: steps.phases(rs) for r, rs in ranks.items()})
+    scores = steps.scores({r: steps.step_parts(rs) for r, rs in ranks.items()})
     return {r: s for r, s in scores.items() if s.straggler}
 
 
@@ -267,7 +269,9 @@ def test_noise_that_hits_every_rank_at_once_cancels_out() -> None:
     assert found[1].gap_seconds == pytest.approx(
         0.008, abs=0.0015
     )  # its 8 ms, whatever the machine added
-    means_only = {r: dataclasses.replace(steps.phases(rs), recent=None) for r, rs in job.items()}
+    means_only = {
+        r: dataclasses.replace(steps.step_parts(rs), recent=None) for r, rs in job.items()
+    }
     assert not any(s.straggler for s in steps.scores(means_only).values())
 
 
@@ -328,7 +332,7 @@ def test_the_first_steps_of_the_job_are_left_out() -> None:
     job = {r: rows(15, first=1, seed=r) for r in range(3)}
     job[0][:5] = rows(5, first=1, seed=0, slow={"other": 0.040})
     assert named(job) == {}
-    assert steps.phases(job[0]).recent.step[0] == 6  # type: ignore[union-attr]
+    assert steps.step_parts(job[0]).recent.step[0] == 6  # type: ignore[union-attr]
 
 
 def test_only_the_steps_every_rank_has_are_compared() -> None:
@@ -351,13 +355,25 @@ def test_the_margin_is_students_t_for_the_steps_compared() -> None:
 
 def test_the_state_file_carries_the_last_steps_one_by_one_and_round_trips() -> None:
     from ddpmon.state import records
-    from ddpmon.state.schema import StepPhases
+    from ddpmon.state.schema import StepParts
 
-    p = steps.phases(rows(300, first=1))
-    assert p is not None and p.recent is not None and p.steps == steps.PHASE_STEPS
+    p = steps.step_parts(rows(300, first=1))
+    assert p is not None and p.recent is not None and p.steps == steps.PART_STEPS
     assert len(p.recent.step) == steps.SCORE_WINDOWS[-1] and p.recent.step[-1] == 300
     assert p.recent.busy_seconds[-1] == pytest.approx(
         steps.busy_seconds(rows(300, first=1)[-1]), abs=1e-6
     )
-    again = records.load(StepPhases, dataclasses.asdict(p))
+    again = records.load(StepParts, dataclasses.asdict(p))
     assert again == p
+
+
+def test_one_table_names_the_parts_for_every_reader() -> None:
+    """The doctor's fixes, ``top``'s columns and the report's colours and legend all come
+    from ``steps.PART_TABLE``: every part has each, and every cause has a fix."""
+    from ddpmon.doctor import words
+
+    assert set(words.FIX_STRAGGLER_PART) == set(steps.BUSY_PARTS)
+    assert steps.PARTS == tuple(p.name for p in steps.PART_TABLE)
+    for p in steps.PART_TABLE:
+        assert p.label and p.column and p.colour.startswith("#"), p
+    assert steps.WAITING_PARTS == {"exposed_comm"}

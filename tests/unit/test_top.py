@@ -14,8 +14,8 @@ def test_an_empty_bucket_table_says_why() -> None:
     assert "bucket timing is off" not in render([dict(rank, bucket_timing="off")], buckets=False)
 
 
-def test_phases_carrying_the_last_steps_one_by_one() -> None:
-    """A state file's ``timings.phases.recent`` (the last steps, which the straggler score
+def test_parts_carrying_the_last_steps_one_by_one() -> None:
+    """A state file's ``timings.parts.recent`` (the last steps, which the straggler score
     compares step by step) is read as a record, as the doctor reads it."""
     from ddpmon.state import records, schema
 
@@ -30,13 +30,16 @@ def test_phases_carrying_the_last_steps_one_by_one() -> None:
         optimizer_seconds=[0.01] * n,
         other_seconds=[0.0] * n,
     )
-    phases = records.dump(
-        schema.StepPhases(steps=n, step_seconds=0.1, busy_seconds=0.09, recent=recent)
+    parts = records.dump(
+        schema.StepParts(steps=n, step_seconds=0.1, busy_seconds=0.09, recent=recent)
     )
     text = render(
-        [
-            {"rank": r, "step": n, "phase": "forward", "timings": {"phases": phases}}
-            for r in range(3)
-        ]
+        [{"rank": r, "step": n, "phase": "forward", "timings": {"parts": parts}} for r in range(3)]
     )
     assert "where the time goes" in text and "slower" in text
+    from ddpmon import steps
+
+    header = next(
+        line for line in text.splitlines() if line.lstrip().startswith("rank") and "busy" in line
+    )
+    assert header.split()[1:-4] == [p.column for p in steps.PART_TABLE]  # one column per part

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from ddpmon import activity
 from ddpmon.rank import ending
 from ddpmon.rank import watchdog as wd
 from ddpmon.rank.recorder import Recorder
+from ddpmon.rank.sampler import Sampler
 from ddpmon.state.schema import Identity
 
 
@@ -55,7 +55,7 @@ def test_configured_timeout_reports_once_then_clears_on_progress(
     report = dog.check()
     assert report is rec.hang and report is not None
     assert report.silent_seconds == 2.5 and report.timeout_seconds == 2.0
-    assert report.timeout_source == "configured" and report.phase == "init"
+    assert report.timeout_source == "configured" and report.stage == "first_step"
     assert report.in_flight[0].op == "barrier" and report.in_flight[0].age_seconds == 3.0
     assert report.threads and all(t.frames for t in report.threads)
     assert wakes == [1] and dog.reports == 1
@@ -129,7 +129,7 @@ def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     world = Starved(ran=0.008, waited=0.95)
     rec = recorder()
     rec.last_progress_unix = world.now
-    sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
+    sampler = Sampler(clock=world.clock, times=world.times, io=lambda: 0)
     dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
     assert _passes(dog, world, 9) == [None] * 9
     assert (
@@ -144,7 +144,7 @@ def test_a_rank_starved_after_the_loop_is_busy_and_raises_no_hang() -> None:
     world = Starved(ran=0.0, waited=0.0)
     rec = recorder()
     rec.last_progress_unix = world.now
-    sampler = activity.Sampler(clock=world.clock, times=world.times, io=lambda: 0)
+    sampler = Sampler(clock=world.clock, times=world.times, io=lambda: 0)
     dog = wd.Watchdog(rec, timeout=2.0, clock=world.clock, sampler=sampler)
     reports = _passes(dog, world, 4)
     assert reports[:2] == [None, None] and reports[2] is not None and rec.activity.state == "stuck"

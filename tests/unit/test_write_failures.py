@@ -137,12 +137,12 @@ def test_the_last_word_on_a_full_disk_goes_into_the_reserve(
         raise NO_SPACE
 
     monkeypatch.setattr(files, "write_atomic", full)
-    rec.phase, rec.steps = "detached", 7
+    rec.stage, rec.steps = "detached", 7
     rec.set_exit(schema.Exit(unix=time.time(), how="end", code=0))
     assert not w.write_now(), "a periodic write that fails is not a last word"
     w.stop()
     state = files.read(str(path))
-    assert (state.phase, state.step, state.exit.how) == ("detached", 7, "end")
+    assert (state.stage, state.step, state.exit.how) == ("detached", 7, "end")
     spell = state.write_failures["state"]
     assert (spell.count, spell.ended_unix, spell.errno) == (2, None, "ENOSPC")  # it goes on
     assert not reserve.exists()

@@ -19,6 +19,9 @@ lost_node            dead_rank     every rank of a node is gone without a word (
 same_error           dead_rank     every rank raised the same exception at the same
                                    place: a bug in the code, not one rank
 dead_rank            dead_rank     a rank died, crashed or went silent first
+not_arrived          not_started   before the first step: ranks wait in
+                                   init_process_group (or DDP's constructor) for
+                                   ranks still starting or without a process
 stuck_rank           hang          a rank makes no progress outside any collective
 cannot_write         cannot_write  ranks' state files are stale because they cannot
                                    write them (a full disk): not frozen, not killed
@@ -64,6 +67,7 @@ from . import (
     lost_node,
     memory_creep,
     not_joining,
+    not_started,
     rank_notes,
     same_error,
     straggler,
@@ -87,6 +91,7 @@ def verdict_rules(unreachable: Sequence[Unreachable] = ()) -> tuple[VerdictRule,
         else lost_node.lost_node,
         same_error.same_error,
         dead_rank.dead_rank,
+        not_started.not_arrived,
         stuck_rank.stuck_rank,  # (busy never answers when this one does)
         cannot_write.cannot_write,
         busy.busy,

@@ -29,8 +29,8 @@ def not_joining(views: list[RankView], missing: list[int]) -> Verdict | None:
     if not absent:
         return None
     evidence = [words.wait_line(v) for v in waiting] + [
-        f"rank {v.rank} keeps making progress (step {v.state.step}, phase "
-        f"{v.state.phase}) but has not issued it"
+        f"rank {v.rank} keeps making progress (step {v.state.step}, stage "
+        f"{v.state.stage}) but has not issued it"
         for v in absent
     ]
     for v in absent:

@@ -40,27 +40,27 @@ def finished_straggler(views: list[RankView]) -> Verdict | None:
 
 
 def _parts_known(views: list[RankView]) -> bool:
-    return len(views) >= 2 and all(v.state.timings.phases is not None for v in views)
+    return len(views) >= 2 and all(v.state.timings.parts is not None for v in views)
 
 
 def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     """An info note when the slowest rank is at least ``SCORE_WARN`` slower but its gap is
     still within its step-to-step noise: a rank near the line is named in some polls and
     not in others, and this says where it stands whichever way the verdict went."""
-    phases = {v.rank: v.state.timings.phases for v in views}
+    parts = {v.rank: v.state.timings.parts for v in views}
     if (
         len(views) < 2
-        or any(p is None for p in phases.values())
+        or any(p is None for p in parts.values())
         or any(v.status != Status.STEPPING for v in views)
     ):
         return []
-    scores = steps.scores(phases)  # type: ignore[arg-type]
+    scores = steps.scores(parts)  # type: ignore[arg-type]
     if not scores or any(s.straggler for s in scores.values()):
         return []
     top = max(scores.values(), key=lambda s: s.score)
     if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
-    part = f", most of it in {words.PHASE_NAMES[top.cause]}" if top.cause else ""
+    part = f", most of it in {steps.PART_LABELS[top.cause]}" if top.cause else ""
     return [
         Finding(
             "slowest_rank",
@@ -77,12 +77,12 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
 
 
 def _by_busy_time(views: list[RankView]) -> Verdict | None:
-    scores = steps.scores({v.rank: v.state.timings.phases for v in views})  # type: ignore[misc]
+    scores = steps.scores({v.rank: v.state.timings.parts for v in views})  # type: ignore[misc]
     slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
     if not slow or len(slow) == len(scores):
         return None
     exposed = {
-        v.rank: v.state.timings.phases.exposed_comm_seconds for v in views if v.state.timings.phases
+        v.rank: v.state.timings.parts.exposed_comm_seconds for v in views if v.state.timings.parts
     }
     suspects = sorted(s.rank for s in slow)
     findings = []
@@ -98,7 +98,7 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
         evidence.append(
             "over the others' median: "
             + ", ".join(
-                f"{words.PHASE_NAMES[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts
+                f"{steps.PART_LABELS[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts
             )
         )
         others = [r for r in scores if r not in suspects]
@@ -106,7 +106,7 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
             evidence.append(
                 "confirmed: the slow rank waits least for communication (the others wait for it)"
             )
-        fix = words.FIX_STRAGGLER_PHASE[cause] if cause else words.FIX_STRAGGLER
+        fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
         findings.append(
             Finding(
                 "straggler",

@@ -58,7 +58,8 @@ class Plan:
     """What to install for one model."""
 
     source: str
-    """``c10d``, ``hook`` or ``off``; ``error`` when the option cannot be had here."""
+    """``c10d``, ``flight_recorder``, ``hook`` or ``off``; ``error`` when the option cannot be
+    had here."""
     comm_hook: str
     """``install``, ``rebind``, ``user`` or ``none`` (see RULES)."""
     time_later_hook: bool

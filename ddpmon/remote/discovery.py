@@ -1,7 +1,7 @@
 """Where a job's node daemons are, for the readers of daemons (``doctor``, ``report``,
 ``compare``): a file of addresses (``--from-file``), or the targets of the Prometheus that
 already scrapes them (``--prometheus``), since at a hundred nodes nobody lists daemons by
-hand. What is found is read exactly as ``--from`` addresses are (``remote.py``). Torch-free.
+hand. What is found is read exactly as ``--from`` addresses are (``daemons.py``). Torch-free.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ..errors import DiscoveryError
 from ..webconfig import HttpConfig
-from . import remote
+from . import daemons
 
 DAEMON_JOBS = ("ddpmon-daemons", "ddpmon-daemon")
 """The scrape jobs ddpmon ships for its daemons: ``ddpmon-daemons`` in
@@ -28,7 +28,7 @@ PROMETHEUS_TIMEOUT_SECONDS = 3.0
 PROMETHEUS_DEADLINE_SECONDS = 10.0
 """For its whole list of targets: a few MiB at ten thousand targets."""
 TARGETS_MAX_BYTES = 64 * 2**20
-PROMETHEUS = remote.Server(
+PROMETHEUS = daemons.Server(
     "Prometheus", "http://prometheus:9090", "--prometheus-http-config", prefix=True
 )
 
@@ -48,10 +48,10 @@ def read_address_file(path: str) -> list[str]:
         address = line.split("#", 1)[0].strip()
         if not address:
             continue
-        problem = remote.address_problem(address)
+        problem = daemons.address_problem(address)
         if problem:
             raise DiscoveryError(
-                f"--from-file {path}, line {number}: {remote.without_credentials(address)!r} "
+                f"--from-file {path}, line {number}: {daemons.without_credentials(address)!r} "
                 f"is not a daemon's address: {problem} (one HOST:PORT a line; # starts a comment)"
             )
         addresses.append(address)
@@ -92,13 +92,13 @@ def prometheus_daemons(
     ``DAEMON_JOBS``), each once, sorted. A daemon Prometheus cannot scrape is listed all the same, so
     that the reader names it as it names a ``--from`` daemon that does not answer."""
     names = tuple(jobs) or DAEMON_JOBS
-    problem = remote.address_problem(url, PROMETHEUS)
+    problem = daemons.address_problem(url, PROMETHEUS)
     if problem:
         raise DiscoveryError(
-            f"--prometheus {remote.without_credentials(url)!r} is not valid: {problem}"
+            f"--prometheus {daemons.without_credentials(url)!r} is not valid: {problem}"
         )
-    api = remote.base_url(url) + "/api/v1/targets?state=active"
-    _, body, _ = remote.fetch(
+    api = daemons.base_url(url) + "/api/v1/targets?state=active"
+    _, body, _ = daemons.fetch(
         api, timeout, time.monotonic() + deadline, TARGETS_MAX_BYTES, client or HttpConfig()
     )
     if isinstance(body, BaseException):
@@ -109,7 +109,7 @@ def prometheus_daemons(
         )
         raise DiscoveryError(
             f"--prometheus {url}: Prometheus cannot be asked for its targets at {api} "
-            f"({remote.why(body, timeout)}){hint}; is Prometheus running there, and is that "
+            f"({daemons.why(body, timeout)}){hint}; is Prometheus running there, and is that "
             "the URL of its web UI?"
         )
     try:

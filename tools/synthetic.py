@@ -1,5 +1,6 @@
 """Synthetic history databases, as ranks would write them: for the scale benchmark
-(benchmarks/report_scale.py) and the report's tests without a training job."""
+(benchmarks/report_scale.py) and the report's tests without a training job; a developer's
+tool, outside the installed package."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import time
 from typing import Any
 
-from ..state import history
+from ddpmon.state import history
 
 
 def write_run(

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..state import history
 from ..webconfig import HttpConfig
-from . import history
 
 Answer = tuple[list[str], bytes | BaseException, float]
 """One daemon's answer: its host's addresses, the body or what went wrong, when received."""

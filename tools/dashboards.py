@@ -1,8 +1,8 @@
-"""``python -m ddpmon.dashboards --write-repo ROOT``: rewrite a source checkout's generated
+"""``python -m tools.dashboards --write-repo ROOT``: rewrite a source checkout's generated
 files (dashboards/*.json, deploy/kubernetes/dashboards-configmap.yaml and prometheusrule.yaml)
 after a change to the boards or the rules; ``--check ROOT`` only says whether they are current.
 
-A developer command: ROOT is always given (``make dashboards`` passes the repository root), so
+A developer command, outside the installed package: ROOT is always given (``make dashboards`` passes the repository root), so
 it never writes next to an installed package. Users export boards with
 ``ddpmon dashboards export [DIR]``. Exit codes: 0 done or current, 1 stale files, 2 bad usage.
 """
@@ -13,12 +13,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .files import stale_files, write_generated
+from ddpmon.dashboards import stale_files, write_generated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ddpmon.dashboards",
+        prog="python -m tools.dashboards",
         description="Rewrite (or check) the generated dashboards and Kubernetes manifests of a "
         "ddpmon source checkout. To write the boards anywhere else: "
         "`ddpmon dashboards export [DIR]`.",
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"stale: {path}")
             if stale:
                 print(
-                    f"regenerate: python -m ddpmon.dashboards --write-repo {args.check}",
+                    f"regenerate: python -m tools.dashboards --write-repo {args.check}",
                     file=sys.stderr,
                 )
             return 1 if stale else 0

@@ -1,0 +1,151 @@
+"""The launchers' findings (verdict not_started), from what each node's ``ddpmon run``
+recorded (``state/launcher.py``), for a job whose ranks did not all start:
+
+=================  ==========================================================================
+kind               when
+=================  ==========================================================================
+port_in_use        a node could not serve the rendezvous store: its port is taken (by whom)
+launch_failed      a node's launcher ended on another error before its ranks started
+master_unreachable a node cannot reach the endpoint it was given: each error, how often
+node_missing       the node that serves the store waits for more nodes than are seen
+=================  ==========================================================================
+
+In a static rendezvous the ranks start only once every node has met at the master's store,
+so a node with a wrong ``--master-addr`` or one that never started leaves nothing but these
+records: the node is named, with the address it was given and why it cannot connect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...formats import format_seconds
+from ...state.launcher import LauncherStage, LauncherState
+from ..findings import Finding
+from ..load import Launcher, Unreachable
+
+FRESH_SECONDS = 10.0
+"""A launcher record rewritten within this is a launcher alive (it writes every second)."""
+RECENT_SECONDS = 900.0
+"""A launcher that failed within this belongs to the job asked about."""
+
+
+def findings(
+    launchers: Sequence[Launcher], now: float, unreachable: Sequence[Unreachable] = ()
+) -> list[Finding]:
+    live = [
+        x
+        for x in launchers
+        if x.record.stage == LauncherStage.RENDEZVOUS and now - x.mtime < FRESH_SECONDS
+    ]
+    failed = [
+        x
+        for x in launchers
+        if x.record.stage == LauncherStage.FAILED and now - x.mtime < RECENT_SECONDS
+    ]
+    out = [_failed(x.record) for x in failed]
+    servers = [x.record for x in live if x.record.serves_store]
+    cut_off = [x.record for x in live if not x.record.serves_store and _failing(x.record)]
+    out += [_unreachable(r, servers, now) for r in cut_off]
+    for s in servers:
+        missing = _missing(s, [x.record for x in live])
+        if missing:
+            out.append(_node_missing(s, missing, now, unreachable))
+    return out
+
+
+def _failed(r: LauncherState) -> Finding:
+    error = r.error or "?"
+    if r.port_holder or "address already in use" in error.lower() or "EADDRINUSE" in error:
+        held = f" by {r.port_holder}" if r.port_holder else ""
+        port = r.endpoint.rsplit(":", 1)[-1]
+        return Finding(
+            "port_in_use",
+            "error",
+            [],
+            f"{r.node} cannot serve the rendezvous store at {r.endpoint}: port {port} is "
+            f"already in use{held}",
+            [f"{r.node}: its launcher ended: {_first_line(error)}"],
+            f"Free port {port} on {r.host} (end that process), or give every node another "
+            "--master-port, the same on each.",
+        )
+    return Finding(
+        "launch_failed",
+        "error",
+        [],
+        f"{r.node}'s launcher failed before its ranks started: {_first_line(error)}",
+        [f"{r.node}: rendezvous {r.rdzv_backend} at {r.endpoint}, {r.nnodes} nodes"],
+        "Read that node's launcher output (above the traceback), fix what it names and "
+        "start the job again on every node.",
+    )
+
+
+def _failing(r: LauncherState) -> list:
+    """Its attempts that failed since it last reached the endpoint."""
+    return [a for a in r.attempts if a.last_unix > (r.reached_unix or 0.0)]
+
+
+def _unreachable(r: LauncherState, servers: list[LauncherState], now: float) -> Finding:
+    failing = _failing(r)
+    tried = ", ".join(f"{a.error} ({a.count} time{'s' if a.count != 1 else ''})" for a in failing)
+    since = min(a.first_unix for a in failing)
+    summary = (
+        f"{r.node} cannot reach the rendezvous endpoint it was given, {r.endpoint}: "
+        f"{tried} over {format_seconds(max(0.0, (r.now_unix or now) - since))}"
+    )
+    evidence = [f"{r.node}: {a.error}: {a.detail}" for a in failing]
+    fix = (
+        f"Give {r.node} the address and port of the node that serves the store "
+        "(--master-addr, --master-port: that node's address on the network the nodes share, "
+        f"the same on every node), and check the route and firewall from {r.host} to it."
+    )
+    for s in servers:
+        evidence.append(f"{s.node} serves the store at {s.endpoint} and waits for the nodes")
+        if s.endpoint != r.endpoint:
+            summary += f"; {s.node} serves it at {s.endpoint}"
+    return Finding("master_unreachable", "error", [], summary, evidence, fix)
+
+
+def _expected(nnodes: str) -> int:
+    try:
+        return int(nnodes.split(":")[-1])
+    except ValueError:
+        return 0
+
+
+def _missing(server: LauncherState, live: list[LauncherState]) -> list[int]:
+    """The node ranks the server waits for and no live launcher of the job stands for."""
+    expected = _expected(server.nnodes)
+    port = server.endpoint.rsplit(":", 1)[-1]
+    seen = {
+        r.node_rank
+        for r in live
+        if r.node_rank is not None and r.endpoint.rsplit(":", 1)[-1] == port
+    }
+    return [n for n in range(expected) if n not in seen]
+
+
+def _node_missing(
+    s: LauncherState, missing: list[int], now: float, unreachable: Sequence[Unreachable]
+) -> Finding:
+    waited = format_seconds(max(0.0, (s.now_unix or now) - (s.stage_since_unix or s.started_unix)))
+    names = ", ".join(f"node {n}" for n in missing)
+    evidence = [f"{s.node} serves the store at {s.endpoint} and has waited {waited}"]
+    evidence += [f"the daemon {u.address} does not answer: {u.reason}" for u in unreachable]
+    return Finding(
+        "node_missing",
+        "error",
+        [],
+        f"{s.node} waits at {s.endpoint} for {_expected(s.nnodes)} nodes ({waited}); "
+        f"{names} never arrived: no launcher of {'its' if len(missing) == 1 else 'theirs'} "
+        "is seen",
+        evidence,
+        f"Start the job on {names} (ddpmon run with --nnodes={s.nnodes}, its --node-rank, and "
+        f"--master-addr/--master-port of {s.host}), or find why it did not start. Ask every "
+        "node's daemon (ddpmon doctor --from HOST:PORT for each) to see a node that started "
+        "and cannot connect.",
+    )
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:400] if text.strip() else text

@@ -1,0 +1,134 @@
+"""What a node's launcher tried: ``<state_dir>/launcher-<host>-<pid>.json``.
+
+``ddpmon run`` runs torchrun's agent in its own process (``ddpmon/agent.py``), which writes
+this file about once a second from its start to its end: the rendezvous endpoint (the
+master address and port as given), the node count it expects, whether this node serves
+the store, each failed attempt to reach the endpoint with the error (refused, timed out, no
+route, unknown host; folded by error), and what ended it (an address already in use, with
+the process that holds the port). A node whose ranks never start has only this file, so
+the daemon serves it (``/launchers``) beside the ranks' and the doctor reads it. Nothing
+here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ..errors import StateFileError
+from . import files, records
+from .records import SchemaError
+
+FORMAT = 1
+NAME_PATTERN = re.compile(r"^launcher-([A-Za-z0-9_.-]{1,80})-(\d{1,10})\.json$")
+MAX_ATTEMPTS = 16
+"""Distinct errors kept (each with its count): the file stays small however long it tries."""
+
+
+class LauncherStage(str, Enum):
+    RENDEZVOUS = "rendezvous"
+    """Meeting the other nodes at the endpoint: no rank of this node runs yet."""
+    RUNNING = "running"
+    """The nodes met; this node's ranks were started."""
+    FAILED = "failed"
+    """The launcher ended on an error (``error``)."""
+    ENDED = "ended"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(slots=True)
+class Attempt:
+    """Failed attempts to reach the endpoint with one error, folded."""
+
+    error: str
+    """``refused``, ``timed out``, ``no route``, ``unknown host`` or ``failed``."""
+    detail: str
+    """The system's words (``[Errno 113] No route to host``)."""
+    first_unix: float
+    last_unix: float
+    count: int = 1
+
+
+@dataclass(slots=True)
+class LauncherState:
+    """One node's launcher (torchrun's agent under ``ddpmon run``)."""
+
+    host: str
+    pid: int
+    started_unix: float
+    endpoint: str
+    """``host:port`` of the rendezvous as given (``--master-addr``/``--master-port``, or
+    ``--rdzv-endpoint``)."""
+    rdzv_backend: str = "static"
+    nnodes: str = "1"
+    """The node count it expects (``2``, or ``1:4`` elastic)."""
+    node_rank: int | None = None
+    """``--node-rank`` (static rendezvous), null when the rendezvous assigns it."""
+    nproc_per_node: str | None = None
+    job: str | None = None
+    serves_store: bool = False
+    """This node hosts the rendezvous store (static rendezvous, node 0)."""
+    stage: LauncherStage = LauncherStage.RENDEZVOUS
+    stage_since_unix: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    """Failed attempts to reach the endpoint, one entry per error."""
+    reached_unix: float | None = None
+    """The last time a connection to the endpoint succeeded."""
+    error: str | None = None
+    """What ended the launcher (``Type: message``)."""
+    port_holder: str | None = None
+    """With an address already in use: the process that holds the port
+    (``pid 123: python -m http.server 29500``), where this host lets it be seen."""
+    now_unix: float | None = None
+    format: int = FORMAT
+    file_mtime_unix: float | None = None
+    """Added by the node daemon's ``/launchers``."""
+    served_unix: float | None = None
+    """Added by the node daemon's ``/launchers``: its clock when it answered."""
+
+    @property
+    def node(self) -> str:
+        """``node 1 (host-b)``, or ``host-b`` where the node's rank is not known."""
+        return f"node {self.node_rank} ({self.host})" if self.node_rank is not None else self.host
+
+
+def path_for(state_dir: str, host: str, pid: int) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)[:80] or "host"
+    return os.path.join(state_dir, f"launcher-{safe}-{pid}.json")
+
+
+def parse(data: object) -> LauncherState:
+    if not isinstance(data, dict):
+        raise SchemaError("", "a JSON object", data, "is not a ddpmon launcher file")
+    version = data.get("format", FORMAT)
+    if version != FORMAT:
+        raise SchemaError("format", f"launcher format {FORMAT}", version)
+    return records.load(LauncherState, data)
+
+
+def to_json(state: LauncherState) -> dict[str, Any]:
+    dumped: dict[str, Any] = records.dump(state)
+    return dumped
+
+
+def read(path: str) -> tuple[LauncherState, float]:
+    """One launcher file (never through a link) and when it was written; StateFileError
+    says what is wrong."""
+    raw, info = files._read_opened(path, files.MAX_BYTES)
+    try:
+        return parse(files.decode(path, raw)), files.written_unix(info)
+    except SchemaError as exc:
+        raise StateFileError(path, str(exc)) from None
+
+
+def list_paths(directory: str) -> list[str]:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if NAME_PATTERN.match(n))

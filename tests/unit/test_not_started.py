@@ -1,0 +1,76 @@
+"""The doctor on a job that has not reached its first step (rules/not_started.py), from
+state files as ranks write them under ``ddpmon run`` before their DDP model exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddpmon.doctor import examine
+from tests.support import states
+from tests.support.states import state, write
+
+
+def early(rank: int, stage: str, since: float, where: str | None, world: int = 3, **up: Any):
+    """A rank's file before its first step: in ``stage`` for ``since`` seconds."""
+    now = states.NOW
+    activity = {"state": "stuck", "sampled_unix": now, "where": where, "callers": []}
+    startup = {"process_started_unix": now - 60, "stage_since_unix": now - since, **up}
+    return state(
+        rank,
+        world=world,
+        steps=0,
+        step_s=0.0,
+        stage=stage,
+        step=0,
+        startup=startup,
+        activity=activity,
+        timings={},
+        last_progress_unix=now - since,
+    )
+
+
+def test_a_late_rank_is_named_with_where_it_is_and_a_rank_without_a_process_apart(
+    tmp_path: Path,
+) -> None:
+    store = {"backend": "gloo", "store": "10.0.0.1:29500", "init_started_unix": states.NOW - 30}
+    write(tmp_path, early(0, "init_process_group", 30.0, "train.py:13 in <module>", **store))
+    write(tmp_path, early(1, "starting", 32.0, "train.py:5 in prepare_dataset"))
+    d = examine(str(tmp_path))  # rank 2: no file at all
+    assert d.verdict == "not_started" and d.suspect_ranks == [1, 2], d.as_dict()
+    finding = d.findings[0]
+    assert finding.kind == "not_arrived"
+    assert "rank 0 waits in init_process_group at 10.0.0.1:29500 for 30." in finding.summary
+    assert "rank 1 has not arrived: in prepare_dataset, train.py:5, starting for 32." in (
+        finding.summary
+    )
+    assert "rank 2 has no process (never started)" in finding.summary
+    assert any(e.startswith("rank 2: no state file") for e in finding.evidence)
+    assert "backend gloo, store 10.0.0.1:29500" in " ".join(finding.evidence)
+    assert "py-spy dump --pid 4001" in finding.fix
+
+
+def test_every_rank_in_rendezvous_points_at_the_store(tmp_path: Path) -> None:
+    for r in (0, 1):
+        write(
+            tmp_path,
+            early(
+                r, "rendezvous", 20.0, "train.py:13 in <module>", world=2, store="10.9.9.9:29500"
+            ),
+        )
+    d = examine(str(tmp_path))
+    assert d.verdict == "not_started" and d.suspect_ranks == []
+    assert "MASTER_ADDR" in d.findings[0].fix
+
+
+def test_ranks_all_on_their_own_are_starting_not_a_problem(tmp_path: Path) -> None:
+    for r in (0, 1):
+        write(tmp_path, early(r, "starting", 3.0, "train.py:5 in load", world=2))
+    d = examine(str(tmp_path))
+    assert d.verdict == "healthy" and [f.kind for f in d.findings][:1] == ["starting"]
+
+
+def test_a_job_that_stepped_is_not_judged_by_its_start(tmp_path: Path) -> None:
+    write(tmp_path, state(0, stage="forward"))
+    write(tmp_path, state(1, stage="forward"))
+    assert examine(str(tmp_path)).verdict == "healthy"
