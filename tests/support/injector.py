@@ -62,7 +62,11 @@ class Fault:
 
 def current_rank() -> int | None:
     torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if (
+        torch is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
         return int(torch.distributed.get_rank())
     rank = os.environ.get("RANK")
     return int(rank) if rank is not None else None
