@@ -201,8 +201,24 @@ def test_transformers_trainer_stalled_optimizer_on_one_rank(tmp_path: Path) -> N
         inject="stall:1:torch.optim.adamw:AdamW.step:after=10",
     )
     assert (answer["verdict"], answer["suspect_ranks"]) == ("hang", [1]), answer["findings"]
-    text = json.dumps(answer["findings"])
-    assert "step" in text and "trainer.py" in text, answer["findings"]
+    stuck = finding(answer, "stuck_rank")
+    assert "stage optimizer, not in any collective" in stuck["evidence"][0], stuck
+    stack = "\n".join(stuck["evidence"])
+    assert "transformers/trainer.py" in stack and "injector.py" in stack, stack
+    never_blamed_another(answers, 1)
+
+
+def test_transformers_trainer_extra_barrier_on_one_rank(tmp_path: Path) -> None:
+    """Rank 1 issues a barrier of its own before its 11th optimizer step: a desync, rank 1."""
+    needs("transformers", "accelerate")
+    answer, answers = diagnosed(
+        tmp_path,
+        "desync",
+        *hf_trainer(tmp_path, 40),
+        inject="desync:1:torch.optim.adamw:AdamW.step:after=10",
+    )
+    assert (answer["verdict"], answer["suspect_ranks"]) == ("desync", [1]), answer["findings"]
+    assert "injector.py" in json.dumps(answer["findings"]), answer["findings"]  # its call site
     never_blamed_another(answers, 1)
 
 
