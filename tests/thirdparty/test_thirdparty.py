@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from ddpmon.doctor import examine
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SITE = ROOT / "tests" / "support" / "inject_site"
@@ -91,19 +93,39 @@ def doctor(state_dir: Path) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
+def model_dirs(state: Path) -> list[Path]:
+    """The state directory and one more per further DDP model (model-1/, ...)."""
+    return sorted({p.parent for p in state.rglob("rank-0.json")})
+
+
+def loud(answer: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(f["kind"], f["summary"]) for f in answer["findings"] if f["severity"] != "info"]
+
+
 def healthy(tmp_path: Path, *argv: str, **env: str) -> list[dict[str, Any]]:
-    """Run the job to its end; the doctor's answer for every model directory it left."""
+    """Run the job to its end, the doctor asked every second meanwhile (in this process,
+    without py-spy) and at the end (the command); no answer may be anything but healthy
+    with info notes. The last answer for every model directory the job left."""
     proc = start(tmp_path, *argv, **env)
+    state = tmp_path / "state"
+    during: list[tuple[str, str, list[tuple[str, str]]]] = []
     try:
-        assert proc.wait(timeout=JOB_TIMEOUT) == 0, log(tmp_path)
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while proc.poll() is None and time.monotonic() < deadline:
+            for d in model_dirs(state):
+                answer = examine(str(d), live_stacks=False).as_dict()
+                if answer["verdict"] != "healthy" or loud(answer):
+                    during.append((d.name, answer["verdict"], loud(answer)))
+            time.sleep(1)
+        assert proc.wait(timeout=5) == 0, log(tmp_path)
     finally:
         end(proc)
-    dirs = sorted({p.parent for p in (tmp_path / "state").rglob("rank-0.json")})
+    assert during == [], during
+    dirs = model_dirs(state)
     assert dirs, log(tmp_path)
     answers = [doctor(d) for d in dirs]
     for d, answer in zip(dirs, answers):
-        loud = [f for f in answer["findings"] if f["severity"] != "info"]
-        assert (answer["verdict"], loud) == ("healthy", []), (d, answer["findings"])
+        assert (answer["verdict"], loud(answer)) == ("healthy", []), (d, answer["findings"])
         assert [f["kind"] for f in answer["findings"]] == ["finished"], answer["findings"]
     return answers
 
@@ -167,7 +189,7 @@ def test_lightning_slow_optimizer_on_one_rank(tmp_path: Path) -> None:
         tmp_path,
         "straggler",
         LIGHTNING,
-        "150",
+        "80",
         inject="slow:1:torch.optim.sgd:SGD.step:seconds=0.03",
         until_end=True,
     )

@@ -82,9 +82,11 @@ def test_a_short_wait_for_a_rank_still_importing_is_a_job_starting(tmp_path: Pat
     assert d.findings[0].kind == "starting" and d.findings[0].severity == "info"
     assert "rank 1 in <module>, train.py:30, init_process_group for 40" in d.findings[0].summary
     assert "rank 2 not yet there" in d.findings[0].summary
+    assert [f.kind for f in d.findings] == ["starting"]  # not missing_ranks either
     write(tmp_path, early(1, "init_process_group", 6.0, "train.py:30 in <module>", **store))
     d = examine(str(tmp_path))
     assert (d.verdict, d.suspect_ranks) == ("not_started", [0, 2]), d.as_dict()
+    assert "missing_ranks" not in [f.kind for f in d.findings]  # not_arrived names rank 2
 
 
 def test_a_job_that_stepped_is_not_judged_by_its_start(tmp_path: Path) -> None:
