@@ -69,6 +69,7 @@ class _Step:
         "optimizer_start",
         "optimizer_early",
         "optimizer_end",
+        "closure",
         "micro_steps",
         "samples",
         "tokens",
@@ -100,6 +101,7 @@ class _Step:
         self.optimizer_start: float | None = None
         self.optimizer_early = 0.0  # optimizer time before the first forward
         self.optimizer_end: float | None = None
+        self.closure = False  # forward and backward ran inside the optimizer's step
         self.micro_steps = 0
         self.samples = 0
         self.tokens = 0
@@ -226,6 +228,8 @@ class Recorder:
 
     def forward_started(self, now: float) -> None:
         cur = self._cur
+        if cur.optimizer_start is not None:  # step(closure): Lightning's, LBFGS
+            self._optimizer_paused(now)
         if cur.first_forward is None:
             if self.steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
@@ -321,8 +325,24 @@ class Recorder:
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
+    def _optimizer_paused(self, now: float) -> None:
+        """An optimizer step calls its closure (forward and backward): its time so far is
+        the optimizer's (before the step's first forward: not data wait); the closure's is
+        forward's and backward's, and the optimizer's resumes once gradients are ready."""
+        cur = self._cur
+        seconds = max(0.0, now - cur.optimizer_start) if cur.optimizer_start is not None else 0.0
+        cur.optimizer_seconds += seconds
+        if cur.first_forward is None:
+            cur.optimizer_early += seconds
+        cur.optimizer_start = None
+        cur.closure = True
+
     def optimizer_finished(self, now: float) -> None:
         cur = self._cur
+        if cur.optimizer_start is None and cur.closure:
+            resumed = max(t for t in (cur.synced_at, cur.last_grad_ready, 0.0) if t is not None)
+            cur.optimizer_start = resumed or None
+            cur.closure = False
         if cur.optimizer_start is not None:
             seconds = max(0.0, now - cur.optimizer_start)
             cur.optimizer_seconds += seconds
