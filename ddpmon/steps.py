@@ -85,6 +85,13 @@ FALSE_ALARM = 1e-4
 margin shared out over every rank and window tested, so that a thousand ranks are no likelier
 to see a healthy one named than two): zero healthy ranks named in benchmarks/stragglers.py,
 quiet or beside a CPU hog, while the doctor, ``top`` and every rank compare each second."""
+SUSTAIN_SECONDS = 12.0
+"""How long a rank's gap must hold before it is named: a busy machine's scheduler slows one
+rank, then another, for seconds at a time (up to about 8 s measured beside two CPU hogs on
+two cores, longer than the 150 steps of a fast job), while a straggler is slower for as long
+as one looks (``sustained``)."""
+SUSTAIN_BLOCKS = 3
+"""The consecutive blocks of ``SUSTAIN_SECONDS`` in each of which the gap must hold."""
 CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
 
@@ -282,6 +289,47 @@ def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, S
             },
         )
     return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """How a rank's gap held over its last ``SUSTAIN_SECONDS``: the seconds its compared
+    steps span and its score in each of ``SUSTAIN_BLOCKS`` consecutive blocks, oldest first."""
+
+    seconds: float
+    blocks: tuple[float, ...]
+
+    @property
+    def held(self) -> bool:
+        return self.seconds >= SUSTAIN_SECONDS and all(b >= SCORE_WARN for b in self.blocks)
+
+
+def sustained(series: dict[int, dict[str, list[Any]]], rank: int) -> Held:
+    """Whether ``rank``'s gap lasts: over the steps every rank has in ``series`` (per rank:
+    ``step``, ``end_unix``, ``busy_seconds``, as ``state.history.busy_since`` reads them),
+    split into ``SUSTAIN_BLOCKS`` consecutive blocks, its score in each (trimmed means, step
+    by step against the others' median, as ``scores``). A straggler is named only when it is
+    at least ``SCORE_WARN`` slower in every block and the steps span ``SUSTAIN_SECONDS``:
+    like memory creep, which must grow in both halves of its window, a gap that one burst
+    of scheduling explains does not hold in all of them."""
+    common = sorted(
+        set.intersection(*(set(s["step"]) for s in series.values())) - set(range(WARMUP_STEPS + 1))
+    )
+    if len(common) < SUSTAIN_BLOCKS * 2:
+        return Held(0.0, ())
+    values = {}
+    for r, s in series.items():
+        at = dict(zip(s["step"], s["busy_seconds"]))
+        values[r] = [at[step] for step in common]
+    ends = dict(zip(series[rank]["step"], series[rank]["end_unix"]))
+    diffs, baselines = _against_others(values[rank], _OthersMedian(values).of(values[rank]))
+    size = len(common) / SUSTAIN_BLOCKS
+    blocks = []
+    for i in range(SUSTAIN_BLOCKS):
+        a, b = round(i * size), round((i + 1) * size)
+        baseline = typical(baselines[a:b])[0]
+        blocks.append(busy_ratio(baseline + typical(diffs[a:b])[0], baseline))
+    return Held(ends[common[-1]] - ends[common[0]], tuple(blocks))
 
 
 def _positions(have: list[int], wanted: list[int]) -> slice | list[int]:

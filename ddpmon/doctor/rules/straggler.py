@@ -17,7 +17,7 @@ import statistics
 from ... import steps
 from ...activity import Status
 from ...formats import format_seconds
-from ...state import captures
+from ...state import captures, history
 from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
@@ -55,8 +55,14 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     ):
         return []
     scores = steps.scores(parts)  # type: ignore[arg-type]
-    if not scores or any(s.straggler for s in scores.values()):
+    if not scores:
         return []
+    named, lasting = _named(views, scores)
+    if named:
+        return []
+    pending = {r: h for r, h in lasting.items() if not h.held}
+    if pending:
+        return [_not_lasting(scores[r], h) for r, h in sorted(pending.items())]
     top = max(scores.values(), key=lambda s: s.score)
     if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
@@ -76,9 +82,60 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     ]
 
 
+def _lasting(views: list[RankView], scores: dict[int, steps.Score]) -> dict[int, steps.Held]:
+    """For each rank the state files' window names, how its gap held over the last
+    ``steps.SUSTAIN_SECONDS`` of the ranks' histories (read only then). Empty when a rank's
+    history cannot be read here (another host's job asked ``--from`` its daemon, history
+    off): the window alone decides."""
+    named = [r for r, s in scores.items() if s.straggler]
+    if not named:
+        return {}
+    series = {}
+    for v in views:
+        path = history.path_for(os.path.dirname(v.file.path), v.rank)
+        if v.rank not in scores or not os.path.isfile(path):
+            return {}
+        try:
+            series[v.rank] = history.busy_since(
+                path, steps.SUSTAIN_SECONDS + 1.0, at_least=steps.MIN_STEPS
+            )
+        except history.HistoryError:
+            return {}
+    return {r: steps.sustained(series, r) for r in named}
+
+
+def _named(
+    views: list[RankView], scores: dict[int, steps.Score]
+) -> tuple[list[steps.Score], dict[int, steps.Held]]:
+    """The ranks named stragglers, slowest first: those the window names whose gap lasted
+    (``steps.sustained``); and how each gap the window names held (``_lasting``)."""
+    lasting = _lasting(views, scores)
+    slow = [
+        s
+        for s in scores.values()
+        if s.straggler and (s.rank not in lasting or lasting[s.rank].held)
+    ]
+    return sorted(slow, key=lambda s: -s.score), lasting
+
+
+def _not_lasting(s: steps.Score, held: steps.Held) -> Finding:
+    blocks = ", ".join(f"{b:+.0%}" for b in held.blocks) or "none yet"
+    return Finding(
+        "slowest_rank",
+        "info",
+        [s.rank],
+        f"rank {s.rank} is {steps.slower(s.score)} than the others over its last {s.steps} steps, "
+        f"but that has not lasted {steps.SUSTAIN_SECONDS:.0f} s (over its last "
+        f"{held.seconds:.0f} s, in {steps.SUSTAIN_BLOCKS} blocks: {blocks}): not named a straggler "
+        "yet (a busy machine slows one rank, then another, for seconds at a time)",
+        [],
+        f"Ask again in {steps.SUSTAIN_SECONDS:.0f} s: a straggler is still slower then.",
+    )
+
+
 def _by_busy_time(views: list[RankView]) -> Verdict | None:
     scores = steps.scores({v.rank: v.state.timings.parts for v in views})  # type: ignore[misc]
-    slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
+    slow, lasting = _named(views, scores)
     if not slow or len(slow) == len(scores):
         return None
     exposed = {
@@ -105,6 +162,12 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
         if all(exposed.get(o, 0.0) >= exposed.get(s.rank, 0.0) for o in others):
             evidence.append(
                 "confirmed: the slow rank waits least for communication (the others wait for it)"
+            )
+        if s.rank in lasting:
+            evidence.append(
+                f"it lasts: {', '.join(f'{b:+.0%}' for b in lasting[s.rank].blocks)} in each "
+                f"{lasting[s.rank].seconds / steps.SUSTAIN_BLOCKS:.0f} s of its last "
+                f"{lasting[s.rank].seconds:.0f} s"
             )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
         findings.append(
