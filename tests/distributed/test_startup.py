@@ -12,9 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+from ddpmon.doctor.rules.not_started import STARTING_SECONDS
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(Path(__file__).with_name("late_train.py"))
-LATE = 20.0
+LATE = STARTING_SECONDS + 15.0
+"""Seconds rank 1 prepares its data: the doctor names it once it is later than ranks may be
+while a job starts."""
 
 
 def env() -> dict[str, str]:
@@ -45,7 +49,7 @@ def test_a_late_rank_is_named_with_its_function_while_the_other_waits(tmp_path: 
         cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 + LATE
         while True:  # rank 0 waits in init_process_group, rank 1 prepares its data
             r0, r1 = read(state_dir / "rank-0.json"), read(state_dir / "rank-1.json")
             if (
@@ -53,6 +57,7 @@ def test_a_late_rank_is_named_with_its_function_while_the_other_waits(tmp_path: 
                 and r1
                 and r0["stage"] in ("rendezvous", "init_process_group")
                 and "prepare_dataset" in str((r1.get("activity") or {}).get("where"))
+                and time.time() - r1["startup"]["stage_since_unix"] > STARTING_SECONDS + 1
             ):
                 break
             assert time.monotonic() < deadline and proc.poll() is None, (r0, r1)

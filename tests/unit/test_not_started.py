@@ -55,7 +55,7 @@ def test_every_rank_in_rendezvous_points_at_the_store(tmp_path: Path) -> None:
         write(
             tmp_path,
             early(
-                r, "rendezvous", 20.0, "train.py:13 in <module>", world=2, store="10.9.9.9:29500"
+                r, "rendezvous", 40.0, "train.py:13 in <module>", world=2, store="10.9.9.9:29500"
             ),
         )
     d = examine(str(tmp_path))
@@ -74,3 +74,50 @@ def test_a_job_that_stepped_is_not_judged_by_its_start(tmp_path: Path) -> None:
     write(tmp_path, state(0, stage="forward"))
     write(tmp_path, state(1, stage="forward"))
     assert examine(str(tmp_path)).verdict == "healthy"
+
+
+def test_ranks_arriving_apart_while_the_job_starts_are_not_a_problem(tmp_path: Path) -> None:
+    """Ranks import torch apart (seconds, more on a busy machine): one waits in
+    init_process_group while the other still starts, and rank 2 has not written yet."""
+    store = {"backend": "gloo", "store": "10.0.0.1:29500", "init_started_unix": states.NOW - 5}
+    write(tmp_path, early(0, "init_process_group", 5.0, "train.py:13 in <module>", **store))
+    write(tmp_path, early(1, "starting", 8.0, "train.py:2 in <module>"))
+    d = examine(str(tmp_path))
+    assert d.verdict == "healthy" and d.findings[0].kind == "starting", d.as_dict()
+    assert d.findings[0].summary.startswith(
+        "the job is starting: rank 0 in <module>, train.py:13, init_process_group for 5"
+    ), d.findings[0].summary
+    assert "; rank 1 in <module>, train.py:2, starting for 8" in d.findings[0].summary
+    assert d.findings[0].summary.endswith("; rank 2 not written yet")
+
+
+def test_a_launcher_whose_ranks_have_not_written_yet_is_a_job_starting(tmp_path: Path) -> None:
+    """``ddpmon run`` started the ranks (their Python still starting): no rank file yet."""
+    import json
+    import os
+    import time
+
+    from ddpmon.state import launcher
+
+    record = launcher.LauncherState(
+        host="node-a",
+        pid=4242,
+        started_unix=time.time() - 3,
+        endpoint="127.0.0.1:29500",
+        node_rank=0,
+        serves_store=True,
+        stage=launcher.LauncherStage.RUNNING,
+    )
+    path = launcher.path_for(str(tmp_path), "node-a", 4242)
+    with open(path, "w") as f:
+        json.dump(launcher.to_json(record), f)
+    d = examine(str(tmp_path))
+    assert d.verdict == "healthy", d.as_dict()
+    assert [(f.kind, f.severity) for f in d.findings] == [("starting", "info")]
+    assert d.findings[0].summary == (
+        "the job is starting: node 0 (node-a)'s launcher is in running, and no rank has "
+        "written its state yet"
+    )
+    old = time.time() - 60  # a launcher that stopped writing a minute ago: nothing to diagnose
+    os.utime(path, (old, old))
+    assert examine(str(tmp_path)).verdict == "no_data"

@@ -54,6 +54,28 @@ def findings(
     return out
 
 
+def starting(launchers: Sequence[Launcher], now: float) -> Finding | None:
+    """A job whose launchers live and found nothing wrong (``findings``) while no rank has
+    written yet: it is starting (an info note, verdict healthy), not a state directory with
+    nothing to diagnose."""
+    live = [
+        x.record
+        for x in launchers
+        if x.record.stage in (LauncherStage.RENDEZVOUS, LauncherStage.RUNNING)
+        and now - x.mtime < FRESH_SECONDS
+    ]
+    if not live:
+        return None
+    return Finding(
+        "starting",
+        "info",
+        [],
+        "the job is starting: "
+        + "; ".join(f"{r.node}'s launcher is in {r.stage}" for r in live)
+        + ", and no rank has written its state yet",
+    )
+
+
 def _failed(r: LauncherState) -> Finding:
     error = r.error or "?"
     if r.port_holder or "address already in use" in error.lower() or "EADDRINUSE" in error:

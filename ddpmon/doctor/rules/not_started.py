@@ -22,6 +22,10 @@ ARRIVED = (Stage.RENDEZVOUS, Stage.INIT_PROCESS_GROUP, Stage.BUILDING_DDP, Stage
 """Stages of a rank that waits on the others (or on the store) before the first step."""
 ON_ITS_OWN = (Stage.STARTING, Stage.GROUP_READY)
 """Stages of a rank that runs its own code, not yet at the next step the others wait in."""
+STARTING_SECONDS = 30.0
+"""How long ranks may arrive apart while a job starts: Python and torch's imports take
+seconds, over 20 s on a busy machine, and the ranks of one job start them apart. A rank
+later than this, or one the others have waited for this long, has not arrived."""
 
 
 def not_arrived(views: list[RankView], missing: list[int]) -> Verdict | None:
@@ -31,10 +35,12 @@ def not_arrived(views: list[RankView], missing: list[int]) -> Verdict | None:
         return None  # it stepped once (another rule), or a rank died first (dead_rank)
     late = [v for v in views if v.state.stage in ON_ITS_OWN]
     waiting = [v for v in views if v.state.stage in ARRIVED]
-    if not waiting and not missing:  # every rank runs its own code: a job starting
-        summary = "the job is starting: " + "; ".join(
-            f"rank {v.rank} {where_short(v)}" for v in late
+    if (not waiting and not missing) or all(in_stage(v) < STARTING_SECONDS for v in views):
+        summary = "the job is starting: " + "; ".join(  # arriving, or all on their own
+            f"rank {v.rank} {where_short(v)}" for v in sorted(late + waiting, key=lambda v: v.rank)
         )
+        if missing:
+            summary += f"; {words.who(missing)} not written yet"
         return Verdict("healthy", [], [Finding("starting", "info", [], summary)])
     evidence = [arrival_line(v) for v in waiting + late]
     evidence += [

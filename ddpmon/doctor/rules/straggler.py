@@ -165,9 +165,10 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
             )
         if s.rank in lasting:
             evidence.append(
-                f"it lasts: {', '.join(f'{b:+.0%}' for b in lasting[s.rank].blocks)} in each "
-                f"{lasting[s.rank].seconds / steps.SUSTAIN_BLOCKS:.0f} s of its last "
-                f"{lasting[s.rank].seconds:.0f} s"
+                f"it lasts: {', '.join(f'{b:+.0%}' for b in lasting[s.rank].blocks)} in "
+                f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last "
+                f"{lasting[s.rank].seconds:.0f} s (a straggler's gap must hold "
+                f"{steps.SUSTAIN_SECONDS:.0f} s)"
             )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
         findings.append(
