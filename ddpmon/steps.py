@@ -298,25 +298,33 @@ class Held:
 
     seconds: float
     blocks: tuple[float, ...]
+    needed: float = SUSTAIN_SECONDS
+    """The seconds the steps must span: less for a job that ended (all there is to see)."""
 
     @property
     def held(self) -> bool:
-        return self.seconds >= SUSTAIN_SECONDS and all(b >= SCORE_WARN for b in self.blocks)
+        return (
+            self.seconds >= self.needed
+            and bool(self.blocks)
+            and all(b >= SCORE_WARN for b in self.blocks)
+        )
 
 
-def sustained(series: dict[int, dict[str, list[Any]]], rank: int) -> Held:
+def sustained(
+    series: dict[int, dict[str, list[Any]]], rank: int, needed: float = SUSTAIN_SECONDS
+) -> Held:
     """Whether ``rank``'s gap lasts: over the steps every rank has in ``series`` (per rank:
     ``step``, ``end_unix``, ``busy_seconds``, as ``state.history.busy_since`` reads them),
     split into ``SUSTAIN_BLOCKS`` consecutive blocks, its score in each (trimmed means, step
     by step against the others' median, as ``scores``). A straggler is named only when it is
-    at least ``SCORE_WARN`` slower in every block and the steps span ``SUSTAIN_SECONDS``:
+    at least ``SCORE_WARN`` slower in every block and the steps span ``needed`` seconds:
     like memory creep, which must grow in both halves of its window, a gap that one burst
     of scheduling explains does not hold in all of them."""
     common = sorted(
         set.intersection(*(set(s["step"]) for s in series.values())) - set(range(WARMUP_STEPS + 1))
     )
     if len(common) < SUSTAIN_BLOCKS * 2:
-        return Held(0.0, ())
+        return Held(0.0, (), needed)
     values = {}
     for r, s in series.items():
         at = dict(zip(s["step"], s["busy_seconds"]))
@@ -329,7 +337,7 @@ def sustained(series: dict[int, dict[str, list[Any]]], rank: int) -> Held:
         a, b = round(i * size), round((i + 1) * size)
         baseline = typical(baselines[a:b])[0]
         blocks.append(busy_ratio(baseline + typical(diffs[a:b])[0], baseline))
-    return Held(ends[common[-1]] - ends[common[0]], tuple(blocks))
+    return Held(ends[common[-1]] - ends[common[0]], tuple(blocks), needed)
 
 
 def _positions(have: list[int], wanted: list[int]) -> slice | list[int]:

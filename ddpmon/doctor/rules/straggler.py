@@ -35,8 +35,10 @@ def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
 
 def finished_straggler(views: list[RankView]) -> Verdict | None:
     """A finished job's straggler over the last steps each rank published. Only by busy
-    time: the compute medians of older files mix in the warm-up steps of a short job."""
-    return _by_busy_time(views) if _parts_known(views) else None
+    time: the compute medians of older files mix in the warm-up steps of a short job. Its
+    gap must hold over all the job's last steps show, however few seconds they span: there
+    is no more to see."""
+    return _by_busy_time(views, ended=True) if _parts_known(views) else None
 
 
 def _parts_known(views: list[RankView]) -> bool:
@@ -82,7 +84,9 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     ]
 
 
-def _lasting(views: list[RankView], scores: dict[int, steps.Score]) -> dict[int, steps.Held]:
+def _lasting(
+    views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
+) -> dict[int, steps.Held]:
     """For each rank the state files' window names, how its gap held over the last
     ``steps.SUSTAIN_SECONDS`` of the ranks' histories (read only then). Empty when a rank's
     history cannot be read here (another host's job asked ``--from`` its daemon, history
@@ -101,15 +105,16 @@ def _lasting(views: list[RankView], scores: dict[int, steps.Score]) -> dict[int,
             )
         except history.HistoryError:
             return {}
-    return {r: steps.sustained(series, r) for r in named}
+    needed = 0.0 if ended else steps.SUSTAIN_SECONDS
+    return {r: steps.sustained(series, r, needed) for r in named}
 
 
 def _named(
-    views: list[RankView], scores: dict[int, steps.Score]
+    views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
 ) -> tuple[list[steps.Score], dict[int, steps.Held]]:
     """The ranks named stragglers, slowest first: those the window names whose gap lasted
     (``steps.sustained``); and how each gap the window names held (``_lasting``)."""
-    lasting = _lasting(views, scores)
+    lasting = _lasting(views, scores, ended)
     slow = [
         s
         for s in scores.values()
@@ -133,9 +138,9 @@ def _not_lasting(s: steps.Score, held: steps.Held) -> Finding:
     )
 
 
-def _by_busy_time(views: list[RankView]) -> Verdict | None:
+def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
     scores = steps.scores({v.rank: v.state.timings.parts for v in views})  # type: ignore[misc]
-    slow, lasting = _named(views, scores)
+    slow, lasting = _named(views, scores, ended)
     if not slow or len(slow) == len(scores):
         return None
     exposed = {
@@ -164,11 +169,15 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
                 "confirmed: the slow rank waits least for communication (the others wait for it)"
             )
         if s.rank in lasting:
+            held = lasting[s.rank]
             evidence.append(
-                f"it lasts: {', '.join(f'{b:+.0%}' for b in lasting[s.rank].blocks)} in "
-                f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last "
-                f"{lasting[s.rank].seconds:.0f} s (a straggler's gap must hold "
-                f"{steps.SUSTAIN_SECONDS:.0f} s)"
+                f"it lasts: {', '.join(f'{b:+.0%}' for b in held.blocks)} in "
+                f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last {held.seconds:.0f} s "
+                + (
+                    f"(a straggler's gap must hold {held.needed:.0f} s)"
+                    if held.needed
+                    else "(all the ended job's last steps)"
+                )
             )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
         findings.append(
