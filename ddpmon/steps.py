@@ -172,6 +172,13 @@ def slower(score: float) -> str:
     return f"{score * 100:.0f}% slower" if score >= 0 else f"{-score * 100:.0f}% faster"
 
 
+def over(steps: int, whole: bool = False) -> str:
+    """The window a score describes, said beside it wherever a user reads one (the doctor,
+    ``top``, the report, ``compare``), so that two figures of one run that differ say why:
+    "over its last 50 steps", or "over the whole run (1200 steps)"."""
+    return f"over the whole run ({steps} steps)" if whole else f"over its last {steps} steps"
+
+
 @dataclass
 class Score:
     """One rank against the median of the others."""
@@ -219,9 +226,10 @@ class Score:
         return part if self.shares[part] >= CAUSE_SHARE else None
 
 
-def scores(parts: dict[int, StepParts]) -> dict[int, Score]:
+def scores(parts: dict[int, StepParts], whole: bool = False) -> dict[int, Score]:
     """Each rank's score against the others; ranks with fewer than ``MIN_STEPS`` steps are
-    left out, and so is everything when fewer than two ranks remain. Every median of the
+    left out, and so is everything when fewer than two ranks remain. ``whole``: over every
+    step the ranks share (a whole run), not the last 20, 50 or 150. Every median of the
     other ranks comes from one sorted list per step and quantity, so a thousand ranks cost
     a fraction of a second."""
     ranks = {r: p for r, p in parts.items() if p is not None and p.steps >= MIN_STEPS}
@@ -230,11 +238,13 @@ def scores(parts: dict[int, StepParts]) -> dict[int, Score]:
     if all(p.recent is not None for p in ranks.values()):
         common = set.intersection(*(set(p.recent.step) for p in ranks.values()))  # type: ignore[union-attr]
         if len(common) >= MIN_STEPS:
-            return _step_by_step(ranks, sorted(common))
+            return _step_by_step(ranks, sorted(common), whole)
     return _on_means(ranks)
 
 
-def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, Score]:
+def _step_by_step(
+    ranks: dict[int, StepParts], common: list[int], whole: bool = False
+) -> dict[int, Score]:
     """``scores`` on the steps every rank has, each compared with the same step's others."""
     where = {r: _positions(p.recent.step, common) for r, p in ranks.items()}  # type: ignore[union-attr]
 
@@ -249,7 +259,11 @@ def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, S
     busy_values = columns("busy_seconds")
     busy_others = _OthersMedian(busy_values)
     busy = {r: _against_others(v, busy_others.of(v)) for r, v in busy_values.items()}
-    windows = sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
+    windows = (
+        [len(common)]
+        if whole
+        else sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
+    )
     comparisons = (len(ranks) if len(ranks) > 2 else 1) * len(
         windows
     )  # two ranks' gaps are one, mirrored

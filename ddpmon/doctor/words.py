@@ -65,9 +65,10 @@ FIX_STRAGGLER_PART = {
 """The fix for a straggler whose cause is the part named (one of ``steps.BUSY_PARTS``)."""
 
 
-def straggler_summary(rank: int, score: float, cause: str | None, share: float) -> str:
-    """``rank 1 is 41% slower, 95% of it in data wait: look at its data loader (...)``."""
-    text = f"rank {rank} is {steps.slower(score)} than the others"
+def straggler_summary(rank: int, score: float, cause: str | None, share: float, window: str) -> str:
+    """``rank 1 is 41% slower than the others over its last 50 steps, 95% of it in data
+    wait: look at its data loader (...)``; ``window``: ``steps.over``."""
+    text = f"rank {rank} is {steps.slower(score)} than the others {window}"
     if cause is None:
         return text + ", spread over several parts of the step"
     return f"{text}, {share:.0%} of it in {steps.PART_LABELS[cause]}: {FIX_STRAGGLER_PART[cause]}"

@@ -80,13 +80,15 @@ def test_too_few_steps_or_ranks_give_no_score() -> None:
 
 
 def test_the_summary_names_rank_share_part_and_fix() -> None:
-    text = words.straggler_summary(1, 0.41, "data_wait", 0.95)
+    text = words.straggler_summary(1, 0.41, "data_wait", 0.95, steps.over(50))
     assert text.startswith(
-        "rank 1 is 41% slower than the others, 95% of it in data wait: look at its data loader"
+        "rank 1 is 41% slower than the others over its last 50 steps, 95% of it in data wait: "
+        "look at its data loader"
     )
     assert (
-        words.straggler_summary(2, 0.3, None, 0.0)
-        == "rank 2 is 30% slower than the others, spread over several parts of the step"
+        words.straggler_summary(2, 0.3, None, 0.0, steps.over(1200, whole=True))
+        == "rank 2 is 30% slower than the others over the whole run (1200 steps), spread over "
+        "several parts of the step"
     )
 
 
@@ -148,7 +150,8 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
     (note,) = rule.slowest_within_noise(noisy)
     assert (note.kind, note.severity, note.ranks) == ("slowest_rank", "info", [1])
     assert note.summary.startswith(
-        "rank 1 is 15% slower than the others, most of it in data wait, but within"
+        "rank 1 is 15% slower than the others over its last 20 steps, most of it in data wait, "
+        "but within"
     )
     # named, or not running, or not slower by 5%: no note
     quiet = [view(0, step_parts(0.040, spread=0.0005)), view(1, step_parts(0.045, spread=0.0005))]

@@ -74,9 +74,8 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
             "slowest_rank",
             "info",
             [top.rank],
-            f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
-            f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step over the last {top.steps} "
-            f"steps, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
+            f"rank {top.rank} is {steps.slower(top.score)} than the others {steps.over(top.steps)}{part}, but within its "
+            f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
             [],
             "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
             "the Straggler score panel, which the DDPStraggler alert reads over 10 minutes.",
@@ -129,7 +128,7 @@ def _not_lasting(s: steps.Score, held: steps.Held) -> Finding:
         "slowest_rank",
         "info",
         [s.rank],
-        f"rank {s.rank} is {steps.slower(s.score)} than the others over its last {s.steps} steps, "
+        f"rank {s.rank} is {steps.slower(s.score)} than the others {steps.over(s.steps)}, "
         f"but that has not lasted {steps.SUSTAIN_SECONDS:.0f} s (over its last "
         f"{held.seconds:.0f} s, in {steps.SUSTAIN_BLOCKS} blocks: {blocks}): not named a straggler "
         "yet (a busy machine slows one rank, then another, for seconds at a time)",
@@ -186,7 +185,11 @@ def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
                 "warning",
                 [s.rank],
                 words.straggler_summary(
-                    s.rank, s.score, cause, s.shares.get(cause, 0.0) if cause else 0.0
+                    s.rank,
+                    s.score,
+                    cause,
+                    s.shares.get(cause, 0.0) if cause else 0.0,
+                    steps.over(s.steps),
                 )
                 + f" ({format_seconds(s.busy_seconds)} against {format_seconds(s.baseline_seconds)} of work per step); "
                 "the whole job runs at its speed",
