@@ -49,7 +49,7 @@ def recorder(buckets: int, steps: int = 20) -> Recorder:
 
 def measure(buckets: int, mode: str, repeats: int) -> tuple[float, int, int]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RankCollector(recorder(buckets), mode))
+    registry.register(RankCollector(recorder(buckets), mode, detail="full"))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -69,7 +69,7 @@ PROMETHEUS = {  # what Prometheus sends with every scrape
 def measure_http(buckets: int, repeats: int) -> tuple[float, float, int]:
     """Median ms of GET /metrics: a new connection per scrape (plain text), and as
     Prometheus scrapes (one connection reused when the server keeps it, gzip); its bytes."""
-    endpoint = serve(RankCollector(recorder(buckets), "auto"), 0, "127.0.0.1")
+    endpoint = serve(RankCollector(recorder(buckets), "auto", detail="full"), 0, "127.0.0.1")
     try:
         fresh, kept, size = [], [], 0
         reused = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)

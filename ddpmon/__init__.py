@@ -38,7 +38,7 @@ def attach(ddp_model: DistributedDataParallel, **options: Unpack[Options]) -> Mo
     Options, the fields of ``Config`` (each also a ``DDPMON_<NAME>`` variable but
     comm_state, an object; an explicit argument wins): job, port, bind, state_dir,
     state_interval, hang_timeout, hang_timeout_floor, hang_action, track_collectives,
-    bucket_timing, comm_hook, comm_state, nvml, bucket_metrics, history,
+    bucket_timing, comm_hook, comm_state, nvml, bucket_metrics, metrics_detail, history,
     unused_parameters_advice_steps, web_config_file.
     """
     return _monitor_class()(ddp_model, Config.from_env(**options))

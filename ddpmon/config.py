@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
@@ -19,6 +20,11 @@ BUCKET_METRICS_MODES = ("auto", "per_bucket", "aggregate", "off")
 BUCKET_TIMING_MODES = ("auto", "hook", "c10d", "flight_recorder", "off")
 HANG_ACTIONS = ("report", "abort")
 AUTO_PER_BUCKET_LIMIT = 128
+METRICS_DETAIL_MODES = ("auto", "full", "summary")
+AUTO_FULL_WORLD_SIZE = 256
+"""``metrics_detail="auto"`` exports every series up to this many ranks, the summary above:
+a full job of 256 ranks with 30 buckets is about 220,000 series, a tenth of what one
+Prometheus should hold in all (docs/metrics.md#series-per-job)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,12 @@ class Config:
     """``per_bucket`` (series per bucket), ``aggregate`` (``bucket="all"`` only), ``off``, or
     ``auto``: per bucket up to 128 buckets, aggregated above (a per-bucket scrape of 1,000
     buckets takes about a quarter of a second)."""
+    metrics_detail: str = "auto"
+    """How many series a rank exports. ``full``: every series (per bucket as
+    ``bucket_metrics`` says). ``summary``: at most 40 per rank, the ones the shipped alert
+    rules and the job overview board read (buckets folded into ``bucket="all"``, the GPU
+    left to the node daemon; the rest stays in the state file and the report). ``auto``:
+    full up to 256 ranks, summary above."""
     history: bool = True
     """Keep every step's timings in ``<state_dir>/rank-<R>.history.sqlite`` (written by a
     background thread) for ``ddpmon report`` and ``ddpmon compare``; needs state files."""
@@ -143,6 +155,10 @@ class Config:
             raise ConfigError(
                 "bucket_metrics", self.bucket_metrics, " or ".join(BUCKET_METRICS_MODES)
             )
+        if self.metrics_detail not in METRICS_DETAIL_MODES:
+            raise ConfigError(
+                "metrics_detail", self.metrics_detail, " or ".join(METRICS_DETAIL_MODES)
+            )
         if self.comm_hook is not None and not callable(self.comm_hook):
             raise ConfigError(
                 "comm_hook", self.comm_hook, "a callable hook(state, bucket) -> Future"
@@ -166,6 +182,14 @@ class Config:
         return root.job_dir(job)
 
 
+def metrics_detail(mode: str, world_size: int | None) -> str:
+    """``full`` or ``summary``: what ``metrics_detail`` means for a job of ``world_size``
+    (None: not known yet, full)."""
+    if mode == "auto":
+        return "summary" if (world_size or 0) > AUTO_FULL_WORLD_SIZE else "full"
+    return mode
+
+
 class Options(TypedDict, total=False):
     """``attach()``'s keyword options, typed for checkers and editors: Config's fields, each
     optional (tests/unit/test_config.py keeps the two the same)."""
@@ -184,6 +208,7 @@ class Options(TypedDict, total=False):
     comm_state: Any
     nvml: bool
     bucket_metrics: str
+    metrics_detail: str
     history: bool
     unused_parameters_advice_steps: int
     web_config_file: str | None
@@ -205,6 +230,45 @@ def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
     return environ.get("DDPMON_WEB_CONFIG_FILE") or None
 
 
+LIVE_OPTIONS = ("hang_timeout", "bucket_timing")
+"""Options a running rank changes when asked (``ddpmon set``); the others are fixed at attach:
+they decide what is installed (hooks, threads, the endpoint) or where files go."""
+LIVE_VALUES = {
+    "hang_timeout": "seconds >= 0 (0 = off), or auto (learned from the step times)",
+    "bucket_timing": "off, or hook where ddpmon's comm hook times the buckets",
+}
+"""What each live option takes, as a refusal names it."""
+
+
+def live_value(name: str, text: str) -> Any:
+    """``text`` as the new value of the live option ``name`` (``hang_timeout=auto``: None,
+    learned); ConfigError says what is wrong and what is accepted."""
+    if name not in LIVE_OPTIONS:
+        if name in {f.name for f in dataclasses.fields(Config)}:
+            expected = (
+                f"an option that can change live ({', '.join(LIVE_OPTIONS)}); {name} is fixed "
+                f"at attach: restart the job with DDPMON_{name.upper()}"
+            )
+        else:
+            expected = "one of the options that can change live: " + ", ".join(LIVE_OPTIONS)
+        raise ConfigError(name, text, expected)
+    text = text.strip()
+    if name == "hang_timeout" and text.lower() == "auto":
+        return None
+    try:
+        value = _parse(name, name, text)
+        Config(**{name: value})._validate()
+    except ConfigError:
+        raise ConfigError(name, text, LIVE_VALUES[name]) from None
+    if name == "bucket_timing":
+        value = "off" if value is False else value
+        if value not in ("off", "hook"):
+            raise ConfigError(name, text, LIVE_VALUES[name])
+    if name == "hang_timeout" and not math.isfinite(value):
+        raise ConfigError(name, text, LIVE_VALUES[name])
+    return value
+
+
 def _parse(var: str, name: str, text: str) -> Any:
     """Turn one DDPMON_* string into the field's type, or say what was expected."""
     text = text.strip()
@@ -219,6 +283,10 @@ def _parse(var: str, name: str, text: str) -> Any:
         except ValueError:
             raise ConfigError(var, text, "a number of seconds") from None
     if name == "bucket_timing" and text.lower() in BUCKET_TIMING_MODES:
+        return text.lower()
+    if name == "metrics_detail":
+        if text.lower() not in METRICS_DETAIL_MODES:
+            raise ConfigError(var, text, " or ".join(METRICS_DETAIL_MODES))
         return text.lower()
     if name == "hang_action":
         if text.lower() not in HANG_ACTIONS:

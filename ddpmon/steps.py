@@ -164,7 +164,14 @@ def balance(row: StepRow) -> None:
 
 def busy_seconds(row: StepRow) -> float:
     """The step's time minus its waiting for the other ranks."""
-    return max(0.0, row.step_seconds - sum(row.part(p) or 0.0 for p in WAITING_PARTS))
+    waiting = 0.0
+    for name in _WAITING_ATTRIBUTES:
+        waiting += getattr(row, name) or 0.0
+    return max(0.0, row.step_seconds - waiting)
+
+
+_WAITING_ATTRIBUTES = tuple(p + "_seconds" for p in PARTS if p in WAITING_PARTS)
+_BUSY_ATTRIBUTES = tuple(p + "_seconds" for p in BUSY_PARTS)
 
 
 def slower(score: float) -> str:
@@ -540,13 +547,12 @@ def step_parts(rows: list[StepRow], whole: bool = False) -> StepParts | None:
 def recent_steps(rows: list[StepRow]) -> RecentSteps:
     """The rows one by one, rounded to the microsecond (the state file is rewritten every second)."""
 
-    def column(values: Any) -> list[float]:
-        return [round(v or 0.0, 6) for v in values]
-
+    # (comprehensions over attributes, not a call per value: a rank's state writer runs
+    # this every second, holding the GIL the training thread needs)
     return RecentSteps(
         step=[r.step for r in rows],
-        busy_seconds=column(busy_seconds(r) for r in rows),
-        **{p + "_seconds": column(r.part(p) for r in rows) for p in BUSY_PARTS},
+        busy_seconds=[round(busy_seconds(r), 6) for r in rows],
+        **{name: [round(getattr(r, name) or 0.0, 6) for r in rows] for name in _BUSY_ATTRIBUTES},
     )
 
 

@@ -24,13 +24,31 @@ SERVED_BY = {
 
 def markdown() -> str:
     """The table, one row per catalog entry, in catalog order."""
-    rows = ["| name | type | labels | served by | meaning |", "|---|---|---|---|---|"]
+    rows = [
+        "| name | type | labels | served by | in summary | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
     for m in catalog.METRICS:
         meaning = m.help.replace("|", "\\|")
         rows.append(
-            f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {SERVED_BY[m.source]} | {meaning} |"
+            f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {SERVED_BY[m.source]} "
+            f"| {in_summary(m)} | {meaning} |"
         )
     return "\n".join(rows)
+
+
+def in_summary(m: catalog.Metric) -> str:
+    """Whether a rank exporting the summary (``metrics_detail``) serves it, and how."""
+    if m.source == "daemon":
+        return "always"
+    if m.source == "gpu":
+        return "from the node daemon" if m.name.startswith("ddpmon_gpu_") else "no"
+    if not m.summary:
+        return "no"
+    if m.kind == "histogram":
+        kept = ", ".join(f"{b:g}" for b in m.summary_bounds)
+        return f"le {kept}, +Inf" if kept else "le +Inf"
+    return "yes"
 
 
 def replace(text: str) -> str:

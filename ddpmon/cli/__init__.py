@@ -18,7 +18,17 @@ from .. import __version__
 from . import common
 from .exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
-SUBCOMMANDS = ("doctor", "top", "daemon", "dashboards", "report", "compare", "run", "capture")
+SUBCOMMANDS = (
+    "doctor",
+    "top",
+    "daemon",
+    "dashboards",
+    "report",
+    "compare",
+    "run",
+    "capture",
+    "set",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    states, problem = _find(state_dir, ranks)
+    states, problem = live_ranks(state_dir, ranks)
     if problem:
         print(f"ddpmon capture: {problem}", file=sys.stderr)
         return EXIT_USAGE
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 # -- before asking --------------------------------------------------------------------------
 
 
-def _find(state_dir: str, ranks: list[int]) -> tuple[dict[int, schema.RankState], str | None]:
+def live_ranks(state_dir: str, ranks: list[int]) -> tuple[dict[int, schema.RankState], str | None]:
     """The state of each rank asked for, or what is wrong: a rank the job does not have, a
     file that cannot be read, a rank that is not alive."""
     paths = {files.rank_of(p): p for p in files.list_files(state_dir)}
@@ -217,7 +217,7 @@ def _find(state_dir: str, ranks: list[int]) -> tuple[dict[int, schema.RankState]
         dead = _not_alive(state)
         if dead:
             return states, (
-                f"rank {rank} is not alive: {dead}; there is nothing to capture "
+                f"rank {rank} is not alive: {dead}; there is nothing to ask "
                 f"(ddpmon doctor {state_dir} says what happened)"
             )
         if not state.pid or state.started_unix is None:

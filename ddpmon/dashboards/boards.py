@@ -66,46 +66,36 @@ def _at_a_glance() -> list[Panel]:
         Panel(
             "stat",
             "Steps per second",
-            "Training steps per second, averaged over the selected ranks. Every rank of a DDP "
-            "job steps in lockstep, so this is the job's speed. Bad: a drop from the usual "
-            "value (a straggler, slow data loading, a slower network) or 0 (a hang).",
+            "Training steps per second of the job, the mean of its ranks over 5 minutes "
+            "(recorded). Every rank of a DDP job steps in lockstep, so this is the job's "
+            "speed. Bad: a drop from the usual value (a straggler, slow data loading, a "
+            "slower network) or 0 (a hang).",
             "suffix:steps/s",
-            [Query(f"avg({_rate('ddpmon_steps_total')})", "steps/s")],
+            [Query(f"job:ddpmon_steps_per_second:rate5m{JOB}", "steps/s")],
             w=4,
             h=4,
         ),
         Panel(
             "stat",
             "Mean step time",
-            "Mean wall time of one training step over the selected ranks, from one forward "
-            "start to the next. Bad: growing over time or well above what this model usually "
-            "takes; look at the step phases below to see which part grew.",
+            "Mean wall time of one training step over the job's ranks and the last 5 minutes "
+            "(recorded). Bad: growing over time or well above what this model usually takes; "
+            "look at the step parts below to see which part grew.",
             "s",
-            [
-                Query(
-                    f"sum({_rate('ddpmon_step_seconds_sum')}) / "
-                    f"sum({_rate('ddpmon_step_seconds_count')})",
-                    "step time",
-                )
-            ],
+            [Query(f"job:ddpmon_step_seconds:mean_rate5m{JOB}", "step time")],
             w=4,
             h=4,
         ),
         Panel(
             "stat",
             "Exposed communication",
-            "Share of step time spent waiting for gradient all-reduces after backward compute "
-            "finished (communication not hidden behind compute). Bad: above about 30% (orange "
-            "from 20%): the network is too slow for this model size, buckets are badly sized, "
-            "or the ranks wait for a straggler.",
+            "Share of the job's step time spent waiting for gradient all-reduces after "
+            "backward compute finished (communication not hidden behind compute), over 10 "
+            "minutes as DDPHighExposedCommunication reads it (recorded). Bad: above about 30% "
+            "(orange from 20%): the network is too slow for this model size, buckets are badly "
+            "sized, or the ranks wait for a straggler.",
             "percentunit",
-            [
-                Query(
-                    f"sum({_rate('ddpmon_exposed_comm_seconds_sum')}) / "
-                    f"sum({_rate('ddpmon_step_seconds_sum')})",
-                    "exposed",
-                )
-            ],
+            [Query(f"job:ddpmon_exposed_comm_ratio:rate10m{JOB}", "exposed")],
             w=4,
             h=4,
             defaults={"thresholds": RATIO_THRESHOLDS, "min": 0, "max": 1},
@@ -117,24 +107,18 @@ def _at_a_glance() -> list[Panel]:
             "job's world size (the world_size label of ddpmon_rank_info): a rank died, or its "
             "endpoint is not scraped.",
             "short",
-            [Query(f"count(ddpmon_rank_info{JOB})", "ranks")],
+            [Query(f"job:ddpmon_ranks_reporting:count{JOB}", "ranks")],
             w=4,
             h=4,
         ),
         Panel(
             "stat",
             "Ranks suspected hung",
-            "Ranks whose watchdog (or the node daemon, from the rank's state file) reports a "
-            "suspected hang. Good: 0. Bad: 1 or more: run `ddpmon doctor` on the node for "
-            "the culprit rank and its Python stack.",
+            "Ranks of the job whose watchdog (or the node daemon, from the rank's state file) "
+            "reports a suspected hang. Good: 0. Bad: 1 or more: run `ddpmon doctor` on the "
+            "node for the culprit rank and its Python stack.",
             "short",
-            [
-                Query(
-                    f"count(max by (rank) (ddpmon_hang_suspected{SEL} == 1 or "
-                    f"ddpmon_rank_hang_suspected{SEL} == 1)) or vector(0)",
-                    "hung ranks",
-                )
-            ],
+            [Query(f"job:ddpmon_ranks_hung:count{JOB} or vector(0)", "hung ranks")],
             w=4,
             h=4,
             defaults={"thresholds": thresholds((None, "green"), (1, "red"))},
@@ -142,11 +126,11 @@ def _at_a_glance() -> list[Panel]:
         Panel(
             "stat",
             "Unused parameters",
-            "Most parameters that got no gradient in the last step, on any selected rank. "
+            "Most parameters that got no gradient in the last step, on any rank of the job. "
             "Bad: above 0 when the model should use every parameter (a skipped branch), or "
             "rising during training; with find_unused_parameters=False DDP will fail.",
             "short",
-            [Query(f"max(ddpmon_unused_parameters{SEL})", "unused")],
+            [Query(f"job:ddpmon_unused_parameters:max{JOB}", "unused")],
             w=4,
             h=4,
             defaults={"thresholds": thresholds((None, "green"), (1, "orange"))},
@@ -187,18 +171,12 @@ def _progress() -> list[Panel]:
     ]
 
 
-def _busy_per_step(sel: str = SEL) -> str:
-    """Each rank's busy time per step: its step parts less the wait for the other ranks
-    (ddpmon/steps.py), from the per-part seconds."""
-    busy_sel = sel[:-1] + ', phase!="exposed_comm"}'
-    return (
-        f"sum by (rank) ({_rate('ddpmon_step_phase_seconds_total', busy_sel)}) / "
-        f"sum by (rank) ({_rate('ddpmon_steps_total', sel)})"
-    )
-
-
-STRAGGLER_SCORE = f"{_busy_per_step()} / scalar(quantile(0.5, {_busy_per_step(JOB)})) - 1"
-"""The straggler score per rank: busy time per step against the job's median rank, minus 1."""
+BUSY_PER_STEP = f"job_rank:ddpmon_busy_seconds_per_step:rate5m{SEL}"
+"""Each rank's busy time per step: its step parts less the wait for the other ranks
+(ddpmon/steps.py), recorded from the per-part seconds."""
+STRAGGLER_SCORE = f"job_rank:ddpmon_straggler_score:rate5m{SEL}"
+"""The straggler score per rank: busy time per step against the job's median rank, minus 1
+(recorded: DDPStraggler reads the same series)."""
 
 
 def _stragglers() -> list[Panel]:
@@ -212,7 +190,7 @@ def _stragglers() -> list[Panel]:
             "has the longest bar and every other rank waits for it. Bad: one rank clearly "
             "longer than the rest; the step parts panel and `ddpmon doctor` name the part.",
             "s",
-            [Query(_busy_per_step(), "rank {{rank}}", instant=True)],
+            [Query(BUSY_PER_STEP, "rank {{rank}}", instant=True)],
             w=8,
         ),
         Panel(
@@ -256,18 +234,13 @@ def _step_breakdown() -> list[Panel]:
         Panel(
             "timeseries",
             "Step parts",
-            "Mean time per step in each part of the step over the selected ranks: data wait "
-            "(the data loader), forward, backward compute, exposed communication, optimizer "
-            "and the rest (logging, host work); they add up to the step time. Bad: data "
-            "wait, exposed communication or other growing into a large share of the step.",
+            "Mean time per step in each part of the step over the job's ranks (recorded, 5 "
+            "minutes): data wait (the data loader), forward, backward compute, exposed "
+            "communication, optimizer and the rest (logging, host work); they add up to the "
+            "step time. Bad: data wait, exposed communication or other growing into a large "
+            "share of the step.",
             "s",
-            [
-                Query(
-                    f"sum by (phase) ({_rate('ddpmon_step_phase_seconds_total')}) / "
-                    f"scalar(sum({_rate('ddpmon_steps_total')}))",
-                    "{{phase}}",
-                )
-            ],
+            [Query(f"job_phase:ddpmon_step_phase_seconds_per_step:rate5m{JOB}", "{{phase}}")],
             defaults={"custom": {"stacking": {"mode": "normal"}, "fillOpacity": 40}},
         ),
         Panel(
@@ -296,17 +269,12 @@ def _communication() -> list[Panel]:
             "timeseries",
             "All-reduce time per bucket",
             "Mean duration of each gradient bucket's all-reduce (from the bucket becoming "
-            "ready to the collective completing), over the selected ranks. Bucket 0 holds the "
-            "last layers and is reduced first. Bad: one bucket far slower than its size "
-            "explains, or all buckets slowing down (network trouble, a straggler).",
+            "ready to the collective completing), over the job's ranks (recorded, 5 minutes; "
+            "one line, bucket all, where ranks export the summary). Bucket 0 holds the last "
+            "layers and is reduced first. Bad: one bucket far slower than its size explains, "
+            "or all buckets slowing down (network trouble, a straggler).",
             "s",
-            [
-                Query(
-                    f"sum by (bucket) ({_rate('ddpmon_allreduce_seconds_sum')}) / "
-                    f"sum by (bucket) ({_rate('ddpmon_allreduce_seconds_count')})",
-                    "bucket {{bucket}}",
-                )
-            ],
+            [Query(f"job_bucket:ddpmon_allreduce_seconds:mean_rate5m{JOB}", "bucket {{bucket}}")],
         ),
         Panel(
             "timeseries",

@@ -71,7 +71,7 @@ def check_expr(expr: str) -> set[str]:
     """Raise ValueError when ``expr`` reads a metric that is not in the catalog, or takes a
     rate of something that is not a counter; return the names it reads."""
     names = metric_names(expr)
-    known = catalog.series_names() | PROMETHEUS_OWN
+    known = catalog.series_names() | catalog.RECORD_NAMES | PROMETHEUS_OWN
     unknown = sorted(names - known)
     if unknown:
         raise ValueError(
@@ -98,11 +98,15 @@ def _is_counter(name: str) -> bool:
 
 
 def source_of(expr: str) -> set[str]:
-    """Where the series an expression reads come from: rank, gpu, host, daemon, prometheus."""
+    """Where the series an expression reads come from: rank, gpu, host, daemon, prometheus,
+    recorded (a recording rule's)."""
     out = set()
     for name in metric_names(expr):
         if name in PROMETHEUS_OWN:
             out.add("prometheus")
+            continue
+        if name in catalog.RECORD_NAMES:
+            out.add("recorded")
             continue
         spec = catalog.BY_NAME.get(name) or catalog.BY_NAME.get(_HISTOGRAM_SERIES.sub("", name))
         if spec is not None:

@@ -19,6 +19,12 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ("job", "rank")
     source: str = "rank"  # rank | gpu | host | daemon
+    summary: bool = False
+    """A rank exports it with ``metrics_detail="summary"`` too: the alert rules or the job
+    overview board read it (the node daemon's series do not depend on it)."""
+    summary_bounds: tuple[float, ...] = ()
+    """A histogram's bounds that summary keeps (exact: the counts are cumulative); the
+    others are dropped, ``+Inf``, sum and count stay."""
 
 
 RANK = ("job", "rank")
@@ -56,12 +62,14 @@ METRICS: tuple[Metric, ...] = (
             "version",
             "bucket_timing",
         ),
+        summary=True,
     ),
     Metric(
         "ddpmon_steps_total",
         "counter",
         "Training steps completed: optimizer steps after synchronised gradients (without an "
         "optimizer, synchronised backward passes).",
+        summary=True,
     ),
     Metric(
         "ddpmon_micro_steps_total",
@@ -73,12 +81,14 @@ METRICS: tuple[Metric, ...] = (
         "counter",
         "Samples of the steps completed: the first dimension of the model's first input, summed "
         "over each step's training forwards (sum by job of its rate: the job's samples per second).",
+        summary=True,
     ),
     Metric(
         "ddpmon_tokens_total",
         "counter",
         "Tokens of the steps completed, where the model's first input is a 2-D integer tensor "
         "(token ids): its elements. Absent otherwise.",
+        summary=True,
     ),
     Metric(
         "ddpmon_model_flops_per_step",
@@ -102,12 +112,15 @@ METRICS: tuple[Metric, ...] = (
         "gauge",
         "Model FLOPs utilisation: achieved FLOP/s over the device's dense peak (0..1). Absent where "
         "the peak is unknown.",
+        summary=True,
     ),
     Metric(
         "ddpmon_step_seconds",
         "histogram",
         "Wall time of a training step, from the end of the previous one to its optimizer step "
         "(or its synchronised backward).",
+        summary=True,
+        summary_bounds=(0.1, 0.5, 1.0, 5.0, 30.0),
     ),
     Metric(
         "ddpmon_step_phase_seconds_total",
@@ -115,6 +128,7 @@ METRICS: tuple[Metric, ...] = (
         "Seconds of the steps completed, by part of the step (data_wait, h2d, forward, "
         "backward, exposed_comm, optimizer, other); the parts sum to the step time.",
         RANK + ("phase",),
+        summary=True,
     ),
     Metric(
         "ddpmon_data_wait_seconds",
@@ -144,6 +158,7 @@ METRICS: tuple[Metric, ...] = (
         "histogram",
         "Communication not hidden behind compute: end of backward compute to DDP having "
         "every bucket's all-reduce done.",
+        summary=True,
     ),
     Metric(
         "ddpmon_allreduce_seconds",
@@ -151,40 +166,61 @@ METRICS: tuple[Metric, ...] = (
         "A bucket's gradient all-reduce: launch (bucket ready) to completion; "
         "with bucket_timing=c10d or flight_recorder, NCCL's GPU time.",
         BUCKET,
+        summary=True,
     ),
     Metric(
-        "ddpmon_allreduce_bytes_total", "counter", "Gradient bytes all-reduced per bucket.", BUCKET
+        "ddpmon_allreduce_bytes_total",
+        "counter",
+        "Gradient bytes all-reduced per bucket.",
+        BUCKET,
+        summary=True,
     ),
     Metric(
         "ddpmon_allreduce_bus_bandwidth_bytes_per_second",
         "gauge",
         "Bus bandwidth of the bucket's last all-reduce (nccl-tests: bytes/time x 2(n-1)/n).",
         BUCKET,
+        summary=True,
     ),
     Metric(
         "ddpmon_bucket_ready_seconds",
         "gauge",
         "When the bucket's gradients were all ready, seconds after its step began (last step).",
         BUCKET,
+        summary=True,
     ),
-    Metric("ddpmon_bucket_size_bytes", "gauge", "Size of the bucket's gradient buffer.", BUCKET),
+    Metric(
+        "ddpmon_bucket_size_bytes",
+        "gauge",
+        "Size of the bucket's gradient buffer.",
+        BUCKET,
+        summary=True,
+    ),
     Metric("ddpmon_bucket_parameters", "gauge", "Number of parameters in the bucket.", BUCKET),
     Metric(
         "ddpmon_unused_parameters",
         "gauge",
         "Parameters that received no gradient in the last step.",
+        summary=True,
     ),
     Metric(
         "ddpmon_last_progress_timestamp_seconds",
         "gauge",
         "Unix time of the rank's last observed progress (step, bucket, collective).",
+        summary=True,
     ),
-    Metric("ddpmon_hang_suspected", "gauge", "1 while the watchdog suspects this rank is hung."),
+    Metric(
+        "ddpmon_hang_suspected",
+        "gauge",
+        "1 while the watchdog suspects this rank is hung.",
+        summary=True,
+    ),
     Metric(
         "ddpmon_attempt",
         "gauge",
         "The job's attempt under a launcher that restarts it (TORCHELASTIC_RESTART_COUNT: 0 "
         "first); absent without one.",
+        summary=True,
     ),
     Metric(
         "ddpmon_paused_seconds_total",
@@ -229,6 +265,7 @@ METRICS: tuple[Metric, ...] = (
         "What the rank is doing, as its watchdog last saw it: 1 for the current activity, 0 for "
         f"the others (a state set: {', '.join(RANK_ACTIVITIES)}). Absent with the watchdog off.",
         RANK + ("activity",),
+        summary=True,
     ),
     Metric(
         "ddpmon_collectives_issued_total",
@@ -243,7 +280,12 @@ METRICS: tuple[Metric, ...] = (
         "Collectives this rank saw complete, by operation.",
         RANK + ("op",),
     ),
-    Metric("ddpmon_collectives_in_flight", "gauge", "Collectives issued and not yet completed."),
+    Metric(
+        "ddpmon_collectives_in_flight",
+        "gauge",
+        "Collectives issued and not yet completed.",
+        summary=True,
+    ),
     Metric(
         "ddpmon_bucket_timing_unmatched_steps_total",
         "counter",
@@ -255,12 +297,14 @@ METRICS: tuple[Metric, ...] = (
         "1 per silent DDP mistake this rank has seen, by kind (docs/advice.md): same data on "
         "every rank, no set_epoch, diverged replicas, NaN/Inf origin, device mapping, costly options.",
         RANK + ("kind",),
+        summary=True,
     ),
     Metric(
         "ddpmon_internal_errors_total",
         "counter",
         "Parts of ddpmon that failed and switched themselves off.",
         RANK + ("part",),
+        summary=True,
     ),
     Metric(
         "ddpmon_state_write_failures_total",
@@ -453,6 +497,54 @@ METRICS: tuple[Metric, ...] = (
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+@dataclass(frozen=True)
+class Record:
+    """A series Prometheus records from the ranks' (deploy/prometheus/ddpmon-rules.yml, first
+    in the group ``ddpmon-job``): a figure the boards and alert rules read, computed once per
+    rule evaluation rather than by every panel and alert over every rank. Named as Prometheus
+    advises, ``level:metric:operations``; the level says which labels it keeps."""
+
+    name: str
+    help: str
+
+
+RECORDS: tuple[Record, ...] = (
+    Record(
+        "job_rank:ddpmon_busy_seconds_per_step:rate5m",
+        "A rank's busy time per step (its step parts but the wait for the other ranks).",
+    ),
+    Record(
+        "job_rank:ddpmon_straggler_score:rate5m",
+        "A rank's busy time per step against the job's median rank, minus 1 (0.2: 20% slower).",
+    ),
+    Record("job:ddpmon_steps_per_second:rate5m", "Steps per second, the mean of the ranks."),
+    Record("job:ddpmon_step_seconds:mean_rate5m", "Mean step time over every rank."),
+    Record(
+        "job:ddpmon_exposed_comm_ratio:rate10m",
+        "Share of step time spent waiting for all-reduces after backward compute.",
+    ),
+    Record(
+        "job_phase:ddpmon_step_phase_seconds_per_step:rate5m",
+        "Mean seconds per step in each part of the step, over every rank.",
+    ),
+    Record(
+        "job_bucket:ddpmon_allreduce_seconds:mean_rate5m",
+        'Mean all-reduce time of each bucket (bucket="all" in summary), over every rank.',
+    ),
+    Record("job:ddpmon_ranks_reporting:count", "Ranks whose endpoint Prometheus scrapes."),
+    Record(
+        "job:ddpmon_ranks_waiting:count",
+        "Ranks waiting in a collective, by their own word or else their node daemon's.",
+    ),
+    Record(
+        "job:ddpmon_ranks_hung:count",
+        "Ranks suspected hung, by their watchdog or their node daemon.",
+    ),
+    Record("job:ddpmon_unused_parameters:max", "Most parameters without gradient on any rank."),
+)
+RECORD_NAMES: frozenset[str] = frozenset(r.name for r in RECORDS)
 
 
 def get(name: str) -> Metric:

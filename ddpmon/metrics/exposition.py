@@ -9,7 +9,8 @@ serves them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import (
@@ -58,3 +59,20 @@ def histogram(name: str, label_names: list[str], label_values: list[str], h: Any
 
 def histogram_family(name: str, label_names: list[str]) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, catalog.get(name).help, labels=label_names)
+
+
+def summary(fams: Iterable[Family]) -> Iterator[Family]:
+    """What ``metrics_detail="summary"`` keeps of ``fams``: the families the catalog marks
+    ``summary``, a histogram with only its ``summary_bounds`` (and ``+Inf``, sum, count)."""
+    for family in fams:
+        spec = catalog.BY_NAME.get(family.name) or catalog.BY_NAME.get(family.name + "_total")
+        if spec is None or not spec.summary:
+            continue
+        if spec.kind == "histogram":
+            kept = {*spec.summary_bounds, math.inf}
+            family.samples = [
+                s
+                for s in family.samples
+                if not s.name.endswith("_bucket") or float(s.labels["le"]) in kept
+            ]
+        yield family

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from .. import goodput, memory
-from ..config import AUTO_PER_BUCKET_LIMIT
+from ..config import AUTO_PER_BUCKET_LIMIT, metrics_detail
 from ..fuses import Fuse
 from ..metrics.catalog import RANK_ACTIVITIES
 from ..metrics.exposition import (
@@ -19,27 +19,31 @@ from ..metrics.exposition import (
     histogram,
     histogram_family,
     state_set,
+    summary,
 )
 from ..state import schema
 from ..version import __version__
-from .books import Histogram
+from .books import BucketStats, Histogram
 from .recorder import Recorder
 
 
 class RankCollector:
-    """Turns one rank's Recorder (and extra sample sources: GPU, host) into families."""
+    """Turns one rank's Recorder (and extra sample sources: GPU, host) into families, all of
+    them or their summary (``metrics_detail``, resolved against the job's world size)."""
 
     def __init__(
         self,
         recorder: Recorder,
         bucket_metrics: str = "auto",
         sources: Iterable[SampleSource] = (),
+        detail: str = "auto",
         state_dir: str | None = None,
     ) -> None:
         """``state_dir``: where rank 0 finds the job's earlier attempts, for its goodput."""
         self._recorder = recorder
         self._bucket_metrics = bucket_metrics
         self._sources = list(sources)
+        self._detail = detail
         self._state_dir = state_dir
         self._earlier: list[goodput.Attempt] | None = None
         self._goodput_fuse = Fuse("goodput metrics")
@@ -85,6 +89,11 @@ class RankCollector:
         return out
 
     def collect(self) -> Iterator[Family]:
+        if metrics_detail(self._detail, self._recorder.identity.world_size) == "summary":
+            return summary(self._families(summarised=True))
+        return self._families(summarised=False)
+
+    def _families(self, summarised: bool) -> Iterator[Family]:
         r = self._recorder
         ident = r.identity
         base = {"job": str(ident.job), "rank": str(ident.rank)}
@@ -147,7 +156,7 @@ class RankCollector:
             yield histogram(f"ddpmon_{key}_seconds", names, values, h)
 
         if self._bucket_metrics != "off":
-            yield from self._bucket_families(base)
+            yield from self._bucket_families(base, "aggregate" if summarised else None)
 
         extra: list[Sample] = []
         for source in self._sources:
@@ -157,12 +166,13 @@ class RankCollector:
                 continue
         yield from families(extra)
 
-    def _bucket_families(self, base: dict[str, str]) -> Iterator[Family]:
+    def _bucket_families(self, base: dict[str, str], mode: str | None) -> Iterator[Family]:
+        """Per bucket, or folded into ``bucket="all"`` (``mode``, else ``bucket_metrics``)."""
         stats = self._recorder.bucket_stats()
         if not stats:
             return
         label_names = list(base) + ["bucket"]
-        mode = self._bucket_metrics
+        mode = mode or self._bucket_metrics
         if mode == "auto":
             mode = "per_bucket" if len(stats) <= AUTO_PER_BUCKET_LIMIT else "aggregate"
         if mode == "aggregate":
@@ -173,9 +183,7 @@ class RankCollector:
                 total.count += b.seconds.count
             labels = {**base, "bucket": "all"}
             yield histogram("ddpmon_allreduce_seconds", label_names, list(labels.values()), total)
-            yield from families(
-                [("ddpmon_allreduce_bytes_total", labels, float(sum(b.bytes_total for b in stats)))]
-            )
+            yield from families(_folded(labels, stats))
             return
         per_bucket = histogram_family("ddpmon_allreduce_seconds", label_names)
         samples: list[Sample] = []
@@ -193,6 +201,26 @@ class RankCollector:
                 samples.append(("ddpmon_bucket_ready_seconds", labels, b.last_ready_seconds))
         yield per_bucket
         yield from families(samples)
+
+
+def _folded(labels: dict[str, str], stats: list[BucketStats]) -> list[Sample]:
+    """Every bucket as one (``bucket="all"``): bytes, sizes and parameters summed; ready when
+    the last bucket was; the bus bandwidth of the last all-reduces run back to back (the
+    buckets' bytes over their summed times)."""
+    out: list[Sample] = [
+        ("ddpmon_allreduce_bytes_total", labels, float(sum(b.bytes_total for b in stats))),
+        ("ddpmon_bucket_size_bytes", labels, float(sum(b.bytes for b in stats))),
+        ("ddpmon_bucket_parameters", labels, float(sum(len(b.parameters) for b in stats))),
+    ]
+    ready = [b.last_ready_seconds for b in stats if b.last_ready_seconds is not None]
+    if ready:
+        out.append(("ddpmon_bucket_ready_seconds", labels, max(ready)))
+    # busbw = bytes / seconds x factor, so seconds / factor = bytes / busbw
+    timed = [(b.bytes, b.last_busbw) for b in stats if b.last_busbw and b.bytes]
+    if timed:
+        busbw = sum(n for n, _ in timed) / sum(n / bw for n, bw in timed)
+        out.append(("ddpmon_allreduce_bus_bandwidth_bytes_per_second", labels, busbw))
+    return out
 
 
 def _training(base: dict[str, str], r: Recorder) -> list[Sample]:

@@ -32,6 +32,7 @@ from .hooks.optimizer import OptimizerHooks
 from .hooks.step import StepHooks
 from .memory import MemoryWatch
 from .recorder import Recorder
+from .settings import LiveSettings
 from .sources import rank_sources
 from .throughput import Throughput
 from .timing import Timing
@@ -80,6 +81,7 @@ class Monitor:
         self._history: Any = None
         self._advice: Advice | None = None
         self._capture: Capture | None = None
+        self._settings: LiveSettings | None = None
         self._memory: MemoryWatch | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
@@ -133,9 +135,8 @@ class Monitor:
         self._optimizer = OptimizerHooks(
             rec, boundary, self._fuses["step_hooks"], [p for _, p in parameters]
         )
-        # after the step hooks: a step that ends at the next forward is closed before it counts
+        # the step hooks' forward pre-hook hands it each training forward's batch
         self._throughput = boundary.throughput = Throughput(
-            ddp,
             rec,
             device,
             Fuse("throughput", self._part_failed),
@@ -154,6 +155,7 @@ class Monitor:
             rec,
             config.bucket_metrics,
             sources=sources,
+            detail=config.metrics_detail,
             state_dir=config.resolved_state_dir(self.job),
         )
         self._endpoint = start_endpoint(
@@ -175,7 +177,6 @@ class Monitor:
                 Fuse("capture", self._part_failed),
                 device,
             )
-            self._writer.on_pass = self._capture.poll
         self._history = (
             writers.start_history(self.state_file, self.rank, rec, device)
             if config.history
@@ -205,6 +206,20 @@ class Monitor:
                 history=(lambda: history.stop(summary=False)) if history is not None else None,
             )
         self._watchdog.start()
+        if self._writer is not None:  # `ddpmon set` asks through the state directory too
+            watchdog, timing = self._watchdog, self._timing
+            assert timing is not None
+            self._settings = LiveSettings(
+                os.path.dirname(self._writer.path),
+                rec,
+                {
+                    "hang_timeout": watchdog.set_timeout,
+                    "bucket_timing": timing.set_live,
+                },
+                self._notify,
+                Fuse("live_settings", self._part_failed),
+            )
+            self._writer.on_pass = self._requests
         debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
         ddp._ddpmon_monitor = self  # type: ignore[assignment, attr-defined]
 
@@ -239,9 +254,9 @@ class Monitor:
             return
         self._boundary.detach()  # the step in progress, if it synchronised, counts
         self._detached = True
+        if self._writer:
+            self._writer.on_pass = None
         if self._capture is not None:  # a capture under way ends, saying why
-            if self._writer:
-                self._writer.on_pass = None
             self._capture.detach()
         for part in (
             self._timing,
@@ -282,6 +297,13 @@ class Monitor:
     def _part_failed(self, part: str, message: str) -> None:
         self.recorder.record_error(part, message)
         self._notify()
+
+    def _requests(self) -> None:
+        """After each state write: the requests of ``ddpmon capture`` and ``ddpmon set``."""
+        if self._capture is not None:
+            self._capture.poll()
+        if self._settings is not None:
+            self._settings.poll()
 
     def _notify(self) -> None:
         writer = getattr(self, "_writer", None)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import steps
-from ..state import schema
+from ..state import records, schema
 from ..state.schema import Stage
 from ..steps import StepRow
 from . import gpu_steps
@@ -157,6 +157,7 @@ class Recorder:
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
+        self._latest: schema.RankState | None = None
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._seq: dict[str, itertools.count[int]] = {}
         # -- owned by readers, under the fold lock ---------------------------------------
@@ -661,7 +662,9 @@ class Recorder:
         """The latest view of this rank, a fresh record every call."""
         with self._fold_lock:
             self._fold()
-            recent = [copy.copy(r) for r in self._steps_book.recent]
+            # summed up under the lock, from the rows themselves: only readers holding it
+            # change a row (its GPU parts, its bucket timings), and copies cost the GIL
+            timings = _summaries(list(self._steps_book.recent))
             throughput = self._throughput()
             c = self._collectives
             identity = {name: getattr(self.identity, name) for name in _IDENTITY_FIELDS}
@@ -694,15 +697,41 @@ class Recorder:
                 paused_seconds=self.paused_seconds,
                 optimizer=self.optimizer,
             )
-        state.timings = _summaries(recent)
+        state.timings = timings
         state.throughput = throughput
         state.memory = self.memory
         state.now_unix = time.time()
+        self._latest = state
         return state
+
+    def recent_state(self, max_age: float) -> schema.RankState:
+        """The view ``state()`` built last (for the state file, about once a second) when it
+        is at most ``max_age`` seconds old, else a fresh one: a reader that needs no
+        fresher view shares that work. Shared: read it, never change it."""
+        latest = self._latest
+        if latest is not None and time.time() - (latest.now_unix or 0.0) <= max_age:
+            return latest
+        return self.state()
 
     def snapshot(self) -> dict[str, Any]:
         """The latest per-rank view, as plain JSON-ready data (the state file's body)."""
         return schema.to_json(self.state())
+
+    def noticed(self) -> dict[str, Any]:
+        """What the history records as findings, with the state file's keys: the step,
+        notes, errors, write failures, hang report and exit record. A small part of
+        ``snapshot()``, without its fold and per-step summaries (the history's thread reads
+        it every second)."""
+        return records.dump(
+            {
+                "step": self.steps,
+                "notes": dict(self.notes),
+                "errors": dict(self.errors),
+                "write_failures": dict(self.write_failures),
+                "hang": self.hang,
+                "exit": self.exit,
+            }
+        )
 
 
 _COLLECTIVE_FIELDS = frozenset(f for f in schema.Collective.__dataclass_fields__)

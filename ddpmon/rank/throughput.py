@@ -1,7 +1,7 @@
 """Samples and tokens of each step, and the model's FLOPs per step, counted once.
 
-A forward pre-hook on the DDP module (registered after the step hooks' own, so that a step
-that ends at the next forward is closed first) adds each training forward's batch to the
+The step hooks' forward pre-hook (``hooks/step.py``), once it has closed a step that ends at
+this forward, hands each training forward's arguments here, and their batch is added to the
 step in progress: the first dimension of its first input (samples) and, where that input is
 a 2-D integer tensor (token ids), its elements (tokens). The recorder turns them into rates
 over step time (``recorder._throughput``).
@@ -29,7 +29,6 @@ from ..fuses import Fuse
 from ..state import schema
 from . import torch_api
 from .advice.data import first_tensor
-from .hooks.step import is_compiling
 from .recorder import Recorder
 
 COUNT_STEP = 3
@@ -42,18 +41,18 @@ class Throughput:
     """The batch of each training forward, and the FLOP count of step ``COUNT_STEP``;
     ``step_ended`` from the step boundary, ``remove()`` at detach."""
 
-    def __init__(
-        self, ddp: torch.nn.Module, recorder: Recorder, device: str, fuse: Fuse, flop_fuse: Fuse
-    ) -> None:
+    def __init__(self, recorder: Recorder, device: str, fuse: Fuse, flop_fuse: Fuse) -> None:
         self._rec = recorder
         self._fuse = fuse
         self._waiting: FlopCount | None = FlopCount(recorder, device, flop_fuse)
         """The count, until its step starts."""
         self._counting: FlopCount | None = None
-        self._handle = ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        self._removed = False
 
-    def _before_forward(self, _module: Any, args: Any, kwargs: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
+    def forward_started(self, args: Any, kwargs: Any) -> None:
+        """A training forward starts with these arguments (from the step hooks' pre-hook,
+        which has checked that gradients are on and nothing compiles)."""
+        if not self._fuse.ok or self._removed:
             return
         try:
             x = (
@@ -76,7 +75,7 @@ class Throughput:
             self._counting = None
 
     def remove(self) -> None:
-        self._handle.remove()
+        self._removed = True
         if self._counting is not None:
             self._counting.stop(None)
 

@@ -90,11 +90,20 @@ class Watchdog:
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._timeout != 0:
+        if self._timeout != 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
             self._thread.start()
         self._ending.install()
         atexit.register(self._at_exit)
+
+    def set_timeout(self, timeout: float | None) -> None:
+        """A new hang timeout (``ddpmon set hang_timeout=...``): seconds, 0 = off, None =
+        learned; the next pass, within a second, uses it. A watchdog started off starts its
+        thread now."""
+        self._timeout = timeout
+        if timeout != 0 and self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="ddpmon-watchdog", daemon=True)
+            self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread, joined with a bound."""

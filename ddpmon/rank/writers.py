@@ -339,7 +339,8 @@ def start_writer(
 class HistoryWriter:
     """The thread that drains ``history_since`` into a ``HistoryStore`` every ``interval``.
 
-    ``snapshot`` (the state file's body) supplies the notes, errors and hang report that
+    ``snapshot`` (the state file's body, or its part that ``Recorder.noticed`` gives)
+    supplies the notes, errors and hang report that
     become findings, and the exit record; ``sample`` returns the memory and GPU columns for
     the batch; ``identity`` is read when the file is created, at the first pass (after the
     parts installed at attach have said what they know). A batch that fails is recorded in
@@ -531,7 +532,7 @@ class RunHistory:
         self._writer: HistoryWriter | None = HistoryWriter(
             history.path_for(os.path.dirname(state_file), rank),
             recorder.history_since,
-            recorder.snapshot,
+            recorder.noticed,
             lambda: dataclasses.asdict(recorder.identity),
             sample=sample or process_sample(),
             failures=recorder.write_failures,

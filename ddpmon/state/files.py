@@ -142,6 +142,11 @@ def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
     return _read_opened(path, limit)[0]
 
 
+def read_bytes_stat(path: str, limit: int = MAX_BYTES) -> tuple[bytes, os.stat_result]:
+    """``read_bytes``, and the open file's ``fstat``: whose the file read is (``st_uid``)."""
+    return _read_opened(path, limit)
+
+
 def _read_opened(path: str, limit: int) -> tuple[bytes, os.stat_result]:
     """``read_bytes``, and what the open file's ``fstat`` says of it (its owner, its times)."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)

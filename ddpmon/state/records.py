@@ -90,12 +90,18 @@ def dump(record: object) -> Any:
     """A record (or a list/dict of them) as plain JSON data; ``None`` fields are kept."""
     if record is None or type(record) in _PLAIN:
         return record
+    # Plain values are taken as they are without a call each: a state file's per-step
+    # columns hold thousands of numbers, dumped every second on the rank's own thread.
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {name: dump(getattr(record, name)) for name in _field_names(type(record))}
+        out = {}
+        for name in _field_names(type(record)):
+            v = getattr(record, name)
+            out[name] = v if v is None or type(v) in _PLAIN else dump(v)
+        return out
     if isinstance(record, list):
-        return [dump(v) for v in record]
+        return [v if v is None or type(v) in _PLAIN else dump(v) for v in record]
     if isinstance(record, dict):
-        return {k: dump(v) for k, v in record.items()}
+        return {k: v if v is None or type(v) in _PLAIN else dump(v) for k, v in record.items()}
     if isinstance(record, enum.Enum):  # a str-valued enum (``activity.Status``) as its string
         return record.value
     return record

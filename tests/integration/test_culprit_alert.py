@@ -3,7 +3,8 @@
 rank 2 stops, and the alert must fire for rank 2 alone, with its host and what it is doing,
 within the hang timeout plus the rule's ``for:`` (and a few scrape and evaluation
 intervals), while the alerts that would fire for the waiting ranks (or for rank 2 again)
-stay quiet.
+stay quiet; with the ranks exporting every series and with them exporting their summary
+(``metrics_detail``), as a job past 256 ranks does.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ class Watched:
     prom: Prometheus
     workdir: Path
     job: str
+    detail: str
 
 
 @pytest.fixture
 def watched(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Watched]:
-    """Prometheus, the job (``halt_on_cue`` with ``request.param``: stall or kill) and the
-    node daemon, every target up and every rank stepping."""
-    how = request.param
-    job = f"culprit-{how}"
+    """Prometheus, the job (``halt_on_cue`` with ``request.param``: stall or kill, and the
+    ranks' metrics_detail) and the node daemon, every target up and every rank stepping."""
+    how, detail = request.param
+    job = f"culprit-{how}-{detail}"
     (tmp_path / "prometheus").mkdir()
     rules = promserver.rules_with_for(
         tmp_path / "rules.yml", {name: f"{FOR:.0f}s" for name in ("DDPHangCulprit", *QUIETED)}
@@ -66,6 +68,7 @@ def watched(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Watched]
             "halt_on_cue",
             WORLD,
             ranks,
+            env={"DDPMON_METRICS_DETAIL": detail},
             args=(job, str(CULPRIT), how),
             module="tests.integration.job_worker",
         )
@@ -90,7 +93,7 @@ def watched(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Watched]
                 ),
                 timeout=30,
             )
-        yield Watched(prom, ranks, job)
+        yield Watched(prom, ranks, job, detail)
     finally:
         harness.stop(procs)
         if daemon is not None:
@@ -135,14 +138,23 @@ def _watch(w: Watched, halted: float) -> tuple[float, dict, list[tuple[float, st
 
 @pytest.mark.parametrize(
     ("watched", "activity"),
-    [("stall", "stuck"), ("kill", "dead")],
+    [
+        (("stall", "full"), "stuck"),
+        (("kill", "full"), "dead"),
+        (("stall", "summary"), "stuck"),
+        (("kill", "summary"), "dead"),
+    ],
     indirect=["watched"],
-    ids=["stalled", "dead"],
+    ids=["stalled", "dead", "stalled-summary", "dead-summary"],
 )
 def test_the_culprit_alert_fires_for_the_halted_rank_alone(watched: Watched, activity: str) -> None:
     """stalled: rank 2's data loader never returns (its own endpoint says stuck); dead: rank 2
     is SIGKILLed while its connections stay open (its node daemon says dead)."""
     w = watched
+    scraped = w.prom.by('scrape_samples_scraped{job="ddpmon-ranks"}', "instance")
+    assert len(scraped) == WORLD and all(
+        (v <= 40) == (w.detail == "summary") for v in scraped.values()
+    ), scraped
     halted = _halt(w)
     took, alert, seen = _watch(w, halted)
     print(

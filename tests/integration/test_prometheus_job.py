@@ -1,5 +1,7 @@
 """A real Prometheus scrapes a real 2-rank gloo DDP job with ddpmon attached (and the node
-daemon when it exists); every dashboard query and every alert expression runs against it.
+daemon when it exists); every dashboard query and every alert expression runs against it,
+with the ranks exporting every series and with them exporting their summary
+(``metrics_detail``).
 
 Rank 1 is a straggler and has unused parameters (tests/integration/job_worker.py), so the
 panels and rules are checked for the right values and ranks, not only for "some data".
@@ -22,7 +24,7 @@ from ddpmon.metrics import catalog
 from ddpmon.state import files as statefile
 from tests.integration import promserver
 from tests.integration.promserver import Prometheus
-from tests.support import harness
+from tests.support import harness, rules
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,10 +40,13 @@ RATE_INTERVAL = "10s"  # what Grafana's $__rate_interval stands for in these tes
 class Job:
     """Everything the tests query: Prometheus, the ranks and the node daemon."""
 
-    def __init__(self, prom: Prometheus, workdir: Path, procs: list[subprocess.Popen]) -> None:
+    def __init__(
+        self, prom: Prometheus, workdir: Path, procs: list[subprocess.Popen], detail: str
+    ) -> None:
         self.prom = prom
         self.workdir = workdir
         self.procs = procs
+        self.detail = detail
 
 
 def substitute(expr: str) -> str:
@@ -68,9 +73,10 @@ def needs_data(expr: str) -> bool:
     return not about_gpus(expr)
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    workdir = tmp_path_factory.mktemp("prom-job")
+@pytest.fixture(scope="module", params=["full", "summary"])
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    detail = request.param
+    workdir = tmp_path_factory.mktemp(f"prom-job-{detail}")
     prom = Prometheus(workdir / "prometheus")
     prom.workdir.mkdir()
     procs: list[subprocess.Popen] = []
@@ -81,6 +87,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
             "train_until",
             2,
             workdir / "ranks",
+            env={"DDPMON_METRICS_DETAIL": detail},
             args=(JOB, "120"),
             module="tests.integration.job_worker",
         )
@@ -128,7 +135,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
             ),
             timeout=20,
         )
-        yield Job(prom, workdir, procs)
+        yield Job(prom, workdir, procs, detail)
     finally:
         harness.finish(procs, workdir / "ranks")
         if daemon_proc is not None:
@@ -234,7 +241,11 @@ def test_panels_show_unused_parameters_steps_and_buckets(job: Job) -> None:
     assert all(0 <= v <= 1 for v in ratio.values()), ratio
     target = _panel("All-reduce time per bucket")["targets"][0]
     buckets = job.prom.by(substitute(target["expr"]), "bucket")
-    assert len(buckets) >= 2 and all(v > 0 for v in buckets.values()), buckets
+    assert all(v > 0 for v in buckets.values()), buckets
+    if job.detail == "summary":
+        assert set(buckets) == {"all"}, buckets
+    else:
+        assert len(buckets) >= 2 and "all" not in buckets, buckets
     liveness = _values(job, "Liveness per rank", "B")
     assert liveness == {"0": 1.0, "1": 1.0}
     assert _values(job, "Liveness per rank", "A") == {"0": 1.0, "1": 1.0}
@@ -245,15 +256,19 @@ def _rules() -> list[dict[str, Any]]:
     return [r for g in rules["groups"] for r in g["rules"]]
 
 
+def _name(rule: dict[str, Any]) -> str:
+    return rule.get("alert") or rule["record"]
+
+
 def test_every_rule_expression_is_valid_and_evaluates_healthy(job: Job) -> None:
     problems = []
     for rule in _rules():
         body = job.prom.query(rule["expr"])
         if body.get("status") != "success":
-            problems.append(f"{rule['alert']}: {body.get('error')}")
+            problems.append(f"{_name(rule)}: {body.get('error')}")
     groups = job.prom.api("rules")["data"]["groups"]
     loaded = {r["name"]: r for g in groups for r in g["rules"]}
-    assert sorted(loaded) == sorted(r["alert"] for r in _rules())
+    assert sorted(loaded) == sorted(_name(r) for r in _rules())
     for name, rule in loaded.items():
         if rule["health"] != "ok":
             problems.append(f"{name}: health {rule['health']}: {rule.get('lastError')}")
@@ -261,8 +276,12 @@ def test_every_rule_expression_is_valid_and_evaluates_healthy(job: Job) -> None:
 
 
 def test_rules_see_the_straggler_and_nothing_wrong(job: Job) -> None:
-    straggler = next(r for r in _rules() if r["alert"] == "DDPStraggler")
-    assert [dict(k) for k in job.prom.vector(straggler["expr"])] == [{"job": JOB, "rank": "1"}]
+    straggler = next(r for r in _rules() if r.get("alert") == "DDPStraggler")
+    found = [
+        {k: v for k, v in dict(m).items() if k != "__name__"}
+        for m in job.prom.vector(straggler["expr"])
+    ]
+    assert found == [{"job": JOB, "rank": "1"}]
     alerts = job.prom.api("alerts")["data"]["alerts"]
     active = {(a["labels"]["alertname"], a["labels"].get("rank")) for a in alerts}
     assert ("DDPStraggler", "1") in active, alerts  # pending: it needs 10 minutes to fire
@@ -276,6 +295,30 @@ def test_rules_see_the_straggler_and_nothing_wrong(job: Job) -> None:
         "DDPMonitorPartOff",
     ):
         assert not [a for a in active if a[0] == quiet], alerts
+
+
+def test_the_ranks_serve_what_the_rules_and_the_overview_read(job: Job) -> None:
+    """Every series name the alert rules and the job overview read (through the recorded
+    series) that a rank serves is in Prometheus for this job, in either mode; a summary
+    scrape holds at most 40 series. Left out: the series a rank serves only once something
+    is wrong (a silent mistake, a part switched off), and the GPU's (none here)."""
+    wanted = {
+        n
+        for n in rules.overview_and_alerts_read()
+        if dashboards.source_of(n) <= {"rank", "host"}
+        and n not in ("ddpmon_advice", "ddpmon_internal_errors_total")
+    }
+    assert len(wanted) >= 15, wanted
+    present = set(
+        job.prom.by(f'count by (__name__) ({{job="{JOB}", __name__=~"ddpmon_.+"}})', "__name__")
+    )
+    assert wanted <= present, sorted(wanted - present)
+    scraped = job.prom.by('scrape_samples_scraped{job="ddpmon-ranks"}', "instance")
+    assert len(scraped) == 2, scraped
+    if job.detail == "summary":
+        assert all(v <= 40 for v in scraped.values()), scraped
+    else:
+        assert all(v > 100 for v in scraped.values()), scraped
 
 
 def test_promtool_accepts_the_test_config(job: Job) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from ddpmon import dashboards
 from ddpmon.metrics import catalog
+from tests.support import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 BOARDS = dashboards.build()
@@ -176,7 +177,9 @@ def test_titles_unique_within_each_board() -> None:
 
 def test_overview_covers_what_a_ddp_job_needs() -> None:
     exprs = " ".join(
-        t["expr"] for p in _panels(BOARDS["ddp-job-overview.json"]) for t in p["targets"]
+        " ".join(sorted(rules.reads(t["expr"])))
+        for p in _panels(BOARDS["ddp-job-overview.json"])
+        for t in p["targets"]
     )
     for name in (
         "ddpmon_step_seconds",
@@ -208,7 +211,7 @@ def test_gpu_board_covers_every_gpu_metric_of_the_catalog() -> None:
 
 
 def test_every_query_uses_only_catalog_names() -> None:
-    known = catalog.series_names() | dashboards.PROMETHEUS_OWN
+    known = catalog.series_names() | catalog.RECORD_NAMES | dashboards.PROMETHEUS_OWN
     used: set[str] = set()
     for board in BOARDS.values():
         for p in _panels(board):

@@ -41,6 +41,7 @@ DOC_OF = {
     "report": "docs/report.md",
     "compare": "docs/report.md",
     "capture": "docs/capture.md",
+    "set": "docs/configuration.md",
 }
 PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
 
@@ -68,10 +69,12 @@ def test_every_metric_name_the_docs_use_exists() -> None:
     known.add(rank_notes.ddpmon_part_off.__name__)  # a doctor finding's kind, not a metric
     for doc, text in DOCS.items():
         names = {
-            n for n in re.findall(r"\bddpmon_[a-z0-9_]+", text) if not n.endswith("_")
+            n for n in re.findall(r"(?<![\w:])ddpmon_[a-z0-9_]+", text) if not n.endswith("_")
         }  # ddpmon_gpu_*: a prefix
         unknown = sorted(names - known)
         assert unknown == [], f"{doc} names metrics the catalog does not have"
+        recorded = set(re.findall(r"\b[a-z_]+:ddpmon_[a-z0-9_]+:[a-z0-9_]+", text))
+        assert recorded <= catalog.RECORD_NAMES, f"{doc} names records the rules do not have"
 
 
 def _options_table() -> list[str]:

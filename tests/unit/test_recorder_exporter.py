@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.request
 
 import pytest
@@ -149,6 +150,69 @@ def test_aggregate_and_off_modes_bound_the_series() -> None:
         is None
     )
     assert off.get_sample_value("ddpmon_steps_total", {"job": "j", "rank": "1"}) == 3
+
+
+def test_aggregate_folds_every_bucket_into_one() -> None:
+    agg, all_ = read("aggregate"), {"job": "j", "rank": "1", "bucket": "all"}
+    assert agg.get_sample_value("ddpmon_bucket_size_bytes", all_) == 12000
+    assert agg.get_sample_value("ddpmon_bucket_parameters", all_) == 3
+    assert agg.get_sample_value("ddpmon_bucket_ready_seconds", all_) == pytest.approx(0.05)
+    per = read("per_bucket")
+    busbw = [
+        per.get_sample_value(
+            "ddpmon_allreduce_bus_bandwidth_bytes_per_second", {**all_, "bucket": str(b)}
+        )
+        for b in (0, 1)
+    ]
+    # back to back: 12,000 bytes over the two buckets' times (bytes / busbw, one factor)
+    assert agg.get_sample_value(
+        "ddpmon_allreduce_bus_bandwidth_bytes_per_second", all_
+    ) == pytest.approx(12000 / (4000 / busbw[0] + 8000 / busbw[1]))
+
+
+def series(registry: CollectorRegistry) -> list[tuple[str, dict[str, str]]]:
+    return [(s.name, s.labels) for f in registry.collect() for s in f.samples]
+
+
+@pytest.mark.parametrize(("detail", "world"), [("summary", 4), ("auto", 257)])
+def test_summary_keeps_what_the_catalog_marks(detail: str, world: int) -> None:
+    rec = recorder_with_steps()
+    rec.identity = dataclasses.replace(rec.identity, world_size=world)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RankCollector(rec, "per_bucket", detail=detail))
+    kept = series(registry)
+    names = {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n, _ in kept}
+    assert names == {m.name for m in catalog.METRICS if m.summary} - {
+        "ddpmon_attempt",  # absent without a launcher that restarts
+        "ddpmon_mfu_ratio",  # absent without a known peak
+        "ddpmon_activity",  # absent with the watchdog off
+        "ddpmon_advice",
+        "ddpmon_internal_errors_total",
+    }
+    assert {labels["bucket"] for _, labels in kept if "bucket" in labels} == {"all"}
+    assert [float(labels["le"]) for n, labels in kept if n == "ddpmon_step_seconds_bucket"] == [
+        *catalog.get("ddpmon_step_seconds").summary_bounds,
+        float("inf"),
+    ]
+    assert [labels["le"] for n, labels in kept if n == "ddpmon_allreduce_seconds_bucket"] == [
+        "+Inf"
+    ]
+    # the kept buckets count what the full histogram counts at the same bounds
+    full = CollectorRegistry(auto_describe=False)
+    full.register(RankCollector(recorder_with_steps(), "per_bucket", detail="full"))
+    at = {"job": "j", "rank": "1", "le": "0.1"}
+    assert registry.get_sample_value("ddpmon_step_seconds_bucket", at) == full.get_sample_value(
+        "ddpmon_step_seconds_bucket", at
+    )
+    assert len(kept) <= 40
+
+
+def test_auto_is_full_up_to_its_world_size() -> None:
+    rec = recorder_with_steps()
+    rec.identity = dataclasses.replace(rec.identity, world_size=256)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RankCollector(rec, "per_bucket"))
+    assert ("ddpmon_micro_steps_total", {"job": "j", "rank": "1"}) in series(registry)
 
 
 def test_every_exported_name_is_in_the_catalog_and_well_named() -> None:

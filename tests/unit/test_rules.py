@@ -14,11 +14,13 @@ import yaml
 
 from ddpmon import dashboards
 from ddpmon.metrics import catalog
+from tests.support import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 RULES = yaml.safe_load((DEPLOY / "prometheus" / "ddpmon-rules.yml").read_text())
-ALERTS = [r for g in RULES["groups"] for r in g["rules"]]
+ALERTS = [r for g in RULES["groups"] for r in g["rules"] if "alert" in r]
+RECORDS = {r["record"]: r for g in RULES["groups"] for r in g["rules"] if "record" in r}
 SEVERITIES = {"critical", "warning", "info"}
 
 
@@ -60,7 +62,34 @@ def test_every_alert_is_complete(rule: dict[str, Any]) -> None:
 @pytest.mark.parametrize("rule", ALERTS, ids=lambda r: r["alert"])
 def test_every_expression_uses_only_catalog_names(rule: dict[str, Any]) -> None:
     names = dashboards.check_expr(rule["expr"])  # raises on unknown names and rates of gauges
-    assert names and names <= catalog.series_names() | {"up", "ALERTS"}
+    assert names and names <= catalog.series_names() | catalog.RECORD_NAMES | {"up", "ALERTS"}
+
+
+def test_the_records_are_the_catalogs_and_read_only_ranks_series() -> None:
+    """The recording rules come first in the job group (the alerts after them read them in
+    the same evaluation) and record what the catalog lists; each reads catalog series (or
+    an earlier record), never a gauge's rate."""
+    (job,) = [g for g in RULES["groups"] if g["name"] == "ddpmon-job"]
+    kinds = ["record" if "record" in r else "alert" for r in job["rules"]]
+    assert kinds == sorted(kinds, reverse=True) and kinds.count("record") == len(RECORDS)
+    assert list(RECORDS) == [r.name for r in catalog.RECORDS]
+    seen: set[str] = set()
+    for name, rule in RECORDS.items():
+        assert set(rule) == {"record", "expr"}
+        level = name.split(":")[0]
+        assert level in {"job", "job_rank", "job_phase", "job_bucket"}, name
+        reads = dashboards.check_expr(rule["expr"])
+        assert reads <= catalog.series_names() | seen, (name, reads - seen)
+        seen.add(name)
+
+
+def test_the_alerts_on_job_figures_read_the_records() -> None:
+    """What a board also shows is computed once: the alerts read the recorded series."""
+    reads = {r["alert"]: dashboards.metric_names(r["expr"]) for r in ALERTS}
+    assert reads["DDPStraggler"] == {"job_rank:ddpmon_straggler_score:rate5m"}
+    assert reads["DDPHighExposedCommunication"] == {"job:ddpmon_exposed_comm_ratio:rate10m"}
+    assert "job:ddpmon_ranks_waiting:count" in reads["DDPHangCulprit"]
+    assert "job:ddpmon_ranks_reporting:count" in reads["DDPRankEndpointDown"]
 
 
 def test_the_culprit_alert_quiets_the_per_rank_hang_alerts() -> None:
@@ -68,9 +97,9 @@ def test_the_culprit_alert_quiets_the_per_rank_hang_alerts() -> None:
     (or for the culprit again) stand back while DDPHangCulprit stands. A rule sees only the
     ALERTS of the rules before it in its group, so the culprit comes first."""
     (group,) = [
-        g for g in RULES["groups"] if any(r["alert"] == "DDPHangCulprit" for r in g["rules"])
+        g for g in RULES["groups"] if any(r.get("alert") == "DDPHangCulprit" for r in g["rules"])
     ]
-    order = [r["alert"] for r in group["rules"]]
+    order = [r["alert"] for r in group["rules"] if "alert" in r]
     quiet = {
         "DDPHangSuspected": "(job)",
         "DDPJobNoProgress": "(job)",
@@ -93,6 +122,7 @@ def test_the_culprit_alert_quiets_the_per_rank_hang_alerts() -> None:
         "ddpmon_rank_info",
         "ddpmon_daemon_info",
         "up",
+        "job:ddpmon_ranks_waiting:count",
     } == dashboards.metric_names(culprit["expr"])
 
 
@@ -103,12 +133,13 @@ def test_the_straggler_rule_scores_busy_time_against_the_median_for_10_minutes()
 
     rule = next(r for r in ALERTS if r["alert"] == "DDPStraggler")
     assert rule["for"] == "10m"
-    assert "quantile by (job) (0.5," in rule["expr"] and "- 1 >= 0.2" in rule["expr"]
-    assert (
-        rule["expr"].count('phase!="exposed_comm"') == 2
-        and STRAGGLER_SCORE.count('phase!="exposed_comm"') == 2
-    )
-    assert dashboards.metric_names(rule["expr"]) == {
+    assert rule["expr"].strip() == "job_rank:ddpmon_straggler_score:rate5m >= 0.2"
+    assert dashboards.metric_names(STRAGGLER_SCORE) == {"job_rank:ddpmon_straggler_score:rate5m"}
+    score = RECORDS["job_rank:ddpmon_straggler_score:rate5m"]["expr"]
+    assert "quantile by (job) (0.5," in score and score.rstrip().endswith("- 1")
+    busy = RECORDS["job_rank:ddpmon_busy_seconds_per_step:rate5m"]["expr"]
+    assert busy.count('phase!="exposed_comm"') == 1
+    assert dashboards.metric_names(busy) == {
         "ddpmon_step_phase_seconds_total",
         "ddpmon_steps_total",
     }
@@ -226,3 +257,22 @@ def test_every_kubernetes_manifest_parses() -> None:
     for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], path
+
+
+def test_the_summary_keeps_every_rank_series_the_alerts_and_the_overview_read() -> None:
+    """metrics_detail="summary" must leave the alerts and the job overview working: each
+    series they read (through the records) that a rank serves is one the summary keeps, a
+    histogram's buckets with bounds to read a quantile from."""
+    read = rules.overview_and_alerts_read()
+    checked = 0
+    for name in sorted(read):
+        spec = catalog.BY_NAME.get(name) or catalog.BY_NAME.get(
+            re.sub(r"_(bucket|sum|count)$", "", name)
+        )
+        if spec is None or spec.source not in ("rank", "host"):
+            continue
+        checked += 1
+        assert spec.summary, name
+        if name.endswith("_bucket"):
+            assert len(spec.summary_bounds) >= 3, name
+    assert checked >= 15, read

@@ -377,7 +377,7 @@ class Advice:
                 log.debug("ddpmon: advice: comparing with peers failed: %r", exc)
 
     def compare_now(self, state_dir: str, job: Any) -> None:
-        states = [self._rec.state()]
+        states = [self._rec.recent_state(PEER_INTERVAL)]  # the state file's, when recent
         world = int(self._rec.identity.world_size or 1)
         for peer_rank in sorted(
             {(self._rank + i) % world for i in range(1, MAX_PEERS + 1)} - {self._rank}

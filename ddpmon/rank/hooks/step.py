@@ -62,11 +62,11 @@ class StepHooks:
         if _compile_check_missing is not None:
             torch_api.off(_compile_check_missing, recorder)
         self._handles = [
-            ddp.register_forward_pre_hook(self._before_forward),
+            ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             ddp.register_forward_hook(self._after_forward),
         ]
 
-    def _before_forward(self, _module: torch.nn.Module, _args: Any) -> None:
+    def _before_forward(self, _module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not self._fuse.ok or is_compiling():
             return
         try:
@@ -87,6 +87,12 @@ class StepHooks:
             self._recorder.forward_started(now)
         except Exception as exc:
             self._fuse.blow(exc)
+            return
+        # One forward pre-hook for the step and its batch: the step that ended here is
+        # closed before the batch counts in the next (the throughput guards itself).
+        throughput = boundary.throughput
+        if throughput is not None:
+            throughput.forward_started(args, kwargs)
 
     def _after_forward(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
         if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():

@@ -142,6 +142,27 @@ class Timing:
         if clock.off_reason is not None:
             self._turn_off(clock.off_reason)
 
+    def set_live(self, option: str) -> str | None:
+        """``ddpmon set bucket_timing=off|hook`` on a running rank: ddpmon's comm hook stops
+        or resumes timing (it stays DDP's hook, a pass-through while off). None once done;
+        else why it cannot change here."""
+        comm = self.comm
+        hooked = comm is not None and isinstance(self.clock, (WallClock, CudaEventClock))
+        if option == "hook" and not (hooked and self._fuse.ok):
+            return (
+                "no ddpmon comm hook can time buckets on this rank (DDP takes a comm hook once, "
+                "before training): restart with DDPMON_BUCKET_TIMING=hook"
+            )
+        if option == "off" and not hooked and self.mode != "off":
+            return (
+                f"bucket timing comes from {self.mode} on this rank, chosen at attach: restart "
+                "with DDPMON_BUCKET_TIMING=off"
+            )
+        if comm is not None and hooked:
+            comm.timing = option == "hook"
+        self.mode = self._recorder.identity.bucket_timing = option
+        return None
+
     def remove(self) -> None:
         """Detach: DDP cannot unregister a comm hook, so ddpmon's becomes a pass-through."""
         if self.comm is not None:

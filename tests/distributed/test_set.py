@@ -1,0 +1,171 @@
+"""``ddpmon set`` on a real 2-rank gloo job (tests/distributed/capture_worker.py, which trains
+until told to stop): a hang timeout changed live and used by the watchdog, on one rank or
+every rank; invalid values and options that cannot change live refused with their reason,
+by the command and by the rank itself; requests that are not the rank's own ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ddpmon.state import settings
+from tests.support import harness
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run_set(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddpmon", "set", str(state_dir), *args],
+        cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = 15.0) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def watchdog_timeout(workdir: Path, rank: int) -> float | None:
+    """The hang timeout the rank's watchdog used in its last pass (its state file)."""
+    state = harness.states(workdir).get(rank) or {}
+    return ((state.get("activity") or {}) or {}).get("hang_timeout_seconds")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    workdir = tmp_path_factory.mktemp("set")
+    procs = harness.start_ranks(
+        "-1", 2, workdir, module="tests.distributed.capture_worker"
+    )  # no slow rank
+    try:
+        wait_until(
+            "both ranks to train",
+            lambda: all(
+                harness.states(workdir).get(r, {}).get("step", 0) >= 5
+                and watchdog_timeout(workdir, r) is not None
+                for r in (0, 1)
+            ),
+            timeout=30,
+        )
+        yield workdir
+    finally:
+        harness.finish(procs, workdir)
+
+
+def request(workdir: Path, rank: int, **changes: str) -> settings.Request:
+    """A request bound to the rank's process, as the command writes it."""
+    state = harness.states(workdir)[rank]
+    now = time.time()
+    return settings.Request(
+        nonce=uuid.uuid4().hex[:16],
+        rank=rank,
+        job=state["job"],
+        pid=state["pid"],
+        started_unix=state["started_unix"],
+        changes=changes,
+        requested_unix=now,
+        expires_unix=now + 20,
+    )
+
+
+def answer(state_dir: Path, req: settings.Request) -> settings.Status:
+    path = settings.status_path(str(state_dir), req.rank, req.nonce)
+    wait_until(f"rank {req.rank}'s answer", lambda: os.path.exists(path))
+    return settings.read_status(path)
+
+
+def test_hang_timeout_on_one_rank_is_used_by_its_watchdog(job: Path) -> None:
+    state_dir = job / "state"
+    before = watchdog_timeout(job, 0)
+    done = run_set(state_dir, "hang_timeout=7.5", "--rank", "1")
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "rank 1: hang_timeout = 7.5" in done.stdout
+    assert "rank 0" not in done.stdout
+    wait_until("rank 1's watchdog to use 7.5 s", lambda: watchdog_timeout(job, 1) == 7.5)
+    time.sleep(1.5)  # a watchdog pass or more on rank 0
+    assert watchdog_timeout(job, 0) == before != 7.5
+
+
+def test_every_rank_back_to_learned(job: Path) -> None:
+    done = run_set(job / "state", "hang_timeout=auto", "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    answers = json.loads(done.stdout)
+    assert answers["no_answer"] == []
+    assert {r: a["applied"] for r, a in answers["ranks"].items()} == {
+        "0": {"hang_timeout": None},
+        "1": {"hang_timeout": None},
+    }
+    wait_until("rank 1's watchdog to learn again", lambda: watchdog_timeout(job, 1) != 7.5)
+
+
+def test_invalid_value_refused_by_the_command(job: Path) -> None:
+    done = run_set(job / "state", "hang_timeout=-3")
+    assert done.returncode == 2
+    assert "hang_timeout='-3' is not valid: expected seconds >= 0" in done.stderr
+    done = run_set(job / "state", "port=9600")
+    assert done.returncode == 2
+    assert "port is fixed at attach: restart the job with DDPMON_PORT" in done.stderr
+
+
+def test_option_not_safe_here_refused_by_each_rank(job: Path) -> None:
+    # on gloo by default no ddpmon comm hook runs: DDP takes one only before training
+    done = run_set(job / "state", "bucket_timing=hook")
+    assert done.returncode == 1, done.stderr + done.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: bucket_timing refused: no ddpmon comm hook" in done.stdout
+
+
+def test_rank_checks_a_request_itself(job: Path) -> None:
+    """A request written by hand, not by the command: the rank refuses the bad value with
+    what it accepts, and applies the good one."""
+    state_dir = job / "state"
+    req = request(job, 0, hang_timeout="soon", bucket_timing="off")
+    settings.write_request(str(state_dir), req)
+    status = answer(state_dir, req)
+    assert status.rank == 0
+    assert status.refused == {
+        "hang_timeout": "hang_timeout='soon' is not valid: expected seconds >= 0 (0 = off), "
+        "or auto (learned from the step times)"
+    }
+    assert status.applied == {"bucket_timing": "off"}
+    assert harness.states(job)[0]["bucket_timing"] == "off"
+
+
+def test_requests_not_for_this_process_are_ignored(job: Path) -> None:
+    state_dir = job / "state"
+    # bound to another process: taken away, never applied, never answered
+    req = request(job, 1, hang_timeout="3")
+    stale = settings.Request(**{**req.__dict__, "pid": req.pid + 1})
+    settings.write_request(str(state_dir), stale)
+    path = settings.request_path(str(state_dir), 1)
+    wait_until("the rank to take the request away", lambda: not os.path.exists(path))
+    time.sleep(1.5)
+    assert not os.path.exists(settings.status_path(str(state_dir), 1, stale.nonce))
+    assert watchdog_timeout(job, 1) != 3.0
+    # a symbolic link to a valid request elsewhere: not followed
+    elsewhere = job / "elsewhere.request"
+    elsewhere.write_text(json.dumps(req.to_json()))
+    os.symlink(elsewhere, path)
+    wait_until("the rank to remove the link", lambda: not os.path.lexists(path))
+    time.sleep(1.5)
+    assert not os.path.exists(settings.status_path(str(state_dir), 1, req.nonce))
+    assert watchdog_timeout(job, 1) != 3.0
