@@ -125,7 +125,7 @@ def main() -> int:
         for i in range(args.n):
             s = draw(rng, kinds, args.max_world)
             workdir = Path(root) / f"{i:04d}"
-            outcome = run(s, workdir, timeout=60.0 * (1 + args.load), env=env)
+            outcome = run(s, workdir, timeout=120.0 * (1 + args.load), env=env)
             want = expected(s)[0]
             pairs.append((want, outcome.verdict))
             per_kind[(s.kind, outcome.right)] += 1

@@ -318,9 +318,15 @@ class Held:
     steps span and its score in each of ``SUSTAIN_BLOCKS`` consecutive blocks, oldest first."""
 
     seconds: float
+    """The seconds the steps compared span (at most ``SUSTAIN_SECONDS`` of them in blocks)."""
     blocks: tuple[float, ...]
     needed: float = SUSTAIN_SECONDS
     """The seconds the steps must span: less for a job that ended (all there is to see)."""
+
+    @property
+    def blocks_seconds(self) -> float:
+        """The last seconds the blocks share out."""
+        return min(self.seconds, max(self.needed, SUSTAIN_SECONDS))
 
     @property
     def held(self) -> bool:
@@ -336,7 +342,8 @@ def sustained(
 ) -> Held:
     """Whether ``rank``'s gap lasts: over the steps every rank has in ``series`` (per rank:
     ``step``, ``end_unix``, ``busy_seconds``, as ``state.history.busy_since`` reads them),
-    split into ``SUSTAIN_BLOCKS`` consecutive blocks, its score in each (trimmed means, step
+    its last ``SUSTAIN_SECONDS`` split into ``SUSTAIN_BLOCKS`` consecutive blocks of equal
+    time (a job's fast steps before a slow phase do not crowd a block), its score in each (trimmed means, step
     by step against the others' median, as ``scores``). A straggler is named only when it is
     at least ``SCORE_WARN`` slower in every block and the steps span ``needed`` seconds:
     like memory creep, which must grow in both halves of its window, a gap that one burst
@@ -350,15 +357,21 @@ def sustained(
     for r, s in series.items():
         at = dict(zip(s["step"], s["busy_seconds"]))
         values[r] = [at[step] for step in common]
-    ends = dict(zip(series[rank]["step"], series[rank]["end_unix"]))
+    at = dict(zip(series[rank]["step"], series[rank]["end_unix"]))
+    ends = [at[step] for step in common]
     diffs, baselines = _against_others(values[rank], _OthersMedian(values).of(values[rank]))
-    size = len(common) / SUSTAIN_BLOCKS
+    span = min(ends[-1] - ends[0], max(needed, SUSTAIN_SECONDS))
+    start = ends[-1] - span  # the blocks share the last ``span`` seconds out by time
+    cuts = [
+        bisect.bisect_left(ends, start + i * span / SUSTAIN_BLOCKS) for i in range(SUSTAIN_BLOCKS)
+    ]
     blocks = []
-    for i in range(SUSTAIN_BLOCKS):
-        a, b = round(i * size), round((i + 1) * size)
+    for a, b in zip(cuts, [*cuts[1:], len(ends)]):
+        if b - a < 2:
+            return Held(ends[-1] - ends[0], (), needed)
         baseline = typical(baselines[a:b])[0]
         blocks.append(busy_ratio(baseline + typical(diffs[a:b])[0], baseline))
-    return Held(ends[common[-1]] - ends[common[0]], tuple(blocks), needed)
+    return Held(ends[-1] - ends[0], tuple(blocks), needed)
 
 
 def _positions(have: list[int], wanted: list[int]) -> slice | list[int]:

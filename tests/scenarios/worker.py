@@ -33,11 +33,11 @@ PACE = 0.005
 """Seconds every rank spends in each of data loading, forward, backward and the optimizer
 per paced step."""
 PACED_AT = int(
-    os.environ.get("DDPMON_SCENARIO_PACED_AT", math.ceil((SUSTAIN_SECONDS + 1.0) / (4 * PACE)))
+    os.environ.get("DDPMON_SCENARIO_PACED_AT", math.ceil((SUSTAIN_SECONDS + 3.0) / (4 * PACE)))
 )
 """Steps after STEP in the straggler and jitter kinds when every rank marks ``paced``, and
-the doctor is asked: by default as many as last a second longer than a straggler's gap must
-hold before it is named (each paced step sleeps 4 x ``PACE`` at least)."""
+the doctor is asked: by default as many as last 3 s longer than a straggler's gap must
+hold before it is named, its history written (each paced step sleeps 4 x ``PACE`` at least)."""
 PACED_STEPS = PACED_AT + 16
 SLOW = float(os.environ.get("DDPMON_SCENARIO_SLOW_SHARE", "0.3")) * 4 * PACE
 """Seconds a straggler's part takes longer per step: by default 30% of the paced work (its

@@ -423,7 +423,7 @@ def test_a_gap_that_lasts_is_named_and_one_younger_than_the_sustain_time_is_not(
     assert lasting is not None and lasting.suspects == [1]
     (held,) = [e for e in lasting.findings[0].evidence if e.startswith("it lasts: ")]
     assert held.endswith(
-        " in 3 consecutive blocks of its last 13 s (a straggler's gap must hold 12 s)"
+        " in 3 consecutive blocks of its last 12 s (a straggler's gap must hold 12 s)"
     ), held
     # slower for its last 5 s only (50 steps: its state file's windows name it): a burst of
     # a busy machine's scheduling looks the same, so not named yet, and said so
@@ -433,7 +433,7 @@ def test_a_gap_that_lasts_is_named_and_one_younger_than_the_sustain_time_is_not(
     assert rule.straggler(young, []) is None
     (note,) = rule.slowest_within_noise(young)
     assert (note.kind, note.severity, note.ranks) == ("slowest_rank", "info", [1])
-    assert "but that has not lasted 12 s (over its last 13 s, in 3 blocks: +" in note.summary
+    assert "but that has not lasted 12 s (over its last 12 s, in 3 blocks: +" in note.summary
     assert note.summary.endswith(
         "not named a straggler yet (a busy machine slows one rank, then another, for seconds at a time)"
     )
@@ -455,6 +455,6 @@ def test_sustained_asks_every_block_to_be_slower_over_the_sustain_time() -> None
     assert held.held and held.blocks == pytest.approx((0.25, 0.25, 0.25))
     assert held.seconds == pytest.approx(12.9)
     late = steps.sustained(series(lambda r, s: 0.05 if r == 1 and s > 50 else 0.04), 1)
-    assert not late.held and late.blocks[0] == pytest.approx(0.0)
+    assert not late.held and late.blocks[0] < steps.SCORE_WARN < min(late.blocks[1:])
     short = steps.sustained(series(lambda r, s: 0.05 if r == 1 else 0.04, last=120), 1)
     assert not short.held and short.seconds == pytest.approx(11.3)

@@ -22,6 +22,9 @@ from .. import words
 from ..findings import Finding, Verdict
 from ..view import RankView
 
+HISTORY_LAG_SECONDS = 3.0
+"""How much more history than ``steps.SUSTAIN_SECONDS`` is read: a rank commits its steps
+to its history about once a second, some a little later than others."""
 STRAGGLER_RATIO = 1.25
 STRAGGLER_MIN_SECONDS = 0.005
 STRAGGLER_MIN_STEPS = 5
@@ -100,7 +103,7 @@ def _lasting(
             return {}
         try:
             series[v.rank] = history.busy_since(
-                path, steps.SUSTAIN_SECONDS + 1.0, at_least=steps.MIN_STEPS
+                path, steps.SUSTAIN_SECONDS + HISTORY_LAG_SECONDS, at_least=steps.MIN_STEPS
             )
         except history.HistoryError:
             return {}
@@ -130,7 +133,7 @@ def _not_lasting(s: steps.Score, held: steps.Held) -> Finding:
         [s.rank],
         f"rank {s.rank} is {steps.slower(s.score)} than the others {steps.over(s.steps)}, "
         f"but that has not lasted {steps.SUSTAIN_SECONDS:.0f} s (over its last "
-        f"{held.seconds:.0f} s, in {steps.SUSTAIN_BLOCKS} blocks: {blocks}): not named a straggler "
+        f"{held.blocks_seconds:.0f} s, in {steps.SUSTAIN_BLOCKS} blocks: {blocks}): not named a straggler "
         "yet (a busy machine slows one rank, then another, for seconds at a time)",
         [],
         f"Ask again in {steps.SUSTAIN_SECONDS:.0f} s: a straggler is still slower then.",
@@ -171,7 +174,7 @@ def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
             held = lasting[s.rank]
             evidence.append(
                 f"it lasts: {', '.join(f'{b:+.0%}' for b in held.blocks)} in "
-                f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last {held.seconds:.0f} s "
+                f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last {held.blocks_seconds:.0f} s "
                 + (
                     f"(a straggler's gap must hold {held.needed:.0f} s)"
                     if held.needed
