@@ -326,7 +326,7 @@ class Held:
     @property
     def blocks_seconds(self) -> float:
         """The last seconds the blocks share out."""
-        return min(self.seconds, max(self.needed, SUSTAIN_SECONDS))
+        return min(self.seconds, SUSTAIN_SECONDS)
 
     @property
     def held(self) -> bool:
@@ -343,11 +343,12 @@ def sustained(
     """Whether ``rank``'s gap lasts: over the steps every rank has in ``series`` (per rank:
     ``step``, ``end_unix``, ``busy_seconds``, as ``state.history.busy_since`` reads them),
     its last ``SUSTAIN_SECONDS`` split into ``SUSTAIN_BLOCKS`` consecutive blocks of equal
-    time (a job's fast steps before a slow phase do not crowd a block), its score in each (trimmed means, step
-    by step against the others' median, as ``scores``). A straggler is named only when it is
-    at least ``SCORE_WARN`` slower in every block and the steps span ``needed`` seconds:
-    like memory creep, which must grow in both halves of its window, a gap that one burst
-    of scheduling explains does not hold in all of them."""
+    time (a job's fast steps before a slow phase do not crowd a block; steps so long that a
+    block would hold fewer than two: blocks of as many steps), and its score in each
+    (trimmed means, step by step against the others' median, as ``scores``). A straggler is
+    named only when it is at least ``SCORE_WARN`` slower in every block and the steps span
+    ``needed`` seconds: like memory creep, which must grow in both halves of its window, a
+    gap that one burst of scheduling explains does not hold in all of them."""
     common = sorted(
         set.intersection(*(set(s["step"]) for s in series.values())) - set(range(WARMUP_STEPS + 1))
     )
@@ -355,20 +356,22 @@ def sustained(
         return Held(0.0, (), needed)
     values = {}
     for r, s in series.items():
-        at = dict(zip(s["step"], s["busy_seconds"]))
-        values[r] = [at[step] for step in common]
-    at = dict(zip(series[rank]["step"], series[rank]["end_unix"]))
-    ends = [at[step] for step in common]
+        busy = dict(zip(s["step"], s["busy_seconds"]))
+        values[r] = [busy[step] for step in common]
+    end = dict(zip(series[rank]["step"], series[rank]["end_unix"]))
+    ends = [end[step] for step in common]
     diffs, baselines = _against_others(values[rank], _OthersMedian(values).of(values[rank]))
-    span = min(ends[-1] - ends[0], max(needed, SUSTAIN_SECONDS))
+    span = min(ends[-1] - ends[0], SUSTAIN_SECONDS)
     start = ends[-1] - span  # the blocks share the last ``span`` seconds out by time
     cuts = [
         bisect.bisect_left(ends, start + i * span / SUSTAIN_BLOCKS) for i in range(SUSTAIN_BLOCKS)
     ]
+    bounds = list(zip(cuts, [*cuts[1:], len(ends)]))
+    if any(b - a < 2 for a, b in bounds):  # long steps: blocks of as many steps
+        size = len(ends) / SUSTAIN_BLOCKS
+        bounds = [(round(i * size), round((i + 1) * size)) for i in range(SUSTAIN_BLOCKS)]
     blocks = []
-    for a, b in zip(cuts, [*cuts[1:], len(ends)]):
-        if b - a < 2:
-            return Held(ends[-1] - ends[0], (), needed)
+    for a, b in bounds:
         baseline = typical(baselines[a:b])[0]
         blocks.append(busy_ratio(baseline + typical(diffs[a:b])[0], baseline))
     return Held(ends[-1] - ends[0], tuple(blocks), needed)

@@ -458,3 +458,19 @@ def test_sustained_asks_every_block_to_be_slower_over_the_sustain_time() -> None
     assert not late.held and late.blocks[0] < steps.SCORE_WARN < min(late.blocks[1:])
     short = steps.sustained(series(lambda r, s: 0.05 if r == 1 else 0.04, last=120), 1)
     assert not short.held and short.seconds == pytest.approx(11.3)
+
+
+def test_steps_longer_than_a_block_are_shared_out_by_count() -> None:
+    """Steps of 5 s: the last 12 s hold two or three of them, so the blocks take the steps
+    read (at least ``MIN_STEPS``) a third each, and a straggler there is still named."""
+    numbers = range(6, 18)
+    series = {
+        r: {
+            "step": list(numbers),
+            "end_unix": [s * 5.0 for s in numbers],
+            "busy_seconds": [4.0 if r == 1 else 3.0 for s in numbers],
+        }
+        for r in range(3)
+    }
+    held = steps.sustained(series, 1)
+    assert held.held and held.seconds == 55.0 and held.blocks == pytest.approx((1 / 3,) * 3)
