@@ -99,25 +99,39 @@ def test_a_launcher_whose_ranks_have_not_written_yet_is_a_job_starting(tmp_path:
 
     from ddpmon.state import launcher
 
-    record = launcher.LauncherState(
-        host="node-a",
-        pid=4242,
-        started_unix=time.time() - 3,
-        endpoint="127.0.0.1:29500",
-        node_rank=0,
-        serves_store=True,
-        stage=launcher.LauncherStage.RUNNING,
-    )
+    now = time.time()
     path = launcher.path_for(str(tmp_path), "node-a", 4242)
-    with open(path, "w") as f:
-        json.dump(launcher.to_json(record), f)
+
+    def launched(refused_for: float) -> None:
+        """Its store refused it for ``refused_for`` seconds so far (--standalone: its own
+        store, coming up)."""
+        refused = launcher.Attempt(
+            "refused", "[Errno 111] Connection refused", now - refused_for, now
+        )
+        record = launcher.LauncherState(
+            host="node-a",
+            pid=4242,
+            started_unix=now - 3,
+            endpoint="127.0.0.1:29500",
+            rdzv_backend="c10d",
+            stage=launcher.LauncherStage.RENDEZVOUS,
+            attempts=[refused],
+            now_unix=now,
+        )
+        with open(path, "w") as f:
+            json.dump(launcher.to_json(record), f)
+
+    launched(refused_for=2.0)
     d = examine(str(tmp_path))
     assert d.verdict == "healthy", d.as_dict()
     assert [(f.kind, f.severity) for f in d.findings] == [("starting", "info")]
     assert d.findings[0].summary == (
-        "the job is starting: node 0 (node-a)'s launcher is in running, and no rank has "
+        "the job is starting: node-a's launcher is in rendezvous, and no rank has "
         "written its state yet"
     )
+    launched(refused_for=15.0)  # refused for longer than a store takes to come up
+    d = examine(str(tmp_path))
+    assert d.verdict == "not_started" and d.findings[0].kind == "master_unreachable"
     old = time.time() - 60  # a launcher that stopped writing a minute ago: nothing to diagnose
     os.utime(path, (old, old))
     assert examine(str(tmp_path)).verdict == "no_data"

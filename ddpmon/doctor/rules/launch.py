@@ -26,6 +26,10 @@ from ..load import Launcher, Unreachable
 
 FRESH_SECONDS = 10.0
 """A launcher record rewritten within this is a launcher alive (it writes every second)."""
+UNREACHABLE_SECONDS = 10.0
+"""How long a node's attempts to reach the endpoint must have failed before it is named: a
+launcher that starts beside the store it connects to (``--standalone``, node 0 of a static
+rendezvous) is refused a moment while that store comes up."""
 RECENT_SECONDS = 900.0
 """A launcher that failed within this belongs to the job asked about."""
 
@@ -45,7 +49,13 @@ def findings(
     ]
     out = [_failed(x.record) for x in failed]
     servers = [x.record for x in live if x.record.serves_store]
-    cut_off = [x.record for x in live if not x.record.serves_store and _failing(x.record)]
+    cut_off = [
+        x.record
+        for x in live
+        if not x.record.serves_store
+        and (failing := _failing(x.record))
+        and (x.record.now_unix or now) - min(a.first_unix for a in failing) >= UNREACHABLE_SECONDS
+    ]
     out += [_unreachable(r, servers, now) for r in cut_off]
     for s in servers:
         missing = _missing(s, [x.record for x in live])
