@@ -1,7 +1,7 @@
 """How often `ddpmon doctor` is right on real faulty gloo jobs: N random scenarios
-(tests/scenarios: 25 kinds of fault, straggler or healthy pause, world size 2-4, random
-culprit rank and step), each diagnosed at a new user's moment; prints accuracy, the verdicts' macro-F1
-and every wrong answer.
+(tests/scenarios: 32 kinds of fault, straggler, healthy pause or pattern users copy, world
+size 2-4, random culprit rank and step), each diagnosed at a new user's moment; prints
+accuracy, the verdicts' macro-F1 and every wrong answer.
 
     python benchmarks/doctor_accuracy.py 100 [--seed S] [--kinds a,b] [--load N] [--max-world W]
     python benchmarks/doctor_accuracy.py 40 --kinds slow_data,slow_forward,slow_backward,slow_optimizer,jitter \

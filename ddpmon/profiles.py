@@ -1,5 +1,6 @@
-"""A capture's trace (torch.profiler's Chrome/Perfetto JSON) read as what each operator costs
-per step on its own, and where it is called from; two ranks compared operator by operator.
+"""A capture's trace (torch.profiler's Chrome/Perfetto JSON) read as what each operator and
+each of the user's Python functions costs per step on its own, and where operators are
+called from; two ranks compared function by function and operator by operator.
 
 Pure and torch-free: ``ddpmon capture --compare`` reads the two traces the ranks wrote. An
 operator's *self time* is its duration less that of the operators it ran inside it, on the
@@ -76,6 +77,14 @@ class Profile:
     first_step: int | None
     last_step: int | None
     ops: dict[tuple[str, str], Op]
+    functions: dict[str, Op] = field(default_factory=dict)
+    """The user's Python functions by call site (``get_batch (train.py:40)``), each with its
+    self time: its time less that of the user's functions it calls and of the collectives it
+    waits in (the library code it calls is its own: ``time.sleep``, ``torch.stack``)."""
+
+    def function_ms_per_step(self, site: str) -> float:
+        op = self.functions.get(site)
+        return op.self_us / 1000.0 / self.steps if op else 0.0
 
     def ms_per_step(self, key: tuple[str, str]) -> float:
         op = self.ops.get(key)
@@ -134,9 +143,10 @@ def parse(data: Any, path: str = "<trace>") -> Profile:
     if not step_spans:
         recording = float("-inf")
     ops: dict[tuple[str, str], Op] = {}
+    functions: dict[str, Op] = {}
     launch_sites: dict[Any, str] = {}
     for events in threads.values():
-        _fold_thread(sorted(events, key=lambda t: t[:3]), ops, launch_sites, recording)
+        _fold_thread(sorted(events, key=lambda t: t[:3]), ops, functions, launch_sites, recording)
     for e in gpu:
         op = ops.setdefault((e["name"], "gpu"), Op(e["name"], "gpu"))
         op.self_us += float(e["dur"])
@@ -153,28 +163,36 @@ def parse(data: Any, path: str = "<trace>") -> Profile:
         _int(meta.get("first_step")),  # type: ignore[union-attr]
         _int(meta.get("last_step")),  # type: ignore[union-attr]
         ops,
+        functions,
     )
 
 
 def _fold_thread(
     events: list[tuple[float, float, int, str, dict[str, Any]]],
     ops: dict[tuple[str, str], Op],
+    functions: dict[str, Op],
     launch_sites: dict[Any, str],
     recording: float,
 ) -> None:
     """One thread's events, sorted by start: self times of its operators (each less the
-    operators it encloses) and the user's frame around each (frames begun before
-    ``recording`` without their line)."""
+    operators it encloses) and of the user's functions (``Profile.functions``), and the
+    user's frame around each operator (frames begun before ``recording`` without their
+    line)."""
     stack: list[list[Any]] = []  # [end, category, op record or site, children's time]
     for ts, neg_dur, _, cat, e in events:
         while stack and stack[-1][0] <= ts:
-            _close(stack.pop(), stack)
+            _close(stack.pop(), stack, functions)
         end = ts - neg_dur
         if cat == "python_function":
-            stack.append([end, cat, _user_site(e["name"], with_line=ts >= recording), 0.0])
+            site = _user_site(e["name"], with_line=ts >= recording)
+            stack.append([end, cat, (site, -neg_dur) if site else None, 0.0])
             continue
         site = next(
-            (entry[2] for entry in reversed(stack) if entry[1] == "python_function" and entry[2]),
+            (
+                entry[2][0]
+                for entry in reversed(stack)
+                if entry[1] == "python_function" and entry[2]
+            ),
             None,
         )
         if cat in LAUNCH_CATEGORIES:
@@ -190,10 +208,19 @@ def _fold_thread(
         op.calls += 1
         stack.append([end, cat, (op, site, -neg_dur), 0.0])
     while stack:
-        _close(stack.pop(), stack)
+        _close(stack.pop(), stack, functions)
 
 
-def _close(entry: list[Any], stack: list[list[Any]]) -> None:
+def _close(entry: list[Any], stack: list[list[Any]], functions: dict[str, Op]) -> None:
+    if entry[1] == "python_function":
+        if entry[2] is None:
+            return  # a library's frame: its time is its user caller's
+        site, dur = entry[2]
+        fn = functions.setdefault(site, Op(site.split(" (", 1)[0], "python"))
+        fn.self_us += max(0.0, dur - entry[3])
+        fn.calls += 1
+        _charge_caller(stack, dur)
+        return
     if entry[1] != "cpu_op":
         return
     op, site, dur = entry[2]
@@ -204,6 +231,17 @@ def _close(entry: list[Any], stack: list[list[Any]]) -> None:
     parent = next((e for e in reversed(stack) if e[1] == "cpu_op"), None)
     if parent is not None:
         parent[3] += dur
+    if op.name.startswith(COLLECTIVE_PREFIXES) and not any(
+        e[1] == "cpu_op" and e[2][0].name.startswith(COLLECTIVE_PREFIXES) for e in stack
+    ):
+        _charge_caller(stack, dur)  # waiting for the other ranks: not the function's own
+
+
+def _charge_caller(stack: list[list[Any]], dur: float) -> None:
+    """Take ``dur`` off the self time of the innermost user function open on ``stack``."""
+    caller = next((e for e in reversed(stack) if e[1] == "python_function" and e[2]), None)
+    if caller is not None:
+        caller[3] += dur
 
 
 def _user_site(frame: str, with_line: bool = True) -> str | None:
@@ -274,6 +312,19 @@ def compare(profile: Profile, peer: Profile) -> list[Difference]:
     return sorted(out, key=lambda d: (-d.delta, d.name))
 
 
+def compare_functions(profile: Profile, peer: Profile) -> list[Difference]:
+    """``compare`` for the user's Python functions (``Profile.functions``): device
+    ``python``, the site being where the function is (``train.py:40``)."""
+    out = []
+    for site in set(profile.functions) | set(peer.functions):
+        ms, peer_ms = profile.function_ms_per_step(site), peer.function_ms_per_step(site)
+        if abs(ms - peer_ms) < MIN_DIFFERENCE_MS:
+            continue
+        name, _, where = site.partition(" (")
+        out.append(Difference(name, "python", ms, peer_ms, where.removesuffix(")") or None))
+    return sorted(out, key=lambda d: (-d.delta, d.name))
+
+
 def _site(profile: Profile, peer: Profile, key: tuple[str, str], more: bool) -> str | None:
     """The call site that accounts for most of the difference (on the rank that spends more)."""
     a = profile.ops.get(key) if more else peer.ops.get(key)
@@ -290,9 +341,12 @@ def _site(profile: Profile, peer: Profile, key: tuple[str, str], more: bool) -> 
 
 
 def line(rank: int, peer: int, d: Difference) -> str:
-    """``rank 1: +4.1 ms/step in aten::mm (9.3 vs 5.2 on rank 0), called from forward (model.py:40)``"""
+    """``rank 1: +4.1 ms/step in aten::mm (9.3 vs 5.2 on rank 0), called from forward
+    (model.py:40)``; a function: ``... in get_batch at train.py:40 (31.0 vs 1.0 on rank 0)``."""
     where = f", called from {d.site}" if d.site else ""
-    what = d.name if d.device == "cpu" else f"{d.name} (GPU)"
+    what = {"cpu": d.name, "gpu": f"{d.name} (GPU)"}.get(d.device, d.name)
+    if d.device == "python":
+        what, where = (f"{d.name} at {d.site}" if d.site else d.name), ""
     return (
         f"rank {rank}: {'+' if d.delta >= 0 else '-'}{format_milliseconds(abs(d.delta))} ms/step in {what} "
         f"({format_milliseconds(d.ms)} vs {format_milliseconds(d.peer_ms)} on rank {peer}){where}"
@@ -313,8 +367,11 @@ def summary(
 ) -> list[str]:
     """The comparison in words: operator time per step on each rank, where ``rank`` spends
     more of its own work (largest first), then where it spends less, then the collectives'
-    difference on its own (waiting, which a busy machine's scheduling also moves)."""
+    difference on its own (waiting, which a busy machine's scheduling also moves). First, the
+    user's own Python functions on which ``rank`` spends more (self time): the code to look
+    at, whether its time goes to operators or not (a data fetch, a sleep, a host sync)."""
     diffs = compare(profile, peer)
+    slower_functions = [d for d in compare_functions(profile, peer) if d.delta > 0][:top]
     own = [d for d in diffs if not is_collective(d)]
     more = [d for d in own if d.delta > 0][:top]
     less = [d for d in reversed(own) if d.delta < 0][:fewer]
@@ -323,6 +380,12 @@ def summary(
         f"over {profile.steps} steps, rank {peer_rank} {format_milliseconds(peer.total_ms_per_step)} ms "
         f"over {peer.steps} steps"
     ]
+    if slower_functions:
+        lines.append(
+            f"your Python functions where rank {rank} spends more than rank {peer_rank} (self "
+            "time: less the functions of yours they call and their waits for other ranks):"
+        )
+        lines += ["  " + line(rank, peer_rank, d) for d in slower_functions]
     if more:
         lines.append(f"where rank {rank} spends more than rank {peer_rank}:")
         lines += ["  " + line(rank, peer_rank, d) for d in more]
@@ -342,7 +405,7 @@ def summary(
 
 
 def as_json(profile: Profile, peer: Profile) -> list[dict[str, Any]]:
-    """``compare`` as plain data (``ddpmon capture --json``)."""
+    """``compare_functions`` and ``compare`` as plain data (``ddpmon capture --json``)."""
     return [
         {
             "name": d.name,
@@ -352,5 +415,5 @@ def as_json(profile: Profile, peer: Profile) -> list[dict[str, Any]]:
             "delta_ms_per_step": round(d.delta, 4),
             "site": d.site,
         }
-        for d in compare(profile, peer)
+        for d in compare_functions(profile, peer) + compare(profile, peer)
     ]

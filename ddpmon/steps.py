@@ -60,6 +60,43 @@ PART_TABLE = (
 """The parts of a step, in the order they stack up to its wall time (``h2d`` only where
 visible): the one table every reader of a step's parts names them from."""
 PARTS = tuple(p.name for p in PART_TABLE)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A stretch of a step between two of ddpmon's hooks, named by where it lies: the
+    ``other`` part is made of these. The loop runs code of its own there (``nanoGPT``
+    fetches its next batch between forward and backward); ddpmon says where, not what."""
+
+    name: str
+    label: str
+    stages: tuple[str, ...]
+    """The stages (``schema.Stage``) the training thread is in meanwhile: the stack samples
+    taken there (``schema.StackSamples``) show what runs in it."""
+
+
+GAP_TABLE = (
+    Gap("after_forward", "between forward and backward", ("after_forward",)),
+    Gap(
+        "between_micro_steps",
+        "between a backward and the next micro-step's forward",
+        ("backward", "after_backward"),
+    ),
+    Gap("before_optimizer", "between backward and the optimizer step", ("after_backward",)),
+    Gap("after_optimizer", "after the optimizer step", ("after_optimizer",)),
+)
+"""Where the time of ``other`` lies, in step order (``StepRow.gaps``, ``StepParts.gaps``)."""
+GAPS = tuple(g.name for g in GAP_TABLE)
+GAP_LABELS = {g.name: g.label for g in GAP_TABLE}
+PART_STAGES = {
+    "data_wait": ("after_optimizer", "after_backward", "first_step"),
+    "forward": ("forward",),
+    "backward": ("backward", "allreduce"),
+    "optimizer": ("optimizer",),
+    "other": ("after_forward", "after_backward", "after_optimizer"),
+}
+"""The stages the training thread is in during each busy part: where to look among its stack
+samples for what the part is made of (a gap's own ``stages`` say it more precisely)."""
 PART_LABELS = {p.name: p.label for p in PART_TABLE}
 WAITING_PARTS = frozenset(p.name for p in PART_TABLE if p.waiting)
 """Parts spent waiting for the other ranks; the rest of a step is the rank's busy time."""
@@ -130,6 +167,8 @@ class StepRow:
     """The first dimension of the model's first input, summed over the step's forwards."""
     tokens: int = 0
     """Elements of that input where it is a 2-D integer tensor (token ids), else 0."""
+    gaps: tuple[float, ...] | None = None
+    """Seconds of each gap between hooks (``GAPS``, in order): where ``other`` lies."""
 
     def part(self, name: str) -> float | None:
         """Seconds of the part ``name`` (one of ``PARTS``)."""
@@ -539,6 +578,8 @@ def step_parts(rows: list[StepRow], whole: bool = False) -> StepParts | None:
     def mean(name: str) -> float:
         return sum(getattr(r, name) or 0.0 for r in last) / n
 
+    gapped = [r.gaps for r in last if r.gaps is not None]
+    gaps = {name: sum(g[i] for g in gapped) / n for i, name in enumerate(GAPS)} if gapped else {}
     busy = [busy_seconds(r) for r in last]
     middle = statistics.median(busy)
     typical_busy, error = typical(busy)
@@ -556,6 +597,7 @@ def step_parts(rows: list[StepRow], whole: bool = False) -> StepParts | None:
         busy_spread_seconds=statistics.median(abs(b - middle) for b in busy),
         busy_error_seconds=error,
         micro_steps=sum(r.micro_steps for r in last) / n,
+        gaps=gaps,
         recent=recent_steps(rows if whole else rows[-SCORE_WINDOWS[-1] :]),
     )
 

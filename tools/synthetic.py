@@ -26,10 +26,12 @@ def write_run(
     seed: int = 0,
     batch: int = 5000,
     slow_part: str = "backward",
+    clock_offsets: dict[str, float] | None = None,
 ) -> list[str]:
     """Write ``ranks`` databases of ``steps`` steps each; ``slow_rank`` spends ``slow_seconds``
     longer in ``slow_part`` (one of ``steps.PARTS``), and the others wait that long in
-    exposed comm."""
+    exposed comm. ``clock_offsets`` sets a host's clock ahead by that many seconds (hosts
+    are ``node<rank // 8>``)."""
     os.makedirs(state_dir, exist_ok=True)
     rng = random.Random(seed)
     start = time.time() - steps * step_seconds
@@ -56,7 +58,9 @@ def write_run(
                 0.0 if rank == slow_rank or slow_rank is None else slow_seconds
             )
             total = fwd + bwd + slow + exposed + step_seconds * 0.1
-            t0 = start + (step - 1) * step_seconds
+            t0 = (
+                start + (step - 1) * step_seconds + (clock_offsets or {}).get(identity["host"], 0.0)
+            )
             row: dict[str, Any] = {
                 "step": step,
                 "start_unix": t0,

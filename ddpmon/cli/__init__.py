@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "compare",
     "run",
     "capture",
+    "preflight",
     "set",
 )
 

@@ -40,7 +40,7 @@ from ..config import (
 )
 from ..errors import ConfigError
 from ..state import attempts
-from .exits import EXIT_USAGE
+from .exits import EXIT_OK, EXIT_USAGE
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
@@ -58,6 +58,7 @@ _OWN_FLAGS_WITHOUT_VALUE = (
     "-v",
     "--verbose",
     "--debug-server",
+    "--preflight",
 )  # --debug-server=PORT too
 DEBUG_SERVER_PORT = 25999  # torch's own default
 _PYTHON = re.compile(r"python[0-9.]*(\.exe)?")
@@ -139,6 +140,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"seconds between the debug server's dumps (default {DEBUG_SERVER_INTERVAL:g})",
     )
     parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="first run `ddpmon preflight` with the same torchrun options; stop (exit 1) "
+        "when it names a slow or bad host or link",
+    )
+    parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="TORCHRUN-ARGS... SCRIPT [ARGS...]"
     )
     _stop_at_command(parser)
@@ -197,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         job, state_dir = _job_and_state_dir(env, plan)
         if args.debug_server is not None:
             _check_debug_server(args, plan, env)
+        if args.preflight and plan.sitecustomize:
+            raise UsageError("--preflight needs torchrun's arguments (the nodes), not a command")
     except (UsageError, ConfigError) as exc:
         print(f"ddpmon run: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -208,6 +217,12 @@ def run(args: argparse.Namespace) -> int:
             "(not secure: trusted networks only)",
             file=sys.stderr,
         )
+    if args.preflight:
+        from .preflight import before_run
+
+        code = before_run(args.command)
+        if code != EXIT_OK:
+            return code
     sitedir = None
     try:
         if plan.sitecustomize:

@@ -59,19 +59,40 @@ FIX_STRAGGLER_PART = {
     "(throttling, another process on it: `ddpmon top`, nvidia-smi)",
     "optimizer": "look at its optimizer step: a slower device or CPU, CPU offload, or "
     "rank-specific work in a custom optimizer",
-    "other": "look at work only that rank does between backward and the next step: logging, "
-    "metrics, .item() or other host syncs, checkpointing, evaluation",
+    "other": "look at the code that rank runs outside its forward, backward and optimizer "
+    "step (`ddpmon doctor` says where in the step)",
 }
 """The fix for a straggler whose cause is the part named (one of ``steps.BUSY_PARTS``)."""
 
 
-def straggler_summary(rank: int, score: float, cause: str | None, share: float, window: str) -> str:
+def straggler_summary(
+    rank: int,
+    score: float,
+    cause: str | None,
+    share: float,
+    gap: str | None = None,
+    frame: str | None = None,
+    *,
+    window: str | None = None,
+) -> str:
     """``rank 1 is 41% slower than the others over its last 50 steps, 95% of it in data
-    wait: look at its data loader (...)``; ``window``: ``steps.over``."""
-    text = f"rank {rank} is {steps.slower(score)} than the others {window}"
+    wait: look at its data loader (...)``; ``window``: the steps the figure is over
+    (``steps.over``); for the time outside the measured parts, where it lies (``gap``, one
+    of ``steps.GAPS``) and the user's frame most of its stack samples there were in
+    (``frame``)."""
+    text = f"rank {rank} is {steps.slower(score)} than the others" + (
+        f" {window}" if window else ""
+    )
     if cause is None:
         return text + ", spread over several parts of the step"
-    return f"{text}, {share:.0%} of it in {steps.PART_LABELS[cause]}: {FIX_STRAGGLER_PART[cause]}"
+    where = f"in {steps.PART_LABELS[cause]}"
+    fix = FIX_STRAGGLER_PART[cause]
+    if cause == "other" and gap is not None:
+        where = steps.GAP_LABELS[gap]
+        fix = f"look at the code that rank runs {where}"
+    if frame is not None:
+        fix = f"look at {frame}, where most of its stack samples there were"
+    return f"{text}, {share:.0%} of it {where}: {fix}"
 
 
 FIX_BUSY = (

@@ -101,6 +101,8 @@ class StepRecord(NamedTuple):
     """The GPU's own parts of this step will follow (``add_gpu_parts``)."""
     samples: int = 0
     tokens: int = 0
+    gaps: tuple[float, ...] | None = None
+    """Seconds of each gap between hooks (``steps.GAPS``)."""
 
 
 class Histogram:
@@ -215,6 +217,7 @@ class StepBook:
             gpu_pending=record.gpu_parts_later,
             samples=record.samples,
             tokens=record.tokens,
+            gaps=record.gaps,
         )
         self.samples_total += record.samples
         self.tokens_total += record.tokens

@@ -34,6 +34,7 @@ from .memory import MemoryWatch
 from .recorder import Recorder
 from .settings import LiveSettings
 from .sources import rank_sources
+from .stack_samples import StackSampler
 from .throughput import Throughput
 from .timing import Timing
 from .timing.layout import ddp_facts
@@ -83,6 +84,7 @@ class Monitor:
         self._capture: Capture | None = None
         self._settings: LiveSettings | None = None
         self._memory: MemoryWatch | None = None
+        self._stacks: StackSampler | None = None
         self._closers: list[Any] = []
         self.state_file: str | None = None
         # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
@@ -150,6 +152,8 @@ class Monitor:
             self._notify,
             Fuse("advice", self._part_failed),
         )
+        self._stacks = StackSampler(rec, Fuse("stack_samples", self._part_failed))
+        self._advice.on_peers = self._stacks.peers_seen
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
         collector = RankCollector(
             rec,
@@ -274,6 +278,8 @@ class Monitor:
         self.recorder.stage = Stage.DETACHED
         if self._watchdog:
             self._watchdog.stop()
+        if self._stacks is not None:
+            self._stacks.stop()
         self.recorder.set_hang(None)
         if self._memory:
             self._memory.stop()

@@ -69,10 +69,16 @@ class _Step:
         "optimizer_start",
         "optimizer_early",
         "optimizer_end",
+        "closure",
         "micro_steps",
         "samples",
         "tokens",
         "eval_start",
+        "forward_end",
+        "backward_end",
+        "after_forward",
+        "between_micro_steps",
+        "before_optimizer",
     )
 
     def __init__(self, start: float) -> None:
@@ -95,10 +101,17 @@ class _Step:
         self.optimizer_start: float | None = None
         self.optimizer_early = 0.0  # optimizer time before the first forward
         self.optimizer_end: float | None = None
+        self.closure = False  # forward and backward ran inside the optimizer's step
         self.micro_steps = 0
         self.samples = 0
         self.tokens = 0
         self.eval_start: float | None = None  # the first forward without grad before this step's
+        # the gaps between hooks (``steps.GAP_TABLE``): the marks they start at, their seconds
+        self.forward_end: float | None = None
+        self.backward_end: float | None = None
+        self.after_forward = 0.0
+        self.between_micro_steps = 0.0
+        self.before_optimizer = 0.0
 
 
 # Event kinds in the log (first element of each tuple).
@@ -154,6 +167,9 @@ class Recorder:
         self._lr: float | None = None
         self._lr_peak: float | None = None
         self._lr_peak_step: int | None = None
+        self.stack_samples: schema.StackSamples | None = None
+        """Where the training thread's time went while this rank looked slow
+        (``rank/stack_samples.py``); replaced whole."""
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
@@ -212,6 +228,8 @@ class Recorder:
 
     def forward_started(self, now: float) -> None:
         cur = self._cur
+        if cur.optimizer_start is not None:  # step(closure): Lightning's, LBFGS
+            self._optimizer_paused(now)
         if cur.first_forward is None:
             if self.steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
@@ -219,6 +237,9 @@ class Recorder:
             else:
                 self._pause_ends(now)
             cur.first_forward = now
+        elif cur.backward_end is not None:
+            cur.between_micro_steps += now - cur.backward_end
+        cur.backward_end = None
         cur.forward_start = now
         self.stage = Stage.FORWARD
         self.last_progress_unix = time.time()
@@ -230,6 +251,7 @@ class Recorder:
         if cur.forward_start is not None:
             cur.forward_seconds += now - cur.forward_start
             cur.forward_start = None
+            cur.forward_end = now
             if self.gpu_steps is not None:
                 self.gpu_steps.mark(gpu_steps.FORWARD_END)
         self.stage = Stage.AFTER_FORWARD
@@ -245,6 +267,9 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
+        if cur.forward_end is not None:
+            cur.after_forward += max(0.0, now - cur.forward_end)
+            cur.forward_end = None
         if cur.backward_open is None:
             cur.backward_open = now
             if self.gpu_steps is not None:
@@ -270,7 +295,7 @@ class Recorder:
         if cur.backward_open is not None:
             cur.backward_seconds += max(0.0, now - cur.backward_open)
             cur.backward_open = None
-        cur.last_grad_ready = now
+        cur.last_grad_ready = cur.backward_end = now
         cur.micro_steps += 1
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.GRAD_READY)
@@ -289,13 +314,35 @@ class Recorder:
             self.gpu_steps.mark(gpu_steps.SYNCED)
 
     def optimizer_started(self, now: float) -> None:
-        self._cur.optimizer_start = now
+        cur = self._cur
+        if cur.synced_at is not None:
+            mark = cur.synced_at
+            if cur.optimizer_end is not None and cur.optimizer_end > mark:
+                mark = cur.optimizer_end  # a second optimizer's step
+            cur.before_optimizer += max(0.0, now - mark)
+        cur.optimizer_start = now
         self.stage = Stage.OPTIMIZER
         if self.gpu_steps is not None:
             self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
+    def _optimizer_paused(self, now: float) -> None:
+        """An optimizer step calls its closure (forward and backward): its time so far is
+        the optimizer's (before the step's first forward: not data wait); the closure's is
+        forward's and backward's, and the optimizer's resumes once gradients are ready."""
+        cur = self._cur
+        seconds = max(0.0, now - cur.optimizer_start) if cur.optimizer_start is not None else 0.0
+        cur.optimizer_seconds += seconds
+        if cur.first_forward is None:
+            cur.optimizer_early += seconds
+        cur.optimizer_start = None
+        cur.closure = True
+
     def optimizer_finished(self, now: float) -> None:
         cur = self._cur
+        if cur.optimizer_start is None and cur.closure:
+            resumed = max(t for t in (cur.synced_at, cur.last_grad_ready, 0.0) if t is not None)
+            cur.optimizer_start = resumed or None
+            cur.closure = False
         if cur.optimizer_start is not None:
             seconds = max(0.0, now - cur.optimizer_start)
             cur.optimizer_seconds += seconds
@@ -363,6 +410,10 @@ class Recorder:
         backward = None
         if cur.backward_start is not None and cur.last_grad_ready is not None:
             backward = cur.backward_seconds
+        after_optimizer = 0.0
+        if cur.optimizer_end is not None and cur.synced_at is not None:
+            after_optimizer = max(0.0, end - max(cur.optimizer_end, cur.synced_at))
+        gaps = (cur.after_forward, cur.between_micro_steps, cur.before_optimizer, after_optimizer)
         data_wait = 0.0
         if cur.first_forward is not None:
             data_wait = max(0.0, cur.first_forward - cur.start - cur.optimizer_early)
@@ -386,6 +437,7 @@ class Recorder:
                     gpu_parts_later=clock is not None and clock.ok,
                     samples=cur.samples,
                     tokens=cur.tokens,
+                    gaps=gaps,
                 ),
             )
         )
@@ -696,6 +748,7 @@ class Recorder:
                 activity=self.activity,
                 paused_seconds=self.paused_seconds,
                 optimizer=self.optimizer,
+                stack_samples=self.stack_samples,
             )
         state.timings = timings
         state.throughput = throughput
@@ -718,13 +771,18 @@ class Recorder:
         return schema.to_json(self.state())
 
     def noticed(self) -> dict[str, Any]:
-        """What the history records as findings, with the state file's keys: the step,
-        notes, errors, write failures, hang report and exit record. A small part of
-        ``snapshot()``, without its fold and per-step summaries (the history's thread reads
-        it every second)."""
+        """What the history records, with the state file's keys: the step, notes, errors,
+        write failures, hang report and exit record (its findings), and what the run trained
+        with (``history.training_of``: the batch, the world size, the optimizer). A small
+        part of ``snapshot()``, without its fold and per-step summaries (the history's thread
+        reads it every second)."""
         return records.dump(
             {
                 "step": self.steps,
+                "data": self.data_info,
+                "world_size": self.identity.world_size,
+                "ddp_world_size": self.identity.ddp_world_size,
+                "optimizer": self.optimizer,
                 "notes": dict(self.notes),
                 "errors": dict(self.errors),
                 "write_failures": dict(self.write_failures),

@@ -232,22 +232,33 @@ def run_span(run: Run, views: dict[int, Any]) -> tuple[float | None, float | Non
     """When the run began and when it was last seen making progress, from all it knows: its
     first step's start (the rank's attach when its history lacks the first steps), and the
     latest of the last step in a history and the last progress a state file records (a
-    history whose writes failed ends early; the state file may go on)."""
-    starts, ends = [], []
+    history whose writes failed ends early; the state file may go on).
+
+    A start and an end are only ever compared on one host's clock: each host's span is its
+    own ranks' earliest start to their latest end, and the run's is the longest of those, so
+    a host whose clock is seconds ahead neither lengthens nor shortens the run."""
+    starts: dict[str, list[float]] = {}
+    ends: dict[str, list[float]] = {}
     for rank in set(run.ranks) | set(views):
         h, v = run.ranks.get(rank), views.get(rank)
+        host = str((h.identity.get("host") if h else None) or (v.state.host if v else None) or "")
         first, last = (h.first, h.last) if h else (None, None)
         if first is not None and first[0] == 1:
-            starts.append(first[1])
+            starts.setdefault(host, []).append(first[1])
         elif v is not None and v.state.started_unix is not None:
-            starts.append(v.state.started_unix)
+            starts.setdefault(host, []).append(v.state.started_unix)
         elif first is not None:
-            starts.append(first[1])
+            starts.setdefault(host, []).append(first[1])
         if last is not None:
-            ends.append(last[2])
+            ends.setdefault(host, []).append(last[2])
         if v is not None and v.state.step and v.state.last_progress_unix is not None:
-            ends.append(v.state.last_progress_unix)
-    return (min(starts) if starts else None), (max(ends) if ends else None)
+            ends.setdefault(host, []).append(v.state.last_progress_unix)
+    spans = [(min(starts[h]), max(ends[h])) for h in starts if h in ends]
+    if spans:
+        return max(spans, key=lambda span: span[1] - span[0])
+    every_start = [t for ts in starts.values() for t in ts]
+    every_end = [t for ts in ends.values() for t in ts]
+    return (min(every_start) if every_start else None), (max(every_end) if every_end else None)
 
 
 def missing_steps(h: RankHistory | None, v: Any) -> list[tuple[int, int]]:
@@ -461,7 +472,7 @@ def end_of_run(state_dir: str) -> str:
     slow = s["straggler"]  # the doctor's rule, over the whole run
     if slow and slow["named"]:
         lines.append(
-            f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0, steps.over(slow['steps'], whole=True))}"
+            f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0, window=steps.over(slow['steps'], whole=True))}"
             f" ({format_seconds(slow['busy_seconds'])} against "
             f"{format_seconds(slow['baseline_seconds'])} of work per step)"
         )

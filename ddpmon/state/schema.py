@@ -235,6 +235,11 @@ class StepParts:
     older ddpmon, whose readers estimated it from ``busy_spread_seconds``)."""
     micro_steps: float = 0.0
     """Backward passes per step (more than 1 under gradient accumulation)."""
+    gaps: dict[str, float] = field(default_factory=dict)
+    """Of ``other_seconds``, the mean seconds per step of each stretch between ddpmon's
+    hooks, by where it lies (``steps.GAP_TABLE``: ``after_forward``,
+    ``between_micro_steps``, ``before_optimizer``, ``after_optimizer``); empty from an older
+    ddpmon."""
     recent: RecentSteps | None = None
     """The last steps one by one, which the straggler score compares step by step (null
     from an older ddpmon, whose files are compared on the means above)."""
@@ -646,6 +651,25 @@ class Identity:
 
 
 @dataclass(slots=True)
+class StackSamples:
+    """The training thread's stack, sampled often while the rank looked slower than its peers
+    (``rank/stack_samples.py``): where in the user's own code its time went, by the stage it
+    was in (``Stage``: ``after_forward`` is the gap between forward and backward)."""
+
+    started_unix: float = 0.0
+    """When the window of samples began."""
+    seconds: float = 0.0
+    """How long it has sampled so far."""
+    count: int = 0
+    """Samples taken (those with no user frame included)."""
+    interval_seconds: float = 0.0
+    """Between samples."""
+    by_stage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per stage, the samples of each innermost frame of the user's code ("train.py:118 in
+    get_batch"), the 20 most sampled."""
+
+
+@dataclass(slots=True)
 class RankState(Identity):
     """Everything one rank publishes: who it is, where it is, what it measured."""
 
@@ -706,6 +730,9 @@ class RankState(Identity):
     next step's first forward. Goodput counts them lost (``report/goodput.py``)."""
     optimizer: Optimizer | None = None
     """The model's optimizer and its learning rate; null before its first step."""
+    stack_samples: StackSamples | None = None
+    """The training thread's stack, sampled while this rank looked slower than its peers (the
+    last window of samples); null when it never did."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None

@@ -114,6 +114,11 @@ def stacks_of_both_ranks(port: int) -> str | None:
     return page if page and "Rank 1:" in page and "Failed to fetch" not in page else None
 
 
+def attached_state(state_dir: Path, rank: int) -> dict | None:
+    state = json.loads((state_dir / f"rank-{rank}.json").read_text())
+    return state if state.get("port") else None
+
+
 def result(out: Path, rank: int) -> dict:
     return json.loads((out / f"result-{rank}.json").read_text())
 
@@ -121,7 +126,7 @@ def result(out: Path, rank: int) -> dict:
 def check_ddpmon_saw_a_clean_run(state_dir: Path, log: str) -> None:
     for rank in (0, 1):
         state = json.loads((state_dir / f"rank-{rank}.json").read_text())
-        assert (state["rank"], state["step"], state["phase"]) == (rank, STEPS, "detached"), log
+        assert (state["rank"], state["step"], state["stage"]) == (rank, STEPS, "detached"), log
         assert (state["exit"]["how"], state["exit"]["code"], state["exit"]["signal"]) == (
             "end",
             0,
@@ -164,8 +169,8 @@ def test_a_debug_server_the_script_starts_leaves_the_job_and_ddpmon_alone(tmp_pa
         tmp_path, "served", script_args=("--own-server", str(port), "--tail", "2")
     )
     # both servers answer over HTTP while the job runs: ddpmon's metrics, torch's frontend
-    state = until(
-        "rank 0's state file", lambda: json.loads((state_dir / "rank-0.json").read_text()), proc
+    state = until(  # a rank publishes from process start; its port once the model is attached
+        "rank 0's endpoint in its state file", lambda: attached_state(state_dir, 0), proc
     )
     metrics = until("rank 0's metrics", lambda: scrape(state["port"]), proc)
     assert "ddpmon_steps_total{job=" in metrics

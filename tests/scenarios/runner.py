@@ -37,6 +37,8 @@ class Kind:
     symmetric: bool = False
     """Two ranks that disagree (size, dtype, order) cannot say which one is wrong: in a
     2-rank job naming both is right too."""
+    quiet: bool = False
+    """A pattern scripts copy that is no mistake: any finding above info is wrong too."""
 
 
 KINDS: dict[str, Kind] = {
@@ -66,6 +68,13 @@ KINDS: dict[str, Kind] = {
     "slow_forward": Kind("straggler", True, "paced"),
     "slow_backward": Kind("straggler", True, "paced"),
     "slow_optimizer": Kind("straggler", True, "paced"),
+    # patterns of scripts users copy
+    "peek": Kind("healthy", False, "end", quiet=True),
+    "accumulate_no_sync": Kind("healthy", False, "end", quiet=True),
+    "accumulate_sync": Kind("healthy", False, "end"),
+    "eval_rank0": Kind("healthy", False, "hold"),
+    "metric_rank0": Kind("desync", True, "hang", symmetric=True),
+    "fetch_between": Kind("straggler", True, "paced"),
 }
 
 
@@ -177,6 +186,7 @@ def run(
         if not right(
             s, d.verdict, list(d.suspect_ranks), d.findings[0].summary if d.findings else ""
         )
+        or (KINDS[s.kind].quiet and any(f.severity != "info" for f in d.findings))
     ]
     d = wrong[0] if wrong else answers[-1]
     summary = d.findings[0].summary if d.findings else ""

@@ -1,7 +1,8 @@
 """A fixed-seed sample of the randomized fault scenarios (tests/scenarios/runner.py): real
 gloo jobs that die under mp.spawn, all-reduce mismatched sizes, wait in a barrier while one
 rank writes a checkpoint, or have uneven inputs (two ranks, one with fewer batches; three,
-one with a batch more). ``benchmarks/doctor_accuracy.py N`` runs N random ones."""
+one with a batch more), and a tutorial's loader peeked before its loop (no finding above
+info). ``benchmarks/doctor_accuracy.py N`` runs N random ones."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ CI_WORLD = {
     "checkpoint_barrier": 2,
     "uneven": 2,
     "uneven_more": 3,
+    "peek": 2,
 }
 """World sizes kept small in CI (start-up dominates); the benchmark draws 2-4."""
 

@@ -131,7 +131,8 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
         lambda *_: time.sleep(slow_optimizer[0])
     )  # inside the optimizer's step
     me = rank == culprit
-    paced = kind in SLOW_PART or kind == "jitter"
+    paced = kind in SLOW_PART or kind in ("jitter", "fetch_between")
+    loader = epochs(rank, world) if kind == "peek" else None
     steps = at + (PACED_STEPS if paced else EXTRA_STEPS)
     if kind == "uneven" and me:
         steps = at  # fewer batches on this rank
@@ -143,7 +144,7 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
             extra = dict.fromkeys(("data_wait", "forward", "backward", "optimizer"), PACE)
             if kind == "jitter":  # every rank, a random part, up to the straggler's slowdown
                 extra[jitter.choice(list(extra))] += jitter.uniform(0.0, SLOW)
-            elif me:
+            elif me and kind in SLOW_PART:
                 extra[SLOW_PART[kind]] += SLOW
             time.sleep(extra["data_wait"])
             model.extra.update(forward=extra["forward"], backward=extra["backward"])
@@ -170,10 +171,23 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
                 if rank == culprit:
                     evaluate(ddp, HOLD)
                 dist.barrier()
-        x, y = load_data(rank, step, me and kind == "stall" and step >= at)
+            elif kind == "eval_rank0" and me:
+                evaluate(ddp.module, HOLD)  # the others wait in the next gradient all-reduce
+            elif kind == "metric_rank0" and me:
+                dist.all_reduce(torch.zeros(3))  # a metric summed on one rank alone
+        if loader is not None:
+            x, y = next(loader)
+        else:
+            x, y = load_data(rank, step, me and kind == "stall" and step >= at)
         opt.zero_grad()
-        loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
+        if kind.startswith("accumulate_"):
+            accumulate(ddp, x, y, kind == "accumulate_no_sync")
+        else:
+            out = ddp(x)
+            if kind == "fetch_between":  # the next batch fetched between forward and backward
+                time.sleep(SLOW if me and paced and step >= at else 0.0)
+                load_data(rank, step + 1, False)
+            nn.functional.mse_loss(out, y).backward()
         opt.step()
         if kind == "late_barrier" and me and step == at:
             dist.barrier()  # a rank-conditional barrier at the end of the loop's body
@@ -185,6 +199,32 @@ def run(rank: int, world: int, kind: str, culprit: int, at: int) -> None:
     dist.barrier()
     mark(rank, "done")
     dist.destroy_process_group()
+
+
+def epochs(rank: int, world: int):
+    """Batches of a DataLoader with a DistributedSampler, as tutorials write it: one batch
+    peeked before the loop (its size), then ``set_epoch`` at every epoch."""
+    data = torch.utils.data.TensorDataset(torch.randn(64 * world, 32), torch.randn(64 * world, 8))
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=world, rank=rank)
+    loader = torch.utils.data.DataLoader(data, batch_size=16, sampler=sampler)
+    len(next(iter(loader))[0])  # the peek
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def accumulate(ddp: DDP, x: torch.Tensor, y: torch.Tensor, no_sync: bool) -> None:
+    """Two micro-batches per optimizer step; the first under ``no_sync`` or not (both are
+    right: without it DDP all-reduces twice)."""
+    halves = list(zip(x.chunk(2), y.chunk(2)))
+    if no_sync:
+        with ddp.no_sync():
+            nn.functional.mse_loss(ddp(halves[0][0]), halves[0][1]).backward()
+    else:
+        nn.functional.mse_loss(ddp(halves[0][0]), halves[0][1]).backward()
+    nn.functional.mse_loss(ddp(halves[1][0]), halves[1][1]).backward()
 
 
 def misbehave(kind: str, ddp: DDP) -> None:

@@ -6,4 +6,6 @@ helper module of its own folder), never from another test module.
 - harness.py: a real multi-process gloo job, one OS process per rank
 - c10d.py: c10d's WorkInfo, made by hand, recorded from a live clock, replayed
 - nvml_fake.py: a stand-in NVML driver for the collectors and the daemon
+- injector.py (armed by inject_site/sitecustomize.py): a fault in an unmodified script, one
+  rank, at a function it names (INJECT_FAULT)
 """

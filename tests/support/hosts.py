@@ -28,6 +28,7 @@ NETS = {"job": "10.77.0", "mgmt": "10.77.1"}
 IFACE = {net: f"eth-{net}" for net in NETS}
 """The interface of each network inside a host (GLOO_SOCKET_IFNAME is ``eth-job``)."""
 TOOLS = ("unshare", "nsenter", "ip", "hostname")
+"""What hosts need; ``Host.shape`` needs ``tc`` too."""
 
 
 def unavailable() -> str | None:
@@ -109,6 +110,17 @@ class Host:
 
     def ip(self, *args: str) -> None:
         subprocess.run([*self.enter(), "ip", *args], check=True, capture_output=True, timeout=20)
+
+    def shape(self, rate: str, net: str = "job") -> None:
+        """Limit what this host sends on the network to ``rate`` (``tc``'s token bucket), as
+        a slow NIC or a degraded link would."""
+        subprocess.run(
+            [*self.enter(), "tc", "qdisc", "add", "dev", IFACE[net], "root", "tbf", "rate", rate]
+            + ["burst", "32kbit", "latency", "50ms"],
+            check=True,
+            capture_output=True,
+            timeout=20,
+        )
 
     def start(self, cmd: list[str], log: str, **env: str) -> subprocess.Popen:
         """Start ``cmd`` on this host (its own session), output in ``<host>/<log>.out|.err``."""

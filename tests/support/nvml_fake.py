@@ -47,6 +47,7 @@ class FakeGpu:
     reasons: int = 0x4 | 0x20  # sw_power_cap, sw_thermal_slowdown
     ecc: tuple[int, int] = (3, 1)
     replays: int = 7
+    pcie: tuple[int, int, int, int] = (16, 16, 4, 5)  # width, its maximum, generation, its maximum
     pids: list[int] = field(default_factory=list)
     mig_uuids: tuple[str, ...] = ()
     lost: bool = False
@@ -209,6 +210,18 @@ class FakeDriver:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Handle) -> int:
         return self._gpu(handle, "replays").replays
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Handle) -> int:
+        return self._gpu(handle, "pcie").pcie[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Handle) -> int:
+        return self._gpu(handle, "pcie").pcie[1]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle) -> int:
+        return self._gpu(handle, "pcie").pcie[2]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Handle) -> int:
+        return self._gpu(handle, "pcie").pcie[3]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[Any]:
         gpu = self._gpu(handle, "processes")

@@ -3,6 +3,8 @@
 - ``ddpmon/rank/`` runs inside the training process and is the only package that imports
   torch; only the package's face (``ddpmon.attach``), the launcher, the demo and the
   framework integrations import it.
+- ``ddpmon/preflight/`` is a job of its own before the training job: its one process module
+  (``node``) imports torch; the rest (a node's checks, the verdict) is torch-free.
 - The node daemon (``ddpmon/daemon/``) and the offline readers (doctor, report, top,
   dashboards, the CLI) never import the rank wing or torch; the daemon imports only leaves,
   and only its command (``cli/daemon.py``) imports the daemon.
@@ -53,6 +55,9 @@ TORCH_OUTSIDE_RANK = {
     "ddpmon.integrations._common": "the integrations run inside the training process",
     "ddpmon.cli.run": "torchrun's own argument parser, imported when `ddpmon run` starts a job",
     "ddpmon.agent": "torchrun itself, run by `ddpmon run` in a process that records its rendezvous",
+    "ddpmon.cli.preflight": "torchrun's parser and agent, imported when `ddpmon preflight` runs",
+    "ddpmon.preflight.node": "preflight is a job of its own: its processes measure the links "
+    "between nodes with torch.distributed, as the job will",
 }
 DAEMON = "ddpmon.daemon"
 RANK_READS = {

@@ -71,6 +71,7 @@ REQUIRED = {
     "dashboards": ["export"],
     "run": ["python", "train.py"],
     "capture": ["--rank", "0"],
+    "set": ["hang_timeout=60"],
 }
 
 

@@ -41,9 +41,10 @@ DOC_OF = {
     "report": "docs/report.md",
     "compare": "docs/report.md",
     "capture": "docs/capture.md",
+    "preflight": "docs/doctor.md",
     "set": "docs/configuration.md",
 }
-PASSTHROUGH = {"run"}  # after its own flags come torchrun's arguments and the script's
+PASSTHROUGH = {"run", "preflight"}  # after their own flags come torchrun's (and the script's)
 
 
 def test_the_metric_table_is_the_catalog() -> None:

@@ -277,3 +277,17 @@ def test_a_history_that_lacks_steps_says_which_and_the_run_lasts_what_its_files_
     page = html.render(run.load([str(tmp_path)]), s)
     assert f'data-key="missing from the history">{text}<' in page
     assert 'data-key="duration">0:00:44<' in page
+
+
+def test_a_host_whose_clock_is_ahead_changes_no_duration(tmp_path):
+    """Two hosts of 8 ranks, one's clock 5 s ahead: the run lasts what each host's own clock
+    says (10 s of steps), not the 15 s from one host's start to the other's end; 5 s behind
+    neither shortens it."""
+    durations = []
+    for name, offsets in (("even", {}), ("ahead", {"node1": 5.0}), ("behind", {"node1": -5.0})):
+        synthetic.write_run(str(tmp_path / name), 16, 100, clock_offsets=offsets, gpu=False)
+        s = summary.summarize(run.load([str(tmp_path / name)]))
+        durations.append(s["duration_seconds"])
+    assert durations[0] == pytest.approx(10.0, abs=0.2)
+    assert durations[1] == pytest.approx(durations[0], abs=1e-6)
+    assert durations[2] == pytest.approx(durations[0], abs=1e-6)

@@ -80,13 +80,13 @@ def test_too_few_steps_or_ranks_give_no_score() -> None:
 
 
 def test_the_summary_names_rank_share_part_and_fix() -> None:
-    text = words.straggler_summary(1, 0.41, "data_wait", 0.95, steps.over(50))
+    text = words.straggler_summary(1, 0.41, "data_wait", 0.95, window=steps.over(50))
     assert text.startswith(
         "rank 1 is 41% slower than the others over its last 50 steps, 95% of it in data wait: "
         "look at its data loader"
     )
     assert (
-        words.straggler_summary(2, 0.3, None, 0.0, steps.over(1200, whole=True))
+        words.straggler_summary(2, 0.3, None, 0.0, window=steps.over(1200, whole=True))
         == "rank 2 is 30% slower than the others over the whole run (1200 steps), spread over "
         "several parts of the step"
     )
@@ -139,7 +139,9 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
             rank=rank,
             status=status,
             file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
-            state=SimpleNamespace(host="node-a", timings=SimpleNamespace(parts=p)),
+            state=SimpleNamespace(
+                host="node-a", timings=SimpleNamespace(parts=p), stack_samples=None
+            ),
         )
 
     noisy = [
@@ -406,7 +408,9 @@ def lasting_views(tmp_path: Any, slow_from: int) -> list[Any]:
                 status="stepping",
                 file=SimpleNamespace(path=str(tmp_path / f"rank-{rank}.json")),
                 state=SimpleNamespace(
-                    host="node-a", timings=SimpleNamespace(parts=steps.step_parts(rs))
+                    host="node-a",
+                    timings=SimpleNamespace(parts=steps.step_parts(rs)),
+                    stack_samples=None,
                 ),
             )
         )

@@ -19,9 +19,10 @@ lost_node            dead_rank     every rank of a node is gone without a word (
 same_error           dead_rank     every rank raised the same exception at the same
                                    place: a bug in the code, not one rank
 dead_rank            dead_rank     a rank died, crashed or went silent first
-not_arrived          not_started   before the first step: ranks wait in
-                                   init_process_group (or DDP's constructor) for
-                                   ranks still starting or without a process
+not_arrived          not_started   before the first step: ranks wait longer than
+                                   a stall in init_process_group (or DDP's
+                                   constructor) for ranks still starting or
+                                   without a process
 stuck_rank           hang          a rank makes no progress outside any collective
 cannot_write         cannot_write  ranks' state files are stale because they cannot
                                    write them (a full disk): not frozen, not killed

@@ -96,8 +96,17 @@ def missing_ranks(
     missing: list[int], world: int, unreadable: set[int], findings: list[Finding]
 ) -> list[Finding]:
     """missing_ranks: ranks of the job without a state file (those with an unreadable one are
-    named by bad_state_file), unless missing_rank or lost_node already blames them."""
-    blamed = {r for f in findings if f.kind in ("missing_rank", "lost_node") for r in f.ranks}
+    named by bad_state_file), unless missing_rank, lost_node or not_arrived already blames
+    them, or the job is starting (``starting``: ranks never write their first file
+    together)."""
+    blamed = {
+        r
+        for f in findings
+        if f.kind in ("missing_rank", "lost_node", "not_arrived")
+        for r in f.ranks
+    }
+    if any(f.kind == "starting" for f in findings):
+        blamed.update(missing)
     absent = [r for r in missing if r not in unreadable and r not in blamed]
     if not absent:
         return []

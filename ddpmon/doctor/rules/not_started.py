@@ -8,6 +8,11 @@ in ``init_process_group`` until the process group's timeout, and nothing else sa
 ranks without a file are told apart from those that are there: no process of theirs has
 written (not started, or started without ``ddpmon run``). Where a late rank is comes from
 its own sample of its main thread ("prepare_dataset, train.py:5").
+
+Ranks never arrive together: one imports or builds its data a few seconds longer than
+another, and the first waits in ``init_process_group`` meanwhile. So a wait is a finding only
+once it is a stall (longer than the waiting rank's ``stall_after``); until then the job is
+starting, whoever has not arrived yet.
 """
 
 from __future__ import annotations
@@ -22,10 +27,6 @@ ARRIVED = (Stage.RENDEZVOUS, Stage.INIT_PROCESS_GROUP, Stage.BUILDING_DDP, Stage
 """Stages of a rank that waits on the others (or on the store) before the first step."""
 ON_ITS_OWN = (Stage.STARTING, Stage.GROUP_READY)
 """Stages of a rank that runs its own code, not yet at the next step the others wait in."""
-STARTING_SECONDS = 30.0
-"""How long ranks may arrive apart while a job starts: Python and torch's imports take
-seconds, over 20 s on a busy machine, and the ranks of one job start them apart. A rank
-later than this, or one the others have waited for this long, has not arrived."""
 
 
 def not_arrived(views: list[RankView], missing: list[int]) -> Verdict | None:
@@ -35,12 +36,11 @@ def not_arrived(views: list[RankView], missing: list[int]) -> Verdict | None:
         return None  # it stepped once (another rule), or a rank died first (dead_rank)
     late = [v for v in views if v.state.stage in ON_ITS_OWN]
     waiting = [v for v in views if v.state.stage in ARRIVED]
-    if (not waiting and not missing) or all(in_stage(v) < STARTING_SECONDS for v in views):
-        summary = "the job is starting: " + "; ".join(  # arriving, or all on their own
-            f"rank {v.rank} {where_short(v)}" for v in sorted(late + waiting, key=lambda v: v.rank)
-        )
+    if not any(in_stage(v) > v.stall_after for v in waiting):  # nobody held up for long
+        parts = [f"rank {v.rank} {where_short(v)}" for v in waiting + late]
         if missing:
-            summary += f"; {words.who(missing)} not written yet"
+            parts.append(f"{words.who(missing)} not yet there")
+        summary = "the job is starting: " + "; ".join(parts)
         return Verdict("healthy", [], [Finding("starting", "info", [], summary)])
     evidence = [arrival_line(v) for v in waiting + late]
     evidence += [

@@ -5,7 +5,8 @@ Step wall times cannot show it: DDP evens them out, as the fast ranks wait in th
 all-reduce for the slow one. Busy time (the step less that wait) does: the straggler score
 (ddpmon/steps.py) compares each rank's busy time with the median of the others over the
 last steps, and names the part of the step (data wait, forward, backward, optimizer, other)
-that explains the gap. State files without step parts (older ddpmon) are compared on compute
+that explains the gap, where in the step it lies and the user's frame the rank's stack
+samples there were in (``doctor/where.py``). State files without step parts (older ddpmon) are compared on compute
 (forward plus backward) as before.
 """
 
@@ -18,7 +19,7 @@ from ... import steps
 from ...activity import Status
 from ...formats import format_seconds
 from ...state import captures, history
-from .. import words
+from .. import where, words
 from ..findings import Finding, Verdict
 from ..view import RankView
 
@@ -159,12 +160,15 @@ def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
             for r in sorted(scores)
         ]
         parts = sorted(((p, e) for p, e in s.excess.items() if e > 0), key=lambda pe: -pe[1])
+        found = where.place(s, views)
         evidence.append(
             "over the others' median: "
             + ", ".join(
                 f"{steps.PART_LABELS[p]} +{format_seconds(e)} ({s.shares[p]:.0%})" for p, e in parts
             )
         )
+        if found is not None:
+            evidence.append(found.line(s.rank))
         others = [r for r in scores if r not in suspects]
         if all(exposed.get(o, 0.0) >= exposed.get(s.rank, 0.0) for o in others):
             evidence.append(
@@ -182,6 +186,8 @@ def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
                 )
             )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
+        if found is not None and found.gap is not None and found.part == cause:
+            fix = f"look at the code that rank runs {found.label}"
         findings.append(
             Finding(
                 "straggler",
@@ -192,7 +198,9 @@ def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
                     s.score,
                     cause,
                     s.shares.get(cause, 0.0) if cause else 0.0,
-                    steps.over(s.steps),
+                    found.gap if found is not None and found.part == cause else None,
+                    found.frame if found is not None and found.part == cause else None,
+                    window=steps.over(s.steps),
                 )
                 + f" ({format_seconds(s.busy_seconds)} against {format_seconds(s.baseline_seconds)} of work per step); "
                 "the whole job runs at its speed",

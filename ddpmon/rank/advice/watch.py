@@ -76,6 +76,9 @@ class Advice:
         self._optimizer: OptimizerSteps | None = None
         self._watching_data = False
         self.comparisons = 0  # with the peers' files, so far
+        self.on_peers: Callable[[list[schema.RankState]], None] | None = None
+        """Hears every reading of the peers' files, this rank's own state first (the stack
+        sampler's suspicion: ``rank/stack_samples.py``)."""
         try:
             self._install(ddp, parameters, state_dir)
         except Exception as exc:  # advice is off then; attach and training go on
@@ -388,6 +391,8 @@ class Advice:
                 continue  # not written yet, gone, or not ddpmon's
             if peer.job == job:
                 states.append(peer)
+        if self.on_peers is not None:
+            self.on_peers(states)
         for found in compare.compare(states):
             if self._rank in found.ranks:
                 self.record(
