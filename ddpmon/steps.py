@@ -122,6 +122,13 @@ FALSE_ALARM = 1e-4
 margin shared out over every rank and window tested, so that a thousand ranks are no likelier
 to see a healthy one named than two): zero healthy ranks named in benchmarks/stragglers.py,
 quiet or beside a CPU hog, while the doctor, ``top`` and every rank compare each second."""
+SUSTAIN_SECONDS = 12.0
+"""How long a rank's gap must hold before it is named: a busy machine's scheduler slows one
+rank, then another, for seconds at a time (up to about 8 s measured beside two CPU hogs on
+two cores, longer than the 150 steps of a fast job), while a straggler is slower for as long
+as one looks (``sustained``)."""
+SUSTAIN_BLOCKS = 3
+"""The consecutive blocks of ``SUSTAIN_SECONDS`` in each of which the gap must hold."""
 CAUSE_SHARE = 0.5
 """A part explaining at least half of the gap is named the cause."""
 
@@ -211,6 +218,13 @@ def slower(score: float) -> str:
     return f"{score * 100:.0f}% slower" if score >= 0 else f"{-score * 100:.0f}% faster"
 
 
+def over(steps: int, whole: bool = False) -> str:
+    """The window a score describes, said beside it wherever a user reads one (the doctor,
+    ``top``, the report, ``compare``), so that two figures of one run that differ say why:
+    "over its last 50 steps", or "over the whole run (1200 steps)"."""
+    return f"over the whole run ({steps} steps)" if whole else f"over its last {steps} steps"
+
+
 @dataclass
 class Score:
     """One rank against the median of the others."""
@@ -258,9 +272,10 @@ class Score:
         return part if self.shares[part] >= CAUSE_SHARE else None
 
 
-def scores(parts: dict[int, StepParts]) -> dict[int, Score]:
+def scores(parts: dict[int, StepParts], whole: bool = False) -> dict[int, Score]:
     """Each rank's score against the others; ranks with fewer than ``MIN_STEPS`` steps are
-    left out, and so is everything when fewer than two ranks remain. Every median of the
+    left out, and so is everything when fewer than two ranks remain. ``whole``: over every
+    step the ranks share (a whole run), not the last 20, 50 or 150. Every median of the
     other ranks comes from one sorted list per step and quantity, so a thousand ranks cost
     a fraction of a second."""
     ranks = {r: p for r, p in parts.items() if p is not None and p.steps >= MIN_STEPS}
@@ -269,11 +284,13 @@ def scores(parts: dict[int, StepParts]) -> dict[int, Score]:
     if all(p.recent is not None for p in ranks.values()):
         common = set.intersection(*(set(p.recent.step) for p in ranks.values()))  # type: ignore[union-attr]
         if len(common) >= MIN_STEPS:
-            return _step_by_step(ranks, sorted(common))
+            return _step_by_step(ranks, sorted(common), whole)
     return _on_means(ranks)
 
 
-def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, Score]:
+def _step_by_step(
+    ranks: dict[int, StepParts], common: list[int], whole: bool = False
+) -> dict[int, Score]:
     """``scores`` on the steps every rank has, each compared with the same step's others."""
     where = {r: _positions(p.recent.step, common) for r, p in ranks.items()}  # type: ignore[union-attr]
 
@@ -288,7 +305,11 @@ def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, S
     busy_values = columns("busy_seconds")
     busy_others = _OthersMedian(busy_values)
     busy = {r: _against_others(v, busy_others.of(v)) for r, v in busy_values.items()}
-    windows = sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
+    windows = (
+        [len(common)]
+        if whole
+        else sorted({min(w, len(common)) for w in SCORE_WINDOWS} | {len(common)})
+    )
     comparisons = (len(ranks) if len(ranks) > 2 else 1) * len(
         windows
     )  # two ranks' gaps are one, mirrored
@@ -328,6 +349,71 @@ def _step_by_step(ranks: dict[int, StepParts], common: list[int]) -> dict[int, S
             },
         )
     return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """How a rank's gap held over its last ``SUSTAIN_SECONDS``: the seconds its compared
+    steps span and its score in each of ``SUSTAIN_BLOCKS`` consecutive blocks, oldest first."""
+
+    seconds: float
+    """The seconds the steps compared span (at most ``SUSTAIN_SECONDS`` of them in blocks)."""
+    blocks: tuple[float, ...]
+    needed: float = SUSTAIN_SECONDS
+    """The seconds the steps must span: less for a job that ended (all there is to see)."""
+
+    @property
+    def blocks_seconds(self) -> float:
+        """The last seconds the blocks share out."""
+        return min(self.seconds, SUSTAIN_SECONDS)
+
+    @property
+    def held(self) -> bool:
+        return (
+            self.seconds >= self.needed
+            and bool(self.blocks)
+            and all(b >= SCORE_WARN for b in self.blocks)
+        )
+
+
+def sustained(
+    series: dict[int, dict[str, list[Any]]], rank: int, needed: float = SUSTAIN_SECONDS
+) -> Held:
+    """Whether ``rank``'s gap lasts: over the steps every rank has in ``series`` (per rank:
+    ``step``, ``end_unix``, ``busy_seconds``, as ``state.history.busy_since`` reads them),
+    its last ``SUSTAIN_SECONDS`` split into ``SUSTAIN_BLOCKS`` consecutive blocks of equal
+    time (a job's fast steps before a slow phase do not crowd a block; steps so long that a
+    block would hold fewer than two: blocks of as many steps), and its score in each
+    (trimmed means, step by step against the others' median, as ``scores``). A straggler is
+    named only when it is at least ``SCORE_WARN`` slower in every block and the steps span
+    ``needed`` seconds: like memory creep, which must grow in both halves of its window, a
+    gap that one burst of scheduling explains does not hold in all of them."""
+    common = sorted(
+        set.intersection(*(set(s["step"]) for s in series.values())) - set(range(WARMUP_STEPS + 1))
+    )
+    if len(common) < SUSTAIN_BLOCKS * 2:
+        return Held(0.0, (), needed)
+    values = {}
+    for r, s in series.items():
+        busy = dict(zip(s["step"], s["busy_seconds"]))
+        values[r] = [busy[step] for step in common]
+    end = dict(zip(series[rank]["step"], series[rank]["end_unix"]))
+    ends = [end[step] for step in common]
+    diffs, baselines = _against_others(values[rank], _OthersMedian(values).of(values[rank]))
+    span = min(ends[-1] - ends[0], SUSTAIN_SECONDS)
+    start = ends[-1] - span  # the blocks share the last ``span`` seconds out by time
+    cuts = [
+        bisect.bisect_left(ends, start + i * span / SUSTAIN_BLOCKS) for i in range(SUSTAIN_BLOCKS)
+    ]
+    bounds = list(zip(cuts, [*cuts[1:], len(ends)]))
+    if any(b - a < 2 for a, b in bounds):  # long steps: blocks of as many steps
+        size = len(ends) / SUSTAIN_BLOCKS
+        bounds = [(round(i * size), round((i + 1) * size)) for i in range(SUSTAIN_BLOCKS)]
+    blocks = []
+    for a, b in bounds:
+        baseline = typical(baselines[a:b])[0]
+        blocks.append(busy_ratio(baseline + typical(diffs[a:b])[0], baseline))
+    return Held(ends[-1] - ends[0], tuple(blocks), needed)
 
 
 def _positions(have: list[int], wanted: list[int]) -> slice | list[int]:

@@ -82,7 +82,8 @@ def _bytes(n: float | None) -> str:
 
 def _part_lines(states: list[dict[str, Any]]) -> list[str]:
     """Where each rank's time goes (mean ms per step over its last steps) and how much
-    slower it is than the others, with the doctor's straggler rule (ddpmon/steps.py)."""
+    slower it is than the others, with the doctor's straggler rule (ddpmon/steps.py), over
+    the steps its window holds (``slower``: "+27%/50" is 27% slower over its last 50)."""
     parts = {}
     for s in states:
         p = (s.get("timings") or {}).get("parts")
@@ -95,7 +96,7 @@ def _part_lines(states: list[dict[str, Any]]) -> list[str]:
         f"\nwhere the time goes (mean ms per step over the last {max(p.steps for p in parts.values())} steps)",
         f"{'rank':>4} "
         + " ".join(f"{part.column:>7}" for part in steps.PART_TABLE)
-        + f" {'step':>8} {'busy':>7} {'slower':>6}  straggler",
+        + f" {'step':>8} {'busy':>7} {'slower/steps':>12}  straggler",
     ]
     for rank in sorted(parts):
         p, sc = parts[rank], scores.get(rank)
@@ -108,7 +109,7 @@ def _part_lines(states: list[dict[str, Any]]) -> list[str]:
                 f"{_cell_ms(getattr(p, part.name + '_seconds')):>7}" for part in steps.PART_TABLE
             )
             + f" {_cell_ms(p.step_seconds):>8} {_cell_ms(p.busy_seconds):>7} "
-            + f"{(f'{sc.score:+.0%}' if sc else '-'):>6}  {verdict}"
+            + f"{(f'{sc.score:+.0%}/{sc.steps}' if sc else '-'):>12}  {verdict}"
         )
     return lines
 

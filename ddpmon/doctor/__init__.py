@@ -107,6 +107,8 @@ def _examine(
     if not jobs:
         if launching:  # no rank started anywhere: what the launchers tried says why
             return Diagnosis("not_started", [], launching + notes, [], None, state_dir, {}, now)
+        if starting := launch.starting(loaded.launchers, now):  # ranks not written yet
+            return Diagnosis("healthy", [], [starting, *notes], [], None, state_dir, {}, now)
         notes.append(file_rules.no_state_files(state_dir))
         return Diagnosis("no_data", [], notes, [], None, state_dir, job_ranks, now)
     chosen = job is not None

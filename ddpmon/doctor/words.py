@@ -72,11 +72,17 @@ def straggler_summary(
     share: float,
     gap: str | None = None,
     frame: str | None = None,
+    *,
+    window: str | None = None,
 ) -> str:
-    """``rank 1 is 41% slower, 95% of it in data wait: look at its data loader (...)``; for
-    the time outside the measured parts, where it lies (``gap``, one of ``steps.GAPS``) and
-    the user's frame most of its stack samples there were in (``frame``)."""
-    text = f"rank {rank} is {steps.slower(score)} than the others"
+    """``rank 1 is 41% slower than the others over its last 50 steps, 95% of it in data
+    wait: look at its data loader (...)``; ``window``: the steps the figure is over
+    (``steps.over``); for the time outside the measured parts, where it lies (``gap``, one
+    of ``steps.GAPS``) and the user's frame most of its stack samples there were in
+    (``frame``)."""
+    text = f"rank {rank} is {steps.slower(score)} than the others" + (
+        f" {window}" if window else ""
+    )
     if cause is None:
         return text + ", spread over several parts of the step"
     where = f"in {steps.PART_LABELS[cause]}"

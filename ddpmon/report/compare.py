@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from .. import steps
 from ..formats import format_seconds
 from ..remote.daemons import HISTORY_DEADLINE_SECONDS, address_problem
 from ..steps import PART_LABELS, PARTS
@@ -175,6 +176,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 "part_delta": deltas.get(part) if part else None,
                 "a_slower": x.get("slower"),
                 "b_slower": y.get("slower"),
+                "a_slower_steps": x.get("slower_steps"),
+                "b_slower_steps": y.get("slower_steps"),
             }
         )
     return {
@@ -364,12 +367,24 @@ def render_text(result: dict[str, Any], width: int = 100) -> str:
                 f"{format_seconds(r['b_busy']):>14} "
                 f"{_pct(change(r['a_busy'], r['b_busy'])):>9}  most in "
                 f"{PART_LABELS.get(r['part'], '-')} ({(r['part_delta'] or 0) * 1e3:+.1f} ms)"
+                + _slower_text(r)
             )
     out.append("")
     out += result["explanation"]
     if result.get("scaling"):
         out += ["", *result["scaling"]]
     return "\n".join(out) + "\n"
+
+
+def _slower_text(r: dict[str, Any]) -> str:
+    """How much slower than the others the rank was in A and in B, each over its whole run
+    (the report's figure, ``steps.over``)."""
+    said = [
+        f"{run} {steps.slower(r[run.lower() + '_slower'])} {steps.over(r[run.lower() + '_slower_steps'], whole=True)}"
+        for run in ("A", "B")
+        if r.get(run.lower() + "_slower") is not None and r.get(run.lower() + "_slower_steps")
+    ]
+    return "; than the others: " + ", ".join(said) if said else ""
 
 
 def render_html(result: dict[str, Any], runs: tuple[Run | None, Run | None]) -> str:

@@ -320,6 +320,8 @@ def _summary_html(s: dict[str, Any]) -> str:
         slow_text = f"rank {slow['rank']}"
         if slow.get("score") is not None:
             slow_text += f", {steps.slower(slow['score'])} than the others"
+            if slow.get("steps"):
+                slow_text += f" {steps.over(slow['steps'], whole=True)}"
         if slow.get("part"):
             slow_text += f", most of it in {PART_LABELS[slow['part']]} (+{format_seconds(slow.get('excess_seconds'))})"
     verdict = s.get("verdict") or "-"

@@ -98,6 +98,7 @@ def summarize(run: Run) -> dict[str, Any]:
     for r in ranks_out:
         score = scores.get(r["rank"])
         r["slower"] = round(score.score, 4) if score is not None else None
+        r["slower_steps"] = score.steps if score is not None else None
     start, end = run_span(run, views)
     step_median = _median([r["median_step_seconds"] for r in ranks_out])
     parts = {p: _median([r["parts"].get(p) for r in ranks_out]) for p in steps.PARTS}
@@ -358,7 +359,7 @@ def run_scores(run: Run) -> dict[int, steps.Score]:
             if step is not None
         ]
         parts[rank] = steps.step_parts(rows, whole=True)
-    return steps.scores(parts)  # type: ignore[arg-type]
+    return steps.scores(parts, whole=True)  # type: ignore[arg-type]
 
 
 def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
@@ -372,6 +373,7 @@ def _slowest(top: steps.Score | None) -> dict[str, Any] | None:
     return {
         "rank": top.rank,
         "score": round(top.score, 4),
+        "steps": top.steps,
         "part": part,
         "excess_seconds": top.excess[part] if part else None,
     }
@@ -385,6 +387,7 @@ def _straggler(top: steps.Score | None) -> dict[str, Any] | None:
     return {
         "rank": top.rank,
         "score": round(top.score, 4),
+        "steps": top.steps,
         "named": top.straggler,
         "cause": top.cause,
         "share": round(top.shares.get(top.cause, 0.0), 4) if top.cause else None,
@@ -469,14 +472,15 @@ def end_of_run(state_dir: str) -> str:
     slow = s["straggler"]  # the doctor's rule, over the whole run
     if slow and slow["named"]:
         lines.append(
-            f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0)}"
+            f"  straggler: {words.straggler_summary(slow['rank'], slow['score'], slow['cause'], slow['share'] or 0.0, window=steps.over(slow['steps'], whole=True))}"
             f" ({format_seconds(slow['busy_seconds'])} against "
             f"{format_seconds(slow['baseline_seconds'])} of work per step)"
         )
     elif slow:
         lines.append(
             f"  no straggler: the slowest rank ({slow['rank']}) is {steps.slower(slow['score'])} "
-            "than the others, within their step-to-step noise"
+            f"than the others {steps.over(slow['steps'], whole=True)}, within their "
+            "step-to-step noise"
         )
     logged = {
         a.kind for v in (run.diagnosis.ranks if run.diagnosis else []) for a in v.state.advice

@@ -476,6 +476,36 @@ def span(path: str) -> tuple[float, float] | None:
     return (float(first[0]), float(last[0])) if first and last else None
 
 
+def busy_since(path: str, seconds: float, at_least: int = 0) -> dict[str, list[Any]]:
+    """The steps that ended within ``seconds`` of the last one (at least its last
+    ``at_least`` steps): ``step``, ``end_unix`` and ``busy_seconds`` (the step less its
+    exposed communication), oldest first; what the straggler rule reads to see whether a gap
+    lasts (``steps.sustained``)."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            rows: list[
+                tuple[Any, ...]
+            ] = []  # newest first, read until one ended too early: no index on end_unix
+            for row in db.execute(
+                "SELECT step, end_unix, step_seconds - coalesce(exposed_comm_seconds, 0) "
+                "FROM steps ORDER BY step DESC"
+            ):
+                if len(rows) >= at_least and rows and row[1] < rows[0][1] - seconds:
+                    break
+                rows.append(row)
+            rows.reverse()
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise HistoryError(f"{path} is not a readable ddpmon history ({exc})") from None
+    return {
+        "step": [r[0] for r in rows],
+        "end_unix": [r[1] for r in rows],
+        "busy_seconds": [max(0.0, r[2] or 0.0) for r in rows],
+    }
+
+
 def max_step(path: str) -> int:
     """The last step recorded (0 when none)."""
     return size(path)[1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 import subprocess
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddpmon.steps import SUSTAIN_SECONDS
 from tests.distributed.worker import MLP, RANK, accumulate, batch, init
 
 
@@ -133,8 +135,8 @@ def stragglers(
     """Segments of ``steps`` steps; in each, rank ``slow`` is slower by ``delay`` seconds in
     one part (data_wait, forward, backward, optimizer, other), or every rank jitters
     (``jitter``: a random 0..2 x delay before each forward). After each segment every rank
-    reports its step parts; after the segment named ``doctor_after`` rank 0 runs the doctor
-    on the live job."""
+    reports its step parts; after the segment named ``doctor_after`` (as long as a straggler
+    must last to be named) rank 0 runs the doctor on the live job."""
     import ddpmon
 
     init()
@@ -152,7 +154,10 @@ def stragglers(
         net.forward_delay = d if me_slow and kind == "forward" else 0.0
         SlowBackward.delay = d if me_slow and kind == "backward" else 0.0
         SlowSGD.delay = d if me_slow and kind == "optimizer" else 0.0
-        for step in range(int(steps)):
+        count = int(steps)
+        if kind == doctor_after:  # the doctor names a straggler once its gap lasted
+            count = max(count, math.ceil((SUSTAIN_SECONDS + 1.0) / d))
+        for step in range(count):
             if kind == "jitter":
                 time.sleep(rng.uniform(0.0, 2 * d))
             elif kind == "data_wait" and me_slow:

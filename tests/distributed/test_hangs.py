@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ddpmon.steps import SUSTAIN_SECONDS
 from tests.support import harness
 
 pytestmark = pytest.mark.timeout(120)
@@ -226,6 +227,7 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
             )
 
         wait_for("12 steps on each rank", enough_steps, procs, tmp_path)
+        time.sleep(SUSTAIN_SECONDS + 1.0)  # a straggler is named once its gap lasted
         code, report, _ = doctor(tmp_path / "state")
         assert code == 1, report
         assert report["verdict"] == "straggler" and report["suspect_ranks"] == [1]

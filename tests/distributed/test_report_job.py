@@ -176,6 +176,14 @@ def test_compare_two_real_runs_explains_the_difference(runs):
     )  # every step of B waits for rank 1's sleep (a busy machine adds noise)
     rank1 = next(r for r in result["ranks"] if r["rank"] == 1)
     assert rank1["part"] == "forward" and rank1["part_delta"] >= DELAY / 2
+    # how much slower, the report's figure, with the window it is over (the whole run)
+    line = next(x for x in out.splitlines() if x.lstrip().startswith("rank 1 "))
+    report = json.loads(cli("report", str(slow), "--json").stdout)
+    steps = next(r for r in report["per_rank"] if r["rank"] == 1)["slower_steps"]
+    assert rank1["b_slower_steps"] == steps and steps > 10, result
+    assert "than the others: A " in line and (
+        f"B {rank1['b_slower'] * 100:.0f}% slower over the whole run ({steps} steps)" in line
+    ), line
 
 
 def test_killed_and_live_jobs(tmp_path):

@@ -102,10 +102,13 @@ def test_stragglers_of_every_part_are_named_with_their_cause_and_jitter_is_healt
     assert (report["verdict"], report["suspect_ranks"]) == ("straggler", [2]), report
     finding = next(f for f in report["findings"] if f["kind"] == "straggler")
     assert finding["ranks"] == [2]
-    assert (
-        "rank 2 is" in finding["summary"]
-        and "in data wait: look at its data loader" in finding["summary"]
-    )
+    # named once its gap lasted (its segment is that long), so its stack was sampled meanwhile:
+    # the fix names the line in steps_worker.py where it sleeps, or its data loader
+    summary = finding["summary"]
+    assert summary.startswith("rank 2 is") and "over its last" in summary, summary
+    assert "in data wait: look at its data loader" in summary or (
+        "in data wait: look at tests/distributed/steps_worker.py:" in summary
+    ), summary
     # and how to see where its time goes, beside a healthy peer, in this state directory
     assert re.search(
         r"To see where its time goes: ddpmon capture \S+/state --rank 2 --compare [01]$",

@@ -32,8 +32,8 @@ class Kind:
     culprit_is_suspect: bool
     moment: str
     """death: the culprit ended; hang: the culprit misbehaves for a while; hold: inside a
-    long healthy pause; post: inside work after the loop; paced: 24 steps (by default) into a
-    straggler (or every rank's jitter), the job running; end: every rank ended."""
+    long healthy pause; post: inside work after the loop; paced: 15 s (by default: a straggler is
+    named once its gap lasted 12 s) into a straggler (or every rank's jitter), the job running; end: every rank ended."""
     symmetric: bool = False
     """Two ranks that disagree (size, dtype, order) cannot say which one is wrong: in a
     2-rank job naming both is right too."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import math
 import os
 import random
 import sys
@@ -24,16 +25,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddpmon
+from ddpmon.steps import SUSTAIN_SECONDS
 
 OUT = os.environ.get("DDPMON_TEST_OUT", ".")
 EXTRA_STEPS = 8
-PACED_AT = int(os.environ.get("DDPMON_SCENARIO_PACED_AT", "24"))
-"""Steps after STEP in the straggler and jitter kinds when every rank marks ``paced``, and
-the doctor is asked."""
-PACED_STEPS = PACED_AT + 16
 PACE = 0.005
 """Seconds every rank spends in each of data loading, forward, backward and the optimizer
 per paced step."""
+PACED_AT = int(
+    os.environ.get("DDPMON_SCENARIO_PACED_AT", math.ceil((SUSTAIN_SECONDS + 3.0) / (4 * PACE)))
+)
+"""Steps after STEP in the straggler and jitter kinds when every rank marks ``paced``, and
+the doctor is asked: by default as many as last 3 s longer than a straggler's gap must
+hold before it is named, its history written (each paced step sleeps 4 x ``PACE`` at least)."""
+PACED_STEPS = PACED_AT + 16
 SLOW = float(os.environ.get("DDPMON_SCENARIO_SLOW_SHARE", "0.3")) * 4 * PACE
 """Seconds a straggler's part takes longer per step: by default 30% of the paced work (its
 busy time about 25% longer, compute and overheads counted)."""

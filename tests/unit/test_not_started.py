@@ -93,3 +93,49 @@ def test_a_job_that_stepped_is_not_judged_by_its_start(tmp_path: Path) -> None:
     write(tmp_path, state(0, stage="forward"))
     write(tmp_path, state(1, stage="forward"))
     assert examine(str(tmp_path)).verdict == "healthy"
+
+
+def test_a_launcher_whose_ranks_have_not_written_yet_is_a_job_starting(tmp_path: Path) -> None:
+    """``ddpmon run`` started the ranks (their Python still starting): no rank file yet."""
+    import json
+    import os
+    import time
+
+    from ddpmon.state import launcher
+
+    now = time.time()
+    path = launcher.path_for(str(tmp_path), "node-a", 4242)
+
+    def launched(refused_for: float) -> None:
+        """Its store refused it for ``refused_for`` seconds so far (--standalone: its own
+        store, coming up)."""
+        refused = launcher.Attempt(
+            "refused", "[Errno 111] Connection refused", now - refused_for, now
+        )
+        record = launcher.LauncherState(
+            host="node-a",
+            pid=4242,
+            started_unix=now - 3,
+            endpoint="127.0.0.1:29500",
+            rdzv_backend="c10d",
+            stage=launcher.LauncherStage.RENDEZVOUS,
+            attempts=[refused],
+            now_unix=now,
+        )
+        with open(path, "w") as f:
+            json.dump(launcher.to_json(record), f)
+
+    launched(refused_for=2.0)
+    d = examine(str(tmp_path))
+    assert d.verdict == "healthy", d.as_dict()
+    assert [(f.kind, f.severity) for f in d.findings] == [("starting", "info")]
+    assert d.findings[0].summary == (
+        "the job is starting: node-a's launcher is in rendezvous, and no rank has "
+        "written its state yet"
+    )
+    launched(refused_for=15.0)  # refused for longer than a store takes to come up
+    d = examine(str(tmp_path))
+    assert d.verdict == "not_started" and d.findings[0].kind == "master_unreachable"
+    old = time.time() - 60  # a launcher that stopped writing a minute ago: nothing to diagnose
+    os.utime(path, (old, old))
+    assert examine(str(tmp_path)).verdict == "no_data"

@@ -80,13 +80,15 @@ def test_too_few_steps_or_ranks_give_no_score() -> None:
 
 
 def test_the_summary_names_rank_share_part_and_fix() -> None:
-    text = words.straggler_summary(1, 0.41, "data_wait", 0.95)
+    text = words.straggler_summary(1, 0.41, "data_wait", 0.95, window=steps.over(50))
     assert text.startswith(
-        "rank 1 is 41% slower than the others, 95% of it in data wait: look at its data loader"
+        "rank 1 is 41% slower than the others over its last 50 steps, 95% of it in data wait: "
+        "look at its data loader"
     )
     assert (
-        words.straggler_summary(2, 0.3, None, 0.0)
-        == "rank 2 is 30% slower than the others, spread over several parts of the step"
+        words.straggler_summary(2, 0.3, None, 0.0, window=steps.over(1200, whole=True))
+        == "rank 2 is 30% slower than the others over the whole run (1200 steps), spread over "
+        "several parts of the step"
     )
 
 
@@ -150,7 +152,8 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
     (note,) = rule.slowest_within_noise(noisy)
     assert (note.kind, note.severity, note.ranks) == ("slowest_rank", "info", [1])
     assert note.summary.startswith(
-        "rank 1 is 15% slower than the others, most of it in data wait, but within"
+        "rank 1 is 15% slower than the others over its last 20 steps, most of it in data wait, "
+        "but within"
     )
     # named, or not running, or not slower by 5%: no note
     quiet = [view(0, step_parts(0.040, spread=0.0005)), view(1, step_parts(0.045, spread=0.0005))]
@@ -379,3 +382,99 @@ def test_one_table_names_the_parts_for_every_reader() -> None:
     for p in steps.PART_TABLE:
         assert p.label and p.column and p.colour.startswith("#"), p
     assert steps.WAITING_PARTS == {"exposed_comm"}
+
+
+def lasting_views(tmp_path: Any, slow_from: int) -> list[Any]:
+    """Three ranks of 150 steps of 0.1 s (15 s), each with its state file's parts and its
+    history beside it; rank 1 is 10 ms slower in its forward from step ``slow_from``."""
+    from types import SimpleNamespace
+
+    from ddpmon.state import history
+
+    t0 = 1_700_000_000.0
+    views = []
+    for rank in range(3):
+        rs = rows(
+            150, seed=rank, slow={"forward": 0.010} if rank == 1 else None, slow_from=slow_from
+        )
+        for r in rs:
+            r.start_unix, r.end_unix = t0 + (r.step - 1) * 0.1, t0 + r.step * 0.1
+        store = history.HistoryStore(history.path_for(str(tmp_path), rank), {"rank": rank})
+        store.add_steps([r.history() for r in rs])
+        store.close()
+        views.append(
+            SimpleNamespace(
+                rank=rank,
+                status="stepping",
+                file=SimpleNamespace(path=str(tmp_path / f"rank-{rank}.json")),
+                state=SimpleNamespace(
+                    host="node-a",
+                    timings=SimpleNamespace(parts=steps.step_parts(rs)),
+                    stack_samples=None,
+                ),
+            )
+        )
+    return views
+
+
+def test_a_gap_that_lasts_is_named_and_one_younger_than_the_sustain_time_is_not(
+    tmp_path: Any,
+) -> None:
+    from ddpmon.doctor.rules import straggler as rule
+
+    # slower for the whole 15 s of its history: named, and how it lasted is said
+    lasting = rule.straggler(lasting_views(tmp_path / "a", slow_from=0), [])
+    assert lasting is not None and lasting.suspects == [1]
+    (held,) = [e for e in lasting.findings[0].evidence if e.startswith("it lasts: ")]
+    assert held.endswith(
+        " in 3 consecutive blocks of its last 12 s (a straggler's gap must hold 12 s)"
+    ), held
+    # slower for its last 5 s only (50 steps: its state file's windows name it): a burst of
+    # a busy machine's scheduling looks the same, so not named yet, and said so
+    young = lasting_views(tmp_path / "b", slow_from=110)
+    scores = steps.scores({v.rank: v.state.timings.parts for v in young})
+    assert [r for r, s in scores.items() if s.straggler] == [1]
+    assert rule.straggler(young, []) is None
+    (note,) = rule.slowest_within_noise(young)
+    assert (note.kind, note.severity, note.ranks) == ("slowest_rank", "info", [1])
+    assert "but that has not lasted 12 s (over its last 12 s, in 3 blocks: +" in note.summary
+    assert note.summary.endswith(
+        "not named a straggler yet (a busy machine slows one rank, then another, for seconds at a time)"
+    )
+
+
+def test_sustained_asks_every_block_to_be_slower_over_the_sustain_time() -> None:
+    def series(busy: Any, last: int = 136) -> dict[int, dict[str, list[Any]]]:
+        numbers = range(6, last)  # 0.1 s steps, the first five (warm-up) left out
+        return {
+            r: {
+                "step": list(numbers),
+                "end_unix": [s * 0.1 for s in numbers],
+                "busy_seconds": [busy(r, s) for s in numbers],
+            }
+            for r in range(3)
+        }
+
+    held = steps.sustained(series(lambda r, s: 0.05 if r == 1 else 0.04), 1)
+    assert held.held and held.blocks == pytest.approx((0.25, 0.25, 0.25))
+    assert held.seconds == pytest.approx(12.9)
+    late = steps.sustained(series(lambda r, s: 0.05 if r == 1 and s > 50 else 0.04), 1)
+    assert not late.held and late.blocks[0] < steps.SCORE_WARN < min(late.blocks[1:])
+    short = steps.sustained(series(lambda r, s: 0.05 if r == 1 else 0.04, last=120), 1)
+    assert not short.held and short.seconds == pytest.approx(11.3)
+
+
+def test_steps_longer_than_a_block_are_shared_out_by_count() -> None:
+    """Steps of 5 s: the last 12 s hold two or three of them, so the blocks take the steps
+    read (at least ``MIN_STEPS``) a third each, and a straggler there is still named."""
+    numbers = range(6, 18)
+    series = {
+        r: {
+            "step": list(numbers),
+            "end_unix": [s * 5.0 for s in numbers],
+            "busy_seconds": [4.0 if r == 1 else 3.0 for s in numbers],
+        }
+        for r in range(3)
+    }
+    held = steps.sustained(series, 1)
+    assert held.held and held.seconds == 55.0 and held.blocks == pytest.approx((1 / 3,) * 3)

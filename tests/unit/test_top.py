@@ -43,3 +43,8 @@ def test_parts_carrying_the_last_steps_one_by_one() -> None:
         line for line in text.splitlines() if line.lstrip().startswith("rank") and "busy" in line
     )
     assert header.split()[1:-4] == [p.column for p in steps.PART_TABLE]  # one column per part
+    # how much slower, with the steps its window holds: the same figure as the doctor's
+    lines = text.splitlines()
+    row = next(line for line in lines[lines.index(header) :] if line.split()[:1] == ["0"])
+    assert row.split()[-1] == "+0%/20", row
+    assert header.split()[-2:] == ["slower/steps", "straggler"], header

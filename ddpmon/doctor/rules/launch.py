@@ -26,6 +26,10 @@ from ..load import Launcher, Unreachable
 
 FRESH_SECONDS = 10.0
 """A launcher record rewritten within this is a launcher alive (it writes every second)."""
+UNREACHABLE_SECONDS = 10.0
+"""How long a node's attempts to reach the endpoint must have failed before it is named: a
+launcher that starts beside the store it connects to (``--standalone``, node 0 of a static
+rendezvous) is refused a moment while that store comes up."""
 RECENT_SECONDS = 900.0
 """A launcher that failed within this belongs to the job asked about."""
 
@@ -45,13 +49,41 @@ def findings(
     ]
     out = [_failed(x.record) for x in failed]
     servers = [x.record for x in live if x.record.serves_store]
-    cut_off = [x.record for x in live if not x.record.serves_store and _failing(x.record)]
+    cut_off = [
+        x.record
+        for x in live
+        if not x.record.serves_store
+        and (failing := _failing(x.record))
+        and (x.record.now_unix or now) - min(a.first_unix for a in failing) >= UNREACHABLE_SECONDS
+    ]
     out += [_unreachable(r, servers, now) for r in cut_off]
     for s in servers:
         missing = _missing(s, [x.record for x in live])
         if missing:
             out.append(_node_missing(s, missing, now, unreachable))
     return out
+
+
+def starting(launchers: Sequence[Launcher], now: float) -> Finding | None:
+    """A job whose launchers live and found nothing wrong (``findings``) while no rank has
+    written yet: it is starting (an info note, verdict healthy), not a state directory with
+    nothing to diagnose."""
+    live = [
+        x.record
+        for x in launchers
+        if x.record.stage in (LauncherStage.RENDEZVOUS, LauncherStage.RUNNING)
+        and now - x.mtime < FRESH_SECONDS
+    ]
+    if not live:
+        return None
+    return Finding(
+        "starting",
+        "info",
+        [],
+        "the job is starting: "
+        + "; ".join(f"{r.node}'s launcher is in {r.stage}" for r in live)
+        + ", and no rank has written its state yet",
+    )
 
 
 def _failed(r: LauncherState) -> Finding:

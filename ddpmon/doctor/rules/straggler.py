@@ -18,11 +18,14 @@ import statistics
 from ... import steps
 from ...activity import Status
 from ...formats import format_seconds
-from ...state import captures
+from ...state import captures, history
 from .. import where, words
 from ..findings import Finding, Verdict
 from ..view import RankView
 
+HISTORY_LAG_SECONDS = 3.0
+"""How much more history than ``steps.SUSTAIN_SECONDS`` is read: a rank commits its steps
+to its history about once a second, some a little later than others."""
 STRAGGLER_RATIO = 1.25
 STRAGGLER_MIN_SECONDS = 0.005
 STRAGGLER_MIN_STEPS = 5
@@ -36,8 +39,10 @@ def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
 
 def finished_straggler(views: list[RankView]) -> Verdict | None:
     """A finished job's straggler over the last steps each rank published. Only by busy
-    time: the compute medians of older files mix in the warm-up steps of a short job."""
-    return _by_busy_time(views) if _parts_known(views) else None
+    time: the compute medians of older files mix in the warm-up steps of a short job. Its
+    gap must hold over all the job's last steps show, however few seconds they span: there
+    is no more to see."""
+    return _by_busy_time(views, ended=True) if _parts_known(views) else None
 
 
 def _parts_known(views: list[RankView]) -> bool:
@@ -56,8 +61,14 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     ):
         return []
     scores = steps.scores(parts)  # type: ignore[arg-type]
-    if not scores or any(s.straggler for s in scores.values()):
+    if not scores:
         return []
+    named, lasting = _named(views, scores)
+    if named:
+        return []
+    pending = {r: h for r, h in lasting.items() if not h.held}
+    if pending:
+        return [_not_lasting(scores[r], h) for r, h in sorted(pending.items())]
     top = max(scores.values(), key=lambda s: s.score)
     if top.score < steps.SCORE_WARN or top.gap_seconds < steps.MIN_GAP_SECONDS:
         return []
@@ -67,9 +78,8 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
             "slowest_rank",
             "info",
             [top.rank],
-            f"rank {top.rank} is {steps.slower(top.score)} than the others{part}, but within its "
-            f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step over the last {top.steps} "
-            f"steps, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
+            f"rank {top.rank} is {steps.slower(top.score)} than the others {steps.over(top.steps)}{part}, but within its "
+            f"step-to-step noise ({format_seconds(top.gap_seconds)} more work per step, where the noise asks for {format_seconds(top.margin_seconds)}): not named a straggler yet",
             [],
             "Ask again in a few steps (ranks are compared over their last 20 to 150 steps), or watch "
             "the Straggler score panel, which the DDPStraggler alert reads over 10 minutes.",
@@ -77,9 +87,63 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     ]
 
 
-def _by_busy_time(views: list[RankView]) -> Verdict | None:
+def _lasting(
+    views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
+) -> dict[int, steps.Held]:
+    """For each rank the state files' window names, how its gap held over the last
+    ``steps.SUSTAIN_SECONDS`` of the ranks' histories (read only then). Empty when a rank's
+    history cannot be read here (another host's job asked ``--from`` its daemon, history
+    off): the window alone decides."""
+    named = [r for r, s in scores.items() if s.straggler]
+    if not named:
+        return {}
+    series = {}
+    for v in views:
+        path = history.path_for(os.path.dirname(v.file.path), v.rank)
+        if v.rank not in scores or not os.path.isfile(path):
+            return {}
+        try:
+            series[v.rank] = history.busy_since(
+                path, steps.SUSTAIN_SECONDS + HISTORY_LAG_SECONDS, at_least=steps.MIN_STEPS
+            )
+        except history.HistoryError:
+            return {}
+    needed = 0.0 if ended else steps.SUSTAIN_SECONDS
+    return {r: steps.sustained(series, r, needed) for r in named}
+
+
+def _named(
+    views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
+) -> tuple[list[steps.Score], dict[int, steps.Held]]:
+    """The ranks named stragglers, slowest first: those the window names whose gap lasted
+    (``steps.sustained``); and how each gap the window names held (``_lasting``)."""
+    lasting = _lasting(views, scores, ended)
+    slow = [
+        s
+        for s in scores.values()
+        if s.straggler and (s.rank not in lasting or lasting[s.rank].held)
+    ]
+    return sorted(slow, key=lambda s: -s.score), lasting
+
+
+def _not_lasting(s: steps.Score, held: steps.Held) -> Finding:
+    blocks = ", ".join(f"{b:+.0%}" for b in held.blocks) or "none yet"
+    return Finding(
+        "slowest_rank",
+        "info",
+        [s.rank],
+        f"rank {s.rank} is {steps.slower(s.score)} than the others {steps.over(s.steps)}, "
+        f"but that has not lasted {steps.SUSTAIN_SECONDS:.0f} s (over its last "
+        f"{held.blocks_seconds:.0f} s, in {steps.SUSTAIN_BLOCKS} blocks: {blocks}): not named a straggler "
+        "yet (a busy machine slows one rank, then another, for seconds at a time)",
+        [],
+        f"Ask again in {steps.SUSTAIN_SECONDS:.0f} s: a straggler is still slower then.",
+    )
+
+
+def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
     scores = steps.scores({v.rank: v.state.timings.parts for v in views})  # type: ignore[misc]
-    slow = sorted((s for s in scores.values() if s.straggler), key=lambda s: -s.score)
+    slow, lasting = _named(views, scores, ended)
     if not slow or len(slow) == len(scores):
         return None
     exposed = {
@@ -110,6 +174,17 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
             evidence.append(
                 "confirmed: the slow rank waits least for communication (the others wait for it)"
             )
+        if s.rank in lasting:
+            held = lasting[s.rank]
+            evidence.append(
+                f"it lasts: {', '.join(f'{b:+.0%}' for b in held.blocks)} in "
+                f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last {held.blocks_seconds:.0f} s "
+                + (
+                    f"(a straggler's gap must hold {held.needed:.0f} s)"
+                    if held.needed
+                    else "(all the ended job's last steps)"
+                )
+            )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
         if found is not None and found.gap is not None and found.part == cause:
             fix = f"look at the code that rank runs {found.label}"
@@ -125,6 +200,7 @@ def _by_busy_time(views: list[RankView]) -> Verdict | None:
                     s.shares.get(cause, 0.0) if cause else 0.0,
                     found.gap if found is not None and found.part == cause else None,
                     found.frame if found is not None and found.part == cause else None,
+                    window=steps.over(s.steps),
                 )
                 + f" ({format_seconds(s.busy_seconds)} against {format_seconds(s.baseline_seconds)} of work per step); "
                 "the whole job runs at its speed",
