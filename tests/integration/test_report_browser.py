@@ -144,7 +144,10 @@ def test_report_of_a_real_2_rank_job_renders_its_numbers(tmp_path):
         int(buckets["points"]) == 2 * 4
     )  # 4 buckets (bucket_cap_mb=0.01), median and slowest rank
     assert re.search(r'data-key="steps">25<', dom) and re.search(r'data-key="ranks">2 of 2<', dom)
-    assert re.search(r"rank 1, \d+% slower than the others, most of it in forward", dom)
+    assert re.search(
+        r"rank 1, \d+% slower than the others over the whole run \(\d+ steps\), most of it in forward",
+        dom,
+    ), dom
     assert 'class="finding' in dom  # the doctor's findings close the report
 
 
