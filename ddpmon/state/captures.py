@@ -21,7 +21,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import StateFileError
 from . import files
@@ -82,14 +82,30 @@ class Request:
         return {"kind": "ddpmon-capture-request", **dataclasses.asdict(self)}
 
     def binds(self, job: str | None, pid: int, started_unix: float | None) -> str | None:
-        """None when this request is for the process (job, pid, attach time) given; else why not."""
-        if self.pid != pid:
-            return f"it is for pid {self.pid}, not this process ({pid})"
-        if started_unix is None or abs(self.started_unix - started_unix) > 1e-3:
-            return f"it is for a rank that attached at {self.started_unix:.3f}, not at {started_unix or 0:.3f}"
-        if self.job != job:
-            return f"it is for job {self.job!r}, not {job!r}"
-        return None
+        return binds(self, job, pid, started_unix)
+
+
+class Bound(Protocol):
+    """A request bound to one live process (a capture's, a setting's)."""
+
+    @property
+    def job(self) -> str | None: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def started_unix(self) -> float: ...
+
+
+def binds(request: Bound, job: str | None, pid: int, started_unix: float | None) -> str | None:
+    """None when ``request`` is for the process (job, pid, attach time) given; else why not:
+    a request left by a run that has ended names another process, and is ignored."""
+    if request.pid != pid:
+        return f"it is for pid {request.pid}, not this process ({pid})"
+    if started_unix is None or abs(request.started_unix - started_unix) > 1e-3:
+        return f"it is for a rank that attached at {request.started_unix:.3f}, not at {started_unix or 0:.3f}"
+    if request.job != job:
+        return f"it is for job {request.job!r}, not {job!r}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateFileError
-from . import files
+from . import captures, files
 
 MAX_FILE_BYTES = 16 * 1024
 """A request or status file holds a few hundred bytes."""
@@ -59,14 +59,7 @@ class Request:
         return {"kind": REQUEST_KIND, **dataclasses.asdict(self)}
 
     def binds(self, job: str | None, pid: int, started_unix: float | None) -> str | None:
-        """None when this request is for the process (job, pid, attach time) given; else why not."""
-        if self.pid != pid:
-            return f"it is for pid {self.pid}, not this process ({pid})"
-        if started_unix is None or abs(self.started_unix - started_unix) > 1e-3:
-            return f"it is for a rank that attached at {self.started_unix:.3f}, not at {started_unix or 0:.3f}"
-        if self.job != job:
-            return f"it is for job {self.job!r}, not {job!r}"
-        return None
+        return captures.binds(self, job, pid, started_unix)
 
 
 @dataclass(frozen=True)
