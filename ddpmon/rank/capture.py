@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import StateFileError
 from ..fuses import Fuse, bounded
 from ..state import captures, files
 from . import torch_api
@@ -105,22 +104,12 @@ class Capture:
             self._fuse.blow(exc)
 
     def _take(self) -> None:
-        try:
-            request = captures.read_request(self._request)
-        except StateFileError as exc:
-            request, why = None, exc.reason
-        finally:
-            try:
-                os.unlink(self._request)
-            except FileNotFoundError:
-                pass
+        request, why = captures.take(self._request, captures.read_request)
         rec = self._rec
         if request is not None:
-            why = request.binds(rec.identity.job, os.getpid(), rec.started_unix)  # type: ignore[assignment]
-            if why is None and request.rank != self._rank:
-                why = f"it is for rank {request.rank}"
-            if why is None and time.time() > request.expires_unix:
-                why = "it expired (the command that wrote it has given up)"
+            why = captures.refusal(
+                request, self._rank, rec.identity.job, os.getpid(), rec.started_unix, time.time()
+            )
         if why is not None:
             log.info(
                 "ddpmon: rank %d: ignored the capture request %s: %s",

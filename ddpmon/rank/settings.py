@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import live_value
-from ..errors import ConfigError, StateFileError
+from ..errors import ConfigError
 from ..fuses import Fuse
-from ..state import settings
+from ..state import captures, settings
 from .recorder import Recorder
 
 log = logging.getLogger("ddpmon")
@@ -67,25 +67,14 @@ class LiveSettings:
             self._fuse.blow(exc)
 
     def _take(self) -> None:
-        try:
-            request: settings.Request | None = settings.read_request(
-                self._request, owner=os.geteuid()
-            )
-            why = None
-        except StateFileError as exc:
-            request, why = None, exc.reason
-        finally:
-            try:
-                os.unlink(self._request)
-            except FileNotFoundError:
-                pass
+        request, why = captures.take(
+            self._request, lambda path: settings.read_request(path, owner=os.geteuid())
+        )
         rec = self._rec
         if request is not None:
-            why = request.binds(rec.identity.job, os.getpid(), rec.started_unix)
-            if why is None and request.rank != self._rank:
-                why = f"it is for rank {request.rank}"
-            if why is None and time.time() > request.expires_unix:
-                why = "it expired (the command that wrote it has given up)"
+            why = captures.refusal(
+                request, self._rank, rec.identity.job, os.getpid(), rec.started_unix, time.time()
+            )
         if why is not None or request is None:
             log.info(
                 "ddpmon: rank %d: ignored the settings request %s: %s",

@@ -20,8 +20,9 @@ import dataclasses
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import StateFileError
 from . import files
@@ -94,6 +95,10 @@ class Bound(Protocol):
     def pid(self) -> int: ...
     @property
     def started_unix(self) -> float: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def expires_unix(self) -> float: ...
 
 
 def binds(request: Bound, job: str | None, pid: int, started_unix: float | None) -> str | None:
@@ -106,6 +111,36 @@ def binds(request: Bound, job: str | None, pid: int, started_unix: float | None)
     if request.job != job:
         return f"it is for job {request.job!r}, not {job!r}"
     return None
+
+
+def refusal(
+    request: Bound, rank: int, job: str | None, pid: int, started_unix: float | None, now: float
+) -> str | None:
+    """None when ``request`` is for this rank's process and still wanted; else why it is
+    ignored (another process, another rank, or the command that wrote it gave up)."""
+    why = binds(request, job, pid, started_unix)
+    if why is None and request.rank != rank:
+        why = f"it is for rank {request.rank}"
+    if why is None and now > request.expires_unix:
+        why = "it expired (the command that wrote it has given up)"
+    return why
+
+
+R = TypeVar("R")
+
+
+def take(path: str, read: Callable[[str], R]) -> tuple[R | None, str | None]:
+    """The request at ``path`` read with ``read``, and the file removed whatever it held (a
+    request is answered once): (request, None), or (None, why it could not be read)."""
+    try:
+        return read(path), None
+    except StateFileError as exc:
+        return None, exc.reason
+    finally:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 @dataclass(frozen=True)
