@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from ..config import (
     Config,
 )
 from ..errors import ConfigError
-from ..state import attempts
+from ..state import attempts, launcher
 from .exits import EXIT_OK, EXIT_USAGE
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
@@ -198,15 +199,23 @@ class UsageError(Exception):
 
 def run(args: argparse.Namespace) -> int:
     """Start the command with ddpmon reaching its ranks; its exit status is ours."""
+    early = None
     try:
         env = _child_env(args)
+        chosen = dict(env)
+        early = _starting(args.command, env)
         plan = plan_command(args.command)
+        if early is not None and not early.fits(plan):
+            early.record.discard()
+            early, env = None, chosen  # the job named from torch's own reading instead
         job, state_dir = _job_and_state_dir(env, plan)
         if args.debug_server is not None:
             _check_debug_server(args, plan, env)
         if args.preflight and plan.sitecustomize:
             raise UsageError("--preflight needs torchrun's arguments (the nodes), not a command")
     except (UsageError, ConfigError) as exc:
+        if early is not None:
+            early.record.discard()
         print(f"ddpmon run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"ddpmon run: job {job!r}, state files in {state_dir or '(off)'}", file=sys.stderr)
@@ -232,12 +241,80 @@ def run(args: argparse.Namespace) -> int:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (sitedir, env.get("PYTHONPATH", "")) if p
             )
+        if early is not None:  # the agent goes on with it from its own start
+            early.record.stop()
+            handed, early.record.path = early.record.path, None  # written by the agent alone
+            if handed is not None:
+                env[launcher.HANDOFF_VARIABLE] = handed
         code = _run_child(plan.argv, env)
     finally:
+        if early is not None:
+            early.record.stop()
         if sitedir:
             shutil.rmtree(sitedir, ignore_errors=True)
     _print_summary(code, state_dir)
     return code
+
+
+@dataclasses.dataclass
+class Early:
+    """The launcher's record that ``ddpmon run`` writes from its start, before torch loads
+    (``ddpmon run`` reads torchrun's arguments with torch's parser), and hands to its agent."""
+
+    record: Any  # agent.Record
+    script: str
+    rdzv_id: str | None
+
+    def fits(self, plan: Plan) -> bool:
+        """torch's reading of the command names the same job, and torchrun runs as the agent."""
+        return (
+            plan.argv[1:3] == ["-m", "ddpmon.agent"]
+            and plan.script == self.script
+            and plan.rdzv_id == self.rdzv_id
+        )
+
+
+def _starting(command: list[str], env: dict[str, str]) -> Early | None:
+    """Where torchrun will run as ``ddpmon.agent``: the launcher's record in stage
+    ``starting`` (the command and what its arguments expect), so that the doctor says the
+    job is starting while torch loads, and the job and state directory fixed from a reading
+    of the arguments without torch (``plan_command`` checks it against torch's). None
+    otherwise, or when the record cannot be written (said once)."""
+    launcher_argv = _torchrun(command)
+    if launcher_argv is None or _ranks_python(launcher_argv) != sys.executable:
+        return None
+    rest = command[1:] if os.path.basename(command[0]) == "torchrun" else list(command)
+    reading = launcher.read_argv(rest)
+    if not reading.command or not reading.starts_python:
+        return None
+    from .. import agent
+
+    try:
+        _job_and_state_dir(env, Plan([], False, reading.command[0], reading.rdzv_id))
+        state = launcher.starting(reading, socket.gethostname(), os.getpid(), time.time(), None)
+        record = agent.open_record(state, environ=env)
+    except Exception as exc:  # (bad options are said by plan_command and the checks after)
+        if not isinstance(exc, (ConfigError, UsageError)):
+            print(f"ddpmon run: the launcher's record is off: {exc!r}", file=sys.stderr)
+        return None
+    return None if record is None else Early(record, reading.command[0], reading.rdzv_id)
+
+
+def _torchrun(command: list[str]) -> list[str] | None:
+    """The torchrun that ``command`` (torchrun's arguments) would start; None for a python
+    command line or a launcher of its own."""
+    first = os.path.basename(command[0]) if command else ""
+    if not command or _PYTHON.fullmatch(first) or command[0] == sys.executable:
+        return None
+    if first == "torchrun":
+        return [command[0]]
+    if (
+        not command[0].startswith("-")
+        and not command[0].endswith(".py")
+        and shutil.which(command[0])
+    ):
+        return None
+    return [sys.executable, "-m", "torch.distributed.run"]
 
 
 def plan_command(command: list[str]) -> Plan:
