@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import goodput
 from ..config import (
@@ -42,6 +42,9 @@ from ..config import (
 from ..errors import ConfigError
 from ..state import attempts, launcher
 from .exits import EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..agent import Record
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
@@ -202,12 +205,12 @@ def run(args: argparse.Namespace) -> int:
     early = None
     try:
         env = _child_env(args)
-        chosen = dict(env)
         early = _starting(args.command, env)
         plan = plan_command(args.command)
         if early is not None and not early.fits(plan):
-            early.record.discard()
-            early, env = None, chosen  # the job named from torch's own reading instead
+            early.record.discard()  # the job is named from torch's own reading instead
+            early = None
+        env = early.env if early is not None else env
         job, state_dir = _job_and_state_dir(env, plan)
         if args.debug_server is not None:
             _check_debug_server(args, plan, env)
@@ -261,9 +264,11 @@ class Early:
     """The launcher's record that ``ddpmon run`` writes from its start, before torch loads
     (``ddpmon run`` reads torchrun's arguments with torch's parser), and hands to its agent."""
 
-    record: Any  # agent.Record
+    record: Record
     script: str
     rdzv_id: str | None
+    env: dict[str, str]
+    """The children's environment, with the job and state directory the record is in."""
 
     def fits(self, plan: Plan) -> bool:
         """torch's reading of the command names the same job, and torchrun runs as the agent."""
@@ -280,15 +285,16 @@ def _starting(command: list[str], env: dict[str, str]) -> Early | None:
     job is starting while torch loads, and the job and state directory fixed from a reading
     of the arguments without torch (``plan_command`` checks it against torch's). None
     otherwise, or when the record cannot be written (said once)."""
-    launcher_argv = _torchrun(command)
-    if launcher_argv is None or _ranks_python(launcher_argv) != sys.executable:
+    torchrun = _torchrun(command)
+    if torchrun is None or _ranks_python(torchrun) != sys.executable:
         return None
-    rest = command[1:] if os.path.basename(command[0]) == "torchrun" else list(command)
+    rest = command[1:] if torchrun == command[:1] else list(command)
     reading = launcher.read_argv(rest)
     if not reading.command or not reading.starts_python:
         return None
     from .. import agent
 
+    env = dict(env)
     try:
         _job_and_state_dir(env, Plan([], False, reading.command[0], reading.rdzv_id))
         state = launcher.starting(reading, socket.gethostname(), os.getpid(), time.time(), None)
@@ -297,7 +303,7 @@ def _starting(command: list[str], env: dict[str, str]) -> Early | None:
         if not isinstance(exc, (ConfigError, UsageError)):
             print(f"ddpmon run: the launcher's record is off: {exc!r}", file=sys.stderr)
         return None
-    return None if record is None else Early(record, reading.command[0], reading.rdzv_id)
+    return None if record is None else Early(record, reading.command[0], reading.rdzv_id, env)
 
 
 def _torchrun(command: list[str]) -> list[str] | None:
@@ -324,20 +330,10 @@ def plan_command(command: list[str]) -> Plan:
             "name what to run: ddpmon run --nproc-per-node=2 train.py [ARGS...], "
             "or ddpmon run python train.py [ARGS...]"
         )
-    first = os.path.basename(command[0])
-    if _PYTHON.fullmatch(first) or command[0] == sys.executable:
+    launcher = _torchrun(command)
+    if launcher is None:  # python, or a launcher of its own: accelerate launch, a shell script
         return Plan(list(command), True, _python_target(command[1:]))
-    if (
-        first != "torchrun"
-        and not command[0].startswith("-")
-        and not command[0].endswith(".py")
-        and shutil.which(command[0])
-    ):  # a launcher of its own: accelerate launch, a shell script
-        return Plan(list(command), True, _python_target(command[1:]))
-    if first == "torchrun":
-        launcher, rest = [command[0]], command[1:]
-    else:
-        launcher, rest = [sys.executable, "-m", "torch.distributed.run"], list(command)
+    rest = command[1:] if launcher == command[:1] else list(command)
     try:
         from torch.distributed.run import get_args_parser
     except ImportError as exc:
