@@ -9,6 +9,7 @@ collectors return are built in ``metrics/exposition.py``.
 from __future__ import annotations
 
 import errno
+import functools
 import gzip
 import logging
 import math
@@ -50,13 +51,22 @@ class Reader:
     authenticated: bool
     """It proved who it is: basic auth, or a client certificate verified against the web
     config's CA. False where the web config asks for neither (and for a quick route)."""
+    encrypted: bool = False
+    """The connection is TLS: credentials did not cross the network in the clear."""
 
 
 Route = Callable[[Query, Reader], tuple[str, bytes]]
+PostRoute = Callable[[Query, Reader, bytes], tuple[str, bytes]]
+"""A route that acts on request (the daemon's ``/set``): it also takes the request's body."""
 
 
 class Unhealthy(Exception):
     """Raised by a route (a health check) to answer 503 with its message."""
+
+
+class Forbidden(Exception):
+    """Raised by a route to answer 403 with its message: why this request may not act
+    here, and the fix."""
 
 
 class BadRequest(Exception):
@@ -83,14 +93,18 @@ def serve(
     routes: dict[str, Route] | None = None,
     quick_routes: dict[str, Route] | None = None,
     web: WebConfig | None = None,
+    post_routes: dict[str, PostRoute] | None = None,
 ) -> Endpoint:
     """Serve ``collector`` from a private registry on ``bind:port`` (0 = ephemeral): at
     ``/metrics`` (and, as prometheus_client does, at any path that is not a route).
     ``routes`` adds read-only paths: path -> (query, reader) -> (content type, body),
     produced off the event loop like the metrics; ``quick_routes`` are answered on the loop
     itself, so they must never block: a health check that must answer while a slow route
-    holds the worker (it needs no credentials: it says only whether sampling runs). A route
-    that raises BadRequest answers 400 with its message, LookupError 404, Unhealthy 503.
+    holds the worker (it needs no credentials: it says only whether sampling runs).
+    ``post_routes`` take a POST with a body of at most ``MAX_BODY_BYTES`` (and nothing
+    else): path -> (query, reader, body) -> (content type, body), off the loop. A route
+    that raises BadRequest answers 400 with its message, Forbidden 403, LookupError 404,
+    Unhealthy 503.
     ``web`` (exporter-toolkit's web config, ``webconfig.load_web_config``) adds TLS and
     basic auth, as node_exporter's ``--web.config.file``: a request without the credentials
     it asks for answers 401.
@@ -103,6 +117,7 @@ def serve(
         dict(routes or {}),
         dict(quick_routes or {}),
         web or WebConfig(""),
+        dict(post_routes or {}),
     )
     return Endpoint(server, bind)
 
@@ -128,7 +143,7 @@ RESPONSE_SECONDS = 30.0
 MAX_HEAD_BYTES = 16 * 1024
 """A request's line and headers, in bytes: larger is answered 431."""
 MAX_BODY_BYTES = 64 * 1024
-"""A request's body (read and dropped: no route takes one): larger is answered 413."""
+"""A request's body (read and dropped, but for a POST route's): larger is answered 413."""
 READ_BYTES = 64 * 1024
 MAX_UNSENT_BYTES = 64 * 2**20
 """Responses waiting for slow readers, in all; past it the oldest such reader is dropped."""
@@ -168,6 +183,7 @@ class _Request:
     query: str
     headers: dict[str, str]  # lower-case names; a field given twice, its values joined by ", "
     close: bool = False  # answer with Connection: close (its body is left unread)
+    body: bytearray | None = None  # kept for a POST route only (else read and dropped)
 
 
 @dataclass
@@ -249,6 +265,10 @@ class _Connection:
             return None
 
     @property
+    def sock_encrypted(self) -> bool:
+        return isinstance(self.sock, ssl.SSLSocket)
+
+    @property
     def verified(self) -> bool:
         """The client showed a certificate that the web config's CA verified."""
         return isinstance(self.sock, ssl.SSLSocket) and self.sock.getpeercert() is not None
@@ -264,8 +284,10 @@ class _Server:
         routes: dict[str, Route],
         quick_routes: dict[str, Route],
         web: WebConfig,
+        post_routes: dict[str, PostRoute],
     ) -> None:
         self._listener = listener
+        self._posts = post_routes
         self._web = web
         self.port: int = listener.getsockname()[1]
         self._registry = registry
@@ -504,6 +526,8 @@ class _Server:
                 self._respond(conn, event)
             elif isinstance(event, h11.EndOfMessage):
                 self._dispatch(conn)
+            elif isinstance(event, h11.Data) and conn.request and conn.request.body is not None:
+                conn.request.body += event.data  # (bounded: Content-Length, checked)
             elif event is h11.NEED_DATA:
                 if not http.they_are_waiting_for_100_continue:
                     return
@@ -515,7 +539,7 @@ class _Server:
                 assert conn.request is not None
                 conn.request.close = True
                 self._dispatch(conn)
-            # (h11.Data: a request's body, dropped)
+            # (h11.Data: any other request's body, dropped)
 
     def _read_event(self, conn: _Connection) -> Any:
         """h11's next event, or the answer to a request that is not served: what h11 refuses
@@ -538,9 +562,12 @@ class _Server:
             conn.deadline = (
                 conn.since + REQUEST_SECONDS
             )  # a body may follow: the whole request has a bound
-            problem = _refusal(conn.request, head)
+            post = conn.request.path in self._posts
+            problem = _refusal(conn.request, head, post)
             if problem is not None:
-                return _refused(*problem)
+                return _refused(*problem, allow="POST" if post else "GET, HEAD")
+            if conn.request.method == "POST":
+                conn.request.body = bytearray()
         return event
 
     def _dispatch(self, conn: _Connection) -> None:
@@ -614,6 +641,7 @@ class _Server:
                 return
             conn, request = job
             route = self._routes.get(request.path)
+            post = self._posts.get(request.path) if request.method == "POST" else None
             try:
                 authenticated = conn.verified or (
                     bool(self._web.users) and self._web.allows(request.headers.get("authorization"))
@@ -625,9 +653,17 @@ class _Server:
                         b"credentials needed (basic auth, or a client certificate)\n",
                         [("WWW-Authenticate", 'Basic realm="ddpmon"')],
                     )
+                elif post:
+                    answer = self._route_answer(
+                        request,
+                        functools.partial(_with_body, post, bytes(request.body or b"")),
+                        Reader(conn.peer, _local(conn), authenticated, conn.sock_encrypted),
+                    )
                 elif route:
                     answer = self._route_answer(
-                        request, route, Reader(conn.peer, _local(conn), authenticated)
+                        request,
+                        route,
+                        Reader(conn.peer, _local(conn), authenticated, conn.sock_encrypted),
                     )
                 else:
                     answer = self._metrics(request)
@@ -653,9 +689,15 @@ class _Server:
     def _route_answer(self, request: _Request, route: Route, reader: Reader) -> _Answer:
         try:
             content_type, body = route(parse_qs(request.query, keep_blank_values=True), reader)
-        except (BadRequest, LookupError, Unhealthy) as exc:  # a bad query, not served now, failing
+        except (BadRequest, Forbidden, LookupError, Unhealthy) as exc:  # a bad query, not served
             status = (
-                400 if isinstance(exc, BadRequest) else 503 if isinstance(exc, Unhealthy) else 404
+                400
+                if isinstance(exc, BadRequest)
+                else 403
+                if isinstance(exc, Forbidden)
+                else 503
+                if isinstance(exc, Unhealthy)
+                else 404
             )
             message = str(exc.args[0] if exc.args else exc) + "\n"
             return _answer(status, "text/plain", message.encode(), request)
@@ -663,6 +705,10 @@ class _Server:
             self._warn_once(f"{request.path} failed", exc)
             return _answer(500, "text/plain", f"{exc!r}\n".encode(), request)
         return _answer(200, content_type, body, request)
+
+
+def _with_body(post: PostRoute, body: bytes, query: Query, reader: Reader) -> tuple[str, bytes]:
+    return post(query, reader, body)
 
 
 def _local(conn: _Connection) -> tuple[Any, ...]:
@@ -681,7 +727,7 @@ def _request(event: h11.Request) -> _Request:
     return _Request(event.method.decode("latin-1"), target.path or "/", target.query, headers)
 
 
-def _refusal(request: _Request, head: bytes) -> tuple[int, str] | None:
+def _refusal(request: _Request, head: bytes, post_route: bool = False) -> tuple[int, str] | None:
     """Why a request h11 has read is not served, as (status, message); None when it is.
     h11 refuses a malformed head (400: a bad request line or header, a Content-Length that is
     not digits or given twice with two values, no Host in HTTP/1.1) and an incomplete head
@@ -692,21 +738,25 @@ def _refusal(request: _Request, head: bytes) -> tuple[int, str] | None:
         # h11 reads a bare LF as a line's end, as RFC 9112 (2.2) allows; a proxy in front may
         # not, and the two would disagree on where a request ends (request smuggling)
         return 400, "a line of the request head ends in a bare LF: end each line with CRLF"
-    if request.method not in ("GET", "HEAD"):
+    if post_route and request.method != "POST":
+        return 405, f"{request.path} takes POST only"
+    if not post_route and request.method not in ("GET", "HEAD"):
         return 405, f"{request.method} is not served; use GET"
     if "transfer-encoding" in request.headers:
         return 501, "chunked request bodies are not accepted"
     if int(request.headers.get("content-length", "0")) > MAX_BODY_BYTES:
         return 413, f"a request body over {MAX_BODY_BYTES // 1024} KiB"
     expect = request.headers.get("expect", "").lower()
+    if expect and post_route:
+        return 417, f"'Expect: {expect}' is not met on {request.path}: send the body at once"
     if expect and expect != "100-continue":
         return 417, f"'Expect: {expect}' cannot be met (only 100-continue is)"
     return None
 
 
-def _refused(status: int, message: str) -> _Answer:
+def _refused(status: int, message: str, allow: str = "GET, HEAD") -> _Answer:
     """The answer to a request that is not served; the connection closes after it."""
-    headers = [("Allow", "GET, HEAD")] if status == 405 else []
+    headers = [("Allow", allow)] if status == 405 else []
     return _Answer(status, "text/plain", (message + "\n").encode(), headers, close=True)
 
 

@@ -299,9 +299,12 @@ class HttpConfig:
     server_name: str | None = None
     authorization: str | None = field(default=None, repr=False)
 
-    def open(self, url: str, timeout: float) -> Any:
-        """``urllib.request.urlopen`` of ``url`` with this TLS and these credentials."""
-        request = urllib.request.Request(url)
+    def open(self, url: str, timeout: float, data: bytes | None = None) -> Any:
+        """``urllib.request.urlopen`` of ``url`` with this TLS and these credentials (a POST
+        of the JSON ``data`` when given)."""
+        request = urllib.request.Request(url, data=data)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
         if self.authorization:
             request.add_unredirected_header("Authorization", self.authorization)
         handlers: list[Any] = []

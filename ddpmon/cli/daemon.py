@@ -82,6 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "reach it needs --web-config-file with basic_auth_users or client certificates",
     )
     parser.add_argument(
+        "--allow-requests",
+        action="store_true",
+        help="take `ddpmon set --from HOST:PORT` requests (POST /set) and place them for "
+        "this node's ranks; needs --serve-state (the command reads the ranks' answers at "
+        "/state) and credentials in --web-config-file, and without TLS takes them from this "
+        "host only: anything else is answered 403 with the reason. Off by default",
+    )
+    parser.add_argument(
         "--web-config-file",
         metavar="FILE",
         help="TLS and basic auth, in exporter-toolkit's web config format (node_exporter's "
@@ -103,6 +111,11 @@ def _check(args: argparse.Namespace) -> str | None:
         return (
             f"--stale-after={args.stale_after} is not valid: expected more than "
             f"--interval={args.interval}"
+        )
+    if args.allow_requests and not args.serve_state:
+        return (
+            "--allow-requests needs --serve-state: `ddpmon set --from` reads each rank's "
+            "answer at /state"
         )
     if os.path.exists(args.state_dir) and not os.path.isdir(args.state_dir):
         return f"--state-dir={args.state_dir!r} is not valid: it is a file, expected a directory"
@@ -163,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             routes,  # type: ignore[arg-type]
             quick_routes={"/healthz": daemon.health_route},
             web=web,
+            post_routes={"/set": daemon.requests(args.allow_requests, web).set_route},
         )
     except OSError as exc:
         daemon.stop()
@@ -195,6 +209,16 @@ def run(args: argparse.Namespace) -> int:
             else "to a client on this host, the state files its own user may read"
         )
         print(f"ddpmon daemon: /state and /history serve {whose}", flush=True)
+    if args.allow_requests:
+        from ..daemon.requests import permission
+        from ..httpd import Reader
+
+        refusal = permission(True, web, Reader(("127.0.0.1",), (), True))
+        print(
+            "ddpmon daemon: POST /set "
+            + (f"refuses every request: {refusal}" if refusal else "takes `ddpmon set --from`"),
+            flush=True,
+        )
     while not stop.wait(0.5):
         pass
     endpoint.close()

@@ -13,7 +13,8 @@ never imports torch, and nothing it reads (a missing directory, a corrupt file, 
 GPU) stops it: each problem is logged once and the rest keeps being served.
 
 The daemon composes: ``discovery`` (which state files), ``ranks`` (each rank's liveness),
-``samples`` (what ``/metrics`` exports) and ``routes`` (``/state``, ``/history``).
+``samples`` (what ``/metrics`` exports), ``routes`` (``/state``, ``/history``) and
+``requests`` (``POST /set``, the one route that acts, off by default).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from ..httpd import Query, Reader, Unhealthy
 from ..metrics.exposition import Sample, families
 from ..state import owners
 from ..version import __version__
+from ..webconfig import WebConfig
 from .discovery import StateFiles
 from .ranks import NodeRank, Ranks
+from .requests import Requests
 from .routes import Routes
 from .samples import Gpus, HangAborts, rank_samples
 
@@ -85,6 +88,10 @@ class Daemon:
     @property
     def gpus(self) -> list[nvml.Gpu]:
         return self._gpus.gpus
+
+    def requests(self, allowed: bool, web: WebConfig | None) -> Requests:
+        """``POST /set`` over this node's ranks (``requests.py``): refused unless ``allowed``."""
+        return Requests(self.files, self._ranks.is_local, self.hostname, allowed, web)
 
     def ranks(self) -> list[NodeRank]:
         """This node's ranks (``ranks.Ranks``)."""

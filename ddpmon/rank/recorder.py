@@ -170,6 +170,8 @@ class Recorder:
         self.stack_samples: schema.StackSamples | None = None
         """Where the training thread's time went while this rank looked slow
         (``rank/stack_samples.py``); replaced whole."""
+        self.settings_answer: schema.SettingsAnswer | None = None
+        """The answer to the last ``ddpmon set`` request (``rank/settings.py``); replaced whole."""
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
@@ -749,6 +751,7 @@ class Recorder:
                 paused_seconds=self.paused_seconds,
                 optimizer=self.optimizer,
                 stack_samples=self.stack_samples,
+                settings_answer=self.settings_answer,
             )
         state.timings = timings
         state.throughput = throughput

@@ -21,7 +21,7 @@ from typing import Any
 from ..config import live_value
 from ..errors import ConfigError
 from ..fuses import Fuse
-from ..state import captures, settings
+from ..state import captures, schema, settings
 from .recorder import Recorder
 
 log = logging.getLogger("ddpmon")
@@ -104,4 +104,7 @@ class LiveSettings:
                 log.warning("ddpmon: rank %d: refused %s=%r: %s", self._rank, name, text, refused)
         settings.prune(self._dir, self._rank, settings.KEEP - 1)
         settings.write_status(self._dir, status)
+        rec.settings_answer = schema.SettingsAnswer(
+            status.nonce, status.applied, status.refused, status.step, status.written_unix
+        )  # in the state file too: what a node daemon's /state serves
         self._notify()

@@ -108,12 +108,19 @@ def ips(url: str) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-def fetch(url: str, timeout: float, until: float, limit: int, client: HttpConfig) -> Answer:
-    """One daemon's answer, asked with ``client``'s TLS and credentials; a body still coming
-    at ``until`` is cut short."""
+def fetch(
+    url: str,
+    timeout: float,
+    until: float,
+    limit: int,
+    client: HttpConfig,
+    data: bytes | None = None,
+) -> Answer:
+    """One daemon's answer, asked with ``client``'s TLS and credentials (a POST of ``data``
+    when given); a body still coming at ``until`` is cut short."""
     found = ips(url)
     try:
-        with client.open(url, timeout) as response:
+        with client.open(url, timeout, data) as response:
             body: bytes | BaseException = read_bounded(response, limit, until)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the caller says it
         if isinstance(exc, urllib.error.HTTPError):
@@ -123,17 +130,23 @@ def fetch(url: str, timeout: float, until: float, limit: int, client: HttpConfig
 
 
 def fetch_all(
-    urls: list[str], timeout: float, deadline: float, limit: int, client: HttpConfig
+    urls: list[str],
+    timeout: float,
+    deadline: float,
+    limit: int,
+    client: HttpConfig,
+    data: bytes | None = None,
 ) -> list[Answer | None]:
-    """Every URL read at once, each in a thread of its own; None for those that have not
-    answered after ``deadline`` seconds (their threads end on their own timeout, unwaited)."""
+    """Every URL read at once (each sent ``data`` as a POST, when given), each in a thread
+    of its own; None for those that have not answered after ``deadline`` seconds (their
+    threads end on their own timeout, unwaited)."""
     until = time.monotonic() + deadline
     answers: dict[int, Answer] = {}
 
     def one(
         i: int, url: str
     ) -> None:  # an answer that does not end is cut short before the deadline
-        answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit, client)
+        answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit, client, data)
 
     threads = [
         threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)

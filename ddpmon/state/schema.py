@@ -670,6 +670,23 @@ class StackSamples:
 
 
 @dataclass(slots=True)
+class SettingsAnswer:
+    """A rank's answer to the last ``ddpmon set`` request it took (``state/settings.py``),
+    also written to ``set-<R>-<nonce>.status``: here it reaches ``ddpmon set --from``
+    through a node daemon's ``/state``."""
+
+    nonce: str
+    """The request's, as the node daemon or the command chose it."""
+    applied: dict[str, Any] = field(default_factory=dict)
+    """Option -> the value now in use (null: a hang timeout learned again)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Option -> why not, and what is accepted."""
+    step: int = 0
+    """The rank's step count when it answered."""
+    written_unix: float = 0.0
+
+
+@dataclass(slots=True)
 class RankState(Identity):
     """Everything one rank publishes: who it is, where it is, what it measured."""
 
@@ -733,6 +750,8 @@ class RankState(Identity):
     stack_samples: StackSamples | None = None
     """The training thread's stack, sampled while this rank looked slower than its peers (the
     last window of samples); null when it never did."""
+    settings_answer: SettingsAnswer | None = None
+    """Its answer to the last ``ddpmon set`` request it took; null before any."""
     format: int = FORMAT
     """The schema version of this file."""
     file_mtime_unix: float | None = None
