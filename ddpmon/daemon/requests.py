@@ -12,7 +12,8 @@ by the rank's own code (``config.live_value``). The daemon, never the asker, cho
 ranks (those of the job whose live processes it serves), the nonces and the file names, and
 binds each request to the rank's process from its state file. A request file is written in
 a directory opened without following links, that belongs to the state file's owner and that
-no other user may write; it is created exclusively (never through a link) under a temporary
+not every user may write (a team's group-writable directory is one: the rank refuses a
+member's request by its owner); it is created exclusively (never through a link) under a temporary
 name, given to that owner (a daemon running as root), and renamed into place, so that the
 rank's own checks (its user's regular file) accept it unchanged. Torch-free.
 """
@@ -146,11 +147,11 @@ def place(
                 f"its directory {state_dir} belongs to uid {info.st_uid}, not to the job's "
                 f"user (uid {owner})"
             )
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if info.st_mode & stat.S_IWOTH:
             raise Refused(
-                f"its directory {state_dir} may be written by other users "
+                f"its directory {state_dir} may be written by any user "
                 f"(mode {stat.S_IMODE(info.st_mode):o}), who could swap a request placed "
-                "there: make it 0700 or 0750"
+                "there: make it 0700 (or 2770, a team's)"
             )
         euid = os.geteuid()
         if euid not in (0, owner):

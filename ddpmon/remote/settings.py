@@ -79,10 +79,10 @@ def ask(
         )
         for address, state_answer in zip(where, states):
             for state in _states(state_answer):
-                r, reply = state.get("rank"), state.get("settings_answer")
-                if not isinstance(r, int) or r not in waiting or not isinstance(reply, dict):
+                number, reply = state.get("rank"), state.get("settings_answer")
+                if number not in waiting or not isinstance(reply, dict):
                     continue
-                mine = out.ranks[r]
+                mine = out.ranks[number]
                 if mine.address != address or reply.get("nonce") != mine.nonce:
                     continue
                 applied, refused = reply.get("applied"), reply.get("refused")
@@ -90,7 +90,7 @@ def ask(
                 mine.refused = {str(k): str(v) for k, v in (refused or {}).items()}
                 step = reply.get("step")
                 mine.step = step if isinstance(step, int) else 0
-                waiting.discard(r)
+                waiting.discard(number)
         if waiting:
             time.sleep(min(POLL_SECONDS, max(0.0, until - time.monotonic())))
     return out
