@@ -11,14 +11,14 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddpmon.state import settings
 from tests.support import harness
+from tests.support.live_settings import request, wait_until, watchdog_timeout
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,22 +32,6 @@ def run_set(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=30,
     )
-
-
-def wait_until(what: str, check: Callable[[], object], timeout: float = 15.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def watchdog_timeout(workdir: Path, rank: int) -> float | None:
-    """The hang timeout the rank's watchdog used in its last pass (its state file)."""
-    state = harness.states(workdir).get(rank) or {}
-    return ((state.get("activity") or {}) or {}).get("hang_timeout_seconds")
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +53,6 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield workdir
     finally:
         harness.finish(procs, workdir)
-
-
-def request(workdir: Path, rank: int, **changes: str) -> settings.Request:
-    """A request bound to the rank's process, as the command writes it."""
-    state = harness.states(workdir)[rank]
-    now = time.time()
-    return settings.Request(
-        nonce=uuid.uuid4().hex[:16],
-        rank=rank,
-        job=state["job"],
-        pid=state["pid"],
-        started_unix=state["started_unix"],
-        changes=changes,
-        requested_unix=now,
-        expires_unix=now + 20,
-    )
 
 
 def answer(state_dir: Path, req: settings.Request) -> settings.Status:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from ddpmon.state import settings
-from tests.distributed.test_set import request, wait_until, watchdog_timeout
 from tests.support import harness
 from tests.support.commands import start_daemon, terminate
+from tests.support.live_settings import request, wait_until, watchdog_timeout
 from tests.support.roots import NOBODY
 from tests.support.tls import bcrypt_hash
 
@@ -113,10 +113,10 @@ def test_every_rank_applies_and_confirms(job: Path, configs: dict[str, Path], gu
     assert lines[0].startswith(f"rank 0 ({address}): hang_timeout = 7.5 (applied at step ")
     assert lines[1].startswith(f"rank 1 ({address}): hang_timeout = 7.5 (applied at step ")
     assert len(lines) == 2
-    for rank in (0, 1):
-        wait_until(
-            f"rank {rank}'s watchdog to use 7.5 s", lambda: watchdog_timeout(job, rank) == 7.5
-        )
+    wait_until(
+        "both ranks' watchdogs to use 7.5 s",
+        lambda: watchdog_timeout(job, 0) == watchdog_timeout(job, 1) == 7.5,
+    )
     # one rank, as JSON; the other keeps its value
     done = run_set(
         "--from", address, "--http-config", str(configs["client"]), "--json", "--rank", "1",
