@@ -91,7 +91,9 @@ class Daemon:
 
     def requests(self, allowed: bool, web: WebConfig | None) -> Requests:
         """``POST /set`` over this node's ranks (``requests.py``): refused unless ``allowed``."""
-        return Requests(self.files, self._ranks.is_local, self.hostname, allowed, web)
+        return Requests(
+            self.files, self._ranks.is_local, self.hostname, allowed, web, self._ranks.stale_after
+        )
 
     def ranks(self) -> list[NodeRank]:
         """This node's ranks (``ranks.Ranks``)."""

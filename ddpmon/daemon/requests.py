@@ -29,8 +29,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from ..config import live_value
 from ..errors import ConfigError
 from ..httpd import BadRequest, Forbidden, Query, Reader
@@ -214,7 +212,9 @@ class Requests:
         hostname: str,
         allowed: bool,
         web: WebConfig | None,
+        stale_after: float,
     ) -> None:
+        self._stale_after = stale_after
         self._files = files
         self._is_local = is_local
         self._hostname = hostname
@@ -222,20 +222,22 @@ class Requests:
         self._web = web
 
     def set_route(self, query: Query, reader: Reader, body: bytes) -> tuple[str, bytes]:
-        """Place the request for every live rank of the job here (or the one asked for):
+        """Place the request for every live rank of the job here (its state file still
+        rewritten; a rank ended or detached is left alone), or the one asked for:
         ``{"host", "job", "placed": {rank: nonce}, "refused": {rank: why}}``; each rank's
         answer then shows in its state file's ``settings_answer`` (``/state``)."""
         why = permission(self._allowed, self._web, reader)
         if why is not None:
             raise Forbidden(why)
         job, rank, changes, timeout = parse(body)
-        live = [
+        now = time.time()
+        live = [  # (its process: the rank checks the request is for it)
             (path, state, owner)
-            for path, state, owner, _ in self._files.read_all()
+            for path, state, owner, written in self._files.read_all()
             if self._is_local(state)
             and state.exit is None
-            and state.pid is not None
-            and psutil.pid_exists(state.pid)
+            and state.stage != schema.Stage.DETACHED
+            and now - written <= self._stale_after
         ]
         if job is None:
             jobs = sorted({s.job or "" for _, s, _ in live})

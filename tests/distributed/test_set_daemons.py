@@ -227,3 +227,38 @@ def test_a_directory_any_user_may_write(job: Path, configs: dict[str, Path], gua
         assert answers(job) == before and watchdog_timeout(job, 1) != 3.0
     finally:
         state_dir.chmod(mode)
+
+
+def this_hosts_address() -> str | None:
+    """An address of this host that is not loopback (None when it has none)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # a route only: nothing is sent
+            address = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_without_tls_only_this_hosts_loopback(job: Path, configs: dict[str, Path]) -> None:
+    address = this_hosts_address()
+    if address is None:
+        pytest.skip("this host has no address but loopback")
+    before = answers(job)
+    proc, port = daemon(
+        job, "--allow-requests", "--web-config-file", str(configs["web"]), "--bind", "0.0.0.0"
+    )
+    try:
+        done = run_set(
+            "--from", f"{address}:{port}", "--http-config", str(configs["client"]), "hang_timeout=3"
+        )
+        assert done.returncode == 1
+        assert done.stdout.startswith(f"daemon {address}:{port}: HTTP 403: "), done.stdout
+        assert "without TLS this daemon takes requests from this host only" in done.stdout
+        assert "add tls_server_config to --web-config-file" in done.stdout
+        time.sleep(1.5)
+        assert requests_in(job) == [] and answers(job) == before
+    finally:
+        terminate(proc)
