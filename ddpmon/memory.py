@@ -133,6 +133,14 @@ def seconds_left(t: MemoryTrend) -> float | None:
     return max(0.0, t.headroom_bytes / t.bytes_per_second)
 
 
+KINDS = {
+    "rss": "resident memory",
+    "pss": "proportional memory (PSS)",
+    "torch_allocated": "torch's allocated GPU memory",
+    "torch_reserved": "torch's reserved GPU memory",
+}
+"""Each ``MemoryTrend.kind`` in words."""
+
 LIMITS = {
     "host": "the host's available memory",
     "cgroup": "the cgroup's memory limit",
