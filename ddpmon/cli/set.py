@@ -221,6 +221,13 @@ def _through_daemons(
     unless every rank applied everything."""
     from ..remote import settings as remote
 
+    if args.timeout > settings.MAX_TIMEOUT_SECONDS:
+        print(
+            f"ddpmon set: --timeout {args.timeout:g} is too long for the daemons: at most "
+            f"{settings.MAX_TIMEOUT_SECONDS:g} s",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         addresses = daemons.addresses()
     except DiscoveryError as exc:

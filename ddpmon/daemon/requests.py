@@ -40,8 +40,7 @@ log = logging.getLogger("ddpmon")
 
 MAX_BODY_BYTES = settings.MAX_FILE_BYTES
 """A request's body holds a few hundred bytes."""
-MAX_TIMEOUT_SECONDS = 120.0
-"""A request not taken by then is dropped by the rank: the asker has given up."""
+MAX_TIMEOUT_SECONDS = settings.MAX_TIMEOUT_SECONDS
 FIELDS = ("job", "rank", "changes", "timeout")
 
 

@@ -25,6 +25,9 @@ from . import captures, files
 MAX_FILE_BYTES = 16 * 1024
 """A request or status file holds a few hundred bytes."""
 MAX_CHANGES = 16
+MAX_TIMEOUT_SECONDS = 120.0
+"""The longest a request sent through a node daemon waits to be taken (``ddpmon set
+--timeout``): the daemon refuses a longer one."""
 KEEP = 4
 """Answers kept per rank: each new one removes the oldest beyond this."""
 REQUEST_KIND = "ddpmon-set-request"

@@ -262,3 +262,14 @@ def test_without_tls_only_this_hosts_loopback(job: Path, configs: dict[str, Path
         assert requests_in(job) == [] and answers(job) == before
     finally:
         terminate(proc)
+
+
+def test_bad_usage_is_said(tmp_path: Path) -> None:
+    done = run_set(str(tmp_path), "--from", "node1:9490", "hang_timeout=3")
+    assert done.returncode == 2 and "give STATE_DIR or the daemons" in done.stderr
+    done = run_set(str(tmp_path), "--job", "train", "hang_timeout=3")
+    assert done.returncode == 2 and "--job is for the daemons" in done.stderr
+    done = run_set("--from", "node1:9490", "--timeout", "500", "hang_timeout=3")
+    assert done.returncode == 2 and "at most 120 s" in done.stderr
+    done = run_set("--from", "node1:9490", "port=1")
+    assert done.returncode == 2 and "port is fixed at attach" in done.stderr
