@@ -265,9 +265,9 @@ def test_without_tls_only_this_hosts_loopback(job: Path, configs: dict[str, Path
 
 
 def test_bad_usage_is_said(tmp_path: Path) -> None:
-    done = run_set(str(tmp_path), "--from", "node1:9490", "hang_timeout=3")
+    done = run_set(str(tmp_path), "hang_timeout=3", "--from", "node1:9490")
     assert done.returncode == 2 and "give STATE_DIR or the daemons" in done.stderr
-    done = run_set(str(tmp_path), "--job", "train", "hang_timeout=3")
+    done = run_set(str(tmp_path), "hang_timeout=3", "--job", "train")
     assert done.returncode == 2 and "--job is for the daemons" in done.stderr
     done = run_set("--from", "node1:9490", "--timeout", "500", "hang_timeout=3")
     assert done.returncode == 2 and "at most 120 s" in done.stderr
