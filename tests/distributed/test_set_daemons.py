@@ -2,8 +2,9 @@
 through a real node daemon (``--serve-state --allow-requests``, basic auth from a web config):
 the hang timeout changed live on every rank and each rank's answer read back at /state; a
 wrong password refused (401), a daemon without credentials or without --allow-requests
-refused (403), nothing written either way; a state directory any user may write refused by
-the daemon, and a request that another user (nobody) wrote there refused by the rank.
+refused (403), nothing written either way; without TLS a request from another address than
+loopback refused (403), with TLS taken; a state directory any user may write refused by the
+daemon, and a request that another user (nobody) wrote there refused by the rank.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.support import harness
 from tests.support.commands import start_daemon, terminate
 from tests.support.live_settings import request, wait_until, watchdog_timeout
 from tests.support.roots import NOBODY
-from tests.support.tls import bcrypt_hash
+from tests.support.tls import bcrypt_hash, make_pki
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -273,3 +274,46 @@ def test_bad_usage_is_said(tmp_path: Path) -> None:
     assert done.returncode == 2 and "at most 120 s" in done.stderr
     done = run_set("--from", "node1:9490", "port=1")
     assert done.returncode == 2 and "port is fixed at attach" in done.stderr
+
+
+def test_over_tls_from_another_address(job: Path, tmp_path: Path) -> None:
+    """With TLS, a request is taken from an address other than loopback."""
+    address = this_hosts_address()
+    if address is None or shutil.which("openssl") is None:
+        pytest.skip("needs an address but loopback, and openssl for the certificates")
+    pki = make_pki(tmp_path)
+    web = write(
+        tmp_path / "web.yml",
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"basic_auth_users:\n  ops: '{bcrypt_hash('s3cret')}'\n",
+    )
+    client = write(
+        tmp_path / "client.yml",
+        "basic_auth:\n  username: ops\n  password: s3cret\n"
+        f"tls_config:\n  ca_file: {pki.ca}\n  server_name: ddpmon-node\n",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "ddpmon", "daemon", "--port", "0", "--bind", "0.0.0.0",
+            "--state-dir", str(job / "state"), "--serve-state", "--no-gpu", "--allow-requests",
+            "--web-config-file", str(web),
+        ],
+        cwd=harness.ROOT, env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "serving https://0.0.0.0:" in line, line + (
+            proc.stderr.read() if proc.stderr else ""
+        )
+        port = int(line.split("serving https://0.0.0.0:")[1].split("/")[0])
+        done = run_set(
+            "--from", f"https://{address}:{port}", "--http-config", str(client),
+            "--rank", "0", "hang_timeout=11",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith(f"rank 0 (https://{address}:{port}): hang_timeout = 11.0")
+        wait_until("rank 0's watchdog to use 11 s", lambda: watchdog_timeout(job, 0) == 11.0)
+    finally:
+        terminate(proc)
