@@ -32,6 +32,8 @@ API                                                    without it
 ``distributed_c10d._get_process_group_name``           nothing while groups have ``group_name``;
                                                        else collectives of every group are numbered
                                                        as one group, ``?``
+``distributed_c10d._get_default_store``                the clock's offset from rank 0's: readers
+                                                       estimate it from file modification times
 ``torch._C._distributed_c10d._dump_fr_trace_json``     the flight recorder's entries in hang
 (and ``_dump_fr_trace``, ``_dump_nccl_trace[_json]``)  reports (the report says why), and bucket
                                                        timing from the flight recorder
@@ -310,6 +312,19 @@ def process_group_name(group: Any) -> str:
         "process group names (the collectives of every group are numbered as one group, '?')",
     )
     return str(get(group))
+
+
+CLOCK = "the clock's offset from rank 0's (the doctor estimates it from file times)"
+
+
+def default_store() -> Any:
+    """The job's own c10d store (the default process group's)."""
+    return _find(
+        dist.distributed_c10d,
+        "_get_default_store",
+        "distributed_c10d._get_default_store",
+        CLOCK,
+    )()
 
 
 # -- the flight recorder -------------------------------------------------------------------

@@ -1,0 +1,94 @@
+"""A process's clock against a reference process's, measured through a c10d store.
+
+Times written on different hosts compare only on one clock. The reference (rank 0 of a job,
+node 0 of ``ddpmon preflight``) answers each ask with its own time; the asker brackets the
+answer between its send and its receipt, and of a few round trips trusts the one with the
+least delay: the offset is its midpoint minus the answer, true within half that delay
+(NTP's reasoning). Used by every rank at start (``rank/clock.py``) and by preflight's nodes.
+
+Only quick, non-blocking store calls are made (``set``, ``get`` of a key known to exist,
+``check``, ``add``): a blocking ``wait`` would hold the store client that the job's own
+threads share. Askers queue (``add`` a counter), so the reference polls one key, and each
+asker is answered in turn; waiting askers poll with a growing pause (at most
+``POLL_MAX_SECONDS``). The reference spends ``TRIPS`` round trips of a few milliseconds per
+asker: about a second per hundred askers, once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+TRIPS = 5
+"""Round trips per asker; the one with the least delay gives the offset."""
+POLL_SECONDS = 0.0005
+POLL_MAX_SECONDS = 0.1
+TRIP_TIMEOUT_SECONDS = 2.0
+"""The reference gives an asker that long for each round trip before moving on."""
+
+
+class Store(Protocol):
+    """What of a c10d store (``torch.distributed.Store``) is used."""
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def add(self, key: str, value: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class Measured:
+    """This clock minus the reference's, from the round trip with the least delay."""
+
+    offset_seconds: float
+    delay_seconds: float
+
+
+def measure(store: Store, who: int, deadline: float, clock: Any = time.time) -> Measured | None:
+    """Ask the reference (``serve``) for its time ``TRIPS`` times; None when it does not
+    answer by ``deadline`` (``time.monotonic``)."""
+    turn = store.add("queue", 1)
+    store.set(f"queue/{turn}", str(who))
+    best: Measured | None = None
+    for trip in range(TRIPS):
+        answer = f"{who}/{trip}/answer"
+        sent = clock()
+        store.set(f"{who}/{trip}/ask", "1")
+        if not _poll(store, answer, deadline):
+            return best
+        theirs = float(store.get(answer))
+        back = clock()
+        delay = back - sent
+        if best is None or delay < best.delay_seconds:
+            best = Measured((sent + back) / 2 - theirs, delay)
+    return best
+
+
+def serve(store: Store, askers: int, deadline: float, clock: Any = time.time) -> int:
+    """Answer ``askers`` in the order they queue, until ``deadline`` (``time.monotonic``);
+    the number answered."""
+    served = 0
+    for turn in range(1, askers + 1):
+        if not _poll(store, f"queue/{turn}", deadline):
+            break
+        who = store.get(f"queue/{turn}").decode()
+        for trip in range(TRIPS):
+            limit = min(deadline, time.monotonic() + TRIP_TIMEOUT_SECONDS)
+            if not _poll(store, f"{who}/{trip}/ask", limit, POLL_SECONDS):
+                break
+            store.set(f"{who}/{trip}/answer", repr(clock()))
+        else:
+            served += 1
+    return served
+
+
+def _poll(store: Store, key: str, deadline: float, most: float = POLL_MAX_SECONDS) -> bool:
+    """Whether ``key`` exists by ``deadline``: checked at once, then after growing pauses."""
+    pause = POLL_SECONDS
+    while not store.check([key]):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(most, pause * 2)
+    return True
