@@ -8,4 +8,5 @@ helper module of its own folder), never from another test module.
 - nvml_fake.py: a stand-in NVML driver for the collectors and the daemon
 - injector.py (armed by inject_site/sitecustomize.py): a fault in an unmodified script, one
   rank, at a function it names (INJECT_FAULT)
+- clock_shift.py (armed the same way): one rank's clock shifted in its process (SHIFT_CLOCK)
 """
