@@ -1,6 +1,7 @@
 """This rank's clock against rank 0's, measured once, as soon as the job's store is there.
 
-A thread of its own runs ``clocks``' round trips through the job's c10d store (under a
+Imported by ``rank/startup.py`` before the script runs, so it imports torch only when
+started. A thread of its own runs ``clocks``' round trips through the job's c10d store (under a
 prefix of ddpmon's): rank 0 answers the others, each other rank asks. The training thread
 only starts it (after ``init_process_group`` under ``ddpmon run``, else at attach); the
 result lands in ``measured()``, which the state file carries (``schema.Clock``), so the
@@ -15,7 +16,6 @@ import time
 
 from .. import clocks
 from ..state import schema
-from . import torch_api
 
 log = logging.getLogger("ddpmon")
 
@@ -40,6 +40,8 @@ def start() -> None:
         if _started:
             return
         _started = True
+    from . import torch_api  # imports torch: not before the script does (rank/startup.py)
+
     try:
         import torch.distributed as dist
 
