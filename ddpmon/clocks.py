@@ -16,6 +16,7 @@ asker: about a second per hundred askers, once.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,9 +46,15 @@ class Measured:
     delay_seconds: float
 
 
-def measure(store: Store, who: int, deadline: float, clock: Any = time.time) -> Measured | None:
+def measure(
+    store: Store,
+    who: int,
+    deadline: float,
+    clock: Any = time.time,
+    stop: threading.Event | None = None,
+) -> Measured | None:
     """Ask the reference (``serve``) for its time ``TRIPS`` times; None when it does not
-    answer by ``deadline`` (``time.monotonic``)."""
+    answer by ``deadline`` (``time.monotonic``) or ``stop`` is set first."""
     turn = store.add("queue", 1)
     store.set(f"queue/{turn}", str(who))
     best: Measured | None = None
@@ -55,7 +62,7 @@ def measure(store: Store, who: int, deadline: float, clock: Any = time.time) -> 
         answer = f"{who}/{trip}/answer"
         sent = clock()
         store.set(f"{who}/{trip}/ask", "1")
-        if not _poll(store, answer, deadline):
+        if not _poll(store, answer, deadline, stop):
             return best
         theirs = float(store.get(answer))
         back = clock()
@@ -65,17 +72,23 @@ def measure(store: Store, who: int, deadline: float, clock: Any = time.time) -> 
     return best
 
 
-def serve(store: Store, askers: int, deadline: float, clock: Any = time.time) -> int:
-    """Answer ``askers`` in the order they queue, until ``deadline`` (``time.monotonic``);
-    the number answered."""
+def serve(
+    store: Store,
+    askers: int,
+    deadline: float,
+    clock: Any = time.time,
+    stop: threading.Event | None = None,
+) -> int:
+    """Answer ``askers`` in the order they queue, until ``deadline`` (``time.monotonic``) or
+    ``stop``; the number answered."""
     served = 0
     for turn in range(1, askers + 1):
-        if not _poll(store, f"queue/{turn}", deadline):
+        if not _poll(store, f"queue/{turn}", deadline, stop):
             break
         who = store.get(f"queue/{turn}").decode()
         for trip in range(TRIPS):
             limit = min(deadline, time.monotonic() + TRIP_TIMEOUT_SECONDS)
-            if not _poll(store, f"{who}/{trip}/ask", limit, POLL_SECONDS):
+            if not _poll(store, f"{who}/{trip}/ask", limit, stop, POLL_SECONDS):
                 break
             store.set(f"{who}/{trip}/answer", repr(clock()))
         else:
@@ -83,12 +96,23 @@ def serve(store: Store, askers: int, deadline: float, clock: Any = time.time) ->
     return served
 
 
-def _poll(store: Store, key: str, deadline: float, most: float = POLL_MAX_SECONDS) -> bool:
-    """Whether ``key`` exists by ``deadline``: checked at once, then after growing pauses."""
+def _poll(
+    store: Store,
+    key: str,
+    deadline: float,
+    stop: threading.Event | None,
+    most: float = POLL_MAX_SECONDS,
+) -> bool:
+    """Whether ``key`` exists by ``deadline`` (and before ``stop``): checked at once, then
+    after growing pauses."""
     pause = POLL_SECONDS
     while not store.check([key]):
         if time.monotonic() >= deadline:
             return False
-        time.sleep(pause)
+        if stop is not None:
+            if stop.wait(pause):
+                return False
+        else:
+            time.sleep(pause)
         pause = min(most, pause * 2)
     return True

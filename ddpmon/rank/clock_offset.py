@@ -10,6 +10,7 @@ doctor and the report put every rank's times on rank 0's clock.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -21,11 +22,15 @@ log = logging.getLogger("ddpmon")
 
 DEADLINE_SECONDS = 300.0
 """The reference answers askers for this long; an asker waits as long for its turn."""
+EXIT_SECONDS = 2.0
+"""At the process's exit the thread is stopped and waited for this long at most: a daemon
+thread still inside a store call when the interpreter finalizes aborts the process."""
 PREFIX = "ddpmon/clock/"
 
 _lock = threading.Lock()
 _started = False
 _measured: schema.Clock | None = None
+_stop = threading.Event()
 
 
 def measured() -> schema.Clock | None:
@@ -57,9 +62,16 @@ def start() -> None:
     except Exception as exc:
         log.warning("ddpmon: the clock's offset from rank 0's is not measured: %r", exc)
         return
-    threading.Thread(
+    thread = threading.Thread(
         target=_run, args=(store, rank, world), name="ddpmon-clock", daemon=True
-    ).start()
+    )
+    thread.start()
+    atexit.register(_stop_at_exit, thread)
+
+
+def _stop_at_exit(thread: threading.Thread) -> None:
+    _stop.set()
+    thread.join(EXIT_SECONDS)
 
 
 def _run(store: object, rank: int, world: int) -> None:
@@ -68,9 +80,9 @@ def _run(store: object, rank: int, world: int) -> None:
     try:
         if rank == 0:
             _measured = schema.Clock(0.0, 0.0, time.time())
-            clocks.serve(store, world - 1, deadline)  # type: ignore[arg-type]
+            clocks.serve(store, world - 1, deadline, stop=_stop)  # type: ignore[arg-type]
             return
-        found = clocks.measure(store, rank, deadline)  # type: ignore[arg-type]
+        found = clocks.measure(store, rank, deadline, stop=_stop)  # type: ignore[arg-type]
         if found is not None:
             _measured = schema.Clock(
                 round(found.offset_seconds, 6), round(found.delay_seconds, 6), time.time()

@@ -50,11 +50,13 @@ formulas of the public ``FlopCounterMode``; its        and MFU (samples and toke
                                                        ``debug_server.py``)
 =====================================================  ===========================================
 
-Two are read outside the rank wing. ``state/root.py`` agrees the default job name through
+Three are read outside the rank wing. ``state/root.py`` agrees the default job name through
 the job's store (``distributed_c10d._get_default_store``) and, without it, names the job
 from the launcher process, saying so in one line the same way. The framework integrations
 (``integrations/_common.py``) find DDP inside a torch.compile'd model by its ``_orig_mod``;
-without it the model is taken for one that is not DDP, as their one warning says.
+without it the model is taken for one that is not DDP, as their one warning says. The
+launcher under ``ddpmon run`` (``agent.py``) reads a dynamic rendezvous handler's
+``_state_holder.state`` (who joined); without it, its record holds the connection probes.
 """
 
 from __future__ import annotations
