@@ -9,9 +9,10 @@ least delay: the offset is its midpoint minus the answer, true within half that 
 Only quick, non-blocking store calls are made (``set``, ``get`` of a key known to exist,
 ``check``, ``add``): a blocking ``wait`` would hold the store client that the job's own
 threads share. Askers queue (``add`` a counter), so the reference polls one key, and each
-asker is answered in turn; waiting askers poll with a growing pause (at most
-``POLL_MAX_SECONDS``). The reference spends ``TRIPS`` round trips of a few milliseconds per
-asker: about a second per hundred askers, once.
+asker is answered in turn: ``TRIPS`` round trips of a millisecond or two each. An asker far
+back in the queue checks the reference's progress every ``POLL_MAX_SECONDS``, one near its
+turn every ``NEAR_POLL_SECONDS``, so the store sees about ten requests a second per waiting
+asker and the reference never waits on a slow one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ TRIPS = 5
 """Round trips per asker; the one with the least delay gives the offset."""
 POLL_SECONDS = 0.0005
 POLL_MAX_SECONDS = 0.1
+NEAR_POLL_SECONDS = 0.002
+"""How often an asker checks once its turn is near, and for its answers."""
+WINDOW = 8
+"""Askers this near their turn check often, so that the reference never waits on them."""
 TRIP_TIMEOUT_SECONDS = 2.0
 """The reference gives an asker that long for each round trip before moving on."""
 
@@ -57,13 +62,16 @@ def measure(
     answer by ``deadline`` (``time.monotonic``) or ``stop`` is set first."""
     turn = store.add("queue", 1)
     store.set(f"queue/{turn}", str(who))
+    if not _wait_turn(store, turn, deadline, stop):
+        return None
     best: Measured | None = None
     for trip in range(TRIPS):
         answer = f"{who}/{trip}/answer"
         sent = clock()
         store.set(f"{who}/{trip}/ask", "1")
-        if not _poll(store, answer, deadline, stop):
-            return best
+        limit = min(deadline, time.monotonic() + TRIP_TIMEOUT_SECONDS + 1.0)
+        if not _poll(store, answer, limit, stop, NEAR_POLL_SECONDS):
+            return best  # the reference moved on (this process was too slow to ask)
         theirs = float(store.get(answer))
         back = clock()
         delay = back - sent
@@ -93,7 +101,20 @@ def serve(
             store.set(f"{who}/{trip}/answer", repr(clock()))
         else:
             served += 1
+        store.set("served", str(turn))
     return served
+
+
+def _wait_turn(store: Store, turn: int, deadline: float, stop: threading.Event | None) -> bool:
+    """Wait until the reference has done with the askers queued before ``turn``: checked
+    every ``POLL_MAX_SECONDS`` while far back in the queue, often once ``WINDOW`` away."""
+    while True:
+        done = int(store.get("served")) if store.check(["served"]) else 0
+        if done >= turn - 1:
+            return True
+        pause = NEAR_POLL_SECONDS if done >= turn - WINDOW else POLL_MAX_SECONDS
+        if time.monotonic() >= deadline or _pause(pause, stop):
+            return False
 
 
 def _poll(
@@ -109,10 +130,15 @@ def _poll(
     while not store.check([key]):
         if time.monotonic() >= deadline:
             return False
-        if stop is not None:
-            if stop.wait(pause):
-                return False
-        else:
-            time.sleep(pause)
+        if _pause(pause, stop):
+            return False
         pause = min(most, pause * 2)
     return True
+
+
+def _pause(seconds: float, stop: threading.Event | None) -> bool:
+    """Sleep; whether ``stop`` was set meanwhile."""
+    if stop is None:
+        time.sleep(seconds)
+        return False
+    return stop.wait(seconds)
