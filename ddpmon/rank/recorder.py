@@ -29,7 +29,7 @@ from .. import steps
 from ..state import records, schema
 from ..state.schema import Stage
 from ..steps import StepRow
-from . import gpu_steps
+from . import clock_offset, gpu_steps
 from .books import (
     BUCKET_OP,
     BucketBook,
@@ -752,6 +752,7 @@ class Recorder:
                 optimizer=self.optimizer,
                 stack_samples=self.stack_samples,
                 settings_answer=self.settings_answer,
+                clock=clock_offset.measured(),
             )
         state.timings = timings
         state.throughput = throughput
