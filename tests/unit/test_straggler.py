@@ -138,7 +138,7 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
         return SimpleNamespace(
             rank=rank,
             status=status,
-            file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
+            file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json", daemon=None),
             state=SimpleNamespace(
                 host="node-a", timings=SimpleNamespace(parts=p), stack_samples=None
             ),
@@ -408,7 +408,7 @@ def lasting_views(
             SimpleNamespace(
                 rank=rank,
                 status=status,
-                file=SimpleNamespace(path=str(tmp_path / f"rank-{rank}.json")),
+                file=SimpleNamespace(path=str(tmp_path / f"rank-{rank}.json"), daemon=None),
                 state=SimpleNamespace(
                     host="node-a",
                     timings=SimpleNamespace(parts=steps.step_parts(rs)),
