@@ -16,7 +16,10 @@ from .capture import live_ranks
 from .common import add_state_dir_argument, default_state_dir, no_state_dir, seconds
 from .exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
-HELP = "change options of a running job (hang_timeout, bucket_timing) without restarting it"
+HELP = (
+    "change options of a running job (hang_timeout, bucket_timing, metrics_detail) without "
+    "restarting it"
+)
 DEFAULT_TIMEOUT = 10.0
 EPILOG = (
     "options that change live:\n"

@@ -488,6 +488,70 @@ METRICS: tuple[Metric, ...] = (
         "daemon",
     ),
     Metric(
+        "ddpmon_node_ranks_up",
+        "gauge",
+        "Ranks of the job on this node whose process runs and whose heartbeat is fresh "
+        "(node daemon; the sum of its ddpmon_rank_up).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_ranks",
+        "gauge",
+        "Ranks of the job on this node by what they are doing (activity: "
+        f"{', '.join(DAEMON_ACTIVITIES)}; node daemon).",
+        ("job", "activity"),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_step_seconds_max",
+        "gauge",
+        "The longest step time of the job's running ranks on this node, each rank's median "
+        "over its recent steps (node daemon, from the state files).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_step_seconds_median",
+        "gauge",
+        "The median over the job's running ranks on this node of each rank's median step time "
+        "over its recent steps (node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_busy_seconds_max",
+        "gauge",
+        "The largest busy time (a step less its wait for the other ranks: the straggler "
+        "score's measure) of the job's running ranks on this node, each rank's median over its "
+        "recent steps (node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_busy_seconds_median",
+        "gauge",
+        "The median over the job's running ranks on this node of each rank's median busy time "
+        "(node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_slowest_rank",
+        "gauge",
+        "The rank whose busy time is ddpmon_node_busy_seconds_max: the node's candidate "
+        "straggler (its number as the value, not a label; node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the job's running rank processes on this node, summed (node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
         "ddpmon_daemon_info",
         "gauge",
         "Always 1; the daemon's host and version.",

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -169,3 +170,34 @@ def test_requests_not_for_this_process_are_ignored(job: Path) -> None:
     time.sleep(1.5)
     assert not os.path.exists(settings.status_path(str(state_dir), 1, req.nonce))
     assert watchdog_timeout(job, 1) != 3.0
+
+
+def series_served(workdir: Path, rank: int) -> set[str]:
+    """The series (name and labels) that the rank's endpoint serves now."""
+    port = harness.states(workdir)[rank]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {line.rpartition(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+
+
+def test_metrics_detail_switches_what_the_rank_serves(job: Path) -> None:
+    """A 2-rank job serves every series (full, by auto); summary on rank 0 brings its scrape
+    within the summary budget of 40 series, rank 1 untouched; full brings them back."""
+    full = series_served(job, 0)
+    assert len(full) > 60, len(full)
+    done = run_set(job / "state", "metrics_detail=summary", "--rank", "0")
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "rank 0: metrics_detail = summary (applied" in done.stdout, done.stdout
+    summary = series_served(job, 0)
+    assert 20 <= len(summary) <= 40, sorted(summary)
+    assert any(s.startswith("ddpmon_steps_total{") for s in summary)
+    assert len(series_served(job, 1)) > 60
+    done = run_set(job / "state", "metrics_detail=full", "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    answers = json.loads(done.stdout)
+    assert {r: a["applied"] for r, a in answers["ranks"].items()} == {
+        "0": {"metrics_detail": "full"},
+        "1": {"metrics_detail": "full"},
+    }
+    again = series_served(job, 0)
+    assert len(again) > 60 and summary < again, len(again)
