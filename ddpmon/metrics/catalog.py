@@ -566,9 +566,10 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 @dataclass(frozen=True)
 class Record:
     """A series Prometheus records from the ranks' (deploy/prometheus/ddpmon-rules.yml, first
-    in the group ``ddpmon-job``): a figure the boards and alert rules read, computed once per
-    rule evaluation rather than by every panel and alert over every rank. Named as Prometheus
-    advises, ``level:metric:operations``; the level says which labels it keeps."""
+    in its group, before the alerts that read it): a figure the boards and alert rules read,
+    computed once per rule evaluation rather than by every panel and alert over every rank.
+    Named as Prometheus advises, ``level:metric:operations``; the level says which labels it
+    keeps."""
 
     name: str
     help: str
@@ -598,6 +599,21 @@ RECORDS: tuple[Record, ...] = (
         'Mean all-reduce time of each bucket (bucket="all" in summary), over every rank.',
     ),
     Record("job:ddpmon_ranks_reporting:count", "Ranks whose endpoint Prometheus scrapes."),
+    Record(
+        "job_rank:ddpmon_activity:not_stepping",
+        "1 for a rank that is not stepping, with its activity and host (no series while it "
+        "steps): by its own word, else by its node daemon's.",
+    ),
+    Record(
+        "job_rank:ddpmon_hang_suspected:max",
+        "1 for a rank whose watchdog reports a hang, by its endpoint or its node daemon (no "
+        "series for the others).",
+    ),
+    Record(
+        "job_rank:ddpmon_rank_info:endpoint_down",
+        "1, with its instance and host, for a rank scraped within the hour whose endpoint no "
+        "longer answers (no series for the others).",
+    ),
     Record(
         "job:ddpmon_ranks_waiting:count",
         "Ranks waiting in a collective, by their own word or else their node daemon's.",
