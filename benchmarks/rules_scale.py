@@ -4,9 +4,10 @@
 Each rank has the series a rank exports in summary detail (what ``metrics_detail="auto"``
 gives past 256 ranks; the names of a real scrape, benchmarks/series.py) and its node
 daemon's, 8 ranks a node, every 30 s over 15 minutes; Prometheus' own ``up`` per target;
-and the recorded series the alerts read (deploy/prometheus/ddpmon-rules.yml, the
-records of the group ddpmon-job), written as Prometheus would have recorded them, so that an alert that
-reads a record reads as many series as on a live server. ``promtool tsdb
+and the recorded series the alerts read (deploy/prometheus/ddpmon-rules.yml), written as
+Prometheus would have recorded them for this healthy job (the records of ranks that wait,
+hang or went silent have no series), so that an alert that reads a record reads as many
+series as on a live server. ``promtool tsdb
 create-blocks-from openmetrics`` turns the file into blocks; Prometheus opens them; each
 rule's expression runs as an instant query at the data's end (what one evaluation does;
 inside ``count()``, so that the time is not spent writing series out as JSON),
@@ -296,13 +297,17 @@ def measure(
         out["ranks_seen"] = found["data"]["result"][0]["value"][1]
         for rules in rule_files:
             doc = yaml.safe_load(rules.read_text())
-            per_rule = {}
+            per_rule, per_group = {}, {}
             for group in doc["groups"]:
                 for rule in group["rules"]:
                     name = rule.get("alert") or rule["record"]
                     per_rule[name] = evaluated(api, rule["expr"], at)
+                    per_group[group["name"]] = per_group.get(group["name"], 0.0) + per_rule[name][0]
             out[str(rules)] = {
                 "total_s": sum(s for s, _ in per_rule.values()),
+                # Prometheus evaluates the groups side by side: one evaluation of every rule
+                # takes the slowest group's time where there are cores for them all
+                "per_group_s": per_group,
                 "slowest": sorted(((s, n) for n, (s, _) in per_rule.items()), reverse=True)[:4],
                 "per_rule": per_rule,
             }

@@ -591,12 +591,12 @@ RECORDS: tuple[Record, ...] = (
         "Share of step time spent waiting for all-reduces after backward compute.",
     ),
     Record(
-        "job_phase:ddpmon_step_phase_seconds_per_step:rate5m",
-        "Mean seconds per step in each part of the step, over every rank.",
-    ),
-    Record(
         "job_bucket:ddpmon_allreduce_seconds:mean_rate5m",
         'Mean all-reduce time of each bucket (bucket="all" in summary), over every rank.',
+    ),
+    Record(
+        "job_phase:ddpmon_step_phase_seconds_per_step:rate5m",
+        "Mean seconds per step in each part of the step, over every rank.",
     ),
     Record("job:ddpmon_ranks_reporting:count", "Ranks whose endpoint Prometheus scrapes."),
     Record(
