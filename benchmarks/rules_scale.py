@@ -11,7 +11,7 @@ series as on a live server. ``promtool tsdb
 create-blocks-from openmetrics`` turns the file into blocks; Prometheus opens them; each
 rule's expression runs as an instant query at the data's end (what one evaluation does;
 inside ``count()``, so that the time is not spent writing series out as JSON), the fastest
-of 7; each overview panel's queries as range queries over the 15 minutes (every rank
+of 7, the rule files given taken in turns; each overview panel's queries as range queries over the 15 minutes (every rank
 selected, ``$__rate_interval`` = 1m, a 15 s step), the median of 3 runs each.
 
     python benchmarks/rules_scale.py --ranks 1000 10000 [--rules FILE ...] [--keep DIR]
@@ -206,20 +206,17 @@ def timed(url: str, **params: str) -> tuple[float, int]:
     return statistics.median(times), len(result["data"]["result"])
 
 
-def evaluated(api: str, expr: str, at: str, runs: int = 7) -> tuple[float, int]:
-    """One evaluation of a rule's expression and the series it gives: the fastest of
-    ``runs`` (on a shared machine the others' work only ever adds to a run's time).
-    Asked for as ``count(...)``: a rule appends its series to the database, where a query
-    of 10,000 would spend longer writing them out as JSON than computing them."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        found = get(f"{api}/query", query=f"count({expr})", time=at)
-        times.append(time.perf_counter() - start)
-        if found.get("status") != "success":
-            raise SystemExit(f"{expr}: {found}")
+def evaluated(api: str, expr: str, at: str) -> tuple[float, int]:
+    """One evaluation of a rule's expression: its seconds and the series it gives. Asked
+    for as ``count(...)``: a rule appends its series to the database, where a query of
+    10,000 would spend longer writing them out as JSON than computing them."""
+    start = time.perf_counter()
+    found = get(f"{api}/query", query=f"count({expr})", time=at)
+    seconds = time.perf_counter() - start
+    if found.get("status") != "success":
+        raise SystemExit(f"{expr}: {found}")
     result = found["data"]["result"]
-    return min(times), int(float(result[0]["value"][1])) if result else 0
+    return seconds, int(float(result[0]["value"][1])) if result else 0
 
 
 def grafana(expr: str) -> str:
@@ -302,15 +299,29 @@ def measure(
         at = str(T0 + SPAN)
         found = get(f"{api}/query", query=f'count(ddpmon_rank_info{{job="{JOB}"}})', time=at)
         out["ranks_seen"] = found["data"]["result"][0]["value"][1]
-        for rules in rule_files:
-            doc = yaml.safe_load(rules.read_text())
-            per_rule, per_group = {}, {}
-            for group in doc["groups"]:
-                for rule in group["rules"]:
-                    name = rule.get("alert") or rule["record"]
-                    per_rule[name] = evaluated(api, rule["expr"], at)
-                    per_group[group["name"]] = per_group.get(group["name"], 0.0) + per_rule[name][0]
-            out[str(rules)] = {
+        # every rule file's rules in turn, 7 times: what the others run on a shared machine
+        # meanwhile weighs on each file alike, and the fastest of a rule's 7 runs stands
+        files = {
+            str(path): [
+                (group["name"], rule.get("alert") or rule["record"], rule["expr"])
+                for group in yaml.safe_load(path.read_text())["groups"]
+                for rule in group["rules"]
+            ]
+            for path in rule_files
+        }
+        runs: dict[tuple[str, str], list[float]] = {}
+        found: dict[tuple[str, str], int] = {}
+        for _ in range(7):
+            for path, rules in files.items():
+                for _group, name, expr in rules:
+                    seconds, found[path, name] = evaluated(api, expr, at)
+                    runs.setdefault((path, name), []).append(seconds)
+        for path, rules in files.items():
+            per_rule = {name: (min(runs[path, name]), found[path, name]) for _, name, _ in rules}
+            per_group: dict[str, float] = {}
+            for group, name, _ in rules:
+                per_group[group] = per_group.get(group, 0.0) + per_rule[name][0]
+            out[path] = {
                 "total_s": sum(s for s, _ in per_rule.values()),
                 # Prometheus evaluates the groups side by side: one evaluation of every rule
                 # takes the slowest group's time where there are cores for them all
