@@ -573,6 +573,8 @@ class Record:
 
     name: str
     help: str
+    sparse: bool = False
+    """Series only for the ranks concerned (waiting, hung, silent): none in a healthy job."""
 
 
 RECORDS: tuple[Record, ...] = (
@@ -603,16 +605,19 @@ RECORDS: tuple[Record, ...] = (
         "job_rank:ddpmon_activity:not_stepping",
         "1 for a rank that is not stepping, with its activity and host (no series while it "
         "steps): by its own word, else by its node daemon's.",
+        sparse=True,
     ),
     Record(
         "job_rank:ddpmon_hang_suspected:max",
         "1 for a rank whose watchdog reports a hang, by its endpoint or its node daemon (no "
         "series for the others).",
+        sparse=True,
     ),
     Record(
         "job_rank:ddpmon_rank_info:endpoint_down",
         "1, with its instance and host, for a rank scraped within the hour whose endpoint no "
         "longer answers (no series for the others).",
+        sparse=True,
     ),
     Record(
         "job:ddpmon_ranks_waiting:count",

@@ -54,9 +54,9 @@ def watchdog_timeout(workdir: Path, rank: int) -> float | None:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     workdir = tmp_path_factory.mktemp("set")
-    procs = harness.start_ranks(
-        "-1", 2, workdir, module="tests.distributed.capture_worker"
-    )  # no slow rank
+    procs = harness.start_ranks(  # no slow rank; an endpoint each (ephemeral ports)
+        "-1", 2, workdir, env={"DDPMON_TEST_PORT": "0"}, module="tests.distributed.capture_worker"
+    )
     try:
         wait_until(
             "both ranks to train",
