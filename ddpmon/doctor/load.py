@@ -23,6 +23,15 @@ from ..state.records import SchemaError
 from ..webconfig import HttpConfig
 
 
+@dataclass(frozen=True)
+class Daemon:
+    """A node daemon asked (``--from``), and how: to ask it again for more (a rank's recent
+    busy times, ``doctor/busy.py``)."""
+
+    address: str
+    client: HttpConfig
+
+
 @dataclass
 class StateFile:
     """One rank's state file as read (checked against the schema), with its modification
@@ -31,6 +40,8 @@ class StateFile:
     path: str
     state: schema.RankState
     mtime: float
+    daemon: Daemon | None = None
+    """The node daemon that served it (``--from``); None for a file read here."""
 
     @property
     def rank(self) -> int:
@@ -161,11 +172,10 @@ def load_remote(
     so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
     carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
+    client = client or HttpConfig()
     urls = [daemons.base_url(a) + "/state" for a in addresses]
     launcher_urls = [daemons.base_url(a) + "/launchers" for a in addresses]
-    answers = daemons.fetch_all(
-        urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig()
-    )
+    answers = daemons.fetch_all(urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client)
     answers, launcher_answers = answers[: len(urls)], answers[len(urls) :]
     for address, answer in zip(addresses, launcher_answers):
         loaded.launchers += _launchers(address, answer)
@@ -195,6 +205,7 @@ def load_remote(
             )
             continue
         assert isinstance(body, bytes)
+        daemon = Daemon(address, client)
         try:
             entries = json.loads(body)
             if not isinstance(entries, list) or len(entries) > schema.MAX_RANKS:
@@ -221,7 +232,7 @@ def load_remote(
                 if served is not None and mtime is not None
                 else received
             )
-            loaded.files.append(StateFile(name, state, mtime))
+            loaded.files.append(StateFile(name, state, mtime, daemon))
     return loaded
 
 
