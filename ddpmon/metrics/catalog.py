@@ -398,6 +398,7 @@ METRICS: tuple[Metric, ...] = (
         "Resident memory of the rank's process.",
         RANK,
         "host",
+        summary=True,
     ),
     Metric("ddpmon_process_threads", "gauge", "Threads of the rank's process.", RANK, "host"),
     Metric("ddpmon_host_memory_used_bytes", "gauge", "Memory in use on the host.", RANK, "host"),
@@ -424,6 +425,7 @@ METRICS: tuple[Metric, ...] = (
         "torch_allocated or torch_reserved.",
         RANK + ("process", "kind"),
         "host",
+        summary=True,
     ),
     Metric(
         "ddpmon_memory_creep_seconds_left",
@@ -433,6 +435,7 @@ METRICS: tuple[Metric, ...] = (
         "memory, the cgroup's limit) at its present rate.",
         RANK,
         "host",
+        summary=True,
     ),
     # -- the node daemon ------------------------------------------------------------------------
     Metric(
