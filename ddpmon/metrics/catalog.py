@@ -606,14 +606,14 @@ RECORDS: tuple[Record, ...] = (
     Record("job:ddpmon_ranks_reporting:count", "Ranks whose endpoint Prometheus scrapes."),
     Record(
         "job_rank:ddpmon_activity:not_stepping",
-        "1 for a rank that is not stepping, with its activity and host (no series while it "
-        "steps): by its own word, else by its node daemon's.",
+        "1 for a rank that is not stepping, with its activity, host and the instance that "
+        "said it (no series while it steps): by its own word, else by its node daemon's.",
         sparse=True,
     ),
     Record(
         "job_rank:ddpmon_hang_suspected:max",
-        "1 for a rank whose watchdog reports a hang, by its endpoint or its node daemon (no "
-        "series for the others).",
+        "1 for a rank whose watchdog reports a hang, by its endpoint or its node daemon, with "
+        "the instance that said it (no series for the others).",
         sparse=True,
     ),
     Record(
