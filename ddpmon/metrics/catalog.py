@@ -422,7 +422,8 @@ METRICS: tuple[Metric, ...] = (
         "gauge",
         "The robust trend (Theil-Sen, over the rank's last samples) of a memory series: "
         "process is rank or worker (its fastest-growing DataLoader worker), kind is rss, pss, "
-        "torch_allocated or torch_reserved.",
+        "torch_allocated or torch_reserved; in summary detail only the fastest of them, as "
+        'process and kind "all".',
         RANK + ("process", "kind"),
         "host",
         summary=True,
