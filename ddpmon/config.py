@@ -230,12 +230,13 @@ def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
     return environ.get("DDPMON_WEB_CONFIG_FILE") or None
 
 
-LIVE_OPTIONS = ("hang_timeout", "bucket_timing")
+LIVE_OPTIONS = ("hang_timeout", "bucket_timing", "metrics_detail")
 """Options a running rank changes when asked (``ddpmon set``); the others are fixed at attach:
 they decide what is installed (hooks, threads, the endpoint) or where files go."""
 LIVE_VALUES = {
     "hang_timeout": "seconds >= 0 (0 = off), or auto (learned from the step times)",
     "bucket_timing": "off, or hook where ddpmon's comm hook times the buckets",
+    "metrics_detail": " or ".join(METRICS_DETAIL_MODES),
 }
 """What each live option takes, as a refusal names it."""
 

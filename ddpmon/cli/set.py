@@ -24,7 +24,10 @@ from .common import (
 )
 from .exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
-HELP = "change options of a running job (hang_timeout, bucket_timing) without restarting it"
+HELP = (
+    "change options of a running job (hang_timeout, bucket_timing, metrics_detail) without "
+    "restarting it"
+)
 DEFAULT_TIMEOUT = 10.0
 EPILOG = (
     "options that change live:\n"

@@ -35,7 +35,7 @@ from .discovery import StateFiles
 from .ranks import NodeRank, Ranks
 from .requests import Requests
 from .routes import Routes
-from .samples import Gpus, HangAborts, rank_samples
+from .samples import Gpus, HangAborts, node_samples, rank_samples
 
 log = logging.getLogger("ddpmon")
 
@@ -120,6 +120,7 @@ class Daemon:
         """One pass over the state files, the ranks' processes and the GPUs."""
         ranks = self.ranks()
         samples = rank_samples(ranks)
+        samples += node_samples(ranks)
         samples += self._gpus.samples(ranks)
         samples += self._gpus.xid_samples()
         samples += self._aborts.samples()

@@ -35,6 +35,11 @@ class NodeRank:
     watchdog is off)."""
     attempt: int | None = None
     """The job's attempt under a launcher that restarts it (``ddpmon_rank_attempt``)."""
+    step_seconds: float | None = None
+    """The median of its recent step times (its state file's ``timings``), None before
+    its first steps."""
+    busy_seconds: float | None = None
+    """The median of its recent busy times (a step less its wait for the other ranks)."""
 
 
 def activity_of(path: str, state: schema.RankState, life: host.Liveness, fresh: bool) -> str | None:
@@ -116,6 +121,8 @@ class Ranks:
                 proc=proc,
                 activity=activity_of(path, state, life, fresh),
                 attempt=state.attempt,
+                step_seconds=step.median if (step := state.timings.step_seconds) else None,
+                busy_seconds=busy.median if (busy := state.timings.busy_seconds) else None,
             )
             key = (view.job, view.rank)
             if key not in views or views[key].heartbeat_unix < beat:

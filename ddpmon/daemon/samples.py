@@ -10,6 +10,8 @@ import os
 import threading
 from typing import Any
 
+import psutil
+
 from ..collectors import nvml
 from ..errors import StateFileError
 from ..metrics.catalog import DAEMON_ACTIVITIES
@@ -36,6 +38,50 @@ def rank_samples(ranks: list[NodeRank]) -> list[Sample]:
         if v.attempt is not None:
             out.append(("ddpmon_rank_attempt", labels, float(v.attempt)))
     return out
+
+
+def node_samples(ranks: list[NodeRank]) -> list[Sample]:
+    """Each job's figures over this node's ranks (``ddpmon_node_*``): a few series per node
+    that tell, at thousands of ranks, which node holds the slowest rank and how many ranks
+    are stuck, without reading every rank's series."""
+    out: list[Sample] = []
+    for job in sorted({v.job for v in ranks}):
+        mine = [v for v in ranks if v.job == job]
+        labels = {"job": job}
+        out.append(("ddpmon_node_ranks_up", labels, float(sum(v.up for v in mine))))
+        for activity in DAEMON_ACTIVITIES:
+            count = sum(v.activity == activity for v in mine)
+            out.append(("ddpmon_node_ranks", {**labels, "activity": activity}, float(count)))
+        running = [v for v in mine if v.up]
+        steps = sorted(v.step_seconds for v in running if v.step_seconds is not None)
+        if steps:
+            out.append(("ddpmon_node_step_seconds_max", labels, steps[-1]))
+            out.append(("ddpmon_node_step_seconds_median", labels, _median(steps)))
+        busy = sorted((v.busy_seconds, -v.rank) for v in running if v.busy_seconds is not None)
+        if busy:
+            out.append(("ddpmon_node_busy_seconds_max", labels, busy[-1][0]))
+            out.append(("ddpmon_node_busy_seconds_median", labels, _median([b for b, _ in busy])))
+            out.append(("ddpmon_node_slowest_rank", labels, float(-busy[-1][1])))
+        resident = [b for v in running if (b := _resident_bytes(v)) is not None]
+        if resident:
+            out.append(("ddpmon_node_resident_memory_bytes", labels, float(sum(resident))))
+    return out
+
+
+def _median(values: list[float]) -> float:
+    """The median of sorted ``values`` (the mean of the middle two for an even count)."""
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _resident_bytes(rank: NodeRank) -> int | None:
+    """The rank process's resident memory, None when it cannot be read (gone, not ours)."""
+    if rank.proc is None:
+        return None
+    try:
+        return int(rank.proc.memory_info().rss)
+    except psutil.Error:
+        return None
 
 
 class HangAborts:

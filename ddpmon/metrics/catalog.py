@@ -492,6 +492,70 @@ METRICS: tuple[Metric, ...] = (
         "daemon",
     ),
     Metric(
+        "ddpmon_node_ranks_up",
+        "gauge",
+        "Ranks of the job on this node whose process runs and whose heartbeat is fresh "
+        "(node daemon; the sum of its ddpmon_rank_up).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_ranks",
+        "gauge",
+        "Ranks of the job on this node by what they are doing (activity: "
+        f"{', '.join(DAEMON_ACTIVITIES)}; node daemon).",
+        ("job", "activity"),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_step_seconds_max",
+        "gauge",
+        "The longest step time of the job's running ranks on this node, each rank's median "
+        "over its recent steps (node daemon, from the state files).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_step_seconds_median",
+        "gauge",
+        "The median over the job's running ranks on this node of each rank's median step time "
+        "over its recent steps (node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_busy_seconds_max",
+        "gauge",
+        "The largest busy time (a step less its wait for the other ranks: the straggler "
+        "score's measure) of the job's running ranks on this node, each rank's median over its "
+        "recent steps (node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_busy_seconds_median",
+        "gauge",
+        "The median over the job's running ranks on this node of each rank's median busy time "
+        "(node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_slowest_rank",
+        "gauge",
+        "The rank whose busy time is ddpmon_node_busy_seconds_max: the node's candidate "
+        "straggler (its number as the value, not a label; node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
+        "ddpmon_node_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the job's running rank processes on this node, summed (node daemon).",
+        ("job",),
+        "daemon",
+    ),
+    Metric(
         "ddpmon_daemon_info",
         "gauge",
         "Always 1; the daemon's host and version.",
@@ -506,12 +570,15 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 @dataclass(frozen=True)
 class Record:
     """A series Prometheus records from the ranks' (deploy/prometheus/ddpmon-rules.yml, first
-    in the group ``ddpmon-job``): a figure the boards and alert rules read, computed once per
-    rule evaluation rather than by every panel and alert over every rank. Named as Prometheus
-    advises, ``level:metric:operations``; the level says which labels it keeps."""
+    in its group, before the alerts that read it): a figure the boards and alert rules read,
+    computed once per rule evaluation rather than by every panel and alert over every rank.
+    Named as Prometheus advises, ``level:metric:operations``; the level says which labels it
+    keeps."""
 
     name: str
     help: str
+    sparse: bool = False
+    """Series only for the ranks concerned (waiting, hung, silent): none in a healthy job."""
 
 
 RECORDS: tuple[Record, ...] = (
@@ -530,14 +597,32 @@ RECORDS: tuple[Record, ...] = (
         "Share of step time spent waiting for all-reduces after backward compute.",
     ),
     Record(
-        "job_phase:ddpmon_step_phase_seconds_per_step:rate5m",
-        "Mean seconds per step in each part of the step, over every rank.",
-    ),
-    Record(
         "job_bucket:ddpmon_allreduce_seconds:mean_rate5m",
         'Mean all-reduce time of each bucket (bucket="all" in summary), over every rank.',
     ),
+    Record(
+        "job_phase:ddpmon_step_phase_seconds_per_step:rate5m",
+        "Mean seconds per step in each part of the step, over every rank.",
+    ),
     Record("job:ddpmon_ranks_reporting:count", "Ranks whose endpoint Prometheus scrapes."),
+    Record(
+        "job_rank:ddpmon_activity:not_stepping",
+        "1 for a rank that is not stepping, with its activity, host and the instance that "
+        "said it (no series while it steps): by its own word, else by its node daemon's.",
+        sparse=True,
+    ),
+    Record(
+        "job_rank:ddpmon_hang_suspected:max",
+        "1 for a rank whose watchdog reports a hang, by its endpoint or its node daemon, with "
+        "the instance that said it (no series for the others).",
+        sparse=True,
+    ),
+    Record(
+        "job_rank:ddpmon_rank_info:endpoint_down",
+        "1, with its instance and host, for a rank scraped within the hour whose endpoint no "
+        "longer answers (no series for the others).",
+        sparse=True,
+    ),
     Record(
         "job:ddpmon_ranks_waiting:count",
         "Ranks waiting in a collective, by their own word or else their node daemon's.",

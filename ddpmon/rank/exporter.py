@@ -88,6 +88,13 @@ class RankCollector:
         ]
         return out
 
+    def set_detail(self, mode: str) -> str | None:
+        """``ddpmon set metrics_detail=...`` on a running rank: the next scrape serves the
+        series of ``mode`` (a checked value of ``config.METRICS_DETAIL_MODES``); it always
+        applies. One assignment, read once per scrape by the endpoint's thread."""
+        self._detail = mode
+        return None
+
     def collect(self) -> Iterator[Family]:
         if metrics_detail(self._detail, self._recorder.identity.world_size) == "summary":
             return summary(self._families(summarised=True))

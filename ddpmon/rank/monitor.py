@@ -156,7 +156,7 @@ class Monitor:
         self._stacks = StackSampler(rec, Fuse("stack_samples", self._part_failed))
         self._advice.on_peers = self._stacks.peers_seen
         sources, self._closers = rank_sources(self.job, self.rank, device, config.nvml, rec.note)
-        collector = RankCollector(
+        self._collector = collector = RankCollector(
             rec,
             config.bucket_metrics,
             sources=sources,
@@ -220,6 +220,7 @@ class Monitor:
                 {
                     "hang_timeout": watchdog.set_timeout,
                     "bucket_timing": timing.set_live,
+                    "metrics_detail": self._set_metrics_detail,
                 },
                 self._notify,
                 Fuse("live_settings", self._part_failed),
@@ -227,6 +228,12 @@ class Monitor:
             self._writer.on_pass = self._requests
         debug_server.stop_at_exit()  # before the exit hooks above: see debug_server.py
         ddp._ddpmon_monitor = self  # type: ignore[assignment, attr-defined]
+
+    def _set_metrics_detail(self, mode: str) -> str | None:
+        """``ddpmon set metrics_detail=...``: the endpoint's next scrape serves that detail."""
+        if self._endpoint is None:
+            return "this rank serves no metrics (port < 0 at attach): nothing to change"
+        return self._collector.set_detail(mode)
 
     # -- public handle ----------------------------------------------------------------------
 

@@ -44,7 +44,8 @@ def main(slow_rank: str, *options: str) -> dict[str, object]:
     torch.manual_seed(0)
     model = DDP(Net(RANK == int(slow_rank)))
     out = os.environ["DDPMON_TEST_OUT"]
-    monitor = ddpmon.attach(model, job="capture", state_dir=os.path.join(out, "state"), port=-1)
+    port = int(os.environ.get("DDPMON_TEST_PORT", "-1"))  # the metrics endpoint: off unless asked
+    monitor = ddpmon.attach(model, job="capture", state_dir=os.path.join(out, "state"), port=port)
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     user = None
     if "profiler" in options and RANK == 1:

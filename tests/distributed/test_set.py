@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,9 +38,9 @@ def run_set(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     workdir = tmp_path_factory.mktemp("set")
-    procs = harness.start_ranks(
-        "-1", 2, workdir, module="tests.distributed.capture_worker"
-    )  # no slow rank
+    procs = harness.start_ranks(  # no slow rank; an endpoint each (ephemeral ports)
+        "-1", 2, workdir, env={"DDPMON_TEST_PORT": "0"}, module="tests.distributed.capture_worker"
+    )
     try:
         wait_until(
             "both ranks to train",
@@ -137,3 +138,35 @@ def test_requests_not_for_this_process_are_ignored(job: Path) -> None:
     time.sleep(1.5)
     assert not os.path.exists(settings.status_path(str(state_dir), 1, req.nonce))
     assert watchdog_timeout(job, 1) != 3.0
+
+
+def series_served(workdir: Path, rank: int) -> set[str]:
+    """The series (name and labels) that the rank's endpoint serves now."""
+    port = harness.states(workdir)[rank]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {line.rpartition(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+
+
+def test_metrics_detail_switches_what_the_rank_serves(job: Path) -> None:
+    """A 2-rank job serves every series (full, by auto); summary on rank 0 brings its scrape
+    within the summary budget of 40 series, rank 1 untouched; full brings them back."""
+    full = series_served(job, 0)
+    assert len(full) > 60, len(full)
+    done = run_set(job / "state", "metrics_detail=summary", "--rank", "0")
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "rank 0: metrics_detail = summary (applied" in done.stdout, done.stdout
+    summary = series_served(job, 0)
+    assert 20 <= len(summary) <= 40, sorted(summary)
+    assert any(s.startswith("ddpmon_steps_total{") for s in summary)
+    assert len(series_served(job, 1)) > 60
+    done = run_set(job / "state", "metrics_detail=full", "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    answers = json.loads(done.stdout)
+    assert {r: a["applied"] for r, a in answers["ranks"].items()} == {
+        "0": {"metrics_detail": "full"},
+        "1": {"metrics_detail": "full"},
+    }
+    again = series_served(job, 0)
+    names = {s.partition("{")[0] for s in again}
+    assert len(again) > 60 and {s.partition("{")[0] for s in summary} <= names, len(again)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -339,6 +340,36 @@ def test_the_ranks_serve_what_the_rules_and_the_overview_read(job: Job) -> None:
         assert all(v <= 40 for v in scraped.values()), scraped
     else:
         assert all(v > 100 for v in scraped.values()), scraped
+
+
+def test_the_daemon_serves_the_nodes_figures(job: Job) -> None:
+    """The node daemon's figures of its ranks, scraped by Prometheus: both ranks up and
+    none stuck, the straggler (rank 1, which sleeps in its forward) named as the node's
+    slowest rank with the busy time its state file gives, and the ranks' memory summed."""
+    state_dir = str(job.workdir / "ranks" / "state")
+    sel = f'{{job="{JOB}"}}'
+
+    def figure(name: str) -> float:
+        found = job.prom.vector(f"{name}{sel}")
+        assert len(found) == 1, (name, found)
+        return next(iter(found.values()))
+
+    assert figure("ddpmon_node_ranks_up") == 2
+    by_activity = job.prom.by(f"ddpmon_node_ranks{sel}", "activity")
+    assert set(by_activity) == set(catalog.DAEMON_ACTIVITIES), by_activity
+    assert sum(by_activity.values()) == 2 and by_activity["stuck"] == 0, by_activity
+    assert figure("ddpmon_node_slowest_rank") == 1
+    busy = {
+        r: statefile.read(statefile.path_for(state_dir, r)).timings.busy_seconds for r in (0, 1)
+    }
+    assert busy[1] is not None and busy[0] is not None
+    assert busy[1].median > busy[0].median + 0.01, busy  # the straggler's sleep: 20 ms
+    assert figure("ddpmon_node_busy_seconds_max") == pytest.approx(busy[1].median, rel=0.5)
+    assert figure("ddpmon_node_busy_seconds_max") > figure("ddpmon_node_busy_seconds_median")
+    assert figure("ddpmon_node_step_seconds_max") >= figure("ddpmon_node_step_seconds_median")
+    assert figure("ddpmon_node_step_seconds_median") >= figure("ddpmon_node_busy_seconds_median")
+    resident = sum(psutil.Process(p.pid).memory_info().rss for p in job.procs)
+    assert figure("ddpmon_node_resident_memory_bytes") == pytest.approx(resident, rel=0.3)
 
 
 def test_promtool_accepts_the_test_config(job: Job) -> None:

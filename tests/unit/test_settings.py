@@ -105,3 +105,9 @@ def test_prune_keeps_the_newest_answers_of_one_rank(tmp_path: Path) -> None:
     settings.prune(str(tmp_path), 1, keep=2)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == [f"set-1-{4:016x}.status", f"set-1-{5:016x}.status", os.path.basename(other)]
+
+
+def test_metrics_detail_changes_live() -> None:
+    assert live_value("metrics_detail", " Summary ") == "summary"
+    with pytest.raises(ConfigError, match="expected auto or full or summary"):
+        live_value("metrics_detail", "terse")
