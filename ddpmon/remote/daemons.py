@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,28 +123,36 @@ def fetch(url: str, timeout: float, until: float, limit: int, client: HttpConfig
     return found, body, time.time()
 
 
-def fetch_all(
-    urls: list[str], timeout: float, deadline: float, limit: int, client: HttpConfig
-) -> list[Answer | None]:
-    """Every URL read at once, each in a thread of its own; None for those that have not
-    answered after ``deadline`` seconds (their threads end on their own timeout, unwaited)."""
+def fetch_each(
+    urls: Sequence[str], timeout: float, deadline: float, limit: int, client: HttpConfig
+) -> Iterator[tuple[int, Answer]]:
+    """Every URL read at once, each in a thread of its own; each answer yielded, with its
+    URL's index, as soon as it comes, so the caller reads one while the others are still on
+    their way (and while a node that does not answer costs its ``timeout``). It stops once
+    every URL has answered or ``deadline`` seconds have passed and the answers that came by
+    then are yielded; the threads of the others end on their own timeout, unwaited."""
     until = time.monotonic() + deadline
-    answers: dict[int, Answer] = {}
+    came: queue.SimpleQueue[tuple[int, Answer]] = queue.SimpleQueue()
+    cut = until - min(0.5, deadline / 4)  # an answer that does not end is cut short before
 
-    def one(
-        i: int, url: str
-    ) -> None:  # an answer that does not end is cut short before the deadline
-        answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit, client)
+    def one(i: int, url: str) -> None:
+        came.put((i, fetch(url, timeout, cut, limit, client)))
 
-    threads = [
-        threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
-        for i, url in enumerate(urls)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, until - time.monotonic()))
-    got = dict(answers)
+    for i, url in enumerate(urls):
+        threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True).start()
+    for _ in urls:
+        try:
+            yield came.get(timeout=max(0.0, until - time.monotonic()))
+        except queue.Empty:
+            return
+
+
+def fetch_all(
+    urls: Sequence[str], timeout: float, deadline: float, limit: int, client: HttpConfig
+) -> list[Answer | None]:
+    """Every URL's answer (``fetch_each``), in order; None for those that have not answered
+    after ``deadline`` seconds."""
+    got = dict(fetch_each(urls, timeout, deadline, limit, client))
     return [got.get(i) for i in range(len(urls))]
 
 
