@@ -127,7 +127,7 @@ def run(daemons: int, black_holed: float, processes: int, profile: str = "") -> 
         p = ctx.Process(target=serve_nodes, args=(mine, send, ready), daemon=True)
         p.start()
         servers.append((p, receive, len(mine)))
-    for p, receive, _ in servers:
+    for _, receive, _ in servers:
         addresses += [f"127.0.0.1:{port}" for port in receive.recv()]
     ready.set()
     addresses += [f"127.0.0.1:{s.getsockname()[1]}" for s in holes]

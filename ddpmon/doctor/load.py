@@ -228,7 +228,9 @@ def _states(address: str, url: str, answer: daemons.Answer, timeout: float) -> L
             out.bad.append((name, exc.reason))
             continue
         served, mtime = state.served_unix, state.file_mtime_unix
-        mtime = received - (served - mtime) if served is not None and mtime is not None else received
+        mtime = (
+            received - (served - mtime) if served is not None and mtime is not None else received
+        )
         out.files.append(StateFile(name, state, mtime))
     return out
 
