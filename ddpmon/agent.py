@@ -1,8 +1,9 @@
 """torchrun, watched: ``python -m ddpmon.agent TORCHRUN-ARGS...`` is torchrun
 (``torch.distributed.run``) run in this process, with a record of what it tries.
 
-``ddpmon run`` starts torchrun this way. While the launcher meets the other nodes, a thread
-of its own rewrites ``<state_dir>/launcher-<host>-<pid>.json`` (``state/launcher.py``)
+``ddpmon run`` starts torchrun this way. From the launcher's start (before torch loads, which
+takes seconds: stage ``starting``, what its command line expects) and while it meets the
+other nodes, a thread of its own rewrites ``<state_dir>/launcher-<host>-<pid>.json`` (``state/launcher.py``)
 about once a second: the rendezvous endpoint as given, the node count expected, whether this
 node serves the store, and, on a node that does not, a TCP connection to the endpoint tried
 every second, each failure folded by its error (refused, timed out, no route, unknown
@@ -58,7 +59,7 @@ class Record:
             port = int(self.state.endpoint.rsplit(":", 1)[-1] or 0)
             self.state.port_holder = host.port_holder(port) if port else None
         # failed before its ranks ran (the launch failed), or ended on their failure
-        ended = self.state.stage != LauncherStage.RENDEZVOUS
+        ended = self.state.stage not in (LauncherStage.STARTING, LauncherStage.RENDEZVOUS)
         self.stage(LauncherStage.ENDED if ended else LauncherStage.FAILED, text)
 
     def stop(self) -> None:
@@ -66,6 +67,18 @@ class Record:
         if self._thread.is_alive():
             self._thread.join(PROBE_TIMEOUT + 1)
         self.write()
+
+    def discard(self) -> None:
+        """Stop, and remove the record (a launch that will not happen as it said)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(PROBE_TIMEOUT + 1)
+        path, self.path = self.path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def write(self) -> None:
         if self.path is None:
@@ -127,35 +140,22 @@ def classify(exc: OSError) -> str:
     return "failed"
 
 
-def _begin(config: Any) -> Record | None:
-    """The record of this launch, from torchrun's ``LaunchConfig``; None when state files
-    are off."""
+def open_record(
+    state: LauncherState, path: str | None = None, environ: dict[str, str] | None = None
+) -> Record | None:
+    """Start writing ``state`` into the job's state directory (``path``, else the launcher's
+    own name there); None when state files are off or the directory cannot be used. Reads
+    the job from DDPMON_* in ``environ`` (this process's; set by ``ddpmon run``) and never
+    imports torch."""
     from .config import Config
     from .fuses import bounded
     from .state import root
 
-    ours = Config.from_env()
-    job = ours.resolved_job()
+    ours = Config.from_env(environ)
+    job = ours.resolved_job(environ)
     state_dir = ours.resolved_state_dir(job)
     if state_dir is None:
         return None
-    static = config.rdzv_backend == "static"
-    node_rank = int(config.rdzv_configs.get("rank", 0)) if static else None
-    nodes = (config.min_nodes, config.max_nodes)
-    now = time.time()
-    state = LauncherState(
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        started_unix=now,
-        endpoint=str(config.rdzv_endpoint or "?"),
-        rdzv_backend=str(config.rdzv_backend),
-        nnodes=str(nodes[0]) if nodes[0] == nodes[1] else f"{nodes[0]}:{nodes[1]}",
-        node_rank=node_rank,
-        nproc_per_node=str(config.nproc_per_node),
-        job=job,
-        serves_store=static and node_rank == 0,
-        stage_since_unix=now,
-    )
     explicit = ours.state_dir is not None
 
     def prepare() -> bool:
@@ -165,9 +165,49 @@ def _begin(config: Any) -> Record | None:
     if not bounded(prepare, 5.0, state_dir):
         log.warning("ddpmon: the launcher's record is off: %s cannot be prepared", state_dir)
         return None  # (unsafe, or a hung file system): torchrun starts without it
-    record = Record(state, launcher.path_for(state_dir, state.host, state.pid))
+    state.job = job
+    record = Record(state, path or launcher.path_for(state_dir, state.host, state.pid))
+    record.write()
     record.start()
     return record
+
+
+def _starting(argv: list[str]) -> Record | None:
+    """The record from this launcher's start, before torch loads: what its command line
+    expects, in stage ``starting``. Under ``ddpmon run`` it goes on with the record that
+    ``ddpmon run`` began (``HANDOFF_VARIABLE``: same file, same start)."""
+    path = os.environ.pop(launcher.HANDOFF_VARIABLE, None)  # not passed on to the ranks
+    state = launcher.starting(
+        launcher.read_argv(argv), socket.gethostname(), os.getpid(), time.time(), None
+    )
+    if path:
+        try:
+            begun, _ = launcher.read(path)
+            state.started_unix, state.command = begun.started_unix, begun.command  # the user's
+        except Exception:  # (gone, or unreadable): this launcher's own start
+            path = None
+    return open_record(state, path)
+
+
+def _begin(config: Any) -> None:
+    """torchrun's ``LaunchConfig`` read: the record says what torchrun itself will try
+    (its parser's values replace those read from the command line), and it meets the
+    other nodes now."""
+    global _record
+    static = config.rdzv_backend == "static"
+    node_rank = int(config.rdzv_configs.get("rank", 0)) if static else None
+    nodes = (config.min_nodes, config.max_nodes)
+    if _record is None:
+        return
+    with _record._lock:
+        s = _record.state
+        s.endpoint = str(config.rdzv_endpoint or "?")
+        s.rdzv_backend = str(config.rdzv_backend)
+        s.nnodes = str(nodes[0]) if nodes[0] == nodes[1] else f"{nodes[0]}:{nodes[1]}"
+        s.node_rank = node_rank
+        s.nproc_per_node = str(config.nproc_per_node)
+        s.serves_store = static and node_rank == 0
+    _record.stage(LauncherStage.RENDEZVOUS)
 
 
 _record: Record | None = None
@@ -182,9 +222,8 @@ def _watch() -> None:
     original_launch = launcher_api.launch_agent
 
     def launch_agent(config: Any, *args: Any, **kwargs: Any) -> Any:
-        global _record
         try:
-            _record = _begin(config)
+            _begin(config)
         except Exception as exc:
             log.warning("ddpmon: the launcher's record is off: %r", exc)
         return original_launch(config, *args, **kwargs)
@@ -207,7 +246,12 @@ def main(argv: list[str] | None = None) -> None:
     (its logging and output the same)."""
     import runpy
 
+    global _record
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        _record = _starting(argv)
+    except Exception as exc:
+        log.warning("ddpmon: the launcher's record is off: %r", exc)
     try:
         _watch()
     except Exception as exc:

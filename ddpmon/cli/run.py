@@ -24,11 +24,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import goodput
 from ..config import (
@@ -39,8 +40,11 @@ from ..config import (
     Config,
 )
 from ..errors import ConfigError
-from ..state import attempts
+from ..state import attempts, launcher
 from .exits import EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..agent import Record
 
 HELP = "Run a training script under torchrun (or python) with ddpmon attached to every DDP model."
 
@@ -198,15 +202,23 @@ class UsageError(Exception):
 
 def run(args: argparse.Namespace) -> int:
     """Start the command with ddpmon reaching its ranks; its exit status is ours."""
+    early = None
     try:
         env = _child_env(args)
+        early = _starting(args.command, env)
         plan = plan_command(args.command)
+        if early is not None and not early.fits(plan):
+            early.record.discard()  # the job is named from torch's own reading instead
+            early = None
+        env = early.env if early is not None else env
         job, state_dir = _job_and_state_dir(env, plan)
         if args.debug_server is not None:
             _check_debug_server(args, plan, env)
         if args.preflight and plan.sitecustomize:
             raise UsageError("--preflight needs torchrun's arguments (the nodes), not a command")
     except (UsageError, ConfigError) as exc:
+        if early is not None:
+            early.record.discard()
         print(f"ddpmon run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"ddpmon run: job {job!r}, state files in {state_dir or '(off)'}", file=sys.stderr)
@@ -232,12 +244,83 @@ def run(args: argparse.Namespace) -> int:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (sitedir, env.get("PYTHONPATH", "")) if p
             )
+        if early is not None:  # the agent goes on with it from its own start
+            early.record.stop()
+            handed, early.record.path = early.record.path, None  # written by the agent alone
+            if handed is not None:
+                env[launcher.HANDOFF_VARIABLE] = handed
         code = _run_child(plan.argv, env)
     finally:
+        if early is not None:
+            early.record.stop()
         if sitedir:
             shutil.rmtree(sitedir, ignore_errors=True)
     _print_summary(code, state_dir)
     return code
+
+
+@dataclasses.dataclass
+class Early:
+    """The launcher's record that ``ddpmon run`` writes from its start, before torch loads
+    (``ddpmon run`` reads torchrun's arguments with torch's parser), and hands to its agent."""
+
+    record: Record
+    script: str
+    rdzv_id: str | None
+    env: dict[str, str]
+    """The children's environment, with the job and state directory the record is in."""
+
+    def fits(self, plan: Plan) -> bool:
+        """torch's reading of the command names the same job, and torchrun runs as the agent."""
+        return (
+            plan.argv[1:3] == ["-m", "ddpmon.agent"]
+            and plan.script == self.script
+            and plan.rdzv_id == self.rdzv_id
+        )
+
+
+def _starting(command: list[str], env: dict[str, str]) -> Early | None:
+    """Where torchrun will run as ``ddpmon.agent``: the launcher's record in stage
+    ``starting`` (the command and what its arguments expect), so that the doctor says the
+    job is starting while torch loads, and the job and state directory fixed from a reading
+    of the arguments without torch (``plan_command`` checks it against torch's). None
+    otherwise, or when the record cannot be written (said once)."""
+    torchrun = _torchrun(command)
+    if torchrun is None or _ranks_python(torchrun) != sys.executable:
+        return None
+    rest = command[1:] if torchrun == command[:1] else list(command)
+    reading = launcher.read_argv(rest)
+    if not reading.command or not reading.starts_python:
+        return None
+    from .. import agent
+
+    env = dict(env)
+    try:
+        _job_and_state_dir(env, Plan([], False, reading.command[0], reading.rdzv_id))
+        state = launcher.starting(reading, socket.gethostname(), os.getpid(), time.time(), None)
+        record = agent.open_record(state, environ=env)
+    except Exception as exc:  # (bad options are said by plan_command and the checks after)
+        if not isinstance(exc, (ConfigError, UsageError)):
+            print(f"ddpmon run: the launcher's record is off: {exc!r}", file=sys.stderr)
+        return None
+    return None if record is None else Early(record, reading.command[0], reading.rdzv_id, env)
+
+
+def _torchrun(command: list[str]) -> list[str] | None:
+    """The torchrun that ``command`` (torchrun's arguments) would start; None for a python
+    command line or a launcher of its own."""
+    first = os.path.basename(command[0]) if command else ""
+    if not command or _PYTHON.fullmatch(first) or command[0] == sys.executable:
+        return None
+    if first == "torchrun":
+        return [command[0]]
+    if (
+        not command[0].startswith("-")
+        and not command[0].endswith(".py")
+        and shutil.which(command[0])
+    ):
+        return None
+    return [sys.executable, "-m", "torch.distributed.run"]
 
 
 def plan_command(command: list[str]) -> Plan:
@@ -247,20 +330,10 @@ def plan_command(command: list[str]) -> Plan:
             "name what to run: ddpmon run --nproc-per-node=2 train.py [ARGS...], "
             "or ddpmon run python train.py [ARGS...]"
         )
-    first = os.path.basename(command[0])
-    if _PYTHON.fullmatch(first) or command[0] == sys.executable:
+    launcher = _torchrun(command)
+    if launcher is None:  # python, or a launcher of its own: accelerate launch, a shell script
         return Plan(list(command), True, _python_target(command[1:]))
-    if (
-        first != "torchrun"
-        and not command[0].startswith("-")
-        and not command[0].endswith(".py")
-        and shutil.which(command[0])
-    ):  # a launcher of its own: accelerate launch, a shell script
-        return Plan(list(command), True, _python_target(command[1:]))
-    if first == "torchrun":
-        launcher, rest = [command[0]], command[1:]
-    else:
-        launcher, rest = [sys.executable, "-m", "torch.distributed.run"], list(command)
+    rest = command[1:] if launcher == command[:1] else list(command)
     try:
         from torch.distributed.run import get_args_parser
     except ImportError as exc:

@@ -153,7 +153,8 @@ class Routes:
     def history_route(self, query: Query, reader: Reader | None = None) -> tuple[str, bytes]:
         """``/history``: this node's histories that ``reader`` may read, or a page of one
         (``history.page``: at most ``history.PAGE_ROWS`` steps and about ``history.PAGE_BYTES``
-        per answer)."""
+        per answer), or with ``busy=SECONDS`` one's recent busy times (``history.busy_since``,
+        at most ``history.BUSY_ROWS`` steps: the straggler rule's sustain check)."""
         try:
             ask = history.Ask.parse(query)
         except history.BadQuery as exc:
@@ -181,8 +182,19 @@ class Routes:
                 f"rank {ask.rank} has histories of jobs {', '.join(repr(h.job) for h in mine)} "
                 "on this node: add job=JOB"
             )
+        body: dict[str, Any]
         try:
-            body = history.page(mine[0].path, ask.since, ask.limit, ask.buckets)
+            if ask.busy is not None:  # what the straggler rule's sustain check reads
+                body = {
+                    "busy": history.busy_since(
+                        mine[0].path,
+                        ask.busy,
+                        min(ask.at_least, history.BUSY_ROWS),
+                        history.BUSY_ROWS,
+                    )
+                }
+            else:
+                body = history.page(mine[0].path, ask.since, ask.limit, ask.buckets)
         except history.HistoryError as exc:
             raise LookupError(
                 f"the history of rank {ask.rank}{of_job} cannot be served: {exc}"

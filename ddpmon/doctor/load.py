@@ -23,6 +23,15 @@ from ..state.records import SchemaError
 from ..webconfig import HttpConfig
 
 
+@dataclass(frozen=True)
+class Daemon:
+    """A node daemon asked (``--from``), and how: to ask it again for more (a rank's recent
+    busy times, ``doctor/busy.py``)."""
+
+    address: str
+    client: HttpConfig
+
+
 @dataclass
 class StateFile:
     """One rank's state file as read (checked against the schema), with its modification
@@ -31,6 +40,8 @@ class StateFile:
     path: str
     state: schema.RankState
     mtime: float
+    daemon: Daemon | None = None
+    """The node daemon that served it (``--from``); None for a file read here."""
 
     @property
     def rank(self) -> int:
@@ -162,14 +173,15 @@ def load_remote(
     while the others are on their way, and its bytes let go. Each file's modification time
     is carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
+    client = client or HttpConfig()
     urls = [daemons.base_url(a) + "/state" for a in addresses]
     launcher_urls = [daemons.base_url(a) + "/launchers" for a in addresses]
     read: dict[int, Loaded] = {}  # by index: a daemon's files or problems, its launchers
     for i, answer in daemons.fetch_each(
-        urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client or HttpConfig()
+        urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client
     ):
         if i < len(urls):
-            read[i] = _states(addresses[i], urls[i], answer, timeout)
+            read[i] = _states(Daemon(addresses[i], client), urls[i], answer, timeout)
         else:
             read[i] = Loaded("", launchers=_launchers(addresses[i - len(urls)], answer))
     for i, (address, url) in enumerate(zip(addresses, urls)):
@@ -195,8 +207,9 @@ def _cannot_be_read(reason: str) -> str:
     )
 
 
-def _states(address: str, url: str, answer: daemons.Answer, timeout: float) -> Loaded:
+def _states(daemon: Daemon, url: str, answer: daemons.Answer, timeout: float) -> Loaded:
     """A daemon's ``/state`` answer: its ranks' files, or why there are none."""
+    address = daemon.address
     out = Loaded(address)
     ips, body, received = answer
     if isinstance(body, daemons.Unbounded):
@@ -231,7 +244,7 @@ def _states(address: str, url: str, answer: daemons.Answer, timeout: float) -> L
         mtime = (
             received - (served - mtime) if served is not None and mtime is not None else received
         )
-        out.files.append(StateFile(name, state, mtime))
+        out.files.append(StateFile(name, state, mtime, daemon))
     return out
 
 

@@ -18,6 +18,7 @@ from ..formats import format_seconds
 from ..state.fault import path_for as fault_path
 from ..state.files import ROOM_BYTES
 from ..state.schema import Collective, WriteFailure
+from . import flight
 from .view import RankView, main_thread
 
 # -- what to do -------------------------------------------------------------------------------
@@ -397,7 +398,10 @@ def stuck_line(v: RankView) -> str:
                 "whose peers never joined: see the flight recorder in its hang report)"
             )
     after = (
-        f"; its last collective was {entry_name(s.last_collective)}" if s.last_collective else ""
+        f"; its last collective was {entry_name(s.last_collective)}"
+        f"{flight.beside(v, s.last_collective)}"
+        if s.last_collective
+        else ""
     )
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}): no progress for {v.silent:.1f} s, "
@@ -450,7 +454,7 @@ def wait_line(v: RankView) -> str:
         return f"rank {v.rank}: no progress for {v.silent:.1f} s, step {s.step}, stage {s.stage}"
     return (
         f"rank {v.rank} (host {s.host}, pid {s.pid}) has waited "
-        f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}"
+        f"{e.age_seconds or 0.0:.1f} s in {entry_name(e)}, step {s.step}{flight.beside(v, e)}"
     )
 
 

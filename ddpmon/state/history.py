@@ -476,11 +476,14 @@ def span(path: str) -> tuple[float, float] | None:
     return (float(first[0]), float(last[0])) if first and last else None
 
 
-def busy_since(path: str, seconds: float, at_least: int = 0) -> dict[str, list[Any]]:
+def busy_since(
+    path: str, seconds: float, at_least: int = 0, most: int | None = None
+) -> dict[str, list[Any]]:
     """The steps that ended within ``seconds`` of the last one (at least its last
-    ``at_least`` steps): ``step``, ``end_unix`` and ``busy_seconds`` (the step less its
-    exposed communication), oldest first; what the straggler rule reads to see whether a gap
-    lasts (``steps.sustained``)."""
+    ``at_least`` steps, at most its last ``most``): ``step``, ``end_unix`` and
+    ``busy_seconds`` (the step less its exposed communication), oldest first; what the
+    straggler rule reads to see whether a gap lasts (``steps.sustained``), here or through
+    the node daemon's ``/history?busy=SECONDS``."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
         try:
@@ -492,6 +495,8 @@ def busy_since(path: str, seconds: float, at_least: int = 0) -> dict[str, list[A
                 "FROM steps ORDER BY step DESC"
             ):
                 if len(rows) >= at_least and rows and row[1] < rows[0][1] - seconds:
+                    break
+                if most is not None and len(rows) >= most:
                     break
                 rows.append(row)
             rows.reverse()
@@ -542,7 +547,13 @@ encoding a full page takes the daemon's worker tens of milliseconds, so a scrape
 waits long behind one."""
 PAGE_FINDINGS = 1_000
 """The newest findings, on a history's last page."""
-QUERY_KEYS = ("job", "rank", "since", "limit", "buckets")
+QUERY_KEYS = ("job", "rank", "since", "limit", "buckets", "busy", "at_least")
+BUSY_SECONDS = 60
+"""``busy=SECONDS`` asks for the busy times of the steps that ended within at most this of
+the last one..."""
+BUSY_ROWS = 5_000
+"""...and at most this many steps (the newest; ``at_least`` 0 to this): an answer of
+about 200 KiB at most."""
 
 
 class BadQuery(ValueError):
@@ -561,6 +572,10 @@ class Ask:
     limit: int | None = None
     """Steps at most in the page; None: the daemon's bound, ``PAGE_ROWS``."""
     buckets: bool = True
+    busy: int | None = None
+    """Seconds: the recent busy times (``busy_since``) instead of a page."""
+    at_least: int = 0
+    """With ``busy``: at least this many of the last steps, however long ago."""
 
     @classmethod
     def parse(cls, query: Mapping[str, Sequence[str]]) -> Ask:
@@ -597,6 +612,12 @@ class Ask:
             if "limit" in one
             else None,
             buckets=buckets == "1",
+            busy=_whole(one, "busy", f"1 to {BUSY_SECONDS} seconds", 1, BUSY_SECONDS)
+            if "busy" in one
+            else None,
+            at_least=_whole(one, "at_least", f"0 to {BUSY_ROWS} steps", 0, BUSY_ROWS)
+            if "at_least" in one
+            else 0,
         )
 
     def query(self) -> str:
@@ -606,6 +627,7 @@ class Ask:
             items += [("rank", self.rank), ("since", self.since)]
             items += [("limit", self.limit)] if self.limit is not None else []
             items += [("buckets", 0)] if not self.buckets else []
+            items += [("busy", self.busy), ("at_least", self.at_least)] if self.busy else []
         return urllib.parse.urlencode(items)
 
 

@@ -26,9 +26,18 @@ FORMAT = 1
 NAME_PATTERN = re.compile(r"^launcher-([A-Za-z0-9_.-]{1,80})-(\d{1,10})\.json$")
 MAX_ATTEMPTS = 16
 """Distinct errors kept (each with its count): the file stays small however long it tries."""
+MAX_COMMAND = 32
+"""Words of the command kept (each at most ``MAX_WORD`` characters): a file stays small."""
+MAX_WORD = 200
+HANDOFF_VARIABLE = "DDPMON_LAUNCHER_RECORD"
+"""Set by ``ddpmon run`` for the agent it starts: the record ``ddpmon run`` began, which the
+agent goes on writing (one record per launch, from the moment the user started it)."""
 
 
 class LauncherStage(str, Enum):
+    STARTING = "starting"
+    """The launcher is starting (``ddpmon run`` reads its arguments, torch is loading):
+    nothing tried yet; what it expects is read from its command line."""
     RENDEZVOUS = "rendezvous"
     """Meeting the other nodes at the endpoint: no rank of this node runs yet."""
     RUNNING = "running"
@@ -70,6 +79,8 @@ class LauncherState:
     node_rank: int | None = None
     """``--node-rank`` (static rendezvous), null when the rendezvous assigns it."""
     nproc_per_node: str | None = None
+    command: list[str] = field(default_factory=list)
+    """The script and its arguments, as given (bounded)."""
     job: str | None = None
     serves_store: bool = False
     """This node hosts the rendezvous store (static rendezvous, node 0)."""
@@ -95,6 +106,88 @@ class LauncherState:
     def node(self) -> str:
         """``node 1 (host-b)``, or ``host-b`` where the node's rank is not known."""
         return f"node {self.node_rank} ({self.host})" if self.node_rank is not None else self.host
+
+
+@dataclass(slots=True)
+class Reading:
+    """What a torchrun command line says, read without torch (torch's own parser reads it
+    again once torch is loaded; this is what the record says until then)."""
+
+    endpoint: str
+    rdzv_backend: str
+    nnodes: str
+    node_rank: int | None
+    nproc_per_node: str
+    command: list[str]
+    rdzv_id: str | None
+    starts_python: bool
+    """torchrun starts ``python SCRIPT`` (not ``--no-python`` or ``--run-path``)."""
+
+
+FLAGS = frozenset(
+    ("--standalone", "--no-python", "--run-path", "-m", "--module", "--virtual-local-rank")
+)
+"""torchrun's options without a value (every other option takes one)."""
+
+
+def read_argv(argv: list[str]) -> Reading:
+    """torchrun's arguments (``--nnodes=2 --node-rank 1 ... train.py --lr 0.1``), as
+    torchrun reads them, with its defaults."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        name, eq, value = argv[i].partition("=")
+        name = "--" + name.lstrip("-").replace("_", "-") if name.startswith("--") else name
+        if not eq and name not in FLAGS and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
+        options[name] = value
+        i += 1
+    command = [w[:MAX_WORD] for w in argv[i + (i < len(argv) and argv[i] == "--") :]]
+    standalone = "--standalone" in options
+    backend = "c10d" if standalone else options.get("--rdzv-backend", "static")
+    if standalone:
+        endpoint = "localhost:0"
+    elif backend == "static":
+        endpoint = (
+            f"{options.get('--master-addr', '127.0.0.1')}:{options.get('--master-port', '29500')}"
+        )
+    else:
+        endpoint = options.get("--rdzv-endpoint", "?")
+    nnodes = options.get("--nnodes", "1")
+    low, _, high = nnodes.partition(":")
+    node_rank = options.get("--node-rank", "0") if backend == "static" else None
+    return Reading(
+        endpoint=endpoint,
+        rdzv_backend=backend,
+        nnodes=low if not high or low == high else nnodes,
+        node_rank=int(node_rank) if node_rank is not None and node_rank.isdigit() else None,
+        nproc_per_node=options.get("--nproc-per-node", "1"),
+        command=command[:MAX_COMMAND],
+        rdzv_id=options.get("--rdzv-id")
+        if options.get("--rdzv-id") not in (None, "none")
+        else None,
+        starts_python="--no-python" not in options and "--run-path" not in options,
+    )
+
+
+def starting(reading: Reading, host: str, pid: int, now: float, job: str | None) -> LauncherState:
+    """The record of a launcher that has read its command line and nothing more."""
+    static = reading.rdzv_backend == "static"
+    return LauncherState(
+        host=host,
+        pid=pid,
+        started_unix=now,
+        endpoint=reading.endpoint,
+        rdzv_backend=reading.rdzv_backend,
+        nnodes=reading.nnodes,
+        node_rank=reading.node_rank,
+        nproc_per_node=reading.nproc_per_node,
+        command=reading.command,
+        job=job,
+        serves_store=static and reading.node_rank == 0,
+        stage=LauncherStage.STARTING,
+        stage_since_unix=now,
+    )
 
 
 def path_for(state_dir: str, host: str, pid: int) -> str:

@@ -20,6 +20,7 @@ import pytest
 from ddpmon.cli import daemon as daemon_cli
 from ddpmon.cli import main
 from ddpmon.daemon import Daemon
+from ddpmon.doctor import busy as doctor_busy
 from ddpmon.httpd import serve
 from ddpmon.remote import daemons as remote
 from ddpmon.report import compare, run, summary
@@ -104,7 +105,16 @@ def test_the_query_and_what_it_asks() -> None:
             "buckets='yes' is not valid: expected 1 (with each step's buckets) or 0",
         ),
         ("rank=0&rank=1", "rank is given 2 times: give it once"),
-        ("step=3", "unknown parameter 'step': /history takes job, rank, since, limit, buckets"),
+        (
+            "step=3",
+            "unknown parameter 'step': /history takes job, rank, since, limit, buckets, busy, "
+            "at_least",
+        ),
+        (
+            f"rank=0&busy={history.BUSY_SECONDS + 1}",
+            f"is not valid: expected 1 to {history.BUSY_SECONDS} seconds",
+        ),
+        ("rank=0&busy=5&at_least=-1", "at_least='-1' is not valid: expected 0 to"),
         ("since=3", "since needs rank=R (without rank, /history lists this node's histories)"),
     ],
 )
@@ -112,6 +122,22 @@ def test_a_bad_query_says_what_was_wrong_and_what_is_accepted(query: str, messag
     with pytest.raises(history.BadQuery) as err:
         ask(query)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'{"busy": null}',
+        b'{"busy": {"step": [1, 2], "end_unix": [1.0], "busy_seconds": [0.1, 0.2]}}',
+        b'{"busy": {"step": [1], "end_unix": [NaN], "busy_seconds": [0.1]}}',
+        b'{"busy": {"step": [true], "end_unix": [1.0], "busy_seconds": [0.1]}}',
+        b'{"busy": {"step": "1", "end_unix": [1.0], "busy_seconds": [0.1]}}',
+        b"not json",
+    ],
+)
+def test_busy_times_from_a_daemon_that_are_not_so_are_refused(body: bytes) -> None:
+    assert doctor_busy.parse(body) is None
 
 
 # -- pages ----------------------------------------------------------------------------------------
@@ -295,6 +321,18 @@ def test_the_daemon_lists_and_pages_its_ranks_histories(
         status == 400 and b"rank 1 has histories of jobs 'j', 'k' on this node: add job=JOB" in body
     )
     assert json.loads(get(f"http://{address}/history?rank=1&job=k")[1])["rows_total"] == 3
+    # the straggler rule's sustain check (doctor --from): the steps that ended within 3 s of
+    # the last, at least 6 of them, and nothing else
+    answer = json.loads(get(f"http://{address}/history?rank=1&job=j&busy=3&at_least=6")[1])
+    busy = answer["busy"]
+    assert busy["step"] == [7, 8, 9, 10, 11, 12] and busy["end_unix"] == [
+        1000.5 + s for s in busy["step"]
+    ]
+    assert busy["busy_seconds"] == pytest.approx(
+        [0.5 + s / 1e4 - (0.05 if s % 2 else 0) for s in busy["step"]]
+    )
+    assert doctor_busy.parse(json.dumps(answer).encode()) == busy
+    assert history.Ask.parse(parse_qs(history.Ask("j", 1, busy=3, at_least=6).query())).busy == 3
 
 
 def test_a_step_past_sqlites_integers_is_answered_400_and_nothing_is_logged(

@@ -30,6 +30,7 @@ UNREACHABLE_SECONDS = 10.0
 """How long a node's attempts to reach the endpoint must have failed before it is named: a
 launcher that starts beside the store it connects to (``--standalone``, node 0 of a static
 rendezvous) is refused a moment while that store comes up."""
+ALIVE = (LauncherStage.STARTING, LauncherStage.RENDEZVOUS, LauncherStage.RUNNING)
 RECENT_SECONDS = 900.0
 """A launcher that failed within this belongs to the job asked about."""
 
@@ -57,8 +58,11 @@ def findings(
         and (x.record.now_unix or now) - min(a.first_unix for a in failing) >= UNREACHABLE_SECONDS
     ]
     out += [_unreachable(r, servers, now) for r in cut_off]
+    arrived = [
+        x.record for x in launchers if x.record.stage in ALIVE and now - x.mtime < FRESH_SECONDS
+    ]
     for s in servers:
-        missing = _missing(s, [x.record for x in live])
+        missing = _missing(s, arrived)
         if missing:
             out.append(_node_missing(s, missing, now, unreachable))
     return out
@@ -69,10 +73,7 @@ def starting(launchers: Sequence[Launcher], now: float) -> Finding | None:
     written yet: it is starting (an info note, verdict healthy), not a state directory with
     nothing to diagnose."""
     live = [
-        x.record
-        for x in launchers
-        if x.record.stage in (LauncherStage.RENDEZVOUS, LauncherStage.RUNNING)
-        and now - x.mtime < FRESH_SECONDS
+        x.record for x in launchers if x.record.stage in ALIVE and now - x.mtime < FRESH_SECONDS
     ]
     if not live:
         return None
@@ -81,8 +82,29 @@ def starting(launchers: Sequence[Launcher], now: float) -> Finding | None:
         "info",
         [],
         "the job is starting: "
-        + "; ".join(f"{r.node}'s launcher is in {r.stage}" for r in live)
+        + "; ".join(_where(r, now) for r in live)
         + ", and no rank has written its state yet",
+        [_expects(r) for r in live if r.stage == LauncherStage.STARTING],
+    )
+
+
+def _where(r: LauncherState, now: float) -> str:
+    if r.stage != LauncherStage.STARTING:
+        return f"{r.node}'s launcher is in {r.stage}"
+    took = format_seconds(max(0.0, (r.now_unix or now) - r.started_unix))
+    return (
+        f"{r.node}'s launcher has been starting for {took} "
+        f"({' '.join(r.command[:1]) or '?'}; torch loading, no rendezvous tried yet)"
+    )
+
+
+def _expects(r: LauncherState) -> str:
+    """What a starting launcher's command line expects."""
+    command = " ".join(r.command)
+    per_node = f", {r.nproc_per_node} processes each" if r.nproc_per_node else ""
+    return (
+        f"{r.node}: {command[:300]}; {r.nnodes} node{'s' if r.nnodes != '1' else ''}{per_node}, "
+        f"rendezvous {r.rdzv_backend} at {r.endpoint}"
     )
 
 

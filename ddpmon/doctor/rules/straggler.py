@@ -18,8 +18,8 @@ import statistics
 from ... import steps
 from ...activity import Status
 from ...formats import format_seconds
-from ...state import captures, history
-from .. import where, words
+from ...state import captures
+from .. import busy, where, words
 from ..findings import Finding, Verdict
 from ..view import RankView
 
@@ -91,23 +91,19 @@ def _lasting(
     views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
 ) -> dict[int, steps.Held]:
     """For each rank the state files' window names, how its gap held over the last
-    ``steps.SUSTAIN_SECONDS`` of the ranks' histories (read only then). Empty when a rank's
-    history cannot be read here (another host's job asked ``--from`` its daemon, history
-    off): the window alone decides."""
+    ``steps.SUSTAIN_SECONDS`` of the ranks' histories (read only then, here or from the
+    daemons asked ``--from``: ``doctor/busy.py``). Empty when a rank's history cannot be
+    had (history off, an older daemon): the window alone decides."""
     named = [r for r, s in scores.items() if s.straggler]
-    if not named:
+    if not named or any(v.rank not in scores for v in views):
         return {}
-    series = {}
-    for v in views:
-        path = history.path_for(os.path.dirname(v.file.path), v.rank)
-        if v.rank not in scores or not os.path.isfile(path):
-            return {}
-        try:
-            series[v.rank] = history.busy_since(
-                path, steps.SUSTAIN_SECONDS + HISTORY_LAG_SECONDS, at_least=steps.MIN_STEPS
-            )
-        except history.HistoryError:
-            return {}
+    series = busy.recent(
+        views,
+        steps.SUSTAIN_SECONDS + HISTORY_LAG_SECONDS,
+        at_least=steps.MIN_STEPS,
+    )
+    if series is None:
+        return {}
     needed = 0.0 if ended else steps.SUSTAIN_SECONDS
     return {r: steps.sustained(series, r, needed) for r in named}
 
