@@ -129,8 +129,8 @@ def fetch_each(
     """Every URL read at once, each in a thread of its own; each answer yielded, with its
     URL's index, as soon as it comes, so the caller reads one while the others are still on
     their way (and while a node that does not answer costs its ``timeout``). It stops once
-    every URL has answered or ``deadline`` seconds have passed and the answers that came by
-    then are yielded; the threads of the others end on their own timeout, unwaited."""
+    every URL has answered, or ``deadline`` seconds have passed and no answer is waiting to
+    be read; the threads of the others end on their own timeout, unwaited."""
     until = time.monotonic() + deadline
     came: queue.SimpleQueue[tuple[int, Answer]] = queue.SimpleQueue()
     cut = until - min(0.5, deadline / 4)  # an answer that does not end is cut short before
