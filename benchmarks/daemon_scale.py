@@ -171,6 +171,7 @@ def run(daemons: int, black_holed: float, processes: int, profile: str = "") -> 
         "ranks": answering * RANKS_PER_NODE,
         "seconds": took,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "system_seconds": usage.ru_stime,
         "peak_rss_mib": usage.ru_maxrss / 1024,
         "exit": doctor.returncode,
         "verdict": answer["verdict"],
@@ -195,7 +196,8 @@ def main() -> None:
         right = r["verdict"] == "hang" and r["suspects"] == [r["stuck"]]
         print(
             f"{r['daemons']:>5} daemons ({r['black_holed']} black-holed), {r['ranks']} ranks: "
-            f"doctor {r['seconds']:5.2f} s wall, {r['cpu_seconds']:5.2f} s CPU, peak RSS "
+            f"doctor {r['seconds']:5.2f} s wall, {r['cpu_seconds']:5.2f} s CPU ({r['system_seconds']:.2f} s "
+            f"in the kernel), peak RSS "
             f"{r['peak_rss_mib']:.0f} MiB; exit {r['exit']}, verdict {r['verdict']}, suspects "
             f"{r['suspects'][:8]}{'...' if len(r['suspects']) > 8 else ''} ({'right' if right else 'WRONG: stuck is ' + str(r['stuck'])}); "
             f"findings {r['kinds']}",
