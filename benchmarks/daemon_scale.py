@@ -80,6 +80,8 @@ def serve_nodes(directories: list[str], ports: Any, ready: Any) -> None:
     endpoints = []
     for directory in directories:
         daemon = Daemon(directory, gpus=False, node_local=True)
+        for name in os.listdir(directory):  # as its live ranks would: written a moment ago
+            os.utime(os.path.join(directory, name))
         state = daemon.routes.state_route()
         launchers = daemon.routes.launchers_route()
         endpoints.append(
