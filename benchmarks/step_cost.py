@@ -210,9 +210,42 @@ def main() -> int:
     )
     for name, us in parts.items():
         print(f"  {name:<44} {us:8.0f} us/pass {us * args.step_ms / 1000:6.1f} us/step")
+    memory_cost(monitor, per_pass, args.step_ms)
     monitor.detach()
     dist.destroy_process_group()
     return 0
+
+
+def memory_cost(monitor: Any, per_pass: Any, step_ms: float) -> None:
+    """The memory watch's thread (rank/memory.py), stopped and called directly: a look at
+    the step count with nothing due, a sample (the rank's RSS), the fit of its trends (once
+    a state interval). At its fastest it looks every 2 steps and samples every
+    ``SAMPLE_STEPS``; none of it runs on the training thread, each holds the GIL."""
+    from ddpmon import memory
+
+    watch = monitor._memory
+    if watch is None:
+        return
+    watch.stop()
+    rec = monitor.recorder
+    look = per_pass(watch.sample)  # the step count stands still here: nothing due
+    sample = per_pass(lambda: watch._take(rec.steps, time.time()))
+    fit = per_pass(lambda: watch._fit(time.time()))
+    every = memory.SAMPLE_STEPS
+    print(
+        f"memory watch (its own thread, CPU us with the GIL held; per step at {step_ms:g} ms a "
+        f"step, sampling every {every} steps):"
+    )
+    print(
+        f"  {'a look, nothing due (every 2 steps)':<44} {look:8.1f} us/pass {look / 2:6.1f} us/step"
+    )
+    print(
+        f"  {'a sample: the RSS of the rank':<44} {sample:8.1f} us/pass {sample / every:6.1f} us/step"
+    )
+    print(
+        f"  {'the trends fitted (once a second)':<44} {fit:8.0f} us/pass "
+        f"{fit * step_ms / 1000:6.1f} us/step"
+    )
 
 
 if __name__ == "__main__":

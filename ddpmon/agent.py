@@ -3,13 +3,15 @@
 
 ``ddpmon run`` starts torchrun this way. From the launcher's start (before torch loads, which
 takes seconds: stage ``starting``, what its command line expects) and while it meets the
-other nodes, a thread of its own rewrites ``<state_dir>/launcher-<host>-<pid>.json`` (``state/launcher.py``)
-about once a second: the rendezvous endpoint as given, the node count expected, whether this
-node serves the store, and, on a node that does not, a TCP connection to the endpoint tried
-every second, each failure folded by its error (refused, timed out, no route, unknown
-host). What ends the launcher is written last: an address already in use names the process
-that holds the port. Nothing here changes torchrun's arguments, its output or its exit
-status; a failure of the record is logged once and the record stops.
+other nodes, a thread of its own rewrites ``<state_dir>/launcher-<host>-<pid>.json``
+(``state/launcher.py``) about once a second: the rendezvous endpoint as given, the node count
+expected, whether this node serves the store, and, on a node that does not, a TCP connection
+to the endpoint tried every second, each failure folded by its error (refused, timed out, no
+route, unknown host); in a dynamic (c10d) rendezvous, the nodes that joined it so far of how
+many it needs, as torch's handler last saw them. What ends the launcher is written last: an
+address already in use names the process that holds the port. Nothing here changes
+torchrun's arguments, its output or its exit status; a failure of the record is logged once
+and the record stops.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class Record:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ddpmon-launcher", daemon=True)
+        self.handler: Any = None
+        """torchrun's rendezvous handler, while the agent waits in it."""
 
     def start(self) -> None:
         self._thread.start()
@@ -98,6 +102,10 @@ class Record:
                 s = self.state
                 if s.stage == LauncherStage.RENDEZVOUS and not s.serves_store:
                     self.probe()
+                if s.stage == LauncherStage.RENDEZVOUS and self.handler is not None:
+                    seen = rendezvous_facts(self.handler)
+                    with self._lock:
+                        s.rendezvous = seen or s.rendezvous
                 self.write()
             except Exception as exc:  # the record stops; torchrun goes on
                 log.warning("ddpmon: the launcher's record stops: %r", exc)
@@ -125,6 +133,25 @@ class Record:
             return
         with self._lock:
             self.state.reached_unix = now
+
+
+def rendezvous_facts(handler: Any) -> launcher.Rendezvous | None:
+    """A dynamic rendezvous handler's last synced state (torch's private
+    ``_state_holder.state``, read without a call to the store); None for a static one, or
+    where torch keeps it elsewhere."""
+    try:
+        state = handler._state_holder.state
+        settings = handler.settings
+        return launcher.Rendezvous(
+            min_nodes=int(settings.min_nodes),
+            max_nodes=int(settings.max_nodes),
+            joined=sorted(str(node.addr) for node in list(state.participants)),
+            waiting=sorted(str(node.addr) for node in list(state.wait_list)),
+            round=int(state.round),
+            complete=bool(state.complete),
+        )
+    except Exception:  # static, another torch, or changed while read: the next pass
+        return None
 
 
 def classify(exc: OSError) -> str:
@@ -233,9 +260,11 @@ def _watch() -> None:
 
     def _rendezvous(self: Any, worker_group: Any) -> None:
         if _record is not None:
+            _record.handler = getattr(worker_group.spec, "rdzv_handler", None)
             _record.stage(LauncherStage.RENDEZVOUS)
         original_rendezvous(self, worker_group)
         if _record is not None:
+            _record.handler = None
             _record.stage(LauncherStage.RUNNING)
 
     api.SimpleElasticAgent._rendezvous = _rendezvous  # type: ignore[method-assign]

@@ -18,7 +18,12 @@ from typing import NamedTuple
 from .state.schema import MemoryTrend
 
 WINDOW = 48
-"""Samples a trend is computed over (at most); one per state interval while steps go on."""
+"""Samples a trend is computed over (at most). The rank samples every ``SAMPLE_STEPS``
+steps; a full window whose samples are closer than a state interval apart is ``thinned``
+and the rank samples half as often, until its samples are a state interval apart: fast
+steps are judged within their first hundred, and a long run's window spans minutes."""
+SAMPLE_STEPS = 4
+"""Steps between two samples of a window that is not yet thinned."""
 WARMUP_STEPS = 10
 """Steps left out at the start: memory grows while a job warms up (allocator pools,
 caches, the first batches)."""
@@ -39,6 +44,11 @@ class Point(NamedTuple):
     step: int
     unix: float
     bytes: int
+
+
+def thinned(points: Sequence[Point]) -> list[Point]:
+    """Every other point of a window, the newest kept: half the points over the same span."""
+    return list(points)[(len(points) - 1) % 2 :: 2]
 
 
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -122,6 +132,14 @@ def seconds_left(t: MemoryTrend) -> float | None:
         return None
     return max(0.0, t.headroom_bytes / t.bytes_per_second)
 
+
+KINDS = {
+    "rss": "resident memory",
+    "pss": "proportional memory (PSS)",
+    "torch_allocated": "torch's allocated GPU memory",
+    "torch_reserved": "torch's reserved GPU memory",
+}
+"""Each ``MemoryTrend.kind`` in words."""
 
 LIMITS = {
     "host": "the host's available memory",

@@ -359,8 +359,6 @@ class Held:
     seconds: float
     """The seconds the steps compared span (at most ``SUSTAIN_SECONDS`` of them in blocks)."""
     blocks: tuple[float, ...]
-    needed: float = SUSTAIN_SECONDS
-    """The seconds the steps must span: less for a job that ended (all there is to see)."""
 
     @property
     def blocks_seconds(self) -> float:
@@ -370,15 +368,13 @@ class Held:
     @property
     def held(self) -> bool:
         return (
-            self.seconds >= self.needed
+            self.seconds >= SUSTAIN_SECONDS
             and bool(self.blocks)
             and all(b >= SCORE_WARN for b in self.blocks)
         )
 
 
-def sustained(
-    series: dict[int, dict[str, list[Any]]], rank: int, needed: float = SUSTAIN_SECONDS
-) -> Held:
+def sustained(series: dict[int, dict[str, list[Any]]], rank: int) -> Held:
     """Whether ``rank``'s gap lasts: over the steps every rank has in ``series`` (per rank:
     ``step``, ``end_unix``, ``busy_seconds``, as ``state.history.busy_since`` reads them),
     its last ``SUSTAIN_SECONDS`` split into ``SUSTAIN_BLOCKS`` consecutive blocks of equal
@@ -386,13 +382,14 @@ def sustained(
     block would hold fewer than two: blocks of as many steps), and its score in each
     (trimmed means, step by step against the others' median, as ``scores``). A straggler is
     named only when it is at least ``SCORE_WARN`` slower in every block and the steps span
-    ``needed`` seconds: like memory creep, which must grow in both halves of its window, a
-    gap that one burst of scheduling explains does not hold in all of them."""
+    ``SUSTAIN_SECONDS``, a job that ended sooner included: like memory creep, which must grow
+    in both halves of its window, a gap that one burst of scheduling explains does not hold
+    in all of them."""
     common = sorted(
         set.intersection(*(set(s["step"]) for s in series.values())) - set(range(WARMUP_STEPS + 1))
     )
     if len(common) < SUSTAIN_BLOCKS * 2:
-        return Held(0.0, (), needed)
+        return Held(0.0, ())
     values = {}
     for r, s in series.items():
         busy = dict(zip(s["step"], s["busy_seconds"]))
@@ -413,7 +410,7 @@ def sustained(
     for a, b in bounds:
         baseline = typical(baselines[a:b])[0]
         blocks.append(busy_ratio(baseline + typical(diffs[a:b])[0], baseline))
-    return Held(ends[-1] - ends[0], tuple(blocks), needed)
+    return Held(ends[-1] - ends[0], tuple(blocks))
 
 
 def _positions(have: list[int], wanted: list[int]) -> slice | list[int]:

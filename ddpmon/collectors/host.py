@@ -118,6 +118,19 @@ def process_memory(pid: int, pss: bool) -> list[tuple[str, int]]:
     return [("rss", int(proc.memory_info().rss))]
 
 
+def resident_bytes(pid: int) -> int:
+    """The resident set size of process ``pid``: one read of /proc/<pid>/statm (a few
+    microseconds, no lock a process's threads take), psutil elsewhere. Raises OSError or
+    psutil.Error when the process is gone."""
+    if _HAS_STATM:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+_HAS_STATM = os.path.exists("/proc/self/statm")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
 _HAS_PSS = os.path.exists("/proc/self/smaps_rollup")
 """psutil reads PSS from smaps_rollup where the kernel has it (Linux 4.14); elsewhere it
 would walk every mapping in /proc/<pid>/smaps, too slow to do each second."""

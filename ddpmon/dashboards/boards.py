@@ -50,12 +50,13 @@ def overview() -> dict[str, Any]:
         *_step_breakdown(),
         *_communication(),
         *_health(),
+        *_memory(),
     ]
     return dashboard(
         "ddpmon-ddp-overview",
         "DDP job overview",
         "One PyTorch DDP job as ddpmon sees it: speed, stragglers, gradient communication, "
-        "unused parameters, hangs and liveness per rank.",
+        "unused parameters, hangs, liveness and memory per rank.",
         panels,
     )
 
@@ -438,6 +439,52 @@ def _health() -> list[Panel]:
             "stops: the rank waits in a collective for a peer that never joins.",
             "short",
             [Query(f"max by (rank) (ddpmon_collectives_in_flight{SEL})", "rank {{rank}}")],
+            w=8,
+        ),
+    ]
+
+
+def _memory() -> list[Panel]:
+    """Per rank: its memory, the trend the rank fits to it, the time left while it creeps."""
+    return [
+        Panel(
+            "timeseries",
+            "Resident memory per rank",
+            "Resident memory (RSS) of each rank's process. Healthy: flat after the first "
+            "steps, a step up once (a cache filled) included. Bad: rising step after step "
+            "on one rank (a leak: the trend panel beside this one shows its rate).",
+            "bytes",
+            [Query(f"max by (rank) (ddpmon_process_resident_memory_bytes{SEL})", "rank {{rank}}")],
+            w=8,
+        ),
+        Panel(
+            "timeseries",
+            "Memory growth per rank",
+            "The robust trend each rank fits to its memory (Theil-Sen over its last readings "
+            "and each half: noise and a rise that came once do not move it): the rank's "
+            "process or its fastest-growing DataLoader worker, resident (rss) or proportional "
+            "(pss) memory, torch's allocated or reserved GPU memory. Healthy: near 0. Bad: "
+            "one series well above the others, lasting (`ddpmon doctor` names it: "
+            "memory_creep).",
+            "Bps",
+            [
+                Query(
+                    f"max by (rank, process, kind) (ddpmon_memory_growth_bytes_per_second{SEL})",
+                    "rank {{rank}} {{process}} {{kind}}",
+                )
+            ],
+            w=8,
+        ),
+        Panel(
+            "timeseries",
+            "Time left before a memory limit",
+            "While a memory series of a rank creeps (1 MiB a step or more, in both halves "
+            "of its window): the time before the nearest one reaches its limit (the GPU's "
+            "memory, the host's available memory, the cgroup's limit) at its present rate. "
+            "Good: no data (nothing creeps). Bad: any line; the lower, the sooner the rank "
+            "is killed (run `ddpmon doctor` for the cause and the fix).",
+            "s",
+            [Query(f"min by (rank) (ddpmon_memory_creep_seconds_left{SEL})", "rank {{rank}}")],
             w=8,
         ),
     ]

@@ -1,9 +1,13 @@
 """Reading the ranks' state files for the doctor: every ``rank-<R>.json`` of a directory,
 bad files reported by name, files of different jobs kept apart.
 
-Times inside a state file are on its writer's clock. ``offset`` (the file's modification
-time minus the writer's ``now_unix`` at writing) maps them onto the clock of the file
-system, so files written on hosts whose clocks differ still compare.
+Times inside a state file are on its writer's clock. ``offset`` maps them onto the clock of
+the file system, so files written on hosts whose clocks differ still compare: through the
+clock offset from rank 0's that the rank measured at start (``state.clock``) and one shift
+for the whole job from rank 0's clock to the file system's (``align``); for a file without a
+measurement, as the file's modification time minus the writer's ``now_unix`` at writing. A
+modification time alone misleads once files are copied (every file then seems written at
+the copy), a measured offset does not.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import collections
 import json
 import os
 import stat
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +47,9 @@ class StateFile:
     mtime: float
     daemon: Daemon | None = None
     """The node daemon that served it (``--from``); None for a file read here."""
+    reference: float | None = None
+    """The file system's clock minus rank 0's, one for the job (``align``); None when no
+    rank of the job measured its clock."""
 
     @property
     def rank(self) -> int:
@@ -54,8 +62,17 @@ class StateFile:
     @property
     def offset(self) -> float:
         """Seconds to add to a time of this file's writer to get file-system time."""
+        clock = self.state.clock
+        if clock is not None and self.reference is not None:
+            return self.reference - clock.offset_seconds
         now = self.state.now_unix
         return self.mtime - now if now is not None else 0.0
+
+    @property
+    def written(self) -> float:
+        """When the file was last written, on the file system's clock."""
+        now = self.state.now_unix
+        return now + self.offset if now is not None else self.mtime
 
     @property
     def name(self) -> str:
@@ -141,7 +158,27 @@ def load_dir(state_dir: str) -> Loaded:
             loaded.bad.append((path, exc.reason))
             continue
         loaded.launchers.append(Launcher(path, record, mtime))
+    align(loaded.files)
     return loaded
+
+
+def align(state_files: Sequence[StateFile]) -> None:
+    """Set each job's ``reference``: the file system's clock minus rank 0's, the median over
+    the files whose writer measured its clock (each file's modification time against its
+    last write on rank 0's clock). One shift for the job keeps the order of the ranks'
+    times as measured, whatever the modification times say."""
+    by_job: dict[str, list[StateFile]] = collections.defaultdict(list)
+    for f in state_files:
+        by_job[f.job].append(f)
+    for job_files in by_job.values():
+        shifts = sorted(
+            f.mtime - (f.state.now_unix - f.state.clock.offset_seconds)
+            for f in job_files
+            if f.state.clock is not None and f.state.now_unix is not None
+        )
+        reference = statistics.median(shifts) if shifts else None
+        for f in job_files:
+            f.reference = reference
 
 
 REMOTE_MAX_BYTES = 256 * 1024 * 1024  # a daemon's /state: at most a few MiB per rank of its node
@@ -197,6 +234,7 @@ def load_remote(
         )
         loaded.unreachable.append(Unreachable(address, reason))
         loaded.bad.append((url, _cannot_be_read(reason)))
+    align(loaded.files)
     return loaded
 
 

@@ -11,7 +11,8 @@ without one), silent (another host; its file stopped changing). The rules (``rul
 then compare the ranks.
 
 Times are compared on one clock: each file's writer times are shifted by its own offset
-(see load.py), and the doctor's clock is compared only with file modification times.
+(see load.py: measured against rank 0's clock where the rank could), and the doctor's clock
+is compared only with file modification times.
 """
 
 from __future__ import annotations
@@ -166,10 +167,10 @@ def view(f: StateFile, liveness: Liveness, now: float, stall: float | None) -> R
         v.gone_at = v.ending.unix + off
     elif liveness.alive is False:
         v.status = Status.EXITED if s.stage == Stage.DETACHED else Status.DEAD
-        v.gone_at = f.mtime + interval / 2
+        v.gone_at = f.written + interval / 2
     elif liveness.alive is None and stale:
         v.status = Status.SILENT
-        v.gone_at = f.mtime + interval / 2
+        v.gone_at = f.written + interval / 2
     elif liveness.stopped or (liveness.alive and stale):
         v.status = Status.FROZEN
     elif s.hang is not None or silent > stall_after:

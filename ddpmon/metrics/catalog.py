@@ -398,6 +398,7 @@ METRICS: tuple[Metric, ...] = (
         "Resident memory of the rank's process.",
         RANK,
         "host",
+        summary=True,
     ),
     Metric("ddpmon_process_threads", "gauge", "Threads of the rank's process.", RANK, "host"),
     Metric("ddpmon_host_memory_used_bytes", "gauge", "Memory in use on the host.", RANK, "host"),
@@ -421,9 +422,11 @@ METRICS: tuple[Metric, ...] = (
         "gauge",
         "The robust trend (Theil-Sen, over the rank's last samples) of a memory series: "
         "process is rank or worker (its fastest-growing DataLoader worker), kind is rss, pss, "
-        "torch_allocated or torch_reserved.",
+        "torch_allocated or torch_reserved; in summary detail only the fastest of them, as "
+        'process and kind "all".',
         RANK + ("process", "kind"),
         "host",
+        summary=True,
     ),
     Metric(
         "ddpmon_memory_creep_seconds_left",
@@ -433,6 +436,7 @@ METRICS: tuple[Metric, ...] = (
         "memory, the cgroup's limit) at its present rate.",
         RANK,
         "host",
+        summary=True,
     ),
     # -- the node daemon ------------------------------------------------------------------------
     Metric(

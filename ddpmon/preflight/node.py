@@ -3,7 +3,7 @@ would be): ``python -m ddpmon.preflight.node``. The one module of preflight that
 torch: a job of its own, sharing nothing with a training process.
 
 Node leaders (``LOCAL_RANK`` 0) check their node, measure their clock against node 0's
-through the store (NTP-style), then the links: pairs of leaders in rounds where each node is
+through the store (``ddpmon/clocks.py``), then the links: pairs of leaders in rounds where each node is
 in one pair (``verdict.rounds``), a ping-pong of small messages (latency) and of
 ``--message-bytes`` (bandwidth) with the job's backend. Every rank then joins an all-reduce
 (bus bandwidth). Rank 0 judges (``verdict.judge``) and hands the report to every leader
@@ -24,11 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import clocks
 from .checks import check_node, watch_xids
 from .verdict import Link, judge, rounds
 
-CLOCK_ROUND_TRIPS = 8
-"""Round trips to node 0 per node; the one with the least delay gives the offset."""
 CLOCK_WARN_SECONDS = 1.0
 LATENCY_PINGS = 10
 BANDWIDTH_REPS = 3
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             check = check_node(host, node, args.checkpoint_dir, args.min_free_disk)
             phase("checks")
             store.set(f"leader/{node}", json.dumps({"rank": rank, "host": host}))
-            check.clock_offset_seconds = _clock(store, node, nodes)
+            check.clock_offset_seconds = _clock(store, node, nodes, args.timeout)
             if (
                 check.clock_offset_seconds is not None
                 and abs(check.clock_offset_seconds) > CLOCK_WARN_SECONDS
@@ -120,25 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _clock(store: Any, node: int, nodes: int) -> float | None:
-    """This node's clock minus node 0's: node 0 answers each ask with its time; of the round
-    trips, the one with the least delay is the one whose midpoint is trusted."""
+def _clock(store: Any, node: int, nodes: int, timeout: float) -> float | None:
+    """This node's clock minus node 0's (``clocks``: node 0 answers, the others ask)."""
+    clock_store = dist.PrefixStore("clock/", store)
+    deadline = time.monotonic() + timeout
     if node == 0:
-        for other in range(1, nodes):
-            for i in range(CLOCK_ROUND_TRIPS):
-                store.get(f"clock/{other}/{i}/ask")
-                store.set(f"clock/{other}/{i}/answer", repr(time.time()))
+        clocks.serve(clock_store, nodes - 1, deadline)
         return 0.0
-    best: tuple[float, float] | None = None
-    for i in range(CLOCK_ROUND_TRIPS):
-        sent = time.time()
-        store.set(f"clock/{node}/{i}/ask", "1")
-        theirs = float(store.get(f"clock/{node}/{i}/answer"))
-        back = time.time()
-        delay, offset = back - sent, (sent + back) / 2 - theirs
-        if best is None or delay < best[0]:
-            best = (delay, offset)
-    return best[1] if best else None
+    measured = clocks.measure(clock_store, node, deadline)
+    return measured.offset_seconds if measured is not None else None
 
 
 def _link(partner: int, first: bool, size: int, device: torch.device) -> dict[str, float]:

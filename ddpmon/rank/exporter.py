@@ -119,7 +119,7 @@ class RankCollector:
             ("ddpmon_collectives_in_flight", base, float(r.in_flight_count())),
         ]
         samples += _throughput(base, r.throughput())
-        samples += _memory(base, r.memory)
+        samples += _memory(base, r.memory, fastest_only=summarised)
         samples += _training(base, r)
         if ident.rank == 0 and self._goodput_fuse.ok:
             try:
@@ -251,9 +251,11 @@ def _throughput(base: dict[str, str], t: schema.Throughput) -> list[Sample]:
     return out
 
 
-def _memory(base: dict[str, str], m: schema.Memory) -> list[Sample]:
+def _memory(base: dict[str, str], m: schema.Memory, fastest_only: bool) -> list[Sample]:
     """Each memory trend's slope (the fastest-growing worker's for the workers), and the
-    time left while one creeps."""
+    time left while one creeps. ``fastest_only`` (summary detail) folds the slopes into the
+    fastest-growing one, ``process="all", kind="all"`` as buckets fold into ``bucket="all"``:
+    one series per rank whatever runs on it, and the same series from scrape to scrape."""
     fastest: dict[tuple[str, str], float] = {}
     left: list[float] = []
     for t in m.trends:
@@ -268,6 +270,15 @@ def _memory(base: dict[str, str], m: schema.Memory) -> list[Sample]:
         ("ddpmon_memory_growth_bytes_per_second", {**base, "process": p, "kind": k}, v)
         for (p, k), v in sorted(fastest.items())
     ]
+    if fastest_only and fastest:
+        top = max(fastest.values())
+        out = [
+            (
+                "ddpmon_memory_growth_bytes_per_second",
+                {**base, "process": "all", "kind": "all"},
+                top,
+            )
+        ]
     if left:
         out.append(("ddpmon_memory_creep_seconds_left", base, min(left)))
     return out

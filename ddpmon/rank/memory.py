@@ -1,14 +1,17 @@
 """The memory trends of one rank: a thread that samples and fits, off the training thread.
 
-Once a state interval, when at least one step has passed since its last sample (and past
-the warm-up, ``memory.WARMUP_STEPS``), the thread reads the resident and proportional set
-sizes of the rank's process and of each DataLoader worker (``collectors/host.py``; PSS as
-often as ``PSS_SHARE`` allows) and, on
-a GPU, torch's allocated and reserved bytes (host-side counters of the caching allocator:
-no synchronisation). Each series keeps its last ``memory.WINDOW`` readings; its trend
-(``memory.trend``) and the limit it runs into go to the recorder, which publishes them in
-the state file (``memory``) and the metrics. A worker that exits takes its series with it.
-A failure switches the thread off through its fuse; training never sees any of it.
+Past the warm-up (``memory.WARMUP_STEPS``), every ``memory.SAMPLE_STEPS`` steps (or once a
+state interval when steps are slower than that), the thread reads the resident set size of
+the rank's process and of each DataLoader worker (/proc/<pid>/statm: microseconds), their
+proportional set sizes as often as ``PSS_SHARE`` allows, and on a GPU torch's allocated and
+reserved bytes (host-side counters of the caching allocator: no synchronisation). It looks
+at the step count as often as the steps come (``period``), never more than every
+``MIN_PERIOD`` seconds, and never touches the training thread. Each series keeps its last
+``memory.WINDOW`` readings, thinned while they are closer than a state interval apart
+(``memory.thinned``); once a state interval its trend (``memory.trend``) and the limit it
+runs into go to the recorder, which publishes them in the state file (``memory``) and the
+metrics. A worker that exits takes its series with it. A failure switches the thread off
+through its fuse; training never sees any of it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import collections
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 import psutil
 
@@ -29,24 +32,37 @@ from .recorder import Recorder
 
 Key = tuple[str, int, str]
 """(process, pid, kind) of a series."""
+Limit = Callable[[], tuple[str | None, int | None]]
+"""What a series runs into: (name, headroom bytes)."""
 PSS_SHARE = 0.01
 """At most this share of the time goes to reading PSS: Linux walks every page a process
 maps to count it (about 0.1 s for 2 GiB), holding the process's memory map lock for
 reading, so a large process's PSS is read less often than once a state interval (each
 process's as its own last reading took)."""
+FIRST_PERIOD = 0.1
+"""Seconds between looks at the step count until the thread has seen how long a step takes."""
+MIN_PERIOD = 0.01
+"""The thread looks at most this often: steps shorter than a few milliseconds are sampled
+every few more of them."""
 
 
 class MemoryWatch:
-    """Samples this rank's memory every ``interval`` seconds on a thread of its own;
-    ``stop()`` at detach."""
+    """Samples this rank's memory on a thread of its own, as often as its steps come (at
+    least once every ``interval`` seconds while they go on); ``stop()`` at detach."""
 
     def __init__(self, recorder: Recorder, device: str, interval: float, fuse: Fuse) -> None:
         self._rec = recorder
         self._fuse = fuse
         self._interval = max(0.05, interval)
         self._series: dict[Key, collections.deque[memory.Point]] = {}
-        self._trends: dict[Key, schema.MemoryTrend] = {}
-        self._last_step = -1
+        self._limits: dict[Key, Limit] = {}
+        self._stride = memory.SAMPLE_STEPS
+        self._last = (-1, 0.0)  # step and time of the last sample
+        self._seen: tuple[int, float] | None = None  # the step count when it last changed
+        self._step_seconds: float | None = None
+        self._fitted = 0.0
+        self._workers: list[int] = []
+        self._workers_read = 0.0
         self._next_pss: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddpmon-memory", daemon=True)
@@ -60,50 +76,97 @@ class MemoryWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        while self._fuse.ok and not self._stop.wait(self._interval):
+        wait = min(FIRST_PERIOD, self._interval)
+        while self._fuse.ok and not self._stop.wait(wait):
             try:
-                self.sample()
+                wait = self.sample()
             except Exception as exc:
                 self._fuse.blow(exc)
 
-    def sample(self) -> None:
-        """One sample of every series and their trends, when a step has passed since the
-        last one; PSS only when its share of the time is due (``PSS_SHARE``)."""
-        step = self._rec.steps
-        if step < memory.WARMUP_STEPS or step == self._last_step:
-            return
-        self._last_step = step
+    def sample(self) -> float:
+        """One look: a sample of every series when one is due, their trends once a state
+        interval; returns the seconds until the next look (``period``)."""
         now = time.time()
+        step = self._rec.steps
+        if self._seen is None or step < self._seen[0]:
+            self._seen = (step, now)
+        elif step > self._seen[0]:
+            self._step_seconds = (now - self._seen[1]) / (step - self._seen[0])
+            self._seen = (step, now)
+        last_step, last_unix = self._last
+        if step >= memory.WARMUP_STEPS and (
+            step - last_step >= self._stride
+            or (step > last_step and now - last_unix >= self._interval)
+        ):
+            self._take(step, now)
+        if self._series and now - self._fitted >= self._interval:
+            self._fit(now)
+        return self.period()
+
+    def period(self) -> float:
+        """Seconds until the next look: half a stride's worth of steps, within
+        [``MIN_PERIOD``, the state interval]."""
+        if self._step_seconds is None:
+            return min(FIRST_PERIOD, self._interval)
+        return min(self._interval, max(MIN_PERIOD, self._step_seconds * self._stride / 2))
+
+    def _take(self, step: int, now: float) -> None:
+        """One reading of every series; a full window of readings closer than a state
+        interval apart is thinned, and the stride doubles."""
+        self._last = (step, now)
+        if now - self._workers_read >= self._interval:
+            self._workers, self._workers_read = self._process.child_pids(), now
         readings = [(k, n, _host_limit) for k, n in self._host_readings(now)]
         if self._gpu is not None:
             readings += [(k, n, self._gpu.limit) for k, n in self._gpu.readings()]
         pids = {key[1] for key, _, _ in readings}
         for key in [k for k in self._series if k[1] not in pids]:  # a worker that exited
             del self._series[key]
-            self._trends.pop(key, None)
-        limits: dict[Any, tuple[str | None, int | None]] = {}
-        for key, n, limit_of in readings:
+            del self._limits[key]
+        for key, n, limit in readings:
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = collections.deque(maxlen=memory.WINDOW)
+                self._limits[key] = limit
             series.append(memory.Point(step, now, n))
-            if limit_of not in limits:
-                limits[limit_of] = limit_of()
-            name, headroom = limits[limit_of]
+        ref = self._series.get(("rank", self._pid, "rss"))
+        if (
+            ref is not None
+            and len(ref) == memory.WINDOW
+            and ref[-1].unix - ref[0].unix < (memory.WINDOW - 1) * self._interval
+        ):
+            self._stride *= 2
+            for key, series in self._series.items():
+                if key[2] != "pss":  # PSS comes as its share of the time allows
+                    self._series[key] = collections.deque(memory.thinned(series), memory.WINDOW)
+
+    def _fit(self, now: float) -> None:
+        """Every series' trend, to the recorder."""
+        self._fitted = now
+        limits: dict[Limit, tuple[str | None, int | None]] = {}
+        trends = []
+        for key, series in self._series.items():
+            limit = self._limits[key]
+            if limit not in limits:
+                limits[limit] = limit()
+            name, headroom = limits[limit]
             process, pid, kind = key
-            self._trends[key] = memory.trend(list(series), process, kind, pid, name, headroom)
-        self._rec.memory = schema.Memory(list(self._trends.values()), now)
+            trends.append(memory.trend(list(series), process, kind, pid, name, headroom))
+        self._rec.memory = schema.Memory(trends, now)
 
     def _host_readings(self, now: float) -> list[tuple[Key, int]]:
         """RSS of the rank and of each worker; PSS of each when its share of the time is due
         (``PSS_SHARE``, from what the last reading of that process took)."""
         out: list[tuple[Key, int]] = []
-        pids = [("rank", self._pid)] + [("worker", p) for p in self._process.child_pids()]
+        pids = [("rank", self._pid)] + [("worker", p) for p in self._workers]
         for process, pid in pids:
             pss = now >= self._next_pss.get(pid, 0.0)
             began = time.perf_counter()
             try:
-                values = host.process_memory(pid, pss)
+                if pss:
+                    values = host.process_memory(pid, True)
+                else:
+                    values = [("rss", host.resident_bytes(pid))]
             except (psutil.Error, OSError):  # a worker that exited just now
                 continue
             if pss:
@@ -131,13 +194,10 @@ def _host_limit() -> tuple[str | None, int | None]:
 
 class GpuMemory:
     """torch's allocated and reserved bytes on the rank's device, from the caching
-    allocator's host-side counters (``torch.cuda.memory_stats``: no synchronisation, no
+    allocator's host-side counters (``torch.cuda.memory_stats_as_nested_dict``: no synchronisation, no
     CUDA initialisation); the limit is the device's memory less what torch reserved."""
 
-    KEYS = (
-        ("torch_allocated", "allocated_bytes.all.current"),
-        ("torch_reserved", "reserved_bytes.all.current"),
-    )
+    KEYS = (("torch_allocated", "allocated_bytes"), ("torch_reserved", "reserved_bytes"))
 
     def __init__(self, device: str) -> None:
         import torch
@@ -151,11 +211,15 @@ class GpuMemory:
     def readings(self) -> list[tuple[Key, int]]:
         import torch
 
-        stats = torch.cuda.memory_stats(self.index)  # {} until CUDA is initialised
+        # the allocator's counters as it keeps them (``memory_stats`` flattens them in Python)
+        stats = torch.cuda.memory_stats_as_nested_dict(self.index)  # {} until CUDA starts
         if not stats:
             return []
-        self._reserved = int(stats.get("reserved_bytes.all.current", 0))
-        return [(("rank", self.pid, kind), int(stats.get(key, 0))) for kind, key in self.KEYS]
+        out = [
+            (("rank", self.pid, kind), int(stats[key]["all"]["current"])) for kind, key in self.KEYS
+        ]
+        self._reserved = out[1][1]
+        return out
 
     def limit(self) -> tuple[str | None, int | None]:
         return "device", max(0, self.total - self._reserved)

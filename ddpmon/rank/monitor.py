@@ -19,7 +19,7 @@ from ..httpd import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
 from ..state.schema import Stage
-from . import debug_server, model, startup, transparent, writers
+from . import clock_offset, debug_server, model, startup, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
 from .capture import Capture
@@ -89,6 +89,7 @@ class Monitor:
         self.state_file: str | None = None
         # the rank's file so far (``ddpmon run``, from its process's start) is this one's now
         self.recorder.startup = startup.hand_over()
+        clock_offset.start()  # measured once per process (under ddpmon run, already at init)
         try:
             self._install(ddp, config, identity.device)  # type: ignore[arg-type]
         except BaseException:

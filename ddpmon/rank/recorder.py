@@ -29,7 +29,7 @@ from .. import steps
 from ..state import records, schema
 from ..state.schema import Stage
 from ..steps import StepRow
-from . import gpu_steps
+from . import clock_offset, gpu_steps
 from .books import (
     BUCKET_OP,
     BucketBook,
@@ -749,6 +749,7 @@ class Recorder:
                 paused_seconds=self.paused_seconds,
                 optimizer=self.optimizer,
                 stack_samples=self.stack_samples,
+                clock=clock_offset.measured(),
             )
         state.timings = timings
         state.throughput = throughput

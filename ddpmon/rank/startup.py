@@ -35,6 +35,7 @@ from ..fuses import bounded
 from ..state import attempts, files, schema
 from ..state import root as stateroot
 from ..state.schema import Stage
+from . import clock_offset
 from .sampler import Sampler
 
 log = logging.getLogger("ddpmon")
@@ -89,6 +90,7 @@ class Early:
             now_unix=now,
             activity=seen,
             exit=self.exit,
+            clock=clock_offset.measured(),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -232,6 +234,7 @@ def patch_c10d(module: types.ModuleType) -> None:
                 _noted(error=f"{type(exc).__name__}: {exc}"[:2000])
                 raise
             _entered(Stage.GROUP_READY, {"init_done_unix": time.time()})
+            clock_offset.start()
             return out
 
         @functools.wraps(meet)

@@ -32,6 +32,8 @@ API                                                    without it
 ``distributed_c10d._get_process_group_name``           nothing while groups have ``group_name``;
                                                        else collectives of every group are numbered
                                                        as one group, ``?``
+``distributed_c10d._get_default_store``                the clock's offset from rank 0's: readers
+                                                       estimate it from file modification times
 ``torch._C._distributed_c10d._dump_fr_trace_json``     the flight recorder's entries in hang
 (and ``_dump_fr_trace``, ``_dump_nccl_trace[_json]``)  reports (the report says why), and bucket
                                                        timing from the flight recorder
@@ -48,11 +50,13 @@ formulas of the public ``FlopCounterMode``; its        and MFU (samples and toke
                                                        ``debug_server.py``)
 =====================================================  ===========================================
 
-Two are read outside the rank wing. ``state/root.py`` agrees the default job name through
+Three are read outside the rank wing. ``state/root.py`` agrees the default job name through
 the job's store (``distributed_c10d._get_default_store``) and, without it, names the job
 from the launcher process, saying so in one line the same way. The framework integrations
 (``integrations/_common.py``) find DDP inside a torch.compile'd model by its ``_orig_mod``;
-without it the model is taken for one that is not DDP, as their one warning says.
+without it the model is taken for one that is not DDP, as their one warning says. The
+launcher under ``ddpmon run`` (``agent.py``) reads a dynamic rendezvous handler's
+``_state_holder.state`` (who joined); without it, its record holds the connection probes.
 """
 
 from __future__ import annotations
@@ -310,6 +314,19 @@ def process_group_name(group: Any) -> str:
         "process group names (the collectives of every group are numbered as one group, '?')",
     )
     return str(get(group))
+
+
+CLOCK = "the clock's offset from rank 0's (the doctor estimates it from file times)"
+
+
+def default_store() -> Any:
+    """The job's own c10d store (the default process group's)."""
+    return _find(
+        dist.distributed_c10d,
+        "_get_default_store",
+        "distributed_c10d._get_default_store",
+        CLOCK,
+    )()
 
 
 # -- the flight recorder -------------------------------------------------------------------

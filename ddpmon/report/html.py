@@ -17,9 +17,9 @@ import statistics
 from importlib import resources
 from typing import Any
 
-from .. import steps
+from .. import memory, steps
 from ..doctor.report import attempt_line
-from ..formats import format_seconds
+from ..formats import format_bytes, format_seconds, format_time_left
 from ..goodput import text as goodput_text
 from ..steps import PART_LABELS, PART_TABLE, median_of_others
 from .run import Run
@@ -246,27 +246,64 @@ def charts(run: Run, summary: dict[str, Any]) -> list[dict[str, Any]]:
             "note": bin_note if has_util else "not recorded: no GPU (or no NVML) on these ranks",
         }
     )
-    for column, label in (
-        ("gpu_memory_used_bytes", "GPU memory used"),
-        ("torch_memory_allocated_bytes", "memory held by tensors (torch)"),
-        ("process_resident_memory_bytes", "process resident memory (host)"),
-    ):
-        mem = _series(run, bins, where, column)
-        if any(v is not None for vs in mem.values() for v in vs):
-            out.append(
-                {
-                    "id": "memory",
-                    "title": "Memory per rank",
-                    "kind": "line",
-                    "x": step_x,
-                    "y_label": label,
-                    "unit": "MiB",
-                    "series": _lines(mem, chosen, 1 / 2**20),
-                    "note": f"{label}; the largest reading of each point's steps",
-                }
-            )
-            break
+    out += _memory_charts(run, summary, bins, where, step_x, chosen, bin_note)
     return out
+
+
+MEMORY_CHARTS = (
+    ("memory", "process_resident_memory_bytes", "rss", "resident memory (RSS) of the process"),
+    ("torch_memory", "torch_memory_allocated_bytes", "torch_allocated", "memory held by tensors"),
+    ("gpu_memory", "gpu_memory_used_bytes", None, "GPU memory used (every process on it)"),
+)
+"""The memory plots: (id, history column, the trend shown beside it, what it is)."""
+
+
+def _memory_charts(
+    run: Run,
+    summary: dict[str, Any],
+    bins: list[int],
+    where: dict[int, dict[int, int]],
+    step_x: dict[str, Any],
+    chosen: list[int],
+    bin_note: str,
+) -> list[dict[str, Any]]:
+    """A rank's memory over the run, one plot per reading recorded (the host's RSS always,
+    torch's allocated and the GPU's used memory on a GPU), each noting the ranks whose
+    trend of it creeps."""
+    out = []
+    for chart_id, column, kind, label in MEMORY_CHARTS:
+        mem = _series(run, bins, where, column)
+        if not any(v is not None for vs in mem.values() for v in vs):
+            continue
+        creeping = [
+            f"rank {r['rank']} grows {_rate(t)}"
+            for r in summary["per_rank"]
+            for t in r["memory"]["creeping"]
+            if t["kind"] == kind and t["process"] == "rank"
+        ]
+        out.append(
+            {
+                "id": chart_id,
+                "title": f"Memory per rank: {label}",
+                "kind": "line",
+                "x": step_x,
+                "y_label": label,
+                "unit": "MiB",
+                "series": _lines(mem, chosen, 1 / 2**20),
+                "note": "; ".join(
+                    [f"{label}; the largest reading of each point's steps"] + creeping
+                ),
+            }
+        )
+    return out
+
+
+def _rate(t: dict[str, Any]) -> str:
+    """``4.0 MB a step (14.40 GB an hour)``."""
+    text = f"{format_bytes(t['bytes_per_step'] or 0)} a step"
+    if t.get("bytes_per_second"):
+        text += f" ({format_bytes(t['bytes_per_second'] * 3600)} an hour)"
+    return text
 
 
 def render(run: Run, summary: dict[str, Any]) -> str:
@@ -275,6 +312,7 @@ def render(run: Run, summary: dict[str, Any]) -> str:
         summary=_summary_html(summary),
         ranks=_ranks_html(summary),
         findings=_findings_html(summary),
+        memory=_memory_html(summary),
         goodput=_goodput_html(summary),
         attempts=_attempts_html(summary),
         captures=_captures_html(summary),
@@ -412,6 +450,48 @@ def _findings_html(s: dict[str, Any]) -> str:
     for p in s.get("problems") or []:
         items.append(f'<div class="finding warning"><b>warning</b> {e(p)}</div>')
     return "\n".join(items) or "<p>No findings.</p>"
+
+
+def _memory_html(s: dict[str, Any]) -> str:
+    """Each rank's memory trends (``ddpmon/memory.py``) as the rank last fitted them: the
+    series that creep first, with the doctor's ``memory_creep`` findings above them."""
+    e = html.escape
+    rows = [(r["rank"], t) for r in s["per_rank"] for t in r["memory"]["trends"]]
+    if not rows:
+        return ""
+    rows.sort(key=lambda rt: (not rt[1]["creeping"], rt[0], rt[1]["process"], rt[1]["kind"]))
+    cells = []
+    for rank, t in rows:
+        whose = f"rank {rank}" + (f" worker pid {t['pid']}" if t["process"] == "worker" else "")
+        per_step = t["bytes_per_step"]
+        left = t["seconds_left"]
+        cells.append(
+            f'<tr data-rank="{rank}" data-process="{e(t["process"])}" data-kind="{e(t["kind"])}" '
+            f'data-creeping="{"yes" if t["creeping"] else "no"}">'
+            f"<td>{e(whose)}</td><td>{e(memory.KINDS.get(t['kind'], t['kind']))}</td>"
+            f'<td data-key="bytes">{format_bytes(t["bytes"])}</td>'
+            f'<td data-key="per_step">{"-" if per_step is None else format_bytes(per_step)}</td>'
+            f'<td data-key="per_hour">{format_bytes(t["bytes_per_second"] * 3600) if t["bytes_per_second"] is not None else "-"}</td>'
+            f"<td>{t['steps']} steps, {t['samples']} samples</td>"
+            f"<td>{'creeps' if t['creeping'] else '-'}</td>"
+            f'<td data-key="left">{e(format_time_left(left)) if left is not None and t["creeping"] else "-"}'
+            f"{e(' before ' + memory.LIMITS[t['limit']]) if left is not None and t['creeping'] and t['limit'] else ''}</td></tr>"
+        )
+    findings = "".join(
+        f'<p class="finding warning" data-kind="memory_creep">{e(f["summary"])}</p>'
+        for f in s["findings"]
+        if f["kind"] == "memory_creep"
+    )
+    return (
+        '<h2>Memory</h2><p class="note">Each series\' trend as its rank last fitted it: the '
+        "median of Theil-Sen slopes of its last readings and of each half (noise and a rise "
+        "that came once do not move it); it creeps from 1 MiB a step, in both halves.</p>"
+        + (findings or '<p class="memory-ok">No memory creeps.</p>')
+        + '<table class="memory"><tr><th>whose</th><th>what</th><th>now</th><th>a step</th>'
+        "<th>an hour</th><th>over</th><th>creeps</th><th>time left</th></tr>"
+        + "".join(cells)
+        + "</table>"
+    )
 
 
 def _goodput_html(s: dict[str, Any]) -> str:
@@ -571,6 +651,7 @@ _BODY = """<h2>Summary</h2>
 <div id="charts"></div>
 <h2>Findings</h2>
 {findings}
+{memory}
 {goodput}
 {attempts}
 <h2>Captures</h2>

@@ -228,31 +228,38 @@ def throughput_text(t: dict[str, Any]) -> str | None:
     return ", ".join(parts) or None
 
 
+RANK_0_CLOCK = "\0rank 0's clock"
+"""``run_span``'s key for the times put on rank 0's clock (no host is named so)."""
+
+
 def run_span(run: Run, views: dict[int, Any]) -> tuple[float | None, float | None]:
     """When the run began and when it was last seen making progress, from all it knows: its
     first step's start (the rank's attach when its history lacks the first steps), and the
     latest of the last step in a history and the last progress a state file records (a
     history whose writes failed ends early; the state file may go on).
 
-    A start and an end are only ever compared on one host's clock: each host's span is its
-    own ranks' earliest start to their latest end, and the run's is the longest of those, so
-    a host whose clock is seconds ahead neither lengthens nor shortens the run."""
+    A start and an end are only ever compared on one clock: rank 0's for the ranks that
+    measured their clock against it (``schema.Clock``), else each host's own. Each clock's
+    span is its ranks' earliest start to their latest end, and the run's is the longest of
+    those, so a host whose clock is seconds ahead neither lengthens nor shortens the run."""
     starts: dict[str, list[float]] = {}
     ends: dict[str, list[float]] = {}
     for rank in set(run.ranks) | set(views):
         h, v = run.ranks.get(rank), views.get(rank)
         host = str((h.identity.get("host") if h else None) or (v.state.host if v else None) or "")
+        clock = v.state.clock if v is not None else None
+        on, shift = (RANK_0_CLOCK, clock.offset_seconds) if clock is not None else (host, 0.0)
         first, last = (h.first, h.last) if h else (None, None)
         if first is not None and first[0] == 1:
-            starts.setdefault(host, []).append(first[1])
+            starts.setdefault(on, []).append(first[1] - shift)
         elif v is not None and v.state.started_unix is not None:
-            starts.setdefault(host, []).append(v.state.started_unix)
+            starts.setdefault(on, []).append(v.state.started_unix - shift)
         elif first is not None:
-            starts.setdefault(host, []).append(first[1])
+            starts.setdefault(on, []).append(first[1] - shift)
         if last is not None:
-            ends.setdefault(host, []).append(last[2])
+            ends.setdefault(on, []).append(last[2] - shift)
         if v is not None and v.state.step and v.state.last_progress_unix is not None:
-            ends.setdefault(host, []).append(v.state.last_progress_unix)
+            ends.setdefault(on, []).append(v.state.last_progress_unix - shift)
     spans = [(min(starts[h]), max(ends[h])) for h in starts if h in ends]
     if spans:
         return max(spans, key=lambda span: span[1] - span[0])

@@ -5,7 +5,8 @@ this file about once a second from its start to its end: the rendezvous endpoint
 master address and port as given), the node count it expects, whether this node serves
 the store, each failed attempt to reach the endpoint with the error (refused, timed out, no
 route, unknown host; folded by error), and what ended it (an address already in use, with
-the process that holds the port). A node whose ranks never start has only this file, so
+the process that holds the port), and, in a dynamic (c10d) rendezvous, the nodes that
+joined it so far of how many it needs. A node whose ranks never start has only this file, so
 the daemon serves it (``/launchers``) beside the ranks' and the doctor reads it. Nothing
 here imports torch.
 """
@@ -64,6 +65,22 @@ class Attempt:
 
 
 @dataclass(slots=True)
+class Rendezvous:
+    """What a dynamic rendezvous (``--rdzv-backend c10d``) knows while it waits, as torch's
+    rendezvous handler last synced it with the other nodes."""
+
+    min_nodes: int
+    max_nodes: int
+    joined: list[str] = field(default_factory=list)
+    """The nodes of this round so far, by the address the rendezvous knows them by (a host
+    name, or ``--local-addr``), one entry per launcher."""
+    waiting: list[str] = field(default_factory=list)
+    """Nodes that wait for the next round (they came after it closed)."""
+    round: int = 0
+    complete: bool = False
+
+
+@dataclass(slots=True)
 class LauncherState:
     """One node's launcher (torchrun's agent under ``ddpmon run``)."""
 
@@ -95,6 +112,9 @@ class LauncherState:
     port_holder: str | None = None
     """With an address already in use: the process that holds the port
     (``pid 123: python -m http.server 29500``), where this host lets it be seen."""
+    rendezvous: Rendezvous | None = None
+    """A dynamic rendezvous's own view while this node waits in it (null: a static one, or
+    not read yet)."""
     now_unix: float | None = None
     format: int = FORMAT
     file_mtime_unix: float | None = None

@@ -371,6 +371,20 @@ class Startup:
 
 
 @dataclass(slots=True)
+class Clock:
+    """The rank's clock against rank 0's, measured once at start through the job's store
+    (``ddpmon/clocks.py``: the round trip with the least delay). Readers subtract the offset
+    from this rank's times to put them on rank 0's clock."""
+
+    offset_seconds: float
+    """This rank's clock minus rank 0's (0 on rank 0)."""
+    delay_seconds: float
+    """The round trip it came from: the offset is true within half of it."""
+    measured_unix: float
+    """When it was measured (this rank's clock)."""
+
+
+@dataclass(slots=True)
 class Exit:
     """How the interpreter ended."""
 
@@ -683,6 +697,10 @@ class RankState(Identity):
     """How it came up, from its process's start (under ``ddpmon run``; else null)."""
     started_unix: float | None = None
     """When the rank attached (the writer's clock, seconds since the epoch)."""
+    clock: Clock | None = None
+    """Its clock against rank 0's (null: not measured, as by an older ddpmon or a rank that
+    never reached the job's store; readers then estimate it from the file's modification
+    time)."""
     last_progress_unix: float | None = None
     """The rank's last observed progress: a forward, backward, bucket, collective or step."""
     now_unix: float | None = None

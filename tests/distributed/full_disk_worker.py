@@ -6,7 +6,10 @@ flag at the start of every step, so that both ranks stop at the same step:
 
 - ``attached``: ddpmon attached (job ``full``); rank 0 raises the flag once the test writes
   ``stop`` in the output directory. Writes ``port-<rank>`` (its metrics port) first.
-- ``plain``: no ddpmon, exactly STEPS steps (the reference weights).
+- ``plain``: no ddpmon (the reference weights), run beside the attached job: it trains on
+  until the test writes the attached job's steps to ``steps`` in the output directory, and
+  keeps the digest of its weights at every step, so that it gives the one at that step
+  whether it was ahead or behind.
 
 The result holds the steps done, a digest of the final weights, and when the first step
 began and the last one ended (this process's clock).
@@ -42,7 +45,26 @@ PACE = 0.002
 per rank, and the suite runs timing-sensitive jobs beside it (stragglers, starved ranks)."""
 
 
-def train(mode: str, steps: int) -> dict[str, Any]:
+GIVE_UP = 300.0
+"""Seconds the plain run trains at most while it waits for the attached job's steps."""
+
+
+def digest(model: DDP) -> str:
+    h = hashlib.sha256()
+    for p in model.module.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def steps_to_match(path: Path) -> int:
+    """The attached job's steps, once the test has written them (0 until then)."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def train(mode: str) -> dict[str, Any]:
     dist.init_process_group(
         "gloo",
         store=dist.FileStore(os.environ["DDPMON_TEST_STORE"], WORLD),
@@ -61,11 +83,19 @@ def train(mode: str, steps: int) -> dict[str, Any]:
     stop = OUT / "stop"
     flag = torch.zeros(1)
     first = None
-    step = 0
-    while mode == "attached" or step < steps:
-        flag.fill_(1.0 if RANK == 0 and mode == "attached" and stop.exists() else 0.0)
+    step = steps = 0
+    digests = {0: digest(model)}
+    give_up = time.monotonic() + GIVE_UP
+    while True:
+        if mode == "attached":
+            flag.fill_(1.0 if RANK == 0 and stop.exists() else 0.0)
+        else:  # rank 0 reads how many steps the attached job took; every rank gets them
+            flag.fill_(float(steps_to_match(OUT / "steps")) if RANK == 0 else 0.0)
         dist.all_reduce(flag)
-        if flag.item():
+        if mode == "attached" and flag.item():
+            break
+        if mode == "plain" and (0 < flag.item() <= step or time.monotonic() > give_up):
+            steps = int(flag.item())
             break
         first = first if first is not None else time.time()
         x, y = batch(step)
@@ -73,26 +103,25 @@ def train(mode: str, steps: int) -> dict[str, Any]:
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         step += 1
+        if mode == "plain":
+            digests[step] = digest(model)
         time.sleep(PACE)
     last = time.time()
     if mon is not None:
         mon.detach()
-    h = hashlib.sha256()
-    for p in model.module.parameters():
-        h.update(p.detach().numpy().tobytes())
     dist.destroy_process_group()
     return {
-        "steps": step,
-        "digest": h.hexdigest(),
+        "steps": steps if mode == "plain" else step,
+        "digest": digests.get(steps) if mode == "plain" else digest(model),
         "first_step_unix": first,
         "last_step_unix": last,
     }
 
 
 def main() -> None:
-    mode, steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    mode = sys.argv[1]
     assert mode in ("attached", "plain"), f"unknown mode {mode!r}"
-    result = train(mode, steps)
+    result = train(mode)
     (OUT / f"result-{RANK}.json").write_text(json.dumps(result))
 
 

@@ -1,7 +1,8 @@
 """One rank of a memory job: ``python -m tests.distributed.memory_worker SCENARIO``.
 
-``host``: rank 1 keeps 4 MiB more every step (a list of filled buffers), rank 2's memory
-rises once by 300 MB at step 55 (mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
+``host``: steps of about 15 ms at the default state interval (1 s); rank 1 keeps 4 MiB more
+every step (a list of filled buffers), rank 2's memory rises once by 300 MB at step 55
+(mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
 reads its batches through two persistent DataLoader workers; rank 1's workers each keep
 4 MiB more every step (8 MiB a batch, each worker giving every other batch); PSS is read
 every state interval there (by default each process's PSS takes at most 1% of the time). ``gpu`` (one
@@ -24,7 +25,8 @@ from tests.distributed.worker import MLP, RANK, init, main, read_state, scenario
 STEPS = 100
 LEAK = 4 << 20
 STEP_PAUSE = 0.03
-INTERVAL = 0.2  # the state interval, and so the memory watch's
+FAST_STEP_PAUSE = 0.012  # with the step itself, about 15 ms a step
+INTERVAL = 0.2  # the state interval of the workers' job
 ONCE = 300 << 20
 RISE_STEP = 55
 KEPT: list[bytes] = []
@@ -52,7 +54,13 @@ class Batches(torch.utils.data.Dataset):
         return torch.randn(32, generator=g), torch.randn(8, generator=g)
 
 
-def run(batches: Any, on_step: Any, device: str = "cpu") -> dict[str, Any]:
+def run(
+    batches: Any,
+    on_step: Any,
+    device: str = "cpu",
+    interval: float = INTERVAL,
+    pause: float = STEP_PAUSE,
+) -> dict[str, Any]:
     import ddpmon
 
     if device == "cpu":
@@ -64,15 +72,17 @@ def run(batches: Any, on_step: Any, device: str = "cpu") -> dict[str, Any]:
         torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
     torch.manual_seed(0)
     model = DDP(MLP().to(device))
-    mon = ddpmon.attach(model, job="memory", port=0, state_interval=INTERVAL)
+    mon = ddpmon.attach(model, job="memory", port=0, state_interval=interval)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    began = time.perf_counter()
     for step, (x, y) in zip(range(1, STEPS + 1), batches):
         opt.zero_grad()
         nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
         opt.step()
         on_step(step)
-        time.sleep(STEP_PAUSE)
-    time.sleep(3 * INTERVAL)  # the watch's last sample, at step STEPS
+        time.sleep(pause)
+    step_seconds = (time.perf_counter() - began) / STEPS
+    time.sleep(3 * interval)  # the watch's last trend, of samples up to step STEPS
     text = scrape(mon.port)
     mon._writer.write_now()
     state = read_state(mon.state_file)
@@ -82,6 +92,7 @@ def run(batches: Any, on_step: Any, device: str = "cpu") -> dict[str, Any]:
         "step": state["step"],
         "metrics": text,
         "errors": state["errors"],
+        "step_seconds": step_seconds,
     }
 
 
@@ -99,7 +110,7 @@ def host() -> dict[str, Any]:
         while True:
             yield torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
 
-    return run(forever(), _host_step)
+    return run(forever(), _host_step, interval=1.0, pause=FAST_STEP_PAUSE)
 
 
 @scenario

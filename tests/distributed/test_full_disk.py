@@ -133,6 +133,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     seen: dict[str, Any] = {}
+    # the reference run without ddpmon trains beside it, to the steps the attached job took
+    plain_procs = harness.start_ranks("plain", 2, workdir / "plain", module=MODULE)
     procs = harness.start_ranks("attached", 2, workdir, module=MODULE)
     filler = None
     try:
@@ -207,6 +209,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         (workdir / "stop").write_text("1")
         for p in procs:
             p.wait(60)
+        results = harness.collect(procs, workdir)
+        assert all(r.returncode == 0 for r in results), harness.describe(results)
+        (workdir / "plain" / "steps").write_text(str(results[0].result["steps"]))
         seen["doctor_ended_full"] = doctor(state, "--no-stacks")
         filler.free()
         filler = None
@@ -225,23 +230,16 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         seen["histories"] = {r: history.read(history.path_for(str(state), r)) for r in (0, 1)}
         seen["states"] = {r: json.loads((state / f"rank-{r}.json").read_text()) for r in (0, 1)}
         seen["leftovers"] = sorted(p.name for p in state.iterdir())
+        wait_for("the plain run", lambda: all(p.poll() is not None for p in plain_procs), 240, [])
     finally:
         if filler is not None:
             filler.free()
         harness.stop(procs)
+        harness.stop(plain_procs)
         subprocess.run(["umount", "-l", str(state)], capture_output=True)
-    results = harness.collect(procs, workdir)
-    assert all(r.returncode == 0 for r in results), harness.describe(results)
     seen["results"] = results
-    plain = harness.run_ranks(
-        "plain",
-        2,
-        workdir / "plain",
-        args=(str(results[0].result["steps"]),),
-        module=MODULE,
-        timeout=240,
-    )
-    seen["plain"] = plain
+    seen["plain"] = harness.collect(plain_procs, workdir / "plain")
+    assert all(r.returncode == 0 for r in seen["plain"]), harness.describe(seen["plain"])
     return seen
 
 

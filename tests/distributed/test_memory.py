@@ -1,5 +1,6 @@
 """Memory that creeps, on real 3-rank and 2-rank gloo DDP jobs (tests/distributed/memory_worker.py):
-a rank that keeps 4 MiB a step is named within 100 steps, with its rate and time left, and
+a rank that keeps 4 MiB a step is named within 100 steps of about 15 ms (at the default
+state interval of 1 s: the rank samples every few steps), with its rate and time left, and
 no other rank is, not even one whose memory rose by 300 MB once and stayed flat; DataLoader
 workers that grow together are named as the rank's workers, with copy-on-read as the cause.
 """
@@ -51,9 +52,14 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
     results, workdir = host_job
     by_rank = {r.rank: trends(r) for r in results}
     assert all(r.result["step"] == STEPS for r in results)
+    # steps far shorter than a state interval: a sample per interval would give one or two
+    assert max(r.result["step_seconds"] for r in results) < 0.06, [
+        r.result["step_seconds"] for r in results
+    ]
     leak = {t.kind: t for t in by_rank[1] if t.process == "rank"}
-    # RSS each state interval; PSS as its 1% share of the time allows (too few samples yet)
+    # RSS every few steps; PSS as its 1% share of the time allows (too few samples yet)
     assert memory.creeping(leak["rss"]), leak["rss"]
+    assert leak["rss"].samples >= memory.MIN_SAMPLES and leak["rss"].steps <= STEPS
     assert leak["rss"].bytes_per_step == pytest.approx(LEAK, rel=0.15)
     assert leak["rss"].limit in ("host", "cgroup") and leak["rss"].headroom_bytes
     assert 1 <= leak["pss"].samples < leak["rss"].samples

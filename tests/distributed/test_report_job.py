@@ -20,25 +20,33 @@ from tests.support.commands import start_daemon
 pytestmark = pytest.mark.timeout(240)
 
 STEPS = 30
-DELAY = 0.03  # seconds rank 1 sleeps in every forward of the slow run
+DELAY = 0.1  # seconds rank 1 sleeps in every forward of the slow run
+SLOW_STEPS = 140
+"""The slow run's steps: over 12 s of them, the time a straggler's gap must last before the
+doctor names it, in a job that ended too (ddpmon/steps.py: sustained)."""
 
 
-def train(
+def start(
     workdir: Path,
     delay: float,
     end: str = "detach",
     job: str = "report",
     env: dict[str, str] | None = None,
-) -> list[harness.RankResult]:
-    """A 2-rank job of tests/distributed/report_worker.py, run to its end (bounded)."""
-    procs = harness.start_ranks(
+    steps: int = STEPS,
+) -> list[subprocess.Popen]:
+    """A 2-rank job of tests/distributed/report_worker.py."""
+    return harness.start_ranks(
         "train",
         2,
         workdir,
         env={"DDPMON_TEST_JOB": job, **(env or {})},
-        args=(str(STEPS), "1", str(delay), end),
+        args=(str(steps), "1", str(delay), end),
         module="tests.distributed.report_worker",
     )
+
+
+def finish(procs: list[subprocess.Popen], workdir: Path) -> list[harness.RankResult]:
+    """Wait for a job of ``start`` to end (bounded); every rank must exit 0."""
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -66,11 +74,13 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
-    fast = train(
-        base / "fast", 0.0, end="exit", job="fast"
-    )  # no detach: the interpreter's exit ends it
-    slow = train(base / "slow", DELAY, job="slow")
-    return {"fast": (base / "fast", fast), "slow": (base / "slow", slow)}
+    # side by side: the short runs are done while the slow one sleeps in rank 1's forwards
+    started = {
+        "slow": start(base / "slow", DELAY, job="slow", steps=SLOW_STEPS),
+        "fast": start(base / "fast", 0.0, end="exit", job="fast"),  # the interpreter's exit
+        "same": start(base / "same", 0.0, job="same", env={"DDPMON_TEST_SAME_DATA": "1"}),
+    }
+    return {name: (base / name, finish(procs, base / name)) for name, procs in started.items()}
 
 
 def test_every_step_is_in_the_history_with_its_phases_and_buckets(runs):
@@ -78,13 +88,13 @@ def test_every_step_is_in_the_history_with_its_phases_and_buckets(runs):
     for rank in (0, 1):
         h = history.read(history.path_for(str(workdir / "state"), rank))
         cols = h["steps"]
-        assert cols["step"] == list(range(1, STEPS + 1)), cols["step"]
+        assert cols["step"] == list(range(1, SLOW_STEPS + 1)), cols["step"]
         assert h["identity"]["rank"] == rank and h["identity"]["job"] == "slow"
         assert all(s > 0 for s in cols["step_seconds"]) and all(
             f is not None for f in cols["forward_seconds"]
         )
-        assert sum(e is not None for e in cols["exposed_comm_seconds"]) >= STEPS - 2
-        assert sum(bool(b) for b in cols["buckets"]) >= STEPS - 2
+        assert sum(e is not None for e in cols["exposed_comm_seconds"]) >= SLOW_STEPS - 2
+        assert sum(bool(b) for b in cols["buckets"]) >= SLOW_STEPS - 2
         assert all(m and m > 10 * 2**20 for m in cols["process_resident_memory_bytes"])
         assert h["exit"]["how"] == "detached"
     forward = history.read(history.path_for(str(workdir / "state"), 1))["steps"]["forward_seconds"]
@@ -94,18 +104,18 @@ def test_every_step_is_in_the_history_with_its_phases_and_buckets(runs):
 def test_rank_0_logs_the_run_summary_at_the_end(runs):
     _, results = runs["slow"]
     text = results[0].stderr
-    assert "ddpmon: run summary of job 'slow': 30 steps on 2 ranks" in text, text[-3000:]
+    assert f"ddpmon: run summary of job 'slow': {SLOW_STEPS} steps on 2 ranks" in text, text[-3000:]
     assert "straggler: rank 1 is" in text and "in forward" in text
     assert "report: ddpmon report" in text
     assert "run summary" not in results[1].stderr
 
 
-def test_a_finding_first_made_at_the_end_reaches_the_log_with_its_fix(tmp_path):
+def test_a_finding_first_made_at_the_end_reaches_the_log_with_its_fix(runs):
     """Same data on every rank in a short job: rank 0's end-of-run summary is where the
     doctor first sees it, and it says what to do."""
     from ddpmon.advice import FIX
 
-    results = train(tmp_path, 0.0, job="same", env={"DDPMON_TEST_SAME_DATA": "1"})
+    _, results = runs["same"]
     logs = "\n".join(r.stderr for r in results)
     line = next((ln for ln in logs.splitlines() if "[same_data]" in ln), None)
     assert line is not None, logs[-3000:]
@@ -127,7 +137,7 @@ def test_report_json_of_a_finished_job(runs):
     assert done.returncode == 0, done.stderr
     s = json.loads(done.stdout)
     assert (
-        s["steps"] == STEPS
+        s["steps"] == SLOW_STEPS
         and s["ranks"] == 2
         and s["devices"] == ["cpu"]
         and s["backend"] == "gloo"
@@ -187,14 +197,7 @@ def test_compare_two_real_runs_explains_the_difference(runs):
 
 
 def test_killed_and_live_jobs(tmp_path):
-    procs = harness.start_ranks(
-        "train",
-        2,
-        tmp_path,
-        env={"DDPMON_TEST_JOB": "held"},
-        args=(str(STEPS), "1", "0.0", "hold"),
-        module="tests.distributed.report_worker",
-    )
+    procs = start(tmp_path, 0.0, end="hold", job="held")
     state = tmp_path / "state"
     try:
         deadline = time.monotonic() + 120
@@ -249,14 +252,16 @@ def test_report_through_the_node_daemon(runs):
         )
         local = history.read(history.path_for(state, rank), decode_buckets=False)
         assert [dict(zip(p["columns"], row)) for row in p["rows"]] == [
-            {c: local["steps"][c][i] for c in p["columns"]} for i in range(STEPS)
+            {c: local["steps"][c][i] for c in p["columns"]} for i in range(SLOW_STEPS)
         ]
         assert p["exit"]["how"] == "detached" and p["findings"] == local["findings"]
     assert done.returncode == 0 and page.returncode == 0, done.stderr + page.stderr
     s = json.loads(done.stdout)
-    assert s["ranks"] == 2 and s["steps"] == STEPS and s["job"] == "slow" and s["problems"] == []
+    assert (
+        s["ranks"] == 2 and s["steps"] == SLOW_STEPS and s["job"] == "slow" and s["problems"] == []
+    )
     assert [r["status"]["status"] for r in s["per_rank"]] == ["exited", "exited"]
-    assert [r["history_rows"] for r in s["per_rank"]] == [STEPS, STEPS]
+    assert [r["history_rows"] for r in s["per_rank"]] == [SLOW_STEPS, SLOW_STEPS]
     assert s["slowest_rank"]["rank"] == 1 and s["slowest_rank"]["part"] == "forward"
     near = json.loads(cli("report", state, "--json").stdout)
     assert [{k: v for k, v in r.items() if k != "history"} for r in near["per_rank"]] == [

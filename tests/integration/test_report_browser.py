@@ -6,6 +6,7 @@ value); the test reads the DOM after the scripts ran and the browser's console l
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -170,3 +171,60 @@ def test_8_ranks_by_20000_steps_small_and_fast(tmp_path):
     assert ms < 2000, f"drawing took {ms} ms"
     step = chart(dom, "step_time")
     assert step["x-max"] == "20000" and step["series"] == "8"
+
+
+def test_report_of_a_leaking_job_shows_each_ranks_memory_and_its_trend(tmp_path):
+    """The 3-rank job of tests/distributed/memory_worker.py (``host``: rank 1 keeps 4 MiB a
+    step, rank 2 rose by 300 MB once): the page plots each rank's RSS and lists each trend
+    with the numbers the rank published; rank 1's creeps, with the doctor's finding."""
+    from tests.distributed.memory_worker import LEAK
+
+    harness.run_ranks("host", 3, tmp_path, timeout=200, module="tests.distributed.memory_worker")
+    state, page = tmp_path / "state", tmp_path / "report.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpmon", "report", str(state), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=str(harness.ROOT)),
+    )
+    assert done.returncode == 0, done.stderr
+    dom, console = render(page, tmp_path)
+    assert console == [], console
+    plot = chart(dom, "memory")
+    assert plot["rendered"] == "yes" and plot["series-names"] == "rank 0|rank 1|rank 2"
+    largest = 0
+    for rank in (0, 1, 2):
+        with sqlite3.connect(history.path_for(str(state), rank)) as db:
+            (rss,) = db.execute("SELECT max(process_resident_memory_bytes) FROM steps").fetchone()
+            largest = max(largest, rss)
+    assert float(plot["y-max"]) == pytest.approx(largest / 2**20, rel=1e-3)
+    assert re.search(r"rank 1 grows \d\.\d MB a step \([\d.]+ GB an hour\)", dom), dom
+
+    def row(rank: int) -> str:
+        found = re.search(
+            rf'<tr data-rank="{rank}" data-process="rank" data-kind="rss" '
+            rf'data-creeping="(yes|no)">(.*?)</tr>',
+            dom,
+        )
+        assert found, f"no RSS row for rank {rank}"
+        return found.group(1), found.group(2)
+
+    creeps, cells = row(1)
+    published = next(
+        t
+        for t in json.loads((state / "rank-1.json").read_text())["memory"]["trends"]
+        if (t["process"], t["kind"]) == ("rank", "rss")
+    )
+    per_step = float(re.search(r'data-key="per_step">([\d.]+) MB<', cells).group(1))
+    now = float(re.search(r'data-key="bytes">([\d.]+) MB<', cells).group(1))
+    assert creeps == "yes" and per_step == pytest.approx(
+        published["bytes_per_step"] / 1e6, abs=0.05
+    )
+    assert per_step == pytest.approx(LEAK / 1e6, rel=0.15)
+    assert now == pytest.approx(published["bytes"] / 1e6, abs=0.05)
+    assert re.search(r'data-key="left">[^<]+ before the (host|cgroup)', cells)
+    assert row(0)[0] == "no" and row(2)[0] == "no"  # rank 2 rose once and stayed flat
+    finding = re.search(r'<p class="finding warning" data-kind="memory_creep">([^<]*)<', dom)
+    assert finding and finding.group(1).startswith("rank 1: resident memory grows ")

@@ -48,6 +48,7 @@ LEAVES = (
     "ddpmon.peaks",
     "ddpmon.formats",
     "ddpmon.goodput",
+    "ddpmon.clocks",
 )
 TORCH_OUTSIDE_RANK = {
     "ddpmon": "a type hint, under TYPE_CHECKING",

@@ -142,3 +142,48 @@ def test_reserved_growing_over_a_flat_allocated_is_fragmentation(tmp_path: Path)
     )
     (g,) = findings(tmp_path / "both", both)
     assert "expandable_segments" not in g.fix and ".item()" in g.fix
+
+
+def test_thinning_keeps_the_newest_and_every_other() -> None:
+    points = [memory.Point(s, float(s), s) for s in range(10, 58)]
+    kept = memory.thinned(points)
+    assert len(kept) == memory.WINDOW // 2 and kept[-1] == points[-1] and kept[0].step == 11
+    assert memory.thinned(points[:5]) == [points[0], points[2], points[4]]
+
+
+def test_the_watch_samples_fast_steps_every_few_and_thins_its_window() -> None:
+    """A real watch on this process, its thread stopped, looked at by hand: steps of 10 ms
+    at a state interval of 1 s are sampled every ``SAMPLE_STEPS`` steps until the window is
+    full, then half as often, with the readings kept over the same steps."""
+    import os
+    import time
+
+    from ddpmon.fuses import Fuse
+    from ddpmon.rank.memory import MIN_PERIOD, MemoryWatch
+    from ddpmon.rank.recorder import Recorder
+
+    rec = Recorder(schema.Identity(rank=0), world_size=1)
+    fuse = Fuse("memory_trend")
+    watch = MemoryWatch(rec, "cpu", 1.0, fuse)
+    watch.stop()
+    key = ("rank", os.getpid(), "rss")
+    taken = []
+    for step in range(1, 300):
+        rec.steps = step
+        watch.sample()
+        series = watch._series.get(key)
+        if series and series[-1].step == step:
+            taken.append(step)
+        time.sleep(0.001)  # a fast step (the watch reads the clock, not this)
+    assert fuse.ok
+    stride = memory.SAMPLE_STEPS
+    first = taken[: memory.WINDOW]
+    assert first[0] == memory.WARMUP_STEPS and {b - a for a, b in zip(first, first[1:])} == {stride}
+    assert {b - a for a, b in zip(taken[memory.WINDOW :], taken[memory.WINDOW + 1 :])} == {
+        2 * stride
+    }
+    series = watch._series[key]
+    assert len(series) < memory.WINDOW and series[0].step == first[1]  # thinned, same span
+    assert MIN_PERIOD <= watch.period() < 0.05
+    # the trends are fitted once a state interval, not at each sample: the first, so far
+    assert [t.samples for t in rec.memory.trends if t.kind == "rss"] == [1]

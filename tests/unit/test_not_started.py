@@ -139,3 +139,61 @@ def test_a_launcher_whose_ranks_have_not_written_yet_is_a_job_starting(tmp_path:
     old = time.time() - 60  # a launcher that stopped writing a minute ago: nothing to diagnose
     os.utime(path, (old, old))
     assert examine(str(tmp_path)).verdict == "no_data"
+
+
+def test_a_c10d_rendezvous_short_of_nodes_says_how_many_of_how_many_joined(
+    tmp_path: Path,
+) -> None:
+    """--rdzv-backend c10d assigns no node ranks before it completes: the doctor reads what
+    torch's rendezvous knows (in the launcher's record) and counts the absent nodes, naming
+    apart a node that started and cannot reach the endpoint."""
+    import json
+    import time
+
+    from ddpmon.state import launcher
+
+    now = time.time()
+
+    def launched(host: str, waited: float, joined: list[str] | None, refused: float = 0.0):
+        seen = launcher.Rendezvous(2, 2, joined=joined) if joined is not None else None
+        attempts = (
+            [launcher.Attempt("refused", "[Errno 111] Connection refused", now - refused, now)]
+            if refused
+            else []
+        )
+        record = launcher.LauncherState(
+            host=host,
+            pid=4242,
+            started_unix=now - waited - 1,
+            stage_since_unix=now - waited,
+            endpoint="node-a:29400",
+            rdzv_backend="c10d",
+            nnodes="2",
+            stage=launcher.LauncherStage.RENDEZVOUS,
+            rendezvous=seen,
+            attempts=attempts,
+            now_unix=now,
+        )
+        path = launcher.path_for(str(tmp_path), host, 4242)
+        with open(path, "w") as f:
+            json.dump(launcher.to_json(record), f)
+
+    launched("node-a", 5.0, ["node-a"])  # a few seconds: the other node may be starting
+    d = examine(str(tmp_path))
+    assert d.verdict == "healthy" and [f.kind for f in d.findings] == ["starting"], d.as_dict()
+    launched("node-a", 25.0, ["node-a"])
+    d = examine(str(tmp_path))
+    assert d.verdict == "not_started" and d.findings[0].kind == "node_missing", d.as_dict()
+    assert d.findings[0].summary == (
+        "the c10d rendezvous at node-a:29400 has 1 of 2 nodes after 25.0 s (node-a joined); "
+        "1 node never arrived: no launcher of its is seen"
+    )
+    assert "--rdzv-endpoint node-a:29400" in d.findings[0].fix
+    launched("node-b", 20.0, None, refused=20.0)  # it started, and is refused
+    d = examine(str(tmp_path))
+    kinds = {f.kind: f for f in d.findings}
+    assert set(kinds) == {"master_unreachable", "node_missing"}, d.as_dict()
+    assert kinds["node_missing"].summary == (
+        "the c10d rendezvous at node-a:29400 has 1 of 2 nodes after 25.0 s (node-a joined); "
+        "node-b started and cannot reach it"
+    )

@@ -82,7 +82,12 @@ def test_html_is_self_contained_and_carries_the_runs_numbers(slow_run):
         "straggler",
         "gpu_util",
         "memory",
+        "gpu_memory",
     ]
+    gpu_memory = next(c for c in data["charts"] if c["id"] == "gpu_memory")
+    assert gpu_memory["unit"] == "MiB" and set(gpu_memory["series"][1]["values"]) == {
+        21500
+    }  # 21 GiB, 4 digits
     step = data["charts"][0]
     assert step["unit"] == "ms" and [x["name"] for x in step["series"]] == [
         f"rank {i}" for i in range(4)

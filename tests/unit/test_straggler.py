@@ -138,7 +138,7 @@ def test_a_rank_slower_but_within_its_noise_gets_an_info_note_not_a_verdict() ->
         return SimpleNamespace(
             rank=rank,
             status=status,
-            file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json"),
+            file=SimpleNamespace(path=f"node-a:9490/rank-{rank}.json", daemon=None),
             state=SimpleNamespace(
                 host="node-a", timings=SimpleNamespace(parts=p), stack_samples=None
             ),
@@ -384,9 +384,11 @@ def test_one_table_names_the_parts_for_every_reader() -> None:
     assert steps.WAITING_PARTS == {"exposed_comm"}
 
 
-def lasting_views(tmp_path: Any, slow_from: int) -> list[Any]:
-    """Three ranks of 150 steps of 0.1 s (15 s), each with its state file's parts and its
-    history beside it; rank 1 is 10 ms slower in its forward from step ``slow_from``."""
+def lasting_views(
+    tmp_path: Any, slow_from: int, count: int = 150, status: str = "stepping"
+) -> list[Any]:
+    """Three ranks of ``count`` steps of 0.1 s (150: 15 s), each with its state file's parts
+    and its history beside it; rank 1 is 10 ms slower in its forward from step ``slow_from``."""
     from types import SimpleNamespace
 
     from ddpmon.state import history
@@ -395,7 +397,7 @@ def lasting_views(tmp_path: Any, slow_from: int) -> list[Any]:
     views = []
     for rank in range(3):
         rs = rows(
-            150, seed=rank, slow={"forward": 0.010} if rank == 1 else None, slow_from=slow_from
+            count, seed=rank, slow={"forward": 0.010} if rank == 1 else None, slow_from=slow_from
         )
         for r in rs:
             r.start_unix, r.end_unix = t0 + (r.step - 1) * 0.1, t0 + r.step * 0.1
@@ -405,8 +407,8 @@ def lasting_views(tmp_path: Any, slow_from: int) -> list[Any]:
         views.append(
             SimpleNamespace(
                 rank=rank,
-                status="stepping",
-                file=SimpleNamespace(path=str(tmp_path / f"rank-{rank}.json")),
+                status=status,
+                file=SimpleNamespace(path=str(tmp_path / f"rank-{rank}.json"), daemon=None),
                 state=SimpleNamespace(
                     host="node-a",
                     timings=SimpleNamespace(parts=steps.step_parts(rs)),
@@ -441,6 +443,27 @@ def test_a_gap_that_lasts_is_named_and_one_younger_than_the_sustain_time_is_not(
     assert note.summary.endswith(
         "not named a straggler yet (a busy machine slows one rank, then another, for seconds at a time)"
     )
+
+
+def test_a_finished_job_is_named_only_when_its_gap_lasted_the_sustain_time(
+    tmp_path: Any,
+) -> None:
+    """A job that ended is judged by the same rule as a running one: a short job whose last
+    second a busy machine slowed on one rank looks like a straggler to the windows alone."""
+    from ddpmon.doctor.rules import straggler as rule
+
+    # slower over all 15 s of a finished job: it keeps the verdict, with how it lasted
+    long = rule.finished_straggler(lasting_views(tmp_path / "a", 0, status="exited"))
+    assert long is not None and long.verdict == "straggler" and long.suspects == [1]
+    assert any(
+        e.startswith("it lasts: ") and e.endswith("(a straggler's gap must hold 12 s)")
+        for e in long.findings[0].evidence
+    ), long.findings[0].evidence
+    # as slow, but the job ended after 4 s: the windows name rank 1, the sustain rule does not
+    short = lasting_views(tmp_path / "b", 0, count=40, status="exited")
+    scores = steps.scores({v.rank: v.state.timings.parts for v in short})
+    assert [r for r, s in scores.items() if s.straggler] == [1]
+    assert rule.finished_straggler(short) is None
 
 
 def test_sustained_asks_every_block_to_be_slower_over_the_sustain_time() -> None:

@@ -117,7 +117,7 @@ def dead_rank(views: list[RankView], missing: list[int]) -> Verdict | None:
 
 def _order(v: RankView) -> tuple[bool, float]:
     secondary = v.status == Status.CRASHED and bool(PEER_FAILURE.search(v.exception or ""))
-    return (secondary, v.gone_at if v.gone_at is not None else v.file.mtime)
+    return (secondary, v.gone_at if v.gone_at is not None else v.file.written)
 
 
 def _first_to_end(views: list[RankView]) -> RankView | None:

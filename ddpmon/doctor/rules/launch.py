@@ -7,12 +7,15 @@ kind               when
 port_in_use        a node could not serve the rendezvous store: its port is taken (by whom)
 launch_failed      a node's launcher ended on another error before its ranks started
 master_unreachable a node cannot reach the endpoint it was given: each error, how often
-node_missing       the node that serves the store waits for more nodes than are seen
+node_missing       the node that serves the store waits for more nodes than are seen; in a
+                   dynamic (c10d) rendezvous, fewer nodes joined than it needs
 =================  ==========================================================================
 
 In a static rendezvous the ranks start only once every node has met at the master's store,
 so a node with a wrong ``--master-addr`` or one that never started leaves nothing but these
-records: the node is named, with the address it was given and why it cannot connect.
+records: the node is named, with the address it was given and why it cannot connect. A
+dynamic (c10d) rendezvous assigns node ranks only once complete, so there the doctor says how
+many of how many joined, and which, as torch's rendezvous knows them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ UNREACHABLE_SECONDS = 10.0
 """How long a node's attempts to reach the endpoint must have failed before it is named: a
 launcher that starts beside the store it connects to (``--standalone``, node 0 of a static
 rendezvous) is refused a moment while that store comes up."""
+ARRIVAL_SECONDS = 10.0
+"""How long a dynamic rendezvous must have waited short of nodes before the absent ones are
+called missing: the nodes of a job start within seconds of each other."""
 ALIVE = (LauncherStage.STARTING, LauncherStage.RENDEZVOUS, LauncherStage.RUNNING)
 RECENT_SECONDS = 900.0
 """A launcher that failed within this belongs to the job asked about."""
@@ -65,6 +71,20 @@ def findings(
         missing = _missing(s, arrived)
         if missing:
             out.append(_node_missing(s, missing, now, unreachable))
+    short: dict[str, LauncherState] = {}  # one per endpoint: the record that saw the most
+    for x in live:
+        seen = x.record.rendezvous
+        if (
+            seen is not None
+            and not seen.complete
+            and len(seen.joined) < seen.min_nodes
+            and _waited(x.record, now) >= ARRIVAL_SECONDS
+        ):
+            other = short.get(x.record.endpoint)
+            if other is None or len(seen.joined) > len(other.rendezvous.joined):  # type: ignore[union-attr]
+                short[x.record.endpoint] = x.record
+    live_records = [x.record for x in live]
+    out += [_rendezvous_short(r, live_records, cut_off, now, unreachable) for r in short.values()]
     return out
 
 
@@ -199,6 +219,66 @@ def _node_missing(
         "node's daemon (ddpmon doctor --from HOST:PORT for each) to see a node that started "
         "and cannot connect.",
     )
+
+
+def _rendezvous_short(
+    r: LauncherState,
+    live: list[LauncherState],
+    cut_off: list[LauncherState],
+    now: float,
+    unreachable: Sequence[Unreachable],
+) -> Finding:
+    """node_missing in a dynamic (c10d) rendezvous: no node ranks to name, but the
+    rendezvous knows who joined and how many it needs; the launchers seen at its endpoint
+    that have not joined are named apart (master_unreachable says why)."""
+    seen = r.rendezvous
+    assert seen is not None
+    waited = format_seconds(_waited(r, now))
+    joined = ", ".join(seen.joined) or "none"
+    unjoined = [x.node for x in live if x.endpoint == r.endpoint and x in cut_off]
+    absent = max(0, seen.min_nodes - len(seen.joined) - len(unjoined))
+    needs = (
+        str(seen.min_nodes)
+        if seen.min_nodes == seen.max_nodes
+        else f"at least {seen.min_nodes} (of up to {seen.max_nodes})"
+    )
+    summary = (
+        f"the c10d rendezvous at {r.endpoint} has {len(seen.joined)} of {needs} nodes after "
+        f"{waited} ({joined} joined)"
+    )
+    if unjoined:
+        summary += f"; {', '.join(unjoined)} started and cannot reach it"
+    if absent:
+        summary += (
+            f"; {absent} node{'s' if absent != 1 else ''} never arrived: no launcher of "
+            f"{'its' if absent == 1 else 'theirs'} is seen"
+        )
+    evidence = [
+        f"{x.node}: in the rendezvous at {x.endpoint} for "
+        + format_seconds(_waited(x, now))
+        + (f", {len(x.rendezvous.joined)} joined" if x.rendezvous is not None else "")
+        for x in live
+        if x.endpoint == r.endpoint
+    ]
+    if seen.waiting:
+        evidence.append(f"waiting for the next round: {', '.join(seen.waiting)}")
+    evidence += [f"the daemon {u.address} does not answer: {u.reason}" for u in unreachable]
+    return Finding(
+        "node_missing",
+        "error",
+        [],
+        summary,
+        evidence,
+        f"Start the job on the missing node (ddpmon run with --nnodes={r.nnodes}, "
+        f"--rdzv-backend {r.rdzv_backend} and --rdzv-endpoint {r.endpoint}, the same on every "
+        "node), or find why it did not start. Ask every node's daemon (ddpmon doctor --from "
+        "HOST:PORT for each) to see a node that started and cannot connect.",
+    )
+
+
+def _waited(r: LauncherState, now: float) -> float:
+    """Seconds the launcher has been in its stage, on its own clock."""
+    return max(0.0, (r.now_unix or now) - (r.stage_since_unix or r.started_unix))
 
 
 def _first_line(text: str) -> str:

@@ -57,7 +57,7 @@ def _stopped_before_failure(views: list[RankView]) -> list[tuple[RankView, float
         if v.liveness.alive is None
         and v.ending is None
         and v.status not in GONE
-        and v.file.mtime < first
+        and v.file.written < first
     ]
 
 
@@ -67,7 +67,7 @@ def mark_vanished(views: list[RankView]) -> None:
     for v, at in _stopped_before_failure(views):
         if v.file.mtime + v.age > at:
             v.status = Status.SILENT
-            v.gone_at = v.file.mtime + state_interval(v.state) / 2
+            v.gone_at = v.file.written + state_interval(v.state) / 2
 
 
 def undecided(views: list[RankView]) -> float:

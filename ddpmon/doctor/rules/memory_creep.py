@@ -16,14 +16,6 @@ from .. import words
 from ..findings import Finding
 from ..view import RankView
 
-NAMES = {
-    "rss": "resident memory",
-    "pss": "proportional memory (PSS)",
-    "torch_allocated": "torch's allocated GPU memory",
-    "torch_reserved": "torch's reserved GPU memory",
-}
-"""Each ``MemoryTrend.kind`` in words."""
-
 
 def memory_creep(v: RankView, suspects: list[int]) -> Finding | None:
     """memory_creep: a series of this rank creeps (``memory.creeping``): name it, its rate
@@ -41,7 +33,7 @@ def memory_creep(v: RankView, suspects: list[int]) -> Finding | None:
         if head.process == "worker"
         else f"rank {v.rank}"
     )
-    summary = f"{who}: {NAMES[head.kind]} grows {rate(head)}"
+    summary = f"{who}: {memory.KINDS[head.kind]} grows {rate(head)}"
     left = memory.seconds_left(head)
     if left is not None and head.limit is not None:
         summary += (

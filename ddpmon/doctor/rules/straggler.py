@@ -40,9 +40,9 @@ def straggler(views: list[RankView], missing: list[int]) -> Verdict | None:
 def finished_straggler(views: list[RankView]) -> Verdict | None:
     """A finished job's straggler over the last steps each rank published. Only by busy
     time: the compute medians of older files mix in the warm-up steps of a short job. Its
-    gap must hold over all the job's last steps show, however few seconds they span: there
-    is no more to see."""
-    return _by_busy_time(views, ended=True) if _parts_known(views) else None
+    gap must have lasted like a running job's (``steps.sustained``): a job that ended within
+    the sustain time shows no more than one burst of a busy machine's scheduling can."""
+    return _by_busy_time(views) if _parts_known(views) else None
 
 
 def _parts_known(views: list[RankView]) -> bool:
@@ -87,9 +87,7 @@ def slowest_within_noise(views: list[RankView]) -> list[Finding]:
     ]
 
 
-def _lasting(
-    views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
-) -> dict[int, steps.Held]:
+def _lasting(views: list[RankView], scores: dict[int, steps.Score]) -> dict[int, steps.Held]:
     """For each rank the state files' window names, how its gap held over the last
     ``steps.SUSTAIN_SECONDS`` of the ranks' histories (read only then, here or from the
     daemons asked ``--from``: ``doctor/busy.py``). Empty when a rank's history cannot be
@@ -104,16 +102,15 @@ def _lasting(
     )
     if series is None:
         return {}
-    needed = 0.0 if ended else steps.SUSTAIN_SECONDS
-    return {r: steps.sustained(series, r, needed) for r in named}
+    return {r: steps.sustained(series, r) for r in named}
 
 
 def _named(
-    views: list[RankView], scores: dict[int, steps.Score], ended: bool = False
+    views: list[RankView], scores: dict[int, steps.Score]
 ) -> tuple[list[steps.Score], dict[int, steps.Held]]:
     """The ranks named stragglers, slowest first: those the window names whose gap lasted
     (``steps.sustained``); and how each gap the window names held (``_lasting``)."""
-    lasting = _lasting(views, scores, ended)
+    lasting = _lasting(views, scores)
     slow = [
         s
         for s in scores.values()
@@ -137,9 +134,9 @@ def _not_lasting(s: steps.Score, held: steps.Held) -> Finding:
     )
 
 
-def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
+def _by_busy_time(views: list[RankView]) -> Verdict | None:
     scores = steps.scores({v.rank: v.state.timings.parts for v in views})  # type: ignore[misc]
-    slow, lasting = _named(views, scores, ended)
+    slow, lasting = _named(views, scores)
     if not slow or len(slow) == len(scores):
         return None
     exposed = {
@@ -175,11 +172,7 @@ def _by_busy_time(views: list[RankView], ended: bool = False) -> Verdict | None:
             evidence.append(
                 f"it lasts: {', '.join(f'{b:+.0%}' for b in held.blocks)} in "
                 f"{steps.SUSTAIN_BLOCKS} consecutive blocks of its last {held.blocks_seconds:.0f} s "
-                + (
-                    f"(a straggler's gap must hold {held.needed:.0f} s)"
-                    if held.needed
-                    else "(all the ended job's last steps)"
-                )
+                f"(a straggler's gap must hold {steps.SUSTAIN_SECONDS:.0f} s)"
             )
         fix = words.FIX_STRAGGLER_PART[cause] if cause else words.FIX_STRAGGLER
         if found is not None and found.gap is not None and found.part == cause:

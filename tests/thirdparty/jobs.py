@@ -1,11 +1,10 @@
-"""Training code that ddpmon's authors did not write, run unmodified under ``ddpmon run``
-(torchrun form, 2 CPU ranks, gloo, nothing downloaded): Lightning's demo BoringModel under its
-DDP strategy, transformers.Trainer on a tiny GPT-2 built from a config, and Accelerate's own
-test script of gradient accumulation with and without ``no_sync``
-(``accelerate/test_utils/scripts/test_sync.py``). A healthy run must end with no finding
-above info; a fault injected from outside the script (tests/support/injector.py, armed by
-``INJECT_FAULT`` through a sitecustomize on PYTHONPATH) must get the right verdict, culprit
-and place. A package that is not installed skips its tests.
+"""The third-party tier's jobs: training code that ddpmon's authors did not write, run
+unmodified under ``ddpmon run`` (torchrun form, 2 CPU ranks, gloo, nothing downloaded), healthy
+or with a fault injected from outside the script (tests/support/injector.py, armed by
+``INJECT_FAULT`` through a sitecustomize on PYTHONPATH), and the doctor asked meanwhile. One
+test file per package (test_lightning.py, test_transformers.py, test_accelerate.py), so that
+the test workers share them out. A healthy run must end with no finding above info; a fault
+must get the right verdict, culprit and place. A package that is not installed skips its tests.
 
 PyTorch's own ``torch/testing/_internal/distributed`` holds no training script: its DDP code
 is unittest mixins (``DistributedTest._DistTestBase``) that PyTorch's source tree, not its
@@ -33,8 +32,6 @@ HERE = Path(__file__).resolve().parent
 SITE = ROOT / "tests" / "support" / "inject_site"
 JOB_TIMEOUT = 150
 """Seconds a job may take: 15 to 40 s each on the 2-core machine under load."""
-
-pytestmark = pytest.mark.timeout(JOB_TIMEOUT + 30)
 
 
 def needs(*packages: str) -> None:
@@ -167,109 +164,3 @@ def finding(answer: dict[str, Any], kind: str) -> dict[str, Any]:
 def never_blamed_another(answers: list[dict[str, Any]], culprit: int) -> None:
     for a in answers:
         assert set(a["suspect_ranks"]) <= {culprit}, (a["verdict"], a["findings"])
-
-
-# -- Lightning: its demo BoringModel, its DDP strategy ------------------------------------------
-
-
-LIGHTNING = str(HERE / "lightning_boring.py")
-
-
-def test_lightning_boring_model_healthy(tmp_path: Path) -> None:
-    needs("lightning")
-    healthy(tmp_path, LIGHTNING, "40")
-
-
-def test_lightning_slow_optimizer_on_one_rank(tmp_path: Path) -> None:
-    """Rank 1's SGD.step takes 30 ms more, before it calls Lightning's closure (forward and
-    backward run inside the optimizer's step): a straggler, rank 1, in the optimizer (it
-    was once called data wait, sending the user to the data loader)."""
-    needs("lightning")
-    answer, answers = diagnosed(
-        tmp_path,
-        "straggler",
-        LIGHTNING,
-        "80",
-        inject="slow:1:torch.optim.sgd:SGD.step:seconds=0.03",
-        until_end=True,
-    )
-    assert (answer["verdict"], answer["suspect_ranks"]) == ("straggler", [1]), answer["findings"]
-    summary = finding(answer, "straggler")["summary"]
-    assert "in optimizer" in summary and "data wait" not in summary, summary
-    never_blamed_another(answers, 1)
-
-
-# -- transformers.Trainer on a tiny GPT-2 ---------------------------------------------------------
-
-
-def hf_trainer(tmp_path: Path, steps: int) -> list[str]:
-    return [str(HERE / "hf_trainer_tiny.py"), str(tmp_path / "out"), str(steps)]
-
-
-def test_transformers_trainer_healthy(tmp_path: Path) -> None:
-    needs("transformers", "accelerate")
-    healthy(tmp_path, *hf_trainer(tmp_path, 40))
-
-
-def test_transformers_trainer_stalled_optimizer_on_one_rank(tmp_path: Path) -> None:
-    """Rank 1's optimizer step never returns from its 11th call: a hang, rank 1, its stack in
-    AdamW's step (what the Trainer calls), the other rank waiting in the gradient
-    all-reduce."""
-    needs("transformers", "accelerate")
-    answer, answers = diagnosed(
-        tmp_path,
-        "hang",
-        *hf_trainer(tmp_path, 40),
-        inject="stall:1:torch.optim.adamw:AdamW.step:after=10",
-    )
-    assert (answer["verdict"], answer["suspect_ranks"]) == ("hang", [1]), answer["findings"]
-    stuck = finding(answer, "stuck_rank")
-    assert "stage optimizer, not in any collective" in stuck["evidence"][0], stuck
-    stack = "\n".join(stuck["evidence"])
-    assert "transformers/trainer.py" in stack and "injector.py" in stack, stack
-    never_blamed_another(answers, 1)
-
-
-def test_transformers_trainer_extra_barrier_on_one_rank(tmp_path: Path) -> None:
-    """Rank 1 issues a barrier of its own before its 11th optimizer step: a desync, rank 1."""
-    needs("transformers", "accelerate")
-    answer, answers = diagnosed(
-        tmp_path,
-        "desync",
-        *hf_trainer(tmp_path, 40),
-        inject="desync:1:torch.optim.adamw:AdamW.step:after=10",
-    )
-    assert (answer["verdict"], answer["suspect_ranks"]) == ("desync", [1]), answer["findings"]
-    assert "injector.py" in json.dumps(answer["findings"]), answer["findings"]  # its call site
-    never_blamed_another(answers, 1)
-
-
-# -- Accelerate's own test script ------------------------------------------------------------------
-
-
-def accelerate_script(name: str) -> str:
-    spec = importlib.util.find_spec("accelerate")
-    assert spec is not None and spec.origin is not None
-    return str(Path(spec.origin).parent / "test_utils" / "scripts" / name)
-
-
-def test_accelerate_test_sync_healthy(tmp_path: Path) -> None:
-    """Accumulation with and without no_sync, several models, on 2 CPU ranks
-    (ACCELERATE_USE_CPU: what ``accelerate launch --cpu`` sets)."""
-    needs("accelerate")
-    answers = healthy(tmp_path, accelerate_script("test_sync.py"), ACCELERATE_USE_CPU="1")
-    assert len(answers) >= 2
-
-
-def test_accelerate_test_sync_killed_rank(tmp_path: Path) -> None:
-    """Rank 1 SIGKILLed in its 3rd optimizer step: a dead rank, rank 1."""
-    needs("accelerate")
-    answer, answers = diagnosed(
-        tmp_path,
-        "dead_rank",
-        accelerate_script("test_sync.py"),
-        inject="kill:1:torch.optim.adamw:AdamW.step:after=2",
-        ACCELERATE_USE_CPU="1",
-    )
-    assert (answer["verdict"], answer["suspect_ranks"]) == ("dead_rank", [1]), answer["findings"]
-    never_blamed_another(answers, 1)
