@@ -206,78 +206,88 @@ def load_remote(
     """Read the state files that ``ddpmon daemon --serve-state`` serves at ``HOST:PORT/state``,
     for jobs spread over nodes without a shared file system. Every daemon is read at once:
     ``timeout`` seconds to connect and between reads, ``deadline`` for all of them together,
-    so dead nodes cost the doctor seconds, not seconds each. Each file's modification time is
-    carried over to this host's clock through the daemon's own clock (``served_unix``)."""
+    so dead nodes cost the doctor seconds, not seconds each; each answer is read as it comes,
+    while the others are on their way, and its bytes let go. Each file's modification time
+    is carried over to this host's clock through the daemon's own clock (``served_unix``)."""
     loaded = Loaded(", ".join(addresses))
     client = client or HttpConfig()
     urls = [daemons.base_url(a) + "/state" for a in addresses]
     launcher_urls = [daemons.base_url(a) + "/launchers" for a in addresses]
-    answers = daemons.fetch_all(urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client)
-    answers, launcher_answers = answers[: len(urls)], answers[len(urls) :]
-    for address, answer in zip(addresses, launcher_answers):
-        loaded.launchers += _launchers(address, answer)
-    for address, url, answer in zip(addresses, urls, answers):
-        if answer is None:
-            reason = (
-                f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
-                "daemons together)"
-            )
-            ips: list[str] = []
+    read: dict[int, Loaded] = {}  # by index: a daemon's files or problems, its launchers
+    for i, answer in daemons.fetch_each(
+        urls + launcher_urls, timeout, deadline, REMOTE_MAX_BYTES, client
+    ):
+        if i < len(urls):
+            read[i] = _states(Daemon(addresses[i], client), urls[i], answer, timeout)
         else:
-            ips, body, received = answer
-            if isinstance(body, daemons.Unbounded):
-                loaded.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
-                continue
-            reason = daemons.why(body, timeout) if isinstance(body, BaseException) else ""
-        if reason:
-            loaded.unreachable.append(Unreachable(address, reason, ips))
-            loaded.bad.append(
-                (
-                    url,
-                    (
-                        f"cannot be read ({reason}); is `ddpmon daemon --serve-state` "
-                        "running there, and is the port reachable?"
-                    ),
-                )
-            )
+            read[i] = Loaded("", launchers=_launchers(addresses[i - len(urls)], answer))
+    for i, (address, url) in enumerate(zip(addresses, urls)):
+        loaded.launchers += read[i + len(urls)].launchers if i + len(urls) in read else []
+        if i in read:
+            loaded.files += read[i].files
+            loaded.bad += read[i].bad
+            loaded.unreachable += read[i].unreachable
             continue
-        assert isinstance(body, bytes)
-        daemon = Daemon(address, client)
-        try:
-            entries = json.loads(body)
-            if not isinstance(entries, list) or len(entries) > schema.MAX_RANKS:
-                raise ValueError("not a JSON list of state files")
-        except (ValueError, RecursionError) as exc:
-            why = (
-                "nests JSON too deeply"
-                if isinstance(exc, RecursionError)
-                else f"is not ddpmon's /state ({exc})"
-            )
-            loaded.bad.append((f"{address}/state", f"{why}; is that address a ddpmon daemon?"))
-            continue
-        for data in entries:
-            rank = data.get("rank") if isinstance(data, dict) else None
-            name = f"{address}/rank-{rank}.json"
-            try:
-                state = files.load(name, data)
-            except StateFileError as exc:
-                loaded.bad.append((name, exc.reason))
-                continue
-            served, mtime = state.served_unix, state.file_mtime_unix
-            mtime = (
-                received - (served - mtime)
-                if served is not None and mtime is not None
-                else received
-            )
-            loaded.files.append(StateFile(name, state, mtime, daemon))
+        reason = (
+            f"did not answer within {deadline:.0f} s (the doctor waits that long for all "
+            "daemons together)"
+        )
+        loaded.unreachable.append(Unreachable(address, reason))
+        loaded.bad.append((url, _cannot_be_read(reason)))
     align(loaded.files)
     return loaded
 
 
-def _launchers(address: str, answer: daemons.Answer | None) -> list[Launcher]:
+def _cannot_be_read(reason: str) -> str:
+    return (
+        f"cannot be read ({reason}); is `ddpmon daemon --serve-state` running there, and is "
+        "the port reachable?"
+    )
+
+
+def _states(daemon: Daemon, url: str, answer: daemons.Answer, timeout: float) -> Loaded:
+    """A daemon's ``/state`` answer: its ranks' files, or why there are none."""
+    address = daemon.address
+    out = Loaded(address)
+    ips, body, received = answer
+    if isinstance(body, daemons.Unbounded):
+        out.bad.append((f"{address}/state", f"{body}; is that address a ddpmon daemon?"))
+        return out
+    if isinstance(body, BaseException):
+        reason = daemons.why(body, timeout)
+        out.unreachable.append(Unreachable(address, reason, ips))
+        out.bad.append((url, _cannot_be_read(reason)))
+        return out
+    try:
+        entries = json.loads(body)
+        if not isinstance(entries, list) or len(entries) > schema.MAX_RANKS:
+            raise ValueError("not a JSON list of state files")
+    except (ValueError, RecursionError) as exc:
+        why = (
+            "nests JSON too deeply"
+            if isinstance(exc, RecursionError)
+            else f"is not ddpmon's /state ({exc})"
+        )
+        out.bad.append((f"{address}/state", f"{why}; is that address a ddpmon daemon?"))
+        return out
+    for data in entries:
+        rank = data.get("rank") if isinstance(data, dict) else None
+        name = f"{address}/rank-{rank}.json"
+        try:
+            state = files.load(name, data)
+        except StateFileError as exc:
+            out.bad.append((name, exc.reason))
+            continue
+        served, mtime = state.served_unix, state.file_mtime_unix
+        mtime = (
+            received - (served - mtime) if served is not None and mtime is not None else received
+        )
+        out.files.append(StateFile(name, state, mtime, daemon))
+    return out
+
+
+def _launchers(address: str, answer: daemons.Answer) -> list[Launcher]:
     """A daemon's ``/launchers``; nothing from a daemon that does not serve it (older)."""
-    if answer is None:
-        return []
     _, body, received = answer
     if not isinstance(body, bytes):
         return []

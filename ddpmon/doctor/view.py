@@ -216,6 +216,7 @@ def settle(views: list[RankView]) -> None:
     file was written (that collective, or a later one of the group that needed every rank)
     waits no more: its next write will show it. It is counted as stepping, so that no
     rule takes the moment between two writes for a hang."""
+    completed = _completions(views)
     for w in views:
         e = w.waiting
         if (
@@ -226,19 +227,36 @@ def settle(views: list[RankView]) -> None:
         ):
             continue
         written = w.state.now_unix + w.file.offset
-        for p in views:
-            if p is not w and any(
-                c.group == e.group
-                and c.seq >= e.seq
-                and c.op in NEEDS_EVERY_RANK
-                and not c.error
-                and c.completed_unix is not None
-                and c.completed_unix + p.file.offset > written
-                for c in p.state.collective_log
-            ):
-                w.status = Status.STEPPING
-                w.in_flight = [c for c in w.in_flight if c.group != e.group or c.seq > e.seq]
-                break
+        if any(
+            who != id(w) and when > written
+            for seq, latest in completed.get(e.group, {}).items()
+            if seq >= e.seq
+            for when, who in latest
+        ):
+            w.status = Status.STEPPING
+            w.in_flight = [c for c in w.in_flight if c.group != e.group or c.seq > e.seq]
+
+
+def _completions(views: list[RankView]) -> dict[str, dict[int, list[tuple[float, int]]]]:
+    """group -> seq -> the two latest completions (on the doctor's clock) of that collective,
+    by two different ranks (``id`` of the view), of collectives that need every rank: one
+    pass over every rank's log, so that ``settle`` asks each waiting rank's question of a
+    few sequence numbers, not of every peer (a thousand ranks each asking of a thousand)."""
+    out: dict[str, dict[int, list[tuple[float, int]]]] = {}
+    for p in views:
+        for c in p.state.collective_log:
+            if c.op not in NEEDS_EVERY_RANK or c.error or c.completed_unix is None:
+                continue
+            latest = out.setdefault(c.group, {}).setdefault(c.seq, [])
+            when = c.completed_unix + p.file.offset
+            mine = [i for i, (_, who) in enumerate(latest) if who == id(p)]
+            if mine:
+                latest[mine[0]] = (max(when, latest[mine[0]][0]), id(p))
+            else:
+                latest.append((when, id(p)))
+            latest.sort(reverse=True)
+            del latest[2:]
+    return out
 
 
 def failed(e: Exit) -> bool:

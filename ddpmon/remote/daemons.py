@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,34 +130,47 @@ def fetch(
     return found, body, time.time()
 
 
+def fetch_each(
+    urls: Sequence[str],
+    timeout: float,
+    deadline: float,
+    limit: int,
+    client: HttpConfig,
+    data: bytes | None = None,
+) -> Iterator[tuple[int, Answer]]:
+    """Every URL read at once (each sent ``data`` as a POST, when given), each in a thread
+    of its own; each answer yielded, with its URL's index, as soon as it comes, so the
+    caller reads one while the others are still on their way (and while a node that does
+    not answer costs its ``timeout``). It stops once every URL has answered, or ``deadline``
+    seconds have passed and no answer is waiting to be read; the threads of the others end
+    on their own timeout, unwaited."""
+    until = time.monotonic() + deadline
+    came: queue.SimpleQueue[tuple[int, Answer]] = queue.SimpleQueue()
+    cut = until - min(0.5, deadline / 4)  # an answer that does not end is cut short before
+
+    def one(i: int, url: str) -> None:
+        came.put((i, fetch(url, timeout, cut, limit, client, data)))
+
+    for i, url in enumerate(urls):
+        threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True).start()
+    for _ in urls:
+        try:
+            yield came.get(timeout=max(0.0, until - time.monotonic()))
+        except queue.Empty:
+            return
+
+
 def fetch_all(
-    urls: list[str],
+    urls: Sequence[str],
     timeout: float,
     deadline: float,
     limit: int,
     client: HttpConfig,
     data: bytes | None = None,
 ) -> list[Answer | None]:
-    """Every URL read at once (each sent ``data`` as a POST, when given), each in a thread
-    of its own; None for those that have not answered after ``deadline`` seconds (their
-    threads end on their own timeout, unwaited)."""
-    until = time.monotonic() + deadline
-    answers: dict[int, Answer] = {}
-
-    def one(
-        i: int, url: str
-    ) -> None:  # an answer that does not end is cut short before the deadline
-        answers[i] = fetch(url, timeout, until - min(0.5, deadline / 4), limit, client, data)
-
-    threads = [
-        threading.Thread(target=one, args=(i, url), name=f"ddpmon-from-{i}", daemon=True)
-        for i, url in enumerate(urls)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, until - time.monotonic()))
-    got = dict(answers)
+    """Every URL's answer (``fetch_each``), in order; None for those that have not answered
+    after ``deadline`` seconds."""
+    got = dict(fetch_each(urls, timeout, deadline, limit, client, data))
     return [got.get(i) for i in range(len(urls))]
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from ddpmon import cli
-from ddpmon.doctor import examine, report, stacks
+from ddpmon.activity import Status
+from ddpmon.doctor import examine, report, rules, stacks
 from tests.support import states
 from tests.support.states import hang_report, kinds, state, waiting_in, write
 
@@ -556,3 +557,49 @@ def test_unused_parameters_by_rank_and_a_needless_find_unused(tmp_path: Path) ->
     d = examine(str(tmp_path / "b"), live_stacks=False)
     assert "needless_find_unused_parameters" in kinds(d) and "unused_parameters" not in kinds(d)
     assert d.verdict == "healthy"
+
+
+def test_1000_waiting_ranks_settle_in_one_pass(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 ranks, each with 16 completed all-reduces in its log, wait for one stuck rank.
+    Whether a peer completed a rank's wait after its file was written is asked of the
+    group's latest completions, gathered once, not of every peer's log (1,000 x 1,000 logs
+    took a second of CPU here, and grows as the square). CPU time, so that a loaded machine
+    does not fail it. (Not ``tmp_path``: checking 1,000 helper-written files against the
+    schema afterwards would take longer than the test.)"""
+    directory = tmp_path_factory.mktemp("ranks")
+    world, stuck = 1000, 123
+    log = [
+        dict(waiting_in("all_reduce", s, 30.0 + s, size=world), completed_unix=states.NOW - 29.0)
+        for s in range(1, 17)
+    ]
+    for r in range(world):
+        waits = [] if r == stuck else [waiting_in("all_reduce", 17, 28.0, size=world)]
+        write(
+            directory,
+            state(
+                r,
+                world,
+                host=f"node-{r // 8}",
+                silent=28.0,
+                in_flight=waits,
+                collective_log=log,
+                collective_seq={"0": 16 if r == stuck else 17},
+            ),
+        )
+    settled: list[tuple[int, float]] = []
+    settle = rules.settle
+
+    def timed(views: list[Any]) -> None:
+        waiting = sum(v.status == Status.WAITING for v in views)
+        started = time.process_time()
+        settle(views)
+        settled.append((waiting, time.process_time() - started))
+
+    monkeypatch.setattr(rules, "settle", timed)
+    d = examine(str(directory), live_stacks=False)
+    assert (d.verdict, d.suspect_ranks) == ("hang", [stuck])
+    [(waiting, took)] = settled
+    assert waiting > 900, f"only {waiting} ranks waiting: the files took too long to write"
+    assert took < 0.2, f"{took:.2f} s of CPU to settle {waiting} waiting ranks"

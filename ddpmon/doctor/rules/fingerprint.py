@@ -76,10 +76,12 @@ def first_mismatch(
 ) -> tuple[tuple[str, int], str, dict[int, Collective]] | None:
     """((group, seq), field, each rank's collective there) at the earliest sequence number,
     over every group, where the ranks that recorded it disagree."""
-    by_rank = {v.rank: entries(v) for v in views}
-    keys = sorted({k for e in by_rank.values() for k in e}, key=lambda k: (k[1], k[0]))
-    for key in keys:
-        there = {r: e[key] for r, e in by_rank.items() if key in e}
+    at: dict[tuple[str, int], dict[int, Collective]] = {}  # one pass over every rank's
+    for v in views:
+        for key, e in entries(v).items():
+            at.setdefault(key, {})[v.rank] = e
+    for key in sorted(at, key=lambda k: (k[1], k[0])):
+        there = at[key]
         if len(there) < 2:
             continue
         ref = Counter(_fingerprint(e) for e in there.values()).most_common(1)[0][0]
