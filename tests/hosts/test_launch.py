@@ -36,8 +36,10 @@ def cluster(tmp_path: Path) -> Iterator[hosts.Cluster]:
         yield c
 
 
-def launch(host: hosts.Host, master: str, late: float = 0.0) -> None:
-    """``ddpmon run`` of node ``host.index`` of two, one rank each, its master ``master``."""
+def launch(host: hosts.Host, master: str, late: bool = False) -> None:
+    """``ddpmon run`` of node ``host.index`` of two, one rank each, its master ``master``;
+    ``late``: rank 1 prepares its data until late_train.py gives up (60 s), as its file to
+    wait for never comes."""
     host.start(
         [
             sys.executable,
@@ -54,7 +56,7 @@ def launch(host: hosts.Host, master: str, late: float = 0.0) -> None:
             f"--master-addr={master}",
             f"--master-port={PORT}",
             SCRIPT,
-            str(late),
+            "/nonexistent/go" if late else SCRIPT,
         ],
         "launch",
         GLOO_SOCKET_IFNAME=hosts.IFACE["job"],
@@ -138,12 +140,12 @@ def test_a_node_that_never_starts_is_named(cluster: hosts.Cluster) -> None:
 def test_a_late_rank_on_the_far_host_is_named_with_its_function(cluster: hosts.Cluster) -> None:
     a, b = cluster.hosts
     launch(a, a.addr("job"))
-    launch(b, a.addr("job"), late=90.0)
+    launch(b, a.addr("job"), late=True)
     # (while its process imports torch, it is in late_train.py's imports: said so)
     code, report, took = ask_until(cluster, "not_arrived", "prepare_dataset")
     assert code == 1 and report["verdict"] == "not_started" and report["suspect_ranks"] == [1]
     summary = finding(report, "not_arrived")["summary"]
     assert "rank 0 waits in" in summary and f"{a.addr('job')}:{PORT}" in summary, summary
     assert "rank 1 has not arrived: in prepare_dataset, " in summary, summary
-    assert "late_train.py:14, starting for" in summary, summary
+    assert "late_train.py:16, starting for" in summary, summary
     assert took < 10, took
