@@ -115,7 +115,7 @@ class _Step:
 
 
 # Event kinds in the log (first element of each tuple).
-_STEP, _TIMINGS, _LAYOUT, _DROP, _BEGAN, _ENDED, _BUCKET_DONE, _GPU_PARTS = range(8)
+_STEP, _TIMINGS, _LAYOUT, _DROP, _BEGAN, _ENDED, _BUCKET_DONE, _GPU_PARTS, _BUCKET_BEGAN = range(9)
 
 
 class Recorder:
@@ -497,21 +497,11 @@ class Recorder:
             self.stage = Stage.ALLREDUCE
         if index is None:
             index = cur.buckets_launched - 1
-        group, group_size = self.ddp_group
+        group = self.ddp_group
         now = time.time()
-        entry = {
-            "seq": self._next_seq(group),
-            "op": BUCKET_OP,
-            "group": group,
-            "group_size": group_size,
-            "bytes": nbytes,
-            "call_site": "DDP backward",
-            "function": "backward",
-            "issued_unix": now,
-            "bucket": index,
-            "step": self.steps,
-        }
-        self._events.append((_BEGAN, entry, True))
+        # The entry itself is built by the reader that folds it in (``_bucket_entry``).
+        seq = self._next_seq(group[0])
+        self._events.append((_BUCKET_BEGAN, group, seq, now, index, nbytes, self.steps))
         self.last_progress_unix = now
 
     def bucket_completed(self, is_last: bool) -> None:
@@ -606,7 +596,9 @@ class Recorder:
         while events:
             event = events.popleft()
             kind = event[0]
-            if kind == _BEGAN:
+            if kind == _BUCKET_BEGAN:
+                collectives.began(_bucket_entry(*event[1:]), True, buckets)
+            elif kind == _BEGAN:
                 collectives.began(event[1], event[2], buckets)
             elif kind == _BUCKET_DONE:
                 collectives.bucket_done(event[1])
@@ -797,6 +789,24 @@ class Recorder:
 
 
 _COLLECTIVE_FIELDS = frozenset(f for f in schema.Collective.__dataclass_fields__)
+
+
+def _bucket_entry(
+    group: tuple[str, int], seq: int, now: float, index: int, nbytes: int | None, step: int
+) -> dict[str, Any]:
+    """The collective entry of a bucket DDP launched (``bucket_launched``)."""
+    return {
+        "seq": seq,
+        "op": BUCKET_OP,
+        "group": group[0],
+        "group_size": group[1],
+        "bytes": nbytes,
+        "call_site": "DDP backward",
+        "function": "backward",
+        "issued_unix": now,
+        "bucket": index,
+        "step": step,
+    }
 
 
 def _collective(entry: dict[str, Any]) -> schema.Collective:
