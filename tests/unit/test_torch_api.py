@@ -302,7 +302,7 @@ def test_without_a_compile_check(
         )
         check, missing = step._compile_check()
     assert missing is not None and check() is False
-    monkeypatch.setattr(step, "_is_compiling", check)
+    monkeypatch.setattr(step, "is_compiling", check)
     monkeypatch.setattr(step, "_compile_check_missing", missing)
     model, mon = attached(tmp_path)
     train(model)

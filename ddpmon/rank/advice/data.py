@@ -67,6 +67,8 @@ class BatchPrints:
 
     def collect(self) -> bool:
         """Move the checksums that arrived into ``prints``; True when any did."""
+        if not self._pending:
+            return False  # (most steps)
         arrived = False
         while self._pending and self._pending[0][1].ready():
             step, pending = self._pending.pop(0)

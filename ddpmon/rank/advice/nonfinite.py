@@ -84,8 +84,11 @@ class NonFiniteWatch:
             self._pending.append((step, order, Pending(bad)))
             self.flags = []
         following = step + 1
-        self.armed = following <= EVERY_STEP_UNTIL or following % LATER_EVERY == 0
-        self._hook(self.armed)
+        self.armed = armed = following <= EVERY_STEP_UNTIL or following % LATER_EVERY == 0
+        if armed != bool(self._handles):
+            self._hook(armed)
+        if self._suspect is None and not self._pending:
+            return False  # (most steps: nothing to read)
         return self._confirm() or (self._read() and self._confirm())
 
     def _confirm(self) -> bool:

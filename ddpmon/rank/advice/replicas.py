@@ -53,6 +53,8 @@ class ParamPrints:
             self._pending.append((step, Pending(torch.cat(parts) if len(parts) > 1 else parts[0])))
 
     def collect(self) -> bool:
+        if not self._pending:
+            return False  # (most steps)
         arrived = False
         while self._pending and self._pending[0][1].ready():
             step, pending = self._pending.pop(0)

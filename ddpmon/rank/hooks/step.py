@@ -151,12 +151,6 @@ class StepHooks:
         self._handles = []
 
 
-def is_compiling() -> bool:
-    """True while torch.compile (Dynamo) traces the model: ddpmon's hooks then step aside, so
-    that they add no graph break (their clock and attribute writes cannot be traced)."""
-    return _is_compiling()
-
-
 def _compile_check() -> tuple[Any, torch_api.Missing | None]:
     try:
         return torch_api.compiling_check(), None
@@ -164,7 +158,10 @@ def _compile_check() -> tuple[Any, torch_api.Missing | None]:
         return (lambda: False), missing
 
 
-_is_compiling, _compile_check_missing = _compile_check()
+is_compiling, _compile_check_missing = _compile_check()
+"""True while torch.compile (Dynamo) traces the model: ddpmon's hooks then step aside, so
+that they add no graph break (their clock and attribute writes cannot be traced). torch's
+own function, bound once: the hooks ask it on every call."""
 
 
 def _grad_tensors(output: Any, depth: int = 0, limit: int = 16) -> list[torch.Tensor]:
