@@ -2,12 +2,12 @@
 
 One rank's bad batch makes NaN gradients that DDP's all-reduce hands to every rank in the
 same step; afterwards every rank looks guilty. A hook on each parameter's gradient (it runs
-before the gradient reaches DDP's reducer) keeps ``isfinite(grad.sum())`` (one reduction: NaN
-and Inf survive a sum) as a flag on the gradient's device; the flags are read at the next step boundary (from the GPU without
-blocking, a step later). Every step is checked for the first ``EVERY_STEP_UNTIL`` steps,
-then every ``LATER_EVERY``-th. A non-finite step counts once the parameter is itself
-non-finite a step later: a mixed-precision GradScaler skips such steps and the parameters
-stay finite, which is no finding.
+before the gradient reaches DDP's reducer) keeps ``grad.sum()`` (one reduction: NaN and Inf
+survive a sum) on the gradient's device; at the step boundary one ``isfinite`` over them all
+makes the step's flags, read a step later (from the GPU without blocking). Every step is
+checked for the first ``EVERY_STEP_UNTIL`` steps, then every ``LATER_EVERY``-th. A
+non-finite step counts once the parameter is itself non-finite a step later: a mixed-precision
+GradScaler skips such steps and the parameters stay finite, which is no finding.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class GradCheck:
         owner = self._owner
         if owner.armed and not is_compiling():
             try:
-                owner.flags.append((self._index, torch.isfinite(grad.sum())))
+                owner.sums.append((self._index, grad.sum()))
             except Exception:
                 owner.armed = False
 
@@ -51,7 +51,7 @@ class NonFiniteWatch:
         self.names = [name for name, _ in parameters]
         self._params = [p for _, p in parameters]
         self.armed = True  # step 0 is checked
-        self.flags: list[tuple[int, torch.Tensor]] = []
+        self.sums: list[tuple[int, torch.Tensor]] = []
         self.checked_step = 0
         self.first: tuple[int, str] | None = None
         self._pending: list[tuple[int, list[int], Pending]] = []
@@ -78,11 +78,15 @@ class NonFiniteWatch:
         was just set."""
         if self.first is not None:
             return False
-        if self.flags:
-            order = [i for i, _ in self.flags]
-            bad = torch.stack([f for _, f in self.flags]).logical_not()
+        if self.sums:
+            by_dtype: dict[torch.dtype, list[tuple[int, torch.Tensor]]] = {}
+            for index, total in self.sums:  # (one stack per dtype: mostly one)
+                by_dtype.setdefault(total.dtype, []).append((index, total))
+            order = [i for group in by_dtype.values() for i, _ in group]
+            finite = [torch.isfinite(torch.stack([t for _, t in g])) for g in by_dtype.values()]
+            bad = (finite[0] if len(finite) == 1 else torch.cat(finite)).logical_not_()
             self._pending.append((step, order, Pending(bad)))
-            self.flags = []
+            self.sums = []
         following = step + 1
         self.armed = armed = following <= EVERY_STEP_UNTIL or following % LATER_EVERY == 0
         if armed != bool(self._handles):
