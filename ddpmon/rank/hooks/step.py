@@ -15,9 +15,9 @@ outside the compiled graph.
 
 Two autograd final callbacks bracket DDP's own: the first marks the end of backward
 compute, the second runs after DDP has waited for its buckets (a torch without
-``queue_callback`` goes without both, said once: steps then end at their optimizer step). The ``timelines`` (a bucket
-clock, the untimed bucket marks: see ddpmon/rank/timing/) hear of each forward, the start of
-backward and of both callbacks.
+``queue_callback`` goes without both, said once: steps then end at their optimizer step). The
+``timelines`` (a bucket clock, the untimed bucket marks: see ddpmon/rank/timing/) hear of each
+forward, the start of backward and of both callbacks, those they do something at.
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ class StepHooks:
         fuse: Fuse,
         timelines: Sequence[Any] = (),
     ) -> None:
-        self._timelines = tuple(timelines)
+        # Each timeline's methods for the events it hears, bound once (``IGNORES``: the
+        # events a timeline does nothing at, left out of the calls).
+        self._on_forward = _hearing(timelines, "forward_started")
+        self._on_backward = _hearing(timelines, "backward_started")
+        self._on_backward_done = _hearing(timelines, "backward_done")
+        self._on_synced = _hearing(timelines, "sync_done")
         self._ddp = ddp
         self._recorder = recorder
         self._boundary = boundary
@@ -82,9 +87,9 @@ class StepHooks:
                 boundary.end(now, rec.step_end_mark)  # a step without an optimizer step
             self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
             self._in_backward = False  # (a backward that raised never ran its end callback)
-            for timeline in self._timelines:
-                timeline.forward_started()
-            self._recorder.forward_started(now)
+            for heard in self._on_forward:
+                heard()
+            rec.forward_started(now)
         except Exception as exc:
             self._fuse.blow(exc)
             return
@@ -110,9 +115,12 @@ class StepHooks:
         if self._fuse.ok and not self._in_backward:
             try:
                 self._in_backward = True
-                self._recorder.backward_started(time.perf_counter())
-                for timeline in self._timelines:
-                    timeline.backward_started(self._recorder.step_start)
+                rec = self._recorder
+                rec.backward_started(time.perf_counter())
+                if self._on_backward:
+                    start = rec.step_start
+                    for heard in self._on_backward:
+                        heard(start)
                 # Runs once the autograd graph is done, before DDP waits for its buckets:
                 # the end of backward compute, whatever hooks there are.
                 if self._queue is not None:
@@ -128,8 +136,8 @@ class StepHooks:
                 rec.backward_done(time.perf_counter())
                 if self._sync_expected and rec.stage == Stage.BACKWARD:
                     rec.stage = Stage.ALLREDUCE  # (a comm hook has said so already)
-                for timeline in self._timelines:
-                    timeline.backward_done(self._sync_expected)
+                for heard in self._on_backward_done:
+                    heard(self._sync_expected)
                 # Queued now, it runs after DDP's finalize (queued during backward).
                 self._queue(self._synced)
             except Exception as exc:
@@ -138,8 +146,8 @@ class StepHooks:
     def _synced(self) -> None:
         if self._fuse.ok:
             try:
-                for timeline in self._timelines:
-                    timeline.sync_done(self._sync_expected)
+                for heard in self._on_synced:
+                    heard(self._sync_expected)
                 if self._sync_expected:
                     self._recorder.gradients_synced()
             except Exception as exc:
@@ -162,6 +170,13 @@ is_compiling, _compile_check_missing = _compile_check()
 """True while torch.compile (Dynamo) traces the model: ddpmon's hooks then step aside, so
 that they add no graph break (their clock and attribute writes cannot be traced). torch's
 own function, bound once: the hooks ask it on every call."""
+
+
+def _hearing(timelines: Sequence[Any], event: str) -> tuple[Any, ...]:
+    """The timelines' bound methods for ``event``, of those that do something at it."""
+    return tuple(
+        getattr(t, event) for t in timelines if event not in getattr(t, "IGNORES", frozenset())
+    )
 
 
 def _grad_tensors(output: Any, depth: int = 0, limit: int = 16) -> list[torch.Tensor]:

@@ -142,6 +142,9 @@ class CompletionClock:
     (find_unused_parameters without static_graph).
     """
 
+    IGNORES = frozenset({"forward_started"})
+    """Step hook events it does nothing at (``hooks/step.py`` leaves them out)."""
+
     def __init__(
         self,
         device: torch.device | str,

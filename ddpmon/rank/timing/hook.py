@@ -49,6 +49,9 @@ class WallClock:
     clock sees with or without a comm hook.
     """
 
+    IGNORES = frozenset({"forward_started", "backward_started"})
+    """Step hook events it does nothing at (``hooks/step.py`` leaves them out)."""
+
     def __init__(self) -> None:
         self._done: collections.deque[BucketTiming] = collections.deque(maxlen=65536)
         self._compute_done: float | None = None

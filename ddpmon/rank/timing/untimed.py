@@ -21,6 +21,9 @@ class UntimedBuckets:
     """A step timeline (see ddpmon/rank/hooks/step.py) that marks DDP's buckets in flight.
     ``active()`` turns False once a comm hook reports the buckets itself."""
 
+    IGNORES = frozenset({"backward_started"})
+    """Step hook events it does nothing at (``hooks/step.py`` leaves them out)."""
+
     def __init__(
         self,
         layout: BucketLayout,
