@@ -481,9 +481,9 @@ class Recorder:
     def add_step_timings(self, step: StepTimings) -> None:
         """One step's bucket collectives, as a clock resolved them (see ``_fold_timings``)."""
         if step.buckets or step.exposed is not None:
-            self._events.append(
-                (_TIMINGS, step if step.step is not None else step._replace(step=self.steps))
-            )
+            if step.step is None:
+                step = StepTimings(step.buckets, step.exposed, step.measured, self.steps)
+            self._events.append((_TIMINGS, step))
 
     def bucket_launched(
         self, is_last: bool, index: int | None = None, nbytes: int | None = None

@@ -145,7 +145,8 @@ class UnusedParameterWatch:
         self._fuse = fuse
         self._advice_steps = advice_steps
         self._notify = notify or (lambda: None)
-        self._advised = False
+        # (DDP's find_unused_parameters is fixed at its construction: nothing to advise without)
+        self._advised = not getattr(ddp, "find_unused_parameters", False)
         self._grads = None
         if getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
             self._grads = GradReadyHooks(parameters, recorder, fuse)
@@ -179,7 +180,7 @@ class UnusedParameterWatch:
         self._advise(rec)
 
     def _advise(self, rec: Recorder) -> None:
-        if self._advised or not getattr(self._ddp, "find_unused_parameters", False):
+        if self._advised:
             return
         if rec.steps_without_unused >= self._advice_steps:
             self._advised = True
