@@ -1,5 +1,6 @@
 """Every state file a test leaves behind must fit the shipped schema; every test gets its own
-"now" for the state files it builds (tests/support/states.py)."""
+"now" for the state files it builds (tests/support/states.py); the folders of long real jobs
+run first."""
 
 from __future__ import annotations
 
@@ -13,6 +14,19 @@ from ddpmon.state import files, schema
 from tests.support import states
 
 pytest_plugins = ["tests.support.runs", "tests.support.roots"]  # fixtures shared by several folders
+
+
+LAST = ("processes", "unit", "gpu")
+"""Folders of short tests, run after the others: with a test file per worker at a time
+(``make test``), a long file started last would leave the other worker idle meanwhile."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def order(item: pytest.Item) -> int:
+        folder = item.path.relative_to(Path(__file__).parent).parts[0]
+        return LAST.index(folder) + 1 if folder in LAST else 0
+
+    items.sort(key=order)  # stable: each folder keeps its own order
 
 
 @pytest.fixture(autouse=True)
