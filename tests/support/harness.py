@@ -4,6 +4,7 @@ ranks when one fails (unless failures are expected) or when the timeout passes."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,12 +89,21 @@ def finish(procs: list[subprocess.Popen], workdir: Path, seconds: float = 20.0) 
 
 
 def stop(procs: list[subprocess.Popen], sig: int = signal.SIGKILL) -> None:
+    """Signal each process's session and every process below it: torchrun starts its ranks
+    in sessions of their own, so that a rank a test stalled would outlive its launcher."""
     for p in procs:
         if p.poll() is None:
+            try:
+                below = psutil.Process(p.pid).children(recursive=True)
+            except psutil.Error:
+                below = []
             try:
                 os.killpg(p.pid, sig)
             except ProcessLookupError:
                 pass
+            for child in below:
+                with contextlib.suppress(psutil.Error):
+                    child.send_signal(sig)
     for p in procs:
         try:
             p.wait(10)

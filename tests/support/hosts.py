@@ -14,13 +14,14 @@ import functools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.support import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 NETS = {"job": "10.77.0", "mgmt": "10.77.1"}
@@ -149,18 +150,9 @@ class Host:
         )
 
     def kill_all(self) -> None:
-        """SIGKILL every process started on this host (each one's whole session)."""
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        """SIGKILL every process started on this host (each one's whole session, and the
+        ranks below it in sessions of their own)."""
+        harness.stop(self.procs)
 
     def log(self, name: str) -> str:
         base = self.tmp.parent

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 
 from ddpmon.doctor import examine
+from tests.support import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -72,8 +72,7 @@ def log(tmp_path: Path) -> str:
 
 
 def end(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    harness.stop([proc])  # the ranks too, in sessions of their own
     proc.wait(timeout=30)
 
 
