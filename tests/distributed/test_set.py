@@ -19,7 +19,7 @@ import pytest
 
 from ddpmon.state import settings
 from tests.support import harness
-from tests.support.live_settings import request, wait_until, watchdog_timeout
+from tests.support.live_settings import request, training, wait_until, watchdog_timeout
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,22 +38,9 @@ def run_set(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     workdir = tmp_path_factory.mktemp("set")
-    procs = harness.start_ranks(  # no slow rank; an endpoint each (ephemeral ports)
-        "-1", 2, workdir, env={"DDPMON_TEST_PORT": "0"}, module="tests.distributed.capture_worker"
-    )
-    try:
-        wait_until(
-            "both ranks to train",
-            lambda: all(
-                harness.states(workdir).get(r, {}).get("step", 0) >= 5
-                and watchdog_timeout(workdir, r) is not None
-                for r in (0, 1)
-            ),
-            timeout=30,
-        )
+    # no slow rank; an endpoint each (ephemeral ports)
+    with training(workdir, env={"DDPMON_TEST_PORT": "0"}):
         yield workdir
-    finally:
-        harness.finish(procs, workdir)
 
 
 def answer(state_dir: Path, req: settings.Request) -> settings.Status:

@@ -24,7 +24,7 @@ import pytest
 from ddpmon.state import settings
 from tests.support import harness
 from tests.support.commands import start_daemon, terminate
-from tests.support.live_settings import request, wait_until, watchdog_timeout
+from tests.support.live_settings import request, training, wait_until, watchdog_timeout
 from tests.support.roots import NOBODY
 from tests.support.tls import bcrypt_hash, make_pki
 
@@ -42,20 +42,10 @@ def job() -> Iterator[Path]:
     directory root's, 0700 as the rank makes it."""
     workdir = Path(tempfile.mkdtemp(prefix="ddpmon-set-daemons-"))
     workdir.chmod(0o755)
-    procs = harness.start_ranks("-1", 2, workdir, module="tests.distributed.capture_worker")
     try:
-        wait_until(
-            "both ranks to train",
-            lambda: all(
-                harness.states(workdir).get(r, {}).get("step", 0) >= 5
-                and watchdog_timeout(workdir, r) is not None
-                for r in (0, 1)
-            ),
-            timeout=40,
-        )
-        yield workdir
+        with training(workdir, timeout=40):
+            yield workdir
     finally:
-        harness.finish(procs, workdir)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -3,9 +3,10 @@ and a request bound to a rank's process as the command writes it."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddpmon.state import settings
@@ -42,3 +43,27 @@ def request(workdir: Path, rank: int, **changes: str) -> settings.Request:
         requested_unix=now,
         expires_unix=now + 20,
     )
+
+
+@contextlib.contextmanager
+def training(
+    workdir: Path, env: dict[str, str] | None = None, timeout: float = 30
+) -> Iterator[None]:
+    """A 2-rank job of tests/distributed/capture_worker.py (it trains until told to stop) in
+    ``workdir``, once both ranks train and their watchdogs have run; ended on leaving."""
+    procs = harness.start_ranks(
+        "-1", 2, workdir, env=env, module="tests.distributed.capture_worker"
+    )
+    try:
+        wait_until(
+            "both ranks to train",
+            lambda: all(
+                harness.states(workdir).get(r, {}).get("step", 0) >= 5
+                and watchdog_timeout(workdir, r) is not None
+                for r in (0, 1)
+            ),
+            timeout=timeout,
+        )
+        yield
+    finally:
+        harness.finish(procs, workdir)
