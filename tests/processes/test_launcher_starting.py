@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ddpmon.state import launcher
 from tests.support.commands import ROOT, run_doctor
+from tests.support.harness import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,16 +31,6 @@ def ask(state_dir: Path) -> tuple[int, dict]:
 
 def records(state_dir: Path) -> list[launcher.LauncherState]:
     return [launcher.read(p)[0] for p in launcher.list_paths(str(state_dir))]
-
-
-def wait_for(what, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = what()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def test_the_doctor_says_the_job_is_starting_while_torch_loads(tmp_path: Path) -> None:
@@ -75,7 +65,7 @@ def test_the_doctor_says_the_job_is_starting_while_torch_loads(tmp_path: Path) -
     )
     try:
         # `ddpmon run` itself waits for torch (it reads torchrun's arguments with torch's parser)
-        wait_for((gates / "ddpmon.waiting").exists)
+        wait_until("ddpmon run to hold its torch import", (gates / "ddpmon.waiting").exists, 60)
         code, report = ask(state_dir)
         assert code == 0 and report["verdict"] == "healthy", report
         (first,) = records(state_dir)
@@ -94,8 +84,12 @@ def test_the_doctor_says_the_job_is_starting_while_torch_loads(tmp_path: Path) -
         (gates / "ddpmon").touch()
         # torchrun's agent (`python -m ddpmon.agent`) goes on with the same record, its own
         # torch not loaded yet
-        wait_for((gates / "ddpmon.agent.waiting").exists)
-        (agent,) = wait_for(lambda: [r for r in records(state_dir) if r.pid != run.pid])
+        wait_until(
+            "the agent to hold its torch import", (gates / "ddpmon.agent.waiting").exists, 60
+        )
+        (agent,) = wait_until(
+            "the agent's record", lambda: [r for r in records(state_dir) if r.pid != run.pid], 60
+        )
         assert agent.stage == launcher.LauncherStage.STARTING
         assert agent.started_unix == first.started_unix  # since the user started it
         assert len(launcher.list_paths(str(state_dir))) == 1

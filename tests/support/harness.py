@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,18 @@ def finish(procs: list[subprocess.Popen], workdir: Path, seconds: float = 20.0) 
     while procs and time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.1)
     stop(procs)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """``check()``'s first true value, asked every 0.1 s; an AssertionError naming ``what``
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stop(procs: list[subprocess.Popen], sig: int = signal.SIGKILL) -> None:

@@ -6,21 +6,12 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from ddpmon.state import settings
 from tests.support import harness
-
-
-def wait_until(what: str, check: Callable[[], object], timeout: float = 15.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support.harness import wait_until
 
 
 def watchdog_timeout(workdir: Path, rank: int) -> float | None:
