@@ -115,7 +115,18 @@ class _Step:
 
 
 # Event kinds in the log (first element of each tuple).
-_STEP, _TIMINGS, _LAYOUT, _DROP, _BEGAN, _ENDED, _BUCKET_DONE, _GPU_PARTS, _BUCKET_BEGAN = range(9)
+(
+    _STEP,
+    _TIMINGS,
+    _LAYOUT,
+    _DROP,
+    _BEGAN,
+    _ENDED,
+    _BUCKET_DONE,
+    _GPU_PARTS,
+    _BUCKET_BEGAN,
+    _BUCKETS_BEGAN,
+) = range(10)
 
 
 class Recorder:
@@ -504,13 +515,26 @@ class Recorder:
         self._events.append((_BUCKET_BEGAN, group, seq, now, index, nbytes, self.steps))
         self.last_progress_unix = now
 
-    def bucket_completed(self, is_last: bool) -> None:
-        """The oldest bucket collective in flight is done: DDP's buckets complete in order,
-        and the comm hook's completion callback says so without a callback of its own."""
+    def buckets_launched(self, sizes: Sequence[int]) -> None:
+        """DDP launched every bucket's collective (``sizes``: their bytes, in order), as seen
+        without a comm hook (``timing/untimed.py``): one event for them all."""
+        group = self.ddp_group
+        counter = self._seq.get(group[0]) or self._seq.setdefault(group[0], itertools.count(1))
+        seqs = tuple(itertools.islice(counter, len(sizes)))  # (one C call: no thread between)
+        self._cur.buckets_launched += len(sizes)
+        self.stage = Stage.ALLREDUCE
+        now = time.time()
+        self._events.append((_BUCKETS_BEGAN, group, seqs, now, sizes, self.steps))
+        self.last_progress_unix = now
+
+    def bucket_completed(self, is_last: bool, count: int = 1) -> None:
+        """The oldest ``count`` bucket collectives in flight are done: DDP's buckets complete
+        in order, and the comm hook's completion callback says so without a callback of
+        its own (without one, DDP's wait for them all says so for all at once)."""
         if is_last:
             self.stage = Stage.AFTER_BACKWARD
         now = time.time()
-        self._events.append((_BUCKET_DONE, now))
+        self._events.append((_BUCKET_DONE, now, count))
         self.last_progress_unix = now
 
     def collective_began(
@@ -600,8 +624,15 @@ class Recorder:
                 collectives.began(_bucket_entry(*event[1:]), True, buckets)
             elif kind == _BEGAN:
                 collectives.began(event[1], event[2], buckets)
+            elif kind == _BUCKETS_BEGAN:
+                _, group, seqs, now, sizes, step = event
+                for index, (seq, nbytes) in enumerate(zip(seqs, sizes)):
+                    collectives.began(
+                        _bucket_entry(group, seq, now, index, nbytes, step), True, buckets
+                    )
             elif kind == _BUCKET_DONE:
-                collectives.bucket_done(event[1])
+                for _ in range(event[2]):
+                    collectives.bucket_done(event[1])
             elif kind == _ENDED:
                 collectives.ended(*event[1:])
             elif kind == _STEP:

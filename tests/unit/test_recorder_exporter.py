@@ -348,3 +348,24 @@ def test_the_activities_are_the_watchdogs_and_the_doctors_words() -> None:
 
     assert set(catalog.RANK_ACTIVITIES) < set(catalog.DAEMON_ACTIVITIES) <= {str(s) for s in Status}
     assert {"dead", "crashed", "frozen"} <= set(catalog.DAEMON_ACTIVITIES)
+
+
+def test_buckets_seen_without_a_comm_hook_are_one_event_and_each_bucket_in_flight() -> None:
+    """Without a comm hook DDP's buckets are launched and done all at once (one event each
+    way, ``timing/untimed.py``); the state still lists each bucket with its size, in order,
+    with sequence numbers of its own."""
+    rec = Recorder(Identity(**IDENTITY), world_size=4)
+    rec.ddp_group = ("0", 4)
+    rec.collective_began("broadcast", "0", 4, 8, "train.py:1", "f")  # seq 1 of the group
+    rec.buckets_launched([1_000_000, 24_000_000])
+    state = rec.state()
+    assert state.stage == "allreduce"
+    assert [(c.bucket, c.bytes, c.seq, c.op) for c in state.in_flight][-2:] == [
+        (0, 1_000_000, 2, "all_reduce"),
+        (1, 24_000_000, 3, "all_reduce"),
+    ]
+    rec.bucket_completed(True, 2)
+    state = rec.state()
+    assert state.stage == "after_backward"
+    assert [c for c in state.in_flight if c.bucket is not None] == []
+    assert state.collective_log[-1].bucket == 1 and state.collective_seq["0"] == 3

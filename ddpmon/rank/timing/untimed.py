@@ -52,8 +52,8 @@ class UntimedBuckets:
         except Exception as exc:
             self._fuse.blow(exc)
             return
-        for index, nbytes in enumerate(sizes):
-            self._recorder.bucket_launched(index == len(sizes) - 1, index, nbytes)
+        if sizes:
+            self._recorder.buckets_launched(sizes)
         self._in_flight = len(sizes)
 
     def sync_done(self, synced: bool) -> None:
@@ -61,6 +61,6 @@ class UntimedBuckets:
             self._close()
 
     def _close(self) -> None:
-        for left in range(self._in_flight, 0, -1):
-            self._recorder.bucket_completed(left == 1)
-        self._in_flight = 0
+        if self._in_flight:
+            self._recorder.bucket_completed(True, self._in_flight)
+            self._in_flight = 0
