@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpmon.advice import KINDS, compare
 from ddpmon.doctor import examine
+from ddpmon.rank.advice import cadence, data
 from ddpmon.rank.advice.devices import DeviceFacts, check
 from ddpmon.state import schema
 from tests.support import states
@@ -246,3 +247,12 @@ def test_an_epoch_drawn_again_without_set_epoch_is_found() -> None:
 
     assert _epochs_seen(no_set_epoch) == [0]
     assert _epochs_seen(half_epochs) == [0]
+
+
+def test_the_sampled_checks_thin_out_once_the_job_is_past_its_first_steps() -> None:
+    checked = [step for step in range(1, 1001) if cadence.due(step, 50)]
+    assert checked[:50] == list(range(1, 51))  # every step at first
+    assert [s for s in checked if 50 < s <= 500] == list(range(60, 501, 10))
+    assert [s for s in checked if s > 500] == list(range(550, 1001, 50))
+    batches = data.BatchPrints()
+    assert batches.due(99) and not batches.due(101) and batches.due(110) and not batches.due(510)

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from . import cadence
 from .readback import Pending, crc, sample
 
 BATCH_SAMPLE = 8
 KEEP_STEPS = 32
-EVERY_STEP_UNTIL = 100
-LATER_EVERY = 10
+EVERY_STEP_UNTIL = 99
 
 
 def first_tensor(args: Any, kwargs: Any) -> torch.Tensor | None:
@@ -57,7 +57,7 @@ class BatchPrints:
         self._last_step = -1
 
     def due(self, step: int) -> bool:
-        return step != self._last_step and (step < EVERY_STEP_UNTIL or step % LATER_EVERY == 0)
+        return step != self._last_step and cadence.due(step, EVERY_STEP_UNTIL)
 
     def take(self, step: int, x: torch.Tensor) -> None:
         self._last_step = step

@@ -5,7 +5,7 @@ same step; afterwards every rank looks guilty. A hook on each parameter's gradie
 before the gradient reaches DDP's reducer) keeps ``grad.sum()`` (one reduction: NaN and Inf
 survive a sum) on the gradient's device; at the step boundary one ``isfinite`` over them all
 makes the step's flags, read a step later (from the GPU without blocking). Every step is
-checked for the first ``EVERY_STEP_UNTIL`` steps, then every ``LATER_EVERY``-th. A
+checked for the first ``EVERY_STEP_UNTIL`` steps, then fewer (``cadence.py``). A
 non-finite step counts once the parameter is itself non-finite a step later: a mixed-precision
 GradScaler skips such steps and the parameters stay finite, which is no finding.
 """
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from ..hooks.step import is_compiling
+from . import cadence
 from .readback import Pending
 
 EVERY_STEP_UNTIL = 50
-LATER_EVERY = 10
 
 
 class GradCheck:
@@ -88,7 +88,7 @@ class NonFiniteWatch:
             self._pending.append((step, order, Pending(bad)))
             self.sums = []
         following = step + 1
-        self.armed = armed = following <= EVERY_STEP_UNTIL or following % LATER_EVERY == 0
+        self.armed = armed = cadence.due(following, EVERY_STEP_UNTIL)
         if armed != bool(self._handles):
             self._hook(armed)
         if self._suspect is None and not self._pending:
