@@ -5,7 +5,7 @@ every step (a list of filled buffers), rank 2's memory rises once by 300 MB at s
 (mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
 reads its batches through two persistent DataLoader workers; rank 1's workers each keep
 4 MiB more every step (8 MiB a batch, each worker giving every other batch); PSS is read
-every state interval there (by default each process's PSS takes at most 1% of the time). ``gpu`` (one
+every state interval there (by default each process's PSS takes at most 0.1% of the time). ``gpu`` (one
 rank on cuda:0, NCCL; tests/gpu): the rank keeps a 4 MiB CUDA tensor every step. Each rank
 runs ``STEPS`` steps, lets its memory watch take its last sample, and returns what it
 published: the state file's ``memory`` and the metrics' slopes.
@@ -117,7 +117,7 @@ def host() -> dict[str, Any]:
 def workers() -> dict[str, Any]:
     from ddpmon.rank import memory
 
-    memory.PSS_SHARE = 1.0  # PSS every state interval: this job is too short for 1% of it
+    memory.PSS_SHARE = 1.0  # PSS every state interval: this job is too short for 0.1% of it
     loader = torch.utils.data.DataLoader(
         Batches(leak=RANK == 1), batch_size=16, num_workers=2, persistent_workers=True
     )

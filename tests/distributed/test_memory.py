@@ -57,7 +57,7 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
         r.result["step_seconds"] for r in results
     ]
     leak = {t.kind: t for t in by_rank[1] if t.process == "rank"}
-    # RSS every few steps; PSS as its 1% share of the time allows (too few samples yet)
+    # RSS every few steps; PSS as its 0.1% share of the time allows (too few samples yet)
     assert memory.creeping(leak["rss"]), leak["rss"]
     assert leak["rss"].samples >= memory.MIN_SAMPLES and leak["rss"].steps <= STEPS
     assert leak["rss"].bytes_per_step == pytest.approx(LEAK, rel=0.15)
