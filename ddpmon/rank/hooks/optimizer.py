@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.optim.optimizer import (
@@ -47,6 +47,7 @@ class OptimizerHooks:
     ) -> None:
         self._first = parameters[0] if parameters else None
         self._ours: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._last: tuple[Callable[[], Any], bool] = (lambda: None, False)
         self._recorder = recorder
         self._boundary = boundary
         self._fuse = fuse
@@ -85,7 +86,11 @@ class OptimizerHooks:
             self._fuse.blow(exc)
 
     def _holds_model(self, optimizer: Any) -> bool:
-        """The optimizer steps this model's parameters (found once per optimizer)."""
+        """The optimizer steps this model's parameters (found once per optimizer; the last
+        one asked about answered without a lookup: a loop steps the same one each time)."""
+        last, known = self._last
+        if last() is optimizer:
+            return known
         ours = self._ours.get(optimizer)
         if ours is None:
             first = self._first
@@ -93,6 +98,7 @@ class OptimizerHooks:
                 p is first for g in optimizer.param_groups for p in g["params"]
             )
             self._ours[optimizer] = ours
+        self._last = (weakref.ref(optimizer), ours)
         return ours
 
     def remove(self) -> None:
