@@ -162,7 +162,8 @@ def main() -> int:
     if args.rank_worker:
         worker(args)
         return 0
-    return under_torchrun(__file__, args.ranks)
+    under_torchrun(__file__, args.ranks, sys.argv[1:])
+    return 0
 
 
 if __name__ == "__main__":

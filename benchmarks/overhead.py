@@ -2,11 +2,14 @@
 
 Two identical DDP models (on NCCL each on a process group of its own, so that c10d timing
 reaches only one); one has ddpmon attached (its endpoint scraped every second, state file
-written every second). Blocks of steps alternate
-between them in ABBA order so drift cancels; the printed ratio is the median over pairs of
-(attached block time / plain block time), with its spread.
+written every second). After a warm-up (``--warmup`` steps of each), blocks of steps
+alternate between them in ABBA order so drift cancels; the printed ratio is the median over
+pairs of (attached block time / plain block time), with its spread. Which of the two is
+built first moves the ratio too (``--attach-to``); ``--runs N`` alternates it over N runs
+and prints the median of their medians.
 
     python benchmarks/overhead.py                  # 2 ranks, CPU, gloo (spawns torchrun)
+    python benchmarks/overhead.py --rounds 150 --runs 6   # the figure docs/performance.md gives
     python benchmarks/overhead.py --ranks 2 --device cuda --backend gloo   # on one GPU
     python benchmarks/overhead.py --ranks 1 --device cuda --backend nccl --model transformer \
         --width 1024 --depth 24 --dtype bfloat16      # a 0.34B-parameter transformer in bf16
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -76,9 +80,10 @@ def median_interval(values: list[float], resamples: int = 2000) -> tuple[float, 
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def under_torchrun(script: str, ranks: int, **env: str) -> int:
-    """Run ``script --rank-worker`` with this command line's arguments on ``ranks`` local
-    ranks under torchrun (one intra-op thread each unless OMP_NUM_THREADS says otherwise)."""
+def under_torchrun(script: str, ranks: int, argv: list[str], **env: str) -> str:
+    """Run ``script --rank-worker`` with ``argv`` on ``ranks`` local ranks under torchrun
+    (one intra-op thread each unless OMP_NUM_THREADS says otherwise); its output, also
+    printed."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **env)
     cmd = [
         sys.executable,
@@ -88,9 +93,45 @@ def under_torchrun(script: str, ranks: int, **env: str) -> int:
         f"--nproc-per-node={ranks}",
         os.path.abspath(script),
         "--rank-worker",
-        *sys.argv[1:],
+        *argv,
     ]
-    return subprocess.call(cmd, env=env)
+    lines = []
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as run:
+        for line in run.stdout:  # type: ignore[union-attr]
+            print(line, end="", flush=True)
+            lines.append(line)
+    if run.returncode:
+        raise SystemExit(f"torchrun exited with {run.returncode}")
+    return "".join(lines)
+
+
+def runs(args: argparse.Namespace) -> None:
+    """``--runs N``: N runs, the attached model built second and first in turn (which of two
+    identical models is built first moves the ratio by about 1% here, either way), and the
+    median of their medians."""
+    argv = sys.argv[1:]
+    for flag in ("--runs", "--attach-to"):  # (each run gets its own)
+        while flag in argv:
+            del argv[argv.index(flag) : argv.index(flag) + 2]
+    ratios, costs = [], []
+    for i in range(args.runs):
+        order = ("second", "first")[i % 2]
+        print(f"run {i + 1} of {args.runs}, attached to the model built {order}:", flush=True)
+        out = under_torchrun(
+            __file__,
+            args.ranks,
+            [*argv, "--attach-to", order],
+            DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"),
+        )
+        ratios.append(float(re.search(r"attached/plain = ([\d.]+)", out).group(1)))  # type: ignore[union-attr]
+        costs.append(float(re.search(r"([-+][\d.]+) ms per step", out).group(1)))  # type: ignore[union-attr]
+    print(
+        f"median of {args.runs} runs: ratio {statistics.median(ratios):.4f} "
+        f"({', '.join(f'{r:.3f}' for r in ratios)}), "
+        f"{statistics.median(costs):+.3f} ms per step"
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -124,9 +165,13 @@ def worker(args: argparse.Namespace) -> None:
     else:
         kwargs_plain = kwargs_watched = kwargs
     dtype = getattr(torch, args.dtype)
-    plain = DDP(build_model(args).to(device, dtype), **kwargs_plain)
-    torch.manual_seed(0)
-    watched = DDP(build_model(args).to(device, dtype), **kwargs_watched)
+    built = []
+    for kw in (kwargs_plain, kwargs_watched):
+        torch.manual_seed(0)
+        built.append(DDP(build_model(args).to(device, dtype), **kw))
+    # Which of the two identical models is the attached one: the one built second by
+    # default; --attach-to first swaps them, to tell ddpmon's cost from the models' order.
+    plain, watched = built if args.attach_to == "second" else built[::-1]
     params = sum(p.numel() for p in plain.parameters())
     options = dict(job="overhead", port=0, nvml=True)
     for item in args.option:  # as DDPMON_<NAME> variables: parsed and checked by ddpmon
@@ -174,8 +219,10 @@ def worker(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
         return (time.perf_counter() - start) / args.block
 
-    for m in (plain, watched):  # warm-up: bucket rebuild, allocator
-        block(m)
+    # Warm-up: bucket rebuild, allocator, and the steady state of the advice's sampled
+    # checks (every step at first, every 50th past step 500: rank/advice/cadence.py).
+    for _ in range(max(1, args.warmup // args.block)):
+        block(plain), block(watched)
     ratios, plain_times = [], []
     for i in range(args.rounds):
         if i % 2 == 0:
@@ -192,7 +239,8 @@ def worker(args: argparse.Namespace) -> None:
         low, high = median_interval(ratios)
         print(
             f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}"
-            f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}): {args.ranks} ranks, {args.backend}, {device.type}, {args.model} {args.depth}x{args.width} "
+            f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}"
+            f"{', attached to the model built first' if args.attach_to == 'first' else ''}): {args.ranks} ranks, {args.backend}, {device.type}, {args.model} {args.depth}x{args.width} "
             f"({params / 1e6:.0f}M parameters, {args.dtype}), batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(95% interval of the median {low:.4f}..{high:.4f}; quartiles {q[0]:.4f}..{q[2]:.4f}, "
@@ -221,6 +269,9 @@ def main() -> int:
     p.add_argument("--block", type=int, default=10, help="steps per block")
     p.add_argument("--rounds", type=int, default=40, help="pairs of blocks")
     p.add_argument(
+        "--warmup", type=int, default=600, help="steps of each model before the measured rounds"
+    )
+    p.add_argument(
         "--option",
         action="append",
         default=[],
@@ -243,14 +294,32 @@ def main() -> int:
         action="store_true",
         help="an A/A run: ddpmon runs beside both models but times neither (the noise floor)",
     )
+    p.add_argument(
+        "--attach-to",
+        choices=("first", "second"),
+        default="second",
+        help="attach to the model built first or second (an A/A run compares the two)",
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="runs of the whole benchmark, alternating --attach-to, and their median",
+    )
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:
         worker(args)
-        return 0
-    return under_torchrun(
-        __file__, args.ranks, DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-")
-    )
+    elif args.runs > 1:
+        runs(args)
+    else:
+        under_torchrun(
+            __file__,
+            args.ranks,
+            sys.argv[1:],
+            DDPMON_STATE_DIR=tempfile.mkdtemp(prefix="ddpmon-bench-"),
+        )
+    return 0
 
 
 if __name__ == "__main__":

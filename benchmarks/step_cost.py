@@ -63,10 +63,28 @@ HOOKS = [
     ("ddpmon.rank.advice.training", "OptimizerSteps", "_before_step"),
     ("ddpmon.rank.advice.nonfinite", "GradCheck", "__call__"),
     ("ddpmon.rank.hooks.autograd", "UnusedParameterWatch", "_after_forward"),
+    # the parts of the step's end and of the two autograd callbacks (inside the above)
+    ("ddpmon.rank.recorder", "Recorder", "close_step"),
+    ("ddpmon.rank.throughput", "Throughput", "step_ended"),
+    ("ddpmon.rank.boundary", "StepBoundary", "collect_resolved"),
+    ("ddpmon.rank.hooks.autograd", "UnusedParameterWatch", "step_ended"),
+    ("ddpmon.rank.advice.watch", "Advice", "step_ended"),
+    ("ddpmon.rank.timing.untimed", "UntimedBuckets", "backward_done"),
+    ("ddpmon.rank.timing.untimed", "UntimedBuckets", "sync_done"),
 ]
 
 
-NESTED = {"StepBoundary.end", "Throughput.forward_started"}
+NESTED = {
+    "StepBoundary.end",
+    "Throughput.forward_started",
+    "Recorder.close_step",
+    "Throughput.step_ended",
+    "StepBoundary.collect_resolved",
+    "UnusedParameterWatch.step_ended",
+    "Advice.step_ended",
+    "UntimedBuckets.backward_done",
+    "UntimedBuckets.sync_done",
+}
 """Called from inside another hook in the list (the optimizer's post hook, the step hooks'
 pre-hook): shown, left out of the sum."""
 
@@ -93,7 +111,7 @@ def main() -> int:
     p.add_argument(
         "--warmup",
         type=int,
-        default=120,
+        default=600,
         help="steps before measuring (advice checks every step at first)",
     )
     p.add_argument("--passes", type=int, default=20)
