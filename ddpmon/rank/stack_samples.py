@@ -3,9 +3,9 @@ while this rank is suspected of being the slow one, and only then.
 
 A rank cannot see its peers directly, but the advice watch reads up to eight of their state
 files every two seconds (``rank/advice/watch.py``); it hands them here. When this rank's busy
-time is the highest of them and at least ``steps.SCORE_WARN`` above their median (a lower bar
-than the doctor's straggler rule, so that the samples are there when the doctor names it), a
-thread of its own samples the main thread's stack every ``INTERVAL_SECONDS`` for
+time is the highest of them and at least ``steps.SCORE_WARN`` above their median in
+``READINGS_IN_A_ROW`` readings in a row (a lower bar than the doctor's straggler rule, so that
+the samples are there when the doctor names it), a thread of its own samples the main thread's stack every ``INTERVAL_SECONDS`` for
 ``WINDOW_SECONDS``, then rests for ``REST_SECONDS`` before it may sample again. Each sample
 counts the innermost frame of the user's code (``frames.is_library``) under the stage the
 thread is in (``schema.Stage``: ``after_forward`` is the gap between forward and backward),
@@ -32,7 +32,12 @@ from .recorder import Recorder
 log = logging.getLogger("ddpmon")
 
 INTERVAL_SECONDS = 0.01
-"""Between samples: each costs tens of microseconds of the GIL, about 0.3% of the rank."""
+"""Between samples: each costs about 100 us of CPU with its wake-up (a 2-rank CPU job,
+``benchmarks/threads.py``), about 1% of a core while a window lasts."""
+READINGS_IN_A_ROW = 2
+"""Readings of the peers' files (2 s apart) that must find this rank slowest before a window
+starts: two ranks sharing two cores differ by 5% in one reading often enough that a single
+one had started a window in 4 of 7 20-second counts of a healthy 2-rank job."""
 WINDOW_SECONDS = 30.0
 """How long one suspicion is sampled."""
 REST_SECONDS = 90.0
@@ -78,6 +83,7 @@ class StackSampler:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._rest_until = 0.0
+        self._in_a_row = 0  # readings that found this rank slowest, in a row
 
     def peers_seen(self, states: Sequence[schema.RankState]) -> None:
         """The advice watch read its peers' files (``states``, this rank's first): start a
@@ -88,7 +94,12 @@ class StackSampler:
             busy = self._thread is not None and self._thread.is_alive()
             if busy or time.monotonic() < self._rest_until:
                 return
-            if suspected(states, int(self._rec.identity.rank)):
+            if not suspected(states, int(self._rec.identity.rank)):
+                self._in_a_row = 0
+                return
+            self._in_a_row += 1
+            if self._in_a_row >= READINGS_IN_A_ROW:
+                self._in_a_row = 0
                 self.start()
         except Exception as exc:
             self._fuse.blow(exc)

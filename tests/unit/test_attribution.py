@@ -165,6 +165,17 @@ def test_a_rank_suspects_itself_only_when_it_is_the_slowest_of_its_peers() -> No
     assert not stack_samples.suspected(even, 0) and not stack_samples.suspected(even, 1)
     assert not stack_samples.suspected([rank_state(1, 0.030)], 1)  # no peer read
 
+    # A window starts once the rank is found slowest in readings in a row, not on one.
+    rec = Recorder(Identity(rank=1), world_size=3)
+    sampler = stack_samples.StackSampler(rec, Fuse("stack_samples", lambda *a: None))
+    started: list[bool] = []
+    sampler.start = lambda: started.append(True)  # type: ignore[method-assign]
+    for states in (slow, even, slow, even, slow):
+        sampler.peers_seen(states)
+    assert started == []
+    sampler.peers_seen(slow)
+    assert started == [True]
+
 
 def fetch_batch(seconds: float) -> None:
     time.sleep(seconds)
