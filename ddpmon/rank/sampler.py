@@ -45,16 +45,19 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         times: Callable[[], tuple[float, float, float]] | None = None,
         io: Callable[[], int] | None = None,
+        runnable: Callable[[], bool] | None = None,
     ) -> None:
-        """``times`` and ``io`` replace the readings of (main thread's CPU seconds, the
-        process's threads' seconds running, and waiting for a CPU) and of the process's
-        I/O bytes (tests)."""
+        """``times``, ``io`` and ``runnable`` replace the readings of (main thread's CPU
+        seconds, the process's threads' seconds running, and waiting for a CPU), of the
+        process's I/O bytes, and of whether the main thread is runnable now (tests; with
+        ``times`` given and no ``runnable``, it never is)."""
         self._clock = clock
         self._read_times = times or self._times
         self._read_io = io or _io_bytes
         main = threading.main_thread()
         self._ident = main.ident
         self._main_tid = str(getattr(main, "native_id", "") or "")
+        self._read_runnable = runnable or ((lambda: False) if times else self._main_runnable)
         self._schedstat = os.path.isdir("/proc/self/task")
         try:
             self._cpu_clock: int | None = time.pthread_getcpuclockid(main.ident)  # type: ignore[arg-type]
@@ -71,8 +74,9 @@ class Sampler:
         self._where: str | None = None
         self._callers: list[str] = []
         self._loops: list[list[int]] = []
-        self._samples: deque[tuple[float, float, float, float, int]] = deque(maxlen=8)
-        """(t, main thread's CPU, threads' run, threads' wait (seconds), I/O bytes)"""
+        self._samples: deque[tuple[float, float, float, float, int, bool]] = deque(maxlen=8)
+        """(t, main thread's CPU, threads' run, threads' wait (seconds), I/O bytes, the main
+        thread runnable)"""
         self._last = -1e18
 
     def sample(self) -> None:
@@ -104,7 +108,7 @@ class Sampler:
         self._callers = user[1:]
         self._loops = loops
         main, ran, waited = self._read_times()
-        self._samples.append((now, main, ran, waited, self._read_io()))
+        self._samples.append((now, main, ran, waited, self._read_io(), self._read_runnable()))
 
     def _times(self) -> tuple[float, float, float]:
         """(seconds the main thread ran, seconds the process's threads ran, seconds they
@@ -138,6 +142,15 @@ class Sampler:
             self._schedstat = False
         return self._main_cpu(), time.process_time(), 0.0
 
+    def _main_runnable(self) -> bool:
+        """The main thread is running or waits for a CPU (state R in /proc), not asleep."""
+        try:
+            with open(f"/proc/self/task/{self._main_tid}/stat", "rb") as f:
+                stat = f.read()
+            return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R"
+        except (OSError, ValueError):
+            return False
+
     def _main_cpu(self) -> float:
         if self._cpu_clock is not None:
             try:
@@ -157,10 +170,15 @@ class Sampler:
             window = samples[-2:]
         if len(window) < 2 or window[-1][0] <= window[0][0]:
             return 0.0, 0.0, 0.0, 0.0
-        (t0, m0, r0, w0, b0), (t1, m1, r1, w1, b1) = window[0], window[-1]
+        (t0, m0, r0, w0, b0, _), (t1, m1, r1, w1, b1, _) = window[0], window[-1]
         span = t1 - t0
         cpu = min(1.0, max(0.0, (m1 - m0) / span))
         waited = max(0.0, (w1 - w0) / span)
+        if all(s[5] for s in window):
+            # Runnable at every sample, yet it hardly ran: it waits for a CPU. Linux adds a
+            # wait to schedstat only once the thread runs again, so a thread starved for
+            # the whole stretch shows no wait there at all.
+            waited = max(waited, 1.0 - cpu)
         runnable = min(1.0, max(0.0, (r1 - r0) / span) + waited)
         return cpu, runnable, min(runnable, waited), max(0.0, (b1 - b0) / span)
 

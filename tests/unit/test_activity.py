@@ -165,6 +165,26 @@ def test_a_starved_rank_after_the_loop_is_busy_not_stuck() -> None:
         assert _after_the_loop(sampler, times, ran, waited, seconds=6).state == lv.Status.STUCK
 
 
+def test_a_rank_that_never_got_a_cpu_while_still_is_busy_not_stuck() -> None:
+    """Linux adds a wait to a thread's schedstat only once it runs again: a main thread
+    starved for the whole stillness (measured beside a hog at nice 19: 0.1% of a core, its
+    threads' schedstat waits 26% of 3.9 s) shows no wait there. Runnable (state R) at every
+    sample, it waits for a CPU: busy. Asleep at a sample, the same figures are stuck."""
+    for runnable, state in (([True] * 8, lv.Status.BUSY), ([True, False] * 4, lv.Status.STUCK)):
+        times = Times()
+        seen = iter(runnable)
+        sampler = rs.Sampler(clock=times.clock, times=times, io=lambda: 0, runnable=seen.__next__)
+        sampler.sample()
+        act = _after_the_loop(sampler, times, ran=0.002, waited=0.26, seconds=6, main=0.001)
+        assert (act.cpu_share, act.state) == (0.001, state), act
+
+
+def test_the_sampler_reads_whether_the_main_thread_is_runnable() -> None:
+    sampler = rs.Sampler()
+    assert sampler._main_runnable()  # this thread, running now
+    assert not rs.Sampler(times=lambda: (0.0, 0.0, 0.0))._read_runnable()
+
+
 def test_the_shares_are_those_of_the_still_seconds() -> None:
     """A stall right after busy training is seen after the stillness (3 s), not once the
     busy seconds have left a longer window."""
