@@ -124,9 +124,8 @@ class _Step:
     _ENDED,
     _BUCKET_DONE,
     _GPU_PARTS,
-    _BUCKET_BEGAN,
     _BUCKETS_BEGAN,
-) = range(10)
+) = range(9)
 
 
 class Recorder:
@@ -512,19 +511,18 @@ class Recorder:
         now = time.time()
         # The entry itself is built by the reader that folds it in (``_bucket_entry``).
         seq = self._next_seq(group[0])
-        self._events.append((_BUCKET_BEGAN, group, seq, now, index, nbytes, self.steps))
+        self._events.append((_BUCKETS_BEGAN, group, (seq,), now, index, (nbytes,), self.steps))
         self.last_progress_unix = now
 
     def buckets_launched(self, sizes: Sequence[int]) -> None:
         """DDP launched every bucket's collective (``sizes``: their bytes, in order), as seen
         without a comm hook (``timing/untimed.py``): one event for them all."""
         group = self.ddp_group
-        counter = self._seq.get(group[0]) or self._seq.setdefault(group[0], itertools.count(1))
-        seqs = tuple(itertools.islice(counter, len(sizes)))  # (one C call: no thread between)
+        seqs = tuple(itertools.islice(self._counter(group[0]), len(sizes)))  # (one C call)
         self._cur.buckets_launched += len(sizes)
         self.stage = Stage.ALLREDUCE
         now = time.time()
-        self._events.append((_BUCKETS_BEGAN, group, seqs, now, sizes, self.steps))
+        self._events.append((_BUCKETS_BEGAN, group, seqs, now, 0, sizes, self.steps))
         self.last_progress_unix = now
 
     def bucket_completed(self, is_last: bool, count: int = 1) -> None:
@@ -602,10 +600,15 @@ class Recorder:
         self.exit = record
 
     def _next_seq(self, key: str) -> int:
+        return next(self._counter(key))  # atomic: sequence numbers never repeat across threads
+
+    def _counter(self, key: str) -> itertools.count[int]:
+        """The sequence numbers of group ``key`` (one counter per group, whichever thread
+        asks first)."""
         counter = self._seq.get(key)
         if counter is None:
             counter = self._seq.setdefault(key, itertools.count(1))
-        return next(counter)  # atomic: sequence numbers never repeat across threads
+        return counter
 
     # -- readers (their own threads) -----------------------------------------------------------
 
@@ -620,16 +623,14 @@ class Recorder:
         while events:
             event = events.popleft()
             kind = event[0]
-            if kind == _BUCKET_BEGAN:
-                collectives.began(_bucket_entry(*event[1:]), True, buckets)
-            elif kind == _BEGAN:
-                collectives.began(event[1], event[2], buckets)
-            elif kind == _BUCKETS_BEGAN:
-                _, group, seqs, now, sizes, step = event
-                for index, (seq, nbytes) in enumerate(zip(seqs, sizes)):
+            if kind == _BUCKETS_BEGAN:
+                _, group, seqs, now, first, sizes, step = event
+                for index, (seq, nbytes) in enumerate(zip(seqs, sizes), first):
                     collectives.began(
                         _bucket_entry(group, seq, now, index, nbytes, step), True, buckets
                     )
+            elif kind == _BEGAN:
+                collectives.began(event[1], event[2], buckets)
             elif kind == _BUCKET_DONE:
                 for _ in range(event[2]):
                     collectives.bucket_done(event[1])
@@ -825,7 +826,8 @@ _COLLECTIVE_FIELDS = frozenset(f for f in schema.Collective.__dataclass_fields__
 def _bucket_entry(
     group: tuple[str, int], seq: int, now: float, index: int, nbytes: int | None, step: int
 ) -> dict[str, Any]:
-    """The collective entry of a bucket DDP launched (``bucket_launched``)."""
+    """The collective entry of a bucket DDP launched (``bucket_launched``,
+    ``buckets_launched``)."""
     return {
         "seq": seq,
         "op": BUCKET_OP,
