@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from ..activity import Status, classify
 from ..frames import is_library, short_path
 from ..state import files, schema
@@ -57,6 +59,7 @@ class Sampler:
         main = threading.main_thread()
         self._ident = main.ident
         self._main_tid = str(getattr(main, "native_id", "") or "")
+        self._main_thread: psutil.Process | None = None
         self._read_runnable = runnable or ((lambda: False) if times else self._main_runnable)
         self._schedstat = os.path.isdir("/proc/self/task")
         try:
@@ -145,10 +148,10 @@ class Sampler:
     def _main_runnable(self) -> bool:
         """The main thread is running or waits for a CPU (state R in /proc), not asleep."""
         try:
-            with open(f"/proc/self/task/{self._main_tid}/stat", "rb") as f:
-                stat = f.read()
-            return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R"
-        except (OSError, ValueError):
+            if self._main_thread is None:  # (Linux lists a thread as a process of its own)
+                self._main_thread = psutil.Process(int(self._main_tid))
+            return bool(self._main_thread.status() == psutil.STATUS_RUNNING)
+        except (psutil.Error, ValueError):
             return False
 
     def _main_cpu(self) -> float:
