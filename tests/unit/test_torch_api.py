@@ -35,7 +35,8 @@ RANK_WING = Path(ddpmon.__file__).resolve().parent / "rank"
 PRIVATE = re.compile(
     r"\._(get_ddp_logging_data|check_comm_hook|comm_hooks|execution_engine|register_on_completion_hook"
     r"|enable_collectives_timing|get_backend|get_process_group_name|get_default_store|dump_fr_trace"
-    r"|dump_nccl_trace|dynamo|C|orig_mod|profiler_enabled|is_profiler_enabled)\b"
+    r"|dump_nccl_trace|dynamo|C|orig_mod|profiler_enabled|is_profiler_enabled|backward_hooks"
+    r"|register_hook_dict)\b"
 )
 
 
@@ -102,6 +103,29 @@ def test_nothing_in_the_rank_wing_but_torch_api_names_a_private_torch_api() -> N
         if PRIVATE.search(text.split("#")[0]) and "``" not in text
     ]
     assert not uses, uses
+
+
+# -- Tensor._backward_hooks, Node._register_hook_dict -------------------------------------
+
+
+def test_the_outputs_hook_fires_once_beside_the_programs_own() -> None:
+    """``hook_tensor`` does what ``register_hook`` does for a fresh output, without the
+    handle: the hook fires once per backward with the output's gradient, a hook the program
+    registers afterwards fires too, and one registered before is kept (``register_hook``)."""
+    weight = torch.randn(4, 4, requires_grad=True)
+    for before in (False, True):
+        seen: list[str] = []
+        out = torch.randn(2, 4) @ weight
+        if before:
+            out.register_hook(lambda g: seen.append("before"))
+        torch_api.hook_tensor(out, lambda g: seen.append(f"ddpmon {tuple(g.shape)}"))
+        out.register_hook(lambda g: seen.append("after"))
+        out.sum().backward()
+        assert seen == ["before"] * before + ["ddpmon (2, 4)", "after"]
+    leaf = torch.randn(3, requires_grad=True)  # no grad_fn: register_hook's way
+    torch_api.hook_tensor(leaf, lambda g: seen.append("leaf"))
+    (leaf * 2).sum().backward()
+    assert seen[-1] == "leaf"
 
 
 # -- DistributedDataParallel._get_ddp_logging_data -----------------------------------------

@@ -107,7 +107,7 @@ class StepHooks:
             # Every output tensor autograd may reach: the loss may use any of them, and
             # the first whose gradient arrives marks the start of backward.
             for tensor in _grad_tensors(output):
-                tensor.register_hook(self._backward_started)
+                torch_api.hook_tensor(tensor, self._backward_started)
         except Exception as exc:
             self._fuse.blow(exc)
 
