@@ -113,8 +113,9 @@ def test_the_outputs_hook_fires_once_beside_the_programs_own() -> None:
     handle: the hook fires once per backward with the output's gradient, a hook the program
     registers afterwards fires too, and one registered before is kept (``register_hook``)."""
     weight = torch.randn(4, 4, requires_grad=True)
+    seen: list[str] = []
     for before in (False, True):
-        seen: list[str] = []
+        seen.clear()
         out = torch.randn(2, 4) @ weight
         if before:
             out.register_hook(lambda g: seen.append("before"))
