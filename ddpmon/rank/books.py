@@ -76,7 +76,7 @@ class BucketTiming:
 
 class StepTimings(NamedTuple):
     """One step's buckets as a clock resolved them. ``exposed`` measured by the clock when
-    ``measured`` (None: unknown), else derived from the buckets; ``step`` is the step count
+    ``measured`` (None: the host's wait stands), else derived from the buckets; ``step`` is the step count
     they belong to (None: the step that ended last)."""
 
     buckets: list[BucketTiming]
@@ -184,6 +184,9 @@ class StepBook:
     history rows (``recent`` holds the same rows as ``history``)."""
 
     def __init__(self) -> None:
+        self.host_wait_exposed = False
+        """The host's wait for the gradients is the exposed communication (on CPU), counted
+        as measured: no clock sends a figure of its own."""
         self.hist = {
             name: Histogram(STEP_BOUNDS)
             for name in (
@@ -218,6 +221,7 @@ class StepBook:
             samples=record.samples,
             tokens=record.tokens,
             gaps=record.gaps,
+            exposed_timed=self.host_wait_exposed and record.comm_wait_seconds is not None,
         )
         self.samples_total += record.samples
         self.tokens_total += record.tokens

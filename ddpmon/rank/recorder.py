@@ -194,6 +194,16 @@ class Recorder:
         self._buckets = BucketBook(self.world_size)
         self._collectives = CollectiveBook()
 
+    @property
+    def host_wait_exposed(self) -> bool:
+        """The host's wait for the gradients is the step's exposed communication (CPU: set
+        at attach by bucket timing, ``timing/hook.py``'s ``WallClock``)."""
+        return self._steps_book.host_wait_exposed
+
+    @host_wait_exposed.setter
+    def host_wait_exposed(self, value: bool) -> None:
+        self._steps_book.host_wait_exposed = value
+
     # -- the training thread: the step in progress ---------------------------------------
 
     def heartbeat(self) -> None:

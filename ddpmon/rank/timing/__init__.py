@@ -98,15 +98,16 @@ class Timing:
             )
         self.mode = chosen.source
         recorder.identity.bucket_timing = self.mode
+        recorder.host_wait_exposed = isinstance(self.clock, WallClock)
 
     # -- for the step hooks ------------------------------------------------------------------
 
     @property
     def timelines(self) -> list[Any]:
         """What the step hooks tell of each backward: the clock when it measures exposed
-        communication itself (c10d; the wall clock on CPU), and the untimed bucket marks."""
+        communication itself (c10d), and the untimed bucket marks."""
         out: list[Any] = []
-        if isinstance(self.clock, (CompletionClock, WallClock)):
+        if isinstance(self.clock, CompletionClock):
             out.append(self.clock)
         if self._untimed is not None:
             out.append(self._untimed)

@@ -44,33 +44,13 @@ class BucketClock(Protocol):
 class WallClock:
     """CPU timing: the hook's call and the completion callback, on ``time.perf_counter``.
 
-    It is also the step hooks' timeline: exposed communication runs from the end of
-    backward compute to the moment DDP has waited for its buckets, which on CPU the wall
-    clock sees with or without a comm hook.
+    Exposed communication is not the buckets' to say here: on CPU it is the host's wait
+    from the end of backward compute to the moment DDP has its buckets back, which the
+    recorder measures with or without a comm hook (``Recorder.host_wait_exposed``).
     """
-
-    IGNORES = frozenset({"forward_started", "backward_started"})
-    """Step hook events it does nothing at (``hooks/step.py`` leaves them out)."""
 
     def __init__(self) -> None:
         self._done: collections.deque[BucketTiming] = collections.deque(maxlen=65536)
-        self._compute_done: float | None = None
-        self._exposed: float | None = None
-
-    def forward_started(self) -> None:
-        pass
-
-    def backward_started(self, step_start: float) -> None:
-        pass
-
-    def backward_done(self, synced: bool = True) -> None:
-        self._compute_done = time.perf_counter()
-
-    def sync_done(self, synced: bool = True) -> None:
-        """``synced``: this backward synchronised gradients (not one under ``no_sync``)."""
-        if synced and self._compute_done is not None:
-            self._exposed = time.perf_counter() - self._compute_done
-        self._compute_done = None
 
     def new_step(self, step: int, buckets: int = 0, generation: int = 0) -> None:
         pass
@@ -87,10 +67,8 @@ class WallClock:
         out = []
         while self._done:
             out.append(self._done.popleft())
-        exposed, self._exposed = self._exposed, None
-        if not out and exposed is None:
-            return []
-        return [StepTimings(out, exposed, measured=exposed is not None)]
+        # measured, with no figure: the host's wait stands (see the class)
+        return [StepTimings(out, None, measured=True)] if out else []
 
 
 class CudaEventClock:
