@@ -81,14 +81,12 @@ METRICS: tuple[Metric, ...] = (
         "counter",
         "Samples of the steps completed: the first dimension of the model's first input, summed "
         "over each step's training forwards (sum by job of its rate: the job's samples per second).",
-        summary=True,
     ),
     Metric(
         "ddpmon_tokens_total",
         "counter",
         "Tokens of the steps completed, where the model's first input is a 2-D integer tensor "
         "(token ids): its elements. Absent otherwise.",
-        summary=True,
     ),
     Metric(
         "ddpmon_model_flops_per_step",
