@@ -197,18 +197,22 @@ def hook_tensor(tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> No
     quarter of the cost on a training step's cold cache. Any other tensor (a subclass, one
     with hooks already, a leaf, a torch without these names) goes through ``register_hook``."""
     grad_fn = tensor.grad_fn
-    if (
-        type(tensor) is not torch.Tensor
-        or grad_fn is None
-        or getattr(tensor, "_backward_hooks", True) is not None
-        or not hasattr(grad_fn, "_register_hook_dict")
-    ):
+    try:
+        fresh = (
+            grad_fn is not None and type(tensor) is torch.Tensor and tensor._backward_hooks is None
+        )
+        register = grad_fn._register_hook_dict if fresh else None  # type: ignore[union-attr]
+    except AttributeError:  # (a torch without these names)
+        register = None
+    if register is None:
         tensor.register_hook(hook)
         return
     # torch's own kind of dict (a later register_hook keeps a weak reference to it); its
     # handles are numbered, so the key cannot clash.
-    tensor._backward_hooks = OrderedDict(ddpmon=hook)
-    grad_fn._register_hook_dict(tensor)
+    hooks: OrderedDict[Any, Any] = OrderedDict()
+    hooks["ddpmon"] = hook
+    tensor._backward_hooks = hooks  # type: ignore[assignment]
+    register(tensor)
 
 
 COMPILE = (
