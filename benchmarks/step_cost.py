@@ -3,8 +3,8 @@
 One process, a world of one on gloo (FileStore), the MLP of overhead.py. Two measurements:
 
 - **hooks**: every hook ddpmon registers on the training thread is wrapped with a counter of
-  the thread's CPU time (``time.thread_time_ns``); the wrapper's own cost, measured on an
-  empty function, is subtracted. Printed per hook in microseconds per step.
+  the thread's CPU time (``time.thread_time_ns``; ``--clock wall``: ``perf_counter_ns``); the
+  wrapper's own cost, measured on an empty function, is subtracted. Printed per hook in microseconds per step.
 - **threads**: each part that wakes once a second (the state writer's pass, the watchdog's
   check with its loop-line sample, the advice thread's comparison, a scrape of /metrics) is
   called directly ``--passes`` times and timed on the calling thread's CPU clock: the GIL
@@ -30,10 +30,14 @@ from typing import Any
 from overhead import build_model  # as in overhead.py
 
 COST: dict[str, list[int]] = defaultdict(list)
+CLOCKS = {"cpu": time.thread_time_ns, "wall": time.perf_counter_ns}
+clock_name = "cpu"
+"""The hooks' clock: the thread's CPU time (a system call, about 0.5 us), or ``--clock
+wall`` (``perf_counter_ns``, 0.1 us; a quiet machine's hooks are rarely preempted)."""
 
 
 def timed(name: str, fn: Any) -> Any:
-    clock = time.thread_time_ns
+    clock = CLOCKS[clock_name]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -122,7 +126,10 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--model", default="mlp")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="the hooks' clock")
     args = p.parse_args()
+    global clock_name
+    clock_name = args.clock
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import torch
