@@ -227,7 +227,10 @@ def test_panels_show_the_straggler_and_its_waiting_peer(job: Job) -> None:
     assert {"data_wait", "forward", "backward", "exposed_comm", "optimizer", "other"} <= set(
         parts
     ), parts
-    assert parts["forward"] > 0.01, parts
+    # The job's forward per step averages the two ranks': about half of rank 1's 20 ms sleep
+    # (10.4 to 11.0 ms in all here), which rate()'s extrapolation at each rank's window edges
+    # moves by a few percent (9.98 ms once); without the sleep it is under 1 ms.
+    assert parts["forward"] > 0.008, parts
 
 
 def test_panels_show_unused_parameters_steps_and_buckets(job: Job) -> None:
