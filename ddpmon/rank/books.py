@@ -76,8 +76,8 @@ class BucketTiming:
 
 class StepTimings(NamedTuple):
     """One step's buckets as a clock resolved them. ``exposed`` measured by the clock when
-    ``measured`` (None: the host's wait stands), else derived from the buckets; ``step`` is the step count
-    they belong to (None: the step that ended last)."""
+    ``measured`` (None: the host's wait stands), else derived from the buckets; ``step`` is
+    the step count they belong to (None: the step that ended last)."""
 
     buckets: list[BucketTiming]
     exposed: float | None = None

@@ -120,6 +120,8 @@ def test_the_outputs_hook_fires_once_beside_the_programs_own() -> None:
         if before:
             out.register_hook(lambda g: seen.append("before"))
         torch_api.hook_tensor(out, lambda g: seen.append(f"ddpmon {tuple(g.shape)}"))
+        if not before:  # its own dict on a fresh output, no handle
+            assert list(out._backward_hooks) == ["ddpmon"]
         out.register_hook(lambda g: seen.append("after"))
         out.sum().backward()
         assert seen == ["before"] * before + ["ddpmon (2, 4)", "after"]
