@@ -21,7 +21,7 @@ import pytest
 from ddpmon.state import captures, files
 from tests.support import harness
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(120)  # (a module fixture's start-up counts in its first test)
 
 WORKER = harness.ROOT / "tests" / "distributed" / "capture_worker.py"
 
@@ -31,7 +31,11 @@ def start(workdir: Path, *args: str) -> list[subprocess.Popen]:
         args[0], 2, workdir, args=args[1:], module="tests.distributed.capture_worker"
     )
     wait_for(
-        "both ranks to train", lambda: all(step(workdir, r) >= 10 for r in (0, 1)), procs, workdir
+        "both ranks to train",
+        lambda: all(step(workdir, r) >= 10 for r in (0, 1)),
+        procs,
+        workdir,
+        timeout=60,  # torch's start-up on a loaded machine
     )
     return procs
 

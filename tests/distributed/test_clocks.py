@@ -126,14 +126,15 @@ def test_hang_ages_and_the_culprit_do_not_move_with_the_clocks(tmp_path: Path) -
         state_dir = tmp_path / "state"
         for where in (state_dir, copied_one_by_one(state_dir, tmp_path / "copied")):
             issued = states[0]["in_flight"][0]["issued_unix"]  # rank 0's clock is true
+            asked = time.time() - issued
             code, report = command("doctor", str(where))
-            real_age = time.time() - issued
+            real_age = time.time() - issued  # (the doctor's moment lies in between)
             assert code == 1 and report["verdict"] == "hang", report
             assert report["suspect_ranks"] == [1], report["findings"][0]
             ranks = {r["rank"]: r for r in report["ranks"]}
             ages = [ranks[r]["waiting_in"]["age_seconds"] for r in (0, 2)]
             for age in ages:
-                assert real_age - 2.5 <= age <= real_age + 1.5, (where, ages, real_age)
+                assert asked - 1.5 <= age <= real_age + 1.5, (where, ages, asked, real_age)
             assert abs(ages[0] - ages[1]) < 1.0, (where, ages)
     finally:
         harness.stop(procs)

@@ -112,9 +112,11 @@ def test_goodput_of_a_job_that_hung_and_restarted_adds_up_to_its_wall_time(
     assert g["ratio"] == pytest.approx(g["productive_seconds"] / g["wall_seconds"])
     assert 3 * PAUSE * 0.9 <= lost["pauses"] <= 3 * PAUSE + 3, lost  # three pauses, 2 s each
     assert 3.0 <= lost["hang_until_detected"] <= 3.0 + 5, lost  # the hang timeout, and a sample
-    assert lost["hang_until_ended"] < 3.0 and lost["after_last_step"] < 3.0, lost
+    # the abort ends the attempt promptly, and the job ends soon after its last step (a
+    # rank's exit takes a second or two on a loaded machine)
+    assert lost["hang_until_ended"] < 5.0 and lost["after_last_step"] < 5.0, lost
     assert lost["startup"] > 1.0 and 0.0 < lost["restarts"] < 30, lost  # two starts of torch
-    assert 0.0 < g["productive_seconds"] < 60 * 0.02 * 3, g  # 42 steps of tens of ms
+    assert 0.0 < g["productive_seconds"] < 42 * 0.02 * 6, g  # 42 steps of about 20 ms, loaded
     assert "ddpmon run: goodput " in err and " over 2 attempts); lost: startup" in err, err[-2000:]
     page = ddpmon("report", "-o", "-", str(states)).stdout
     assert "<h2>Goodput</h2>" in page and 'data-cause="hang until detected"' in page

@@ -34,9 +34,10 @@ FOR = 8.0
 """The ``for:`` of the alerts below in these tests (1m as shipped)."""
 QUIETED = ("DDPHangSuspected", "DDPRankDown", "DDPRankEndpointDown")
 """Alerts that fire for a waiting rank, or for the culprit again, without DDPHangCulprit."""
-SLACK = 5.0
+SLACK = 8.0
 """Seconds beyond the hang timeout and ``for:``: the watchdog's pass, a scrape and a rule
-evaluation (1 s each) between a fact and the alert, twice, on a loaded 2-core machine."""
+evaluation (1 s each) between a fact and the alert, twice, on a loaded 2-core machine (2.4 s
+of it measured at load 7)."""
 WORLD, CULPRIT = 3, 2
 
 

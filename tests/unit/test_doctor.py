@@ -598,8 +598,9 @@ def test_1000_waiting_ranks_settle_in_one_pass(
         settled.append((waiting, time.process_time() - started))
 
     monkeypatch.setattr(rules, "settle", timed)
-    d = examine(str(directory), live_stacks=False)
+    # as of the writing: however long 1,000 files take on a loaded machine, none reads stale
+    d = examine(str(directory), live_stacks=False, now=states.NOW)
     assert (d.verdict, d.suspect_ranks) == ("hang", [stuck])
     [(waiting, took)] = settled
-    assert waiting > 900, f"only {waiting} ranks waiting: the files took too long to write"
+    assert waiting > 900, f"only {waiting} ranks waiting"
     assert took < 0.2, f"{took:.2f} s of CPU to settle {waiting} waiting ranks"
