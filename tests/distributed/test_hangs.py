@@ -227,8 +227,12 @@ def test_straggler_then_clean_end(tmp_path: Path) -> None:
             )
 
         wait_for("12 steps on each rank", enough_steps, procs, tmp_path)
-        time.sleep(SUSTAIN_SECONDS + 1.0)  # a straggler is named once its gap lasted
+        time.sleep(SUSTAIN_SECONDS)  # a straggler is named once its gap lasted
+        deadline = time.monotonic() + 15  # (the histories commit about once a second)
         code, report, _ = doctor(tmp_path / "state")
+        while report.get("verdict") != "straggler" and time.monotonic() < deadline:
+            time.sleep(1.0)
+            code, report, _ = doctor(tmp_path / "state")
         assert code == 1, report
         assert report["verdict"] == "straggler" and report["suspect_ranks"] == [1]
         f = finding(report, "straggler")
