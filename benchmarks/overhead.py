@@ -80,6 +80,23 @@ def median_interval(values: list[float], resamples: int = 2000) -> tuple[float, 
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def scraped(url: str | None, every: float = 1.0) -> threading.Event:
+    """Scrape ``url`` every ``every`` seconds from a thread of its own, as Prometheus would,
+    until the returned event is set (nothing without a URL)."""
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(every):
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+            except OSError:
+                pass
+
+    if url and every > 0:
+        threading.Thread(target=scrape, daemon=True, name="benchmark-scrape").start()
+    return stop
+
+
 def under_torchrun(script: str, ranks: int, argv: list[str], **env: str) -> str:
     """Run ``script --rank-worker`` with ``argv`` on ``ranks`` local ranks under torchrun
     (one intra-op thread each unless OMP_NUM_THREADS says otherwise); its output, also
@@ -187,17 +204,7 @@ def worker(args: argparse.Namespace) -> None:
     monitor = ddpmon.attach(
         watched if not args.no_attach else DDP(nn.Linear(8, 8).to(device), **kwargs), **options
     )
-    stop = threading.Event()
-
-    def scrape() -> None:
-        while not stop.wait(1.0):
-            try:
-                urllib.request.urlopen(monitor.metrics_url, timeout=5).read()
-            except OSError:
-                pass
-
-    if monitor.metrics_url:
-        threading.Thread(target=scrape, daemon=True).start()
+    stop = scraped(monitor.metrics_url)
     opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in (plain, watched)}
     if args.model == "mlp":
         x = torch.randn(args.batch, args.width, device=device, dtype=dtype)

@@ -19,9 +19,8 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 
-from overhead import build_model, under_torchrun  # as in overhead.py
+from overhead import build_model, scraped, under_torchrun  # as in overhead.py
 
 
 def threads() -> dict[int, tuple[str, float, int, int]]:
@@ -57,17 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = DDP(build_model(args))
     monitor = ddpmon.attach(model, job="threads", port=0)
-    stop = threading.Event()
-
-    def scrape() -> None:
-        while not stop.wait(args.scrape):
-            try:
-                urllib.request.urlopen(monitor.metrics_url, timeout=5).read()
-            except OSError:
-                pass
-
-    if monitor.metrics_url and args.scrape > 0:
-        threading.Thread(target=scrape, daemon=True, name="benchmark-scrape").start()
+    stop = scraped(monitor.metrics_url, args.scrape)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(args.batch, args.width), torch.randint(0, 10, (args.batch,))
 

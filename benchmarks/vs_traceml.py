@@ -37,7 +37,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 VARIANTS = ("plain", "ddpmon", "traceml", "plain-again")
 
@@ -57,7 +56,7 @@ def job(args: argparse.Namespace) -> None:
         traceml.init(mode="auto")
     import torch
     import torch.distributed as dist
-    from overhead import build_model
+    from overhead import build_model, scraped
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -68,16 +67,7 @@ def job(args: argparse.Namespace) -> None:
     if variant == "ddpmon":
         import ddpmon
 
-        monitor = ddpmon.attach(model, job="vs-traceml", port=0)
-
-        def scrape() -> None:
-            while not stop.wait(1.0):
-                try:
-                    urllib.request.urlopen(monitor.metrics_url, timeout=5).read()
-                except OSError:
-                    pass
-
-        threading.Thread(target=scrape, daemon=True).start()
+        stop = scraped(ddpmon.attach(model, job="vs-traceml", port=0).metrics_url)
     steps = args.warmup + args.steps
     data = torch.utils.data.TensorDataset(
         torch.randn(args.batch * 16, args.width), torch.randint(0, 10, (args.batch * 16,))
