@@ -8,12 +8,11 @@ least delay: the offset is its midpoint minus the answer, true within half that 
 
 Only quick, non-blocking store calls are made (``set``, ``get`` of a key known to exist,
 ``check``, ``add``): a blocking ``wait`` would hold the store client that the job's own
-threads share (torch 2.2's stores have no ``check``: ``_has``). Askers queue (``add`` a
-counter), so the reference polls one key, and each asker is answered in turn: ``TRIPS``
-round trips of a millisecond or two each. An asker far back in the queue checks the
-reference's progress about when its turn may come (the askers ahead of it times
-``TURN_SECONDS``), one near its turn every ``NEAR_POLL_SECONDS``, so the store's load grows
-with the log of the askers, and the reference never waits on a slow one.
+threads share. Askers queue (``add`` a counter), so the reference polls one key, and each
+asker is answered in turn: ``TRIPS`` round trips of a millisecond or two each. An asker far
+back in the queue checks the reference's progress about when its turn may come (the askers
+ahead of it times ``TURN_SECONDS``), one near its turn every ``NEAR_POLL_SECONDS``, so the
+store's load grows with the log of the askers, and the reference never waits on a slow one.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ class Store(Protocol):
 
     def set(self, key: str, value: str) -> None: ...
     def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
     def add(self, key: str, value: int) -> int: ...
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def _wait_turn(store: Store, turn: int, deadline: float, stop: threading.Event |
     ln(askers)/TURN_SECONDS requests a second (about 1,000 for 10,000 askers), not one
     request per asker every few milliseconds."""
     while True:
-        done = int(store.get("served")) if _has(store, "served") else 0
+        done = int(store.get("served")) if store.check(["served"]) else 0
         if done >= turn - 1:
             return True
         ahead = turn - 1 - done
@@ -139,27 +138,13 @@ def _poll(
     """Whether ``key`` exists by ``deadline`` (and before ``stop``): checked at once, then
     after growing pauses."""
     pause = POLL_SECONDS
-    while not _has(store, key):
+    while not store.check([key]):
         if time.monotonic() >= deadline:
             return False
         if _pause(pause, stop):
             return False
         pause = min(most, pause * 2)
     return True
-
-
-_ABSENT = "\x00absent"
-
-
-def _has(store: Store, key: str) -> bool:
-    """Whether ``key`` is in the store: ``check``, or where torch has none (2.2) a
-    compare-and-set that changes nothing (c10d's stores answer the expected value for a
-    missing key, and no value here is ``_ABSENT``); a timed-out ``wait`` would log a warning
-    from c10d at every poll."""
-    check = getattr(store, "check", None)
-    if check is not None:
-        return bool(check([key]))
-    return store.compare_set(key, _ABSENT, _ABSENT) != _ABSENT.encode()
 
 
 def _pause(seconds: float, stop: threading.Event | None) -> bool:

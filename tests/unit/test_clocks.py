@@ -25,36 +25,22 @@ def client(server: object) -> object:
     return dist.TCPStore("127.0.0.1", port, 1, False, timedelta(seconds=10))
 
 
-class WithoutCheck:
-    """A real store as torch 2.2 offers it: no ``check``."""
-
-    def __init__(self, store: object) -> None:
-        self.set = store.set  # type: ignore[attr-defined]
-        self.get = store.get  # type: ignore[attr-defined]
-        self.add = store.add  # type: ignore[attr-defined]
-        self.compare_set = store.compare_set  # type: ignore[attr-defined]
-
-
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("surface", ["torch", "torch 2.2"])
-def test_askers_with_shifted_clocks_measure_their_offsets_within_half_the_delay(
-    surface: str,
-) -> None:
+def test_askers_with_shifted_clocks_measure_their_offsets_within_half_the_delay() -> None:
     server = store()
     shifts = {1: 10.0, 2: -7.0, 3: 0.25}
     found: dict[int, clocks.Measured | None] = {}
     deadline = time.monotonic() + 20
-    seen = WithoutCheck if surface == "torch 2.2" else (lambda s: s)
 
     def ask(who: int) -> None:
         found[who] = clocks.measure(
-            seen(client(server)), who, deadline, clock=lambda: time.time() + shifts[who]
+            client(server), who, deadline, clock=lambda: time.time() + shifts[who]
         )
 
     askers = [threading.Thread(target=ask, args=(w,)) for w in shifts]
     for t in askers:
         t.start()
-    served = clocks.serve(seen(server), len(shifts), deadline)  # type: ignore[arg-type]
+    served = clocks.serve(server, len(shifts), deadline)  # type: ignore[arg-type]
     for t in askers:
         t.join(10)
     assert served == 3
