@@ -123,10 +123,8 @@ def test_a_torch_without_the_counter_s_formulas_counts_samples_alone(
     monkeypatch.delattr(flop_counter, "flop_registry")
     _, snap = run(tmp_path)
     api = "torch.utils.flop_counter.flop_registry"
-    assert (
-        snap["notes"]["torch_api"]
-        == f"{torch_api.FLOPS} off: torch {torch.__version__} has no {api}"
-    )
+    off = snap["notes"]["torch_api"].splitlines()  # (torch 2.2 has no is_compiling either)
+    assert f"{torch_api.FLOPS} off: torch {torch.__version__} has no {api}" in off, off
     assert not snap["errors"] and snap["throughput"]["flop_count"] is None
     assert snap["throughput"]["samples_per_second"] > 0
     assert sum(api in r.getMessage() for r in caplog.records) == 1
