@@ -145,6 +145,20 @@ def test_comm_hang_same_collective_nobody_behind(tmp_path: Path) -> None:
     )
 
 
+def test_a_rank_that_just_joined_a_long_wait_is_no_comm_hang(tmp_path: Path) -> None:
+    """Rank 1 has waited 6 s in barrier #15 while rank 0 evaluated; rank 0's file was written
+    just after it joined (0.05 s in). The collective has all its ranks only since then: no
+    hang yet, and none once rank 0 has waited in it as long as a stall takes."""
+    write(tmp_path, state(1, silent=6.0, in_flight=[waiting_in("barrier", 15, 6.0)]))
+    write(tmp_path, state(0, silent=0.05, in_flight=[waiting_in("barrier", 15, 0.05)]))
+    d = examine(str(tmp_path), live_stacks=False, now=states.NOW)
+    assert d.verdict != "hang", d.findings
+    write(tmp_path, state(1, silent=16.0, in_flight=[waiting_in("barrier", 15, 16.0)]))
+    write(tmp_path, state(0, silent=10.0, in_flight=[waiting_in("barrier", 15, 10.0)]))
+    d = examine(str(tmp_path), live_stacks=False, now=states.NOW)
+    assert (d.verdict, kinds(d)[0]) == ("hang", "comm_hang"), d.findings
+
+
 def test_comm_hang_one_rank_one_collective_ahead(tmp_path: Path) -> None:
     """Rank 0 completed all_reduce #17 and waits in #18; rank 1 still waits in #17: what
     rank 1 waits for has been delivered to rank 0, so nobody is behind."""

@@ -7,15 +7,18 @@ host. Either the group has members without a state file here, which are then the
 others wait for (missing_rank); or a rank's GPU has not started the collective, still
 running work enqueued before it (gpu_behind: NCCL's flight recorder counts the collectives
 each GPU started; a kernel that never ends looks like this); or the collective itself does
-not complete: the network or the communication library (comm_hang, no suspect rank).
+not complete: the network or the communication library (comm_hang, no suspect rank), once
+every rank that waits in it has waited as long as a stall takes (a rank that joined the
+others' long wait a moment ago, after an evaluation of its own, is still stepping, and the
+collective may yet complete).
 """
 
 from __future__ import annotations
 
 from .. import words
 from ..findings import Finding, Verdict
-from ..view import RankView, gpu_not_started
-from .common import in_collectives, same_collective, stalled
+from ..view import STALLED, RankView, gpu_not_started
+from .common import in_collectives, key, same_collective, stalled
 
 
 def _unseen(waiting: list[RankView], missing: list[int]) -> list[int]:
@@ -91,9 +94,18 @@ def gpu_behind(views: list[RankView], missing: list[int]) -> Verdict | None:
     )
 
 
+def _just_joined(waiting: list[RankView]) -> bool:
+    """A rank not stalled waits in the collective the stalled ones wait in: it joined a
+    moment ago (after an evaluation of its own, say), and the collective may yet complete."""
+    held = {key(v.waiting) for v in stalled(waiting) if v.waiting}
+    return any(
+        v.waiting is not None and key(v.waiting) in held for v in waiting if v.status not in STALLED
+    )
+
+
 def comm_hang(views: list[RankView], missing: list[int]) -> Verdict | None:
     waiting = _waiting_in_one(views)
-    if waiting is None or _unseen(waiting, missing):
+    if waiting is None or _unseen(waiting, missing) or _just_joined(waiting):
         return None
     entries = [v.rank for v in waiting if v.waiting]
     e = next(v.waiting for v in waiting if v.waiting)
