@@ -4,7 +4,8 @@ One process, a world of one on gloo (FileStore), the MLP of overhead.py. Two mea
 
 - **hooks**: every hook ddpmon registers on the training thread is wrapped with a counter of
   the thread's CPU time (``time.thread_time_ns``; ``--clock wall``: ``perf_counter_ns``); the
-  wrapper's own cost, measured on an empty function, is subtracted. Printed per hook in microseconds per step.
+  wrapper's own cost, measured on an empty function, is subtracted. Printed per hook in
+  microseconds per step.
 - **threads**: each part that wakes once a second (the state writer's pass, the watchdog's
   check with its loop-line sample, the advice thread's comparison, a scrape of /metrics) is
   called directly ``--passes`` times and timed on the calling thread's CPU clock: the GIL

@@ -35,8 +35,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
 
 VARIANTS = ("plain", "ddpmon", "traceml", "plain-again")
 
@@ -63,12 +63,12 @@ def job(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(build_model(args))
-    stop = threading.Event()
+    url = None
     if variant == "ddpmon":
         import ddpmon
 
-        stop = scraped(ddpmon.attach(model, job="vs-traceml", port=0).metrics_url)
-    steps = args.warmup + args.steps
+        url = ddpmon.attach(model, job="vs-traceml", port=0).metrics_url
+    stop = scraped(url)
     data = torch.utils.data.TensorDataset(
         torch.randn(args.batch * 16, args.width), torch.randint(0, 10, (args.batch * 16,))
     )
@@ -80,23 +80,21 @@ def job(args: argparse.Namespace) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    def epochs() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield from loader
+
+    batches = epochs()
     times: list[float] = []
-    done = 0
-    while done < steps:
-        batches = iter(loader)
-        while done < steps:
-            start = time.perf_counter()
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                break
-            if variant == "traceml":
-                with traceml.trace_step(model):
-                    step(x, y)
-            else:
+    for _ in range(args.warmup + args.steps):
+        start = time.perf_counter()  # (the wait for the batch is part of the step)
+        x, y = next(batches)
+        if variant == "traceml":
+            with traceml.trace_step(model):
                 step(x, y)
-            times.append(time.perf_counter() - start)
-            done += 1
+        else:
+            step(x, y)
+        times.append(time.perf_counter() - start)
     stop.set()
     if dist.get_rank() == 0:
         measured = times[args.warmup :]

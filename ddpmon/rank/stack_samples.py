@@ -10,7 +10,8 @@ thread's stack every ``INTERVAL_SECONDS`` for ``WINDOW_SECONDS``, then rests for
 ``REST_SECONDS`` before it may sample again. Each sample counts the innermost frame of the
 user's code (``frames.is_library``) under the stage the thread is in (``schema.Stage``:
 ``after_forward`` is the gap between forward and backward), so the doctor can say "95% of
-the samples between forward and backward in train.py:118 in get_batch". No suspicion, no thread: nothing runs on a rank its peers keep up with.
+the samples between forward and backward in train.py:118 in get_batch". No suspicion, no
+thread: nothing runs on a rank its peers keep up with.
 """
 
 from __future__ import annotations

@@ -194,8 +194,9 @@ def autograd_callback_queue() -> Callable[[Callable[[], None]], None]:
 def hook_tensor(tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> None:
     """``tensor.register_hook(hook)`` for a fresh output tensor, without its removable handle:
     torch's own steps (a hooks dict on the tensor, handed to its ``grad_fn``), at about a
-    third of the cost on a training step's cold cache (``benchmarks/cold_calls.py``). Any other tensor (a subclass, one
-    with hooks already, a leaf, a torch without these names) goes through ``register_hook``."""
+    third of the cost on a training step's cold cache (``benchmarks/cold_calls.py``). Any
+    other tensor (a subclass, one with hooks already, a leaf, a torch without these names)
+    goes through ``register_hook``."""
     grad_fn = tensor.grad_fn
     try:
         fresh = (
