@@ -62,12 +62,11 @@ HOOKS = [
     ("ddpmon.rank.boundary", "StepBoundary", "end"),
     ("ddpmon.rank.throughput", "Throughput", "forward_started"),
     ("ddpmon.rank.throughput", "Throughput", "_before_forward"),  # (a hook of its own before)
-    ("ddpmon.rank.advice.watch", "Advice", "_before_ddp_forward"),
-    ("ddpmon.rank.advice.watch", "Advice", "_after_ddp_forward"),
+    ("ddpmon.rank.advice.watch", "Advice", "ddp_forward_started"),
+    ("ddpmon.rank.advice.watch", "Advice", "ddp_forward_ended"),
     ("ddpmon.rank.advice.watch", "Advice", "_before_inner_forward"),
     ("ddpmon.rank.advice.training", "OptimizerSteps", "_before_step"),
     ("ddpmon.rank.advice.nonfinite", "GradCheck", "__call__"),
-    ("ddpmon.rank.hooks.autograd", "UnusedParameterWatch", "_after_forward"),
     # the parts of the step's end and of the two autograd callbacks (inside the above)
     ("ddpmon.rank.recorder", "Recorder", "close_step"),
     ("ddpmon.rank.throughput", "Throughput", "step_ended"),
@@ -82,6 +81,8 @@ HOOKS = [
 NESTED = {
     "StepBoundary.end",
     "Throughput.forward_started",
+    "Advice.ddp_forward_started",
+    "Advice.ddp_forward_ended",
     "Recorder.close_step",
     "Throughput.step_ended",
     "StepBoundary.collect_resolved",

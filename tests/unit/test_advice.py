@@ -256,3 +256,36 @@ def test_the_sampled_checks_thin_out_once_the_job_is_past_its_first_steps() -> N
     assert [s for s in checked if s > 500] == list(range(550, 1001, 50))
     batches = data.BatchPrints()
     assert batches.due(99) and not batches.due(101) and batches.due(110) and not batches.due(510)
+
+
+def test_the_inner_module_is_hooked_on_checked_steps_alone_and_a_bypass_named_on_one(
+    group: None, tmp_path: Path
+) -> None:
+    """A hook on the inner module puts each of its calls on torch's slower path, so it is
+    there on the checked steps alone; DDP's own forwards across the hook's comings and
+    goings are no bypass, and a training forward on the inner module in a checked step is."""
+    import ddpmon
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    hooked = {}
+    with ddpmon.attach(ddp, job="inner", port=-1, state_dir=str(tmp_path / "state")) as mon:
+        for step in range(1, 111):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(ddp(x), y)
+            hooked[step] = len(ddp.module._forward_pre_hooks)
+            if step == 110:  # a checked step (every 10th past step 99)
+                loss = loss + nn.functional.mse_loss(ddp.module(x), y)
+            loss.backward()
+            opt.step()
+            if step == 109:
+                assert mon.snapshot()["advice"] == []  # DDP's forwards were never a bypass
+        found = mon.snapshot()["advice"]
+    assert [step for step, n in hooked.items() if n] == [*range(1, 100), 100, 110]
+    assert [f["kind"] for f in found] == ["inner_module_forward"]
+    assert "step 110" in found[0]["evidence"][0] and "test_advice.py" in found[0]["summary"]
+    assert not ddp.module._forward_pre_hooks  # gone at detach

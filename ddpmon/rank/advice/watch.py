@@ -1,13 +1,15 @@
 """The advice component of a monitor: builds the checks, hears of step boundaries, records
 each finding once (state file, log line, ``ddpmon_advice`` gauge) and removes it all at detach.
 
-Hooks it adds: a forward pre-hook and a forward hook on the DDP module (input fingerprint;
-whether a forward is DDP's), a forward pre-hook on the inner module (parameter fingerprint,
-a training forward that bypasses DDP), a hook on each parameter's gradient (NaN/Inf,
-sampled), torch's global optimizer step pre-hook, and wrappers of ``DataLoader.__iter__``
-and ``DistributedSampler.__iter__``. A thread compares this rank's fingerprints with its
-peers' state files when they share the state directory (no collective). A failure switches
-advice off, never training.
+What it hears and hooks: the start and end of each training forward of the DDP module, from
+the step hooks' own hooks (input fingerprint; whether a forward is DDP's); a forward
+pre-hook on the inner module (parameter fingerprint, a training forward that bypasses DDP),
+on the checked steps alone (``cadence.py``: a hook there puts every call of the inner module
+on torch's slower path); a hook on each parameter's gradient (NaN/Inf, sampled), torch's
+global optimizer step pre-hook, and wrappers of ``DataLoader.__iter__`` and
+``DistributedSampler.__iter__``. A thread compares this rank's fingerprints with its peers'
+state files when they share the state directory (no collective). A failure switches advice
+off, never training.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ...state.schema import Advice as Finding
 from .. import transparent
 from ..hooks.step import is_compiling
 from ..recorder import Recorder
-from . import data, devices, replicas
+from . import cadence, data, devices, replicas
 from .nonfinite import NonFiniteWatch
 from .training import OptimizerSteps, StaticGraph
 
@@ -65,7 +67,7 @@ class Advice:
         self._notify = notify
         self._fuse = fuse
         self._rank = int(recorder.identity.rank)
-        self._handles: list[Any] = []
+        self._inner: Any = None  # the inner module's pre-hook, on checked steps
         self._removed = False
         self._in_ddp_forward = False
         self._summary_logged = False
@@ -104,11 +106,7 @@ class Advice:
         self._optimizer = OptimizerSteps(
             self._synced_backwards, lambda: self._rec.backward_passes, self._accumulating
         )
-        self._handles = [
-            ddp.register_forward_pre_hook(self._before_ddp_forward, with_kwargs=True),
-            ddp.register_forward_hook(self._after_ddp_forward, always_call=True),
-            ddp.module.register_forward_pre_hook(self._before_inner_forward),  # type: ignore[union-attr]
-        ]
+        self._watch_inner(True)  # (step 1 is checked)
         transparent.install(ddp.module)  # copies of the inner module leave its hook out
         data.watch(self._loader_iterated, self._epoch_drawn)
         self._watching_data = True
@@ -202,12 +200,19 @@ class Advice:
         except Exception as exc:
             self._fail(exc)
 
-    def _before_ddp_forward(self, _module: Any, args: Any, kwargs: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
-            return  # (under torch.compile the hooks step aside, as hooks/step.py's do)
-        self._in_ddp_forward = True
+    def ddp_forward_started(self, args: Any, kwargs: Any) -> None:
+        """A training forward of the DDP module starts (from the step hooks' pre-hook, past
+        the step that ended there; not while torch.compile traces)."""
+        if self._removed or not self._fuse.ok:
+            return
         try:
             step = self._rec.steps + 1
+            checked = cadence.due(step, data.EVERY_STEP_UNTIL)
+            if checked != (self._inner is not None):
+                self._watch_inner(checked)
+            if not checked:
+                return
+            self._in_ddp_forward = True
             if self._batches.due(step):
                 x = data.first_tensor(args, kwargs)
                 if x is not None:
@@ -215,9 +220,20 @@ class Advice:
         except Exception as exc:
             self._fail(exc)
 
-    def _after_ddp_forward(self, _module: Any, _args: Any, _output: Any) -> None:
-        if not is_compiling():
-            self._in_ddp_forward = False
+    def ddp_forward_ended(self) -> None:
+        """The DDP module's forward returned or raised (from the step hooks' forward hook)."""
+        self._in_ddp_forward = False
+
+    def _watch_inner(self, on: bool) -> None:
+        """The inner module's pre-hook on (a checked step: the parameters' fingerprint is
+        due, and a training forward that bypasses DDP is named) or off. A loop that always
+        bypasses DDP is named at its first forward, one that does now and then on its next
+        checked step."""
+        if on and self._inner is None:
+            self._inner = self._ddp.module.register_forward_pre_hook(self._before_inner_forward)  # type: ignore[union-attr]
+        elif self._inner is not None:
+            self._inner.remove()
+            self._inner = None
 
     def _before_inner_forward(self, module: torch.nn.Module, _args: Any) -> None:
         if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
@@ -417,9 +433,7 @@ class Advice:
             return
         self._removed = True
         self._stop.set()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._watch_inner(False)
         if self._nonfinite is not None:
             self._nonfinite.remove()
         if self._optimizer is not None:

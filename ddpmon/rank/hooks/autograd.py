@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +21,6 @@ import torch
 from ...advice.words import REDUCTION_ERROR
 from ...fuses import Fuse
 from ..recorder import Recorder
-from .step import is_compiling
 
 log = logging.getLogger("ddpmon")
 
@@ -150,8 +148,6 @@ class UnusedParameterWatch:
         self._grads = None
         if getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
             self._grads = GradReadyHooks(parameters, recorder, fuse)
-        # Runs even when DDP's forward raises (always_call), while its error is being handled.
-        self._error_hook = ddp.register_forward_hook(self._after_forward, always_call=True)
 
     @property
     def any_ready(self) -> bool:
@@ -193,11 +189,10 @@ class UnusedParameterWatch:
             rec.note("find_unused_parameters", text)
             log.warning("ddpmon: rank %s: %s", rec.identity.rank, text)
 
-    def _after_forward(self, _module: Any, _args: Any, _output: Any) -> None:
-        if is_compiling():
-            return
-        exc = sys.exc_info()[1]
-        if exc is None or not self._fuse.ok:
+    def forward_failed(self, exc: BaseException) -> None:
+        """DDP's forward raised ``exc`` (from the step hooks' forward hook, which is always
+        called): DDP's error for unused parameters gets their names."""
+        if not self._fuse.ok:
             return
         try:
             rec = self._recorder
@@ -213,4 +208,3 @@ class UnusedParameterWatch:
     def remove(self) -> None:
         if self._grads:
             self._grads.remove()
-        self._error_hook.remove()

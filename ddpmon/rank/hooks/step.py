@@ -9,6 +9,11 @@ owner of a step's end. Forwards under ``no_sync`` belong to
 the step in progress (micro-steps); forwards without grad (evaluation) are a heartbeat and
 no step. Once a loop calls ``Monitor.step()``, steps end only there.
 
+These are ddpmon's only hooks on the DDP module: the other parts that look at DDP's forward
+hear of it from them (the throughput and the advice at its start, the advice and the unused
+parameter watch at its end, also when it raised), where a hook each would put several more
+calls on every step.
+
 Under torch.compile the module hooks step aside while Dynamo traces (they would add a graph
 break); a compiled model's steps are still counted at its optimizer steps, whose hooks run
 outside the compiled graph.
@@ -23,6 +28,7 @@ forward, the start of backward and of both callbacks, those they do something at
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -68,11 +74,17 @@ class StepHooks:
             torch_api.off(_compile_check_missing, recorder)
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-            ddp.register_forward_hook(self._after_forward),
+            # always called: also when DDP's forward raised (the watch explains DDP's error)
+            ddp.register_forward_hook(self._after_forward, always_call=True),
         ]
 
     def _before_forward(self, _module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        if not self._fuse.ok or is_compiling():
+        if is_compiling():
+            return
+        boundary = self._boundary
+        if not self._fuse.ok:
+            if boundary.advice is not None and torch.is_grad_enabled():
+                boundary.advice.ddp_forward_started(args, kwargs)
             return
         try:
             now = time.perf_counter()
@@ -80,7 +92,6 @@ class StepHooks:
                 self._recorder.evaluating(now)  # alive, and no part of a step
                 return
             rec = self._recorder
-            boundary = self._boundary
             if not boundary.manual and (
                 rec.step_has_synced or (self._sync_expected and boundary.backward_seen())
             ):
@@ -93,14 +104,25 @@ class StepHooks:
         except Exception as exc:
             self._fuse.blow(exc)
             return
-        # One forward pre-hook for the step and its batch: the step that ended here is
-        # closed before the batch counts in the next (the throughput guards itself).
+        # The step that ended here is closed before the batch counts in the next and the
+        # advice checks the next (each guards itself).
         throughput = boundary.throughput
         if throughput is not None:
             throughput.forward_started(args, kwargs)
+        if boundary.advice is not None:
+            boundary.advice.ddp_forward_started(args, kwargs)
 
     def _after_forward(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
-        if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
+        if is_compiling():
+            return
+        boundary = self._boundary
+        if boundary.advice is not None:
+            boundary.advice.ddp_forward_ended()
+        if output is None and (error := sys.exc_info()[1]) is not None:
+            if boundary.unused is not None:  # DDP's forward raised (this hook is always called)
+                boundary.unused.forward_failed(error)
+            return
+        if not self._fuse.ok or not torch.is_grad_enabled():
             return
         try:
             self._recorder.forward_finished(time.perf_counter())
