@@ -229,8 +229,11 @@ class Advice:
         due, and a training forward that bypasses DDP is named) or off. A loop that always
         bypasses DDP is named at its first forward, one that does now and then on its next
         checked step."""
-        if on and self._inner is None:
-            self._inner = self._ddp.module.register_forward_pre_hook(self._before_inner_forward)  # type: ignore[union-attr]
+        if on:
+            if self._inner is None and not self._removed:
+                self._inner = self._ddp.module.register_forward_pre_hook(  # type: ignore[union-attr]
+                    self._before_inner_forward
+                )
         elif self._inner is not None:
             self._inner.remove()
             self._inner = None
