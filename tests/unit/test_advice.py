@@ -286,6 +286,6 @@ def test_the_inner_module_is_hooked_on_checked_steps_alone_and_a_bypass_named_on
                 assert mon.snapshot()["advice"] == []  # DDP's forwards were never a bypass
         found = mon.snapshot()["advice"]
     assert [step for step, n in hooked.items() if n] == [*range(1, 100), 100, 110]
-    assert [f["kind"] for f in found] == ["inner_module_forward"]
+    assert [(f["kind"], f["step"]) for f in found] == [("inner_module_forward", 110)]
     assert "step 110" in found[0]["evidence"][0] and "test_advice.py" in found[0]["summary"]
     assert not ddp.module._forward_pre_hooks  # gone at detach

@@ -242,8 +242,8 @@ class Advice:
         if not self._fuse.ok or not torch.is_grad_enabled() or is_compiling():
             return
         try:
+            step = self._rec.steps + 1  # the step in progress
             if self._in_ddp_forward:
-                step = self._rec.steps + 1
                 if replicas.due(step):
                     self._params.take(step)
             elif module.training:
@@ -252,7 +252,8 @@ class Advice:
                     "inner_module_forward",
                     f"a training forward on the inner module (ddp.module) at {site}: its gradients "
                     "are not all-reduced, so this rank's replica drifts from the others",
-                    [f"called at {site}, step {self._rec.steps + 1}, with gradients enabled"],
+                    [f"called at {site}, step {step}, with gradients enabled"],
+                    step=step,
                 )
         except Exception as exc:
             self._fail(exc)
