@@ -289,3 +289,35 @@ def test_the_inner_module_is_hooked_on_checked_steps_alone_and_a_bypass_named_on
     assert [(f["kind"], f["step"]) for f in found] == [("inner_module_forward", 110)]
     assert "step 110" in found[0]["evidence"][0] and "test_advice.py" in found[0]["summary"]
     assert not ddp.module._forward_pre_hooks  # gone at detach
+
+
+def test_step_hooks_that_failed_leave_the_advice_seeing_ddp_s_forwards(
+    group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The advice hears of DDP's forwards from the step hooks' pre-hook: once the step hooks
+    switched themselves off, it still does, so DDP's own call of the inner module is no
+    bypass."""
+    import ddpmon
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpmon.rank.recorder import Recorder
+
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    with ddpmon.attach(ddp, job="off", port=-1, state_dir=str(tmp_path / "state")) as mon:
+        for step in range(1, 21):
+            if step == 5:
+
+                def broken(self: Recorder, now: float) -> None:
+                    raise RuntimeError("a bug in the step hooks")
+
+                monkeypatch.setattr(Recorder, "forward_started", broken)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        snap = mon.snapshot()
+    assert "a bug in the step hooks" in snap["errors"]["step_hooks"]
+    assert snap["advice"] == []

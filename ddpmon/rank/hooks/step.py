@@ -81,34 +81,36 @@ class StepHooks:
     def _before_forward(self, _module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if is_compiling():
             return
+        training = torch.is_grad_enabled()
         boundary = self._boundary
-        if not self._fuse.ok:
-            if boundary.advice is not None and torch.is_grad_enabled():
-                boundary.advice.ddp_forward_started(args, kwargs)
-            return
-        try:
-            now = time.perf_counter()
-            if not torch.is_grad_enabled():
-                self._recorder.evaluating(now)  # alive, and no part of a step
-                return
-            rec = self._recorder
-            if not boundary.manual and (
-                rec.step_has_synced or (self._sync_expected and boundary.backward_seen())
-            ):
-                boundary.end(now, rec.step_end_mark)  # a step without an optimizer step
-            self._sync_expected = bool(getattr(self._ddp, "require_backward_grad_sync", True))
-            self._in_backward = False  # (a backward that raised never ran its end callback)
-            for heard in self._on_forward:
-                heard()
-            rec.forward_started(now)
-        except Exception as exc:
-            self._fuse.blow(exc)
+        if self._fuse.ok:
+            try:
+                now = time.perf_counter()
+                rec = self._recorder
+                if not training:
+                    rec.evaluating(now)  # alive, and no part of a step
+                else:
+                    if not boundary.manual and (
+                        rec.step_has_synced or (self._sync_expected and boundary.backward_seen())
+                    ):
+                        boundary.end(now, rec.step_end_mark)  # a step without an optimizer step
+                    self._sync_expected = bool(
+                        getattr(self._ddp, "require_backward_grad_sync", True)
+                    )
+                    self._in_backward = False  # (a backward that raised never ran its callback)
+                    for heard in self._on_forward:
+                        heard()
+                    rec.forward_started(now)
+            except Exception as exc:
+                self._fuse.blow(exc)
+        if not training:
             return
         # The step that ended here is closed before the batch counts in the next and the
-        # advice checks the next (each guards itself).
-        throughput = boundary.throughput
-        if throughput is not None:
-            throughput.forward_started(args, kwargs)
+        # advice checks the next (each guards itself). The advice hears of every training
+        # forward of DDP's, also once the step hooks are off: which forwards are DDP's is
+        # what it checks.
+        if boundary.throughput is not None and self._fuse.ok:
+            boundary.throughput.forward_started(args, kwargs)
         if boundary.advice is not None:
             boundary.advice.ddp_forward_started(args, kwargs)
 
