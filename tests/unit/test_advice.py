@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+import ddpmon
 from ddpmon.advice import KINDS, compare
 from ddpmon.doctor import examine
 from ddpmon.rank.advice import cadence, data
 from ddpmon.rank.advice.devices import DeviceFacts, check
+from ddpmon.rank.recorder import Recorder
 from ddpmon.state import schema
 from tests.support import states
 
@@ -264,10 +268,6 @@ def test_the_inner_module_is_hooked_on_checked_steps_alone_and_a_bypass_named_on
     """A hook on the inner module puts each of its calls on torch's slower path, so it is
     there on the checked steps alone; DDP's own forwards across the hook's comings and
     goings are no bypass, and a training forward on the inner module in a checked step is."""
-    import ddpmon
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     torch.manual_seed(0)
     ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
@@ -297,12 +297,6 @@ def test_step_hooks_that_failed_leave_the_advice_seeing_ddp_s_forwards(
     """The advice hears of DDP's forwards from the step hooks' pre-hook: once the step hooks
     switched themselves off, it still does, so DDP's own call of the inner module is no
     bypass."""
-    import ddpmon
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ddpmon.rank.recorder import Recorder
-
     torch.manual_seed(0)
     ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
