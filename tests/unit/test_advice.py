@@ -262,16 +262,20 @@ def test_the_sampled_checks_thin_out_once_the_job_is_past_its_first_steps() -> N
     assert batches.due(99) and not batches.due(101) and batches.due(110) and not batches.due(510)
 
 
+def tiny_job() -> tuple[DDP, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """A small DDP model in the test's one-rank group, its optimizer and one batch."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), torch.randn(4, 8), torch.randn(4, 2)
+
+
 def test_the_inner_module_is_hooked_on_checked_steps_alone_and_a_bypass_named_on_one(
     group: None, tmp_path: Path
 ) -> None:
     """A hook on the inner module puts each of its calls on torch's slower path, so it is
     there on the checked steps alone; DDP's own forwards across the hook's comings and
     goings are no bypass, and a training forward on the inner module in a checked step is."""
-    torch.manual_seed(0)
-    ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    ddp, opt, x, y = tiny_job()
     hooked = {}
     with ddpmon.attach(ddp, job="inner", port=-1, state_dir=str(tmp_path / "state")) as mon:
         for step in range(1, 111):
@@ -297,10 +301,7 @@ def test_step_hooks_that_failed_leave_the_advice_seeing_ddp_s_forwards(
     """The advice hears of DDP's forwards from the step hooks' pre-hook: once the step hooks
     switched themselves off, it still does, so DDP's own call of the inner module is no
     bypass."""
-    torch.manual_seed(0)
-    ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    ddp, opt, x, y = tiny_job()
     with ddpmon.attach(ddp, job="off", port=-1, state_dir=str(tmp_path / "state")) as mon:
         for step in range(1, 21):
             if step == 5:

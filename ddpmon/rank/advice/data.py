@@ -47,6 +47,12 @@ def first_tensor(args: Any, kwargs: Any) -> torch.Tensor | None:
     return None
 
 
+def checked(step: int) -> bool:
+    """Step ``step`` (counted from 1) is one the batch checks look at; the advice hooks the
+    inner module on the same steps (``watch.py``)."""
+    return cadence.due(step, EVERY_STEP_UNTIL)
+
+
 class BatchPrints:
     """Checksums of the first input of each training step (the first forward of the step)."""
 
@@ -57,7 +63,7 @@ class BatchPrints:
         self._last_step = -1
 
     def due(self, step: int) -> bool:
-        return step != self._last_step and cadence.due(step, EVERY_STEP_UNTIL)
+        return step != self._last_step and checked(step)
 
     def take(self, step: int, x: torch.Tensor) -> None:
         self._last_step = step

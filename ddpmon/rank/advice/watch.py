@@ -31,7 +31,7 @@ from ...state.schema import Advice as Finding
 from .. import transparent
 from ..hooks.step import is_compiling
 from ..recorder import Recorder
-from . import cadence, data, devices, replicas
+from . import data, devices, replicas
 from .nonfinite import NonFiniteWatch
 from .training import OptimizerSteps, StaticGraph
 
@@ -207,7 +207,7 @@ class Advice:
             return
         try:
             step = self._rec.steps + 1
-            checked = cadence.due(step, data.EVERY_STEP_UNTIL)
+            checked = data.checked(step)
             if checked != (self._inner is not None):
                 self._watch_inner(checked)
             if not checked:
