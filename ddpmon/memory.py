@@ -4,9 +4,10 @@ One home for the arithmetic and the thresholds: the rank computes trends from th
 takes (``rank/memory.py``), the doctor judges them (``doctor/rules/memory_creep.py``), the
 report shows them. The slope is Theil-Sen's, the median of the slopes between every pair of
 samples: noise and a few odd readings do not move it. A rise that comes once and stays flat
-(a cache filled, a buffer grown) can still tilt that median when it falls mid-window, so the
-trend is the median of the slopes of the whole window and of its two halves, and it creeps
-only when both halves grow as well (``robust_slope``). Torch-free.
+(a cache filled, a buffer grown) still tilts that median when it falls near the middle of
+the samples, so the trend is the median of the slopes of the window's three thirds: such a
+rise lies within one third at most, and the other two are flat. It creeps only when every
+third grows (``robust_slope``). Torch-free.
 """
 
 from __future__ import annotations
@@ -101,23 +102,22 @@ def trend(
 
 def robust_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float | None, bool]:
     """(the slope, whether it is sustained) of a window: the median of the Theil-Sen slopes
-    of the whole window and of each half. A rise that came once lies within one half (or
-    between them), so the other half is flat and the median of the three stays near the
-    flat; a steady growth gives three alike. Sustained: positive, and both halves grow at
-    least half as fast as the whole."""
-    half = len(xs) // 2
-    whole = theil_sen(xs, ys)
-    halves = [theil_sen(xs[:half], ys[:half]), theil_sen(xs[half:], ys[half:])]
-    if whole is None or None in halves:
-        return whole, False
-    first, second = (h for h in halves if h is not None)
-    sustained = whole > 0 and min(first, second) >= whole / 2
-    return statistics.median((whole, first, second)), sustained
+    of its three thirds. A rise that came once, all at one reading or over a few (a sample
+    taken while a buffer was being filled), lies within one third or between two, so at
+    least two thirds are flat and so is the median, wherever the rise fell; a steady growth
+    gives three alike. Sustained: positive, and every third grows at least half as fast."""
+    n = len(xs)
+    cuts = (0, round(n / 3), round(2 * n / 3), n)
+    thirds = [theil_sen(xs[a:b], ys[a:b]) for a, b in zip(cuts, cuts[1:])]
+    if None in thirds:
+        return None, False
+    low, middle, _ = sorted(t for t in thirds if t is not None)
+    return middle, middle > 0 and low >= middle / 2
 
 
 def creeping(t: MemoryTrend) -> bool:
-    """Whether ``t`` is memory that creeps: at least ``CREEP_BYTES_PER_STEP`` a step, in both
-    halves of its window, and its growth over the window well above the readings' noise."""
+    """Whether ``t`` is memory that creeps: at least ``CREEP_BYTES_PER_STEP`` a step, in every
+    third of its window, and its growth over the window well above the readings' noise."""
     return (
         t.bytes_per_step is not None
         and t.bytes_per_step >= CREEP_BYTES_PER_STEP

@@ -478,7 +478,7 @@ def _memory() -> list[Panel]:
         Panel(
             "timeseries",
             "Time left before a memory limit",
-            "While a memory series of a rank creeps (1 MiB a step or more, in both halves "
+            "While a memory series of a rank creeps (1 MiB a step or more, in every third "
             "of its window): the time before the nearest one reaches its limit (the GPU's "
             "memory, the host's available memory, the cgroup's limit) at its present rate. "
             "Good: no data (nothing creeps). Bad: any line; the lower, the sooner the rank "

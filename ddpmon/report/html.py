@@ -484,8 +484,8 @@ def _memory_html(s: dict[str, Any]) -> str:
     )
     return (
         '<h2>Memory</h2><p class="note">Each series\' trend as its rank last fitted it: the '
-        "median of Theil-Sen slopes of its last readings and of each half (noise and a rise "
-        "that came once do not move it); it creeps from 1 MiB a step, in both halves.</p>"
+        "median of the Theil-Sen slopes of each third of its last readings (noise and a rise "
+        "that came once do not move it); it creeps from 1 MiB a step, in every third.</p>"
         + (findings or '<p class="memory-ok">No memory creeps.</p>')
         + '<table class="memory"><tr><th>whose</th><th>what</th><th>now</th><th>a step</th>'
         "<th>an hour</th><th>over</th><th>creeps</th><th>time left</th></tr>"

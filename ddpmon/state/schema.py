@@ -555,8 +555,8 @@ class Throughput:
 @dataclass(slots=True)
 class MemoryTrend:
     """The robust trend of one memory series of a rank (``ddpmon/memory.py``): Theil-Sen
-    slopes (the median of the pairwise slopes) of its last samples, the median of the whole
-    window's and its two halves', so that noise and a one-off rise do not move it. Samples
+    slopes (the median of the pairwise slopes) of its last samples, the median of the
+    window's three thirds', so that noise and a one-off rise do not move it. Samples
     are taken off the training thread once a state interval while steps go on, past the
     first steps (warm-up)."""
 
@@ -576,8 +576,8 @@ class MemoryTrend:
     bytes_per_second: float | None = None
     """The slope against the wall clock."""
     sustained: bool = False
-    """Both halves of the window grow at least half as fast as the whole: not a rise that
-    came once and stayed flat."""
+    """Every third of the window grows at least half as fast as the median third: not a
+    rise that came once and stayed flat."""
     noise_bytes: float = 0.0
     """The median absolute deviation of the readings from the trend line."""
     limit: str | None = None

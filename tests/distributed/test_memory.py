@@ -65,8 +65,8 @@ def test_a_rank_that_keeps_4_mib_a_step_is_named_within_100_steps_and_no_other(
     assert 1 <= leak["pss"].samples < leak["rss"].samples
     for rank in (0, 2):
         assert not [t for t in by_rank[rank] if memory.creeping(t)], by_rank[rank]
-    # rank 2 rose by 300 MB mid-window and stayed flat: its slope would call it a leak,
-    # its halves do not
+    # rank 2 rose by 300 MB mid-window and stayed flat: the whole window's slope would call
+    # it a leak, its thirds' do not
     risen = next(t for t in by_rank[2] if t.kind == "rss")
     assert risen.bytes > ONCE and not memory.creeping(risen), risen
     # the metric: rank 1's slope in bytes per second, the others' far below it

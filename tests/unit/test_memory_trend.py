@@ -55,6 +55,26 @@ def test_a_rise_that_came_once_and_stayed_flat_does_not_creep(at: int) -> None:
     assert abs(t.bytes_per_step or 0) < memory.CREEP_BYTES_PER_STEP
 
 
+@pytest.mark.parametrize("samples", [12, 13, 17, 23])
+def test_a_rise_read_mid_fill_among_few_samples_has_no_slope(samples: int) -> None:
+    """A loaded machine's few samples, one of them taken while the 300 MB were being filled:
+    at every place of the rise, neither slope is more than noise (the median of the whole
+    window's and its halves' slopes gave up to 179 MB/s here)."""
+    rng = random.Random(samples)
+    for at in range(samples):
+        for share in (0.0, 0.25, 0.5, 0.75):
+            points, unix = [], 1000.0
+            for i in range(samples):
+                unix += rng.uniform(0.05, 0.3)
+                rise = 300 * MIB * (1.0 if i > at else share if i == at else 0.0)
+                noise = rng.uniform(-0.2, 0.2) * MIB
+                points.append(memory.Point(10 + 4 * i, unix, int(500 * MIB + rise + noise)))
+            t = trend(points)
+            assert not memory.creeping(t), (at, share, t)
+            assert abs(t.bytes_per_second or 0) < 4 * MIB, (at, share, t)
+            assert abs(t.bytes_per_step or 0) < memory.CREEP_BYTES_PER_STEP / 4, (at, share, t)
+
+
 def test_a_leak_that_stopped_does_not_creep() -> None:
     points = [p._replace(bytes=500 * MIB + 4 * MIB * min(p.step, 55)) for p in series(0)]
     assert not memory.creeping(trend(points))
