@@ -29,6 +29,7 @@ import types
 from typing import Any
 
 from .. import version
+from ..collectors import host
 from ..config import Config
 from ..frames import is_library, short_path
 from ..fuses import bounded
@@ -130,7 +131,7 @@ def begin(environ: dict[str, str] | None = None) -> Early | None:
             version=version.__version__,
             state_interval=config.state_interval,
         )
-        early = _early = Early(identity, time.time())
+        early = _early = Early(identity, host.process_started_unix() or time.time())
         explicit = config.state_dir is not None
         threading.Thread(
             target=_start_writer,

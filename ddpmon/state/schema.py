@@ -631,7 +631,7 @@ class Identity:
     pid: int | None = None
     """The rank's process on ``host``."""
     process_started_unix: float | None = None
-    """When that process was created (its host's clock, psutil's creation time): where the
+    """When that process was created (its host's clock, within a clock tick): where the
     job's wall time begins for goodput; null where not known."""
     port: int | None = None
     """The bound metrics port, null when the endpoint is off."""

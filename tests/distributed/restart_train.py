@@ -9,20 +9,22 @@ step ``--at``: ``stall`` waits forever for its next batch (a data loader that ne
 answers), ``raise`` raises. Later attempts train every step and each rank writes
 ``done-<rank>-<attempt>`` at the end. Every ``--pause-every`` steps the ranks evaluate (the
 DDP model under no_grad) for about ``--pause-seconds``, then rank 0 writes a checkpoint while
-the others wait in a barrier. Each rank writes ``created-<rank>-<attempt>`` (its process's
-creation time) and ``ended-<rank>-<attempt>`` (the time it finished): the test's own
-measure of the wall time.
+the others wait in a barrier. Each rank writes ``started-<rank>-<attempt>`` (the time of
+its first line: its process was created a little earlier) and ``ended-<rank>-<attempt>``
+(the time it finished): the test's own measure of the wall time.
 """
 
-import argparse
-import os
 import time
 
-import psutil
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
+STARTED = time.time()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 
 def parse():
@@ -67,8 +69,8 @@ def pause(model):
 
 def main():
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    with open(os.path.join(ARGS.out, f"created-{RANK}-{attempt}"), "w") as f:
-        f.write(str(psutil.Process().create_time()))
+    with open(os.path.join(ARGS.out, f"started-{RANK}-{attempt}"), "w") as f:
+        f.write(str(STARTED))
     # A store of each attempt's own: torchrun's store keeps the gloo addresses of the attempt
     # before, which a restarted rank can read and fail to connect to (connection refused).
     world = int(os.environ["WORLD_SIZE"])

@@ -229,3 +229,28 @@ def test_the_doctor_and_the_daemon_judge_a_containerised_rank_alike(tmp_path) ->
         assert time.monotonic() < deadline, [(v.up, v.activity) for v in daemon.ranks()]
         time.sleep(0.05)
     assert "another process" in host.check(here, inner, started, here, rank=0).detail
+
+
+def test_a_process_start_is_read_within_a_clock_tick() -> None:
+    """Between the moment before the fork and the child's first line, within a tick: psutil's
+    creation time counts from the boot time in whole seconds (up to a second early), which
+    made a restarted job's restart gap read as none (goodput)."""
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    for _ in range(5):
+        before = time.time()
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import time; print(time.time(), flush=True); time.sleep(30)"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            first_line = float(p.stdout.readline())
+            started = host.process_started_unix(p.pid)
+        finally:
+            p.kill()
+            p.wait()
+        assert started is not None and before - tick <= started <= first_line, (
+            before,
+            started,
+            first_line,
+        )
