@@ -60,9 +60,9 @@ class Throughput:
                 if args and isinstance(args[0], torch.Tensor)
                 else first_tensor(args, kwargs)
             )
-            if x is not None and (dims := x.dim()):
-                tokens = x.numel() if dims == 2 and x.dtype in TOKEN_IDS else 0
-                self._rec.batch_seen(x.size(0), tokens)
+            if x is not None and (shape := x.shape):
+                tokens = shape[0] * shape[1] if len(shape) == 2 and x.dtype in TOKEN_IDS else 0
+                self._rec.batch_seen(shape[0], tokens)
             if self._waiting is not None and self._rec.steps + 1 >= COUNT_STEP:
                 self._counting, self._waiting = self._waiting, None  # (one try, whatever happens)
                 self._counting.start(self._rec.steps + 1)

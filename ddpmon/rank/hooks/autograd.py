@@ -154,9 +154,12 @@ class UnusedParameterWatch:
         return bool(self._grads and self._grads.any_ready)
 
     def step_ended(self) -> None:
-        """At a step boundary (the training thread)."""
+        """At a step boundary (the training thread); nothing to do without the gradient
+        hooks (find_unused_parameters off: nothing to name or advise)."""
+        if self._grads is None:
+            return
         rec = self._recorder
-        unused = self._grads.take_unused() if self._grads else None
+        unused = self._grads.take_unused()
         if unused is not None and rec.set_unused_parameters(unused):
             rank = rec.identity.rank
             if unused:

@@ -115,9 +115,10 @@ class Timing:
 
     def collect(self, step: int) -> None:
         """At a step boundary: fold every step the clock has resolved into the recorder.
-        A failing clock switches bucket timing off, never the step hooks."""
+        A failing clock switches bucket timing off, never the step hooks. A wall or event
+        clock that no comm hook of ddpmon's feeds has nothing to fold (the default on gloo)."""
         fuse, rec, clock = self._fuse, self._recorder, self.clock
-        if not fuse.ok or clock is None:
+        if not fuse.ok or clock is None or (self.comm is None and self.mode == "off"):
             return
         try:
             completion = (
