@@ -188,6 +188,7 @@ def advice_job(*names: str) -> dict[str, Any]:
         dist.barrier()
         out[name] = {
             "kinds": sorted(a.kind for a in mon.recorder.advice),
+            "steps": {a.kind: a.step for a in mon.recorder.advice},
             "logs": [m for m in logs[first:] if "ddpmon: " in m],
             "advice_metrics": [
                 line for line in metrics.splitlines() if line.startswith("ddpmon_advice{")

@@ -107,6 +107,19 @@ def test_diverged_replicas_name_rank_tensor_and_cause(doctor, job) -> None:
     assert any("broadcast_buffers" in e for e in buffers.evidence)
 
 
+def test_a_finding_made_within_a_step_carries_that_step(job) -> None:
+    """Found at the fourth optimizer step's pre-hook (the third in a row with 3 all-reduces:
+    each backward that all-reduces is a step, docs/metrics.md, so step 12), and while step
+    7's batch is drawn (the third of the second epoch's four): the step in progress, not the
+    steps done."""
+    for phase, kind, step in (
+        ("accumulation", "accumulation_without_no_sync", 12),
+        ("no_set_epoch", "set_epoch_missing", 7),
+    ):
+        for rank in (0, 1):
+            assert job[rank][phase]["steps"][kind] == step, (phase, rank, job[rank][phase])
+
+
 def test_the_global_batch_counts_accumulation(job) -> None:
     """Samples per optimizer step: 2 micro-batches of 8 under no_sync (correct) and 3
     without it (accumulation) on 2 ranks; one micro-batch of 8 elsewhere."""

@@ -279,6 +279,7 @@ class Advice:
             f"{per_step} gradient all-reduces per optimizer step in each of the last steps: "
             "gradient accumulation without no_sync() all-reduces every micro-batch",
             [f"{synced} synchronised backwards so far; {per_step} in the last optimizer step"],
+            step=self._rec.steps + 1,  # found at the optimizer step of the step in progress
         )
 
     # -- data ----------------------------------------------------------------------------------------
@@ -311,6 +312,7 @@ class Advice:
                         f"rank={getattr(sampler, 'rank', '?')}, shuffle=True, seed={getattr(sampler, 'seed', '?')}) "
                         f"drew epoch {epoch} twice (a peek before the loop does not count)"
                     ],
+                    step=self._rec.steps + 1,  # drawn for the step in progress
                 )
         except Exception as exc:
             self._fail(exc)
