@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import ddpmon
 from ddpmon.advice import KINDS, compare
 from ddpmon.doctor import examine
-from ddpmon.rank.advice import cadence, data
+from ddpmon.rank.advice import cadence, data, replicas
 from ddpmon.rank.advice.devices import DeviceFacts, check
+from ddpmon.rank.advice.readback import crc, sample
 from ddpmon.rank.recorder import Recorder
 from ddpmon.state import schema
 from tests.support import states
@@ -131,6 +132,25 @@ def test_the_odd_replica_is_named_with_its_first_differing_tensor() -> None:
     assert any("broadcast_buffers" in e for e in found.evidence)
     same = [rank_state(r, fingerprints=prints(1, 2, 3)) for r in range(3)]
     assert compare.replicas_diverged(same) is None
+
+
+def test_each_tensor_s_checksum_is_its_own_with_small_tensors_among_them() -> None:
+    # a bias of 2 elements among the parameters, a buffer of 1 (num_batches_tracked) at the end
+    model = nn.Sequential(nn.Linear(8, 2), nn.Linear(2, 8), nn.BatchNorm1d(8))
+    prints = replicas.ParamPrints(model)
+    prints.take(10)
+    assert prints.collect()
+    step, _, per = prints.prints[-1]
+    assert step == 10 and len(per) == len(prints.names)
+    for (name, t), digest in zip(prints.tensors, per):
+        n = t.numel()
+        every = max(1, n // replicas.PARAM_SAMPLE)
+        positions = range(n) if n <= replicas.PARAM_SAMPLE else range(every // 2, n, every)
+        expected = [
+            float(t.detach().reshape(-1)[i]) for i in list(positions)[: replicas.PARAM_SAMPLE]
+        ]
+        assert digest == crc(expected), name
+    assert sample(torch.arange(100), 4).tolist() == [12, 37, 62, 87]
 
 
 def test_nan_origin_is_the_earliest_rank() -> None:

@@ -69,7 +69,7 @@ class BatchPrints:
         self._last_step = step
         if self.batch_size is None and x.dim() > 0:
             self.batch_size = int(x.shape[0])
-        self._pending.append((step, Pending(sample(x, BATCH_SAMPLE))))
+        self._pending.append((step, Pending(sample(x, BATCH_SAMPLE).to(torch.float32))))
 
     def collect(self) -> bool:
         """Move the checksums that arrived into ``prints``; True when any did."""

@@ -36,16 +36,18 @@ class Pending:
 
 def sample(tensor: torch.Tensor, k: int) -> torch.Tensor:
     """``k`` elements of ``tensor`` at positions that depend only on its size (the same on
-    every rank), as float32; a handful of tiny kernels, no copy of the tensor."""
+    every rank; all of them when it has ``k`` or fewer, a zero when it has none): a strided
+    view of a contiguous tensor, no kernel, so that a fingerprint of every parameter is one
+    ``cat`` of views (it was five tiny kernels per tensor)."""
     t = tensor.detach()
     n = t.numel()
     if n == 0:
         return torch.zeros(1, dtype=torch.float32, device=t.device)
     flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
     if n <= k:
-        return flat.to(torch.float32)
-    index = torch.arange(k, device=t.device) * (n // k) + (n // k) // 2
-    return flat.index_select(0, index).to(torch.float32)
+        return flat
+    stride = n // k
+    return flat[stride // 2 :: stride][:k]
 
 
 def crc(values: Any) -> int:

@@ -37,7 +37,7 @@ class ParamPrints:
         self.tensors += [(f"buffer:{name}", b) for name, b in module.named_buffers()]
         self.names = [name for name, _ in self.tensors]
         self.prints: list[tuple[int, int, list[int]]] = []
-        self._pending: list[tuple[int, Pending]] = []
+        self._pending: list[tuple[int, Pending, list[tuple[int, int]]]] = []
         self._last_step = -1
 
     def take(self, step: int) -> None:
@@ -45,24 +45,30 @@ class ParamPrints:
             return
         self._last_step = step
         with torch.no_grad():
-            by_device: dict[torch.device, list[torch.Tensor]] = {}
-            for _, t in self.tensors:
-                by_device.setdefault(t.device, []).append(sample(t, PARAM_SAMPLE))
+            by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+            for i, (_, t) in enumerate(self.tensors):
+                by_device.setdefault(t.device, []).append((i, sample(t, PARAM_SAMPLE)))
+            spans = [(i, s.numel()) for samples in by_device.values() for i, s in samples]
             first = next(iter(by_device))
-            parts = [torch.cat(v).to(first, non_blocking=True) for v in by_device.values()]
-            self._pending.append((step, Pending(torch.cat(parts) if len(parts) > 1 else parts[0])))
+            # One cat per device (dtypes promoted) and one cast: the samples are views.
+            parts = [
+                torch.cat([s for _, s in v]).to(torch.float32).to(first, non_blocking=True)
+                for v in by_device.values()
+            ]
+            values = torch.cat(parts) if len(parts) > 1 else parts[0]
+            self._pending.append((step, Pending(values), spans))
 
     def collect(self) -> bool:
         if not self._pending:
             return False  # (most steps)
         arrived = False
         while self._pending and self._pending[0][1].ready():
-            step, pending = self._pending.pop(0)
+            step, pending, spans = self._pending.pop(0)
             values = pending.values()
-            per = [
-                crc(values[i * PARAM_SAMPLE : (i + 1) * PARAM_SAMPLE])
-                for i in range(len(self.tensors))
-            ]
+            per, at = [0] * len(self.tensors), 0
+            for i, span in spans:  # (a tensor of fewer than PARAM_SAMPLE elements gives fewer)
+                per[i] = crc(values[at : at + span])
+                at += span
             self.prints.append((step, crc(per), per))
             arrived = True
         del self.prints[:-KEEP]
