@@ -41,7 +41,7 @@ class StepBoundary:
 
     def backward_seen(self) -> bool:
         """A backward ran in the step in progress (gradients or the output's grad hook)."""
-        return self._recorder.backward_seen or bool(self.unused and self.unused.any_ready)
+        return bool(self.unused and self.unused.any_ready) or self._recorder.backward_seen
 
     def end(self, now: float, end: float | None = None) -> None:
         """The step in progress ended at ``end`` (None: ``now``); ``time.perf_counter``."""

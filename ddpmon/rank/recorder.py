@@ -172,7 +172,7 @@ class Recorder:
         self.pause_seen: tuple[int, float] | None = None
         """(steps done, last progress unix) when the watchdog first saw this rank between
         steps without progress (busy, waiting or stuck): a pause began then."""
-        # the model's optimizer (``optimizer_finished``): plain values, no record per step
+        # the model's optimizer (``learning_rate_seen``): plain values, no record per step
         self._optimizer_name: str | None = None
         self._lr: float | None = None
         self._lr_peak: float | None = None
@@ -185,13 +185,6 @@ class Recorder:
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
         self._cur = _Step(time.perf_counter())
-        # Of the step in progress, read by the hooks at every step (attributes, not
-        # properties: a call on a cold cache costs a few microseconds), reset by close_step.
-        self.step_has_synced = False
-        """The step in progress has launched its gradient all-reduce (a bucket, or DDP's
-        wait for them all)."""
-        self.backward_seen = False
-        """A backward started in the step in progress."""
         self._latest: schema.RankState | None = None
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._seq: dict[str, itertools.count[int]] = {}
@@ -223,6 +216,13 @@ class Recorder:
         cur = self._cur
         if self.steps and cur.first_forward is None and cur.eval_start is None:
             cur.eval_start = now
+
+    def learning_rate_seen(self, name: str, lr: float | None) -> None:
+        """The model's optimizer stepped at ``lr`` (None: not a plain number)."""
+        self._optimizer_name = name
+        self._lr = lr
+        if lr is not None and (self._lr_peak is None or lr > self._lr_peak):
+            self._lr_peak, self._lr_peak_step = lr, self.steps + 1
 
     @property
     def optimizer(self) -> schema.Optimizer | None:
@@ -256,7 +256,7 @@ class Recorder:
             if self.steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
                 self.first_step_unix = time.time()
-            elif cur.eval_start is not None or self.pause_seen is not None:
+            else:
                 self._pause_ends(now)
             cur.first_forward = now
         elif cur.backward_end is not None:
@@ -289,7 +289,6 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.backward_seen = True
         if cur.forward_end is not None:
             cur.after_forward += max(0.0, now - cur.forward_end)
             cur.forward_end = None
@@ -306,7 +305,6 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.backward_seen = True
             self.stage = Stage.BACKWARD
         cur.last_grad_ready = now
 
@@ -315,7 +313,6 @@ class Recorder:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
-            self.backward_seen = True
             self.stage = Stage.BACKWARD
         if cur.backward_open is not None:
             cur.backward_seconds += max(0.0, now - cur.backward_open)
@@ -331,7 +328,6 @@ class Recorder:
         a bucket clock says better."""
         cur = self._cur
         cur.synced = True
-        self.step_has_synced = True
         cur.synced_at = now = time.perf_counter()
         if cur.last_grad_ready is not None:
             cur.comm_wait = max(0.0, now - cur.last_grad_ready)
@@ -363,16 +359,7 @@ class Recorder:
         cur.optimizer_start = None
         cur.closure = True
 
-    def optimizer_finished(
-        self, now: float, name: str | None = None, lr: float | None = None
-    ) -> None:
-        """The model's optimizer step ended; ``name``: its class, which stepped at ``lr``
-        (None: not a plain number)."""
-        if name is not None:
-            self._optimizer_name = name
-            self._lr = lr
-            if lr is not None and (self._lr_peak is None or lr > self._lr_peak):
-                self._lr_peak, self._lr_peak_step = lr, self.steps + 1
+    def optimizer_finished(self, now: float) -> None:
         cur = self._cur
         if cur.optimizer_start is None and cur.closure:
             resumed = max(t for t in (cur.synced_at, cur.last_grad_ready, 0.0) if t is not None)
@@ -420,9 +407,19 @@ class Recorder:
         return max(0, self._cur.buckets_launched - 1)
 
     @property
+    def backward_seen(self) -> bool:
+        """True once a backward started in the step in progress."""
+        return self._cur.backward_start is not None
+
+    @property
     def backward_passes(self) -> int:
         """Backward passes so far, those of the step in progress included."""
         return self.micro_steps + self._cur.micro_steps
+
+    @property
+    def step_has_synced(self) -> bool:
+        """True once the step in progress has launched its gradient all-reduce."""
+        return self._cur.buckets_launched > 0 or self._cur.synced
 
     def close_step(self, now: float, end: float | None = None) -> None:
         """End the step in progress at ``end`` (default ``now``: the caller's moment) and
@@ -469,7 +466,6 @@ class Recorder:
         if clock is not None:
             clock.close(self.steps, late=end < now)
         cur.reset(end)
-        self.step_has_synced = self.backward_seen = False
         self.last_progress_unix = wall
         if len(self._events) > MAX_PENDING_EVENTS and self._fold_lock.acquire(blocking=False):
             try:  # nobody has read for a long while; never waits for a reader
@@ -517,7 +513,6 @@ class Recorder:
         when the bucket has no timings to hold its size."""
         cur = self._cur
         cur.buckets_launched += 1
-        self.step_has_synced = True
         if is_last:
             self.stage = Stage.ALLREDUCE
         if index is None:
@@ -533,10 +528,8 @@ class Recorder:
         """DDP launched every bucket's collective (``sizes``: their bytes, in order), as seen
         without a comm hook (``timing/untimed.py``): one event for them all."""
         group = self.ddp_group
-        counter = self._seq.get(group[0]) or self._counter(group[0])
-        seqs = tuple(itertools.islice(counter, len(sizes)))  # (one C call)
+        seqs = tuple(itertools.islice(self._counter(group[0]), len(sizes)))  # (one C call)
         self._cur.buckets_launched += len(sizes)
-        self.step_has_synced = True
         self.stage = Stage.ALLREDUCE
         now = time.time()
         self._events.append((_BUCKETS_BEGAN, group, seqs, now, 0, sizes, self.steps))

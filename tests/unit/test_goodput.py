@@ -138,7 +138,8 @@ def test_a_rank_counts_its_pauses_between_steps_and_its_learning_rate() -> None:
         rec.forward_started(t)
         rec.forward_finished(t + 0.1)
         rec.optimizer_started(t + 0.2)
-        rec.optimizer_finished(t + 0.3, "SGD", 0.1 * rec.steps + 0.1)  # warming up
+        rec.optimizer_finished(t + 0.3)
+        rec.learning_rate_seen("SGD", 0.1 * rec.steps + 0.1)  # warming up
         rec.close_step(t + 0.3)
 
     rec.evaluating(0.0)
@@ -151,7 +152,7 @@ def test_a_rank_counts_its_pauses_between_steps_and_its_learning_rate() -> None:
     rec.pause_seen = (rec.steps, time.time() - 2.0)  # the watchdog: silent for 2 s
     step(60.0)  # the next forward: the pause began 2 s before it
     assert rec.paused_seconds == pytest.approx(3.0 + 2.0, abs=0.05)
-    rec.optimizer_finished(61.0, "SGD", 0.2)  # decaying
+    rec.learning_rate_seen("SGD", 0.2)  # decaying
     state = rec.state()
     assert state.paused_seconds == pytest.approx(5.0, abs=0.05)
     assert state.optimizer == Optimizer("SGD", 0.2, pytest.approx(0.4), 4)

@@ -241,7 +241,7 @@ def test_the_rank_endpoint_serves_every_rank_metric_of_the_catalog_with_its_labe
     rec.activity = schema.Activity(state="stepping")  # served once the watchdog sampled the rank
     rec.flop_count = H100  # the FLOP figures: once counted, the peak and MFU on a known GPU
     rec.data_info = schema.DataInfo(global_batch_size=32)  # once a step has ended
-    rec.optimizer_finished(0.0, "SGD", 0.1)  # once the optimizer stepped
+    rec.learning_rate_seen("SGD", 0.1)  # once the optimizer stepped
     served: dict[str, tuple[str, set[tuple[str, ...]]]] = {}
     rank_0 = Recorder(Identity(**dict(IDENTITY, rank=0)), world_size=4)  # the job's goodput
     rank_0.forward_started(0.0)

@@ -13,12 +13,3 @@ def due(step: int, every_step_until: int) -> bool:
     """Step ``step`` (counted from 1) is checked: every step up to ``every_step_until``,
     then every 10th up to ``SPARSE_FROM``, then every 50th."""
     return step <= every_step_until or step % (10 if step <= SPARSE_FROM else 50) == 0
-
-
-def next_due(step: int, every_step_until: int) -> int:
-    """The first step from ``step`` on that is checked: the hooks ask ``due`` only once a
-    step reaches it (a call less on each of the other steps)."""
-    if step <= every_step_until:
-        return step
-    every = 10 if step <= SPARSE_FROM else 50
-    return -(-step // every) * every

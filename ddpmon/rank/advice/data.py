@@ -53,11 +53,6 @@ def checked(step: int) -> bool:
     return cadence.due(step, EVERY_STEP_UNTIL)
 
 
-def next_checked(step: int) -> int:
-    """The first step from ``step`` on that ``checked`` is true of."""
-    return cadence.next_due(step, EVERY_STEP_UNTIL)
-
-
 class BatchPrints:
     """Checksums of the first input of each training step (the first forward of the step)."""
 

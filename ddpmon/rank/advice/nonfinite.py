@@ -51,7 +51,6 @@ class NonFiniteWatch:
         self.names = [name for name, _ in parameters]
         self._params = [p for _, p in parameters]
         self.armed = True  # step 0 is checked
-        self._arm_from = 1  # the next step checked (``cadence.next_due``)
         self.sums: list[tuple[int, torch.Tensor]] = []
         self.checked_step = 0
         self.first: tuple[int, str] | None = None
@@ -89,10 +88,7 @@ class NonFiniteWatch:
             self._pending.append((step, order, Pending(bad)))
             self.sums = []
         following = step + 1
-        armed = following >= self._arm_from and cadence.due(following, EVERY_STEP_UNTIL)
-        if not armed and following >= self._arm_from:
-            self._arm_from = cadence.next_due(following, EVERY_STEP_UNTIL)
-        self.armed = armed
+        self.armed = armed = cadence.due(following, EVERY_STEP_UNTIL)
         if armed != bool(self._handles):
             self._hook(armed)
         if self._suspect is None and not self._pending:

@@ -68,7 +68,6 @@ class Advice:
         self._fuse = fuse
         self._rank = int(recorder.identity.rank)
         self._inner: Any = None  # the inner module's pre-hook, on checked steps
-        self._check_from = 1  # the next step the batch checks look at (``data.next_checked``)
         self._removed = False
         self._in_ddp_forward = False
         self._summary_logged = False
@@ -208,9 +207,7 @@ class Advice:
             return
         try:
             step = self._rec.steps + 1
-            checked = step >= self._check_from and data.checked(step)
-            if not checked and step >= self._check_from:
-                self._check_from = data.next_checked(step)
+            checked = data.checked(step)
             if checked != (self._inner is not None):
                 self._watch_inner(checked)
             if not checked:

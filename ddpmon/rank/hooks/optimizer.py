@@ -28,6 +28,13 @@ from ..recorder import Recorder
 from .step import is_compiling
 
 
+def learning_rate(optimizer: Any) -> float | None:
+    """The first parameter group's learning rate, where it is a plain number (a tensor lr,
+    torch's ``capturable`` form, may live on the GPU: reading it would synchronise)."""
+    lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
 class OptimizerHooks:
     """Global optimizer step pre/post hooks feeding the Recorder; ``remove()`` undoes them."""
 
@@ -53,10 +60,7 @@ class OptimizerHooks:
         if not self._fuse.ok or is_compiling():
             return
         try:
-            last, ours = self._last  # (the optimizer asked about last: a loop steps one)
-            if last() is not optimizer:
-                ours = self._holds_model(optimizer)
-            if ours:
+            if self._holds_model(optimizer):
                 self._recorder.optimizer_started(time.perf_counter())
         except Exception as exc:
             self._fuse.blow(exc)
@@ -65,23 +69,12 @@ class OptimizerHooks:
         if not self._fuse.ok or is_compiling():
             return
         try:
-            last, ours = self._last
-            if last() is not optimizer:
-                ours = self._holds_model(optimizer)
-            if not ours:
+            if not self._holds_model(optimizer):
                 return
             now = time.perf_counter()
             rec = self._recorder
-            # The first parameter group's learning rate, where it is a plain number (a
-            # tensor lr, torch's ``capturable`` form, may live on the GPU: reading it would
-            # synchronise).
-            groups = optimizer.param_groups
-            lr = groups[0].get("lr") if groups else None
-            rec.optimizer_finished(
-                now,
-                type(optimizer).__name__,
-                float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None,
-            )
+            rec.optimizer_finished(now)
+            rec.learning_rate_seen(type(optimizer).__name__, learning_rate(optimizer))
             boundary = self._boundary
             if not boundary.manual and (
                 rec.step_has_synced
@@ -93,8 +86,11 @@ class OptimizerHooks:
             self._fuse.blow(exc)
 
     def _holds_model(self, optimizer: Any) -> bool:
-        """The optimizer steps this model's parameters (found once per optimizer, and kept
-        as the last one asked about: the hooks answer that one without a call)."""
+        """The optimizer steps this model's parameters (found once per optimizer; the last
+        one asked about answered without a lookup: a loop steps the same one each time)."""
+        last, known = self._last
+        if last() is optimizer:
+            return known
         ours = self._ours.get(optimizer)
         if ours is None:
             first = self._first

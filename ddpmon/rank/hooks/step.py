@@ -130,12 +130,8 @@ class StepHooks:
             self._recorder.forward_finished(time.perf_counter())
             # Every output tensor autograd may reach: the loss may use any of them, and
             # the first whose gradient arrives marks the start of backward.
-            if type(output) is torch.Tensor:  # (most models: no search)
-                if output.requires_grad:
-                    torch_api.hook_tensor(output, self._backward_started)
-            else:
-                for tensor in _grad_tensors(output):
-                    torch_api.hook_tensor(tensor, self._backward_started)
+            for tensor in _grad_tensors(output):
+                torch_api.hook_tensor(tensor, self._backward_started)
         except Exception as exc:
             self._fuse.blow(exc)
 

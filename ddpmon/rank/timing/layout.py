@@ -57,14 +57,13 @@ class BucketLayout:
         self.generation = 0  # counts the layouts seen
         self._count = 0
         self._reads = 0
-        self.final = False
-        """DDP has rebuilt its buckets (or ``MAX_READS`` reads were taken): no more reads."""
+        self._final = False
         self.sizes: list[int] = []
 
     def refresh(self, recorder: Any = None) -> int:
         """Read DDP's layout (and give the recorder its buckets, if one is given) if it
         may have changed; returns the bucket count."""
-        if self.final:
+        if self._final:
             return self._count
         self._reads += 1
         data = torch_api.ddp_logging_data(self._ddp)
@@ -80,7 +79,7 @@ class BucketLayout:
             self._count = len(sizes)
             if recorder is not None:
                 self._publish(recorder, sizes, groups)
-        self.final = bool(rebuilt) or self._reads >= self.MAX_READS
+        self._final = bool(rebuilt) or self._reads >= self.MAX_READS
         return self._count
 
     def _publish(self, recorder: Any, sizes: list[int], groups: list[list[int]]) -> None:

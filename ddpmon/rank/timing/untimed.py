@@ -36,12 +36,9 @@ class UntimedBuckets:
         self._fuse = fuse
         self._active = active
         self._in_flight = 0
-        self._sizes: list[int] | None = None  # DDP's final layout, once it is
 
     def forward_started(self) -> None:
-        if self._in_flight:  # a backward that raised never reached DDP's wait for its buckets
-            self._recorder.bucket_completed(True, self._in_flight)
-            self._in_flight = 0
+        self._close()  # a backward that raised never reached DDP's wait for its buckets
 
     def backward_started(self, step_start: float) -> None:
         pass
@@ -49,21 +46,21 @@ class UntimedBuckets:
     def backward_done(self, synced: bool) -> None:
         if not synced or not self._fuse.ok or not self._active():
             return
-        sizes = self._sizes
-        if sizes is None:  # until DDP's layout is final (its buckets rebuilt)
-            try:
-                self._layout.refresh()
-                sizes = self._layout.sizes
-                if self._layout.final:
-                    self._sizes = sizes
-            except Exception as exc:
-                self._fuse.blow(exc)
-                return
+        try:
+            self._layout.refresh()
+            sizes = self._layout.sizes
+        except Exception as exc:
+            self._fuse.blow(exc)
+            return
         if sizes:
             self._recorder.buckets_launched(sizes)
         self._in_flight = len(sizes)
 
     def sync_done(self, synced: bool) -> None:
-        if synced and self._in_flight:
+        if synced:
+            self._close()
+
+    def _close(self) -> None:
+        if self._in_flight:
             self._recorder.bucket_completed(True, self._in_flight)
             self._in_flight = 0
