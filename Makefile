@@ -54,7 +54,7 @@ lint: setup
 # Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
 # integration (Prometheus, promtool, chromium, a torch-free venv) and gpu (skipped without one).
 # Two pytest workers, a test file each at a time (JOBS=1: one, nearly twice as long): the jobs
-# mostly wait, so two run the suite in about 11 minutes on 2 cores; other work on the machine
+# mostly wait, so two run the suite in 11 to 13 minutes on 2 cores; other work on the machine
 # lengthens it (over 20 minutes at a load average of 15 to 30).
 test: setup prometheus chromium
 	$(PY) -m pytest -q $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) tests
