@@ -1,7 +1,7 @@
 """One rank of a memory job: ``python -m tests.distributed.memory_worker SCENARIO``.
 
 ``host``: steps of about 15 ms at the default state interval (1 s); rank 1 keeps 4 MiB more
-every step (a list of filled buffers), rank 2's memory rises once by 300 MB at step 55
+every step (a list of filled buffers), rank 2's memory rises once by 300 MB at step 75
 (mid-window) and stays flat, rank 0 is healthy. ``workers``: every rank
 reads its batches through two persistent DataLoader workers; rank 1's workers each keep
 4 MiB more every step (8 MiB a batch, each worker giving every other batch); PSS is read
@@ -22,13 +22,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.distributed.worker import MLP, RANK, init, main, read_state, scenario, scrape
 
-STEPS = 100
+STEPS = 140  # 130 past the warm-up: about 30 samples, twice the 12 a trend needs, under load too
 LEAK = 4 << 20
 STEP_PAUSE = 0.03
 FAST_STEP_PAUSE = 0.012  # with the step itself, about 15 ms a step
 INTERVAL = 0.2  # the state interval of the workers' job
 ONCE = 300 << 20
-RISE_STEP = 55
+RISE_STEP = 75  # the middle of the window (steps 10 to 140)
 KEPT: list[bytes] = []
 
 
@@ -121,7 +121,7 @@ def workers() -> dict[str, Any]:
     loader = torch.utils.data.DataLoader(
         Batches(leak=RANK == 1), batch_size=16, num_workers=2, persistent_workers=True
     )
-    # An interval shorter than a sample's 4 steps: PSS at every sample, about 25 in the run
+    # An interval shorter than a sample's 4 steps: PSS at every sample, about 35 in the run
     # (at 0.2 s, every other one: 11 or 12 of the 12 a trend needs, as the machine's load
     # had it)
     out = run(iter(loader), lambda step: None, interval=0.1)
