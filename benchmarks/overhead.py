@@ -201,6 +201,10 @@ def worker(args: argparse.Namespace) -> None:
         )
 
         plain.register_comm_hook(None, allreduce_hook)
+    if args.hooks == "marks":  # a measurement only (hook_floor.py)
+        from hook_floor import cut_to_marks
+
+        cut_to_marks()
     monitor = ddpmon.attach(
         watched if not args.no_attach else DDP(nn.Linear(8, 8).to(device), **kwargs), **options
     )
@@ -247,7 +251,8 @@ def worker(args: argparse.Namespace) -> None:
         print(
             f"overhead vs {args.baseline} ({' '.join(args.option) or 'default options'}{', A/A' if args.no_attach else ''}"
             f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}"
-            f"{', attached to the model built first' if args.attach_to == 'first' else ''}): {args.ranks} ranks, {args.backend}, {device.type}, {args.model} {args.depth}x{args.width} "
+            f"{', attached to the model built first' if args.attach_to == 'first' else ''}"
+            f"{', hooks cut to marks' if args.hooks == 'marks' else ''}): {args.ranks} ranks, {args.backend}, {device.type}, {args.model} {args.depth}x{args.width} "
             f"({params / 1e6:.0f}M parameters, {args.dtype}), batch {args.batch}, {len(snap['buckets'])} buckets, step {statistics.median(plain_times) * 1000:.2f} ms plain\n"
             f"median step-time ratio attached/plain = {statistics.median(ratios):.4f} "
             f"(95% interval of the median {low:.4f}..{high:.4f}; quartiles {q[0]:.4f}..{q[2]:.4f}, "
@@ -295,6 +300,12 @@ def main() -> int:
         "--gradient-as-bucket-view",
         action="store_true",
         help="DDP(gradient_as_bucket_view=True) for both models",
+    )
+    p.add_argument(
+        "--hooks",
+        choices=("as-is", "marks"),
+        default="as-is",
+        help="marks: ddpmon's hooks cut to a mark each, a measurement only (hook_floor.py)",
     )
     p.add_argument(
         "--no-attach",
