@@ -373,8 +373,10 @@ class CollectiveBook:
         if counted:
             self.issued += 1
             self.ops.setdefault(op, [0, 0])[0] += 1
+        # numbered here, in the order they were issued (the log's): the fold is their one
+        # writer, so each group's numbers never repeat and match the peers' one for one
         key = "p2p:" + entry["group"] if entry.get("p2p") else entry["group"]
-        self.last_seq[key] = max(self.last_seq.get(key, 0), entry["seq"])
+        entry["seq"] = self.last_seq[key] = self.last_seq.get(key, 0) + 1
         bucket = entry.get("bucket")
         if entry.get("bytes") is None and bucket is not None and bucket in buckets.buckets:
             entry["bytes"] = buckets.buckets[bucket].bytes  # (only readers hold bucket entries)

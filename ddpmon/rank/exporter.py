@@ -102,6 +102,7 @@ class RankCollector:
 
     def _families(self, summarised: bool) -> Iterator[Family]:
         r = self._recorder
+        r.fold()  # the hooks' marks in: the last progress, the seconds paused
         ident = r.identity
         base = {"job": str(ident.job), "rank": str(ident.rank)}
         names, values = list(base), list(base.values())

@@ -18,7 +18,6 @@ from ..fuses import Fuse, bounded
 from ..httpd import Endpoint, start_endpoint
 from ..state import attempts, files
 from ..state import root as stateroot
-from ..state.schema import Stage
 from . import clock_offset, debug_server, model, startup, transparent, writers
 from .advice.watch import Advice
 from .boundary import StepBoundary
@@ -283,7 +282,7 @@ class Monitor:
                 part.remove()
         self._ddp._ddpmon_monitor = None  # type: ignore[assignment, attr-defined]
         transparent.remove(self._ddp)
-        self.recorder.stage = Stage.DETACHED
+        self.recorder.detached()
         if self._watchdog:
             self._watchdog.stop()
         if self._stacks is not None:

@@ -2,13 +2,17 @@
 
 Hooks run on the training thread, on autograd's and the communication library's threads;
 the exporter, the state writer and the watchdog read from threads of their own. Hooks never
-take a lock: what a single thread owns (the step in progress, the step count, the stage) is
-written in place, and everything else is appended to an event log (``deque.append`` is
-atomic). Readers take the fold lock, which no hook ever takes, fold the pending events into
+take a lock and do as little as they can: every hook runs on caches the model's own work has
+emptied, where each line it runs costs (docs/performance.md). They append a mark (a kind and
+a ``perf_counter`` reading) or an event to one log (``deque.append`` is atomic), and keep in
+place only what the training thread decides on at once: the step count and what says where
+the step in progress ends (``_Open``). Readers take the fold lock, which no hook ever takes,
+replay the marks into the step's parts and the stage (``_Step``), fold the other events into
 their aggregates (histograms, buckets, collectives in flight) and publish an immutable
 ``RankState`` (ddpmon/state/schema.py). A scrape or a snapshot therefore never holds up a
-training step. When nobody reads for a long while the training thread folds, but only if
-the lock is free at that moment (``acquire(blocking=False)``).
+training step, and a reader of the stage or the last progress folds first (``fold()``). When
+nobody reads for a long while the training thread folds, but only if the lock is free at
+that moment (``acquire(blocking=False)``).
 
 Nothing here imports torch, so readers stay cheap and the doctor can share the schema.
 """
@@ -18,11 +22,10 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import itertools
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import steps
@@ -49,8 +52,47 @@ _IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(schema.Identity))
 MAX_PENDING_EVENTS = 20000  # the training thread folds past this when no reader has
 
 
+class _Open:
+    """What the training thread knows of the step in progress: enough to decide where it
+    ends (``boundary.py``), which bucket launched last, and when to mark a GPU's clock. Owned
+    by the hooks' threads; the step's parts are the fold's (``_Step``)."""
+
+    __slots__ = (
+        "start",
+        "forwarded",
+        "forward_open",
+        "backward_seen",
+        "backward_open",
+        "launched",
+        "synced_at",
+        "optimizer_open",
+        "optimizer_end",
+        "micro_steps",
+        "samples",
+        "tokens",
+    )
+
+    def __init__(self, start: float) -> None:
+        self.reset(start)
+
+    def reset(self, start: float) -> None:
+        self.start = start
+        self.forwarded = False
+        self.forward_open = False
+        self.backward_seen = False
+        self.backward_open = False
+        self.launched = 0  # buckets launched
+        self.synced_at: float | None = None
+        self.optimizer_open = False
+        self.optimizer_end: float | None = None
+        self.micro_steps = 0
+        self.samples = 0
+        self.tokens = 0
+
+
 class _Step:
-    """Scratch for the step in progress, owned by the training thread; reset, not rebuilt."""
+    """The step in progress as the fold replays its marks: its parts. Owned by readers,
+    under the fold lock; reset, not rebuilt."""
 
     __slots__ = (
         "start",
@@ -61,8 +103,6 @@ class _Step:
         "backward_seconds",
         "backward_open",
         "last_grad_ready",
-        "buckets_launched",
-        "synced",
         "synced_at",
         "comm_wait",
         "optimizer_seconds",
@@ -70,9 +110,6 @@ class _Step:
         "optimizer_early",
         "optimizer_end",
         "closure",
-        "micro_steps",
-        "samples",
-        "tokens",
         "eval_start",
         "forward_end",
         "backward_end",
@@ -93,8 +130,6 @@ class _Step:
         self.backward_seconds = 0.0
         self.backward_open: float | None = None  # the backward in progress
         self.last_grad_ready: float | None = None
-        self.buckets_launched = 0
-        self.synced = False
         self.synced_at: float | None = None
         self.comm_wait: float | None = None
         self.optimizer_seconds = 0.0
@@ -102,9 +137,6 @@ class _Step:
         self.optimizer_early = 0.0  # optimizer time before the first forward
         self.optimizer_end: float | None = None
         self.closure = False  # forward and backward ran inside the optimizer's step
-        self.micro_steps = 0
-        self.samples = 0
-        self.tokens = 0
         self.eval_start: float | None = None  # the first forward without grad before this step's
         # the gaps between hooks (``steps.GAP_TABLE``): the marks they start at, their seconds
         self.forward_end: float | None = None
@@ -114,9 +146,19 @@ class _Step:
         self.before_optimizer = 0.0
 
 
-# Event kinds in the log (first element of each tuple).
+# Event kinds in the log (first element of each tuple): first the marks of the step in
+# progress, which the fold replays (``Recorder._replay``), then the rest.
 (
-    _STEP,
+    _FORWARD,
+    _FORWARD_END,
+    _BACKWARD,
+    _GRAD,
+    _BACKWARD_DONE,
+    _SYNCED,
+    _OPTIMIZER,
+    _OPTIMIZER_END,
+    _EVAL,
+    _CLOSE,
     _TIMINGS,
     _LAYOUT,
     _DROP,
@@ -125,7 +167,8 @@ class _Step:
     _BUCKET_DONE,
     _GPU_PARTS,
     _BUCKETS_BEGAN,
-) = range(9)
+) = range(18)
+_MARKS = _TIMINGS  # the kinds below are marks
 
 
 class Recorder:
@@ -159,6 +202,9 @@ class Recorder:
         self.advice: list[schema.Advice] = []
         self.fingerprints = schema.Fingerprints()
         self.data_info = schema.DataInfo()
+        self.untimed_sizes: Sequence[int] | None = None
+        """DDP's buckets' bytes where no comm hook reports them (``timing/untimed.py``): the
+        fold marks them in flight from the end of backward compute to DDP's wait for them."""
         self.gpu_steps: GpuStepClock | None = None
         """On a GPU: CUDA events at the step's boundaries, for its parts as the GPU ran them."""
         self.flop_count: schema.FlopCount | None = None
@@ -184,12 +230,28 @@ class Recorder:
         """The answer to the last ``ddpmon set`` request (``rank/settings.py``); replaced whole."""
         self.slowed_step: int | None = None
         """The step the FLOP counter ran in: slower than the others, so left out of the rates."""
-        self._cur = _Step(time.perf_counter())
+        now = time.perf_counter()
+        self._open = _Open(now)
         self._latest: schema.RankState | None = None
         self._events: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._seq: dict[str, itertools.count[int]] = {}
         # -- owned by readers, under the fold lock ---------------------------------------
         self._fold_lock = threading.Lock()
+        self._cur = _Step(now)
+        self._folded_steps = 0  # the steps whose close the fold has replayed
+        self._untimed_in_flight = 0  # buckets marked from ``untimed_sizes``, not yet back
+        self._wall_offset = time.time() - now  # the wall clock less perf_counter, at a fold
+        self._replay: dict[int, Callable[..., None]] = {
+            _FORWARD: self._replay_forward,
+            _FORWARD_END: self._replay_forward_end,
+            _BACKWARD: self._replay_backward,
+            _GRAD: self._replay_grad,
+            _BACKWARD_DONE: self._replay_backward_done,
+            _SYNCED: self._replay_synced,
+            _OPTIMIZER: self._replay_optimizer,
+            _OPTIMIZER_END: self._replay_optimizer_end,
+            _EVAL: self._replay_eval,
+            _CLOSE: self._replay_close,
+        }
         self._steps_book = StepBook()
         self._buckets = BucketBook(self.world_size)
         self._collectives = CollectiveBook()
@@ -212,10 +274,7 @@ class Recorder:
     def evaluating(self, now: float) -> None:
         """A forward without grad (evaluation): alive, and between steps the start of a
         pause, which the next training forward ends."""
-        self.heartbeat()
-        cur = self._cur
-        if self.steps and cur.first_forward is None and cur.eval_start is None:
-            cur.eval_start = now
+        self._events.append((_EVAL, now))
 
     def learning_rate_seen(self, name: str, lr: float | None) -> None:
         """The model's optimizer stepped at ``lr`` (None: not a plain number)."""
@@ -232,30 +291,186 @@ class Recorder:
             return None
         return schema.Optimizer(name, self._lr, self._lr_peak, self._lr_peak_step)
 
-    def _pause_ends(self, now: float) -> None:
-        """The first training forward of a step ends a pause that began after the step
-        before: at an evaluation's first forward, or where the watchdog saw it begin."""
-        cur = self._cur
-        starts = [cur.eval_start] if cur.eval_start is not None else []
-        seen = self.pause_seen
-        if seen is not None and seen[0] == self.steps:
-            starts.append(now - max(0.0, time.time() - seen[1]))
-        self.pause_seen = None
-        if starts:
-            self.paused_seconds += max(0.0, now - max(cur.start, min(starts)))
-
     @property
     def step_start(self) -> float:
-        return self._cur.start
+        return self._open.start
 
     def forward_started(self, now: float) -> None:
+        o = self._open
+        if not o.forwarded:
+            o.forwarded = True
+            if self.steps == 0:
+                o.start = now  # the first step starts at the first forward, not at attach
+                self.first_step_unix = time.time()
+        o.forward_open = True
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.FORWARD_START)
+        self._events.append((_FORWARD, now))
+
+    def forward_finished(self, now: float) -> None:
+        o = self._open
+        if o.forward_open:
+            o.forward_open = False
+            if self.gpu_steps is not None:
+                self.gpu_steps.mark(gpu_steps.FORWARD_END)
+        self._events.append((_FORWARD_END, now))
+
+    def batch_seen(self, samples: int, tokens: int) -> None:
+        """A training forward of the step in progress took ``samples`` samples (``tokens``
+        tokens: 0 unless its input holds token ids)."""
+        o = self._open
+        o.samples += samples
+        o.tokens += tokens
+
+    def backward_started(self, now: float) -> None:
+        o = self._open
+        o.backward_seen = True
+        if not o.backward_open:
+            o.backward_open = True
+            if self.gpu_steps is not None:
+                self.gpu_steps.mark(gpu_steps.BACKWARD_START)
+        self._events.append((_BACKWARD, now))
+
+    def grad_ready(self, now: float) -> None:
+        """A gradient (a parameter's, or a bucket's) is ready: backward runs. Called once per
+        parameter under ``find_unused_parameters``: marked for the first of the step alone
+        (the start of backward where no output's hook saw it; ``backward_done`` ends the
+        pass)."""
+        o = self._open
+        if not o.backward_seen:
+            o.backward_seen = True
+            self._events.append((_GRAD, now))
+
+    def backward_done(self, now: float, allreduce: bool = False) -> None:
+        """Backward compute is done (one backward pass: a micro-step); ``allreduce``: DDP
+        synchronises the gradients now (the stage, unless a comm hook has said so)."""
+        o = self._open
+        o.backward_seen = True
+        o.backward_open = False
+        o.micro_steps += 1
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.GRAD_READY)
+        untimed = self.untimed_sizes if allreduce else None
+        self._events.append((_BACKWARD_DONE, now, allreduce, untimed, self.steps))
+
+    def gradients_synced(self, now: float | None = None) -> None:
+        """DDP has waited for every bucket of this step (on a GPU: the stream waits); the
+        host's wait since backward compute ended is the step's exposed communication until
+        a bucket clock says better."""
+        if now is None:
+            now = time.perf_counter()
+        self._open.synced_at = now
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.SYNCED)
+        self._events.append((_SYNCED, now))
+
+    def optimizer_started(self, now: float) -> None:
+        self._open.optimizer_open = True
+        if self.gpu_steps is not None:
+            self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
+        self._events.append((_OPTIMIZER, now))
+
+    def optimizer_finished(self, now: float) -> None:
+        o = self._open
+        if o.optimizer_open:
+            o.optimizer_open = False
+            if self.gpu_steps is not None:
+                self.gpu_steps.mark(gpu_steps.OPTIMIZER_END)
+        o.optimizer_end = now
+        self._events.append((_OPTIMIZER_END, now))
+
+    @property
+    def step_end_mark(self) -> float | None:
+        """Where the step in progress ended, when it ended before now: its last optimizer
+        step after the gradients synchronised, else the synchronisation (None: not yet)."""
+        o = self._open
+        if o.synced_at is None:
+            return None
+        if o.optimizer_end is not None and o.optimizer_end >= o.synced_at:
+            return o.optimizer_end
+        return o.synced_at
+
+    @property
+    def step_is_empty(self) -> bool:
+        """Nothing happened since the last step ended: no forward, backward, optimizer step
+        or bucket."""
+        o = self._open
+        return (
+            not o.forwarded
+            and not o.backward_seen
+            and o.optimizer_end is None
+            and o.launched == 0
+            and o.synced_at is None
+        )
+
+    @property
+    def launched_bucket(self) -> int:
+        """Index of the bucket launched last in this step (DDP launches them in order)."""
+        return max(0, self._open.launched - 1)
+
+    @property
+    def backward_seen(self) -> bool:
+        """True once a backward started in the step in progress."""
+        return self._open.backward_seen
+
+    @property
+    def backward_passes(self) -> int:
+        """Backward passes so far, those of the step in progress included."""
+        return self.micro_steps + self._open.micro_steps
+
+    @property
+    def step_has_synced(self) -> bool:
+        """True once the step in progress has launched its gradient all-reduce."""
+        return self._open.launched > 0 or self._open.synced_at is not None
+
+    def close_step(self, now: float, end: float | None = None) -> None:
+        """End the step in progress at ``end`` (default ``now``: the caller's moment) and
+        start the next one there; the fold works out its parts (``_replay_close``)."""
+        o = self._open
+        end = now if end is None else min(end, now)
+        self.steps += 1
+        self.micro_steps += o.micro_steps
+        clock = self.gpu_steps
+        events = self._events
+        events.append(
+            (
+                _CLOSE,
+                now,
+                end,
+                self.steps,
+                o.micro_steps,
+                o.samples,
+                o.tokens,
+                clock is not None and clock.ok,
+            )
+        )
+        if clock is not None:
+            clock.close(self.steps, late=end < now)
+        o.reset(end)
+        if len(events) > MAX_PENDING_EVENTS and self._fold_lock.acquire(blocking=False):
+            try:  # nobody has read for a long while; never waits for a reader
+                self._fold()
+            finally:
+                self._fold_lock.release()
+
+    # -- the fold: the step in progress, replayed from its marks ---------------------------
+
+    def _progressed(self, now: float) -> None:
+        """Progress at ``now`` (``time.perf_counter``)."""
+        self._progressed_unix(now + self._wall_offset)
+
+    def _progressed_unix(self, wall: float) -> None:
+        if wall > self.last_progress_unix:
+            self.last_progress_unix = wall
+
+    def _replay_forward(self, now: float) -> None:
+        self._untimed_done(now)  # (a backward that raised)
         cur = self._cur
         if cur.optimizer_start is not None:  # step(closure): Lightning's, LBFGS
             self._optimizer_paused(now)
         if cur.first_forward is None:
-            if self.steps == 0:
+            if self._folded_steps == 0:
                 cur.start = now  # the first step starts at the first forward, not at attach
-                self.first_step_unix = time.time()
             else:
                 self._pause_ends(now)
             cur.first_forward = now
@@ -264,28 +479,29 @@ class Recorder:
         cur.backward_end = None
         cur.forward_start = now
         self.stage = Stage.FORWARD
-        self.last_progress_unix = time.time()
-        if self.gpu_steps is not None:
-            self.gpu_steps.mark(gpu_steps.FORWARD_START)
+        self._progressed(now)
 
-    def forward_finished(self, now: float) -> None:
+    def _pause_ends(self, now: float) -> None:
+        """The first training forward of a step ends a pause that began after the step
+        before: at an evaluation's first forward, or where the watchdog saw it begin."""
+        cur = self._cur
+        starts = [cur.eval_start] if cur.eval_start is not None else []
+        seen = self.pause_seen
+        if seen is not None and seen[0] == self._folded_steps:
+            starts.append(now - max(0.0, now + self._wall_offset - seen[1]))
+        self.pause_seen = None
+        if starts:
+            self.paused_seconds += max(0.0, now - max(cur.start, min(starts)))
+
+    def _replay_forward_end(self, now: float) -> None:
         cur = self._cur
         if cur.forward_start is not None:
             cur.forward_seconds += now - cur.forward_start
             cur.forward_start = None
             cur.forward_end = now
-            if self.gpu_steps is not None:
-                self.gpu_steps.mark(gpu_steps.FORWARD_END)
         self.stage = Stage.AFTER_FORWARD
 
-    def batch_seen(self, samples: int, tokens: int) -> None:
-        """A training forward of the step in progress took ``samples`` samples (``tokens``
-        tokens: 0 unless its input holds token ids)."""
-        cur = self._cur
-        cur.samples += samples
-        cur.tokens += tokens
-
-    def backward_started(self, now: float) -> None:
+    def _replay_backward(self, now: float) -> None:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
@@ -294,22 +510,19 @@ class Recorder:
             cur.forward_end = None
         if cur.backward_open is None:
             cur.backward_open = now
-            if self.gpu_steps is not None:
-                self.gpu_steps.mark(gpu_steps.BACKWARD_START)
         self.stage = Stage.BACKWARD
-        self.last_progress_unix = time.time()
+        self._progressed(now)
 
-    def grad_ready(self, now: float) -> None:
-        """A gradient (a parameter's, or a bucket's) is ready: backward runs. Called once per
-        parameter under ``find_unused_parameters``; ``backward_done`` ends the pass."""
+    def _replay_grad(self, now: float) -> None:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
             self.stage = Stage.BACKWARD
         cur.last_grad_ready = now
 
-    def backward_done(self, now: float) -> None:
-        """Backward compute is done (one backward pass: a micro-step)."""
+    def _replay_backward_done(
+        self, now: float, allreduce: bool, untimed: Sequence[int] | None, steps: int
+    ) -> None:
         cur = self._cur
         if cur.backward_start is None:
             cur.backward_start = now
@@ -318,24 +531,29 @@ class Recorder:
             cur.backward_seconds += max(0.0, now - cur.backward_open)
             cur.backward_open = None
         cur.last_grad_ready = cur.backward_end = now
-        cur.micro_steps += 1
-        if self.gpu_steps is not None:
-            self.gpu_steps.mark(gpu_steps.GRAD_READY)
+        if allreduce and self.stage == Stage.BACKWARD:
+            self.stage = Stage.ALLREDUCE  # (a comm hook has said so already)
+        if untimed:
+            self._untimed_done(now)
+            self._buckets_began(self.ddp_group, now + self._wall_offset, 0, untimed, steps, True)
+            self._untimed_in_flight = len(untimed)
 
-    def gradients_synced(self) -> None:
-        """DDP has waited for every bucket of this step (on a GPU: the stream waits); the
-        host's wait since backward compute ended is the step's exposed communication until
-        a bucket clock says better."""
+    def _untimed_done(self, now: float) -> None:
+        """DDP has its untimed buckets back at ``now``, or a backward that raised never
+        reached its wait for them."""
+        if self._untimed_in_flight:
+            self._buckets_done(now + self._wall_offset, self._untimed_in_flight, True)
+            self._untimed_in_flight = 0
+
+    def _replay_synced(self, now: float) -> None:
+        self._untimed_done(now)
         cur = self._cur
-        cur.synced = True
-        cur.synced_at = now = time.perf_counter()
+        cur.synced_at = now
         if cur.last_grad_ready is not None:
             cur.comm_wait = max(0.0, now - cur.last_grad_ready)
         self.stage = Stage.AFTER_BACKWARD
-        if self.gpu_steps is not None:
-            self.gpu_steps.mark(gpu_steps.SYNCED)
 
-    def optimizer_started(self, now: float) -> None:
+    def _replay_optimizer(self, now: float) -> None:
         cur = self._cur
         if cur.synced_at is not None:
             mark = cur.synced_at
@@ -344,8 +562,6 @@ class Recorder:
             cur.before_optimizer += max(0.0, now - mark)
         cur.optimizer_start = now
         self.stage = Stage.OPTIMIZER
-        if self.gpu_steps is not None:
-            self.gpu_steps.mark(gpu_steps.OPTIMIZER_START)
 
     def _optimizer_paused(self, now: float) -> None:
         """An optimizer step calls its closure (forward and backward): its time so far is
@@ -359,7 +575,7 @@ class Recorder:
         cur.optimizer_start = None
         cur.closure = True
 
-    def optimizer_finished(self, now: float) -> None:
+    def _replay_optimizer_end(self, now: float) -> None:
         cur = self._cur
         if cur.optimizer_start is None and cur.closure:
             resumed = max(t for t in (cur.synced_at, cur.last_grad_ready, 0.0) if t is not None)
@@ -371,64 +587,31 @@ class Recorder:
             if cur.first_forward is None:
                 cur.optimizer_early += seconds
             cur.optimizer_start = None
-            if self.gpu_steps is not None:
-                self.gpu_steps.mark(gpu_steps.OPTIMIZER_END)
         cur.optimizer_end = now
         self.stage = Stage.AFTER_OPTIMIZER
-        self.last_progress_unix = time.time()
+        self._progressed(now)
 
-    @property
-    def step_end_mark(self) -> float | None:
-        """Where the step in progress ended, when it ended before now: its last optimizer
-        step after the gradients synchronised, else the synchronisation (None: not yet)."""
+    def _replay_eval(self, now: float) -> None:
         cur = self._cur
-        if cur.synced_at is None:
-            return None
-        if cur.optimizer_end is not None and cur.optimizer_end >= cur.synced_at:
-            return cur.optimizer_end
-        return cur.synced_at
+        if self._folded_steps and cur.first_forward is None and cur.eval_start is None:
+            cur.eval_start = now
+        self._progressed(now)
 
-    @property
-    def step_is_empty(self) -> bool:
-        """Nothing happened since the last step ended: no forward, backward, optimizer step
-        or bucket."""
+    def _replay_close(
+        self,
+        now: float,
+        end: float,
+        step: int,
+        micro_steps: int,
+        samples: int,
+        tokens: int,
+        gpu_parts_later: bool,
+    ) -> None:
+        """The step's parts: data wait (step start to its first forward, less any optimizer
+        step in between), forward, backward compute (summed over micro-steps), the host's
+        wait for the gradients (exposed communication), optimizer and the rest (see
+        ``books.StepBook``)."""
         cur = self._cur
-        return (
-            cur.first_forward is None
-            and cur.backward_start is None
-            and cur.optimizer_end is None
-            and cur.buckets_launched == 0
-            and not cur.synced
-        )
-
-    @property
-    def launched_bucket(self) -> int:
-        """Index of the bucket launched last in this step (DDP launches them in order)."""
-        return max(0, self._cur.buckets_launched - 1)
-
-    @property
-    def backward_seen(self) -> bool:
-        """True once a backward started in the step in progress."""
-        return self._cur.backward_start is not None
-
-    @property
-    def backward_passes(self) -> int:
-        """Backward passes so far, those of the step in progress included."""
-        return self.micro_steps + self._cur.micro_steps
-
-    @property
-    def step_has_synced(self) -> bool:
-        """True once the step in progress has launched its gradient all-reduce."""
-        return self._cur.buckets_launched > 0 or self._cur.synced
-
-    def close_step(self, now: float, end: float | None = None) -> None:
-        """End the step in progress at ``end`` (default ``now``: the caller's moment) and
-        start the next one there. Its parts: data wait (step start to its first forward,
-        less any optimizer step in between), forward, backward compute (summed over
-        micro-steps), the host's wait for the gradients (exposed communication), optimizer
-        and the rest (see ``books.StepBook``)."""
-        cur = self._cur
-        end = now if end is None else min(end, now)
         backward = None
         if cur.backward_start is not None and cur.last_grad_ready is not None:
             backward = cur.backward_seconds
@@ -439,39 +622,26 @@ class Recorder:
         data_wait = 0.0
         if cur.first_forward is not None:
             data_wait = max(0.0, cur.first_forward - cur.start - cur.optimizer_early)
-        self.steps += 1
-        self.micro_steps += cur.micro_steps
-        wall = time.time()
-        clock = self.gpu_steps
-        self._events.append(
-            (
-                _STEP,
-                StepRecord(
-                    self.steps,
-                    wall - (now - cur.start),
-                    max(0.0, end - cur.start),
-                    cur.forward_seconds,
-                    backward,
-                    data_wait,
-                    cur.comm_wait,
-                    cur.optimizer_seconds,
-                    cur.micro_steps,
-                    gpu_parts_later=clock is not None and clock.ok,
-                    samples=cur.samples,
-                    tokens=cur.tokens,
-                    gaps=gaps,
-                ),
+        self._steps_book.add(
+            StepRecord(
+                step,
+                cur.start + self._wall_offset,
+                max(0.0, end - cur.start),
+                cur.forward_seconds,
+                backward,
+                data_wait,
+                cur.comm_wait,
+                cur.optimizer_seconds,
+                micro_steps,
+                gpu_parts_later=gpu_parts_later,
+                samples=samples,
+                tokens=tokens,
+                gaps=gaps,
             )
         )
-        if clock is not None:
-            clock.close(self.steps, late=end < now)
+        self._folded_steps = step
         cur.reset(end)
-        self.last_progress_unix = wall
-        if len(self._events) > MAX_PENDING_EVENTS and self._fold_lock.acquire(blocking=False):
-            try:  # nobody has read for a long while; never waits for a reader
-                self._fold()
-            finally:
-                self._fold_lock.release()
+        self._progressed(now)
 
     def add_gpu_parts(self, step: int, parts: dict[str, float] | None) -> None:
         """Step ``step``'s parts as the GPU ran them (``gpu_steps.py``): they replace the
@@ -511,39 +681,20 @@ class Recorder:
         """DDP launched a bucket's collective: counted, and in flight until it completes
         (whatever the comm hook calls inside is attributed to the bucket). ``nbytes``
         when the bucket has no timings to hold its size."""
-        cur = self._cur
-        cur.buckets_launched += 1
-        if is_last:
-            self.stage = Stage.ALLREDUCE
+        o = self._open
+        o.launched += 1
         if index is None:
-            index = cur.buckets_launched - 1
-        group = self.ddp_group
-        now = time.time()
-        # The entry itself is built by the reader that folds it in (``_bucket_entry``).
-        seq = self._next_seq(group[0])
-        self._events.append((_BUCKETS_BEGAN, group, (seq,), now, index, (nbytes,), self.steps))
-        self.last_progress_unix = now
-
-    def buckets_launched(self, sizes: Sequence[int]) -> None:
-        """DDP launched every bucket's collective (``sizes``: their bytes, in order), as seen
-        without a comm hook (``timing/untimed.py``): one event for them all."""
-        group = self.ddp_group
-        seqs = tuple(itertools.islice(self._counter(group[0]), len(sizes)))  # (one C call)
-        self._cur.buckets_launched += len(sizes)
-        self.stage = Stage.ALLREDUCE
-        now = time.time()
-        self._events.append((_BUCKETS_BEGAN, group, seqs, now, 0, sizes, self.steps))
-        self.last_progress_unix = now
+            index = o.launched - 1
+        # The entry itself is built, and numbered, by the reader that folds it in.
+        self._events.append(
+            (_BUCKETS_BEGAN, self.ddp_group, time.time(), index, (nbytes,), self.steps, is_last)
+        )
 
     def bucket_completed(self, is_last: bool, count: int = 1) -> None:
         """The oldest ``count`` bucket collectives in flight are done: DDP's buckets complete
         in order, and the comm hook's completion callback says so without a callback of
         its own (without one, DDP's wait for them all says so for all at once)."""
-        if is_last:
-            self.stage = Stage.AFTER_BACKWARD
-        now = time.time()
-        self._events.append((_BUCKET_DONE, now, count))
-        self.last_progress_unix = now
+        self._events.append((_BUCKET_DONE, time.time(), count, is_last))
 
     def collective_began(
         self,
@@ -559,13 +710,13 @@ class Recorder:
         counted: bool = True,
         callers: Sequence[str] = (),
     ) -> dict[str, Any]:
-        """A collective this rank issued: give it the next sequence number of its process
-        group and keep it in flight until ``collective_ended``. ``counted=False`` for a
+        """A collective this rank issued: in flight until ``collective_ended``, numbered in
+        its process group by the fold, in the order issued. ``counted=False`` for a
         bucket's collective, already counted by ``bucket_launched``; ``callers`` are the
         user frames that led to ``site``."""
         now = time.time()
         entry: dict[str, Any] = {
-            "seq": self._next_seq("p2p:" + group if p2p else group),
+            "seq": None,  # numbered by the fold, in the order issued (``books``)
             "op": op,
             "group": group,
             "group_size": group_size,
@@ -609,45 +760,44 @@ class Recorder:
         """How this process ended (written at interpreter exit)."""
         self.exit = record
 
-    def _next_seq(self, key: str) -> int:
-        return next(self._counter(key))  # atomic: sequence numbers never repeat across threads
-
-    def _counter(self, key: str) -> itertools.count[int]:
-        """The sequence numbers of group ``key`` (one counter per group, whichever thread
-        asks first)."""
-        counter = self._seq.get(key)
-        if counter is None:
-            counter = self._seq.setdefault(key, itertools.count(1))
-        return counter
-
     # -- readers (their own threads) -----------------------------------------------------------
 
+    def fold(self) -> None:
+        """Fold the pending events in, for a reader of what they set in place (the stage,
+        the last progress, the seconds paused). Never from a hook: it takes the fold lock."""
+        with self._fold_lock:
+            self._fold()
+
+    def detached(self) -> None:
+        """ddpmon's hooks are off: the stage says so from now on."""
+        with self._fold_lock:
+            self._fold()
+            self.stage = Stage.DETACHED
+
     def _fold(self) -> None:
-        """Hand the pending events to the books; the caller holds the fold lock."""
-        events, steps, buckets, collectives = (
+        """Replay the step's marks and hand the other events to the books; the caller holds
+        the fold lock."""
+        events, steps, buckets, collectives, replay = (
             self._events,
             self._steps_book,
             self._buckets,
             self._collectives,
+            self._replay,
         )
+        self._wall_offset = time.time() - time.perf_counter()
         while events:
             event = events.popleft()
             kind = event[0]
-            if kind == _BUCKETS_BEGAN:
-                _, group, seqs, now, first, sizes, step = event
-                for index, (seq, nbytes) in enumerate(zip(seqs, sizes), first):
-                    collectives.began(
-                        _bucket_entry(group, seq, now, index, nbytes, step), True, buckets
-                    )
+            if kind < _MARKS:
+                replay[kind](*event[1:])
+            elif kind == _BUCKETS_BEGAN:
+                self._buckets_began(*event[1:])
             elif kind == _BEGAN:
                 collectives.began(event[1], event[2], buckets)
             elif kind == _BUCKET_DONE:
-                for _ in range(event[2]):
-                    collectives.bucket_done(event[1])
+                self._buckets_done(*event[1:])
             elif kind == _ENDED:
                 collectives.ended(*event[1:])
-            elif kind == _STEP:
-                steps.add(event[1])
             elif kind == _TIMINGS:
                 if event[1].buckets:
                     steps.buckets(event[1].step, buckets.summary(event[1]))
@@ -660,6 +810,32 @@ class Recorder:
                 buckets.layout(*event[1:])
             elif kind == _DROP:
                 buckets.drop_from(event[1])
+
+    def _buckets_began(
+        self,
+        group: tuple[str, int],
+        now: float,
+        first: int,
+        sizes: Sequence[int | None],
+        step: int,
+        is_last: bool,
+    ) -> None:
+        """DDP launched buckets ``first``.. (their ``sizes`` in bytes, None: from their
+        layout) at ``now`` (unix); the fold lock held."""
+        collectives, buckets = self._collectives, self._buckets
+        for index, nbytes in enumerate(sizes, first):
+            collectives.began(_bucket_entry(group, now, index, nbytes, step), True, buckets)
+        if is_last:
+            self.stage = Stage.ALLREDUCE
+        self._progressed_unix(now)
+
+    def _buckets_done(self, now: float, count: int, is_last: bool) -> None:
+        """The oldest ``count`` bucket collectives in flight are done at ``now`` (unix)."""
+        for _ in range(count):
+            self._collectives.bucket_done(now)
+        if is_last:
+            self.stage = Stage.AFTER_BACKWARD
+        self._progressed_unix(now)
 
     def in_flight(self) -> list[schema.Collective]:
         """The collectives in flight now, oldest first."""
@@ -834,12 +1010,12 @@ _COLLECTIVE_FIELDS = frozenset(f for f in schema.Collective.__dataclass_fields__
 
 
 def _bucket_entry(
-    group: tuple[str, int], seq: int, now: float, index: int, nbytes: int | None, step: int
+    group: tuple[str, int], now: float, index: int, nbytes: int | None, step: int
 ) -> dict[str, Any]:
-    """The collective entry of a bucket DDP launched (``bucket_launched``,
-    ``buckets_launched``)."""
+    """The collective entry of a bucket DDP launched (``bucket_launched``, or the end of
+    backward compute with ``untimed_sizes``)."""
     return {
-        "seq": seq,
+        "seq": None,  # (numbered by the book)
         "op": BUCKET_OP,
         "group": group[0],
         "group_size": group[1],

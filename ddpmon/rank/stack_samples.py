@@ -142,6 +142,7 @@ class StackSampler:
                         where = "(other frames)"
                     else:
                         frames.add(where)
+                rec.fold()  # (the stage as the hooks' marks say)
                 stage = str(rec.stage)
                 counts.setdefault(stage, Counter())[where] += 1
             taken += not stopped

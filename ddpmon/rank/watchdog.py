@@ -161,6 +161,7 @@ class Watchdog:
         Returns the current hang report (None when there is none)."""
         rec = self._recorder
         now = self._clock()
+        rec.fold()  # the hooks' marks: the last progress, the stage
         last = rec.last_progress_unix
         report = rec.hang
         if report is not None:

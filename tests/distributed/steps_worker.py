@@ -43,8 +43,10 @@ def readme_example() -> dict[str, Any]:
     out["after_loop"] = monitor.snapshot()["step"]
     time.sleep(0.5)  # after the loop: no step
     with torch.no_grad():
+        monitor.recorder.fold()
         before = monitor.recorder.last_progress_unix
         model(batch(0)[0])  # evaluation: a heartbeat, no step
+        monitor.recorder.fold()  # what a reader does before it reads
         out["eval_heartbeat"] = monitor.recorder.last_progress_unix > before
     out["after_eval"] = monitor.snapshot()["step"]
     monitor.detach()

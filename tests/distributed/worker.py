@@ -571,9 +571,9 @@ def without_bucket_timing(timing: str = "auto") -> dict[str, Any]:
     at_sync: list[torch.Tensor] = []
     heard = mon.recorder.gradients_synced
 
-    def spy() -> None:
+    def spy(now: float | None = None) -> None:
         at_sync.append(first.grad.clone())
-        heard()
+        heard(now)
 
     mon.recorder.gradients_synced = spy  # type: ignore[method-assign]
     max_diff = 0.0

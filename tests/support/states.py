@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from ddpmon.doctor import Diagnosis
 
 NOW = time.time()
+PID_BASE = 4_194_304
+"""A written rank's pid is this plus its rank: above Linux's largest pid_max, so no live
+process has it (a small pid may be one of the suite's own processes at the moment of a read)."""
 
 
 def restart_clock() -> float:
@@ -62,7 +65,7 @@ def state(
             local_rank=rank,
             world_size=world,
             host=host,
-            pid=4000 + rank,
+            pid=PID_BASE + rank,
             port=None,
             job=job,
             backend=backend,

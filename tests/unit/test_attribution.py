@@ -34,7 +34,7 @@ def test_the_gaps_between_hooks_are_measured_where_they_lie() -> None:
     rec.backward_started(t + 0.050)
     rec.backward_done(t + 0.060)
     rec.gradients_synced()  # now: after the backward
-    synced = rec._cur.synced_at
+    synced = rec._open.synced_at
     assert synced is not None
     rec.optimizer_started(synced + 0.003)
     rec.optimizer_finished(synced + 0.004)
@@ -66,7 +66,7 @@ def test_micro_steps_and_a_manual_step_end_put_their_gaps_apart() -> None:
     rec.backward_started(t + 0.03)
     rec.backward_done(t + 0.04)
     rec.gradients_synced()
-    synced = rec._cur.synced_at
+    synced = rec._open.synced_at
     assert synced is not None
     rec.optimizer_started(synced)
     rec.optimizer_finished(synced + 0.001)

@@ -222,7 +222,8 @@ def test_a_capture_waits_for_the_trace_and_copies_it(
     with FakeRanks(job) as ranks:
         assert command(str(job), "--rank", "1", "--steps", "3", "-o", str(out)) == 0
     (req,) = ranks.taken
-    assert (req.rank, req.steps, req.at_step, req.pid, req.job) == (1, 3, None, 4001, "job")
+    pid = states.PID_BASE + 1
+    assert (req.rank, req.steps, req.at_step, req.pid, req.job) == (1, 3, None, pid, "job")
     assert json.loads(out.read_text())["traceEvents"]
     text = capsys.readouterr().out
     assert (

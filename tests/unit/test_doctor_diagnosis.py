@@ -477,7 +477,7 @@ def test_names_and_ranks_are_folded_never_dropped(tmp_path: Path) -> None:
 
 def test_a_thousand_ranks_fit_one_screen(tmp_path: Path) -> None:
     lines = [
-        f"rank {r} (host node-{r // 8}, pid {4000 + r}) has waited 9.0 s in all_reduce #14, step 3"
+        f"rank {r} (host node-{r // 8}, pid {states.PID_BASE + r}) has waited 9.0 s in all_reduce #14, step 3"
         for r in range(1024)
         if r != 341
     ]

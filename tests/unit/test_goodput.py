@@ -148,9 +148,11 @@ def test_a_rank_counts_its_pauses_between_steps_and_its_learning_rate() -> None:
     rec.evaluating(4.0)
     step(5.0)
     step(6.0)
+    rec.fold()  # (what the hooks marked: a reader folds it in)
     assert rec.paused_seconds == pytest.approx(3.0)
     rec.pause_seen = (rec.steps, time.time() - 2.0)  # the watchdog: silent for 2 s
-    step(60.0)  # the next forward: the pause began 2 s before it
+    step(time.perf_counter())  # the next forward, now: the pause began 2 s before it
+    rec.fold()
     assert rec.paused_seconds == pytest.approx(3.0 + 2.0, abs=0.05)
     rec.learning_rate_seen("SGD", 0.2)  # decaying
     state = rec.state()

@@ -47,7 +47,7 @@ def test_a_late_rank_is_named_with_where_it_is_and_a_rank_without_a_process_apar
     assert "rank 2 has no process (never started)" in finding.summary
     assert any(e.startswith("rank 2: no state file") for e in finding.evidence)
     assert "backend gloo, store 10.0.0.1:29500" in " ".join(finding.evidence)
-    assert "py-spy dump --pid 4001" in finding.fix
+    assert f"py-spy dump --pid {states.PID_BASE + 1}" in finding.fix
 
 
 def test_every_rank_in_rendezvous_points_at_the_store(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from ddpmon.rank.books import StepRecord
 from ddpmon.rank.recorder import Recorder
 from ddpmon.state.schema import Identity
+from ddpmon.steps import StepRow
 
 
-def steps(rec: Recorder) -> list[StepRecord]:
-    return [e[1] for e in rec._events if isinstance(e[1], StepRecord)]
+def steps(rec: Recorder) -> list[StepRow]:
+    return rec.history_since(0)
 
 
 def test_an_optimizer_step_around_its_closure_keeps_each_part_in_its_place() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import urllib.request
 
 import pytest
@@ -350,22 +351,37 @@ def test_the_activities_are_the_watchdogs_and_the_doctors_words() -> None:
     assert {"dead", "crashed", "frozen"} <= set(catalog.DAEMON_ACTIVITIES)
 
 
-def test_buckets_seen_without_a_comm_hook_are_one_event_and_each_bucket_in_flight() -> None:
-    """Without a comm hook DDP's buckets are launched and done all at once (one event each
-    way, ``timing/untimed.py``); the state still lists each bucket with its size, in order,
-    with sequence numbers of its own."""
+def test_buckets_seen_without_a_comm_hook_are_marked_with_the_end_of_backward() -> None:
+    """Without a comm hook DDP's buckets are launched and done all at once, with the end of
+    backward compute and DDP's wait for them (``timing/untimed.py``); the state still lists
+    each bucket with its size, in order, numbered after what the group issued before; a
+    backward that raised never waits for them, and the next forward takes them off."""
     rec = Recorder(Identity(**IDENTITY), world_size=4)
     rec.ddp_group = ("0", 4)
+    rec.untimed_sizes = [1_000_000, 24_000_000]
+    t = time.perf_counter()
     rec.collective_began("broadcast", "0", 4, 8, "train.py:1", "f")  # seq 1 of the group
-    rec.buckets_launched([1_000_000, 24_000_000])
+    rec.forward_started(t)
+    rec.backward_started(t + 0.01)
+    rec.backward_done(t + 0.02)  # a no_sync micro-step: nothing launched
+    assert [c for c in rec.state().in_flight if c.bucket is not None] == []
+    rec.backward_done(t + 0.03, allreduce=True)
     state = rec.state()
     assert state.stage == "allreduce"
     assert [(c.bucket, c.bytes, c.seq, c.op) for c in state.in_flight][-2:] == [
         (0, 1_000_000, 2, "all_reduce"),
         (1, 24_000_000, 3, "all_reduce"),
     ]
-    rec.bucket_completed(True, 2)
+    rec.gradients_synced(t + 0.04)
     state = rec.state()
     assert state.stage == "after_backward"
     assert [c for c in state.in_flight if c.bucket is not None] == []
     assert state.collective_log[-1].bucket == 1 and state.collective_seq["0"] == 3
+    rec.close_step(t + 0.05)
+    rec.forward_started(t + 0.06)
+    rec.backward_started(t + 0.07)
+    rec.backward_done(t + 0.08, allreduce=True)  # and DDP's wait raised
+    assert [c.seq for c in rec.state().in_flight if c.bucket is not None] == [4, 5]
+    rec.forward_started(t + 1.0)
+    assert [c for c in rec.state().in_flight if c.bucket is not None] == []
+    assert rec.state().collective_log[-1].seq == 5

@@ -335,6 +335,7 @@ def test_collective_records_in_the_recorder() -> None:
         "all_reduce", "0", 4, 4096, "train.py:30", "step", bucket=2, counted=False
     )
     c = rec.collective_began("send", "0", 4, 16, "train.py:40", "step", p2p=True)
+    rec.fold()  # (numbered there, in the order issued)
     assert (a["seq"], b["seq"], c["seq"]) == (1, 2, 1)
     assert rec.state().collectives.issued == 2 and len(rec.in_flight()) == 3
     rec.collective_ended(b, counted=False)

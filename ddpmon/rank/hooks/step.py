@@ -36,7 +36,6 @@ from typing import Any
 import torch
 
 from ...fuses import Fuse
-from ...state.schema import Stage
 from .. import torch_api
 from ..boundary import StepBoundary
 from ..recorder import Recorder
@@ -156,12 +155,10 @@ class StepHooks:
         self._in_backward = False
         if self._fuse.ok:
             try:
-                rec = self._recorder
-                rec.backward_done(time.perf_counter())
-                if self._sync_expected and rec.stage == Stage.BACKWARD:
-                    rec.stage = Stage.ALLREDUCE  # (a comm hook has said so already)
-                for heard in self._on_backward_done:
+                now = time.perf_counter()
+                for heard in self._on_backward_done:  # (the untimed buckets' list first)
                     heard(self._sync_expected)
+                self._recorder.backward_done(now, self._sync_expected)
                 # Queued now, it runs after DDP's finalize (queued during backward).
                 self._queue(self._synced)
             except Exception as exc:
@@ -173,7 +170,7 @@ class StepHooks:
                 for heard in self._on_synced:
                     heard(self._sync_expected)
                 if self._sync_expected:
-                    self._recorder.gradients_synced()
+                    self._recorder.gradients_synced(time.perf_counter())
             except Exception as exc:
                 self._fuse.blow(exc)
 

@@ -60,6 +60,11 @@ class BucketLayout:
         self._final = False
         self.sizes: list[int] = []
 
+    @property
+    def final(self) -> bool:
+        """DDP has rebuilt its buckets (or enough reads found it keeps them): no more reads."""
+        return self._final
+
     def refresh(self, recorder: Any = None) -> int:
         """Read DDP's layout (and give the recorder its buckets, if one is given) if it
         may have changed; returns the bucket count."""
