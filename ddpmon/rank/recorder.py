@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import operator
 import statistics
 import threading
 import time
@@ -1035,6 +1036,17 @@ def _collective(entry: dict[str, Any]) -> schema.Collective:
     return schema.Collective(**fields)
 
 
+_SUMMED_PARTS = (
+    "step_seconds",
+    "forward_seconds",
+    "backward_seconds",
+    "data_wait_seconds",
+    "optimizer_seconds",
+    "other_seconds",
+)
+_summed_parts = operator.attrgetter(*_SUMMED_PARTS)
+
+
 def _summaries(recent: list[StepRow]) -> schema.Timings:
     """Median, last and largest of each per-step time over the recent window, and where the
     time of the last steps went (``schema.StepParts``)."""
@@ -1044,22 +1056,23 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
             schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
         )
 
-    def column(name: str) -> list[float]:
-        return [getattr(r, name) or 0.0 for r in recent]
-
-    forward, backward = column("forward_seconds"), column("backward_seconds")
+    # (one read of each row's parts: the state writer sums 256 rows up every second)
+    columns = zip(*map(_summed_parts, recent)) if recent else [()] * len(_SUMMED_PARTS)
+    step, forward, backward, data_wait, optimizer, other = (
+        [v or 0.0 for v in column] for column in columns
+    )
     return schema.Timings(
         window_steps=len(recent),
-        step_seconds=summary(column("step_seconds")),
+        step_seconds=summary(step),
         forward_seconds=summary(forward),
         backward_seconds=summary(backward),
         compute_seconds=summary([f + b for f, b in zip(forward, backward)]),
         exposed_comm_seconds=summary(
             [r.exposed_comm_seconds for r in recent if r.exposed_comm_seconds is not None]
         ),
-        data_wait_seconds=summary(column("data_wait_seconds")),
-        optimizer_seconds=summary(column("optimizer_seconds")),
-        other_seconds=summary(column("other_seconds")),
+        data_wait_seconds=summary(data_wait),
+        optimizer_seconds=summary(optimizer),
+        other_seconds=summary(other),
         busy_seconds=summary([steps.busy_seconds(r) for r in recent]),
         parts=steps.step_parts(recent),
     )
