@@ -29,6 +29,7 @@ import bisect
 import math
 import operator
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -603,23 +604,26 @@ def step_parts(rows: list[StepRow], whole: bool = False) -> StepParts | None:
 def recent_steps(rows: list[StepRow]) -> RecentSteps:
     """The rows one by one, rounded to the microsecond (the state file is rewritten every second)."""
 
-    # (a rank's state writer runs this every second for 150 rows, holding the GIL the training
-    # thread needs: one read of each row's parts, and round(x * 1e6) / 1e6, the same float as
-    # round(x, 6) to the microsecond at a fifth of its cost)
-    if not rows:
-        return RecentSteps()
-    parts = list(zip(*map(_busy_parts, rows)))
+    # (round(x * 1e6) / 1e6: the same float as round(x, 6) to the microsecond, at a fifth of
+    # its cost, for 150 rows every second)
     return RecentSteps(
         step=[r.step for r in rows],
         busy_seconds=[round(busy_seconds(r) * 1e6) / 1e6 for r in rows],
         **{
-            name: [round((v or 0.0) * 1e6) / 1e6 for v in column]
-            for name, column in zip(_BUSY_ATTRIBUTES, parts)
+            name: [round(v * 1e6) / 1e6 for v in column]
+            for name, column in zip(_BUSY_ATTRIBUTES, columns(rows, _BUSY_ATTRIBUTES))
         },
     )
 
 
-_busy_parts = operator.attrgetter(*_BUSY_ATTRIBUTES)
+def columns(rows: Sequence[StepRow], names: tuple[str, ...]) -> list[list[float]]:
+    """Each of the (two or more) attributes ``names`` over ``rows``, None as 0, from one read
+    of each row: a rank's state writer sums its recent rows up every second, holding the GIL
+    the training thread needs."""
+    if not rows:
+        return [[] for _ in names]
+    get = operator.attrgetter(*names)
+    return [[v or 0.0 for v in column] for column in zip(*map(get, rows))]
 
 
 def typical(values: list[float]) -> tuple[float, float]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import operator
 import statistics
 import threading
 import time
@@ -1065,7 +1064,6 @@ _SUMMED_PARTS = (
     "optimizer_seconds",
     "other_seconds",
 )
-_summed_parts = operator.attrgetter(*_SUMMED_PARTS)
 
 
 def _summaries(recent: list[StepRow]) -> schema.Timings:
@@ -1077,11 +1075,7 @@ def _summaries(recent: list[StepRow]) -> schema.Timings:
             schema.Summary(statistics.median(values), values[-1], max(values)) if values else None
         )
 
-    # (one read of each row's parts: the state writer sums 256 rows up every second)
-    columns = zip(*map(_summed_parts, recent)) if recent else [()] * len(_SUMMED_PARTS)
-    step, forward, backward, data_wait, optimizer, other = (
-        [v or 0.0 for v in column] for column in columns
-    )
+    step, forward, backward, data_wait, optimizer, other = steps.columns(recent, _SUMMED_PARTS)
     return schema.Timings(
         window_steps=len(recent),
         step_seconds=summary(step),
