@@ -278,6 +278,10 @@ def test_the_sampled_checks_thin_out_once_the_job_is_past_its_first_steps() -> N
     assert checked[:50] == list(range(1, 51))  # every step at first
     assert [s for s in checked if 50 < s <= 500] == list(range(60, 501, 10))
     assert [s for s in checked if s > 500] == list(range(550, 1001, 50))
+    # the next checked step after each step: what the advice sleeps until
+    assert [cadence.next_due(s, 50) for s in range(0, 1000)] == [
+        next(c for c in checked if c > s) for s in range(0, 1000)
+    ]
     batches = data.BatchPrints()
     assert batches.due(99) and not batches.due(101) and batches.due(110) and not batches.due(510)
 
@@ -336,3 +340,27 @@ def test_step_hooks_that_failed_leave_the_advice_seeing_ddp_s_forwards(
         snap = mon.snapshot()
     assert "a bug in the step hooks" in snap["errors"]["step_hooks"]
     assert snap["advice"] == []
+
+
+def test_a_late_checked_step_has_its_gradient_hooks_and_finds_the_first_nan_there(
+    group: None, tmp_path: Path
+) -> None:
+    """Between checked steps the advice does nothing, and it arms the gradient checks at the
+    step before each checked one: past step 500 those are every 50th, so a NaN that starts
+    in step 550 is found in step 550, and the hooks were there in the checked steps alone."""
+    ddp, opt, x, y = tiny_job()
+    weight = ddp.module[0].weight
+    hooked = []
+    with ddpmon.attach(ddp, job="late", port=-1, state_dir=str(tmp_path / "state")) as mon:
+        for step in range(1, 556):
+            opt.zero_grad()
+            batch = torch.full_like(x, float("nan")) if step == 550 else x
+            loss = nn.functional.mse_loss(ddp(batch), y)
+            if weight._backward_hooks:
+                hooked.append(step)
+            loss.backward()
+            opt.step()
+        found = mon.snapshot()["advice"]
+    assert [s for s in hooked if s > 50] == [*range(60, 501, 10), 550]
+    assert [(f["kind"], f["step"]) for f in found] == [("nonfinite_gradients", 550)]
+    assert "step 550" in found[0]["summary"]

@@ -13,3 +13,12 @@ def due(step: int, every_step_until: int) -> bool:
     """Step ``step`` (counted from 1) is checked: every step up to ``every_step_until``,
     then every 10th up to ``SPARSE_FROM``, then every 50th."""
     return step <= every_step_until or step % (10 if step <= SPARSE_FROM else 50) == 0
+
+
+def next_due(step: int, every_step_until: int) -> int:
+    """The first step after ``step`` that ``due`` checks: the advice does nothing at the
+    steps before it (``watch.py``)."""
+    step += 1
+    while not due(step, every_step_until):
+        step += 1
+    return step

@@ -71,6 +71,11 @@ class BatchPrints:
             self.batch_size = int(x.shape[0])
         self._pending.append((step, Pending(sample(x, BATCH_SAMPLE).to(torch.float32))))
 
+    @property
+    def waiting(self) -> bool:
+        """Checksums are on their way (from the GPU: a step later)."""
+        return bool(self._pending)
+
     def collect(self) -> bool:
         """Move the checksums that arrived into ``prints``; True when any did."""
         if not self._pending:

@@ -73,6 +73,13 @@ class NonFiniteWatch:
                 handle.remove()
             self._handles = []
 
+    @property
+    def idle(self) -> bool:
+        """No gradient sums, flags or suspect wait for a step boundary."""
+        return self.first is not None or (
+            not self.sums and not self._pending and self._suspect is None
+        )
+
     def step_ended(self, step: int) -> bool:
         """At a step boundary: step ``step`` (counted from 1) is done. True when ``first``
         was just set."""

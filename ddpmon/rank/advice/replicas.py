@@ -58,6 +58,11 @@ class ParamPrints:
             values = torch.cat(parts) if len(parts) > 1 else parts[0]
             self._pending.append((step, Pending(values), spans))
 
+    @property
+    def waiting(self) -> bool:
+        """Checksums are on their way (from the GPU: a step later)."""
+        return bool(self._pending)
+
     def collect(self) -> bool:
         if not self._pending:
             return False  # (most steps)

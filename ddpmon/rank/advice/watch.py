@@ -7,9 +7,11 @@ pre-hook on the inner module (parameter fingerprint, a training forward that byp
 on the checked steps alone (``cadence.py``: a hook there puts every call of the inner module
 on torch's slower path); a hook on each parameter's gradient (NaN/Inf, sampled), torch's
 global optimizer step pre-hook, and wrappers of ``DataLoader.__iter__`` and
-``DistributedSampler.__iter__``. A thread compares this rank's fingerprints with its peers'
-state files when they share the state directory (no collective). A failure switches advice
-off, never training.
+``DistributedSampler.__iter__``. Between the checked steps the training thread's calls
+return at once: nothing is due until the step before the next checked one (``_quiet_until``,
+``_next_check``). A thread compares this rank's fingerprints with its peers' state files
+when they share the state directory (no collective). A failure switches advice off, never
+training.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ...state.schema import Advice as Finding
 from .. import transparent
 from ..hooks.step import is_compiling
 from ..recorder import Recorder
-from . import data, devices, replicas
+from . import cadence, data, devices, nonfinite, replicas
 from .nonfinite import NonFiniteWatch
 from .training import OptimizerSteps, StaticGraph
 
@@ -47,6 +49,9 @@ every rank read every file; ``ddpmon doctor`` compares them all."""
 MICRO_FALLBACK_STEPS = 10
 """Steps without a torch optimizer step after which micro-batches are counted per step of
 ddpmon's (a job whose optimizer torch's global hook does not see)."""
+CHECKED_FROM_EVERY_STEP_UNTIL = max(data.EVERY_STEP_UNTIL, nonfinite.EVERY_STEP_UNTIL)
+"""The sampled checks' steps in one cadence (``cadence.py``): the batch and the gradient
+checks, and the parameters' fingerprints, whose steps are among the batch checks'."""
 CROSS_RANK = ("same_data", "replicas_diverged", "nonfinite_gradients", "shared_gpu")
 
 
@@ -77,6 +82,8 @@ class Advice:
         self._nonfinite: NonFiniteWatch | None = None
         self._optimizer: OptimizerSteps | None = None
         self._watching_data = False
+        self._quiet_until = 0  # ``step_ended`` has nothing to do before this many steps
+        self._next_check = 1  # the next step whose first forward the checks look at
         self.comparisons = 0  # with the peers' files, so far
         self.on_peers: Callable[[list[schema.RankState]], None] | None = None
         """Hears every reading of the peers' files, this rank's own state first (the stack
@@ -97,11 +104,10 @@ class Advice:
         self._sampler: tuple[str, bool | None, int | None] | None = None
         self._params = replicas.ParamPrints(ddp.module)  # type: ignore[arg-type]
         self._nonfinite = NonFiniteWatch(parameters)
+        # find_unused_parameters: the static-graph and needless-search checks see each step
+        self._every_step = bool(getattr(ddp, "find_unused_parameters", False))
         self._static = (
-            StaticGraph()
-            if getattr(ddp, "find_unused_parameters", False)
-            and not getattr(ddp, "static_graph", False)
-            else None
+            StaticGraph() if self._every_step and not getattr(ddp, "static_graph", False) else None
         )
         self._optimizer = OptimizerSteps(
             self._synced_backwards, lambda: self._rec.backward_passes, self._accumulating
@@ -153,8 +159,8 @@ class Advice:
 
     def step_ended(self, steps: int) -> None:
         """At a step boundary: ``steps`` steps are done."""
-        if self._removed or not self._fuse.ok:
-            return
+        if steps < self._quiet_until or self._removed or not self._fuse.ok:
+            return  # (most steps)
         try:
             changed = self._batches.collect() | self._params.collect()
             if self._micro is None and (micro := self._micro_batches(steps)) is not None:
@@ -197,8 +203,23 @@ class Advice:
                     severity="info",
                     quiet=True,
                 )  # (hooks/autograd.py logged it)
+            self._quiet_until = self._nothing_due_before(steps)
         except Exception as exc:
             self._fail(exc)
+
+    def _nothing_due_before(self, steps: int) -> int:
+        """The step count before which ``step_ended`` has nothing to do: none of the checks'
+        values is on its way, the micro-batches are counted, no check looks at every step,
+        and the next checked step's gradient hooks are armed at the step before it."""
+        if (
+            self._micro is None
+            or self._every_step
+            or self._batches.waiting
+            or self._params.waiting
+            or not self._nonfinite.idle  # type: ignore[union-attr]
+        ):
+            return 0
+        return cadence.next_due(steps, CHECKED_FROM_EVERY_STEP_UNTIL) - 1
 
     def ddp_forward_started(self, args: Any, kwargs: Any) -> None:
         """A training forward of the DDP module starts (from the step hooks' pre-hook, past
@@ -207,10 +228,13 @@ class Advice:
             return
         try:
             step = self._rec.steps + 1
+            if step < self._next_check and self._inner is None:
+                return  # (most forwards)
             checked = data.checked(step)
             if checked != (self._inner is not None):
                 self._watch_inner(checked)
             if not checked:
+                self._next_check = cadence.next_due(step, data.EVERY_STEP_UNTIL)
                 return
             self._in_ddp_forward = True
             if self._batches.due(step):
