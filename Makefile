@@ -54,10 +54,11 @@ lint: setup
 # Everything: unit, processes, distributed (real multi-process DDP jobs), scenarios,
 # integration (Prometheus, promtool, chromium, a torch-free venv) and gpu (skipped without one).
 # Two pytest workers, a test file each at a time (JOBS=1: one, nearly twice as long): the jobs
-# mostly wait, so two run the suite in 11 to 13 minutes on 2 cores; other work on the machine
-# lengthens it (over 20 minutes at a load average of 15 to 30).
+# mostly wait, so two run the suite in 11 to 13 minutes on a 2-core Intel VM and about 20 on a
+# 2-core AMD EPYC one; other work on the machine lengthens it (over 20 minutes at a load
+# average of 15 to 30). The 25 slowest tests are listed at the end.
 test: setup prometheus chromium
-	$(PY) -m pytest -q $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) tests
+	$(PY) -m pytest -q --durations=25 $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) tests
 
 # The quick loop: tests/unit only, no process started (a unit test that starts one fails);
 # under a minute.
