@@ -43,6 +43,15 @@ class Cluster:
     """Every daemon's address, the dead one's included, sorted (as the doctor lists them)."""
     node_a: str
     dead: str
+    root: Path
+
+    def fresh_states(self) -> None:
+        """Every rank's state file as just written: a test that compares two doctor runs
+        must not have them fall on either side of the age where a silent rank counts as
+        gone (10 s; the fixture's Prometheus may take longer than that to scrape)."""
+        states.restart_clock()
+        _node(self.root / "a", [0, 1], self.root / "histories")
+        _node(self.root / "b", [2, 3], self.root / "histories")
 
 
 def _node(directory: Path, ranks: list[int], histories: Path) -> None:
@@ -98,7 +107,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             health[f"ddpmon-daemons {dead}"] == "down"
             and health[f"ddpmon-daemons {node_a}"] == "up"
         )
-        yield Cluster(prom, sorted([node_a, node_b, dead]), node_a, dead)
+        yield Cluster(prom, sorted([node_a, node_b, dead]), node_a, dead, root)
     finally:
         prom.stop()
         for proc, _ in procs:
@@ -125,6 +134,7 @@ def _verdict(done: subprocess.CompletedProcess[str]) -> tuple[Any, ...]:
 def test_doctor_through_prometheus_says_what_every_daemon_listed_by_hand_says(
     cluster: Cluster,
 ) -> None:
+    cluster.fresh_states()
     started = time.monotonic()
     found = run_doctor("--prometheus", cluster.prometheus.url, "--json", "--no-stacks", "-v")
     middle = time.monotonic()
@@ -140,6 +150,7 @@ def test_doctor_through_prometheus_says_what_every_daemon_listed_by_hand_says(
 
 
 def test_prometheus_job_chooses_the_scrape_job(cluster: Cluster) -> None:
+    cluster.fresh_states()
     found = run_doctor(
         "--prometheus",
         cluster.prometheus.url,
