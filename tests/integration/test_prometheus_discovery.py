@@ -49,9 +49,14 @@ class Cluster:
         """Every rank's state file as just written: a test that compares two doctor runs
         must not have them fall on either side of the age where a silent rank counts as
         gone (10 s; the fixture's Prometheus may take longer than that to scrape)."""
-        states.restart_clock()
-        _node(self.root / "a", [0, 1], self.root / "histories")
-        _node(self.root / "b", [2, 3], self.root / "histories")
+        _write_states(self.root)
+
+
+def _write_states(root: Path) -> None:
+    """Both nodes' state files, as of now: ranks 0 and 1 on node a, 2 and 3 on node b."""
+    states.restart_clock()
+    _node(root / "a", [0, 1], root / "histories")
+    _node(root / "b", [2, 3], root / "histories")
 
 
 def _node(directory: Path, ranks: list[int], histories: Path) -> None:
@@ -65,9 +70,7 @@ def _node(directory: Path, ranks: list[int], histories: Path) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("discovery")
     synthetic.write_run(str(root / "histories"), WORLD, 200, job=JOB, gpu=False)
-    states.restart_clock()
-    _node(root / "a", [0, 1], root / "histories")
-    _node(root / "b", [2, 3], root / "histories")
+    _write_states(root)
     procs = []
     prom = Prometheus(root / "prometheus")
     prom.workdir.mkdir()
